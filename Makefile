@@ -1,0 +1,46 @@
+# The two commands a newcomer needs:
+#   make up     bring up a local Kubernetes control plane with simulated GPU nodes
+#   make test   install everything needed, lint, and run the whole test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: up test lint unit integration bench k8s-binaries proto clean
+
+$(STAMP): pyproject.toml
+	@echo "[make] creating $(VENV) and installing Python dependencies"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+k8s-binaries:
+	@echo "[make] building (or reusing) the control-plane binaries"
+	@bash hack/build-k8s.sh >/dev/null
+
+up: $(STAMP) k8s-binaries
+	@$(PY) -m tessera up
+
+lint: $(STAMP)
+	@echo "[make] ruff"
+	@$(VENV)/bin/ruff check .
+	@echo "[make] mypy"
+	@$(VENV)/bin/mypy extender dra_driver tessera
+
+unit: $(STAMP)
+	@$(PY) -m pytest tests/unit -q
+
+integration: $(STAMP) k8s-binaries
+	@$(PY) -m pytest tests/integration -q
+
+test: $(STAMP) k8s-binaries lint
+	@echo "[make] pytest (unit and integration)"
+	@$(PY) -m pytest -q
+
+bench: $(STAMP) k8s-binaries
+	@$(PY) -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
