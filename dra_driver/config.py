@@ -1,0 +1,36 @@
+"""Driver-wide constants and the validated command-line configuration of the DRA driver."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_DRIVER_NAME = "gpu.tessera.dev"
+DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/plugins")
+DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_CDI_DIR = Path("/var/run/cdi")
+DEFAULT_CHECKPOINT_DIR = Path("/var/lib/tessera-dra")
+
+BackendKind = Literal["nvml", "simulated"]
+# "auto" probes the apiserver for consumable capacity; the other two force a publishing mode.
+SharingModeSetting = Literal["auto", "consumable-capacity", "whole-device"]
+
+
+class DriverConfig(BaseModel):
+    """Everything one driver process needs to know; built from flags, validated once at start."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node_name: str = Field(min_length=1, max_length=253)
+    driver_name: str = Field(default=DEFAULT_DRIVER_NAME, min_length=1, max_length=63)
+    backend: BackendKind = "nvml"
+    profile: Path | None = None
+    kubeconfig: Path | None = None
+    plugin_dir: Path = DEFAULT_PLUGIN_DIR
+    registry_dir: Path = DEFAULT_REGISTRY_DIR
+    cdi_dir: Path = DEFAULT_CDI_DIR
+    checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR
+    sharing_mode: SharingModeSetting = "auto"
+    health_port: int = Field(default=0, ge=0, le=65535)

@@ -1,0 +1,168 @@
+"""A backend that serves GPUs described by a small YAML profile, so everything runs without a GPU.
+
+Tests (and the simulated node agent) flip a device's health with ``set_health``; every
+``watch_health`` iterator then yields the new inventory, exactly as the NVML backend does on an
+XID error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from dra_driver.devices.backend import BackendUnavailable
+from dra_driver.devices.model import Gpu, MigDevice
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+_UUID_NAMESPACE = uuid.UUID("6f1c1f0e-6a43-4e0f-9b1e-746573736572")
+_BINARY_SUFFIXES = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_QUANTITY = re.compile(r"^\s*(\d+)\s*(Ki|Mi|Gi|Ti)?\s*$")
+
+
+def parse_bytes(value: object) -> int:
+    """Bytes from an int or a binary quantity string such as ``"80Gi"``."""
+    if isinstance(value, bool):
+        raise ValueError("a memory size must be an integer or a quantity like '80Gi'")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("a memory size must be positive")
+        return value
+    match = _QUANTITY.match(str(value))
+    if match is None:
+        raise ValueError(f"{value!r} is not a memory size (use bytes or Ki/Mi/Gi/Ti)")
+    return int(match.group(1)) * _BINARY_SUFFIXES[match.group(2) or ""]
+
+
+MemorySize = Annotated[int, BeforeValidator(parse_bytes)]
+
+
+class MigSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    profile: str = Field(min_length=1)
+    memory: MemorySize
+
+
+class GpuGroupSpec(BaseModel):
+    """``count`` identical GPUs; the profile lists groups in minor-number order."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    count: int = Field(default=1, ge=1, le=64)
+    product_name: str = Field(alias="productName", min_length=1)
+    brand: str = "Nvidia"
+    architecture: str = Field(min_length=1)
+    cuda_compute_capability: str = Field(alias="cudaComputeCapability", pattern=r"^\d+\.\d+$")
+    memory: MemorySize
+    mig: list[MigSpec] | None = None  # present (even empty) means MIG mode is enabled
+    gpus_per_pcie_root: int = Field(default=2, alias="gpusPerPcieRoot", ge=1)
+
+
+class ProfileSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    description: str = ""
+    driver_version: str = Field(alias="driverVersion", min_length=1)
+    cuda_driver_version: str = Field(alias="cudaDriverVersion", min_length=1)
+    gpus: list[GpuGroupSpec] = Field(min_length=1)
+
+
+def _stable_uuid(prefix: str, *parts: object) -> str:
+    return f"{prefix}-{uuid.uuid5(_UUID_NAMESPACE, '/'.join(str(p) for p in parts))}"
+
+
+def build_inventory(spec: ProfileSpec, seed: str) -> list[Gpu]:
+    """Expand a profile into GPUs; ``seed`` (the node name) keeps UUIDs unique across fake nodes."""
+    gpus: list[Gpu] = []
+    for group in spec.gpus:
+        for _ in range(group.count):
+            index = len(gpus)
+            bus = (0x18 + 8 * index) % 0x100
+            root = (0x10 * (index // group.gpus_per_pcie_root)) % 0x100
+            gpu_uuid = _stable_uuid("GPU", seed, index)
+            migs = tuple(
+                MigDevice(
+                    gi=position + 1,
+                    ci=0,
+                    profile=mig.profile,
+                    uuid=_stable_uuid("MIG", gpu_uuid, position),
+                    memory_bytes=mig.memory,
+                )
+                for position, mig in enumerate(group.mig or ())
+            )
+            gpus.append(
+                Gpu(
+                    minor=index,
+                    index=index,
+                    uuid=gpu_uuid,
+                    product_name=group.product_name,
+                    brand=group.brand,
+                    architecture=group.architecture,
+                    cuda_compute_capability=group.cuda_compute_capability,
+                    driver_version=spec.driver_version,
+                    cuda_driver_version=spec.cuda_driver_version,
+                    pci_bus_id=f"0000:{bus:02x}:00.0",
+                    memory_bytes=group.memory,
+                    mig_enabled=group.mig is not None,
+                    mig_devices=migs,
+                    pcie_root=f"pci0000:{root:02x}",
+                )
+            )
+    return gpus
+
+
+def load_profile(path: Path) -> ProfileSpec:
+    """Read and validate a profile; a bare name like ``h100x8`` means a shipped profile."""
+    if not path.suffix and not path.exists():
+        path = PROFILE_DIR / f"{path}.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise BackendUnavailable(f"cannot read GPU profile {path}: {exc}") from exc
+    try:
+        return ProfileSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise BackendUnavailable(f"invalid GPU profile {path}: {exc}") from exc
+
+
+class SimulatedBackend:
+    """GPUs from a profile, held in memory; health changes come from ``set_health``."""
+
+    def __init__(self, gpus: list[Gpu]) -> None:
+        self._gpus = {gpu.minor: gpu for gpu in gpus}
+        self._version = 0
+        self._changed = asyncio.Event()
+
+    @classmethod
+    def from_file(cls, profile: Path, node_name: str = "") -> SimulatedBackend:
+        return cls(build_inventory(load_profile(profile), seed=node_name or str(profile)))
+
+    def inventory(self) -> list[Gpu]:
+        return [self._gpus[minor] for minor in sorted(self._gpus)]
+
+    def set_health(self, minor: int, healthy: bool, message: str = "") -> None:
+        """Mark one GPU healthy or not and wake every ``watch_health`` iterator."""
+        if minor not in self._gpus:
+            raise KeyError(f"no simulated GPU with minor {minor}")
+        self._gpus[minor] = replace(self._gpus[minor], healthy=healthy, health_message=message)
+        self._version += 1
+        # Swap the event before setting it so later waits block until the next change.
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def watch_health(self) -> AsyncIterator[list[Gpu]]:
+        seen = self._version
+        while True:
+            # A change made while the consumer was busy is caught by the version, not the event.
+            if self._version == seen:
+                await self._changed.wait()
+            seen = self._version
+            yield self.inventory()
