@@ -1,0 +1,359 @@
+"""Hierarchical queue fairness: fair shares, DRF ordering and admission.
+
+Pure functions over plain data. Every resource ("gpu", "gpu/<model>", "cpu" in cores, "memory" in
+bytes) is shared independently; only resources present in ``capacity`` are fair-shared, limits
+apply to every resource. See docs/queues.md for the semantics with worked examples.
+
+Fair share, per resource, top-down through the queue tree (roots share the cluster capacity, the
+children of a queue share that queue's fair share):
+
+1. A queue's demand is what its subtree holds plus what it waits for, capped at its limit; a
+   parent's demand is also capped at its own limit, so no subtree is ever given more than any
+   ancestor's limit allows.
+2. Priority tier by priority tier (highest first), each queue gets min(quota, demand); a tier
+   that cannot be fully served splits what is left in proportion to those guarantees.
+3. What is still left goes, again tier by tier, to queues that want more, in proportion to their
+   over-quota weight (water-filling: a queue that is satisfied drops out and its part is shared
+   by the others). Queues with weight 0 only take what positive-weight queues of their tier leave.
+
+Idle capacity is therefore lent to whoever wants it (work-conserving), and the shares of a
+level's queues add up to min(pool, total demand).
+
+Queues whose ancestry is broken (unknown parent or a cycle) take no part: their fair share is 0
+and admission refuses their pods with the reason, so a misconfiguration is visible, not silent.
+Pods labelled with a queue that has children compete inside it as an unnamed child with no
+quota, weight 1 and priority 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Resources = Mapping[str, float]
+
+# Float tolerance for comparisons of shares and amounts (GPU thousandths are far above it).
+EPSILON = 1e-9
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    name: str
+    parent: str | None = None
+    priority: int = 0
+    quota: Mapping[str, float] = field(default_factory=dict)  # deserved; missing = no guarantee (0)
+    limit: Mapping[str, float] = field(default_factory=dict)  # missing = unlimited
+    over_quota_weight: Mapping[str, float] = field(default_factory=dict)  # missing = 1.0
+
+
+@dataclass(frozen=True)
+class QueueUsage:
+    allocated: Resources  # what the queue's running/bound pods hold
+    requested: Resources  # pending demand (not yet allocated)
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    admit: bool
+    reason: str  # human-readable, names the queue and the numbers when refusing
+
+
+_NO_USAGE = QueueUsage(allocated={}, requested={})
+
+
+def format_amount(resource: str, amount: float) -> str:
+    """Render an amount for humans: integers without decimals, memory in binary units."""
+    if resource == "memory":
+        for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+            if abs(amount) >= size and abs(amount / size - round(amount / size)) < 1e-6:
+                return f"{round(amount / size)}{unit}"
+    if abs(amount - round(amount)) < 1e-6:
+        return str(round(amount))
+    return f"{amount:.3f}".rstrip("0")
+
+
+@dataclass(frozen=True)
+class _Claimant:
+    """One member of a division of a pool among siblings, for one resource."""
+
+    key: str
+    quota: float
+    weight: float
+    priority: int
+    demand: float
+
+
+def _divide(pool: float, claimants: Sequence[_Claimant]) -> dict[str, float]:
+    shares = {c.key: 0.0 for c in claimants}
+    remaining = max(pool, 0.0)
+    tiers = sorted({c.priority for c in claimants}, reverse=True)
+    for tier in tiers:
+        guaranteed = {c.key: min(c.quota, c.demand) for c in claimants if c.priority == tier}
+        wanted = sum(guaranteed.values())
+        scale = 1.0 if wanted <= remaining else remaining / wanted
+        for key, amount in guaranteed.items():
+            shares[key] = amount * scale
+        remaining -= wanted * scale
+    for tier in tiers:
+        members = [c for c in claimants if c.priority == tier]
+        weighted = [(c, c.weight) for c in members if c.weight > 0]
+        leftovers_only = [(c, 1.0) for c in members if c.weight <= 0]
+        remaining = _water_fill(remaining, weighted, shares)
+        remaining = _water_fill(remaining, leftovers_only, shares)
+    return shares
+
+
+def _water_fill(amount: float, members: Sequence[tuple[_Claimant, float]], shares: dict[str, float]) -> float:
+    """Raise members' shares in proportion to weight until amount or their demand runs out."""
+    active = [(c, w) for c, w in members if c.demand - shares[c.key] > EPSILON]
+    while amount > EPSILON and active:
+        total_weight = sum(w for _, w in active)
+        # Level rise per unit weight: stop at the first member that becomes satisfied.
+        rise = min(amount / total_weight, *((c.demand - shares[c.key]) / w for c, w in active))
+        for claimant, weight in active:
+            shares[claimant.key] += rise * weight
+        amount -= rise * total_weight
+        active = [(c, w) for c, w in active if c.demand - shares[c.key] > EPSILON]
+    return amount
+
+
+class QueueTree:
+    """The queue hierarchy with subtree usage sums; broken ancestries are set apart."""
+
+    def __init__(self, queues: Sequence[QueueSpec], usage: Mapping[str, QueueUsage]) -> None:
+        self.specs: dict[str, QueueSpec] = {}
+        for spec in queues:
+            self.specs.setdefault(spec.name, spec)
+        self.broken: dict[str, str] = broken_ancestries(self.specs)
+        self.children: dict[str | None, list[str]] = {}
+        for name, spec in self.specs.items():
+            if name not in self.broken:
+                self.children.setdefault(spec.parent, []).append(name)
+        self.usage = usage
+        self._subtree_cache: dict[tuple[str, str, str], float] = {}
+
+    def own(self, name: str) -> QueueUsage:
+        return self.usage.get(name, _NO_USAGE)
+
+    def subtree(self, name: str, kind: Literal["allocated", "requested"], resource: str) -> float:
+        """Sum of allocated or requested amounts over a queue and its descendants."""
+        key = (name, kind, resource)
+        if key not in self._subtree_cache:
+            own_usage = self.own(name)
+            own = (own_usage.allocated if kind == "allocated" else own_usage.requested).get(resource, 0.0)
+            self._subtree_cache[key] = own + sum(
+                self.subtree(child, kind, resource) for child in self.children.get(name, [])
+            )
+        return self._subtree_cache[key]
+
+    def path_to_root(self, name: str) -> list[str]:
+        """The queue itself, then its parent, up to its root."""
+        path = [name]
+        parent = self.specs[name].parent
+        while parent is not None:
+            path.append(parent)
+            parent = self.specs[parent].parent
+        return path
+
+
+def broken_ancestries(specs: Mapping[str, QueueSpec]) -> dict[str, str]:
+    """Queues whose parent chain does not end at a root, with the reason."""
+    broken: dict[str, str] = {}
+    for name in specs:
+        seen = [name]
+        parent = specs[name].parent
+        while parent is not None:
+            if parent not in specs:
+                broken[name] = f"parent queue '{parent}' of '{seen[-1]}' does not exist"
+                break
+            if parent in seen:
+                cycle = " -> ".join([*seen[seen.index(parent) :], parent])
+                broken[name] = f"parents form a cycle: {cycle}"
+                break
+            seen.append(parent)
+            parent = specs[parent].parent
+    return broken
+
+
+def _fair_shares_for(tree: QueueTree, resource: str, pool: float) -> dict[str, float]:
+    demand: dict[str, float] = {}
+
+    def capped_demand(name: str) -> float:
+        if name not in demand:
+            own_usage = tree.own(name)
+            own = own_usage.allocated.get(resource, 0.0) + own_usage.requested.get(resource, 0.0)
+            total = own + sum(capped_demand(child) for child in tree.children.get(name, []))
+            demand[name] = min(total, tree.specs[name].limit.get(resource, float("inf")))
+        return demand[name]
+
+    shares: dict[str, float] = {}
+
+    def share_out(parent: str | None, amount: float) -> None:
+        members = [
+            _Claimant(
+                key=child,
+                quota=tree.specs[child].quota.get(resource, 0.0),
+                weight=tree.specs[child].over_quota_weight.get(resource, 1.0),
+                priority=tree.specs[child].priority,
+                demand=capped_demand(child),
+            )
+            for child in tree.children.get(parent, [])
+        ]
+        if parent is not None:
+            own_usage = tree.own(parent)
+            own_demand = own_usage.allocated.get(resource, 0.0) + own_usage.requested.get(resource, 0.0)
+            if own_demand > 0:
+                # The parent's own pods; queue names are unique, so its name cannot clash with a child's.
+                members.append(_Claimant(key=parent, quota=0.0, weight=1.0, priority=0, demand=own_demand))
+        for key, share in _divide(amount, members).items():
+            if key != parent:
+                shares[key] = share
+                share_out(key, share)
+
+    share_out(None, pool)
+    return shares
+
+
+def compute_fair_shares(
+    queues: Sequence[QueueSpec], usage: Mapping[str, QueueUsage], capacity: Resources
+) -> dict[str, dict[str, float]]:
+    """Fair share of every queue (parents included: their whole subtree) for every resource in capacity."""
+    tree = QueueTree(queues, usage)
+    result: dict[str, dict[str, float]] = {name: {} for name in tree.specs}
+    for resource, pool in capacity.items():
+        per_queue = _fair_shares_for(tree, resource, pool)
+        for name in tree.specs:
+            result[name][resource] = per_queue.get(name, 0.0)
+    return result
+
+
+def dominant_share(allocated: Iterable[tuple[str, float]], capacity: Resources) -> float:
+    """Largest fraction of any resource in play (positive capacity) that the amounts take."""
+    return max((amount / capacity[r] for r, amount in allocated if capacity.get(r, 0.0) > 0), default=0.0)
+
+
+def drf_order(
+    queues: Sequence[QueueSpec],
+    usage: Mapping[str, QueueUsage],
+    fair_shares: Mapping[str, Mapping[str, float]],
+    capacity: Resources,
+) -> list[str]:
+    """Every queue, most deserving first.
+
+    Queues below their fair share in some resource they wait for come first; then higher
+    priority; then lower dominant share (DRF over the resources in ``capacity``); then name.
+    Usage is counted over the subtree, so a parent orders by what its whole subtree holds.
+    """
+    tree = QueueTree(queues, usage)
+
+    def sort_key(name: str) -> tuple[int, int, float, str]:
+        allocated = [(r, tree.subtree(name, "allocated", r)) for r in capacity]
+        below = any(
+            tree.subtree(name, "requested", r) > EPSILON
+            and amount < fair_shares.get(name, {}).get(r, 0.0) - EPSILON
+            for r, amount in allocated
+        )
+        return (0 if below else 1, -tree.specs[name].priority, dominant_share(allocated, capacity), name)
+
+    return sorted(tree.specs, key=sort_key)
+
+
+def _competitors(tree: QueueTree, name: str) -> list[str]:
+    """Queues whose subtrees cover everything outside the path from ``name`` to its root."""
+    path = tree.path_to_root(name)
+    found = list(tree.children.get(name, []))
+    for node in path:
+        parent = tree.specs[node].parent
+        found.extend(sibling for sibling in tree.children.get(parent, []) if sibling != node)
+    return found
+
+
+def check_admission(
+    queue: str,
+    request: Resources,
+    queues: Sequence[QueueSpec],
+    usage: Mapping[str, QueueUsage],
+    fair_shares: Mapping[str, Mapping[str, float]],
+    capacity: Resources,
+) -> AdmissionDecision:
+    """May a pod of ``queue`` asking for ``request`` be placed now?
+
+    Refused when it would take the queue or an ancestor past a limit, or past the queue's fair
+    share while queues below their fair share wait for capacity that admitting it would take
+    (free capacity minus the request no longer covers what they are still owed).
+    """
+    tree = QueueTree(queues, usage)
+    if queue not in tree.specs:
+        return AdmissionDecision(False, f"queue '{queue}' does not exist")
+    if queue in tree.broken:
+        return AdmissionDecision(False, f"queue '{queue}' is not usable: {tree.broken[queue]}")
+    wanted = {r: amount for r, amount in request.items() if amount > 0}
+
+    for node in tree.path_to_root(queue):
+        for resource, amount in wanted.items():
+            limit = tree.specs[node].limit.get(resource)
+            held = tree.subtree(node, "allocated", resource)
+            if limit is not None and held + amount > limit + EPSILON:
+                whose = "its limit" if node == queue else f"the limit of ancestor queue '{node}'"
+                return AdmissionDecision(
+                    False,
+                    f"queue '{queue}': {resource} allocated {format_amount(resource, held)} + request "
+                    f"{format_amount(resource, amount)} would exceed {whose} "
+                    f"({format_amount(resource, limit)})",
+                )
+
+    borrowing: list[str] = []
+    for resource, amount in wanted.items():
+        if resource not in capacity:
+            continue
+        held = tree.subtree(queue, "allocated", resource)
+        fair = fair_shares.get(queue, {}).get(resource, 0.0)
+        if held + amount <= fair + EPSILON:
+            continue
+        refusal = _starved_competitor(tree, queue, resource, amount, fair_shares, capacity)
+        if refusal is not None:
+            return AdmissionDecision(
+                False,
+                f"queue '{queue}': {resource} allocated {format_amount(resource, held)} + request "
+                f"{format_amount(resource, amount)} would exceed its fair share "
+                f"({format_amount(resource, fair)}) while {refusal}",
+            )
+        borrowing.append(resource)
+    if borrowing:
+        return AdmissionDecision(
+            True, f"queue '{queue}' borrows idle {', '.join(borrowing)} beyond its fair share"
+        )
+    return AdmissionDecision(True, f"queue '{queue}' is within its limits and fair share")
+
+
+def _starved_competitor(
+    tree: QueueTree,
+    queue: str,
+    resource: str,
+    amount: float,
+    fair_shares: Mapping[str, Mapping[str, float]],
+    capacity: Resources,
+) -> str | None:
+    """Why taking ``amount`` would hurt a queue below its fair share, or None if it would not."""
+    owed: list[tuple[float, str, float, float, float]] = []
+    for other in _competitors(tree, queue):
+        held = tree.subtree(other, "allocated", resource)
+        pending = tree.subtree(other, "requested", resource)
+        fair = fair_shares.get(other, {}).get(resource, 0.0)
+        still_owed = min(pending, fair - held)
+        if still_owed > EPSILON:
+            owed.append((still_owed, other, held, fair, pending))
+    if not owed:
+        return None
+    # Every queue's pods hold capacity, broken or unknown queues included.
+    total_allocated = sum(usage.allocated.get(resource, 0.0) for usage in tree.usage.values())
+    free = capacity[resource] - total_allocated
+    total_owed = sum(entry[0] for entry in owed)
+    if free - amount >= total_owed - EPSILON:
+        return None
+    _, other, held, fair, pending = max(owed)
+    return (
+        f"queue '{other}' is below its fair share ({resource} allocated {format_amount(resource, held)} "
+        f"of {format_amount(resource, fair)}, {format_amount(resource, pending)} pending)"
+    )

@@ -1,0 +1,291 @@
+"""The Queue custom resource: names, parsing into policy data, hierarchy checks, status.
+
+Pydantic validates the object at this edge; everything past ``parse_queue`` is the plain
+``QueueSpec`` dataclass that ``extender.policy.fairness`` works on. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from extender.policy.fairness import QueueSpec, QueueTree, QueueUsage, broken_ancestries, format_amount
+
+QUEUE_GROUP = "scheduling.tessera.dev"
+QUEUE_VERSION = "v1alpha1"
+QUEUE_PLURAL = "queues"
+QUEUE_KIND = "Queue"
+QUEUE_LABEL = "scheduling.tessera.dev/queue"
+DEFAULT_QUEUE = "default"
+
+# Same shape as the pattern in manifests/crds/queues.yaml: gpu, cpu, memory or gpu/<model>.
+RESOURCE_NAME = re.compile(r"^(gpu|cpu|memory|gpu/[A-Za-z0-9]([A-Za-z0-9._-]{0,62}))$")
+
+_QUANTITY = re.compile(
+    r"^(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)"
+    r"((?P<binary>Ki|Mi|Gi|Ti|Pi|Ei)|(?P<decimal>[numkMGTPE])|[eE](?P<exponent>[+-]?[0-9]+))?$"
+)
+_DECIMAL_SUFFIX = {
+    "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+}
+_BINARY_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+class QueueSpecError(ValueError):
+    """A Queue object that cannot be used; the message says which queue and what is wrong."""
+
+
+def parse_quantity(value: object) -> float:
+    """A non-negative Kubernetes quantity ("500m", "64Gi", "1e3", 2, 0.5) as a plain number."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"expected a number or a quantity string, got {value!r}")
+    if isinstance(value, int | float):
+        number = float(value)
+    else:
+        match = _QUANTITY.match(value.strip())
+        if match is None:
+            raise ValueError(f"{value!r} is not a non-negative Kubernetes quantity (e.g. 4, 500m, 64Gi)")
+        number = float(match["number"])
+        if match["binary"]:
+            number *= _BINARY_SUFFIX[match["binary"]]
+        elif match["decimal"]:
+            number *= _DECIMAL_SUFFIX[match["decimal"]]
+        elif match["exponent"]:
+            number *= 10.0 ** int(match["exponent"])
+    if number < 0 or number != number or number == float("inf"):
+        raise ValueError(f"{value!r} must be a finite, non-negative amount")
+    return number
+
+
+Quantity = Annotated[float, BeforeValidator(parse_quantity)]
+
+
+class QueueResourceModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    quota: Quantity | None = None
+    limit: Quantity | None = None
+    over_quota_weight: float | None = Field(default=None, alias="overQuotaWeight", ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _limit_not_below_quota(self) -> QueueResourceModel:
+        if self.quota is not None and self.limit is not None and self.limit < self.quota:
+            raise ValueError(f"limit {self.limit:g} is below quota {self.quota:g}")
+        return self
+
+
+class QueueSpecModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    parent: str | None = Field(default=None, min_length=1)
+    priority: int = 0
+    resources: dict[str, QueueResourceModel] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_resource_names(self) -> QueueSpecModel:
+        unknown = sorted(name for name in self.resources if not RESOURCE_NAME.match(name))
+        if unknown:
+            raise ValueError(f"unknown resource names {unknown}: use gpu, cpu, memory or gpu/<model>")
+        return self
+
+
+def _describe(error: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(part) for part in item['loc']) or 'spec'}: {item['msg']}" for item in error.errors()
+    )
+
+
+def parse_queue(obj: Mapping[str, Any]) -> QueueSpec:
+    """Turn a Queue object (as the API returns it) into a QueueSpec, or raise QueueSpecError."""
+    metadata = obj.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise QueueSpecError("Queue object has no metadata.name")
+    raw_spec = obj.get("spec") or {}
+    if not isinstance(raw_spec, Mapping):
+        raise QueueSpecError(f"queue '{name}': spec must be an object, got {type(raw_spec).__name__}")
+    try:
+        spec = QueueSpecModel.model_validate(dict(raw_spec))
+    except ValidationError as error:
+        raise QueueSpecError(f"queue '{name}': {_describe(error)}") from error
+    if spec.parent == name:
+        raise QueueSpecError(f"queue '{name}': a queue cannot be its own parent")
+    resources = spec.resources.items()
+    return QueueSpec(
+        name=name,
+        parent=spec.parent,
+        priority=spec.priority,
+        quota={r: v.quota for r, v in resources if v.quota is not None},
+        limit={r: v.limit for r, v in resources if v.limit is not None},
+        over_quota_weight={r: v.over_quota_weight for r, v in resources if v.over_quota_weight is not None},
+    )
+
+
+def validate_hierarchy(specs: Sequence[QueueSpec]) -> dict[str, list[str]]:
+    """Problems per queue (every queue is a key; an empty list means valid).
+
+    Reported: duplicate names, unknown parents, cycles of parents, and children whose quotas add
+    up to more than their parent's quota for a resource (unset parent quota counts as 0).
+    """
+    problems: dict[str, list[str]] = {spec.name: [] for spec in specs}
+    by_name: dict[str, QueueSpec] = {}
+    for spec in specs:
+        if spec.name in by_name:
+            problems[spec.name].append(f"more than one queue is named '{spec.name}'")
+        else:
+            by_name[spec.name] = spec
+    for name, reason in broken_ancestries(by_name).items():
+        problems[name].append(reason)
+    children: dict[str, list[QueueSpec]] = {}
+    for spec in by_name.values():
+        if spec.parent in by_name:
+            children.setdefault(spec.parent, []).append(spec)
+    for parent, kids in children.items():
+        for resource in sorted({r for kid in kids for r in kid.quota}):
+            total = sum(kid.quota.get(resource, 0.0) for kid in kids)
+            own = by_name[parent].quota.get(resource, 0.0)
+            if total > own + 1e-9:
+                parts = ", ".join(
+                    f"{kid.name}: {format_amount(resource, kid.quota[resource])}"
+                    for kid in sorted(kids, key=lambda k: k.name)
+                    if resource in kid.quota
+                )
+                problems[parent].append(
+                    f"children's {resource} quota {format_amount(resource, total)} ({parts}) exceeds this "
+                    f"queue's quota {format_amount(resource, own)}"
+                )
+    return problems
+
+
+def format_quantity(resource: str, amount: float) -> str:
+    """A Kubernetes quantity string for a status field: "2", "500m", "64Gi"."""
+    if resource == "memory":
+        return format_amount(resource, round(amount))
+    if abs(amount - round(amount)) < 1e-6:
+        return str(round(amount))
+    return f"{round(amount * 1000)}m"
+
+
+def _condition(
+    kind: str, active: bool, reason: str, message: str, previous: Mapping[str, Mapping[str, Any]], now: str
+) -> dict[str, str]:
+    status = "True" if active else "False"
+    before = previous.get(kind, {})
+    unchanged = before.get("status") == status and isinstance(before.get("lastTransitionTime"), str)
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": str(before["lastTransitionTime"]) if unchanged else now,
+    }
+
+
+def queue_status(
+    spec: QueueSpec,
+    allocated: Mapping[str, float],
+    requested: Mapping[str, float],
+    fair_share: Mapping[str, float],
+    problems: Sequence[str],
+    previous_conditions: Sequence[Mapping[str, Any]] = (),
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The status of one queue; amounts are its whole subtree's.
+
+    Conditions: Valid (hierarchy problems), Borrowing (holds more than its quota of some
+    resource), Starved (holds less than its fair share of a resource it waits for). A
+    condition keeps its lastTransitionTime while its status does not change.
+    """
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    previous = {str(c.get("type")): c for c in previous_conditions}
+    borrowed = sorted(r for r, held in allocated.items() if held > spec.quota.get(r, 0.0) + 1e-9)
+    starved = sorted(
+        r
+        for r, fair in fair_share.items()
+        if requested.get(r, 0.0) > 1e-9 and allocated.get(r, 0.0) < fair - 1e-9
+    )
+    conditions = [
+        _condition(
+            "Valid",
+            not problems,
+            "InvalidSpec" if problems else "SpecValid",
+            "; ".join(problems) if problems else "queue spec and hierarchy are valid",
+            previous,
+            stamp,
+        ),
+        _condition(
+            "Borrowing",
+            bool(borrowed),
+            "OverQuota" if borrowed else "WithinQuota",
+            "; ".join(
+                f"{r} allocated {format_amount(r, allocated[r])} above quota "
+                f"{format_amount(r, spec.quota.get(r, 0.0))}"
+                for r in borrowed
+            )
+            or "allocations are within quota",
+            previous,
+            stamp,
+        ),
+        _condition(
+            "Starved",
+            bool(starved),
+            "BelowFairShare" if starved else "AtFairShare",
+            "; ".join(
+                f"{r} allocated {format_amount(r, allocated.get(r, 0.0))} below fair share "
+                f"{format_amount(r, fair_share[r])} with {format_amount(r, requested[r])} pending"
+                for r in starved
+            )
+            or "no pending demand below fair share",
+            previous,
+            stamp,
+        ),
+    ]
+    return {
+        "allocated": {r: format_quantity(r, v) for r, v in sorted(allocated.items())},
+        "requested": {r: format_quantity(r, v) for r, v in sorted(requested.items())},
+        "fairShare": {r: format_quantity(r, v) for r, v in sorted(fair_share.items())},
+        "conditions": conditions,
+    }
+
+
+def queue_statuses(
+    specs: Sequence[QueueSpec],
+    usage: Mapping[str, QueueUsage],
+    fair_shares: Mapping[str, Mapping[str, float]],
+    previous: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    now: datetime | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Status of every queue, with subtree sums for parents; ``previous`` maps queue -> old conditions."""
+    problems = validate_hierarchy(specs)
+    tree = QueueTree(specs, usage)
+    statuses: dict[str, dict[str, Any]] = {}
+    for name, spec in tree.specs.items():
+        resources = {r for r in fair_shares.get(name, {})} | set(spec.quota) | set(spec.limit)
+        for queue in [name, *_descendants(tree, name)]:
+            resources |= set(tree.own(queue).allocated) | set(tree.own(queue).requested)
+        allocated = {r: tree.subtree(name, "allocated", r) for r in resources}
+        requested = {r: tree.subtree(name, "requested", r) for r in resources}
+        statuses[name] = queue_status(
+            spec,
+            {r: v for r, v in allocated.items() if v > 0 or r in spec.quota},
+            {r: v for r, v in requested.items() if v > 0},
+            fair_shares.get(name, {}),
+            problems.get(name, []),
+            (previous or {}).get(name, ()),
+            now,
+        )
+    return statuses
+
+
+def _descendants(tree: QueueTree, name: str) -> list[str]:
+    found: list[str] = []
+    stack = list(tree.children.get(name, []))
+    while stack:
+        child = stack.pop()
+        found.append(child)
+        stack.extend(tree.children.get(child, []))
+    return found
