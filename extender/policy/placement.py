@@ -1,0 +1,300 @@
+"""GPU placement: which node, and which GPUs on it, a pod should get.
+
+Pure functions over plain data. Two strategies:
+
+* ``binpack`` (default) - consolidation. The primary criterion is the growth of node
+  fragmentation for the workload mix (the FGD idea of Weng et al., ATC'23): the idle GPU milli
+  that the task types seen cannot use. Ties - common, e.g. between identical idle nodes - are
+  broken towards best fit: whole-GPU pods go where the fewest whole free GPUs remain (keeping
+  large blocks of whole GPUs together elsewhere), fractional pods go onto the GPU with the least
+  free share left, and finally onto the node with the least idle GPU milli.
+* ``spread`` - least allocated: the node (and GPU) with the most free GPU capacity left.
+
+``score_nodes`` turns the ranking into the 0..10 scores the kube-scheduler extender protocol uses;
+``placement_cost`` exposes the exact ranking so the simulator can choose the top node without the
+rounding loss of integer scores.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+FULL_GPU_MILLI = 1000
+MAX_NODE_SCORE = 10
+# Fragmentation deltas are sums of float-weighted integers; round before comparing so equal
+# placements tie exactly instead of differing in the last bits.
+_COST_DIGITS = 6
+
+Strategy = Literal["binpack", "spread"]
+Cost = tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """Supply picture of one node, GPU dimension first.
+
+    CPU and memory are optional: ``0`` means "not tracked" unless ``host_tracked`` is set, in
+    which case the values are exact (so an exhausted node can be described).
+    """
+
+    name: str
+    model: str
+    free_milli: tuple[int, ...]
+    cpu_free_milli: int = 0
+    memory_free_mib: int = 0
+    host_tracked: bool = False
+
+
+@dataclass(frozen=True)
+class GpuDemand:
+    """What one pod needs: ``count`` GPUs of ``milli`` thousandths each.
+
+    ``milli < 1000`` only with ``count == 1`` (a fraction of one GPU); ``count == 0`` is a pod
+    without GPUs, which still matters for fragmentation through CPU and memory.
+    """
+
+    count: int
+    milli: int = FULL_GPU_MILLI
+    models: frozenset[str] = frozenset()
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            raise ValueError(f"GPU count must be >= 0, got {self.count}")
+        if not 1 <= self.milli <= FULL_GPU_MILLI:
+            raise ValueError(f"per-GPU milli must be in 1..1000, got {self.milli}")
+        if self.count > 1 and self.milli != FULL_GPU_MILLI:
+            raise ValueError("a fraction of a GPU is only allowed with count == 1")
+
+    @property
+    def total_milli(self) -> int:
+        return self.count * self.milli
+
+
+@dataclass(frozen=True)
+class _TaskClass:
+    """Task types of the mix that share one GPU shape; host needs are kept per type."""
+
+    count: int
+    milli: int
+    models: frozenset[str]
+    host_needs: tuple[tuple[int, int, float], ...]  # (cpu milli, memory MiB, weight)
+    weight: float
+
+
+@dataclass(frozen=True)
+class WorkloadMix:
+    """Popularity of task types (FGD's target workload); weights need not sum to 1."""
+
+    demands: tuple[tuple[GpuDemand, float], ...]
+
+    @cached_property
+    def _classes(self) -> tuple[tuple[_TaskClass, ...], float]:
+        # Grouping by GPU shape lets the GPU half of the fragmentation test run once per shape.
+        grouped: dict[tuple[int, int, frozenset[str]], list[tuple[int, int, float]]] = {}
+        total = 0.0
+        for demand, weight in self.demands:
+            if weight <= 0:
+                continue
+            total += weight
+            shape = (demand.count, demand.milli, demand.models)
+            grouped.setdefault(shape, []).append((demand.cpu_milli, demand.memory_mib, weight))
+        classes = tuple(
+            _TaskClass(count, milli, models, tuple(needs), sum(w for _, _, w in needs))
+            for (count, milli, models), needs in grouped.items()
+        )
+        return classes, total
+
+
+def _host_fits(node: NodeGpus, cpu_milli: int, memory_mib: int) -> bool:
+    cpu_ok = not (node.host_tracked or node.cpu_free_milli > 0) or cpu_milli <= node.cpu_free_milli
+    mem_ok = not (node.host_tracked or node.memory_free_mib > 0) or memory_mib <= node.memory_free_mib
+    return cpu_ok and mem_ok
+
+
+def _gpus_fit(sorted_free: Sequence[int], count: int, milli: int) -> bool:
+    """Whether ``count`` GPUs with at least ``milli`` free exist (``sorted_free`` ascending)."""
+    if count == 0:
+        return True
+    return len(sorted_free) - bisect_left(sorted_free, milli) >= count
+
+
+def fits(node: NodeGpus, demand: GpuDemand) -> bool:
+    if demand.models and node.model not in demand.models:
+        return False
+    if not _host_fits(node, demand.cpu_milli, demand.memory_mib):
+        return False
+    return _gpus_fit(sorted(node.free_milli), demand.count, demand.milli)
+
+
+def node_fragmentation(node: NodeGpus, mix: WorkloadMix) -> float:
+    """Expected idle GPU milli on ``node`` that a task drawn from ``mix`` could not use.
+
+    For one task type: all idle milli if the type does not fit the node at all (model, CPU,
+    memory or GPUs); otherwise the idle milli of GPUs whose free share is below the type's
+    per-GPU request. The node's value is the popularity-weighted mean over the types.
+    """
+    classes, total_weight = mix._classes
+    if total_weight == 0:
+        return 0.0
+    ordered = sorted(node.free_milli)
+    idle = sum(ordered)
+    if idle == 0:
+        return 0.0
+    prefix = [0]
+    for free in ordered:
+        prefix.append(prefix[-1] + free)
+    expected = 0.0
+    for cls in classes:
+        if cls.models and node.model not in cls.models:
+            expected += cls.weight * idle
+            continue
+        if cls.count == 0:
+            unusable = 0  # no per-GPU request, so no GPU is too small for it
+        else:
+            first_big_enough = bisect_left(ordered, cls.milli)
+            if len(ordered) - first_big_enough < cls.count:
+                expected += cls.weight * idle
+                continue
+            unusable = prefix[first_big_enough]
+        host_ok_weight = sum(w for cpu, mem, w in cls.host_needs if _host_fits(node, cpu, mem))
+        expected += host_ok_weight * unusable + (cls.weight - host_ok_weight) * idle
+    return expected / total_weight
+
+
+def _after(node: NodeGpus, demand: GpuDemand, gpus: Sequence[int]) -> NodeGpus:
+    free = list(node.free_milli)
+    for index in gpus:
+        free[index] -= demand.milli
+    # Host resources are only debited in an exact picture; a loose one (0 = not tracked) could
+    # otherwise reach 0 and silently turn into "not tracked".
+    debit = node.host_tracked
+    return NodeGpus(
+        name=node.name,
+        model=node.model,
+        free_milli=tuple(free),
+        cpu_free_milli=node.cpu_free_milli - demand.cpu_milli if debit else node.cpu_free_milli,
+        memory_free_mib=node.memory_free_mib - demand.memory_mib if debit else node.memory_free_mib,
+        host_tracked=node.host_tracked,
+    )
+
+
+def _candidate_choices(node: NodeGpus, demand: GpuDemand) -> list[tuple[int, ...]]:
+    """GPU index sets worth comparing: GPUs with equal free share are interchangeable."""
+    if demand.count == 0:
+        return [()]
+    usable = [i for i, free in enumerate(node.free_milli) if free >= demand.milli]
+    if demand.count > 1 or demand.milli == FULL_GPU_MILLI:
+        # Whole GPUs: every usable GPU is fully free, so any ``count`` of them are equivalent.
+        return [tuple(usable[: demand.count])] if len(usable) >= demand.count else []
+    seen: set[int] = set()
+    choices: list[tuple[int, ...]] = []
+    for index in usable:
+        if node.free_milli[index] not in seen:
+            seen.add(node.free_milli[index])
+            choices.append((index,))
+    return choices
+
+
+def _binpack_cost(node: NodeGpus, after: NodeGpus, gpus: Sequence[int], demand: GpuDemand,
+                  mix: WorkloadMix, frag_before: float) -> Cost:
+    growth = round(node_fragmentation(after, mix) - frag_before, _COST_DIGITS)
+    if demand.count == 0:
+        tie = float(sum(node.free_milli))
+    elif demand.milli == FULL_GPU_MILLI:
+        tie = float(sum(1 for free in after.free_milli if free == FULL_GPU_MILLI))
+    else:
+        tie = float(after.free_milli[gpus[0]])
+    return (growth, tie, float(sum(after.free_milli)))
+
+
+def _spread_cost(node: NodeGpus, after: NodeGpus, gpus: Sequence[int]) -> Cost:
+    capacity = FULL_GPU_MILLI * len(node.free_milli)
+    free_share = sum(after.free_milli) / capacity if capacity else 0.0
+    emptiest_left = -float(min((after.free_milli[i] for i in gpus), default=0))
+    return (-round(free_share, _COST_DIGITS), emptiest_left)
+
+
+def _best_choice(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix,
+                 strategy: Strategy) -> tuple[Cost, tuple[int, ...]] | None:
+    if not fits(node, demand):
+        return None
+    frag_before = node_fragmentation(node, mix) if strategy == "binpack" else 0.0
+    best: tuple[Cost, tuple[int, ...]] | None = None
+    for gpus in _candidate_choices(node, demand):
+        after = _after(node, demand, gpus)
+        cost = (_binpack_cost(node, after, gpus, demand, mix, frag_before) if strategy == "binpack"
+                else _spread_cost(node, after, gpus))
+        if best is None or cost < best[0]:
+            best = (cost, gpus)
+    return best
+
+
+def choose_gpus(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix,
+                strategy: Strategy = "binpack") -> tuple[int, ...] | None:
+    """GPU indexes on ``node`` for ``demand``, or None when it does not fit."""
+    best = _best_choice(node, demand, mix, strategy)
+    return None if best is None else best[1]
+
+
+def placement_cost(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix,
+                   strategy: Strategy = "binpack") -> Cost | None:
+    """Exact rank of ``node`` for ``demand`` (lower is better), or None when it does not fit."""
+    best = _best_choice(node, demand, mix, strategy)
+    return None if best is None else best[0]
+
+
+def scores_from_costs(costs: dict[str, Cost]) -> dict[str, int]:
+    """Map costs to 0..10: the best distinct cost gets 10, the worst 0, evenly by rank between."""
+    distinct = sorted(set(costs.values()))
+    if len(distinct) <= 1:
+        return dict.fromkeys(costs, MAX_NODE_SCORE)
+    rank = {cost: i for i, cost in enumerate(distinct)}
+    last = len(distinct) - 1
+    return {name: round(MAX_NODE_SCORE * (last - rank[cost]) / last) for name, cost in costs.items()}
+
+
+def score_nodes(nodes: Sequence[NodeGpus], demand: GpuDemand, mix: WorkloadMix,
+                strategy: Strategy = "binpack") -> dict[str, int]:
+    """0..10 per node name; nodes where the demand does not fit get 0."""
+    costs: dict[str, Cost] = {}
+    scores: dict[str, int] = {}
+    for node in nodes:
+        cost = placement_cost(node, demand, mix, strategy)
+        if cost is None:
+            scores[node.name] = 0
+        else:
+            costs[node.name] = cost
+    scores.update(scores_from_costs(costs))
+    return scores
+
+
+def mix_from_demands(demands: Sequence[GpuDemand]) -> WorkloadMix:
+    """A mix weighting each distinct demand by how often it occurs."""
+    counts: dict[GpuDemand, int] = {}
+    for demand in demands:
+        counts[demand] = counts.get(demand, 0) + 1
+    return WorkloadMix(demands=tuple((d, float(n)) for d, n in counts.items()))
+
+
+__all__ = [
+    "FULL_GPU_MILLI",
+    "MAX_NODE_SCORE",
+    "Cost",
+    "GpuDemand",
+    "NodeGpus",
+    "Strategy",
+    "WorkloadMix",
+    "choose_gpus",
+    "fits",
+    "mix_from_demands",
+    "node_fragmentation",
+    "placement_cost",
+    "score_nodes",
+    "scores_from_costs",
+]

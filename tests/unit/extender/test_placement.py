@@ -1,0 +1,142 @@
+"""Placement scoring with hand-worked numbers (see the comments for the arithmetic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from extender.policy.placement import (
+    GpuDemand,
+    NodeGpus,
+    WorkloadMix,
+    choose_gpus,
+    fits,
+    mix_from_demands,
+    node_fragmentation,
+    placement_cost,
+    score_nodes,
+    scores_from_costs,
+)
+
+HALF = GpuDemand(count=1, milli=500)
+WHOLE = GpuDemand(count=1)
+PAIR = GpuDemand(count=2)
+HALF_AND_WHOLE = WorkloadMix(demands=((HALF, 1.0), (WHOLE, 1.0)))
+
+
+def node(name: str, *free: int, model: str = "T4") -> NodeGpus:
+    return NodeGpus(name=name, model=model, free_milli=free)
+
+
+def test_fragmentation_of_partly_used_node() -> None:
+    # idle 1300. HALF fits; the 300 GPU is too small for it -> 300. WHOLE fits; 300 is not a
+    # whole GPU -> 300. Mean over equally popular types: 300.
+    assert node_fragmentation(node("n", 1000, 300), HALF_AND_WHOLE) == pytest.approx(300.0)
+
+
+def test_fragmentation_when_no_type_fits_is_all_idle() -> None:
+    # Neither HALF (needs 500 on one GPU) nor WHOLE fits: all 400 idle milli are fragments.
+    assert node_fragmentation(node("n", 200, 200), HALF_AND_WHOLE) == pytest.approx(400.0)
+
+
+def test_fragmentation_of_idle_and_full_nodes_is_zero() -> None:
+    assert node_fragmentation(node("idle", 1000, 1000), HALF_AND_WHOLE) == 0.0
+    assert node_fragmentation(node("full", 0, 0), HALF_AND_WHOLE) == 0.0
+
+
+def test_fragmentation_weights_by_popularity() -> None:
+    # Node (1000, 300): HALF -> 300, PAIR does not fit -> 1300. Weights 3:1 -> (900 + 1300) / 4.
+    mix = WorkloadMix(demands=((HALF, 3.0), (PAIR, 1.0)))
+    assert node_fragmentation(node("n", 1000, 300), mix) == pytest.approx(550.0)
+
+
+def test_fragmentation_counts_model_mismatch_as_all_idle() -> None:
+    v100_only = GpuDemand(count=1, milli=500, models=frozenset({"V100"}))
+    mix = WorkloadMix(demands=((v100_only, 1.0),))
+    assert node_fragmentation(node("n", 1000, 600, model="T4"), mix) == pytest.approx(1600.0)
+    assert node_fragmentation(node("n", 1000, 600, model="V100"), mix) == 0.0
+
+
+def test_fraction_goes_where_fragmentation_shrinks() -> None:
+    # n1 idle (1000, 1000): frag 0; best move 500 -> (500, 1000): HALF 0, WHOLE 500 -> 250, growth +250.
+    # n2 (1000, 600): frag (0 + 600) / 2 = 300. Onto GPU 1 -> (1000, 100): HALF 100, WHOLE 100 -> 100,
+    # growth -200. Onto GPU 0 -> (500, 600): WHOLE no longer fits -> (0 + 1100) / 2 = 550, +250.
+    n1, n2 = node("n1", 1000, 1000), node("n2", 1000, 600)
+    assert choose_gpus(n2, HALF, HALF_AND_WHOLE) == (1,)
+    cost_n1 = placement_cost(n1, HALF, HALF_AND_WHOLE)
+    cost_n2 = placement_cost(n2, HALF, HALF_AND_WHOLE)
+    assert cost_n1 is not None and cost_n1[0] == pytest.approx(250.0)
+    assert cost_n2 is not None and cost_n2[0] == pytest.approx(-200.0)
+    assert score_nodes([n1, n2], HALF, HALF_AND_WHOLE) == {"n1": 0, "n2": 10}
+
+
+def test_whole_gpu_keeps_whole_free_gpus_together() -> None:
+    # Only whole-GPU pods in the mix, so fragmentation never grows; the tie-break counts the
+    # whole free GPUs left: n2 -> 0, n3 -> 1, n1 -> 3. Best fit first.
+    mix = WorkloadMix(demands=((WHOLE, 1.0),))
+    nodes = [node("n1", 1000, 1000, 1000, 1000), node("n2", 1000, 0, 0, 0), node("n3", 1000, 1000, 0, 0)]
+    assert score_nodes(nodes, WHOLE, mix) == {"n2": 10, "n3": 5, "n1": 0}
+
+
+def test_whole_gpu_avoids_breaking_the_last_pair() -> None:
+    # Mix of 2-GPU pods. n3 (1000, 1000, 0, 0) fits a pair (frag 0); after taking one GPU it does
+    # not: frag 1000, growth +1000. n1 (four idle): growth 0. n2 (1000, 0, 0, 0) cannot fit a pair
+    # (frag 1000) and becomes full (frag 0): growth -1000.
+    mix = WorkloadMix(demands=((PAIR, 1.0),))
+    nodes = [node("n1", 1000, 1000, 1000, 1000), node("n2", 1000, 0, 0, 0), node("n3", 1000, 1000, 0, 0)]
+    assert score_nodes(nodes, WHOLE, mix) == {"n2": 10, "n1": 5, "n3": 0}
+
+
+def test_cpu_only_pod_avoids_starving_gpu_tasks_of_cpu() -> None:
+    # HALF needs 4000m CPU. On "small" (8000m) a 6000m CPU-only pod leaves 2000m: HALF no longer
+    # fits, all 2000 idle GPU milli become fragments (+2000). On "big" (16000m) nothing changes.
+    gpu_task = GpuDemand(count=1, milli=500, cpu_milli=4000)
+    mix = WorkloadMix(demands=((gpu_task, 1.0),))
+    cpu_only = GpuDemand(count=0, cpu_milli=6000)
+    small = NodeGpus("small", "T4", (1000, 1000), cpu_free_milli=8000, host_tracked=True)
+    big = NodeGpus("big", "T4", (1000, 1000), cpu_free_milli=16000, host_tracked=True)
+    cost_small = placement_cost(small, cpu_only, mix)
+    assert cost_small is not None and cost_small[0] == pytest.approx(2000.0)
+    assert score_nodes([small, big], cpu_only, mix) == {"small": 0, "big": 10}
+
+
+def test_spread_prefers_emptiest_node_and_gpu() -> None:
+    n1, n2 = node("n1", 1000, 1000), node("n2", 500, 1000)
+    demand = GpuDemand(count=1, milli=300)
+    assert score_nodes([n1, n2], demand, HALF_AND_WHOLE, strategy="spread") == {"n1": 10, "n2": 0}
+    assert choose_gpus(n2, demand, HALF_AND_WHOLE, strategy="spread") == (1,)
+    # binpack puts it on the half-used GPU instead
+    assert choose_gpus(n2, demand, HALF_AND_WHOLE) == (0,)
+
+
+def test_fits_checks_model_gpus_and_host() -> None:
+    assert fits(node("n", 1000, 400), GpuDemand(count=1, milli=400))
+    assert not fits(node("n", 1000, 400), GpuDemand(count=2))
+    assert not fits(node("n", 1000), GpuDemand(count=1, models=frozenset({"A100"})))
+    exhausted = NodeGpus("n", "T4", (1000,), cpu_free_milli=0, host_tracked=True)
+    loose = NodeGpus("n", "T4", (1000,))
+    assert not fits(exhausted, GpuDemand(count=1, cpu_milli=1))
+    assert fits(loose, GpuDemand(count=1, cpu_milli=1))
+
+
+def test_no_fit_scores_zero_and_choose_returns_none() -> None:
+    full = node("full", 0, 0)
+    assert choose_gpus(full, HALF, HALF_AND_WHOLE) is None
+    assert score_nodes([full, node("idle", 1000)], HALF, HALF_AND_WHOLE) == {"full": 0, "idle": 10}
+
+
+def test_scores_from_costs_ranks_evenly() -> None:
+    costs = {"a": (1.0,), "b": (5.0,), "c": (3.0,), "d": (1.0,)}
+    assert scores_from_costs(costs) == {"a": 10, "b": 0, "c": 5, "d": 10}
+    assert scores_from_costs({"only": (7.0,)}) == {"only": 10}
+
+
+def test_demand_validation() -> None:
+    with pytest.raises(ValueError, match="count == 1"):
+        GpuDemand(count=2, milli=500)
+    with pytest.raises(ValueError, match=r"1\.\.1000"):
+        GpuDemand(count=1, milli=0)
+
+
+def test_mix_from_demands_counts_popularity() -> None:
+    mix = mix_from_demands([HALF, WHOLE, HALF])
+    assert dict(mix.demands) == {HALF: 2.0, WHOLE: 1.0}
