@@ -1,0 +1,446 @@
+"""Publish the node's GPUs as ResourceSlices (resource.k8s.io/v1) and keep them current.
+
+Two halves:
+- pure builders (``build_devices``, ``build_slices``): GPUs in, ResourceSlice dicts out, no I/O;
+- ``SliceReconciler``: detects whether the cluster supports consumable capacity, publishes at
+  start, republishes (with a pool generation bump) when the inventory or a device's health
+  changes, and deletes this node's stale slices.
+
+Sharing modes. With consumable capacity (DRAConsumableCapacity) every whole GPU allows multiple
+allocations and carries two capacities: ``memory`` (bytes) whose request policy defaults to the
+whole memory, so a plain request takes the whole GPU and a request for 10Gi takes a slice; and
+``compute`` (thousandths of the GPU) whose default is 0, so a memory-only request reserves no
+compute share and the node side derives the thread share from the memory share. Without the
+feature, GPUs are published as whole devices; sharing is then a ResourceClaim referenced by
+several pods (time-slicing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import Counter, Gauge
+
+from dra_driver.devices.backend import Backend
+from dra_driver.devices.model import Gpu, MigDevice
+from dra_driver.devices.naming import gpu_device_name, mig_device_name
+
+log = logging.getLogger(__name__)
+
+MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_TAINTED_SLICE = 64  # the API's lower limit once any device has taints
+MAX_STRING_ATTRIBUTE = 64
+MEMORY_CAPACITY = "memory"
+COMPUTE_CAPACITY = "compute"
+COMPUTE_UNITS_PER_GPU = 1000  # "compute" capacity of one whole GPU, in thousandths
+_MIB = 1 << 20
+_MAX_NAME = 253
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "tessera-dra-driver"
+
+TaintEffect = Literal["NoSchedule", "NoExecute", "None"]
+
+SLICE_PUBLISHES = Counter(
+    "tessera_dra_slice_publishes_total", "ResourceSlice pool publications (generation bumps)"
+)
+PUBLISHED_DEVICES = Gauge("tessera_dra_published_devices", "Devices in the published pool", ["state"])
+
+
+class SharingMode(StrEnum):
+    CONSUMABLE_CAPACITY = "consumable-capacity"
+    WHOLE_DEVICE = "whole-device"
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """The Node the pool belongs to; an empty uid publishes without an owner reference."""
+
+    name: str
+    uid: str = ""
+
+
+def semver(text: str) -> str:
+    """A "version" attribute value: semver, so "9.0" -> "9.0.0" and "535.104.05" -> "535.104.5"."""
+    numbers = [int(part) for part in re.findall(r"\d+", text)[:3]]
+    numbers += [0] * (3 - len(numbers))
+    return ".".join(str(n) for n in numbers)
+
+
+def _string(value: str) -> dict[str, str]:
+    return {"string": value[:MAX_STRING_ATTRIBUTE]}
+
+
+def normalized_pci_bus_id(pci_bus_id: str) -> str:
+    """NVML pads the PCI domain to 8 digits; the standard attribute uses the sysfs form."""
+    return pci_bus_id.lower()[-12:]
+
+
+def taint_value(message: str) -> str:
+    """A health message squeezed into a label value (what a taint value must be)."""
+    value = re.sub(r"[^A-Za-z0-9._-]+", "-", message)[:63]
+    return value.strip("-._")
+
+
+def _gpu_attributes(gpu: Gpu) -> dict[str, dict[str, Any]]:
+    attributes: dict[str, dict[str, Any]] = {
+        "type": _string("gpu"),
+        "uuid": _string(gpu.uuid),
+        "index": {"int": gpu.index},
+        "minor": {"int": gpu.minor},
+        "productName": _string(gpu.product_name),
+        "brand": _string(gpu.brand),
+        "architecture": _string(gpu.architecture),
+        "cudaComputeCapability": {"version": semver(gpu.cuda_compute_capability)},
+        "driverVersion": {"version": semver(gpu.driver_version)},
+        "cudaDriverVersion": {"version": semver(gpu.cuda_driver_version)},
+        "resource.kubernetes.io/pciBusID": _string(normalized_pci_bus_id(gpu.pci_bus_id)),
+    }
+    if gpu.pcie_root:
+        attributes["resource.kubernetes.io/pcieRoot"] = _string(gpu.pcie_root)
+    return attributes
+
+
+def _taints(gpu: Gpu, driver: str, effect: TaintEffect) -> list[dict[str, str]]:
+    if gpu.healthy:
+        return []
+    taint = {"key": f"{driver}/unhealthy", "effect": effect}
+    value = taint_value(gpu.health_message)
+    if value:
+        taint["value"] = value
+    return [taint]
+
+
+def _whole_gpu_device(gpu: Gpu, driver: str, mode: SharingMode, effect: TaintEffect) -> dict[str, Any]:
+    # Floor to whole MiB so the memory request policy's default stays on its MiB step grid.
+    memory = str(gpu.memory_bytes - gpu.memory_bytes % _MIB)
+    device: dict[str, Any] = {"name": gpu_device_name(gpu), "attributes": _gpu_attributes(gpu)}
+    if mode is SharingMode.CONSUMABLE_CAPACITY:
+        device["allowMultipleAllocations"] = True
+        device["capacity"] = {
+            MEMORY_CAPACITY: {
+                "value": memory,
+                "requestPolicy": {"default": memory, "validRange": {"min": str(_MIB), "step": str(_MIB)}},
+            },
+            COMPUTE_CAPACITY: {
+                "value": str(COMPUTE_UNITS_PER_GPU),
+                "requestPolicy": {
+                    "default": "0",
+                    "validRange": {"min": "0", "max": str(COMPUTE_UNITS_PER_GPU), "step": "1"},
+                },
+            },
+        }
+    else:
+        device["capacity"] = {MEMORY_CAPACITY: {"value": memory}}
+    taints = _taints(gpu, driver, effect)
+    if taints:
+        device["taints"] = taints
+    return device
+
+
+def _mig_device(gpu: Gpu, mig: MigDevice, driver: str, effect: TaintEffect) -> dict[str, Any]:
+    attributes = _gpu_attributes(gpu)
+    attributes.update(
+        {
+            "type": _string("mig"),
+            "uuid": _string(mig.uuid),
+            "parentUUID": _string(gpu.uuid),
+            "profile": _string(mig.profile),
+            "gpuInstance": {"int": mig.gi},
+            "computeInstance": {"int": mig.ci},
+        }
+    )
+    device: dict[str, Any] = {
+        "name": mig_device_name(gpu, mig),
+        "attributes": attributes,
+        "capacity": {MEMORY_CAPACITY: {"value": str(mig.memory_bytes)}},
+    }
+    taints = _taints(gpu, driver, effect)
+    if taints:
+        device["taints"] = taints
+    return device
+
+
+def build_devices(
+    gpus: Iterable[Gpu], driver: str, mode: SharingMode, taint_effect: TaintEffect = "NoSchedule"
+) -> list[dict[str, Any]]:
+    """Devices for the pool: whole GPUs, or the MIG devices of a GPU in MIG mode (never both:
+    a GPU in MIG mode cannot run work outside its instances)."""
+    devices: list[dict[str, Any]] = []
+    for gpu in sorted(gpus, key=lambda g: g.minor):
+        if gpu.mig_enabled:
+            devices.extend(_mig_device(gpu, mig, driver, taint_effect) for mig in gpu.mig_devices)
+        else:
+            devices.append(_whole_gpu_device(gpu, driver, mode, taint_effect))
+    return devices
+
+
+def chunk_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Split devices into slices within the per-slice limit (lower when a slice holds taints)."""
+    chunks: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    current_tainted = False
+    for device in devices:
+        tainted = current_tainted or bool(device.get("taints"))
+        limit = MAX_DEVICES_PER_TAINTED_SLICE if tainted else MAX_DEVICES_PER_SLICE
+        if len(current) + 1 > limit:
+            chunks.append(current)
+            current, tainted = [], bool(device.get("taints"))
+        current.append(device)
+        current_tainted = tainted
+    if current or not chunks:
+        chunks.append(current)
+    return chunks
+
+
+def slice_name(node: str, driver: str, index: int) -> str:
+    """Deterministic per node, driver and position, so republishing updates objects in place."""
+    name = f"{node}-{driver}-{index}"
+    if len(name) <= _MAX_NAME:
+        return name
+    digest = hashlib.sha256(f"{node}/{driver}".encode()).hexdigest()[:10]
+    return f"{node[: _MAX_NAME - len(digest) - 12]}-{digest}-{index}"
+
+
+def build_slices(
+    node: NodeRef,
+    driver: str,
+    gpus: Iterable[Gpu],
+    mode: SharingMode,
+    generation: int,
+    taint_effect: TaintEffect = "NoSchedule",
+) -> list[dict[str, Any]]:
+    """The complete pool for one node: ResourceSlice objects ready to create or replace.
+
+    A node without GPUs still publishes one empty slice, so the pool (and its generation) exists.
+    """
+    chunks = chunk_devices(build_devices(gpus, driver, mode, taint_effect))
+    metadata_extra: dict[str, Any] = {}
+    if node.uid:
+        metadata_extra["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node.uid, "controller": True}
+        ]
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": slice_name(node.name, driver, index),
+                "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE},
+                **metadata_extra,
+            },
+            "spec": {
+                "driver": driver,
+                "nodeName": node.name,
+                "pool": {"name": node.name, "generation": generation, "resourceSliceCount": len(chunks)},
+                "devices": devices,
+            },
+        }
+        for index, devices in enumerate(chunks)
+    ]
+
+
+async def _json(call: Awaitable[Any]) -> dict[str, Any]:
+    """Await a raw (``_preload_content=False``) client call; the dict, or ApiException on non-2xx.
+
+    Raw JSON keeps every field the apiserver returned, including ones the generated models lack.
+    """
+    response = await call
+    try:
+        body = await response.read()
+        status = int(response.status)
+        reason = str(response.reason)
+    finally:
+        response.release()
+    if not 200 <= status < 300:
+        error = ApiException(status=status, reason=reason)
+        error.body = body.decode(errors="replace")
+        raise error
+    result: dict[str, Any] = json.loads(body)
+    return result
+
+
+def _probe_slice(node: str, driver: str) -> dict[str, Any]:
+    memory = str(_MIB)
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{driver}-capability-probe"[:_MAX_NAME]},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": f"{node}-capability-probe", "generation": 0, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": "probe",
+                    "allowMultipleAllocations": True,
+                    "capacity": {MEMORY_CAPACITY: {"value": memory, "requestPolicy": {"default": memory}}},
+                }
+            ],
+        },
+    }
+
+
+def _comparable(slices: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """What decides whether a republish is needed: everything except the pool generation."""
+    return [
+        (s["metadata"]["name"], s["spec"]["devices"], s["spec"]["pool"]["resourceSliceCount"]) for s in slices
+    ]
+
+
+class SliceReconciler:
+    """Owns this node's ResourceSlices for one driver name."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        node_name: str,
+        driver: str,
+        backend: Backend,
+        mode: SharingMode | None = None,
+        taint_effect: TaintEffect = "NoSchedule",
+    ) -> None:
+        # Typed Any: bodies go in as plain dicts and come back raw, bypassing the generated models.
+        self._resource: Any = client.ResourceV1Api(api)
+        self._core = client.CoreV1Api(api)
+        self._node_name = node_name
+        self._driver = driver
+        self._backend = backend
+        self._taint_effect = taint_effect
+        self.mode = mode
+        self.generation = 0
+        self._published: list[Any] | None = None
+        self._lock = asyncio.Lock()
+
+    async def detect_sharing_mode(self) -> SharingMode:
+        """Dry-run a slice with a shareable device: the apiserver drops fields whose feature is off."""
+        probe = _probe_slice(self._node_name, self._driver)
+        try:
+            echoed = await _json(
+                self._resource.create_resource_slice(body=probe, dry_run="All", _preload_content=False)
+            )
+        except ApiException as exc:
+            log.warning(
+                "consumable-capacity probe rejected (%s %s); publishing whole GPUs only",
+                exc.status,
+                exc.reason,
+            )
+            return SharingMode.WHOLE_DEVICE
+        devices = echoed.get("spec", {}).get("devices") or [{}]
+        if devices[0].get("allowMultipleAllocations") is True:
+            log.info("cluster supports consumable capacity: publishing shareable GPUs with memory/compute")
+            return SharingMode.CONSUMABLE_CAPACITY
+        log.info("cluster lacks consumable capacity: publishing whole GPUs (share by shared claims)")
+        return SharingMode.WHOLE_DEVICE
+
+    async def _node_ref(self) -> NodeRef:
+        try:
+            node = await self._core.read_node(self._node_name)
+        except ApiException as exc:
+            log.warning(
+                "cannot read Node %s (%s); slices get no owner reference", self._node_name, exc.status
+            )
+            return NodeRef(self._node_name)
+        return NodeRef(self._node_name, str(node.metadata.uid))
+
+    async def _existing(self) -> dict[str, dict[str, Any]]:
+        """This node's slices for this driver, by name."""
+        listed = await _json(
+            self._resource.list_resource_slice(
+                field_selector=f"spec.nodeName={self._node_name},spec.driver={self._driver}",
+                _preload_content=False,
+            )
+        )
+        return {item["metadata"]["name"]: item for item in listed.get("items", [])}
+
+    async def publish(self, gpus: Sequence[Gpu], force: bool = False) -> bool:
+        """Write the pool for ``gpus`` if it differs from what was last published; True if written."""
+        async with self._lock:
+            if self.mode is None:
+                self.mode = await self.detect_sharing_mode()
+            existing = await self._existing()
+            if self.generation == 0:
+                # Continue after whatever a previous run of this driver left behind.
+                self.generation = max((s["spec"]["pool"]["generation"] for s in existing.values()), default=0)
+            node = await self._node_ref()
+            desired = build_slices(
+                node, self._driver, gpus, self.mode, self.generation + 1, self._taint_effect
+            )
+            if not force and self._published == _comparable(desired):
+                return False
+            self.generation += 1
+            for wanted in desired:
+                name = wanted["metadata"]["name"]
+                if name in existing:
+                    wanted["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
+                    await _json(
+                        self._resource.replace_resource_slice(name, body=wanted, _preload_content=False)
+                    )
+                else:
+                    await _json(self._resource.create_resource_slice(body=wanted, _preload_content=False))
+            # Stale slices go last, so consumers never see the pool shrink before it is complete.
+            wanted_names = {s["metadata"]["name"] for s in desired}
+            for name in existing.keys() - wanted_names:
+                await self._delete(name)
+            self._published = _comparable(desired)
+            self._record(gpus, desired)
+            return True
+
+    def _record(self, gpus: Sequence[Gpu], desired: Sequence[Mapping[str, Any]]) -> None:
+        SLICE_PUBLISHES.inc()
+        healthy = sum(1 for gpu in gpus if gpu.healthy)
+        PUBLISHED_DEVICES.labels("healthy").set(healthy)
+        PUBLISHED_DEVICES.labels("unhealthy").set(len(gpus) - healthy)
+        log.info(
+            "published pool %s generation %d: %d slice(s), %d device(s), mode %s",
+            self._node_name,
+            self.generation,
+            len(desired),
+            sum(len(s["spec"]["devices"]) for s in desired),
+            self.mode,
+        )
+
+    async def _delete(self, name: str) -> None:
+        try:
+            await _json(self._resource.delete_resource_slice(name, _preload_content=False))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        log.info("deleted stale ResourceSlice %s", name)
+
+    async def delete_all(self) -> None:
+        """Remove every slice of this node and driver (used when the driver is uninstalled)."""
+        async with self._lock:
+            for name in await self._existing():
+                await self._delete(name)
+            self._published = None
+
+    async def run(self) -> None:
+        """Publish now, then on every inventory or health change, until cancelled.
+
+        API errors are logged and retried on the next change or after a back-off, never fatal.
+        """
+        await self._publish_with_retry(self._backend.inventory())
+        async for gpus in self._backend.watch_health():
+            await self._publish_with_retry(gpus)
+
+    async def _publish_with_retry(self, gpus: Sequence[Gpu], attempts: int = 5) -> None:
+        delay = 1.0
+        for attempt in range(1, attempts + 1):
+            try:
+                await self.publish(gpus)
+                return
+            except (ApiException, OSError) as exc:
+                log.warning("publishing slices failed (attempt %d/%d): %s", attempt, attempts, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        log.error("giving up publishing this inventory; the next change retries")

@@ -1,0 +1,251 @@
+"""Discovery: the simulated backend's profiles, health flips, naming and NVML helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from dra_driver.devices import BackendUnavailable, gpu_device_name, load_backend, mig_device_name
+from dra_driver.devices.nvml import cuda_version_text, mig_profile_from_name
+from dra_driver.devices.simulated import PROFILE_DIR, SimulatedBackend, parse_bytes
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("profile", "count", "product", "memory", "mig_counts"),
+    [
+        ("h100x8", 8, "NVIDIA H100 80GB HBM3", 80 * GIB, [0] * 8),
+        ("a100x4-mig", 4, "NVIDIA A100-SXM4-40GB", 40 * GIB, [2, 2, 5, 5]),
+        ("t4x2", 2, "Tesla T4", 15360 * MIB, [0, 0]),
+        ("mixed", 4, "NVIDIA A100-SXM4-80GB", 80 * GIB, [0, 0, 3, 0]),
+    ],
+)
+def test_shipped_profiles_expand_to_expected_gpus(
+    profile: str, count: int, product: str, memory: int, mig_counts: list[int]
+) -> None:
+    gpus = load_backend("simulated", Path(profile), node_name="node-a").inventory()
+    assert len(gpus) == count
+    assert gpus[0].product_name == product
+    assert gpus[0].memory_bytes == memory
+    assert [len(g.mig_devices) for g in gpus] == mig_counts
+    assert [g.minor for g in gpus] == list(range(count))
+    assert len({g.uuid for g in gpus}) == count
+    assert all(g.uuid.startswith("GPU-") and g.healthy for g in gpus)
+
+
+def test_every_shipped_profile_is_covered() -> None:
+    assert sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")) == ["a100x4-mig", "h100x8", "mixed", "t4x2"]
+
+
+def test_uuids_are_stable_per_node_and_differ_between_nodes() -> None:
+    first = load_backend("simulated", Path("t4x2"), node_name="node-a").inventory()
+    again = load_backend("simulated", Path("t4x2"), node_name="node-a").inventory()
+    other = load_backend("simulated", Path("t4x2"), node_name="node-b").inventory()
+    assert [g.uuid for g in first] == [g.uuid for g in again]
+    assert not {g.uuid for g in first} & {g.uuid for g in other}
+
+
+def test_mig_profile_is_read_from_yaml() -> None:
+    gpus = load_backend("simulated", Path("mixed"), node_name="n").inventory()
+    mig_gpu = gpus[2]
+    assert mig_gpu.mig_enabled
+    assert [m.profile for m in mig_gpu.mig_devices] == ["3g.20gb", "2g.10gb", "1g.5gb"]
+    assert mig_gpu.mig_devices[0].memory_bytes == 19968 * MIB
+    assert [(m.gi, m.ci) for m in mig_gpu.mig_devices] == [(1, 0), (2, 0), (3, 0)]
+    assert all(m.uuid.startswith("MIG-") for m in mig_gpu.mig_devices)
+
+
+def test_device_names() -> None:
+    gpu = load_backend("simulated", Path("a100x4-mig"), node_name="n").inventory()[3]
+    assert gpu_device_name(gpu) == "gpu-3"
+    assert mig_device_name(gpu, gpu.mig_devices[4]) == "gpu-3-mig-5-0"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [(17, 17), ("80Gi", 80 * GIB), ("512Mi", 512 * MIB), ("4096", 4096), ("1Ti", 1 << 40)],
+)
+def test_parse_bytes_accepts_ints_and_binary_quantities(text: object, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["80GB", "-1", "lots", 0, True, "1.5Gi"])
+def test_parse_bytes_rejects_bad_sizes(bad: object) -> None:
+    with pytest.raises(ValueError):
+        parse_bytes(bad)
+
+
+def test_bad_profile_gives_a_clear_error(tmp_path: Path) -> None:
+    profile = tmp_path / "bad.yaml"
+    profile.write_text(
+        "driverVersion: '1'\ncudaDriverVersion: '12.0'\ngpus:\n  - productName: X\n    bogus: 1\n"
+    )
+    with pytest.raises(BackendUnavailable, match="invalid GPU profile") as error:
+        load_backend("simulated", profile)
+    assert "bogus" in str(error.value)
+
+
+def test_missing_profile_gives_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(BackendUnavailable, match="cannot read GPU profile"):
+        load_backend("simulated", tmp_path / "absent.yaml")
+
+
+def test_simulated_backend_needs_a_profile() -> None:
+    with pytest.raises(BackendUnavailable, match="needs a profile"):
+        load_backend("simulated")
+
+
+async def test_health_flip_wakes_every_watcher_with_the_new_inventory() -> None:
+    backend = SimulatedBackend.from_file(Path("h100x8"), node_name="n")
+    first, second = backend.watch_health(), backend.watch_health()
+    next_first = asyncio.ensure_future(anext(first))
+    next_second = asyncio.ensure_future(anext(second))
+    await asyncio.sleep(0)
+    backend.set_health(3, healthy=False, message="XID 79")
+    for pending in (next_first, next_second):
+        gpus = await asyncio.wait_for(pending, 5)
+        assert [g.minor for g in gpus if not g.healthy] == [3]
+        assert gpus[3].health_message == "XID 79"
+    await first.aclose()
+    await second.aclose()
+
+
+async def test_change_made_while_consumer_is_busy_is_not_lost() -> None:
+    backend = SimulatedBackend.from_file(Path("t4x2"), node_name="n")
+    watcher = backend.watch_health()
+    pending = asyncio.ensure_future(anext(watcher))
+    await asyncio.sleep(0)
+    backend.set_health(0, healthy=False, message="XID 48")
+    assert not (await asyncio.wait_for(pending, 5))[0].healthy
+    # The consumer is "busy": this change happens before it asks for the next one.
+    backend.set_health(0, healthy=True)
+    assert (await asyncio.wait_for(anext(watcher), 5))[0].healthy
+    await watcher.aclose()
+
+
+def test_set_health_of_unknown_gpu_is_an_error() -> None:
+    backend = SimulatedBackend.from_file(Path("t4x2"), node_name="n")
+    with pytest.raises(KeyError):
+        backend.set_health(9, healthy=False)
+
+
+def test_nvml_value_helpers() -> None:
+    assert cuda_version_text(12040) == "12.4"
+    assert cuda_version_text(12080) == "12.8"
+    assert mig_profile_from_name("NVIDIA A100-SXM4-40GB MIG 1g.5gb") == "1g.5gb"
+    assert mig_profile_from_name("NVIDIA H100 80GB HBM3") == ""
+
+
+def test_nvml_backend_without_the_library_is_a_clear_error() -> None:
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    with pytest.raises(BackendUnavailable, match="NVML could not start"):
+        load_backend("nvml")
+
+
+class FakeNvml(types.ModuleType):
+    """Just enough of pynvml for two GPUs, the second in MIG mode with one instance."""
+
+    NVML_DEVICE_MIG_ENABLE = 1
+    nvmlEventTypeXidCriticalError = 8
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        super().__init__("pynvml")
+        self.lost: set[int] = set()
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:
+        return b"550.54.15"
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        return 12040
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> tuple[str, int]:
+        if index in self.lost:
+            raise self.NVMLError("GPU is lost")
+        return ("gpu", index)
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: tuple[str, int]) -> tuple[int, int]:
+        return (8, 0)
+
+    def nvmlDeviceGetPciInfo(self, handle: tuple[str, int]) -> types.SimpleNamespace:
+        return types.SimpleNamespace(busId=f"00000000:{0x10 + handle[1]:02X}:00.0".encode())
+
+    def nvmlDeviceGetMigMode(self, handle: tuple[str, int]) -> list[int]:
+        if handle[1] == 0:
+            raise self.NVMLError("Not Supported")
+        return [1, 1]
+
+    def nvmlDeviceGetMinorNumber(self, handle: tuple[str, int]) -> int:
+        return handle[1]
+
+    def nvmlDeviceGetUUID(self, handle: tuple[str, int]) -> str:
+        return f"{'MIG' if handle[0] == 'mig' else 'GPU'}-{handle[1]}"
+
+    def nvmlDeviceGetName(self, handle: tuple[str, int]) -> str:
+        return "NVIDIA A100-SXM4-40GB MIG 3g.20gb" if handle[0] == "mig" else "NVIDIA A100-SXM4-40GB"
+
+    def nvmlDeviceGetBrand(self, handle: tuple[str, int]) -> int:
+        return 2
+
+    def nvmlDeviceGetArchitecture(self, handle: tuple[str, int]) -> int:
+        return 7
+
+    def nvmlDeviceGetMemoryInfo(self, handle: tuple[str, int]) -> types.SimpleNamespace:
+        return types.SimpleNamespace(total=(20 if handle[0] == "mig" else 40) * GIB)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: tuple[str, int]) -> int:
+        return 2
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: tuple[str, int], slot: int) -> tuple[str, int]:
+        if slot == 1:
+            raise self.NVMLError("Not Found")
+        return ("mig", 7)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: tuple[str, int]) -> int:
+        return 2
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: tuple[str, int]) -> int:
+        return 0
+
+
+def test_nvml_backend_reads_every_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    gpus = load_backend("nvml").inventory()
+    assert [(g.minor, g.uuid, g.mig_enabled) for g in gpus] == [(0, "GPU-0", False), (1, "GPU-1", True)]
+    whole = gpus[0]
+    assert whole.product_name == "NVIDIA A100-SXM4-40GB"
+    assert (whole.brand, whole.architecture, whole.cuda_compute_capability) == ("Tesla", "Ampere", "8.0")
+    assert (whole.driver_version, whole.cuda_driver_version) == ("550.54.15", "12.4")
+    assert (whole.pci_bus_id, whole.memory_bytes) == ("00000000:10:00.0", 40 * GIB)
+    (mig,) = gpus[1].mig_devices
+    assert (mig.gi, mig.ci, mig.profile, mig.uuid, mig.memory_bytes) == (2, 0, "3g.20gb", "MIG-7", 20 * GIB)
+
+
+def test_nvml_gpu_that_stops_answering_is_reported_unhealthy(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    backend = load_backend("nvml")
+    assert all(g.healthy for g in backend.inventory())
+    fake.lost.add(1)
+    gpus = backend.inventory()
+    assert [g.healthy for g in gpus] == [True, False]
+    assert "GPU is lost" in gpus[1].health_message
