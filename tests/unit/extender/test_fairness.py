@@ -1,0 +1,478 @@
+"""Fair shares, DRF order and admission against hand-worked numbers (see docs/queues.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from extender.policy.fairness import (
+    QueueSpec,
+    QueueUsage,
+    check_admission,
+    compute_fair_shares,
+    drf_order,
+)
+
+
+def usage(allocated: float = 0.0, requested: float = 0.0, resource: str = "gpu") -> QueueUsage:
+    return QueueUsage(allocated={resource: allocated}, requested={resource: requested})
+
+
+def q(name: str, parent: str | None = None, priority: int = 0, **gpu: float) -> QueueSpec:
+    """A queue with GPU settings only: q("a", quota=4, limit=8, weight=2)."""
+    return QueueSpec(
+        name=name,
+        parent=parent,
+        priority=priority,
+        quota={"gpu": gpu["quota"]} if "quota" in gpu else {},
+        limit={"gpu": gpu["limit"]} if "limit" in gpu else {},
+        over_quota_weight={"gpu": gpu["weight"]} if "weight" in gpu else {},
+    )
+
+
+@dataclass(frozen=True)
+class ShareCase:
+    """Queues and their GPU demand (pending only, nothing allocated unless given) in, GPU shares out."""
+
+    name: str
+    capacity: float
+    queues: list[QueueSpec]
+    demand: dict[str, float]
+    expected: dict[str, float]
+    allocated: dict[str, float] = field(default_factory=dict)
+
+
+SHARE_CASES = [
+    # Demand fits: everyone gets exactly its demand, nothing more.
+    ShareCase(
+        "demand below quotas",
+        capacity=10,
+        queues=[q("a", quota=4), q("b", quota=4)],
+        demand={"a": 3, "b": 4},
+        expected={"a": 3, "b": 4},
+    ),
+    # a's idle quota is lent to b: b gets the whole cluster.
+    ShareCase(
+        "idle quota is lent",
+        capacity=10,
+        queues=[q("a", quota=5), q("b", quota=5)],
+        demand={"a": 0, "b": 10},
+        expected={"a": 0, "b": 10},
+    ),
+    # Counted demand is what is held plus what waits: a holds 2 and wants 1 more -> 3.
+    ShareCase(
+        "allocated counts as demand",
+        capacity=10,
+        queues=[q("a", quota=5), q("b")],
+        demand={"a": 1, "b": 20},
+        allocated={"a": 2, "b": 3},
+        expected={"a": 3, "b": 7},
+    ),
+    # Quotas 2+2 first, the remaining 8 split 1:3 by weight -> 2+2=4 and 2+6=8.
+    ShareCase(
+        "over-quota weights",
+        capacity=12,
+        queues=[q("a", quota=2, weight=1), q("b", quota=2, weight=3)],
+        demand={"a": 20, "b": 20},
+        expected={"a": 4, "b": 8},
+    ),
+    # Water-filling: level 3 per unit weight fills a (demand 3); the last 3 split 1:2 -> b 4, c 8.
+    ShareCase(
+        "satisfied queues drop out of water-filling",
+        capacity=15,
+        queues=[q("a"), q("b"), q("c", weight=2)],
+        demand={"a": 3, "b": 20, "c": 20},
+        expected={"a": 3, "b": 4, "c": 8},
+    ),
+    # a is capped at its limit 3; b takes the rest.
+    ShareCase(
+        "limit caps a share, rest goes to others",
+        capacity=10,
+        queues=[q("a", limit=3), q("b")],
+        demand={"a": 10, "b": 10},
+        expected={"a": 3, "b": 7},
+    ),
+    # Quota above limit: the limit wins.
+    ShareCase(
+        "quota above limit",
+        capacity=10,
+        queues=[q("a", quota=8, limit=4)],
+        demand={"a": 10},
+        expected={"a": 4},
+    ),
+    # Quotas first (hi 2, lo1 2), then tier 1 takes what it wants (hi +4 = 6), then tier 0 splits the
+    # last 2 equally (lo1 3, lo2 1).
+    ShareCase(
+        "priority tiers are served first beyond quota",
+        capacity=10,
+        queues=[q("hi", priority=1, quota=2), q("lo1", quota=2), q("lo2")],
+        demand={"hi": 6, "lo1": 6, "lo2": 6},
+        expected={"hi": 6, "lo1": 3, "lo2": 1},
+    ),
+    # Capacity below the sum of quotas (a node was lost): the 6 GPUs split in proportion to the quotas.
+    ShareCase(
+        "oversubscribed quotas shrink proportionally",
+        capacity=6,
+        queues=[q("a", quota=4), q("b", quota=2)],
+        demand={"a": 8, "b": 8},
+        expected={"a": 4, "b": 2},
+    ),
+    ShareCase(
+        "oversubscribed quotas equal priority",
+        capacity=6,
+        queues=[q("a", quota=4), q("b", quota=4)],
+        demand={"a": 8, "b": 8},
+        expected={"a": 3, "b": 3},
+    ),
+    # Higher priority keeps its whole quota when quotas cannot all be honoured.
+    ShareCase(
+        "oversubscribed quotas by priority",
+        capacity=6,
+        queues=[q("a", priority=1, quota=4), q("b", quota=4)],
+        demand={"a": 8, "b": 8},
+        expected={"a": 4, "b": 2},
+    ),
+    # Weight 0 only takes leftovers: b is served to its demand 4, a gets the remaining 6.
+    ShareCase(
+        "zero weight takes leftovers",
+        capacity=10,
+        queues=[q("a", weight=0), q("b")],
+        demand={"a": 10, "b": 4},
+        expected={"a": 6, "b": 4},
+    ),
+    # Top-down: org-a demand 11 (a1 10, a2 1) gets min(12, 11) = 11, org-b gets its quota 8 plus the
+    # last 1 -> 9. Inside org-a: a1 8, a2 1, the remaining 2 to a1 -> 10. org-b passes 9 to b1.
+    ShareCase(
+        "two-level hierarchy",
+        capacity=20,
+        queues=[
+            q("org-a", quota=12),
+            q("a1", "org-a", quota=8),
+            q("a2", "org-a", quota=4),
+            q("org-b", quota=8),
+            q("b1", "org-b", quota=8),
+        ],
+        demand={"a1": 10, "a2": 1, "b1": 30},
+        expected={"org-a": 11, "a1": 10, "a2": 1, "org-b": 9, "b1": 9},
+    ),
+    # The parent's limit 6 caps its whole subtree: p gets 6 (split 3/3), r the remaining 14.
+    ShareCase(
+        "ancestor limit caps children",
+        capacity=20,
+        queues=[q("p", limit=6), q("c1", "p"), q("c2", "p"), q("r")],
+        demand={"c1": 10, "c2": 10, "r": 20},
+        expected={"p": 6, "c1": 3, "c2": 3, "r": 14},
+    ),
+    # The child's quota only counts inside its parent: p has no quota, so at the root p and r split
+    # equally (r only wants 2 -> p gets 8); inside p, c1's quota 6 comes first and the last 2 split
+    # equally -> c1 7, c2 1.
+    ShareCase(
+        "child quota applies within the parent's share",
+        capacity=10,
+        queues=[q("p"), q("c1", "p", quota=6), q("c2", "p"), q("r")],
+        demand={"c1": 10, "c2": 10, "r": 2},
+        expected={"p": 8, "c1": 7, "c2": 1, "r": 2},
+    ),
+    # Pods labelled with the parent itself compete as an unnamed child (no quota, weight 1).
+    ShareCase(
+        "parent's own pods compete with its children",
+        capacity=6,
+        queues=[q("p"), q("c", "p")],
+        demand={"p": 4, "c": 4},
+        expected={"p": 6, "c": 3},
+    ),
+    # Broken ancestries take no part: unknown parent and a two-queue cycle get 0; ok gets everything.
+    ShareCase(
+        "broken hierarchy is excluded",
+        capacity=8,
+        queues=[q("ok"), q("orphan", "missing"), q("x", "y"), q("y", "x")],
+        demand={"ok": 8, "orphan": 4, "x": 4, "y": 4},
+        expected={"ok": 8, "orphan": 0, "x": 0, "y": 0},
+    ),
+    ShareCase(
+        "no demand at all",
+        capacity=8,
+        queues=[q("a", quota=4), q("b")],
+        demand={},
+        expected={"a": 0, "b": 0},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", SHARE_CASES, ids=lambda c: c.name)
+def test_fair_shares(case: ShareCase) -> None:
+    usages = {
+        name: usage(case.allocated.get(name, 0.0), case.demand.get(name, 0.0))
+        for name in {*case.demand, *case.allocated}
+    }
+    shares = compute_fair_shares(case.queues, usages, {"gpu": case.capacity})
+    assert {name: per_resource["gpu"] for name, per_resource in shares.items()} == pytest.approx(
+        case.expected
+    )
+
+
+def test_resources_are_shared_independently() -> None:
+    # GPUs split 4/4 by equal weight; cpu: a only wants 8 of 64 cores, b gets the other 56.
+    queues = [QueueSpec("a"), QueueSpec("b")]
+    usages = {
+        "a": QueueUsage(allocated={}, requested={"gpu": 8, "cpu": 8}),
+        "b": QueueUsage(allocated={}, requested={"gpu": 8, "cpu": 100}),
+    }
+    shares = compute_fair_shares(queues, usages, {"gpu": 8, "cpu": 64})
+    assert shares == {"a": {"gpu": 4.0, "cpu": 8.0}, "b": {"gpu": 4.0, "cpu": 56.0}}
+
+
+def test_gpu_models_are_separate_resources() -> None:
+    # Only a asks for H100s, so it gets all 4 of them while the 8 GPUs overall split 4/4.
+    queues = [QueueSpec("a"), QueueSpec("b")]
+    usages = {
+        "a": QueueUsage(allocated={}, requested={"gpu": 6, "gpu/H100": 6}),
+        "b": QueueUsage(allocated={}, requested={"gpu": 6, "gpu/T4": 6}),
+    }
+    shares = compute_fair_shares(queues, usages, {"gpu": 8, "gpu/H100": 4, "gpu/T4": 4})
+    assert shares["a"] == {"gpu": 4.0, "gpu/H100": 4.0, "gpu/T4": 0.0}
+    assert shares["b"] == {"gpu": 4.0, "gpu/H100": 0.0, "gpu/T4": 4.0}
+
+
+def test_only_resources_with_capacity_are_shared() -> None:
+    shares = compute_fair_shares([q("a", quota=2)], {"a": usage(0, 4)}, {"cpu": 16})
+    assert shares == {"a": {"cpu": 0.0}}
+
+
+@pytest.mark.parametrize("capacity", [0.0, 7.0, 40.0])
+def test_shares_never_exceed_capacity_demand_or_limits(capacity: float) -> None:
+    queues = [
+        q("p", quota=4, limit=9),
+        q("c1", "p", quota=3, weight=2),
+        q("c2", "p", limit=2),
+        q("r", priority=1, weight=0.5),
+        q("s", quota=1),
+    ]
+    demand = {"c1": 7, "c2": 5, "p": 1, "r": 6, "s": 3}
+    shares = compute_fair_shares(queues, {n: usage(0, d) for n, d in demand.items()}, {"gpu": capacity})
+    gpu = {name: per_resource["gpu"] for name, per_resource in shares.items()}
+    roots = gpu["p"] + gpu["r"] + gpu["s"]
+    assert roots == pytest.approx(min(capacity, 9 + 6 + 3))  # work-conserving at the root
+    assert gpu["c1"] + gpu["c2"] <= gpu["p"] + 1e-9
+    assert gpu["p"] <= 9 + 1e-9 and gpu["c2"] <= 2 + 1e-9
+    assert all(gpu[name] <= demand.get(name, 0) + 1e-9 for name in ("c1", "c2", "r", "s"))
+
+
+# --- DRF order ---------------------------------------------------------------------------------
+
+
+def test_drf_order_below_fair_share_first_then_priority_then_dominant_share() -> None:
+    capacity = {"gpu": 8, "cpu": 64}
+    queues = [QueueSpec("a"), QueueSpec("b"), QueueSpec("c", priority=1), QueueSpec("d")]
+    usages = {
+        # a: at its fair share 4; dominant share gpu 4/8 = 0.5.
+        "a": QueueUsage(allocated={"gpu": 4, "cpu": 8}, requested={"gpu": 2}),
+        # b: below its fair share 2 while waiting -> first, despite the highest dominant share (48/64).
+        "b": QueueUsage(allocated={"gpu": 1, "cpu": 48}, requested={"gpu": 1}),
+        # c: at its fair share but priority 1 -> before the other priority-0 queues.
+        "c": QueueUsage(allocated={"gpu": 2}, requested={"gpu": 1}),
+        # d: holds nothing, dominant share 0 -> before a.
+        "d": QueueUsage(allocated={}, requested={}),
+    }
+    fair = {"a": {"gpu": 4}, "b": {"gpu": 2}, "c": {"gpu": 2}, "d": {"gpu": 0}}
+    assert drf_order(queues, usages, fair, capacity) == ["b", "c", "d", "a"]
+
+
+def test_drf_order_uses_the_dominant_resource() -> None:
+    # x: gpu 2/8 = 0.25 but cpu 40/64 = 0.625 -> dominant 0.625; y: gpu 4/8 = 0.5 -> y goes first.
+    capacity = {"gpu": 8, "cpu": 64}
+    usages = {
+        "x": QueueUsage(allocated={"gpu": 2, "cpu": 40}, requested={"gpu": 1}),
+        "y": QueueUsage(allocated={"gpu": 4}, requested={"gpu": 1}),
+    }
+    fair = {"x": {"gpu": 2, "cpu": 40}, "y": {"gpu": 4}}
+    assert drf_order([QueueSpec("x"), QueueSpec("y")], usages, fair, capacity) == ["y", "x"]
+
+
+def test_drf_order_counts_a_parent_by_its_subtree() -> None:
+    # p holds nothing itself but its child holds 6 of 8 GPUs; r holds 2 -> r before p.
+    queues = [q("p"), q("c", "p"), q("r")]
+    usages = {"c": usage(6), "r": usage(2)}
+    fair = {"p": {"gpu": 6}, "c": {"gpu": 6}, "r": {"gpu": 2}}
+    assert drf_order(queues, usages, fair, {"gpu": 8}) == ["r", "c", "p"]
+
+
+# --- admission ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AdmissionCase:
+    name: str
+    queue: str
+    request: float
+    queues: list[QueueSpec]
+    usage: dict[str, tuple[float, float]]  # queue -> (allocated, requested) GPUs
+    fair: dict[str, float]  # hand-computed fair shares (the table is the input, not the algorithm)
+    capacity: float
+    admit: bool
+    reason_has: tuple[str, ...]
+
+
+ADMISSION_CASES = [
+    AdmissionCase(
+        "within fair share",
+        queue="a",
+        request=1,
+        queues=[q("a", quota=4), q("b", quota=4)],
+        usage={"a": (2, 1), "b": (2, 2)},
+        fair={"a": 3, "b": 4},
+        capacity=8,
+        admit=True,
+        reason_has=("'a'", "within"),
+    ),
+    AdmissionCase(
+        "own limit",
+        queue="a",
+        request=2,
+        queues=[q("a", limit=4)],
+        usage={"a": (3, 2)},
+        fair={"a": 5},
+        capacity=8,
+        admit=False,
+        reason_has=("queue 'a'", "gpu allocated 3 + request 2", "its limit (4)"),
+    ),
+    # p's subtree holds 2 (c) + 4 (d) = 6 = p's limit: one more for c would pass it.
+    AdmissionCase(
+        "ancestor limit",
+        queue="c",
+        request=1,
+        queues=[q("p", limit=6), q("c", "p"), q("d", "p")],
+        usage={"c": (2, 1), "d": (4, 0)},
+        fair={"p": 7, "c": 3, "d": 4},
+        capacity=16,
+        admit=False,
+        reason_has=("queue 'c'", "allocated 6 + request 1", "ancestor queue 'p'", "(6)"),
+    ),
+    # a at its fair share 4; b holds 2 of its 4 with 2 waiting; free 2 - 1 = 1 < 2 owed to b.
+    AdmissionCase(
+        "over fair share while another queue waits",
+        queue="a",
+        request=1,
+        queues=[q("a", quota=4), q("b", quota=4)],
+        usage={"a": (4, 3), "b": (2, 2)},
+        fair={"a": 4, "b": 4},
+        capacity=8,
+        admit=False,
+        reason_has=(
+            "queue 'a'",
+            "allocated 4 + request 1",
+            "fair share (4)",
+            "'b'",
+            "allocated 2 of 4",
+            "2 pending",
+        ),
+    ),
+    # Same but b waits for nothing: a borrows the idle capacity.
+    AdmissionCase(
+        "over fair share, nobody waiting: borrow",
+        queue="a",
+        request=1,
+        queues=[q("a", quota=4), q("b", quota=4)],
+        usage={"a": (4, 3), "b": (2, 0)},
+        fair={"a": 4, "b": 4},
+        capacity=8,
+        admit=True,
+        reason_has=("'a'", "borrows idle gpu"),
+    ),
+    # b is owed 1 but 8 - 2 - 1 = 5 GPUs stay free after admitting: enough for b, so a borrows.
+    AdmissionCase(
+        "over fair share, enough free capacity left for the waiting queue",
+        queue="a",
+        request=1,
+        queues=[q("a", quota=2), q("b", quota=4)],
+        usage={"a": (2, 3), "b": (0, 1)},
+        fair={"a": 2, "b": 4},
+        capacity=8,
+        admit=True,
+        reason_has=("borrows",),
+    ),
+    # a1 is over its fair share; org-b's subtree (b1) is below with pending pods -> named in the reason.
+    AdmissionCase(
+        "waiting queue in another subtree",
+        queue="a1",
+        request=2,
+        queues=[
+            q("org-a", quota=4),
+            q("a1", "org-a", quota=4),
+            q("org-b", quota=4),
+            q("b1", "org-b", quota=4),
+        ],
+        usage={"a1": (5, 2), "b1": (1, 3)},
+        fair={"org-a": 4, "a1": 4, "org-b": 4, "b1": 4},
+        capacity=8,
+        admit=False,
+        reason_has=("queue 'a1'", "allocated 5 + request 2", "fair share (4)", "'org-b'", "allocated 1 of 4"),
+    ),
+    AdmissionCase(
+        "unknown queue",
+        queue="nope",
+        request=1,
+        queues=[q("a")],
+        usage={},
+        fair={},
+        capacity=8,
+        admit=False,
+        reason_has=("'nope'", "does not exist"),
+    ),
+    AdmissionCase(
+        "queue in a parent cycle",
+        queue="x",
+        request=1,
+        queues=[q("x", "y"), q("y", "x")],
+        usage={},
+        fair={},
+        capacity=8,
+        admit=False,
+        reason_has=("'x'", "not usable", "cycle"),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ADMISSION_CASES, ids=lambda c: c.name)
+def test_admission(case: AdmissionCase) -> None:
+    usages = {name: usage(alloc, req) for name, (alloc, req) in case.usage.items()}
+    fair = {name: {"gpu": share} for name, share in case.fair.items()}
+    decision = check_admission(
+        case.queue, {"gpu": case.request}, case.queues, usages, fair, {"gpu": case.capacity}
+    )
+    assert decision.admit is case.admit, decision.reason
+    for fragment in case.reason_has:
+        assert fragment in decision.reason
+
+
+def test_limit_applies_to_resources_without_capacity_and_formats_memory() -> None:
+    # memory is not fair-shared here (no capacity given), but its limit still holds.
+    queues = [QueueSpec("a", limit={"memory": 64 * 2**30})]
+    usages = {"a": QueueUsage(allocated={"memory": 60 * 2**30}, requested={})}
+    decision = check_admission("a", {"memory": 8 * 2**30}, queues, usages, {"a": {}}, {"gpu": 8})
+    assert not decision.admit
+    assert "memory allocated 60Gi + request 8Gi would exceed its limit (64Gi)" in decision.reason
+
+
+def test_admission_against_computed_shares_converges() -> None:
+    # Two equal queues on 8 GPUs, each with 8 one-GPU pods pending: admitting pods in DRF order
+    # one at a time ends with 4 GPUs each, and every further pod is refused.
+    queues = [QueueSpec("a"), QueueSpec("b")]
+    held = {"a": 0.0, "b": 0.0}
+    pending = {"a": 8.0, "b": 8.0}
+    capacity = {"gpu": 8.0}
+    for _ in range(16):
+        usages = {name: usage(held[name], pending[name]) for name in held}
+        shares = compute_fair_shares(queues, usages, capacity)
+        for name in drf_order(queues, usages, shares, capacity):
+            free = capacity["gpu"] - sum(held.values())
+            if (
+                pending[name]
+                and free >= 1
+                and check_admission(name, {"gpu": 1}, queues, usages, shares, capacity).admit
+            ):
+                held[name] += 1
+                pending[name] -= 1
+                break
+    assert held == {"a": 4.0, "b": 4.0}
