@@ -42,5 +42,9 @@ test: $(STAMP) k8s-binaries lint
 bench: $(STAMP) k8s-binaries
 	@$(PY) -m bench $(BENCH_ARGS)
 
+proto: $(STAMP)
+	@echo "[make] regenerating dra_driver/proto"
+	@bash hack/gen-proto.sh
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,93 @@
+"""Container Device Interface (CDI) specs: one JSON file per prepared claim.
+
+The container runtime reads ``<cdi-dir>/<vendor>-claim_<claim uid>.json`` and applies the edits of
+every device id the kubelet passes on (``<vendor>/claim=<claim uid>-<device name>``). Claim-wide
+edits (environment, common device nodes) sit at spec level; each GPU adds its own device node and
+mounts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dra_driver.checkpoint import write_atomically
+
+CDI_VERSION = "0.6.0"
+CDI_CLASS = "claim"
+# Nodes every CUDA container needs besides its GPUs' own /dev/nvidia<minor>.
+COMMON_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+_BIND_OPTIONS = ["rw", "nosuid", "nodev", "bind"]
+_CDI_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+
+
+def cdi_vendor(driver_name: str) -> str:
+    return f"k8s.{driver_name}"
+
+
+def cdi_kind(driver_name: str) -> str:
+    return f"{cdi_vendor(driver_name)}/{CDI_CLASS}"
+
+
+@dataclass(frozen=True)
+class CdiDevice:
+    """One GPU (or MIG device) of a claim as the container should see it."""
+
+    device_name: str  # ResourceSlice device name, e.g. "gpu-3"
+    device_nodes: tuple[str, ...]
+    mounts: tuple[tuple[str, str], ...] = ()  # (host path, container path)
+
+
+def cdi_device_name(claim_uid: str, device_name: str) -> str:
+    name = f"{claim_uid}-{device_name}"
+    if not _CDI_NAME.match(name):
+        raise ValueError(f"{name!r} is not a valid CDI device name")
+    return name
+
+
+def cdi_device_id(driver_name: str, claim_uid: str, device_name: str) -> str:
+    return f"{cdi_kind(driver_name)}={cdi_device_name(claim_uid, device_name)}"
+
+
+def spec_path(cdi_dir: Path, driver_name: str, claim_uid: str) -> Path:
+    return cdi_dir / f"{cdi_vendor(driver_name)}-{CDI_CLASS}_{claim_uid}.json"
+
+
+def build_claim_spec(
+    driver_name: str, claim_uid: str, devices: Sequence[CdiDevice], env: Mapping[str, str]
+) -> dict[str, Any]:
+    """The CDI spec document for one claim (pure)."""
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": cdi_kind(driver_name),
+        "containerEdits": {
+            "env": [f"{key}={value}" for key, value in sorted(env.items())],
+            "deviceNodes": [{"path": path} for path in COMMON_DEVICE_NODES],
+        },
+        "devices": [
+            {
+                "name": cdi_device_name(claim_uid, device.device_name),
+                "containerEdits": {
+                    "deviceNodes": [{"path": path} for path in device.device_nodes],
+                    "mounts": [
+                        {"hostPath": host, "containerPath": container, "options": _BIND_OPTIONS}
+                        for host, container in device.mounts
+                    ],
+                },
+            }
+            for device in devices
+        ],
+    }
+
+
+def write_claim_spec(path: Path, spec: Mapping[str, Any]) -> None:
+    # World-readable: the container runtime, not only the driver's user, reads CDI specs.
+    write_atomically(path, json.dumps(spec, indent=2, sort_keys=True) + "\n", mode=0o644)
+
+
+def remove_claim_spec(path: Path) -> None:
+    path.unlink(missing_ok=True)

@@ -1,0 +1,131 @@
+"""Opaque configuration a DeviceClass or ResourceClaim may pass to this driver, strictly validated.
+
+A claim (or its class) carries, in ``spec.devices.config[].opaque``, ``{"driver": <ours>,
+"parameters": {...}}``. The parameters must be a ``GpuConfig`` object; anything unknown or out of
+range is rejected with a message that names the field, and that message becomes the claim's
+prepare error (the pod event), never a driver crash.
+
+Example::
+
+    apiVersion: gpu.tessera.dev/v1alpha1
+    kind: GpuConfig
+    sharing:
+      strategy: TimeSlicing        # Exclusive | TimeSlicing | MPS
+      timeSlicing: {interval: Short}
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from decimal import Decimal, InvalidOperation
+from enum import StrEnum
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
+
+CONFIG_API_VERSION = "gpu.tessera.dev/v1alpha1"
+CONFIG_KIND = "GpuConfig"
+
+
+class ClaimConfigError(ValueError):
+    """Opaque parameters that are not a valid GpuConfig; the message is meant for the user."""
+
+
+class SharingStrategy(StrEnum):
+    EXCLUSIVE = "Exclusive"
+    TIME_SLICING = "TimeSlicing"
+    MPS = "MPS"
+
+
+TimeSliceInterval = Literal["Default", "Short", "Medium", "Long"]
+# Position = the number ``nvidia-smi compute-policy --set-timeslice`` takes.
+TIMESLICE_INTERVALS: tuple[TimeSliceInterval, ...] = ("Default", "Short", "Medium", "Long")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TimeSlicingSettings(_Strict):
+    interval: TimeSliceInterval = "Default"
+
+
+class MpsSettings(_Strict):
+    # Overrides the share derived from the allocated compute capacity (or memory share).
+    activeThreadPercentage: StrictInt | None = Field(default=None, ge=1, le=100)
+
+
+class SharingSettings(_Strict):
+    strategy: SharingStrategy
+    timeSlicing: TimeSlicingSettings | None = None
+    mps: MpsSettings | None = None
+
+    @model_validator(mode="after")
+    def _settings_match_strategy(self) -> Self:
+        if self.timeSlicing is not None and self.strategy != SharingStrategy.TIME_SLICING:
+            raise ValueError(f"timeSlicing settings given but strategy is {self.strategy}")
+        if self.mps is not None and self.strategy != SharingStrategy.MPS:
+            raise ValueError(f"mps settings given but strategy is {self.strategy}")
+        return self
+
+
+class GpuConfig(_Strict):
+    apiVersion: Literal["gpu.tessera.dev/v1alpha1"]
+    kind: Literal["GpuConfig"]
+    sharing: SharingSettings | None = None
+
+
+def parse_gpu_config(parameters: Any) -> GpuConfig:
+    """Validate one opaque ``parameters`` object; raises ClaimConfigError naming each bad field."""
+    if not isinstance(parameters, dict):
+        raise ClaimConfigError(f"opaque parameters must be an object, got {type(parameters).__name__}")
+    try:
+        return GpuConfig.model_validate(parameters)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
+        )
+        raise ClaimConfigError(f"invalid {CONFIG_KIND}: {problems}") from None
+
+
+def effective_sharing(configs: Sequence[GpuConfig]) -> SharingSettings | None:
+    """Class configs come first and claim configs after, so the last one that says anything wins."""
+    chosen: SharingSettings | None = None
+    for config in configs:
+        if config.sharing is not None:
+            chosen = config.sharing
+    return chosen
+
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
+_SUFFIX_FACTORS: dict[str, Decimal] = {
+    "": Decimal(1),
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+def parse_quantity(value: str | int) -> int:
+    """A Kubernetes quantity ("40Gi", "1500M", "100") as an integer, rounded up like the apiserver."""
+    if isinstance(value, int):
+        return value
+    match = _QUANTITY.match(value.strip())
+    if match is None or match.group(2) not in _SUFFIX_FACTORS:
+        raise ClaimConfigError(f"not a Kubernetes quantity: {value!r}")
+    try:
+        number = Decimal(match.group(1)) * _SUFFIX_FACTORS[match.group(2)]
+    except InvalidOperation:
+        raise ClaimConfigError(f"not a Kubernetes quantity: {value!r}") from None
+    return int(number.to_integral_value(rounding="ROUND_CEILING"))
