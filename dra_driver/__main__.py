@@ -1,0 +1,164 @@
+"""``tessera-dra-driver``: the per-node DRA driver process (discovery, ResourceSlices, kubelet plugin).
+
+Runs until SIGTERM/SIGINT: publishes the node's GPUs as ResourceSlices and keeps them current,
+serves the kubelet plugin sockets, and answers ``/healthz`` and ``/metrics`` over HTTP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from aiohttp import web
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client import ApiClient, Configuration
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from dra_driver.config import (
+    DEFAULT_CDI_DIR,
+    DEFAULT_CHECKPOINT_DIR,
+    DEFAULT_DRIVER_NAME,
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_REGISTRY_DIR,
+    DriverConfig,
+)
+from dra_driver.devices import BackendUnavailable, load_backend
+from dra_driver.plugin import serve_plugin
+from dra_driver.slices import SharingMode, SliceReconciler
+
+log = logging.getLogger("dra_driver")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
+    parser = argparse.ArgumentParser(
+        prog="tessera-dra-driver", description="Tessera DRA driver for NVIDIA GPUs (one per node)."
+    )
+    parser.add_argument(
+        "--node-name", default=os.environ.get("NODE_NAME", ""), help="this node (env NODE_NAME)"
+    )
+    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
+    parser.add_argument("--backend", choices=["nvml", "simulated"], default="nvml")
+    parser.add_argument("--profile", type=Path, help="simulated GPU profile: a YAML file or a shipped name")
+    parser.add_argument("--kubeconfig", type=Path, help="default: in-cluster service account")
+    parser.add_argument("--plugin-dir", type=Path, default=DEFAULT_PLUGIN_DIR)
+    parser.add_argument("--registry-dir", type=Path, default=DEFAULT_REGISTRY_DIR)
+    parser.add_argument("--cdi-dir", type=Path, default=DEFAULT_CDI_DIR)
+    parser.add_argument("--checkpoint-dir", type=Path, default=DEFAULT_CHECKPOINT_DIR)
+    parser.add_argument(
+        "--sharing-mode",
+        choices=["auto", "consumable-capacity", "whole-device"],
+        default="auto",
+        help="auto: probe the apiserver for consumable capacity",
+    )
+    parser.add_argument("--http-port", type=int, default=0, help="/healthz and /metrics; 0 disables")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    args = parser.parse_args(argv)
+    if not args.node_name:
+        parser.error("--node-name (or the NODE_NAME environment variable) is required")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
+    )
+    try:
+        return DriverConfig(
+            node_name=args.node_name,
+            driver_name=args.driver_name,
+            backend=args.backend,
+            profile=args.profile,
+            kubeconfig=args.kubeconfig,
+            plugin_dir=args.plugin_dir,
+            registry_dir=args.registry_dir,
+            cdi_dir=args.cdi_dir,
+            checkpoint_dir=args.checkpoint_dir,
+            sharing_mode=args.sharing_mode,
+            health_port=args.http_port,
+        )
+    except ValidationError as exc:
+        parser.error(str(exc))
+
+
+async def kube_client(kubeconfig: Path | None) -> ApiClient:
+    configuration = Configuration()
+    if kubeconfig is None:
+        kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        await kube_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    return ApiClient(configuration)
+
+
+async def start_http(port: int, ready: asyncio.Event) -> web.AppRunner:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(
+            text="ok" if ready.is_set() else "starting", status=200 if ready.is_set() else 503
+        )
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, port=port).start()
+    return runner
+
+
+async def run_driver(config: DriverConfig, stop: asyncio.Event) -> None:
+    """Wire discovery, slices and the kubelet plugin; return after ``stop`` is set."""
+    backend = load_backend(config.backend, config.profile, node_name=config.node_name)
+    gpus = backend.inventory()
+    log.info("discovered %d GPU(s) on %s: %s", len(gpus), config.node_name, [g.product_name for g in gpus])
+    api = await kube_client(config.kubeconfig)
+    ready = asyncio.Event()
+    runner = await start_http(config.health_port, ready) if config.health_port else None
+    forced_mode = None if config.sharing_mode == "auto" else SharingMode(config.sharing_mode)
+    reconciler = SliceReconciler(api, config.node_name, config.driver_name, backend, mode=forced_mode)
+    try:
+        async with asyncio.TaskGroup() as group:
+            slices = group.create_task(reconciler.run(), name="slices")
+            plugin_started = asyncio.Event()
+            serving = group.create_task(
+                serve_plugin(config, backend, api, stop, started=plugin_started),
+                name="plugin",
+            )
+            await plugin_started.wait()
+            ready.set()
+            await stop.wait()
+            slices.cancel()
+            await serving
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await api.close()
+    log.info("driver stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_args(argv)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await run_driver(config, stop)
+
+    try:
+        asyncio.run(run())
+    except BackendUnavailable as exc:
+        log.error("%s", exc)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
