@@ -107,6 +107,16 @@ def _describe(error: ValidationError) -> str:
     )
 
 
+def queue_object(name: str, spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A Queue object to create through the API (``spec`` in the CRD's camelCase form)."""
+    return {
+        "apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}",
+        "kind": QUEUE_KIND,
+        "metadata": {"name": name},
+        "spec": dict(spec or {}),
+    }
+
+
 def parse_queue(obj: Mapping[str, Any]) -> QueueSpec:
     """Turn a Queue object (as the API returns it) into a QueueSpec, or raise QueueSpecError."""
     metadata = obj.get("metadata")

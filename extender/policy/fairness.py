@@ -33,6 +33,8 @@ from typing import Literal
 
 Resources = Mapping[str, float]
 
+GPU_MODEL_PREFIX = "gpu/"
+
 # Float tolerance for comparisons of shares and amounts (GPU thousandths are far above it).
 EPSILON = 1e-9
 
@@ -311,7 +313,7 @@ def check_admission(
         fair = fair_shares.get(queue, {}).get(resource, 0.0)
         if held + amount <= fair + EPSILON:
             continue
-        refusal = _starved_competitor(tree, queue, resource, amount, fair_shares, capacity)
+        refusal = _starved_competitor(tree, queue, resource, wanted, fair_shares, capacity)
         if refusal is not None:
             return AdmissionDecision(
                 False,
@@ -331,15 +333,24 @@ def _starved_competitor(
     tree: QueueTree,
     queue: str,
     resource: str,
-    amount: float,
+    request: Resources,
     fair_shares: Mapping[str, Mapping[str, float]],
     capacity: Resources,
 ) -> str | None:
-    """Why taking ``amount`` would hurt a queue below its fair share, or None if it would not."""
+    """Why taking the request's ``resource`` would hurt a queue below its fair share, or None."""
+    amount = request[resource]
+    # GPUs of a model the request does not take stay free for pending pods pinned to that model.
+    other_models = (
+        [r for r in capacity if r.startswith(GPU_MODEL_PREFIX) and r not in request]
+        if resource == "gpu" and any(r.startswith(GPU_MODEL_PREFIX) for r in request)
+        else []
+    )
     owed: list[tuple[float, str, float, float, float]] = []
     for other in _competitors(tree, queue):
         held = tree.subtree(other, "allocated", resource)
-        pending = tree.subtree(other, "requested", resource)
+        pending = tree.subtree(other, "requested", resource) - sum(
+            tree.subtree(other, "requested", model) for model in other_models
+        )
         fair = fair_shares.get(other, {}).get(resource, 0.0)
         still_owed = min(pending, fair - held)
         if still_owed > EPSILON:

@@ -476,3 +476,27 @@ def test_admission_against_computed_shares_converges() -> None:
                 pending[name] -= 1
                 break
     assert held == {"a": 4.0, "b": 4.0}
+
+
+@pytest.mark.parametrize(
+    ("b_pending", "admit"),
+    [
+        ({"gpu": 2, "gpu/H100": 2}, True),  # b waits for H100s only: a's T4 pod takes nothing b can use
+        ({"gpu": 2}, False),  # b takes any model: the T4 would have served it
+        ({"gpu": 2, "gpu/T4": 2}, False),
+    ],
+    ids=["waiting for another model", "waiting for any model", "waiting for the same model"],
+)
+def test_admission_counts_only_waiting_demand_that_could_use_the_model(
+    b_pending: dict[str, float], admit: bool
+) -> None:
+    # 4 H100 (all held: a 2, b 2) + 4 T4 (a holds 3). a is over its GPU fair share of 4; b is owed 2.
+    capacity = {"gpu": 8, "gpu/H100": 4, "gpu/T4": 4}
+    queues = [QueueSpec("a"), QueueSpec("b")]
+    usages = {
+        "a": QueueUsage(allocated={"gpu": 5, "gpu/H100": 2, "gpu/T4": 3}, requested={"gpu": 1, "gpu/T4": 1}),
+        "b": QueueUsage(allocated={"gpu": 2, "gpu/H100": 2}, requested=b_pending),
+    }
+    fair = {"a": {"gpu": 4, "gpu/H100": 2, "gpu/T4": 4}, "b": {"gpu": 4, "gpu/H100": 2, "gpu/T4": 0}}
+    decision = check_admission("a", {"gpu": 1, "gpu/T4": 1}, queues, usages, fair, capacity)
+    assert decision.admit is admit, decision.reason

@@ -22,6 +22,7 @@ from extender.queues import (
     format_quantity,
     parse_quantity,
     parse_queue,
+    queue_object,
     queue_status,
     queue_statuses,
     validate_hierarchy,
@@ -29,15 +30,6 @@ from extender.queues import (
 
 REPO = Path(__file__).resolve().parents[3]
 GIB = 2**30
-
-
-def queue_object(name: str, spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}",
-        "kind": "Queue",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
 
 
 @pytest.mark.parametrize(
@@ -93,9 +85,11 @@ def test_parse_queue_full_spec() -> None:
     )
 
 
-@pytest.mark.parametrize("spec", [None, {}, {"resources": {}}])
-def test_parse_queue_empty_spec_means_no_guarantee_and_no_limit(spec: Any) -> None:
-    assert parse_queue(queue_object("q", spec)) == QueueSpec(name="q")
+@pytest.mark.parametrize(
+    "obj", [{"metadata": {"name": "q"}}, queue_object("q"), queue_object("q", {"resources": {}})]
+)
+def test_parse_queue_empty_spec_means_no_guarantee_and_no_limit(obj: dict[str, Any]) -> None:
+    assert parse_queue(obj) == QueueSpec(name="q")
 
 
 @pytest.mark.parametrize(
@@ -103,7 +97,7 @@ def test_parse_queue_empty_spec_means_no_guarantee_and_no_limit(spec: Any) -> No
     [
         ({"spec": {}}, "no metadata.name"),
         ({"metadata": {"name": ""}}, "no metadata.name"),
-        (queue_object("a", ["gpu"]), "queue 'a': spec must be an object"),
+        ({"metadata": {"name": "a"}, "spec": ["gpu"]}, "queue 'a': spec must be an object"),
         (queue_object("a", {"resources": {"gpu": {"quota": 4, "limit": 2}}}), "limit 2 is below quota 4"),
         (queue_object("a", {"resources": {"tpu": {"quota": 1}}}), "unknown resource names ['tpu']"),
         (queue_object("a", {"resources": {"gpu/": {"quota": 1}}}), "unknown resource names ['gpu/']"),

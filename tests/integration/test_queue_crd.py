@@ -1,0 +1,175 @@
+"""The Queue CRD on the real kube-apiserver: install, valid and invalid objects, printed columns."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from extender.queues import (
+    QUEUE_GROUP,
+    QUEUE_PLURAL,
+    parse_queue,
+    queue_object,
+    queue_status,
+    validate_hierarchy,
+)
+from tessera.localcluster import REPO_ROOT, LocalCluster
+
+pytestmark = pytest.mark.integration
+
+CRD_PATH = REPO_ROOT / "manifests" / "crds" / "queues.yaml"
+CRD_NAME = f"{QUEUE_PLURAL}.{QUEUE_GROUP}"
+
+
+@pytest.fixture(scope="module")
+def queue_crd(local_cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """The CRD installed and established; removed afterwards only if this module installed it."""
+    preexisting = local_cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
+    local_cluster.apply(CRD_PATH)
+    local_cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    yield local_cluster
+    if not preexisting:
+        local_cluster.kubectl("delete", "crd", CRD_NAME, "--wait=false", check=False)
+
+
+@pytest.fixture
+def unique() -> Iterator[str]:
+    yield f"it-{uuid.uuid4().hex[:8]}"
+
+
+def create(cluster: LocalCluster, obj: dict[str, Any]) -> tuple[int, str]:
+    result = cluster.kubectl("create", "-f", "-", check=False, input_text=json.dumps(obj))
+    return result.returncode, result.stderr
+
+
+def table(cluster: LocalCluster, *args: str) -> list[list[str]]:
+    """kubectl's table output as rows of cells (cells are separated by two or more spaces)."""
+    output = cluster.kubectl("get", *args).stdout
+    return [re.split(r"\s{2,}", line.strip()) for line in output.strip().splitlines()]
+
+
+def test_valid_queues_round_trip_print_and_take_status(queue_crd: LocalCluster, unique: str) -> None:
+    cluster = queue_crd
+    parent, child = f"{unique}-org", f"{unique}-team"
+    objects = [
+        queue_object(parent, {"resources": {"gpu": {"quota": 8, "limit": 16}, "memory": {"quota": "1Ti"}}}),
+        queue_object(
+            child,
+            {
+                "parent": parent,
+                "priority": 1,
+                "resources": {
+                    "gpu": {"quota": 4, "limit": "8", "overQuotaWeight": 2},
+                    "gpu/H100-80GB": {"quota": "2"},
+                    "cpu": {"quota": "1500m", "limit": 64},
+                    "memory": {"limit": "512Gi"},
+                },
+            },
+        ),
+    ]
+    try:
+        for obj in objects:
+            assert create(cluster, obj) == (0, "")
+
+        # What the apiserver hands back parses into the policy's data and forms a valid tree.
+        stored = json.loads(cluster.kubectl("get", QUEUE_PLURAL, parent, child, "-o", "json").stdout)["items"]
+        specs = {spec.name: spec for spec in map(parse_queue, stored)}
+        assert specs[child].parent == parent and specs[child].priority == 1
+        assert specs[child].quota == {"gpu": 4.0, "gpu/H100-80GB": 2.0, "cpu": 1.5}
+        assert specs[child].limit == {"gpu": 8.0, "cpu": 64.0, "memory": 512.0 * 2**30}
+        assert specs[parent].priority == 0  # the schema's default
+        assert validate_hierarchy(list(specs.values())) == {parent: [], child: []}
+
+        # The status subresource accepts exactly what the extender writes.
+        now = datetime.now(UTC)
+        status = queue_status(specs[child], {"gpu": 1.5}, {"gpu": 2}, {"gpu": 3}, [], now=now)
+        cluster.kubectl(
+            "patch",
+            QUEUE_PLURAL,
+            child,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": status}),
+        )
+        readback = json.loads(cluster.kubectl("get", QUEUE_PLURAL, child, "-o", "json").stdout)
+        assert readback["status"]["allocated"] == {"gpu": "1500m"}
+        assert [c["type"] for c in readback["status"]["conditions"]] == ["Valid", "Borrowing", "Starved"]
+
+        rows = table(cluster, "q", parent, child)
+        assert rows[0] == [
+            "NAME",
+            "PARENT",
+            "PRIORITY",
+            "GPU QUOTA",
+            "GPU LIMIT",
+            "GPU ALLOCATED",
+            "GPU FAIR SHARE",
+            "AGE",
+        ]
+        by_name = {row[0]: row for row in rows[1:]}
+        assert by_name[child][:7] == [child, parent, "1", "4", "8", "1500m", "3"]
+        assert by_name[parent][2:5] == ["0", "8", "16"]
+        wide = table(cluster, QUEUE_PLURAL, child, "-o", "wide")
+        assert "GPU PENDING" in wide[0]
+        assert wide[1][wide[0].index("GPU PENDING")] == "2"
+    finally:
+        cluster.kubectl("delete", QUEUE_PLURAL, child, parent, "--ignore-not-found", check=False)
+
+
+INVALID_SPECS = [
+    ({"resources": {"tpu": {"quota": 1}}}, "resource names are gpu, cpu, memory or gpu/<model>"),
+    ({"resources": {"gpu": {"quota": -1}}}, "spec.resources.gpu.quota"),
+    ({"resources": {"gpu": {"quota": "lots"}}}, "spec.resources.gpu.quota"),
+    ({"resources": {"gpu": {"quota": 4, "limit": 2}}}, "limit must not be below quota"),
+    ({"resources": {"memory": {"quota": "64Gi", "limit": "1Gi"}}}, "limit must not be below quota"),
+    ({"resources": {"gpu": {"overQuotaWeight": -1}}}, "spec.resources.gpu.overQuotaWeight"),
+    ({"resources": {"gpu": {"quotaa": 1}}}, "quotaa"),
+    ({"resources": ["gpu"]}, "spec.resources"),
+    ({"priority": "high"}, "spec.priority"),
+    ({"parent": "Not_A_Name"}, "spec.parent"),
+]
+
+
+@pytest.mark.parametrize(("spec", "message"), INVALID_SPECS, ids=[m for _, m in INVALID_SPECS])
+def test_schema_rejects_garbage(queue_crd: LocalCluster, unique: str, spec: Any, message: str) -> None:
+    code, stderr = create(queue_crd, queue_object(unique, spec))
+    if code == 0:
+        queue_crd.kubectl("delete", QUEUE_PLURAL, unique, check=False)
+    assert code != 0, f"apiserver accepted {spec}"
+    assert message in stderr
+
+
+def test_own_parent_and_bad_status_are_rejected(queue_crd: LocalCluster, unique: str) -> None:
+    code, stderr = create(queue_crd, queue_object(unique, {"parent": unique}))
+    assert code != 0 and "a queue cannot be its own parent" in stderr
+
+    assert create(queue_crd, queue_object(unique, {})) == (0, "")
+    try:
+        bad = queue_crd.kubectl(
+            "patch",
+            QUEUE_PLURAL,
+            unique,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"allocated": {"gpu": "lots"}}}),
+            check=False,
+        )
+        assert bad.returncode != 0 and "status.allocated.gpu" in bad.stderr
+    finally:
+        queue_crd.kubectl("delete", QUEUE_PLURAL, unique, "--ignore-not-found", check=False)
+
+
+def test_default_queue_manifest_is_accepted(queue_crd: LocalCluster) -> None:
+    # Server-side dry run: full validation without creating the shared `default` queue.
+    result = queue_crd.kubectl(
+        "apply", "--dry-run=server", "-f", str(REPO_ROOT / "manifests" / "default-queue.yaml")
+    )
+    assert "queue.scheduling.tessera.dev/default" in result.stdout
