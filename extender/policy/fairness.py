@@ -108,15 +108,26 @@ def _divide(pool: float, claimants: Sequence[_Claimant]) -> dict[str, float]:
 
 def _water_fill(amount: float, members: Sequence[tuple[_Claimant, float]], shares: dict[str, float]) -> float:
     """Raise members' shares in proportion to weight until amount or their demand runs out."""
-    active = [(c, w) for c, w in members if c.demand - shares[c.key] > EPSILON]
-    while amount > EPSILON and active:
+    active = [(c, w) for c, w in members if shares[c.key] < c.demand]
+    while active and amount > EPSILON:
         total_weight = sum(w for _, w in active)
-        # Level rise per unit weight: stop at the first member that becomes satisfied.
-        rise = min(amount / total_weight, *((c.demand - shares[c.key]) / w for c, w in active))
+        level = amount / total_weight
+        # The level (per unit weight) at which the first member becomes satisfied.
+        saturating = min((c.demand - shares[c.key]) / w for c, w in active)
+        if level <= saturating:
+            for claimant, weight in active:
+                shares[claimant.key] += level * weight
+            return 0.0
         for claimant, weight in active:
-            shares[claimant.key] += rise * weight
-        amount -= rise * total_weight
-        active = [(c, w) for c, w in active if c.demand - shares[c.key] > EPSILON]
+            gap = claimant.demand - shares[claimant.key]
+            if gap / weight <= saturating:
+                # Set to the demand exactly, so float error cannot keep a satisfied member in.
+                shares[claimant.key] = claimant.demand
+                amount -= gap
+            else:
+                shares[claimant.key] += saturating * weight
+                amount -= saturating * weight
+        active = [(c, w) for c, w in active if shares[c.key] < c.demand]
     return amount
 
 
@@ -186,7 +197,7 @@ def _fair_shares_for(tree: QueueTree, resource: str, pool: float) -> dict[str, f
             own_usage = tree.own(name)
             own = own_usage.allocated.get(resource, 0.0) + own_usage.requested.get(resource, 0.0)
             total = own + sum(capped_demand(child) for child in tree.children.get(name, []))
-            demand[name] = min(total, tree.specs[name].limit.get(resource, float("inf")))
+            demand[name] = max(0.0, min(total, tree.specs[name].limit.get(resource, float("inf"))))
         return demand[name]
 
     shares: dict[str, float] = {}
@@ -195,7 +206,7 @@ def _fair_shares_for(tree: QueueTree, resource: str, pool: float) -> dict[str, f
         members = [
             _Claimant(
                 key=child,
-                quota=tree.specs[child].quota.get(resource, 0.0),
+                quota=max(0.0, tree.specs[child].quota.get(resource, 0.0)),
                 weight=tree.specs[child].over_quota_weight.get(resource, 1.0),
                 priority=tree.specs[child].priority,
                 demand=capped_demand(child),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 import pytest
@@ -500,3 +501,51 @@ def test_admission_counts_only_waiting_demand_that_could_use_the_model(
     fair = {"a": {"gpu": 4, "gpu/H100": 2, "gpu/T4": 4}, "b": {"gpu": 4, "gpu/H100": 2, "gpu/T4": 0}}
     decision = check_admission("a", {"gpu": 1, "gpu/T4": 1}, queues, usages, fair, capacity)
     assert decision.admit is admit, decision.reason
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_invariants_on_a_generated_tree_with_byte_sized_amounts(seed: int) -> None:
+    # 3 roots x 3 children x 3 grandchildren, memory in bytes (large floats), random settings.
+    rng = random.Random(seed)
+    gib = float(2**30)
+    queues: list[QueueSpec] = []
+    demand: dict[str, float] = {}
+    for root in range(3):
+        queues.append(QueueSpec(f"r{root}", quota={"memory": rng.choice([0, 100]) * gib}))
+        for child in range(3):
+            name = f"r{root}c{child}"
+            limit = {"memory": rng.choice([50, 200]) * gib} if rng.random() < 0.5 else {}
+            queues.append(QueueSpec(name, f"r{root}", priority=rng.choice([0, 1]), limit=limit))
+            for leaf in range(3):
+                leaf_name = f"{name}l{leaf}"
+                weight = {"memory": rng.choice([0.0, 0.5, 1.0, 3.0])}
+                quota = {"memory": rng.choice([0, 10, 30]) * gib}
+                queues.append(QueueSpec(leaf_name, name, quota=quota, over_quota_weight=weight))
+                demand[leaf_name] = rng.choice([0, 5, 40, 120]) * gib + rng.random()
+    capacity = rng.choice([150, 400, 2000]) * gib
+    usages = {name: QueueUsage(allocated={}, requested={"memory": d}) for name, d in demand.items()}
+    shares = {
+        name: s["memory"] for name, s in compute_fair_shares(queues, usages, {"memory": capacity}).items()
+    }
+
+    specs = {spec.name: spec for spec in queues}
+    children: dict[str | None, list[str]] = {}
+    for spec in queues:
+        children.setdefault(spec.parent, []).append(spec.name)
+
+    def capped(name: str) -> float:
+        total = demand.get(name, 0.0) + sum(capped(child) for child in children.get(name, []))
+        return min(total, specs[name].limit.get("memory", float("inf")))
+
+    tolerance = 1e-6 * capacity
+    # Work-conserving at every level: a pool is handed out up to what its children want.
+    assert sum(shares[r] for r in children[None]) == pytest.approx(
+        min(capacity, sum(capped(r) for r in children[None])), abs=tolerance
+    )
+    for parent in specs:
+        kids = children.get(parent, [])
+        if kids:
+            assert sum(shares[k] for k in kids) == pytest.approx(
+                min(shares[parent], sum(capped(k) for k in kids)), abs=tolerance
+            )
+        assert -tolerance <= shares[parent] <= capped(parent) + tolerance
