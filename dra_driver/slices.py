@@ -249,7 +249,7 @@ def build_slices(
     ]
 
 
-async def _json(call: Awaitable[Any]) -> dict[str, Any]:
+async def read_json(call: Awaitable[Any]) -> dict[str, Any]:
     """Await a raw (``_preload_content=False``) client call; the dict, or ApiException on non-2xx.
 
     Raw JSON keeps every field the apiserver returned, including ones the generated models lack.
@@ -325,7 +325,7 @@ class SliceReconciler:
         """Dry-run a slice with a shareable device: the apiserver drops fields whose feature is off."""
         probe = _probe_slice(self._node_name, self._driver)
         try:
-            echoed = await _json(
+            echoed = await read_json(
                 self._resource.create_resource_slice(body=probe, dry_run="All", _preload_content=False)
             )
         except ApiException as exc:
@@ -354,7 +354,7 @@ class SliceReconciler:
 
     async def _existing(self) -> dict[str, dict[str, Any]]:
         """This node's slices for this driver, by name."""
-        listed = await _json(
+        listed = await read_json(
             self._resource.list_resource_slice(
                 field_selector=f"spec.nodeName={self._node_name},spec.driver={self._driver}",
                 _preload_content=False,
@@ -382,11 +382,11 @@ class SliceReconciler:
                 name = wanted["metadata"]["name"]
                 if name in existing:
                     wanted["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
-                    await _json(
+                    await read_json(
                         self._resource.replace_resource_slice(name, body=wanted, _preload_content=False)
                     )
                 else:
-                    await _json(self._resource.create_resource_slice(body=wanted, _preload_content=False))
+                    await read_json(self._resource.create_resource_slice(body=wanted, _preload_content=False))
             # Stale slices go last, so consumers never see the pool shrink before it is complete.
             wanted_names = {s["metadata"]["name"] for s in desired}
             for name in existing.keys() - wanted_names:
@@ -411,7 +411,7 @@ class SliceReconciler:
 
     async def _delete(self, name: str) -> None:
         try:
-            await _json(self._resource.delete_resource_slice(name, _preload_content=False))
+            await read_json(self._resource.delete_resource_slice(name, _preload_content=False))
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -429,8 +429,9 @@ class SliceReconciler:
 
         API errors are logged and retried on the next change or after a back-off, never fatal.
         """
+        changes = self._backend.watch_health()  # before the first read: no change slips between
         await self._publish_with_retry(self._backend.inventory())
-        async for gpus in self._backend.watch_health():
+        async for gpus in changes:
             await self._publish_with_retry(gpus)
 
     async def _publish_with_retry(self, gpus: Sequence[Gpu], attempts: int = 5) -> None:

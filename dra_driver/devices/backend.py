@@ -21,7 +21,8 @@ class Backend(Protocol):
     def watch_health(self) -> AsyncIterator[list[Gpu]]:
         """Yields the whole inventory again each time a device's health or the device set changes.
 
-        Implementations are async generators: ``async for gpus in backend.watch_health(): ...``.
+        Use as ``async for gpus in backend.watch_health(): ...``. Changes are counted from the
+        call, so call it before reading the initial ``inventory()`` to miss nothing.
         """
         ...
 

@@ -158,8 +158,12 @@ class SimulatedBackend:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    async def watch_health(self) -> AsyncIterator[list[Gpu]]:
-        seen = self._version
+    def watch_health(self) -> AsyncIterator[list[Gpu]]:
+        # The starting point is taken now, not at the first iteration, so a change between this
+        # call and the consumer's first ``anext`` is still delivered.
+        return self._changes_after(self._version)
+
+    async def _changes_after(self, seen: int) -> AsyncIterator[list[Gpu]]:
         while True:
             # A change made while the consumer was busy is caught by the version, not the event.
             if self._version == seen:
