@@ -59,6 +59,9 @@ class QueueUsage:
 class AdmissionDecision:
     admit: bool
     reason: str  # human-readable, names the queue and the numbers when refusing
+    # A bounded label for metrics: within_fair_share, borrowing, over_limit, over_fair_share,
+    # unknown_queue or invalid_queue.
+    kind: str = ""
 
 
 _NO_USAGE = QueueUsage(allocated={}, requested={})
@@ -298,9 +301,11 @@ def check_admission(
     """
     tree = QueueTree(queues, usage)
     if queue not in tree.specs:
-        return AdmissionDecision(False, f"queue '{queue}' does not exist")
+        return AdmissionDecision(False, f"queue '{queue}' does not exist", "unknown_queue")
     if queue in tree.broken:
-        return AdmissionDecision(False, f"queue '{queue}' is not usable: {tree.broken[queue]}")
+        return AdmissionDecision(
+            False, f"queue '{queue}' is not usable: {tree.broken[queue]}", "invalid_queue"
+        )
     wanted = {r: amount for r, amount in request.items() if amount > 0}
 
     for node in tree.path_to_root(queue):
@@ -314,6 +319,7 @@ def check_admission(
                     f"queue '{queue}': {resource} allocated {format_amount(resource, held)} + request "
                     f"{format_amount(resource, amount)} would exceed {whose} "
                     f"({format_amount(resource, limit)})",
+                    "over_limit",
                 )
 
     borrowing: list[str] = []
@@ -331,13 +337,16 @@ def check_admission(
                 f"queue '{queue}': {resource} allocated {format_amount(resource, held)} + request "
                 f"{format_amount(resource, amount)} would exceed its fair share "
                 f"({format_amount(resource, fair)}) while {refusal}",
+                "over_fair_share",
             )
         borrowing.append(resource)
     if borrowing:
         return AdmissionDecision(
-            True, f"queue '{queue}' borrows idle {', '.join(borrowing)} beyond its fair share"
+            True, f"queue '{queue}' borrows idle {', '.join(borrowing)} beyond its fair share", "borrowing"
         )
-    return AdmissionDecision(True, f"queue '{queue}' is within its limits and fair share")
+    return AdmissionDecision(
+        True, f"queue '{queue}' is within its limits and fair share", "within_fair_share"
+    )
 
 
 def _starved_competitor(

@@ -312,6 +312,7 @@ class AdmissionCase:
     fair: dict[str, float]  # hand-computed fair shares (the table is the input, not the algorithm)
     capacity: float
     admit: bool
+    kind: str
     reason_has: tuple[str, ...]
 
 
@@ -325,6 +326,7 @@ ADMISSION_CASES = [
         fair={"a": 3, "b": 4},
         capacity=8,
         admit=True,
+        kind="within_fair_share",
         reason_has=("'a'", "within"),
     ),
     AdmissionCase(
@@ -336,6 +338,7 @@ ADMISSION_CASES = [
         fair={"a": 5},
         capacity=8,
         admit=False,
+        kind="over_limit",
         reason_has=("queue 'a'", "gpu allocated 3 + request 2", "its limit (4)"),
     ),
     # p's subtree holds 2 (c) + 4 (d) = 6 = p's limit: one more for c would pass it.
@@ -348,6 +351,7 @@ ADMISSION_CASES = [
         fair={"p": 7, "c": 3, "d": 4},
         capacity=16,
         admit=False,
+        kind="over_limit",
         reason_has=("queue 'c'", "allocated 6 + request 1", "ancestor queue 'p'", "(6)"),
     ),
     # a at its fair share 4; b holds 2 of its 4 with 2 waiting; free 2 - 1 = 1 < 2 owed to b.
@@ -360,6 +364,7 @@ ADMISSION_CASES = [
         fair={"a": 4, "b": 4},
         capacity=8,
         admit=False,
+        kind="over_fair_share",
         reason_has=(
             "queue 'a'",
             "allocated 4 + request 1",
@@ -379,6 +384,7 @@ ADMISSION_CASES = [
         fair={"a": 4, "b": 4},
         capacity=8,
         admit=True,
+        kind="borrowing",
         reason_has=("'a'", "borrows idle gpu"),
     ),
     # b is owed 1 but 8 - 2 - 1 = 5 GPUs stay free after admitting: enough for b, so a borrows.
@@ -391,6 +397,7 @@ ADMISSION_CASES = [
         fair={"a": 2, "b": 4},
         capacity=8,
         admit=True,
+        kind="borrowing",
         reason_has=("borrows",),
     ),
     # a1 is over its fair share; org-b's subtree (b1) is below with pending pods -> named in the reason.
@@ -408,6 +415,7 @@ ADMISSION_CASES = [
         fair={"org-a": 4, "a1": 4, "org-b": 4, "b1": 4},
         capacity=8,
         admit=False,
+        kind="over_fair_share",
         reason_has=("queue 'a1'", "allocated 5 + request 2", "fair share (4)", "'org-b'", "allocated 1 of 4"),
     ),
     AdmissionCase(
@@ -419,6 +427,7 @@ ADMISSION_CASES = [
         fair={},
         capacity=8,
         admit=False,
+        kind="unknown_queue",
         reason_has=("'nope'", "does not exist"),
     ),
     AdmissionCase(
@@ -430,6 +439,7 @@ ADMISSION_CASES = [
         fair={},
         capacity=8,
         admit=False,
+        kind="invalid_queue",
         reason_has=("'x'", "not usable", "cycle"),
     ),
 ]
@@ -443,6 +453,7 @@ def test_admission(case: AdmissionCase) -> None:
         case.queue, {"gpu": case.request}, case.queues, usages, fair, {"gpu": case.capacity}
     )
     assert decision.admit is case.admit, decision.reason
+    assert decision.kind == case.kind
     for fragment in case.reason_has:
         assert fragment in decision.reason
 
