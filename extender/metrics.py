@@ -1,0 +1,67 @@
+"""Prometheus metrics of the extender: verb latency, decisions by reason, per-queue numbers.
+
+Each service instance owns its registry (tests build several apps in one process). Per-queue
+gauges are read from the cluster picture at scrape time, so they are never stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from extender.state import ClusterState
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Filter and prioritize should answer in milliseconds; the scheduler gives up after 5 s.
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class _QueueCollector(Collector):
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        allocated = GaugeMetricFamily("tessera_queue_allocated", "Resources held by a queue's bound pods.",
+                                      labels=["queue", "resource"])
+        fair = GaugeMetricFamily("tessera_queue_fair_share", "Computed fair share of a queue.",
+                                 labels=["queue", "resource"])
+        requested = GaugeMetricFamily("tessera_queue_requested", "Pending demand of a queue.",
+                                      labels=["queue", "resource"])
+        pending = GaugeMetricFamily("tessera_queue_pending_pods", "Pods of a queue waiting to be scheduled.",
+                                    labels=["queue"])
+        if self.state.ready():
+            view = self.state.fairness()
+            for queue, usage in view.usage.items():
+                for resource, amount in usage.allocated.items():
+                    allocated.add_metric([queue, resource], amount)
+                for resource, amount in usage.requested.items():
+                    requested.add_metric([queue, resource], amount)
+                pending.add_metric([queue], view.pending_pods.get(queue, 0))
+            for queue, shares in view.fair_shares.items():
+                for resource, amount in shares.items():
+                    fair.add_metric([queue, resource], amount)
+        yield from (allocated, fair, requested, pending)
+
+
+class ExtenderMetrics:
+    def __init__(self, state: ClusterState) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram("tessera_extender_request_duration_seconds",
+                                 "Time to answer one extender call.", ["verb"],
+                                 buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.decisions = Counter("tessera_extender_decisions_total",
+                                 "Pods decided by a verb, by outcome and reason.",
+                                 ["verb", "outcome", "reason"], registry=self.registry)
+        self.bad_requests = Counter("tessera_extender_bad_requests_total",
+                                    "Requests refused as malformed or too large.", ["verb"],
+                                    registry=self.registry)
+        self.requeue_nudges = Counter("tessera_extender_requeue_nudges_total",
+                                      "Refused pods nudged back into the scheduling queue once eligible.",
+                                      registry=self.registry)
+        self.registry.register(_QueueCollector(state))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

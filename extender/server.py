@@ -1,0 +1,289 @@
+"""The extender's HTTP service: filter, prioritize and bind for kube-scheduler, plus health and metrics.
+
+Filter and prioritize read only the in-memory cluster picture (no API call) and cost O(nodes in
+the request). Filter first asks fairness whether the pod's queue may take what it asks for; a
+refusal fails every node with the reason (FailedAndUnresolvableNodes: preempting pods on a node
+cannot fix a queue's share). An admitted pod then keeps only the nodes whose free GPUs fit it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from aiohttp import web
+from kubernetes_asyncio.client import ApiClient
+from pydantic import BaseModel, ValidationError
+
+from extender.binder import Binder
+from extender.demand import WHOLE_GPU_MILLI
+from extender.metrics import CONTENT_TYPE, ExtenderMetrics
+from extender.policy.fairness import check_admission
+from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, score_nodes
+from extender.queues import QUEUE_GROUP, QUEUE_LABEL
+from extender.state import WATCHED_KINDS, ClusterState, ClusterWatcher, object_key, pod_queue
+from extender.status import StatusWriter, WaitingPods
+from extender.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+    filter_result,
+)
+
+log = logging.getLogger(__name__)
+
+PLACEMENT_ANNOTATION = f"{QUEUE_GROUP}/placement"  # on a Queue: "binpack" (default) or "spread"
+DEFAULT_MAX_BODY_BYTES = 64 * 2**20  # a NodeList of thousands of nodes still fits
+NOT_READY = "tessera extender is still syncing its cluster picture; retry"
+
+STATE_KEY = web.AppKey("state", ClusterState)
+WAITING_KEY = web.AppKey("waiting", WaitingPods)
+METRICS_KEY = web.AppKey("metrics", ExtenderMetrics)
+BINDER_KEY = web.AppKey("binder", Binder)
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def _describe(demand: GpuDemand) -> str:
+    if demand.count == 1 and demand.milli < WHOLE_GPU_MILLI:
+        return f"{demand.milli / WHOLE_GPU_MILLI:.3g} of a GPU"
+    return f"{demand.count} GPU{'s' if demand.count != 1 else ''}"
+
+
+def _refusal_kind(reason: str) -> str:
+    """A short, bounded label for metrics out of the admission reason."""
+    for needle, kind in (("limit", "over_limit"), ("fair share", "over_fair_share"),
+                         ("does not exist", "unknown_queue"), ("not usable", "invalid_queue")):
+        if needle in reason:
+            return kind
+    return "refused"
+
+
+def _node_demand(state: ClusterState, demand: GpuDemand, pod: dict[str, object], node: str) -> GpuDemand:
+    """A fractional demand is relative to the memory of the GPUs of the node being considered."""
+    if demand.count == 1 and demand.milli < WHOLE_GPU_MILLI:
+        memory = state.node_gpu_memory(node)
+        if memory:
+            return state.pod_demand(pod, memory) or demand
+    return demand
+
+
+def decide_filter(state: ClusterState, waiting: WaitingPods, metrics: ExtenderMetrics,
+                  args: ExtenderArgs) -> ExtenderFilterResult:
+    names = args.candidate_names()
+    if not state.ready():
+        metrics.decisions.labels("filter", "error", "not_ready").inc()
+        return ExtenderFilterResult(Error=NOT_READY)
+    pod = args.Pod.raw()
+    meta = args.Pod.metadata
+    demand = state.pod_demand(pod)
+    if demand is None and QUEUE_LABEL not in meta.labels:
+        # Neither a GPU pod nor one that names a queue: not ours to hold back.
+        metrics.decisions.labels("filter", "passed", "no_gpu").inc()
+        return filter_result(args, names, {})
+    queue = pod_queue(pod)
+    view = state.fairness()
+    decision = check_admission(queue, state.pod_resources(object_key(pod), pod), view.specs, view.usage,
+                               view.fair_shares, view.capacity)
+    if not decision.admit:
+        waiting.refused(meta.namespace, meta.name, meta.uid, queue, decision.reason)
+        metrics.decisions.labels("filter", "refused", _refusal_kind(decision.reason)).inc()
+        result = filter_result(args, [], {})
+        result.FailedAndUnresolvableNodes = dict.fromkeys(names, decision.reason)
+        return result
+    waiting.admitted(meta.namespace, meta.name, meta.uid, decision.reason)
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    for name in names:
+        if demand is None:
+            passed.append(name)
+            continue
+        node_demand = _node_demand(state, demand, pod, name)
+        supply = state.node_gpus(name)
+        if fits(supply, node_demand):
+            passed.append(name)
+        else:
+            free = sum(supply.free_milli) / WHOLE_GPU_MILLI
+            models = f" of model {'/'.join(sorted(node_demand.models))}" if node_demand.models else ""
+            failed[name] = (f"not enough free GPU for {_describe(node_demand)}{models} "
+                            f"({free:.3g} free over {len(supply.free_milli)} GPUs, model '{supply.model}')")
+    metrics.decisions.labels("filter", "admitted", "fits" if passed else "no_gpu_fit").inc()
+    return filter_result(args, passed, failed)
+
+
+def queue_strategy(state: ClusterState, queue: str) -> Strategy:
+    obj = state.kind("Queue").get(queue) or {}
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return "spread" if annotations.get(PLACEMENT_ANNOTATION) == "spread" else "binpack"
+
+
+def decide_priorities(state: ClusterState, metrics: ExtenderMetrics,
+                      args: ExtenderArgs) -> list[HostPriority]:
+    names = args.candidate_names()
+    pod = args.Pod.raw()
+    demand = state.pod_demand(pod) if state.ready() else None
+    if demand is None:
+        metrics.decisions.labels("prioritize", "neutral", "no_gpu" if state.ready() else "not_ready").inc()
+        return [HostPriority(Host=name, Score=0) for name in names]
+    supplies: list[NodeGpus] = [state.node_gpus(name) for name in names]
+    strategy = queue_strategy(state, pod_queue(pod))
+    scores = score_nodes(supplies, demand, state.fairness().mix, strategy)
+    metrics.decisions.labels("prioritize", "scored", strategy).inc()
+    return [HostPriority(Host=name, Score=scores.get(name, 0)) for name in names]
+
+
+async def _parse(request: web.Request, model: type[ModelT], verb: str) -> ModelT:
+    """The request body as a model; a 4xx with the reason when it is too large or malformed."""
+    metrics = request.app[METRICS_KEY]
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        metrics.bad_requests.labels(verb).inc()
+        raise
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        metrics.bad_requests.labels(verb).inc()
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        raise web.HTTPBadRequest(text=f"malformed {verb} request: {problems}") from exc
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _timed(verb: str, handler: Handler) -> Handler:
+    async def timed(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        try:
+            return await handler(request)
+        finally:
+            request.app[METRICS_KEY].latency.labels(verb).observe(time.perf_counter() - started)
+    return timed
+
+
+def _json(model: BaseModel | list[HostPriority]) -> web.Response:
+    if isinstance(model, list):
+        text = "[" + ",".join(item.model_dump_json() for item in model) + "]"
+    else:
+        text = model.model_dump_json()
+    return web.Response(text=text, content_type="application/json")
+
+
+async def handle_filter(request: web.Request) -> web.StreamResponse:
+    args = await _parse(request, ExtenderArgs, "filter")
+    app = request.app
+    return _json(decide_filter(app[STATE_KEY], app[WAITING_KEY], app[METRICS_KEY], args))
+
+
+async def handle_prioritize(request: web.Request) -> web.StreamResponse:
+    args = await _parse(request, ExtenderArgs, "prioritize")
+    return _json(decide_priorities(request.app[STATE_KEY], request.app[METRICS_KEY], args))
+
+
+async def handle_bind(request: web.Request) -> web.StreamResponse:
+    args = await _parse(request, ExtenderBindingArgs, "bind")
+    error = await request.app[BINDER_KEY].bind(args)
+    request.app[METRICS_KEY].decisions.labels("bind", "error" if error else "bound", "").inc()
+    return _json(ExtenderBindingResult(Error=error))
+
+
+async def handle_healthz(request: web.Request) -> web.StreamResponse:
+    return web.Response(text="ok")
+
+
+async def handle_readyz(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    if state.ready():
+        return web.Response(text="ok")
+    missing = sorted(set(WATCHED_KINDS) - state.synced)
+    return web.Response(status=503, text=f"not synced yet: {', '.join(missing)}")
+
+
+async def handle_metrics(request: web.Request) -> web.StreamResponse:
+    return web.Response(body=request.app[METRICS_KEY].render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def build_app(state: ClusterState, binder: Binder, waiting: WaitingPods, metrics: ExtenderMetrics,
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes)
+    app[STATE_KEY] = state
+    app[WAITING_KEY] = waiting
+    app[METRICS_KEY] = metrics
+    app[BINDER_KEY] = binder
+    app.router.add_post("/filter", _timed("filter", handle_filter))
+    app.router.add_post("/prioritize", _timed("prioritize", handle_prioritize))
+    app.router.add_post("/bind", _timed("bind", handle_bind))
+    app.router.add_get("/healthz", handle_healthz)
+    app.router.add_get("/readyz", handle_readyz)
+    app.router.add_get("/metrics", handle_metrics)
+    return app
+
+
+def server_ssl_context(cert_file: str, key_file: str, client_ca_file: str | None) -> ssl.SSLContext:
+    """TLS for the scheduler link; with a client CA, only clients with a cert it signed get in."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file, key_file)
+    if client_ca_file:
+        context.load_verify_locations(client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+@dataclass
+class ServiceOptions:
+    host: str = "0.0.0.0"
+    port: int = 8888
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    ssl_context: ssl.SSLContext | None = None
+    queue_status_interval_s: float = 2.0
+    state: ClusterState = field(default_factory=ClusterState)
+
+
+class ExtenderService:
+    """The whole extender in one object: watches, status writer and HTTP server (start/stop)."""
+
+    def __init__(self, api: ApiClient, options: ServiceOptions) -> None:
+        self.options = options
+        self.state = options.state
+        self.metrics = ExtenderMetrics(self.state)
+        self.waiting = WaitingPods()
+        self.watcher = ClusterWatcher(api, self.state)
+        self.writer = StatusWriter(api, self.state, self.waiting, self.metrics,
+                                   options.queue_status_interval_s)
+        self.app = build_app(self.state, Binder(api, self.state), self.waiting, self.metrics,
+                             options.max_body_bytes)
+        self._runner = web.AppRunner(self.app, access_log=None)
+        self.port = options.port
+
+    async def start(self) -> None:
+        self.watcher.start()
+        self.writer.start()
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.options.host, self.options.port,
+                           ssl_context=self.options.ssl_context)
+        await site.start()
+        sockets = self._runner.addresses
+        if sockets:
+            self.port = int(sockets[0][1])
+        log.info("extender listening on %s:%d (TLS %s)", self.options.host, self.port,
+                 "on" if self.options.ssl_context else "off")
+
+    async def wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.state.ready():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cluster picture not synced after {timeout_s:.0f}s")
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+        await self.writer.stop()
+        await self.watcher.stop()

@@ -1,0 +1,244 @@
+"""What the extender tells the cluster: Queue status, why pods wait, and nudges when they may go.
+
+The hot path only records decisions in `WaitingPods` (a dict write); `StatusWriter` does the API
+calls in the background:
+
+* a refused pod gets an Event and a pod condition (`scheduling.tessera.dev/QueueAdmitted`,
+  False, with the reason naming the queue and the numbers); the condition turns True when the
+  pod is admitted;
+* requeue: kube-scheduler retries a pod an extender rejected only on a cluster event or after
+  5 minutes. After every change of the picture the writer re-runs admission for the refused
+  pods; one that would now be admitted gets an annotation patch, which is a Pod update event
+  that moves it back into the scheduler's active queue at once;
+* Queue objects get `status` (allocated, requested, fairShare, conditions) when it changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient
+
+from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, request
+from extender.metrics import ExtenderMetrics
+from extender.policy.fairness import check_admission
+from extender.queues import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION, queue_statuses
+from extender.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+ADMITTED_CONDITION = f"{QUEUE_GROUP}/QueueAdmitted"
+REQUEUE_ANNOTATION = f"{QUEUE_GROUP}/requeued-at"
+COMPONENT = "tessera-extender"
+
+
+@dataclass
+class WaitingPod:
+    namespace: str
+    name: str
+    uid: str
+    queue: str
+    reason: str
+    nudged: bool = False
+
+
+@dataclass
+class WaitingPods:
+    """Pods refused by admission, and condition reports still to write (filled by the hot path)."""
+
+    waiting: dict[str, WaitingPod] = field(default_factory=dict)
+    # pod key -> (namespace, name, uid, admitted, reason) to write as Event/condition
+    reports: dict[str, tuple[str, str, str, bool, str]] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def refused(self, namespace: str, name: str, uid: str, queue: str, reason: str) -> None:
+        key = f"{namespace}/{name}"
+        known = self.waiting.get(key)
+        if known is not None and known.reason == reason:
+            known.nudged = False
+            return
+        self.waiting[key] = WaitingPod(namespace, name, uid, queue, reason)
+        self.reports[key] = (namespace, name, uid, False, reason)
+        self.wake.set()
+
+    def admitted(self, namespace: str, name: str, uid: str, reason: str) -> None:
+        key = f"{namespace}/{name}"
+        if self.waiting.pop(key, None) is not None:
+            self.reports[key] = (namespace, name, uid, True, reason)
+            self.wake.set()
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class StatusWriter:
+    """Background writer of pod wait reasons, requeue nudges and Queue status."""
+
+    def __init__(self, api: ApiClient, state: ClusterState, waiting: WaitingPods, metrics: ExtenderMetrics,
+                 queue_status_interval_s: float = 2.0) -> None:
+        self.api = api
+        self.state = state
+        self.waiting = waiting
+        self.metrics = metrics
+        self.queue_status_interval_s = queue_status_interval_s
+        self._changed = asyncio.Event()
+        self._written: dict[str, dict[str, Any]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        state.listeners.append(self._changed.set)
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._loop(self._report_once, self.waiting.wake), name="pod-reports"),
+            asyncio.create_task(self._loop(self._requeue_once, self._changed), name="requeue"),
+            asyncio.create_task(self._queue_status_loop(), name="queue-status"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.state.listeners.remove(self._changed.set)
+
+    async def _loop(self, step: Callable[[], Awaitable[None]], trigger: asyncio.Event) -> None:
+        while True:
+            await trigger.wait()
+            trigger.clear()
+            try:
+                await step()
+            except Exception:
+                log.exception("status step %s failed", getattr(step, "__name__", step))
+                await asyncio.sleep(1.0)
+
+    # ---- pod wait reasons -------------------------------------------------------------------
+
+    async def _report_once(self) -> None:
+        while self.waiting.reports:
+            key, (namespace, name, uid, admitted, reason) = self.waiting.reports.popitem()
+            try:
+                await self._write_condition(namespace, name, admitted, reason)
+                if not admitted:
+                    await self._post_event(namespace, name, uid, reason)
+            except KubeError as exc:
+                # A pod deleted meanwhile is normal; anything else is worth a line.
+                if exc.status != 404:
+                    log.warning("could not report wait reason of %s: %s", key, exc)
+
+    async def _write_condition(self, namespace: str, name: str, admitted: bool, reason: str) -> None:
+        condition = {
+            "type": ADMITTED_CONDITION,
+            "status": "True" if admitted else "False",
+            "reason": "Admitted" if admitted else "WaitingForQueue",
+            "message": reason,
+            "lastTransitionTime": _now(),
+        }
+        await request(self.api, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+                      body={"status": {"conditions": [condition]}}, content_type=STRATEGIC_MERGE_PATCH)
+
+    async def _post_event(self, namespace: str, name: str, uid: str, reason: str) -> None:
+        now = _now()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace,
+                               "name": name, "uid": uid},
+            "reason": "WaitingForQueue",
+            "message": reason,
+            "type": "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": os.uname().nodename,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await request(self.api, "POST", f"/api/v1/namespaces/{namespace}/events", body=event)
+
+    # ---- requeue of pods that became eligible -------------------------------------------------
+
+    def eligible_now(self) -> list[WaitingPod]:
+        """Refused pods that admission would let through now (not yet nudged); drops stale entries."""
+        view = self.state.fairness()
+        pods = self.state.kind("Pod")
+        eligible: list[WaitingPod] = []
+        for key, entry in list(self.waiting.waiting.items()):
+            pod = pods.get(key)
+            if pod is None or not self.state.is_pending(key, pod):
+                del self.waiting.waiting[key]
+                continue
+            if entry.nudged:
+                continue
+            decision = check_admission(entry.queue, self.state.pod_resources(key, pod), view.specs,
+                                       view.usage, view.fair_shares, view.capacity)
+            if decision.admit:
+                eligible.append(entry)
+        return eligible
+
+    async def _requeue_once(self) -> None:
+        for entry in self.eligible_now():
+            entry.nudged = True
+            patch = {"metadata": {"annotations": {REQUEUE_ANNOTATION: datetime.now(UTC).isoformat()}}}
+            try:
+                await request(self.api, "PATCH", f"/api/v1/namespaces/{entry.namespace}/pods/{entry.name}",
+                              body=patch, content_type=MERGE_PATCH)
+                self.metrics.requeue_nudges.inc()
+                log.info("pod %s/%s may be admitted now; nudged the scheduler", entry.namespace, entry.name)
+            except KubeError as exc:
+                if exc.status != 404:
+                    log.warning("could not nudge %s/%s: %s", entry.namespace, entry.name, exc)
+
+    # ---- Queue status ---------------------------------------------------------------------------
+
+    async def _queue_status_loop(self) -> None:
+        while True:
+            try:
+                if self.state.ready():
+                    await self.write_queue_statuses()
+            except Exception:
+                log.exception("writing queue status failed")
+            await asyncio.sleep(self.queue_status_interval_s)
+
+    async def write_queue_statuses(self) -> None:
+        """Patch the status of every Queue object whose computed status changed."""
+        view = self.state.fairness()
+        queues = self.state.kind("Queue")
+        previous: dict[str, Sequence[Mapping[str, Any]]] = {
+            key: (obj.get("status") or {}).get("conditions") or [] for key, obj in queues.items()
+        }
+        statuses = queue_statuses(view.specs, view.usage, view.fair_shares, previous)
+        for key, obj in queues.items():
+            status = statuses.get(key) or self._invalid_status(view.invalid.get(key, "not parsed"))
+            comparable = {k: v for k, v in status.items() if k != "conditions"}
+            comparable["conditions"] = [(c["type"], c["status"], c["message"]) for c in status["conditions"]]
+            if self._written.get(key) == comparable:
+                continue
+            path = f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/{QUEUE_PLURAL}/{key}/status"
+            patch = {"status": _with_removals(obj.get("status") or {}, status)}
+            try:
+                await request(self.api, "PATCH", path, body=patch, content_type=MERGE_PATCH)
+                self._written[key] = comparable
+            except KubeError as exc:
+                if exc.status != 404:
+                    log.warning("could not write status of queue %s: %s", key, exc)
+
+    @staticmethod
+    def _invalid_status(problem: str) -> dict[str, Any]:
+        return {"conditions": [{"type": "Valid", "status": "False", "reason": "InvalidSpec",
+                                "message": problem, "lastTransitionTime": _now()}]}
+
+
+def _with_removals(old: Mapping[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch keeps map keys it does not mention: null out resources no longer listed."""
+    patched = dict(new)
+    for section in ("allocated", "requested", "fairShare"):
+        before = old.get(section)
+        if isinstance(before, Mapping):
+            patched[section] = {**{k: None for k in before}, **new.get(section, {})}
+    return patched

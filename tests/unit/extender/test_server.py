@@ -1,0 +1,194 @@
+"""The extender's HTTP verbs over a plain-data cluster picture, through aiohttp's test client."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from kubernetes_asyncio.client import ApiClient
+
+from extender.binder import Binder
+from extender.metrics import ExtenderMetrics
+from extender.server import PLACEMENT_ANNOTATION, build_app
+from extender.state import WATCHED_KINDS, ClusterState
+from extender.status import StatusWriter, WaitingPods
+from tests import extender_objects as objects
+
+CLASS = "gpu.tessera.dev"
+
+
+class Extender:
+    def __init__(self, client: TestClient[Any, Any], state: ClusterState, waiting: WaitingPods,
+                 api: ApiClient) -> None:
+        self.client, self.state, self.waiting, self.api = client, state, waiting, api
+
+    def sync(self, objs: list[dict[str, Any]]) -> None:
+        for kind in WATCHED_KINDS:
+            self.state.replace(kind, [o for o in objs if o["kind"] == kind])
+
+    async def call(self, verb: str, body: Any) -> tuple[int, Any]:
+        data = body if isinstance(body, bytes) else json.dumps(body)
+        response = await self.client.post(f"/{verb}", data=data)
+        text = await response.text()
+        return response.status, (json.loads(text) if response.status == 200 else text)
+
+
+@pytest.fixture
+async def extender() -> AsyncIterator[Extender]:
+    state, waiting = ClusterState(), WaitingPods()
+    api = ApiClient()
+    app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state), max_body_bytes=64 * 1024)
+    async with TestClient(TestServer(app)) as client:
+        yield Extender(client, state, waiting, api)
+    await api.close()
+
+
+def cluster(*extra: dict[str, Any]) -> list[dict[str, Any]]:
+    """Node a: 2 GPUs, one in use by team-a; node b: 2 idle GPUs; team-a may hold at most 2 GPUs."""
+    held = objects.pod("ns", "held", queue="team-a", template="one", node_name="a")
+    held["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "held-gpus"}]
+    return [
+        objects.node("a"), objects.node("b"), objects.gpu_slice("a", 2), objects.gpu_slice("b", 2),
+        objects.device_class(CLASS), objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        objects.claim_template("ns", "two", objects.claim_spec(CLASS, count=2)),
+        objects.claim("ns", "held-gpus", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)]),
+        held,
+        objects.queue("team-a", resources={"gpu": {"quota": 1, "limit": 2}}),
+        objects.queue("team-b", resources={"gpu": {"quota": 3}}),
+        *extra,
+    ]
+
+
+def args(pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    return {"Pod": pod, "Nodes": None, "NodeNames": names}
+
+
+async def test_filter_keeps_nodes_whose_free_gpus_fit(extender: Extender) -> None:
+    pod = objects.pod("ns", "p", queue="team-b", template="two")
+    extender.sync(cluster(pod))
+    status, result = await extender.call("filter", args(pod, ["a", "b"]))
+    assert status == 200
+    assert result["NodeNames"] == ["b"]
+    assert "not enough free GPU for 2 GPUs" in result["FailedNodes"]["a"]
+    assert "1 free over 2 GPUs" in result["FailedNodes"]["a"]
+    assert result["Error"] == ""
+
+
+async def test_filter_answers_a_node_list_with_node_objects(extender: Extender) -> None:
+    pod = objects.pod("ns", "p", queue="team-b", template="two")
+    extender.sync(cluster(pod))
+    node_list = {"kind": "NodeList", "apiVersion": "v1", "items": [objects.node("a"), objects.node("b")]}
+    status, result = await extender.call("filter", {"Pod": pod, "Nodes": node_list, "NodeNames": None})
+    assert status == 200
+    assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["b"]
+    assert result["Nodes"]["items"][0] == objects.node("b")
+
+
+async def test_filter_refuses_every_node_past_the_queue_limit(extender: Extender) -> None:
+    pod = objects.pod("ns", "p", queue="team-a", template="two")
+    extender.sync(cluster(pod))
+    status, result = await extender.call("filter", args(pod, ["a", "b"]))
+    assert status == 200
+    assert result["NodeNames"] == []
+    reasons = result["FailedAndUnresolvableNodes"]
+    assert set(reasons) == {"a", "b"}
+    assert "queue 'team-a'" in reasons["a"] and "limit (2)" in reasons["a"] and "allocated 1" in reasons["a"]
+    assert extender.waiting.waiting["ns/p"].reason == reasons["a"]
+    assert extender.waiting.reports["ns/p"][3] is False  # a False condition is to be written
+
+
+async def test_refused_pod_becomes_eligible_once_capacity_is_freed(extender: Extender) -> None:
+    pod = objects.pod("ns", "p", queue="team-a", template="two")
+    extender.sync(cluster(pod))
+    await extender.call("filter", args(pod, ["a", "b"]))
+    writer = StatusWriter(extender.api, extender.state, extender.waiting, ExtenderMetrics(extender.state))
+    assert writer.eligible_now() == []
+    extender.state.apply("Pod", "DELETED", objects.pod("ns", "held"))
+    assert [entry.name for entry in writer.eligible_now()] == ["p"]
+    extender.state.apply("ResourceClaim", "DELETED", objects.claim("ns", "held-gpus", {}))
+    # Admitted on the retry: the wait entry goes and a True condition is queued.
+    _, result = await extender.call("filter", args(pod, ["a", "b"]))
+    assert result["NodeNames"] == ["a", "b"]
+    assert "ns/p" not in extender.waiting.waiting
+    assert extender.waiting.reports["ns/p"][3] is True
+
+
+async def test_pods_without_gpus_or_queue_pass_untouched(extender: Extender) -> None:
+    pod = objects.pod("ns", "web")
+    extender.sync(cluster(pod))
+    status, result = await extender.call("filter", args(pod, ["a", "b"]))
+    assert (status, result["NodeNames"], result["FailedNodes"]) == (200, ["a", "b"], {})
+
+
+async def test_filter_before_sync_is_an_error_for_the_scheduler_to_retry(extender: Extender) -> None:
+    status, result = await extender.call("filter", args(objects.pod("ns", "p"), ["a"]))
+    assert status == 200
+    assert "syncing" in result["Error"]
+    response = await extender.client.get("/readyz")
+    assert response.status == 503
+    assert "Node" in await response.text()
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    (b"{not json", "malformed filter request"),
+    ({"Pod": {"spec": {}}, "NodeNames": ["a"]}, "Pod.metadata"),
+    ({"Pod": {"metadata": {"name": "p"}}, "NodeNames": "a"}, "NodeNames"),
+])
+async def test_malformed_requests_get_400_with_the_reason(extender: Extender, body: Any, needle: str) -> None:
+    extender.sync(cluster())
+    status, text = await extender.call("filter", body)
+    assert status == 400
+    assert needle in text
+    status, _ = await extender.call("filter", args(objects.pod("ns", "p"), ["a"]))
+    assert status == 200  # still serving
+
+
+async def test_oversized_body_gets_413(extender: Extender) -> None:
+    status, _ = await extender.call("filter", b"x" * (65 * 1024))
+    assert status == 413
+
+
+async def test_prioritize_packs_by_default_and_spreads_when_the_queue_says_so(extender: Extender) -> None:
+    spread = objects.queue("team-s", annotations={PLACEMENT_ANNOTATION: "spread"})
+    packed = objects.pod("ns", "p", queue="team-b", template="one")
+    spreading = objects.pod("ns", "s", queue="team-s", template="one")
+    extender.sync(cluster(packed, spreading, spread))
+    status, scores = await extender.call("prioritize", args(packed, ["a", "b"]))
+    assert status == 200
+    by_host = {s["Host"]: s["Score"] for s in scores}
+    assert by_host["a"] > by_host["b"]  # fill the partly used node, keep b's pair of GPUs whole
+    _, scores = await extender.call("prioritize", args(spreading, ["a", "b"]))
+    by_host = {s["Host"]: s["Score"] for s in scores}
+    assert by_host["b"] > by_host["a"]
+    _, scores = await extender.call("prioritize", args(objects.pod("ns", "web"), ["a", "b"]))
+    assert scores == [{"Host": "a", "Score": 0}, {"Host": "b", "Score": 0}]
+
+
+async def test_binding_a_bound_pod_again_is_idempotent_and_elsewhere_an_error(extender: Extender) -> None:
+    extender.sync(cluster())
+    bind = {"PodName": "held", "PodNamespace": "ns", "PodUID": "uid-ns-held", "Node": "a"}
+    status, result = await extender.call("bind", bind)
+    assert (status, result) == (200, {"Error": ""})
+    status, result = await extender.call("bind", {**bind, "Node": "b"})
+    assert status == 200
+    assert "already bound to node a" in result["Error"]
+    status, text = await extender.call("bind", {"PodName": "held"})
+    assert status == 400 and "Node" in text
+
+
+async def test_metrics_show_latency_decisions_and_queue_numbers(extender: Extender) -> None:
+    pod = objects.pod("ns", "p", queue="team-a", template="two")
+    extender.sync(cluster(pod))
+    await extender.call("filter", args(pod, ["a", "b"]))
+    response = await extender.client.get("/metrics")
+    text = await response.text()
+    assert 'tessera_extender_request_duration_seconds_count{verb="filter"} 1.0' in text
+    assert 'tessera_extender_decisions_total{outcome="refused",reason="over_limit",verb="filter"} 1.0' in text
+    assert 'tessera_queue_allocated{queue="team-a",resource="gpu"} 1.0' in text
+    assert 'tessera_queue_pending_pods{queue="team-a"} 1.0' in text
+    assert 'tessera_queue_fair_share{queue="team-b",resource="gpu"} 0.0' in text
+    assert (await extender.client.get("/healthz")).status == 200
+    assert (await extender.client.get("/readyz")).status == 200

@@ -1,0 +1,161 @@
+"""The cluster picture: GPU supply from slices minus claim allocations, queue usage, optimistic binds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from extender.policy.placement import GpuDemand
+from extender.state import WATCHED_KINDS, ClusterState, StateConfig
+from tests import extender_objects as objects
+
+GIB = 2**30
+CLASS = "gpu.tessera.dev"
+
+
+def synced_state(objs: list[dict[str, Any]], **config: Any) -> ClusterState:
+    state = ClusterState(StateConfig(**config))
+    for kind in WATCHED_KINDS:
+        state.replace(kind, [o for o in objs if o["kind"] == kind])
+    return state
+
+
+def two_nodes() -> list[dict[str, Any]]:
+    return [objects.node("a"), objects.node("b"),
+            objects.gpu_slice("a", 4, shareable=True),
+            objects.gpu_slice("b", 4, model="A100-40GB", memory="40Gi"),
+            objects.device_class(CLASS)]
+
+
+def with_rv(obj: dict[str, Any], rv: int) -> dict[str, Any]:
+    obj["metadata"]["resourceVersion"] = str(rv)
+    return obj
+
+
+def test_free_gpus_are_slice_devices_minus_allocations() -> None:
+    state = synced_state([
+        *two_nodes(),
+        objects.claim("ns", "whole", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)]),
+        objects.claim("ns", "part", objects.claim_spec(CLASS, memory="20Gi"),
+                      allocated=[("a", "gpu-1", "20Gi")]),
+    ])
+    assert state.ready()
+    a = state.node_gpus("a")
+    assert (a.model, a.free_milli) == ("H100-80GB", (0, 750, 1000, 1000))
+    assert state.node_gpus("b").free_milli == (1000,) * 4
+    assert state.node_gpus("unknown").free_milli == ()
+    state.apply("ResourceClaim", "DELETED", objects.claim("ns", "whole", {}))
+    assert state.node_gpus("a").free_milli == (1000, 750, 1000, 1000)
+
+
+def test_an_older_version_never_overwrites_a_newer_one() -> None:
+    state = synced_state(two_nodes())
+    spec = objects.claim_spec(CLASS)
+    state.apply("ResourceClaim", "ADDED", with_rv(objects.claim("ns", "c", spec, [("b", "gpu-2", None)]), 7))
+    state.apply("ResourceClaim", "MODIFIED", with_rv(objects.claim("ns", "c", spec), 5))
+    assert state.node_gpus("b").free_milli == (1000, 1000, 0, 1000)
+
+
+def test_relist_drops_what_is_gone_and_readiness_needs_every_kind() -> None:
+    state = ClusterState()
+    state.replace("ResourceSlice", [objects.gpu_slice("a", 2)])
+    assert not state.ready()
+    assert state.node_gpus("a").free_milli == (1000, 1000)
+    state.replace("ResourceSlice", [])
+    assert state.node_gpus("a").free_milli == ()
+
+
+def test_slices_of_other_drivers_and_non_gpu_devices_are_ignored() -> None:
+    mig = objects.gpu_slice("a", 2, name="a-mig")
+    mig["spec"]["devices"][1]["attributes"]["type"] = {"string": "mig"}
+    state = synced_state([objects.gpu_slice("a", 2, driver="nic.example.com"), mig])
+    assert state.node_gpus("a").free_milli == (1000,)
+
+
+def test_classic_extended_resource_gpus_on_a_node() -> None:
+    state = synced_state([objects.node("c", classic_gpus=4, labels={"nvidia.com/gpu.product": "T4"}),
+                          objects.pod("ns", "p", queue="q", classic_gpus=3, node_name="c")])
+    assert state.node_gpus("c").free_milli == (1000, 0, 0, 0)
+    assert state.node_gpus("c").model == "T4"
+    assert state.capacity()["gpu/T4"] == 4
+    assert state.pod_resources("ns/p", state.kind("Pod")["ns/p"])["gpu/T4"] == 3
+
+
+def test_queue_usage_counts_held_devices_and_pending_demand() -> None:
+    bound = objects.pod("ns", "bound", queue="team-a", template="gone", node_name="a")
+    bound["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "bound-gpus"}]
+    state = synced_state([
+        *two_nodes(),
+        objects.queue("team-a", resources={"gpu": {"quota": 2}}),
+        objects.claim("ns", "bound-gpus", objects.claim_spec(CLASS, memory="40Gi"),
+                      allocated=[("a", "gpu-3", "40Gi")]),
+        bound,
+        objects.claim_template("ns", "two", objects.claim_spec(CLASS, count=2)),
+        objects.pod("ns", "waiting", queue="team-a", template="two"),
+        objects.pod("ns", "plain", node_name="b", cpu="2"),
+        objects.pod("ns", "done", queue="team-a", node_name="b", cpu="8")
+        | {"status": {"phase": "Succeeded"}},
+    ])
+    view = state.fairness()
+    assert view.capacity["gpu"] == 8
+    assert view.capacity["gpu/H100-80GB"] == 4
+    assert view.capacity["cpu"] == 128
+    assert view.usage["team-a"].allocated == {"gpu": 0.5, "gpu/H100-80GB": 0.5, "cpu": 0.1,
+                                              "memory": 64 * 2**20}
+    assert view.usage["team-a"].requested == {"gpu": 2, "cpu": 0.1, "memory": 64 * 2**20}
+    assert view.usage["default"].allocated == {"cpu": 2, "memory": 64 * 2**20}
+    assert view.pending_pods == {"team-a": 1}
+    assert view.fair_shares["team-a"]["gpu"] == pytest.approx(2.5)
+    assert {demand for demand, _ in view.mix.demands} == {GpuDemand(count=1, milli=500), GpuDemand(count=2)}
+    assert state.fairness() is view  # cached until the picture changes
+
+
+def test_pending_demand_counts_only_the_configured_schedulers() -> None:
+    state = synced_state([
+        *two_nodes(),
+        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        objects.pod("ns", "mine", queue="q", template="one", scheduler="tessera"),
+        objects.pod("ns", "other", queue="q", template="one"),
+        objects.queue("q"),
+    ], scheduler_names=frozenset({"tessera"}))
+    assert state.fairness().usage["q"].requested["gpu"] == 1
+
+
+def test_an_optimistic_bind_counts_once_before_and_after_the_watch_event() -> None:
+    pending = objects.pod("ns", "p", queue="q", classic_gpus=1)
+    state = synced_state([objects.node("c", classic_gpus=2), objects.queue("q"), with_rv(pending, 10)])
+    assert state.fairness().usage["q"].requested == {"gpu": 1, "cpu": 0.1, "memory": 64 * 2**20}
+    state.assume_bound("ns", "p", "c")
+    assert state.fairness().usage["q"].allocated["gpu"] == 1
+    assert state.fairness().usage["q"].requested == {}
+    assert state.node_gpus("c").free_milli == (1000, 0)
+    bound = objects.pod("ns", "p", queue="q", classic_gpus=1, node_name="c")
+    state.apply("Pod", "MODIFIED", with_rv(bound, 11))
+    state.apply("Pod", "MODIFIED", with_rv(bound, 11))  # the same event twice
+    assert state.fairness().usage["q"].allocated["gpu"] == 1
+    assert state.node_gpus("c").free_milli == (1000, 0)
+    assert state.assumed_nodes == {}
+    state.apply("Pod", "DELETED", bound)
+    assert state.node_gpus("c").free_milli == (1000, 1000)
+
+
+def test_pending_fraction_is_relative_to_the_largest_matching_gpu() -> None:
+    state = synced_state([
+        *two_nodes(),
+        objects.claim_template("ns", "half", objects.claim_spec(CLASS, memory="20Gi")),
+        objects.pod("ns", "p", queue="q", template="half"),
+    ])
+    pod = state.kind("Pod")["ns/p"]
+    demand = state.pod_demand(pod)
+    assert demand is not None and (demand.count, demand.milli) == (1, 250)  # 20Gi of an 80Gi GPU
+    demand_on_b = state.pod_demand(pod, state.node_gpu_memory("b"))
+    assert demand_on_b is not None and demand_on_b.milli == 500  # 20Gi of a 40Gi GPU
+    assert state.pod_resources("ns/p", pod)["gpu"] == pytest.approx(0.25)
+
+
+def test_invalid_queue_objects_are_reported_not_fatal() -> None:
+    state = synced_state([objects.queue("bad", resources={"gpu": {"quota": "lots"}})])
+    view = state.fairness()
+    assert "bad" in view.invalid and "quota" in view.invalid["bad"]
+    assert [spec.name for spec in view.specs] == ["default"]
