@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from extender.policy.fairness import QueueSpec
 from extender.queues import (
     QUEUE_GROUP,
     QUEUE_PLURAL,
@@ -146,12 +147,17 @@ def test_schema_rejects_garbage(queue_crd: LocalCluster, unique: str, spec: Any,
     assert message in stderr
 
 
-def test_own_parent_and_bad_status_are_rejected(queue_crd: LocalCluster, unique: str) -> None:
+def test_defaults_own_parent_and_bad_status(queue_crd: LocalCluster, unique: str) -> None:
     code, stderr = create(queue_crd, queue_object(unique, {"parent": unique}))
     assert code != 0 and "a queue cannot be its own parent" in stderr
 
-    assert create(queue_crd, queue_object(unique, {})) == (0, "")
+    # No spec at all: the schema's defaults fill in an empty spec with priority 0.
+    bare = {key: value for key, value in queue_object(unique).items() if key != "spec"}
+    assert create(queue_crd, bare) == (0, "")
     try:
+        stored = json.loads(queue_crd.kubectl("get", QUEUE_PLURAL, unique, "-o", "json").stdout)
+        assert stored["spec"] == {"priority": 0}
+        assert parse_queue(stored) == QueueSpec(name=unique)
         bad = queue_crd.kubectl(
             "patch",
             QUEUE_PLURAL,
