@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -158,9 +160,30 @@ class FakeNvml(types.ModuleType):
     class NVMLError(Exception):
         pass
 
+    class NVMLError_Timeout(NVMLError):  # pynvml's own name
+        pass
+
     def __init__(self) -> None:
         super().__init__("pynvml")
         self.lost: set[int] = set()
+        self.xids: list[tuple[int, int]] = []  # (gpu index, xid) events still to deliver
+        self.freed = False
+
+    def nvmlEventSetCreate(self) -> str:
+        return "events"
+
+    def nvmlDeviceRegisterEvents(self, handle: tuple[str, int], types: int, event_set: str) -> None:
+        assert types == self.nvmlEventTypeXidCriticalError
+
+    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> types.SimpleNamespace:
+        if not self.xids:
+            time.sleep(0.01)
+            raise self.NVMLError_Timeout("timeout")
+        index, xid = self.xids.pop(0)
+        return types.SimpleNamespace(device=("gpu", index), eventData=xid)
+
+    def nvmlEventSetFree(self, event_set: str) -> None:
+        self.freed = True
 
     def nvmlInit(self) -> None:
         pass
@@ -249,3 +272,22 @@ def test_nvml_gpu_that_stops_answering_is_reported_unhealthy(monkeypatch: pytest
     gpus = backend.inventory()
     assert [g.healthy for g in gpus] == [True, False]
     assert "GPU is lost" in gpus[1].health_message
+
+
+async def test_nvml_xid_event_marks_the_gpu_unhealthy_but_application_xids_do_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    backend = load_backend("nvml")
+    fake.xids = [(0, 13), (1, 79)]  # 13: the application's fault; 79: the GPU fell off the bus
+    watcher = backend.watch_health()
+    gpus = await asyncio.wait_for(anext(watcher), 10)
+    assert [(g.healthy, g.health_message) for g in gpus] == [(True, ""), (False, "XID 79")]
+    await watcher.aclose()
+    await asyncio.wait_for(asyncio.to_thread(_wait_for, lambda: fake.freed), 10)
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+    while not condition():
+        time.sleep(0.01)
