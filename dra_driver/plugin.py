@@ -255,16 +255,18 @@ class DraPlugin:
         registration_server = grpc.aio.server()
         registration_pb2_grpc.add_RegistrationServicer_to_server(self._registration, registration_server)
         # The DRA socket first: once the registration socket appears the kubelet may call at once.
-        for server, path in (
-            (dra_server, self.sockets.dra),
-            (registration_server, self.sockets.registration),
-        ):
-            _prepare_socket_path(path)
-            server.add_insecure_port(f"unix:{path}")
-            await server.start()
-            path.chmod(_SOCKET_MODE)
-            self._servers.append(server)
-            log.info("serving %s", path)
+        bindings = ((dra_server, self.sockets.dra), (registration_server, self.sockets.registration))
+        try:
+            for server, path in bindings:
+                _prepare_socket_path(path)
+                server.add_insecure_port(f"unix:{path}")
+                await server.start()
+                self._servers.append(server)
+                path.chmod(_SOCKET_MODE)
+                log.info("serving %s", path)
+        except BaseException:
+            await self.stop(grace_s=0)
+            raise
 
     async def stop(self, grace_s: float = 5.0) -> None:
         # Registration first, so the kubelet stops sending work before the DRA service goes away.

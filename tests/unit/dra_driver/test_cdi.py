@@ -1,0 +1,50 @@
+"""CDI spec content, naming and the atomic write."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+from dra_driver import cdi
+
+
+def test_spec_has_claim_env_common_nodes_and_per_device_edits() -> None:
+    devices = [
+        cdi.CdiDevice("gpu-0", ("/dev/nvidia0",), mounts=(("/host/mps/pipe", "/tmp/nvidia-mps"),)),
+        cdi.CdiDevice("gpu-1", ("/dev/nvidia1",)),
+    ]
+    spec = cdi.build_claim_spec("gpu.tessera.dev", "uid-1", devices, {"B": "2", "A": "1"})
+    assert spec["cdiVersion"] == cdi.CDI_VERSION
+    assert spec["kind"] == "k8s.gpu.tessera.dev/claim"
+    assert spec["containerEdits"]["env"] == ["A=1", "B=2"]
+    assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == list(cdi.COMMON_DEVICE_NODES)
+    first, second = spec["devices"]
+    assert first["name"] == "uid-1-gpu-0"
+    assert first["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
+    assert first["containerEdits"]["mounts"] == [
+        {
+            "hostPath": "/host/mps/pipe",
+            "containerPath": "/tmp/nvidia-mps",
+            "options": ["rw", "nosuid", "nodev", "bind"],
+        }
+    ]
+    assert second["containerEdits"]["mounts"] == []
+
+
+def test_device_id_names_the_spec_device() -> None:
+    assert cdi.cdi_device_id("gpu.tessera.dev", "uid-1", "gpu-3") == "k8s.gpu.tessera.dev/claim=uid-1-gpu-3"
+
+
+def test_write_is_atomic_readable_and_removable(tmp_path: Path) -> None:
+    path = cdi.spec_path(tmp_path / "cdi", "gpu.tessera.dev", "uid-1")
+    assert path.name == "k8s.gpu.tessera.dev-claim_uid-1.json"
+    spec = cdi.build_claim_spec("gpu.tessera.dev", "uid-1", [cdi.CdiDevice("gpu-0", ("/dev/nvidia0",))], {})
+    cdi.write_claim_spec(path, spec)
+    cdi.write_claim_spec(path, spec)  # replacing an existing spec works the same way
+    assert json.loads(path.read_text()) == spec
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp files left behind
+    cdi.remove_claim_spec(path)
+    cdi.remove_claim_spec(path)  # idempotent
+    assert not path.exists()

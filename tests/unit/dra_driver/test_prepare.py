@@ -1,0 +1,129 @@
+"""Planning a claim (which devices, how shared) and the preparer's per-claim error handling."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.claimconfig import SharingStrategy
+from dra_driver.devices.model import MigDevice
+from dra_driver.prepare import ClaimPrepareError, ClaimRef, ResourceClaimView, node_devices, plan_claim
+from dra_driver.sharing import RecordingRunner
+
+from .fakes import DRIVER, GIB, NODE, FakeClaims, Result, claim, gpu, gpu_config, make_preparer, opaque
+
+DEVICES = node_devices([gpu(0), gpu(1)])
+
+
+def plan(obj: dict[str, Any], uid: str = "u") -> list[Any]:
+    return plan_claim(ResourceClaimView.model_validate(obj), uid, DRIVER, NODE, DEVICES)
+
+
+def test_whole_gpu_is_exclusive() -> None:
+    [planned] = plan(claim("u", [Result("gpu-0", memory="80Gi")]))
+    assert planned.share.strategy == SharingStrategy.EXCLUSIVE
+    assert planned.device.device_nodes == ("/dev/nvidia0",)
+
+
+def test_fraction_is_mps_limited_to_its_memory_with_threads_from_memory_share() -> None:
+    [planned] = plan(claim("u", [Result("gpu-1", memory="20Gi")]))
+    share = planned.share
+    assert (share.strategy, share.memory_limit_bytes, share.active_thread_percentage) == (
+        SharingStrategy.MPS,
+        20 * GIB,
+        25,
+    )
+    assert share.gpu_uuid == "GPU-00000001-test"
+
+
+def test_compute_share_sets_threads_and_config_overrides_it() -> None:
+    [planned] = plan(claim("u", [Result("gpu-0", memory="10Gi", compute="400")]))
+    assert planned.share.active_thread_percentage == 40
+    configured = claim(
+        "u",
+        [Result("gpu-0", memory="10Gi", compute="400")],
+        configs=[opaque(gpu_config({"strategy": "MPS", "mps": {"activeThreadPercentage": 70}}))],
+    )
+    assert plan(configured)[0].share.active_thread_percentage == 70
+
+
+def test_time_slicing_from_class_config_and_claim_override() -> None:
+    class_ts = opaque(
+        gpu_config({"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}}), "FromClass"
+    )
+    claim_ts = opaque(gpu_config({"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}))
+    [from_class] = plan(claim("u", [Result("gpu-0")], configs=[class_ts]))
+    assert (from_class.share.strategy, from_class.share.timeslice) == (SharingStrategy.TIME_SLICING, "Short")
+    # The API lists class configs first, but the order must not matter: claim beats class.
+    [overridden] = plan(claim("u", [Result("gpu-0")], configs=[claim_ts, class_ts]))
+    assert overridden.share.timeslice == "Long"
+
+
+def test_configs_for_other_drivers_and_other_requests_are_ignored() -> None:
+    foreign = {"source": "FromClaim", "opaque": {"driver": "other.example.com", "parameters": {"x": 1}}}
+    other_request = opaque(gpu_config({"strategy": "TimeSlicing"}), requests=["other"])
+    subrequest = opaque(gpu_config({"strategy": "TimeSlicing"}), requests=["gpu"])
+    [planned] = plan(claim("u", [Result("gpu-0")], configs=[foreign, other_request]))
+    assert planned.share.strategy == SharingStrategy.EXCLUSIVE
+    [chosen] = plan(claim("u", [Result("gpu-0", request="gpu/big")], configs=[subrequest]))
+    assert chosen.share.strategy == SharingStrategy.TIME_SLICING
+
+
+def test_results_of_other_drivers_are_skipped() -> None:
+    assert plan(claim("u", [Result("nic-0", driver="net.example.com", pool="p")])) == []
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        (claim("other-uid", [Result("gpu-0")]), "claim UID is other-uid"),
+        (claim("u", [], allocated=False), "not allocated"),
+        (claim("u", [Result("gpu-0", pool="node-b")]), "from pool node-b"),
+        (claim("u", [Result("gpu-9")]), "gpu-9 is not on this node"),
+        (
+            claim(
+                "u",
+                [Result("gpu-0", memory="8Gi")],
+                configs=[opaque(gpu_config({"strategy": "TimeSlicing"}))],
+            ),
+            "a fraction is shared with MPS",
+        ),
+        (claim("u", [Result("gpu-0", memory="8Gi"), Result("gpu-1", memory="8Gi")]), "at most one MPS"),
+        (claim("u", [Result("gpu-0", memory="lots")]), "not a Kubernetes quantity"),
+        (claim("u", [Result("gpu-0")], configs=[opaque({"kind": "GpuConfig"})]), "apiVersion"),
+    ],
+)
+def test_unpreparable_claims_name_the_problem(obj: dict[str, Any], message: str) -> None:
+    with pytest.raises(ClaimPrepareError, match=message):
+        plan(obj)
+
+
+def test_mig_devices_are_not_shared() -> None:
+    mig = MigDevice(gi=1, ci=0, profile="3g.40gb", uuid="MIG-1", memory_bytes=40 * GIB)
+    devices = node_devices([dataclasses.replace(gpu(0), mig_enabled=True, mig_devices=(mig,))])
+    obj = claim("u", [Result("gpu-0-mig-1-0")], configs=[opaque(gpu_config({"strategy": "TimeSlicing"}))])
+    with pytest.raises(ClaimPrepareError, match="MIG device gpu-0-mig-1-0 is not shared"):
+        plan_claim(ResourceClaimView.model_validate(obj), "u", DRIVER, NODE, devices)
+
+
+async def test_one_bad_claim_does_not_fail_the_others(tmp_path: Path) -> None:
+    claims = FakeClaims()
+    claims.add(claim("good", [Result("gpu-0")], name="good"))
+    claims.add({"metadata": {"name": "odd", "namespace": "ns"}, "status": "weird"})
+    preparer = make_preparer(tmp_path, claims, RecordingRunner())
+    # Asks to time-slice the GPU the good claim holds exclusively.
+    ts = opaque(gpu_config({"strategy": "TimeSlicing"}))
+    claims.add(claim("bad", [Result("gpu-0")], configs=[ts], name="bad"))
+    outcomes = await preparer.prepare(
+        [ClaimRef("ns", "good", "good"), ClaimRef("ns", "bad", "bad"), ClaimRef("ns", "odd", "odd")]
+    )
+    assert outcomes["good"].error == ""
+    assert "held by 1 other claim(s) as Exclusive" in outcomes["bad"].error
+    assert "unexpected ResourceClaim shape" in outcomes["odd"].error
+    spec = json.loads((tmp_path / "cdi" / f"k8s.{DRIVER}-claim_good.json").read_text())
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-00000000-test" in spec["containerEdits"]["env"]
+    assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == [f"k8s.{DRIVER}-claim_good.json"]
