@@ -56,15 +56,6 @@ def _describe(demand: GpuDemand) -> str:
     return f"{demand.count} GPU{'s' if demand.count != 1 else ''}"
 
 
-def _refusal_kind(reason: str) -> str:
-    """A short, bounded label for metrics out of the admission reason."""
-    for needle, kind in (("limit", "over_limit"), ("fair share", "over_fair_share"),
-                         ("does not exist", "unknown_queue"), ("not usable", "invalid_queue")):
-        if needle in reason:
-            return kind
-    return "refused"
-
-
 def _node_demand(state: ClusterState, demand: GpuDemand, pod: dict[str, object], node: str) -> GpuDemand:
     """A fractional demand is relative to the memory of the GPUs of the node being considered."""
     if demand.count == 1 and demand.milli < WHOLE_GPU_MILLI:
@@ -93,7 +84,7 @@ def decide_filter(state: ClusterState, waiting: WaitingPods, metrics: ExtenderMe
                                view.fair_shares, view.capacity)
     if not decision.admit:
         waiting.refused(meta.namespace, meta.name, meta.uid, queue, decision.reason)
-        metrics.decisions.labels("filter", "refused", _refusal_kind(decision.reason)).inc()
+        metrics.decisions.labels("filter", "refused", decision.kind or "refused").inc()
         result = filter_result(args, [], {})
         result.FailedAndUnresolvableNodes = dict.fromkeys(names, decision.reason)
         return result

@@ -118,6 +118,12 @@ def pod_queue(pod: Mapping[str, Any]) -> str:
     return str(labels.get(QUEUE_LABEL) or DEFAULT_QUEUE)
 
 
+def _string_attribute(attributes: Mapping[str, Any], driver: str, name: str, default: str) -> str:
+    """A device attribute, written bare or qualified with the driver's domain."""
+    value = attributes.get(name) or attributes.get(f"{driver}/{name}") or {}
+    return str(value.get("string", default))
+
+
 def gpu_amounts(model: str, amount: float) -> dict[str, float]:
     """A GPU amount counted both in "gpu" and, when the model is known, in "gpu/<model>"."""
     return {"gpu": amount, f"gpu/{model}": amount} if model else {"gpu": amount}
@@ -248,10 +254,9 @@ class ClusterState:
         found: list[tuple[DeviceKey, GpuDevice]] = []
         for device in spec.get("devices") or []:
             attributes = device.get("attributes") or {}
-            kind = (attributes.get(DEVICE_TYPE_ATTRIBUTE) or {}).get("string", "gpu")
-            if kind != "gpu":
+            if _string_attribute(attributes, driver, DEVICE_TYPE_ATTRIBUTE, "gpu") != "gpu":
                 continue  # MIG partitions and other device types are not whole GPUs
-            model = str((attributes.get(MODEL_ATTRIBUTE) or {}).get("string", ""))
+            model = _string_attribute(attributes, driver, MODEL_ATTRIBUTE, "")
             memory_text = ((device.get("capacity") or {}).get(MEMORY_CAPACITY) or {}).get("value", 0)
             try:
                 memory = int(parse_quantity(memory_text))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 ADMITTED_CONDITION = f"{QUEUE_GROUP}/QueueAdmitted"
 REQUEUE_ANNOTATION = f"{QUEUE_GROUP}/requeued-at"
 COMPONENT = "tessera-extender"
+# One pod is nudged at most this often, so a disagreement between the requeue check and the
+# next filter call can never turn into a tight patch loop.
+MIN_NUDGE_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -46,6 +50,7 @@ class WaitingPod:
     queue: str
     reason: str
     nudged: bool = False
+    last_nudge: float = 0.0  # monotonic time of the last nudge
 
 
 @dataclass
@@ -182,8 +187,15 @@ class StatusWriter:
         return eligible
 
     async def _requeue_once(self) -> None:
+        now = time.monotonic()
+        retry_in: float | None = None
         for entry in self.eligible_now():
+            wait = entry.last_nudge + MIN_NUDGE_INTERVAL_S - now
+            if wait > 0:
+                retry_in = wait if retry_in is None else min(retry_in, wait)
+                continue
             entry.nudged = True
+            entry.last_nudge = now
             patch = {"metadata": {"annotations": {REQUEUE_ANNOTATION: datetime.now(UTC).isoformat()}}}
             try:
                 await request(self.api, "PATCH", f"/api/v1/namespaces/{entry.namespace}/pods/{entry.name}",
@@ -193,6 +205,8 @@ class StatusWriter:
             except KubeError as exc:
                 if exc.status != 404:
                     log.warning("could not nudge %s/%s: %s", entry.namespace, entry.name, exc)
+        if retry_in is not None:
+            asyncio.get_running_loop().call_later(retry_in, self._changed.set)
 
     # ---- Queue status ---------------------------------------------------------------------------
 
