@@ -72,7 +72,7 @@ class Binder:
         pod = self.state.kind("Pod").get(f"{namespace}/{name}")
         if pod is None:
             return
-        for claim_name in pod_claim_refs(pod)[0]:
+        for claim_name in (ref.claim for ref in pod_claim_refs(pod) if ref.claim):
             try:
                 claim = await request(self.api, "GET",
                                       f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{claim_name}")

@@ -116,27 +116,29 @@ def allocated_devices(claim: Mapping[str, Any]) -> list[AllocatedDevice]:
     return devices
 
 
-def pod_claim_refs(pod: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """(claim names, template names) a pod uses, both in the pod's namespace.
+@dataclass(frozen=True)
+class ClaimRef:
+    """One claim of a pod, in the pod's namespace: its name once known, and the template it comes from."""
 
-    A template's generated claim is named in `status.resourceClaimStatuses` once the
-    resourceclaim controller made it; until then only the template is known.
-    """
+    claim: str | None
+    template: str | None
+
+
+def pod_claim_refs(pod: Mapping[str, Any]) -> list[ClaimRef]:
+    """The claims a pod uses. A template's generated claim is named in `status.resourceClaimStatuses`
+    once the resourceclaim controller made it; until then only the template is known."""
     generated = {
         str(_mapping(s).get("name")): _mapping(s).get("resourceClaimName")
         for s in _sequence(_mapping(pod.get("status")).get("resourceClaimStatuses"))
     }
-    claims: list[str] = []
-    templates: list[str] = []
+    refs: list[ClaimRef] = []
     for ref in _sequence(_mapping(pod.get("spec")).get("resourceClaims")):
         ref = _mapping(ref)
-        if ref.get("resourceClaimName"):
-            claims.append(str(ref["resourceClaimName"]))
-        elif generated.get(str(ref.get("name"))):
-            claims.append(str(generated[str(ref.get("name"))]))
-        elif ref.get("resourceClaimTemplateName"):
-            templates.append(str(ref["resourceClaimTemplateName"]))
-    return claims, templates
+        claim = ref.get("resourceClaimName") or generated.get(str(ref.get("name")))
+        template = ref.get("resourceClaimTemplateName")
+        if claim or template:
+            refs.append(ClaimRef(str(claim) if claim else None, str(template) if template else None))
+    return refs
 
 
 def _containers(pod: Mapping[str, Any], kind: str) -> Sequence[Mapping[str, Any]]:

@@ -317,17 +317,18 @@ class ClusterState:
         """GPUs a pod asks for (None: none). Fractions relative to `device_memory`, else the
         largest GPU the request could land on."""
         namespace = str(_meta(pod).get("namespace", ""))
-        claim_names, template_names = pod_claim_refs(pod)
         requests = []
-        for claim_name in claim_names:
-            claim = self.kind("ResourceClaim").get(f"{namespace}/{claim_name}")
+        for ref in pod_claim_refs(pod):
+            # The claim when the picture has it; else its template (the claim's watch event may lag).
+            claim = self.kind("ResourceClaim").get(f"{namespace}/{ref.claim}") if ref.claim else None
+            template = self.kind("ResourceClaimTemplate").get(f"{namespace}/{ref.template}")
             if claim is not None:
-                requests.extend(claim_gpu_requests(claim.get("spec") or {}, self.gpu_classes))
-        for template_name in template_names:
-            template = self.kind("ResourceClaimTemplate").get(f"{namespace}/{template_name}")
-            if template is not None:
+                claim_spec = claim.get("spec") or {}
+            elif template is not None:
                 claim_spec = (template.get("spec") or {}).get("spec") or {}
-                requests.extend(claim_gpu_requests(claim_spec, self.gpu_classes))
+            else:
+                continue
+            requests.extend(claim_gpu_requests(claim_spec, self.gpu_classes))
         classic = pod_classic_gpus(pod)
         if device_memory is None:
             models = frozenset().union(*(r.models for r in requests))
@@ -365,8 +366,8 @@ class ClusterState:
     def _held_devices(self, pod: Mapping[str, Any]) -> list[tuple[GpuDevice, float]]:
         namespace = str(_meta(pod).get("namespace", ""))
         held: list[tuple[GpuDevice, float]] = []
-        for claim_name in pod_claim_refs(pod)[0]:
-            claim = self.kind("ResourceClaim").get(f"{namespace}/{claim_name}")
+        for ref in pod_claim_refs(pod):
+            claim = self.kind("ResourceClaim").get(f"{namespace}/{ref.claim}") if ref.claim else None
             for allocated in allocated_devices(claim) if claim is not None else []:
                 device = self._gpu_device(allocated)
                 if device is not None:

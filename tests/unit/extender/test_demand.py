@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from extender.demand import (
     AllocatedDevice,
+    ClaimRef,
     GpuRequest,
     allocated_devices,
     claim_gpu_requests,
@@ -63,10 +64,10 @@ def test_allocated_devices_with_consumed_memory() -> None:
 
 def test_claim_refs_resolve_generated_claims_through_pod_status() -> None:
     pod = objects.pod("ns", "p", template="tpl")
-    assert pod_claim_refs(pod) == ([], ["tpl"])
+    assert pod_claim_refs(pod) == [ClaimRef(claim=None, template="tpl")]
     pod["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "p-gpus-x7"}]
-    assert pod_claim_refs(pod) == (["p-gpus-x7"], [])
-    assert pod_claim_refs(objects.pod("ns", "q", claim_name="shared")) == (["shared"], [])
+    assert pod_claim_refs(pod) == [ClaimRef(claim="p-gpus-x7", template="tpl")]
+    assert pod_claim_refs(objects.pod("ns", "q", claim_name="shared")) == [ClaimRef("shared", None)]
 
 
 def test_pod_requests_take_the_larger_of_app_sum_and_init_containers() -> None:
