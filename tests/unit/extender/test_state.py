@@ -164,10 +164,11 @@ def test_invalid_queue_objects_are_reported_not_fatal() -> None:
 def test_a_claim_not_yet_seen_is_sized_from_its_template() -> None:
     pod = objects.pod("ns", "p", queue="q", template="two")
     pod["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "p-gpus-abc"}]
-    state = synced_state([*two_nodes(), objects.claim_template("ns", "two", objects.claim_spec(CLASS, count=2)),
-                          pod])
+    template = objects.claim_template("ns", "two", objects.claim_spec(CLASS, count=2))
+    state = synced_state([*two_nodes(), template, pod])
     demand = state.pod_demand(pod)
     assert demand is not None and demand.count == 2
-    state.apply("ResourceClaim", "ADDED", objects.claim("ns", "p-gpus-abc", objects.claim_spec(CLASS, count=3)))
+    claim = objects.claim("ns", "p-gpus-abc", objects.claim_spec(CLASS, count=3))
+    state.apply("ResourceClaim", "ADDED", claim)
     demand = state.pod_demand(pod)
     assert demand is not None and demand.count == 3  # the claim itself wins once known
