@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 PLACEMENT_ANNOTATION = f"{QUEUE_GROUP}/placement"  # on a Queue: "binpack" (default) or "spread"
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20  # a NodeList of thousands of nodes still fits
 NOT_READY = "tessera extender is still syncing its cluster picture; retry"
+# How long an admitted pod counts against its queue while the scheduler binds it; a pod that
+# is not bound by then (its cycle failed after filter) stops counting.
+RESERVATION_TTL_S = 15.0
 
 STATE_KEY = web.AppKey("state", ClusterState)
 WAITING_KEY = web.AppKey("waiting", WaitingPods)
@@ -78,9 +81,10 @@ def decide_filter(state: ClusterState, waiting: WaitingPods, metrics: ExtenderMe
         # Neither a GPU pod nor one that names a queue: not ours to hold back.
         metrics.decisions.labels("filter", "passed", "no_gpu").inc()
         return filter_result(args, names, {})
-    queue = pod_queue(pod)
+    queue, key = pod_queue(pod), object_key(pod)
+    state.release(key)  # a pod filtered again: its earlier admission did not lead to a bind
     view = state.fairness()
-    decision = check_admission(queue, state.pod_resources(object_key(pod), pod), view.specs, view.usage,
+    decision = check_admission(queue, state.pod_resources(key, pod), view.specs, view.usage,
                                view.fair_shares, view.capacity)
     if not decision.admit:
         waiting.refused(meta.namespace, meta.name, meta.uid, queue, decision.reason)
@@ -104,6 +108,8 @@ def decide_filter(state: ClusterState, waiting: WaitingPods, metrics: ExtenderMe
             models = f" of model {'/'.join(sorted(node_demand.models))}" if node_demand.models else ""
             failed[name] = (f"not enough free GPU for {_describe(node_demand)}{models} "
                             f"({free:.3g} free over {len(supply.free_milli)} GPUs, model '{supply.model}')")
+    if passed:
+        state.reserve(key, RESERVATION_TTL_S)
     metrics.decisions.labels("filter", "admitted", "fits" if passed else "no_gpu_fit").inc()
     return filter_result(args, passed, failed)
 

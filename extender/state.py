@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
@@ -134,6 +135,13 @@ def _add(into: dict[str, float], amounts: Mapping[str, float]) -> None:
         into[resource] = into.get(resource, 0.0) + amount
 
 
+def _shifted(base: Mapping[str, float], amounts: Mapping[str, float], sign: float) -> dict[str, float]:
+    """base + sign * amounts, dropping what rounds to nothing."""
+    result = dict(base)
+    _add(result, {r: sign * a for r, a in amounts.items()})
+    return {r: a for r, a in result.items() if abs(a) > 1e-9}
+
+
 @dataclass
 class ClusterState:
     config: StateConfig = field(default_factory=StateConfig)
@@ -146,6 +154,10 @@ class ClusterState:
     gpu_classes: dict[str, frozenset[str]] = field(default_factory=dict)
     # Pods the binder bound before the watch showed it: pod key -> node.
     assumed_nodes: dict[str, str] = field(default_factory=dict)
+    # Pods filter admitted whose bind has not come yet: pod key -> expiry (monotonic). The
+    # scheduler runs the next pod's filter while the previous one is still binding, so
+    # admissions in flight must count against their queue or a burst could pass a limit.
+    reserved: dict[str, float] = field(default_factory=dict)
     pods_by_node: dict[str, set[str]] = field(default_factory=dict)
     # Called after every change (the status writer uses it to notice newly eligible pods).
     listeners: list[Callable[[], None]] = field(default_factory=list)
@@ -167,6 +179,7 @@ class ClusterState:
                 del store[key]
             if kind == "Pod":
                 self.assumed_nodes.pop(key, None)
+                self.reserved.pop(key, None)
         else:
             if old is not None:
                 old_rv, new_rv = _resource_version(old), _resource_version(obj)
@@ -189,6 +202,7 @@ class ClusterState:
             self._index(kind, key, obj)
         if kind == "Pod":
             self.assumed_nodes = {k: n for k, n in self.assumed_nodes.items() if k in fresh}
+            self.reserved = {k: t for k, t in self.reserved.items() if k in fresh}
         self.synced.add(kind)
         self._changed()
 
@@ -199,9 +213,41 @@ class ClusterState:
         if pod is not None:
             self._unindex("Pod", key, pod)
         self.assumed_nodes[key] = node
+        self.reserved.pop(key, None)
         if pod is not None:
             self._index("Pod", key, pod)
         self._changed()
+
+    def reserve(self, key: str, ttl_s: float) -> None:
+        """Count a pending pod as allocated to its queue until it is bound or `ttl_s` passes."""
+        known = key in self.reserved
+        self.reserved[key] = time.monotonic() + ttl_s
+        if not known:
+            self._shift_in_view(key, 1.0)
+
+    def release(self, key: str) -> None:
+        """Undo `reserve` (the pod is being filtered again, so its old admission is void)."""
+        if self.reserved.pop(key, None) is not None:
+            self._shift_in_view(key, -1.0)
+
+    def _shift_in_view(self, key: str, sign: float) -> None:
+        """Move a pod between requested and allocated in the cached view, in O(queues).
+
+        Fair shares stay valid: the queue's demand (allocated + requested) does not change.
+        """
+        view, pod = self._view, self.kind("Pod").get(key)
+        if view is None:
+            return
+        if pod is None or self.pod_node(key, pod) or not self.is_pending(key, pod):
+            self._view = None  # the view does not count it as pending: recompute
+            return
+        queue = pod_queue(pod)
+        amounts = self.pod_resources(key, pod)
+        old = view.usage.get(queue, QueueUsage(allocated={}, requested={}))
+        moved = QueueUsage(allocated=_shifted(old.allocated, amounts, sign),
+                           requested=_shifted(old.requested, amounts, -sign))
+        pending = {**view.pending_pods, queue: view.pending_pods.get(queue, 0) - int(sign)}
+        self._view = replace(view, usage={**view.usage, queue: moved}, pending_pods=pending)
 
     def _changed(self) -> None:
         self._view = None
@@ -225,6 +271,7 @@ class ClusterState:
         elif kind == "Pod":
             if (obj.get("spec") or {}).get("nodeName"):
                 self.assumed_nodes.pop(key, None)
+                self.reserved.pop(key, None)
             node = self.pod_node(key, obj)
             if node:
                 self.pods_by_node.setdefault(node, set()).add(key)
@@ -388,6 +435,13 @@ class ClusterState:
 
     def fairness(self) -> FairnessView:
         """Queue specs, usage, capacity and fair shares; recomputed only after a change."""
+        if self.reserved:
+            now = time.monotonic()
+            expired = [key for key, expiry in self.reserved.items() if expiry < now]
+            for key in expired:
+                del self.reserved[key]
+            if expired:
+                self._view = None
         if self._view is None:
             self._view = self._compute_fairness()
         return self._view
@@ -411,11 +465,11 @@ class ClusterState:
                 continue
             queue = pod_queue(pod)
             amounts = self.pod_resources(key, pod)
-            if self.is_pending(key, pod):
+            if self.pod_node(key, pod) or key in self.reserved:
+                _add(allocated.setdefault(queue, {}), amounts)
+            elif self.is_pending(key, pod):
                 _add(requested.setdefault(queue, {}), amounts)
                 pending[queue] += 1
-            elif self.pod_node(key, pod):
-                _add(allocated.setdefault(queue, {}), amounts)
             demand = self.pod_demand(pod) if "gpu" in amounts else None
             if demand is not None:
                 demands.append(demand)

@@ -40,6 +40,7 @@ COMPONENT = "tessera-extender"
 # One pod is nudged at most this often, so a disagreement between the requeue check and the
 # next filter call can never turn into a tight patch loop.
 MIN_NUDGE_INTERVAL_S = 1.0
+RECHECK_INTERVAL_S = 5.0
 
 
 @dataclass
@@ -103,6 +104,7 @@ class StatusWriter:
             asyncio.create_task(self._loop(self._report_once, self.waiting.wake), name="pod-reports"),
             asyncio.create_task(self._loop(self._requeue_once, self._changed), name="requeue"),
             asyncio.create_task(self._queue_status_loop(), name="queue-status"),
+            asyncio.create_task(self._recheck_loop(), name="requeue-recheck"),
         ]
 
     async def stop(self) -> None:
@@ -185,6 +187,13 @@ class StatusWriter:
             if decision.admit:
                 eligible.append(entry)
         return eligible
+
+    async def _recheck_loop(self) -> None:
+        # Some things that make a pod eligible are no event of the picture (an admission
+        # reservation expiring), so the requeue check also runs on a slow tick.
+        while True:
+            await asyncio.sleep(RECHECK_INTERVAL_S)
+            self._changed.set()
 
     async def _requeue_once(self) -> None:
         now = time.monotonic()

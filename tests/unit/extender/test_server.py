@@ -192,3 +192,17 @@ async def test_metrics_show_latency_decisions_and_queue_numbers(extender: Extend
     assert 'tessera_queue_fair_share{queue="team-b",resource="gpu"} 0.0' in text
     assert (await extender.client.get("/healthz")).status == 200
     assert (await extender.client.get("/readyz")).status == 200
+
+
+async def test_admissions_in_flight_count_against_the_limit(extender: Extender) -> None:
+    first = objects.pod("ns", "p1", queue="team-a", template="one")
+    second = objects.pod("ns", "p2", queue="team-a", template="one")
+    extender.sync(cluster(first, second))
+    _, result = await extender.call("filter", args(first, ["a", "b"]))
+    assert result["NodeNames"] == ["a", "b"]
+    # p1 is not bound yet, but the scheduler already filters p2: 1 held + p1 + p2 > limit 2.
+    _, result = await extender.call("filter", args(second, ["a", "b"]))
+    assert "limit (2)" in result["FailedAndUnresolvableNodes"]["a"]
+    # Filtering p1 again does not count p1 twice.
+    _, result = await extender.call("filter", args(first, ["a", "b"]))
+    assert result["NodeNames"] == ["a", "b"]

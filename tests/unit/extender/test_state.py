@@ -172,3 +172,22 @@ def test_a_claim_not_yet_seen_is_sized_from_its_template() -> None:
     state.apply("ResourceClaim", "ADDED", claim)
     demand = state.pod_demand(pod)
     assert demand is not None and demand.count == 3  # the claim itself wins once known
+
+
+def test_reservations_move_a_pod_to_allocated_and_expire() -> None:
+    state = synced_state([*two_nodes(), objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+                          objects.queue("q"), objects.pod("ns", "p", queue="q", template="one")])
+    before = state.fairness()
+    state.reserve("ns/p", ttl_s=60)
+    shifted = state.fairness()
+    assert shifted.usage["q"].allocated == {"gpu": 1, "cpu": 0.1, "memory": 64 * 2**20}
+    assert shifted.usage["q"].requested == {}
+    assert shifted.pending_pods["q"] == 0
+    assert shifted.fair_shares == before.fair_shares
+    state._view = None  # the incremental shift equals a full recomputation
+    assert state.fairness().usage == shifted.usage
+    state.release("ns/p")
+    assert state.fairness().usage["q"] == before.usage["q"]
+    state.reserve("ns/p", ttl_s=-1)  # already expired: dropped at the next look
+    assert state.fairness().usage["q"] == before.usage["q"]
+    assert state.reserved == {}
