@@ -36,6 +36,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from dra_driver.config import DEFAULT_DRIVER_NAME, DriverConfig
+from dra_driver.prepare import ApiClaimReader, ClaimPrepareError
 from dra_driver.proto import dra_v1_pb2, dra_v1_pb2_grpc, registration_pb2, registration_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -192,7 +193,7 @@ class KubeletStandIn:
 
     def __post_init__(self) -> None:
         self._core = client.CoreV1Api(self.api)
-        self._resource = client.ResourceV1Api(self.api)
+        self._claims = ApiClaimReader(self.api)
 
     async def sync_once(self) -> None:
         await self.registrar.refresh()
@@ -230,12 +231,9 @@ class KubeletStandIn:
         claims: list[PodClaim] = []
         for name in names:
             try:
-                obj = await self._resource.read_namespaced_resource_claim(name, namespace)
-            except ApiException as err:
-                raise AgentError(
-                    f"reading ResourceClaim {namespace}/{name}: {err.status} {err.reason}"
-                ) from None
-            claims.append(_claim_from_api(self.api.sanitize_for_serialization(obj)))
+                claims.append(_claim_from_api(await self._claims.read_claim(namespace, name)))
+            except ClaimPrepareError as err:
+                raise AgentError(str(err)) from None
         return claims
 
     async def _start(self, pod: Mapping[str, Any]) -> None:
@@ -265,11 +263,10 @@ class KubeletStandIn:
             # Prepared by an earlier agent run; the claims may be gone already, so skip missing ones.
             claims = []
             for name in pod_claim_names(pod) or []:
-                with contextlib.suppress(ApiException):
-                    obj = await self._resource.read_namespaced_resource_claim(
-                        name, pod["metadata"]["namespace"]
+                with contextlib.suppress(ClaimPrepareError):
+                    claims.append(
+                        _claim_from_api(await self._claims.read_claim(pod["metadata"]["namespace"], name))
                     )
-                    claims.append(_claim_from_api(self.api.sanitize_for_serialization(obj)))
         # A claim shared with another pod on this node stays prepared until its last pod goes.
         still_used = {(p["metadata"]["namespace"], n) for p in active for n in pod_claim_names(p) or []}
         unused = [c for c in claims if (c.namespace, c.name) not in still_used]

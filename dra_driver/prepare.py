@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter
@@ -247,6 +248,8 @@ class ApiClaimReader:
             raise ClaimPrepareError(
                 f"reading ResourceClaim {namespace}/{name}: {err.status} {err.reason}"
             ) from None
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise ClaimPrepareError(f"reading ResourceClaim {namespace}/{name}: {err!r}") from None
         data: dict[str, Any] = self._api.sanitize_for_serialization(claim)
         return data
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.devices.model import Gpu
+from dra_driver.plugin import DeviceInventory, DraPlugin, build_plugin
 from dra_driver.prepare import ClaimPrepareError, Preparer, node_devices
 from dra_driver.sharing import RecordingRunner, SharingManager
 
@@ -127,4 +128,21 @@ def make_preparer(
         checkpoint=Checkpoint(tmp_path / "checkpoint"),
         sharing=SharingManager(runner, mps_root=tmp_path / "mps"),
         cdi_dir=tmp_path / "cdi",
+    )
+
+
+def make_plugin(
+    root: Path, claims: FakeClaims, gpus: list[Gpu] | None = None
+) -> tuple[DraPlugin, DeviceInventory]:
+    """A plugin (not started) with all its directories under ``root``, recording sharing commands."""
+    return build_plugin(
+        driver_name=DRIVER,
+        node_name=NODE,
+        gpus=gpus if gpus is not None else [gpu(0), gpu(1)],
+        claims=claims,
+        runner=RecordingRunner(),
+        plugin_dir=root / "plugins",
+        registry_dir=root / "registry",
+        cdi_dir=root / "cdi",
+        checkpoint_dir=root / "state",
     )

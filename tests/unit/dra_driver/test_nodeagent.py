@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from dra_driver.nodeagent import Registrar, pod_claim_names
-from dra_driver.plugin import build_plugin
-from dra_driver.sharing import RecordingRunner
+from dra_driver.plugin import DraPlugin
 
-from .fakes import DRIVER, NODE, FakeClaims, gpu
+from .fakes import DRIVER, FakeClaims, gpu, make_plugin
 
 
 def _pod(spec_claims: list[dict[str, Any]], statuses: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -34,27 +28,9 @@ def test_generated_claim_not_named_yet_means_wait() -> None:
     assert pod_claim_names(_pod([{"name": "b", "resourceClaimTemplateName": "t"}])) is None
 
 
-@pytest.fixture
-def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="agent-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 async def test_registrar_handshakes_and_notices_a_restart(root: Path) -> None:
-    def make() -> Any:
-        plugin, _ = build_plugin(
-            driver_name=DRIVER,
-            node_name=NODE,
-            gpus=[gpu(0)],
-            claims=FakeClaims(),
-            runner=RecordingRunner(),
-            plugin_dir=root / "plugins",
-            registry_dir=root / "registry",
-            cdi_dir=root / "cdi",
-            checkpoint_dir=root / "state",
-        )
-        return plugin
+    def make() -> DraPlugin:
+        return make_plugin(root, FakeClaims(), [gpu(0)])[0]
 
     registrar = Registrar(root / "registry")
     plugin = make()

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import socket
 import stat
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from dra_driver.plugin import SUPPORTED_VERSIONS, DeviceInventory, DraPlugin, build_plugin
+from dra_driver.plugin import SUPPORTED_VERSIONS, DeviceInventory, DraPlugin
 from dra_driver.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -25,9 +23,8 @@ from dra_driver.proto import (
     registration_pb2,
     registration_pb2_grpc,
 )
-from dra_driver.sharing import RecordingRunner
 
-from .fakes import DRIVER, NODE, FakeClaims, Result, claim, gpu, gpu_config, opaque
+from .fakes import DRIVER, NODE, FakeClaims, Result, claim, gpu, gpu_config, make_plugin, opaque
 
 
 @pytest.fixture
@@ -40,26 +37,8 @@ def claims() -> FakeClaims:
 
 
 @pytest.fixture
-def root() -> Iterator[Path]:
-    # unix socket paths are limited to 107 bytes and pytest's tmp dirs can be long: use a short one.
-    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
 async def plugin(root: Path, claims: FakeClaims) -> AsyncIterator[tuple[DraPlugin, DeviceInventory]]:
-    started, inventory = build_plugin(
-        driver_name=DRIVER,
-        node_name=NODE,
-        gpus=[gpu(0), gpu(1)],
-        claims=claims,
-        runner=RecordingRunner(),
-        plugin_dir=root / "plugins",
-        registry_dir=root / "registry",
-        cdi_dir=root / "cdi",
-        checkpoint_dir=root / "state",
-    )
+    started, inventory = make_plugin(root, claims)
     await started.start()
     try:
         yield started, inventory
@@ -180,18 +159,7 @@ async def test_health_stream_reports_changes(plugin: tuple[DraPlugin, DeviceInve
 async def test_stale_socket_is_replaced_but_other_files_are_not(root: Path, claims: FakeClaims) -> None:
 
     def make() -> DraPlugin:
-        server, _ = build_plugin(
-            driver_name=DRIVER,
-            node_name=NODE,
-            gpus=[gpu(0)],
-            claims=claims,
-            runner=RecordingRunner(),
-            plugin_dir=root / "p",
-            registry_dir=root / "r",
-            cdi_dir=root / "c",
-            checkpoint_dir=root / "s",
-        )
-        return server
+        return make_plugin(root, claims, [gpu(0)])[0]
 
     stale = make().sockets.registration
     stale.parent.mkdir(parents=True)
