@@ -1,0 +1,153 @@
+"""``tessera simulate``: packing replays of the Alibaba trace and queue-fairness workloads.
+
+    tessera simulate trace [--all | --pods FILE ...] [--policies fgd,tessera,...] [--seed N]
+    tessera simulate queues WORKLOAD.yaml [--policy tessera]
+
+Both print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from .packing import PackingResult, replay_packing
+from .policies import DEFAULT_POLICIES, POLICY_NAMES, policy_names
+from .queues import WorkloadError, load_workload, run_queue_workload
+from .report import (
+    PAPER_DEFAULT_TRACE,
+    packing_table,
+    plot_packing,
+    plot_queues,
+    queue_table,
+    write_packing_csv,
+    write_queue_csv,
+)
+from .trace import DEFAULT_PODS_FILE, NODES_FILE, TraceError, default_trace_dir, load_nodes, load_pods
+
+ALL_POD_FILES = (
+    "openb_pod_list_default.csv",
+    "openb_pod_list_gpushare40.csv",
+    "openb_pod_list_multigpu20.csv",
+)
+DEFAULT_OUT = Path("sim-results")
+
+_last_reported: dict[str, int] = {}
+
+
+def _report_progress(policy: str, fraction: float) -> None:
+    """One line per tenth of the replay; runs in worker processes, so it writes straight to stderr."""
+    tenth = min(10, int(fraction * 10))
+    if tenth > _last_reported.get(policy, 0):
+        _last_reported[policy] = tenth
+        bar = "#" * tenth + "." * (10 - tenth)
+        print(f"  [{bar}] {policy:<14} {10 * tenth:3d}%", file=sys.stderr, flush=True)
+
+
+def _replay_task(nodes_csv: Path, pods_csv: Path, policy: str, seed: int, arrival: float,
+                 quiet: bool) -> PackingResult:
+    return replay_packing(load_nodes(nodes_csv), load_pods(pods_csv), policy, seed=seed,
+                          target_arrival_pct=arrival, progress=None if quiet else _report_progress)
+
+
+def _trace_name(pods_csv: Path) -> str:
+    return pods_csv.stem.removeprefix("openb_pod_list_")
+
+
+def _run_trace(args: argparse.Namespace) -> int:
+    trace_dir: Path | None = args.trace_dir or default_trace_dir()
+    if trace_dir is None and (args.nodes is None or not args.pods):
+        print("error: no trace directory found; pass --trace-dir, or --nodes and --pods", file=sys.stderr)
+        return 2
+    nodes_csv: Path = args.nodes or (trace_dir / NODES_FILE if trace_dir else Path(NODES_FILE))
+    pod_files = [Path(p) for p in args.pods] if args.pods else [Path(DEFAULT_PODS_FILE)]
+    if args.all:
+        pod_files = [Path(name) for name in ALL_POD_FILES]
+    pod_files = [p if p.is_file() or trace_dir is None else trace_dir / p for p in pod_files]
+    try:
+        policies = policy_names([name.strip() for name in args.policies.split(",") if name.strip()])
+        load_nodes(nodes_csv)  # fail fast on a bad file, before starting workers
+        for pods_csv in pod_files:
+            load_pods(pods_csv)
+    except (TraceError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    tasks = [(pods_csv, policy) for pods_csv in pod_files for policy in policies]
+    print(f"replaying {len(pod_files)} trace(s) x {len(policies)} policies to {args.arrival:g}% arrival, "
+          f"seed {args.seed}, {args.jobs} worker(s)", file=sys.stderr)
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(_replay_task, nodes_csv, pods_csv, policy, args.seed, args.arrival, args.quiet)
+                   for pods_csv, policy in tasks]
+        results = [future.result() for future in futures]
+    for pods_csv in pod_files:
+        trace = _trace_name(pods_csv)
+        mine = [r for (p, _), r in zip(tasks, results, strict=True) if p == pods_csv]
+        paper = PAPER_DEFAULT_TRACE if trace == "default" and abs(args.arrival - 130) < 1e-9 else None
+        print(f"\ntrace {trace} ({pods_csv.name}), seed {args.seed}")
+        print(packing_table(mine, paper))
+        written = write_packing_csv(mine, trace, args.out)
+        if not args.no_plots:
+            written.append(plot_packing(mine, trace, args.out))
+        print("wrote " + ", ".join(str(path) for path in written))
+    return 0
+
+
+def _run_queues(args: argparse.Namespace) -> int:
+    try:
+        workload = load_workload(args.workload)
+        policy_names([args.policy])
+    except (WorkloadError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    result = run_queue_workload(workload, args.policy, args.seed)
+    print(f"workload {result.name}: {len(workload.nodes)} nodes, policy {result.policy}, "
+          f"makespan {result.makespan_s:.0f} s")
+    print(queue_table(result))
+    if result.refusals:
+        print("refusals: " + ", ".join(f"{k} {v}" for k, v in sorted(result.refusals.items())))
+    written = write_queue_csv(result, args.out)
+    if not args.no_plots:
+        written.append(plot_queues(result, args.out))
+    print("wrote " + ", ".join(str(path) for path in written))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tessera simulate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    trace = sub.add_parser("trace", help="packing replay of the Alibaba GPU trace (openb 2023 format)")
+    trace.add_argument("--trace-dir", type=Path,
+                       help="folder with the trace CSVs (default: shared/traces/alibaba-gpu-v2023)")
+    trace.add_argument("--nodes", type=Path, help=f"nodes CSV (default: TRACE_DIR/{NODES_FILE})")
+    trace.add_argument("--pods", action="append", help=f"pods CSV, repeatable (default: {DEFAULT_PODS_FILE})")
+    trace.add_argument("--all", action="store_true",
+                       help="every shared pods CSV: " + ", ".join(ALL_POD_FILES))
+    trace.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                       help=f"comma-separated, from {', '.join(POLICY_NAMES)} (default: %(default)s)")
+    trace.add_argument("--arrival", type=float, default=130.0, help="stop at this arrival %% (default 130)")
+    trace.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    trace.add_argument("--quiet", action="store_true", help="no progress lines")
+    queues = sub.add_parser("queues", help="queue-fairness workload in the native YAML format")
+    queues.add_argument("workload", type=Path, help="workload YAML (see docs/simulator.md)")
+    queues.add_argument("--policy", default="tessera", help="placement policy (default tessera)")
+    trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    queues.add_argument("--seed", type=int, default=None, help="random seed (default: the workload's)")
+    for mode in (trace, queues):
+        mode.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default %(default)s)")
+        mode.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    if args.mode == "trace":
+        return _run_trace(args)
+    return _run_queues(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

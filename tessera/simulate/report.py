@@ -1,0 +1,141 @@
+"""Simulator output: terminal tables, CSV files and PNG plots."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+
+from .packing import PackingResult
+from .queues import QueueRunResult
+
+# Published GPU allocation % at 130% arrival on the default trace (Weng et al., ATC'23, as quoted
+# in the trace README), shown beside our own baselines for orientation.
+PAPER_DEFAULT_TRACE = {"random": 87.47, "bestfit": 93.08, "fgd": 95.39}
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)]
+    line = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line.format(*headers), rule, *(line.format(*row) for row in rows)])
+
+
+def packing_table(results: Sequence[PackingResult], paper: dict[str, float] | None = None) -> str:
+    headers = ["policy", "arrival %", "GPU alloc %", "unalloc %", "frag %", "placed/arrived", "skipped",
+               "secs"]
+    if paper:
+        headers.append("paper alloc %")
+    rows = []
+    for r in results:
+        row = [r.policy, f"{r.arrival_pct:.2f}", f"{r.allocation_pct:.2f}", f"{r.unallocated_pct:.2f}",
+               f"{r.fragmentation_pct:.2f}", f"{r.pods_placed}/{r.pods_arrived}", str(r.pods_skipped),
+               f"{r.seconds:.1f}"]
+        if paper:
+            row.append(f"{paper[r.policy]:.2f}" if r.policy in paper else "")
+        rows.append(row)
+    return format_table(headers, rows)
+
+
+def write_packing_csv(results: Sequence[PackingResult], trace: str, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = out_dir / f"{trace}-summary.csv"
+    with summary.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["trace", "policy", "arrival_pct", "allocation_pct", "unallocated_pct",
+                         "fragmentation_pct", "pods_arrived", "pods_placed", "pods_skipped", "seconds"])
+        for r in results:
+            writer.writerow([trace, r.policy, f"{r.arrival_pct:.4f}", f"{r.allocation_pct:.4f}",
+                             f"{r.unallocated_pct:.4f}", f"{r.fragmentation_pct:.4f}", r.pods_arrived,
+                             r.pods_placed, r.pods_skipped, f"{r.seconds:.2f}"])
+    curve = out_dir / f"{trace}-curve.csv"
+    with curve.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["trace", "policy", "arrival_pct", "allocation_pct", "fragmentation_pct"])
+        for r in results:
+            for point in r.curve:
+                writer.writerow([trace, r.policy, f"{point.arrival_pct:.4f}", f"{point.allocation_pct:.4f}",
+                                 f"{point.fragmentation_pct:.4f}"])
+    return [summary, curve]
+
+
+def plot_packing(results: Sequence[PackingResult], trace: str, out_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (alloc_ax, frag_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for r in results:
+        arrival = [p.arrival_pct for p in r.curve]
+        alloc_ax.plot(arrival, [p.allocation_pct for p in r.curve], label=r.policy)
+        frag_ax.plot(arrival, [p.fragmentation_pct for p in r.curve], label=r.policy)
+    alloc_ax.plot([0, 100], [0, 100], color="grey", linestyle=":", linewidth=1)
+    alloc_ax.set(xlabel="arrived GPU milli, % of capacity", ylabel="allocated GPU milli, % of capacity",
+                 title=f"{trace}: allocation vs arrival")
+    frag_ax.set(xlabel="arrived GPU milli, % of capacity", ylabel="fragmentation, % of capacity",
+                title=f"{trace}: fragmentation vs arrival")
+    alloc_ax.legend()
+    alloc_ax.grid(alpha=0.3)
+    frag_ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out_dir / f"{trace}-packing.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def queue_table(result: QueueRunResult) -> str:
+    headers = ["queue", "jobs", "done", "mean wait s", "p95 wait s", "mean alloc GPU", "mean fair share GPU",
+               "max alloc GPU", "limit GPU"]
+    rows = [
+        [q.name, str(q.jobs), str(q.finished), f"{q.mean_wait_s:.1f}", f"{q.p95_wait_s:.1f}",
+         f"{q.mean_allocated_gpu:.2f}", f"{q.mean_fair_share_gpu:.2f}", f"{q.max_allocated_gpu:.2f}",
+         "" if q.limit_gpu is None else f"{q.limit_gpu:g}"]
+        for q in result.queues
+    ]
+    return format_table(headers, rows) + f"\nGPU utilisation (time-weighted): {result.utilisation_pct:.1f}%"
+
+
+def write_queue_csv(result: QueueRunResult, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = out_dir / f"{result.name}-queues.csv"
+    with summary.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["queue", "jobs", "finished", "mean_wait_s", "p95_wait_s", "mean_allocated_gpu",
+                         "mean_fair_share_gpu", "max_allocated_gpu"])
+        for q in result.queues:
+            writer.writerow([q.name, q.jobs, q.finished, f"{q.mean_wait_s:.3f}", f"{q.p95_wait_s:.3f}",
+                             f"{q.mean_allocated_gpu:.4f}", f"{q.mean_fair_share_gpu:.4f}",
+                             f"{q.max_allocated_gpu:.4f}"])
+    timeline = out_dir / f"{result.name}-timeline.csv"
+    with timeline.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["time_s", "queue", "allocated_gpu", "fair_share_gpu", "pending_jobs"])
+        for sample in result.timeline:
+            writer.writerow([f"{sample.time:.3f}", sample.queue, f"{sample.allocated_gpu:.4f}",
+                             f"{sample.fair_share_gpu:.4f}", sample.pending])
+    return [summary, timeline]
+
+
+def plot_queues(result: QueueRunResult, out_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for q in result.queues:
+        samples = [s for s in result.timeline if s.queue == q.name]
+        times = [s.time for s in samples]
+        line = ax.step(times, [s.allocated_gpu for s in samples], where="post", label=f"{q.name} allocated")
+        ax.step(times, [s.fair_share_gpu for s in samples], where="post", linestyle="--",
+                color=line[0].get_color(), label=f"{q.name} fair share")
+    ax.set(xlabel="time, s", ylabel="GPUs", title=f"{result.name}: queue allocation vs fair share")
+    ax.legend(fontsize="small", ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out_dir / f"{result.name}-queues.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
