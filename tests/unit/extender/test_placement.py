@@ -140,3 +140,43 @@ def test_demand_validation() -> None:
 def test_mix_from_demands_counts_popularity() -> None:
     mix = mix_from_demands([HALF, WHOLE, HALF])
     assert dict(mix.demands) == {HALF: 2.0, WHOLE: 1.0}
+
+
+def _literal_fragmentation(node: NodeGpus, mix: WorkloadMix) -> float:
+    """The trace README's definition, word for word, as an independent oracle."""
+    idle = sum(node.free_milli)
+    total = 0.0
+    weights = 0.0
+    for task, weight in mix.demands:
+        weights += weight
+        runs_here = (
+            (not task.models or node.model in task.models)
+            and task.cpu_milli <= node.cpu_free_milli
+            and task.memory_mib <= node.memory_free_mib
+            and sum(1 for free in node.free_milli if free >= task.milli) >= task.count
+        )
+        unusable = sum(free for free in node.free_milli if free < task.milli) if task.count else 0
+        total += weight * (unusable if runs_here else idle)
+    return total / weights
+
+
+def test_fragmentation_matches_the_literal_definition_on_random_nodes() -> None:
+    import random
+
+    rng = random.Random(5)
+    mix = WorkloadMix(demands=(
+        (GpuDemand(count=1, milli=300, cpu_milli=4000), 5.0),
+        (GpuDemand(count=1, milli=700, cpu_milli=2000, memory_mib=100), 3.0),
+        (GpuDemand(count=1, cpu_milli=8000), 4.0),
+        (GpuDemand(count=2, cpu_milli=16000, models=frozenset({"A"})), 1.0),
+        (GpuDemand(count=0, cpu_milli=6000), 2.0),
+    ))
+    for _ in range(300):
+        gpus = rng.choice([1, 2, 4, 8])
+        candidate = NodeGpus(
+            name="n", model=rng.choice(["A", "B"]),
+            free_milli=tuple(rng.choice([0, 100, 300, 500, 700, 1000]) for _ in range(gpus)),
+            cpu_free_milli=rng.randrange(0, 20000, 1000), memory_free_mib=rng.choice([0, 50, 200]),
+            host_tracked=True,
+        )
+        assert node_fragmentation(candidate, mix) == pytest.approx(_literal_fragmentation(candidate, mix))
