@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -42,6 +43,19 @@ async def queue_status_equals(env: GpuCluster, queue: str, allocated: str, fair:
             (status.get("fairShare") or {}).get("gpu") == fair
 
     await wait_until(matches, timeout=15, interval=0.2, what=f"status of {queue}: {allocated} of {fair} GPUs")
+
+
+def table_rows(text: str) -> dict[str, dict[str, str]]:
+    """kubectl's table output as name -> column -> cell (cells are cut at the header offsets)."""
+    header, *lines = text.splitlines()
+    names = re.findall(r"\S+(?: \S+)*", header)
+    starts = [header.index(name) for name in names]
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
+    rows = {}
+    for line in lines:
+        cells = {name: line[start:end].strip() for name, (start, end) in zip(names, bounds, strict=True)}
+        rows[cells["NAME"]] = cells
+    return rows
 
 
 def waiting_condition(pod: dict[str, Any]) -> dict[str, str] | None:
@@ -83,9 +97,10 @@ async def test_queues_converge_to_fair_shares_with_lending_limits_and_wait_reaso
         await queue_status_equals(env, team_b, allocated="4", fair="4")
 
         table = await asyncio.to_thread(local_cluster.kubectl, "get", "queues", team_a, team_b, "-o", "wide")
-        rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[1:]}
-        assert rows[team_a][1:7] == ["<none>", "0", "4", "6", "4", "4"], table.stdout
-        assert rows[team_b][1:7] == ["<none>", "0", "4", "<none>", "4", "4"], table.stdout
+        rows = table_rows(table.stdout)
+        shown = ["GPU QUOTA", "GPU LIMIT", "GPU ALLOCATED", "GPU FAIR SHARE", "GPU PENDING"]
+        assert [rows[team_a][column] for column in shown] == ["4", "6", "4", "4", "2"], table.stdout
+        assert [rows[team_b][column] for column in shown] == ["4", "", "4", "4", ""], table.stdout
 
         # A malformed call gets a 4xx with the reason, and the service keeps serving.
         async with aiohttp.ClientSession() as session:
@@ -139,6 +154,9 @@ async def test_refused_pod_is_scheduled_promptly_once_eligible(
               f"after capacity freed: {freed:.2f}s")
         # Far below the 5-minute fallback; the measured figures are in docs/extender.md.
         assert max(figures) < 30 and freed < 30
+        assert env.service is not None
+        nudges = env.service.metrics.registry.get_sample_value("tessera_extender_requeue_nudges_total")
+        assert nudges is not None and nudges >= len(figures)
 
 
 async def test_restarting_the_extender_loses_and_double_counts_nothing(
