@@ -108,6 +108,13 @@ class GpuCluster:
         assert self.service is not None
         return f"http://127.0.0.1:{self.service.port}"
 
+    async def start_scheduler(self, url: str, **extender_fields: Any) -> None:
+        """A kube-scheduler (profile `scheduler_name`) calling the extender at `url`."""
+        config = {"urlPrefix": url, "filterVerb": "filter", "prioritizeVerb": "prioritize",
+                  "bindVerb": "bind", "weight": 1, "nodeCacheCapable": True, "enableHTTPS": False,
+                  **extender_fields}
+        self.scheduler = await asyncio.to_thread(self.cluster.start_scheduler, self.scheduler_name, [config])
+
 
 async def _ignore_missing(path: str, api: ApiClient) -> None:
     try:
@@ -119,7 +126,9 @@ async def _ignore_missing(path: str, api: ApiClient) -> None:
 
 @asynccontextmanager
 async def gpu_cluster(cluster: LocalCluster, api: ApiClient, namespace: str, nodes: int = 2,
-                      gpus_per_node: int = 4) -> AsyncIterator[GpuCluster]:
+                      gpus_per_node: int = 4, in_process: bool = True) -> AsyncIterator[GpuCluster]:
+    """GPU nodes, slices, a DeviceClass and a claim template; with `in_process`, also the extender
+    in this process and a scheduler calling it."""
     suffix = uuid.uuid4().hex[:6]
     driver = f"gpu-{suffix}.tessera.dev"
     env = GpuCluster(cluster, api, namespace, suffix, driver, f"tessera-{suffix}",
@@ -136,11 +145,9 @@ async def gpu_cluster(cluster: LocalCluster, api: ApiClient, namespace: str, nod
                           body=objects.gpu_slice(node, gpus_per_node, driver=driver, name=f"{node}-gpus"))
         await request(api, "POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
                       body=objects.claim_template(namespace, TEMPLATE, objects.claim_spec(driver)))
-        await env.start_extender()
-        extender_config = {"urlPrefix": env.url, "filterVerb": "filter", "prioritizeVerb": "prioritize",
-                           "bindVerb": "bind", "weight": 1, "nodeCacheCapable": True, "enableHTTPS": False}
-        env.scheduler = await asyncio.to_thread(cluster.start_scheduler, env.scheduler_name,
-                                                [extender_config])
+        if in_process:
+            await env.start_extender()
+            await env.start_scheduler(env.url)
         yield env
     finally:
         if env.scheduler is not None:
