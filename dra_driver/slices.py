@@ -362,7 +362,7 @@ class SliceReconciler:
         )
         return {item["metadata"]["name"]: item for item in listed.get("items", [])}
 
-    async def publish(self, gpus: Sequence[Gpu], force: bool = False) -> bool:
+    async def publish(self, gpus: Sequence[Gpu]) -> bool:
         """Write the pool for ``gpus`` if it differs from what was last published; True if written."""
         async with self._lock:
             if self.mode is None:
@@ -375,7 +375,7 @@ class SliceReconciler:
             desired = build_slices(
                 node, self._driver, gpus, self.mode, self.generation + 1, self._taint_effect
             )
-            if not force and self._published == _comparable(desired):
+            if self._published == _comparable(desired):
                 return False
             self.generation += 1
             for wanted in desired:
