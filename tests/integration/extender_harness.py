@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 QUEUE_CRD = REPO / "manifests" / "crds" / "queues.yaml"
 QUEUES_PATH = f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/{QUEUE_PLURAL}"
 TEMPLATE = "one-gpu"
+QUARTER_TEMPLATE = "quarter-gpu"  # 20Gi of an 80Gi GPU, on shareable slices only
 
 
 @dataclass
@@ -58,10 +59,10 @@ class GpuCluster:
     async def get_queue(self, name: str) -> JsonObject:
         return await request(self.api, "GET", f"{QUEUES_PATH}/{name}")
 
-    async def submit(self, queue: str, count: int, prefix: str) -> list[str]:
+    async def submit(self, queue: str, count: int, prefix: str, template: str = TEMPLATE) -> list[str]:
         names = []
         for index in range(count):
-            pod = objects.pod(self.namespace, f"{prefix}-{index}", queue=queue, template=TEMPLATE,
+            pod = objects.pod(self.namespace, f"{prefix}-{index}", queue=queue, template=template,
                               scheduler=self.scheduler_name)
             del pod["metadata"]["uid"]
             await request(self.api, "POST", f"/api/v1/namespaces/{self.namespace}/pods", body=pod)
@@ -126,9 +127,10 @@ async def _ignore_missing(path: str, api: ApiClient) -> None:
 
 @asynccontextmanager
 async def gpu_cluster(cluster: LocalCluster, api: ApiClient, namespace: str, nodes: int = 2,
-                      gpus_per_node: int = 4, in_process: bool = True) -> AsyncIterator[GpuCluster]:
-    """GPU nodes, slices, a DeviceClass and a claim template; with `in_process`, also the extender
-    in this process and a scheduler calling it."""
+                      gpus_per_node: int = 4, in_process: bool = True,
+                      shareable: bool = False) -> AsyncIterator[GpuCluster]:
+    """GPU nodes, slices, a DeviceClass and claim templates; with `in_process`, also the extender
+    in this process and a scheduler calling it. `shareable` GPUs take fractional claims."""
     suffix = uuid.uuid4().hex[:6]
     driver = f"gpu-{suffix}.tessera.dev"
     env = GpuCluster(cluster, api, namespace, suffix, driver, f"tessera-{suffix}",
@@ -142,9 +144,14 @@ async def gpu_cluster(cluster: LocalCluster, api: ApiClient, namespace: str, nod
         for node in env.nodes:
             await create_fake_node(api, node)
             await request(api, "POST", "/apis/resource.k8s.io/v1/resourceslices",
-                          body=objects.gpu_slice(node, gpus_per_node, driver=driver, name=f"{node}-gpus"))
-        await request(api, "POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
-                      body=objects.claim_template(namespace, TEMPLATE, objects.claim_spec(driver)))
+                          body=objects.gpu_slice(node, gpus_per_node, driver=driver, name=f"{node}-gpus",
+                                                 shareable=shareable))
+        templates = {TEMPLATE: objects.claim_spec(driver)}
+        if shareable:
+            templates[QUARTER_TEMPLATE] = objects.claim_spec(driver, memory="20Gi")
+        templates_path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+        for name, spec in templates.items():
+            await request(api, "POST", templates_path, body=objects.claim_template(namespace, name, spec))
         if in_process:
             await env.start_extender()
             await env.start_scheduler(env.url)
