@@ -49,17 +49,32 @@ def create(cluster: LocalCluster, obj: dict[str, Any]) -> tuple[int, str]:
     return result.returncode, result.stderr
 
 
-def table(cluster: LocalCluster, *args: str) -> list[list[str]]:
-    """kubectl's table output as rows of cells (cells are separated by two or more spaces)."""
-    output = cluster.kubectl("get", *args).stdout
-    return [re.split(r"\s{2,}", line.strip()) for line in output.strip().splitlines()]
+def table(cluster: LocalCluster, *args: str) -> list[dict[str, str]]:
+    """kubectl's table output as one dict per row, cut at the header's column offsets."""
+    header, *lines = cluster.kubectl("get", *args).stdout.rstrip().splitlines()
+    names = re.split(r"\s{2,}", header.strip())
+    starts: list[int] = []
+    for name in names:
+        starts.append(header.index(name, starts[-1] if starts else 0))
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
+    return [{name: line[a:b].strip() for name, (a, b) in zip(names, bounds, strict=True)} for line in lines]
 
 
 def test_valid_queues_round_trip_print_and_take_status(queue_crd: LocalCluster, unique: str) -> None:
     cluster = queue_crd
     parent, child = f"{unique}-org", f"{unique}-team"
     objects = [
-        queue_object(parent, {"resources": {"gpu": {"quota": 8, "limit": 16}, "memory": {"quota": "1Ti"}}}),
+        queue_object(
+            parent,
+            {
+                "resources": {
+                    "gpu": {"quota": 8, "limit": 16},
+                    "gpu/H100-80GB": {"quota": 4},
+                    "cpu": {"quota": 8},
+                    "memory": {"quota": "1Ti"},
+                }
+            },
+        ),
         queue_object(
             child,
             {
@@ -103,8 +118,8 @@ def test_valid_queues_round_trip_print_and_take_status(queue_crd: LocalCluster, 
         assert readback["status"]["allocated"] == {"gpu": "1500m"}
         assert [c["type"] for c in readback["status"]["conditions"]] == ["Valid", "Borrowing", "Starved"]
 
-        rows = table(cluster, "q", parent, child)
-        assert rows[0] == [
+        rows = {row["NAME"]: row for row in table(cluster, "q", parent, child)}
+        assert list(rows[child]) == [
             "NAME",
             "PARENT",
             "PRIORITY",
@@ -114,12 +129,17 @@ def test_valid_queues_round_trip_print_and_take_status(queue_crd: LocalCluster, 
             "GPU FAIR SHARE",
             "AGE",
         ]
-        by_name = {row[0]: row for row in rows[1:]}
-        assert by_name[child][:7] == [child, parent, "1", "4", "8", "1500m", "3"]
-        assert by_name[parent][2:5] == ["0", "8", "16"]
-        wide = table(cluster, QUEUE_PLURAL, child, "-o", "wide")
-        assert "GPU PENDING" in wide[0]
-        assert wide[1][wide[0].index("GPU PENDING")] == "2"
+        assert [rows[child][column] for column in list(rows[child])[1:7]] == [
+            parent,
+            "1",
+            "4",
+            "8",
+            "1500m",
+            "3",
+        ]
+        assert [rows[parent][column] for column in list(rows[parent])[1:7]] == ["", "0", "8", "16", "", ""]
+        (wide,) = table(cluster, QUEUE_PLURAL, child, "-o", "wide")
+        assert wide["GPU PENDING"] == "2"
     finally:
         cluster.kubectl("delete", QUEUE_PLURAL, child, parent, "--ignore-not-found", check=False)
 
