@@ -565,13 +565,23 @@ class ClusterWatcher:
         query = {"resourceVersion": version, "allowWatchBookmarks": "true",
                  "timeoutSeconds": str(self.watch_timeout_s)}
         async for event in watch_lines(self.api, path, query):
-            event_type, obj = str(event.get("type")), event.get("object") or {}
-            if event_type == "ERROR":
-                if obj.get("code") == 410:
-                    log.info("watch %s expired (410 Gone); relisting", kind)
-                    return ""
-                raise KubeError(int(obj.get("code") or 500), str(obj.get("message")))
-            version = str(_meta(obj).get("resourceVersion", version))
-            if event_type != "BOOKMARK":
-                self.state.apply(kind, event_type, obj)
+            version = apply_watch_event(self.state, kind, event, version)
+            if not version:
+                log.info("watch %s expired (410 Gone); relisting", kind)
+                return ""
         return version
+
+
+def apply_watch_event(state: ClusterState, kind: str, event: Mapping[str, Any], version: str) -> str:
+    """Apply one watch event; returns the resourceVersion to resume from, '' when it expired (410).
+
+    Bookmarks only move the version on; an ERROR event other than 410 raises KubeError.
+    """
+    event_type, obj = str(event.get("type")), event.get("object") or {}
+    if event_type == "ERROR":
+        if obj.get("code") == 410:
+            return ""
+        raise KubeError(int(obj.get("code") or 500), str(obj.get("message")))
+    if event_type != "BOOKMARK":
+        state.apply(kind, event_type, dict(obj))
+    return str(_meta(obj).get("resourceVersion", version))

@@ -10,6 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio.client import ApiClient
 
+from extender.__main__ import parse_args
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.server import PLACEMENT_ANNOTATION, build_app
@@ -206,3 +207,15 @@ async def test_admissions_in_flight_count_against_the_limit(extender: Extender) 
     # Filtering p1 again does not count p1 twice.
     _, result = await extender.call("filter", args(first, ["a", "b"]))
     assert result["NodeNames"] == ["a", "b"]
+
+
+def test_command_line_flags_env_fallbacks_and_tls_pairing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESSERA_EXTENDER_PORT", "9443")
+    options = parse_args(["--gpu-driver", "a.example.com", "--gpu-driver", "b.example.com",
+                          "--scheduler-name", "tessera"])
+    assert (options.port, options.gpu_driver, options.scheduler_name) == (
+        9443, ["a.example.com", "b.example.com"], ["tessera"])
+    with pytest.raises(SystemExit):
+        parse_args(["--tls-cert-file", "tls.crt"])  # a certificate without its key
+    with pytest.raises(SystemExit):
+        parse_args(["--tls-client-ca-file", "ca.crt"])  # client checking needs TLS itself

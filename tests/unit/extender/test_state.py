@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
+from extender.kubeapi import KubeError
 from extender.policy.placement import GpuDemand
-from extender.state import WATCHED_KINDS, ClusterState, StateConfig
+from extender.state import WATCHED_KINDS, ClusterState, StateConfig, apply_watch_event
 from tests import extender_objects as objects
 
 GIB = 2**30
@@ -191,3 +192,19 @@ def test_reservations_move_a_pod_to_allocated_and_expire() -> None:
     state.reserve("ns/p", ttl_s=-1)  # already expired: dropped at the next look
     assert state.fairness().usage["q"] == before.usage["q"]
     assert state.reserved == {}
+
+
+def test_watch_events_apply_bookmarks_advance_and_410_asks_for_a_relist() -> None:
+    state = synced_state([])
+    added = {"type": "ADDED", "object": with_rv(objects.gpu_slice("a", 1), 20)}
+    assert apply_watch_event(state, "ResourceSlice", added, "10") == "20"
+    assert state.node_gpus("a").free_milli == (1000,)
+    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "30"}}}
+    assert apply_watch_event(state, "ResourceSlice", bookmark, "20") == "30"
+    assert list(state.kind("ResourceSlice")) == ["a-gpu.tessera.dev"]
+    expired = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+    assert apply_watch_event(state, "ResourceSlice", expired, "30") == ""
+    with pytest.raises(KubeError) as failure:
+        failed = {"type": "ERROR", "object": {"code": 500, "message": "boom"}}
+        apply_watch_event(state, "ResourceSlice", failed, "30")
+    assert failure.value.status == 500
