@@ -102,6 +102,18 @@ async def test_queues_converge_to_fair_shares_with_lending_limits_and_wait_reaso
         assert [rows[team_a][column] for column in shown] == ["4", "6", "4", "4", "2"], table.stdout
         assert [rows[team_b][column] for column in shown] == ["4", "", "4", "4", ""], table.stdout
 
+        # A cycle of parents is reported in the queues' status; the extender carries on.
+        first, second = env.queue_name("x"), env.queue_name("y")
+        await env.create_queue("x", parent=second)
+        await env.create_queue("y", parent=first)
+
+        async def cycle_reported() -> bool:
+            conditions = ((await env.get_queue(first)).get("status") or {}).get("conditions") or []
+            valid = next((c for c in conditions if c["type"] == "Valid"), None)
+            return valid is not None and valid["status"] == "False" and "cycle" in valid["message"]
+
+        await wait_until(cycle_reported, timeout=15, what="the parent cycle in the queue status")
+
         # A malformed call gets a 4xx with the reason, and the service keeps serving.
         async with aiohttp.ClientSession() as session:
             async with session.post(f"{env.url}/filter", data=b'{"Pod": 1}') as response:
