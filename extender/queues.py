@@ -180,12 +180,12 @@ def validate_hierarchy(specs: Sequence[QueueSpec]) -> dict[str, list[str]]:
 
 
 def format_quantity(resource: str, amount: float) -> str:
-    """A Kubernetes quantity string for a status field: "2", "500m", "64Gi"."""
+    """A Kubernetes quantity string for a status field: GPUs "2" or "0.5", cpu "1500m", memory "64Gi"."""
     if resource == "memory":
         return format_amount(resource, round(amount))
-    if abs(amount - round(amount)) < 1e-6:
-        return str(round(amount))
-    return f"{round(amount * 1000)}m"
+    if resource == "cpu" and abs(amount - round(amount)) >= 1e-6:
+        return f"{round(amount * 1000)}m"
+    return format_amount(resource, amount)
 
 
 def _condition(

@@ -75,7 +75,7 @@ def format_amount(resource: str, amount: float) -> str:
                 return f"{round(amount / size)}{unit}"
     if abs(amount - round(amount)) < 1e-6:
         return str(round(amount))
-    return f"{amount:.3f}".rstrip("0")
+    return f"{amount:.3f}".rstrip("0").rstrip(".")
 
 
 @dataclass(frozen=True)

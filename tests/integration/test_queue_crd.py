@@ -36,7 +36,8 @@ def queue_crd(local_cluster: LocalCluster) -> Iterator[LocalCluster]:
     local_cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
     yield local_cluster
     if not preexisting:
-        local_cluster.kubectl("delete", "crd", CRD_NAME, "--wait=false", check=False)
+        # Wait for the deletion so a later test that installs the CRD does not race it.
+        local_cluster.kubectl("delete", "crd", CRD_NAME, "--timeout=60s", check=False)
 
 
 @pytest.fixture
@@ -115,7 +116,7 @@ def test_valid_queues_round_trip_print_and_take_status(queue_crd: LocalCluster, 
             json.dumps({"status": status}),
         )
         readback = json.loads(cluster.kubectl("get", QUEUE_PLURAL, child, "-o", "json").stdout)
-        assert readback["status"]["allocated"] == {"gpu": "1500m"}
+        assert readback["status"]["allocated"] == {"gpu": "1.5"}
         assert [c["type"] for c in readback["status"]["conditions"]] == ["Valid", "Borrowing", "Starved"]
 
         rows = {row["NAME"]: row for row in table(cluster, "q", parent, child)}
@@ -134,7 +135,7 @@ def test_valid_queues_round_trip_print_and_take_status(queue_crd: LocalCluster, 
             "1",
             "4",
             "8",
-            "1500m",
+            "1.5",
             "3",
         ]
         assert [rows[parent][column] for column in list(rows[parent])[1:7]] == ["", "0", "8", "16", "", ""]

@@ -155,7 +155,8 @@ def test_validate_hierarchy(specs: list[QueueSpec], expected: dict[str, list[str
     ("resource", "amount", "text"),
     [
         ("gpu", 2, "2"),
-        ("gpu", 0.5, "500m"),
+        ("gpu", 0.5, "0.5"),
+        ("gpu/T4", 2.25, "2.25"),
         ("cpu", 1.25, "1250m"),
         ("memory", 64 * GIB, "64Gi"),
         ("memory", 1000, "1000"),
@@ -183,8 +184,10 @@ def test_queue_status_amounts_and_conditions() -> None:
     conditions = conditions_by_type(status)
     assert conditions["Valid"]["status"] == "True"
     assert conditions["Borrowing"]["status"] == "True"
-    assert "gpu allocated 3 above quota 2" in conditions["Borrowing"]["message"]
-    assert "cpu allocated 500m" not in conditions["Borrowing"]["message"]
+    # Unset quota means no guarantee, so any cpu held is borrowed too.
+    assert (
+        conditions["Borrowing"]["message"] == "cpu allocated 0.5 above quota 0; gpu allocated 3 above quota 2"
+    )
     assert conditions["Starved"]["status"] == "True"
     assert conditions["Starved"]["message"] == "gpu allocated 3 below fair share 4 with 2 pending"
     assert {c["lastTransitionTime"] for c in status["conditions"]} == {"2026-01-02T03:04:05Z"}
@@ -271,7 +274,7 @@ def test_printer_columns_point_at_fields_the_code_writes() -> None:
         "Priority": 1,
         "GPU Quota": 2,
         "GPU Limit": 4,
-        "GPU Allocated": "1500m",
+        "GPU Allocated": "1.5",
         "GPU Fair Share": "3",
         "GPU Pending": "1",
         "Age": "2026-01-02T03:04:05Z",
