@@ -135,7 +135,10 @@ def _water_fill(amount: float, members: Sequence[tuple[_Claimant, float]], share
 
 
 class QueueTree:
-    """The queue hierarchy with subtree usage sums; broken ancestries are set apart."""
+    """The queue hierarchy with subtree usage sums (memoised); broken ancestries are set apart.
+
+    Treat the queues and usage it was built from as frozen while it is in use.
+    """
 
     def __init__(self, queues: Sequence[QueueSpec], usage: Mapping[str, QueueUsage]) -> None:
         self.specs: dict[str, QueueSpec] = {}
@@ -254,14 +257,17 @@ def drf_order(
     usage: Mapping[str, QueueUsage],
     fair_shares: Mapping[str, Mapping[str, float]],
     capacity: Resources,
+    *,
+    tree: QueueTree | None = None,
 ) -> list[str]:
     """Every queue, most deserving first.
 
     Queues below their fair share in some resource they wait for come first; then higher
     priority; then lower dominant share (DRF over the resources in ``capacity``); then name.
     Usage is counted over the subtree, so a parent orders by what its whole subtree holds.
+    ``tree``: a QueueTree of the same queues and usage, reused across calls to save rebuilding it.
     """
-    tree = QueueTree(queues, usage)
+    tree = tree or QueueTree(queues, usage)
 
     def sort_key(name: str) -> tuple[int, int, float, str]:
         allocated = [(r, tree.subtree(name, "allocated", r)) for r in capacity]
@@ -292,14 +298,18 @@ def check_admission(
     usage: Mapping[str, QueueUsage],
     fair_shares: Mapping[str, Mapping[str, float]],
     capacity: Resources,
+    *,
+    tree: QueueTree | None = None,
 ) -> AdmissionDecision:
     """May a pod of ``queue`` asking for ``request`` be placed now?
 
     Refused when it would take the queue or an ancestor past a limit, or past the queue's fair
     share while queues below their fair share wait for capacity that admitting it would take
     (free capacity minus the request no longer covers what they are still owed).
+    ``tree``: a QueueTree of the same queues and usage, built once per snapshot of the cluster, so
+    that the filter hot path does not rebuild the hierarchy and its subtree sums for every pod.
     """
-    tree = QueueTree(queues, usage)
+    tree = tree or QueueTree(queues, usage)
     if queue not in tree.specs:
         return AdmissionDecision(False, f"queue '{queue}' does not exist", "unknown_queue")
     if queue in tree.broken:

@@ -9,6 +9,7 @@ import pytest
 
 from extender.policy.fairness import (
     QueueSpec,
+    QueueTree,
     QueueUsage,
     check_admission,
     compute_fair_shares,
@@ -449,13 +450,18 @@ ADMISSION_CASES = [
 def test_admission(case: AdmissionCase) -> None:
     usages = {name: usage(alloc, req) for name, (alloc, req) in case.usage.items()}
     fair = {name: {"gpu": share} for name, share in case.fair.items()}
-    decision = check_admission(
-        case.queue, {"gpu": case.request}, case.queues, usages, fair, {"gpu": case.capacity}
-    )
+    request, capacity = {"gpu": case.request}, {"gpu": case.capacity}
+    decision = check_admission(case.queue, request, case.queues, usages, fair, capacity)
     assert decision.admit is case.admit, decision.reason
     assert decision.kind == case.kind
     for fragment in case.reason_has:
         assert fragment in decision.reason
+    # A tree built once and reused (warm subtree sums) decides exactly the same.
+    tree = QueueTree(case.queues, usages)
+    for _ in range(2):
+        assert (
+            check_admission(case.queue, request, case.queues, usages, fair, capacity, tree=tree) == decision
+        )
 
 
 def test_limit_applies_to_resources_without_capacity_and_formats_memory() -> None:
