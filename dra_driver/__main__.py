@@ -156,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BackendUnavailable as exc:
         log.error("%s", exc)
         return 2
+    except ExceptionGroup as group:  # a task of the driver failed; say what, without a traceback
+        for error in group.exceptions:
+            log.error("driver failed: %s: %s", type(error).__name__, error)
+        return 1
     return 0
 
 

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import signal
+import sys
+import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient, ResourceV1Api
@@ -23,7 +28,14 @@ from kubernetes_asyncio.client import ApiClient, ResourceV1Api
 from dra_driver.config import DEFAULT_DRIVER_NAME
 from dra_driver.devices.simulated import SimulatedBackend
 from dra_driver.slices import SharingMode, SliceReconciler, read_json
-from tessera.localcluster import LocalCluster, create_fake_node, delete_nodes, wait_until
+from tessera.localcluster import (
+    LocalCluster,
+    api_client,
+    create_fake_node,
+    delete_nodes,
+    free_port,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
@@ -306,3 +318,108 @@ async def test_scheduler_allocates_whole_fractional_and_shared_gpus_from_publish
             local_cluster.kubectl(
                 "delete", "deviceclass", device_class["metadata"]["name"], "--ignore-not-found"
             )
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory with a short path: unix socket paths must stay under 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_driver_process_publishes_serves_and_stops_cleanly(
+    local_cluster: LocalCluster, k8s: ApiClient, short_dir: Path
+) -> None:
+    """The console entry point end to end: slices published, plugin sockets served, SIGTERM exits 0."""
+    node, driver, port = unique("proc"), f"{unique('gpu')}.tessera.dev", free_port()
+    await create_fake_node(k8s, node)
+    command = [sys.executable, "-m", "dra_driver", "--node-name", node, "--driver-name", driver]
+    command += ["--backend", "simulated", "--profile", "mixed", "--kubeconfig", str(local_cluster.kubeconfig)]
+    for flag in ("plugin-dir", "registry-dir", "cdi-dir", "checkpoint-dir"):
+        command += [f"--{flag}", str(short_dir / flag)]
+    process = await asyncio.create_subprocess_exec(*command, "--http-port", str(port), cwd=REPO)
+    try:
+
+        async def published_slices() -> list[dict[str, Any]] | None:
+            return await slices_of(k8s, driver, node) or None
+
+        published = await wait_until(published_slices, timeout=30, what="the driver process publishes")
+        assert sorted(devices_of(published)) == [
+            "gpu-0",
+            "gpu-1",
+            "gpu-2-mig-1-0",
+            "gpu-2-mig-2-0",
+            "gpu-2-mig-3-0",
+            "gpu-3",
+        ]
+
+        async def healthy() -> bool:
+            try:
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.get(f"http://127.0.0.1:{port}/healthz") as response,
+                ):
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_until(healthy, timeout=30, what="/healthz answers 200")
+        sockets = [
+            short_dir / "registry-dir" / f"{driver}-reg.sock",
+            short_dir / "plugin-dir" / driver / "dra.sock",
+        ]
+        assert all(path.is_socket() for path in sockets)
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        assert not any(path.exists() for path in sockets)
+        # Slices outlive a restart of the driver; the kubelet or the Node's deletion removes them.
+        assert await slices_of(k8s, driver, node)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await SliceReconciler(k8s, node, driver, SimulatedBackend([])).delete_all()
+        await delete_nodes(k8s, [node])
+
+
+async def test_without_consumable_capacity_whole_gpus_are_published_and_shared_by_claims(
+    tmp_path: Path,
+) -> None:
+    """A cluster with DRAConsumableCapacity off: detected, whole devices, time-slicing by a shared claim."""
+    with LocalCluster(
+        workdir=tmp_path / "cluster", feature_gates={"DRAConsumableCapacity": False}
+    ) as cluster:
+        api = await api_client(cluster.kubeconfig)
+        try:
+            node, driver = unique("t4"), f"{unique('gpu')}.tessera.dev"
+            await create_fake_node(api, node)
+            backend = SimulatedBackend.from_file(Path("t4x2"), node_name=node)
+            reconciler = SliceReconciler(api, node, driver, backend)
+            assert await reconciler.detect_sharing_mode() is SharingMode.WHOLE_DEVICE
+            assert await reconciler.publish(backend.inventory())
+            devices = devices_of(await slices_of(api, driver, node))
+            assert sorted(devices) == ["gpu-0", "gpu-1"]
+            assert all("allowMultipleAllocations" not in d for d in devices.values())
+
+            for device_class in manifest_documents(MANIFESTS / "deviceclasses.yaml", driver):
+                cluster.apply(device_class)
+            cluster.kubectl("create", "namespace", "fallback")
+            kube = Cluster(cluster, "fallback")
+            examples = MANIFESTS / "examples"
+            kube.apply(manifest_documents(examples / "timesliced-shared.yaml", driver))
+            assert await kube.bound("notebook-a") == node
+            assert await kube.bound("notebook-b") == node
+            kube.apply(manifest_documents(examples / "whole-gpu.yaml", driver))
+            assert await kube.bound("whole-gpu-trainer") == node
+            # Both GPUs are taken: one by the shared claim, one by the whole-GPU claim.
+            extra = manifest_documents(examples / "whole-gpu.yaml", driver)[1]
+            extra["metadata"]["name"] = "one-too-many"
+            kube.apply([extra])
+            await wait_until(
+                lambda: kube.unschedulable("one-too-many"), timeout=40, what="third GPU pod waits"
+            )
+        finally:
+            await api.close()
