@@ -3,57 +3,113 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
 import logging
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from tessera.localcluster import REPO_ROOT, LocalCluster, api_client, create_fake_node
+from tessera.localcluster import REPO_ROOT, ClusterError, LocalCluster, free_port
 
 DEFAULT_STATE_DIR = REPO_ROOT / ".tessera" / "cluster"
+PROFILES_DIR = REPO_ROOT / "dra_driver" / "devices" / "profiles"
+# What `tessera up` installs before starting the components, in order.
+INSTALL_FIRST = ("manifests/crds/queues.yaml", "manifests/deviceclasses.yaml", "manifests/default-queue.yaml")
 
 
 def _up_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = subcommands.add_parser(
         "up",
-        help="run a local control plane with simulated GPU nodes until Ctrl-C",
+        help="run a local cluster with simulated GPU nodes, the DRA driver and the extender until Ctrl-C",
         description="Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler as local "
-        "processes, adds fake GPU nodes, and prints how to use the cluster. Ctrl-C tears it down.",
+        "processes, the Tessera extender (wired into the scheduler) and the DRA driver on fake GPU "
+        "nodes, then prints how to use the cluster. Ctrl-C tears everything down.",
     )
     up.add_argument("--nodes", type=int, default=2, help="number of fake GPU nodes (default 2)")
+    up.add_argument(
+        "--profile",
+        default="h100x8",
+        help="simulated GPU profile of each node: a shipped name "
+        f"({', '.join(sorted(p.stem for p in PROFILES_DIR.glob('*.yaml')))}) or a YAML file",
+    )
     up.add_argument(
         "--state-dir",
         type=Path,
         default=DEFAULT_STATE_DIR,
-        help=f"where certificates, kubeconfig and logs go (default {DEFAULT_STATE_DIR})",
+        help=f"where certificates, kubeconfig, logs and driver state go (default {DEFAULT_STATE_DIR})",
     )
 
 
-async def _add_nodes(cluster: LocalCluster, count: int) -> list[str]:
-    names = [f"gpu-node-{index}" for index in range(count)]
-    client = await api_client(cluster.kubeconfig)
-    try:
-        for name in names:
-            await create_fake_node(client, name, labels={"tessera.dev/simulated": "true"})
-    finally:
-        await client.close()
-    return names
+def _profile_path(profile: str) -> Path:
+    shipped = PROFILES_DIR / f"{profile}.yaml"
+    return shipped if shipped.exists() else Path(profile)
+
+
+def _start_tessera(cluster: LocalCluster, extender_port: int, nodes: list[str], profile: Path) -> None:
+    for manifest in INSTALL_FIRST:
+        cluster.apply(REPO_ROOT / manifest)
+    python = sys.executable
+    extender = cluster.spawn(
+        "tessera-extender",
+        [
+            python,
+            "-m",
+            "extender",
+            f"--kubeconfig={cluster.kubeconfig}",
+            "--listen-address=127.0.0.1",
+            f"--port={extender_port}",
+        ],
+    )
+    cluster.wait_healthy(extender, f"http://127.0.0.1:{extender_port}/readyz", tls=False)
+    cluster.spawn(
+        "tessera-node-agent",
+        [
+            python,
+            "-m",
+            "dra_driver.nodeagent",
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--profile={profile}",
+            f"--state-dir={cluster.workdir / 'nodes'}",
+            "--create-nodes",
+            *(f"--node-name={node}" for node in nodes),
+        ],
+    )
+    deadline = time.monotonic() + 60
+    while len(_slices(cluster)) < len(nodes):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"the DRA driver published no ResourceSlices:\n{cluster.logs()}")
+        time.sleep(0.5)
+
+
+def _slices(cluster: LocalCluster) -> list[str]:
+    output = cluster.kubectl("get", "resourceslices", "-o", "name").stdout
+    return output.split()
+
+
+def _server_version(cluster: LocalCluster) -> str:
+    version: str = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
+    return version
 
 
 def _usage(cluster: LocalCluster, nodes: list[str]) -> str:
     return "\n".join(
         [
             "",
-            f"Local Kubernetes control plane is up at {cluster.server}",
-            f"  fake nodes: {', '.join(nodes)}",
-            f"  logs:       {cluster.workdir / 'logs'}",
+            f"Tessera is up on a local Kubernetes {_server_version(cluster)} control plane"
+            f" at {cluster.server}",
+            f"  fake GPU nodes: {', '.join(nodes)} (DRA driver: simulated GPUs, kubelet stand-in)",
+            "  scheduler:      default-scheduler calls the Tessera extender (filter, prioritize, bind)",
+            f"  logs:           {cluster.workdir / 'logs'}",
             "",
             "Use it from another shell:",
-            f"  export KUBECONFIG={cluster.kubeconfig}",
-            f"  export PATH={cluster.bin_dir}:$PATH",
-            "  kubectl get nodes",
+            f"  export KUBECONFIG={cluster.kubeconfig} PATH={cluster.bin_dir}:$PATH",
+            "  kubectl get nodes,resourceslices",
+            "  kubectl describe resourceslice",
+            "  kubectl apply -f manifests/examples/quarter-gpu.yaml     # a fractional GPU",
+            "  kubectl apply -f manifests/examples/whole-gpu.yaml       # a whole GPU",
+            "  kubectl get pods,resourceclaims -o wide",
+            "  kubectl get queues",
             "",
             "Press Ctrl-C to stop and remove everything.",
         ]
@@ -63,14 +119,29 @@ def _usage(cluster: LocalCluster, nodes: list[str]) -> str:
 def run_up(args: argparse.Namespace) -> int:
     state_dir: Path = args.state_dir
     shutil.rmtree(state_dir, ignore_errors=True)
+    nodes = [f"gpu-node-{index}" for index in range(args.nodes)]
+    extender_port = free_port()
+    extender = {
+        "urlPrefix": f"http://127.0.0.1:{extender_port}",
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "bindVerb": "bind",
+        "weight": 5,
+        "nodeCacheCapable": True,
+        "enableHTTPS": False,
+    }
     print("[tessera] starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler", flush=True)
-    with LocalCluster(workdir=state_dir) as cluster:
-        nodes = asyncio.run(_add_nodes(cluster, args.nodes))
+    with LocalCluster(workdir=state_dir, scheduler_extenders=[extender]) as cluster:
+        print(
+            "[tessera] installing the Queue CRD and DeviceClasses; starting extender and DRA driver",
+            flush=True,
+        )
+        _start_tessera(cluster, extender_port, nodes, _profile_path(args.profile))
         print(_usage(cluster, nodes), flush=True)
         try:
             while all(c.process.poll() is None for c in cluster.components):
                 time.sleep(1)
-            print("[tessera] a component exited; see its log above", file=sys.stderr)
+            print("[tessera] a component exited; the tails of the logs follow", file=sys.stderr)
             print(cluster.logs(), file=sys.stderr)
             return 1
         except KeyboardInterrupt:

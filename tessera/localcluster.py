@@ -190,23 +190,25 @@ class LocalCluster:
 
     # -- components --------------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: Sequence[str]) -> Component:
+    def spawn(self, name: str, command: Sequence[str], env: Mapping[str, str] | None = None) -> Component:
+        """Runs ``command`` as a component of this cluster: logged, and stopped with it."""
         log_path = self.workdir / "logs" / f"{name}.log"
         log_path.parent.mkdir(exist_ok=True)
         with log_path.open("ab") as log_file:
             process = subprocess.Popen(
-                [str(self.bin_dir / args[0]), *args[1:]],
+                list(command),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self.workdir,
+                env={**os.environ, **env} if env else None,
                 preexec_fn=_die_with_parent,
             )
         component = Component(name, process, log_path)
         self.components.append(component)
         return component
 
-    def _wait_healthy(self, component: Component, url: str, timeout: float = 60.0, tls: bool = True) -> None:
+    def wait_healthy(self, component: Component, url: str, timeout: float = 60.0, tls: bool = True) -> None:
         context = self._ssl_context() if tls else None
         deadline = time.monotonic() + timeout
         last_error = ""
@@ -267,10 +269,10 @@ class LocalCluster:
     def _start_etcd(self) -> str:
         client_port, peer_port = free_port(), free_port()
         url = f"http://127.0.0.1:{client_port}"
-        etcd = self._spawn(
+        etcd = self.spawn(
             "etcd",
             [
-                "etcd",
+                str(self.bin_dir / "etcd"),
                 f"--data-dir={self.workdir / 'etcd'}",
                 f"--listen-client-urls={url}",
                 f"--advertise-client-urls={url}",
@@ -281,16 +283,16 @@ class LocalCluster:
                 "--log-level=warn",
             ],
         )
-        self._wait_healthy(etcd, f"{url}/health", tls=False)
+        self.wait_healthy(etcd, f"{url}/health", tls=False)
         return url
 
     def _start_apiserver(self, etcd_url: str, pki: dict[str, Path]) -> None:
         port = free_port()
         self.server = f"https://127.0.0.1:{port}"
-        apiserver = self._spawn(
+        apiserver = self.spawn(
             "kube-apiserver",
             [
-                "kube-apiserver",
+                str(self.bin_dir / "kube-apiserver"),
                 f"--etcd-servers={etcd_url}",
                 f"--secure-port={port}",
                 "--bind-address=127.0.0.1",
@@ -312,7 +314,7 @@ class LocalCluster:
             ],
         )
         self._write_kubeconfig()
-        self._wait_healthy(apiserver, f"{self.server}/readyz", timeout=90)
+        self.wait_healthy(apiserver, f"{self.server}/readyz", timeout=90)
 
     def _write_kubeconfig(self) -> None:
         assert self._admin is not None and self._ca_path is not None
@@ -349,10 +351,10 @@ class LocalCluster:
 
     def _start_controller_manager(self) -> None:
         port = free_port()
-        manager = self._spawn(
+        manager = self.spawn(
             "kube-controller-manager",
             [
-                "kube-controller-manager",
+                str(self.bin_dir / "kube-controller-manager"),
                 f"--kubeconfig={self.kubeconfig}",
                 f"--authentication-kubeconfig={self.kubeconfig}",
                 f"--authorization-kubeconfig={self.kubeconfig}",
@@ -363,7 +365,7 @@ class LocalCluster:
                 *self._feature_gate_flag(),
             ],
         )
-        self._wait_healthy(manager, f"https://127.0.0.1:{port}/healthz")
+        self.wait_healthy(manager, f"https://127.0.0.1:{port}/healthz")
 
     def start_scheduler(
         self,
@@ -386,10 +388,10 @@ class LocalCluster:
             config["extenders"] = extender_list
         config_path = self.workdir / f"scheduler-{name}.yaml"
         config_path.write_text(yaml.safe_dump(config))
-        component = self._spawn(
+        component = self.spawn(
             f"kube-scheduler-{name}",
             [
-                "kube-scheduler",
+                str(self.bin_dir / "kube-scheduler"),
                 f"--config={config_path}",
                 f"--authentication-kubeconfig={self.kubeconfig}",
                 f"--authorization-kubeconfig={self.kubeconfig}",
@@ -398,7 +400,7 @@ class LocalCluster:
                 *self._feature_gate_flag(),
             ],
         )
-        self._wait_healthy(component, f"https://127.0.0.1:{port}/healthz")
+        self.wait_healthy(component, f"https://127.0.0.1:{port}/healthz")
         return SchedulerHandle(name, component, config_path, self)
 
     # -- helpers for callers -----------------------------------------------------------------
