@@ -1,0 +1,51 @@
+"""The driver's command line: flags become a validated DriverConfig; bad flags are clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dra_driver.__main__ import main, parse_args
+from dra_driver.config import DEFAULT_DRIVER_NAME
+
+
+def test_flags_become_a_config() -> None:
+    flags = "--node-name gpu-node-1 --backend simulated --profile h100x8 --cdi-dir /tmp/cdi"
+    config = parse_args([*flags.split(), "--sharing-mode", "whole-device", "--http-port", "9400"])
+    assert config.node_name == "gpu-node-1"
+    assert config.driver_name == DEFAULT_DRIVER_NAME
+    assert (config.backend, config.profile) == ("simulated", Path("h100x8"))
+    assert config.cdi_dir == Path("/tmp/cdi")
+    assert config.plugin_dir == Path("/var/lib/kubelet/plugins")
+    assert (config.sharing_mode, config.health_port) == ("whole-device", 9400)
+
+
+def test_node_name_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "from-env")
+    assert parse_args([]).node_name == "from-env"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "--node-name"),
+        (["--node-name", "n", "--backend", "rocm"], "invalid choice"),
+        (["--node-name", "n", "--driver-name", "x" * 64], "driver_name"),
+        (["--node-name", "n", "--http-port", "70000"], "health_port"),
+    ],
+)
+def test_bad_flags_are_reported(
+    argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_profile_exits_with_a_clear_error(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    code = main(["--node-name", "n", "--backend", "simulated", "--profile", str(tmp_path / "none.yaml")])
+    assert code == 2
+    assert "cannot read GPU profile" in caplog.text
