@@ -375,8 +375,14 @@ async def test_driver_process_publishes_serves_and_stops_cleanly(
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 30) == 0
         assert not any(path.exists() for path in sockets)
-        # Slices outlive a restart of the driver; the kubelet or the Node's deletion removes them.
+        # Slices outlive a restart of the driver; the Node's deletion removes them (owner reference).
         assert await slices_of(k8s, driver, node)
+        await delete_nodes(k8s, [node])
+
+        async def collected() -> bool:
+            return not await slices_of(k8s, driver, node)
+
+        await wait_until(collected, timeout=60, what="garbage collection of the node's slices")
     finally:
         if process.returncode is None:
             process.kill()
