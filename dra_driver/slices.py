@@ -47,6 +47,7 @@ _MIB = 1 << 20
 _MAX_NAME = 253
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "tessera-dra-driver"
+RESYNC_INTERVAL_S = 300.0
 
 TaintEffect = Literal["NoSchedule", "NoExecute", "None"]
 
@@ -293,7 +294,13 @@ def _probe_slice(node: str, driver: str) -> dict[str, Any]:
 def _comparable(slices: Sequence[Mapping[str, Any]]) -> list[Any]:
     """What decides whether a republish is needed: everything except the pool generation."""
     return [
-        (s["metadata"]["name"], s["spec"]["devices"], s["spec"]["pool"]["resourceSliceCount"]) for s in slices
+        (
+            s["metadata"]["name"],
+            s["metadata"].get("ownerReferences"),
+            s["spec"]["devices"],
+            s["spec"]["pool"]["resourceSliceCount"],
+        )
+        for s in slices
     ]
 
 
@@ -375,7 +382,11 @@ class SliceReconciler:
             desired = build_slices(
                 node, self._driver, gpus, self.mode, self.generation + 1, self._taint_effect
             )
-            if self._published == _comparable(desired):
+            wanted_names = {s["metadata"]["name"] for s in desired}
+            in_place = existing.keys() == wanted_names and all(
+                s["spec"]["pool"]["generation"] == self.generation for s in existing.values()
+            )
+            if in_place and self._published == _comparable(desired):
                 return False
             self.generation += 1
             for wanted in desired:
@@ -388,7 +399,6 @@ class SliceReconciler:
                 else:
                     await read_json(self._resource.create_resource_slice(body=wanted, _preload_content=False))
             # Stale slices go last, so consumers never see the pool shrink before it is complete.
-            wanted_names = {s["metadata"]["name"] for s in desired}
             for name in existing.keys() - wanted_names:
                 await self._delete(name)
             self._published = _comparable(desired)
@@ -424,15 +434,28 @@ class SliceReconciler:
                 await self._delete(name)
             self._published = None
 
-    async def run(self) -> None:
+    async def run(self, resync_s: float = RESYNC_INTERVAL_S) -> None:
         """Publish now, then on every inventory or health change, until cancelled.
 
-        API errors are logged and retried on the next change or after a back-off, never fatal.
+        Every ``resync_s`` without a change the pool is checked against the API too, so slices
+        deleted or left behind by someone else are repaired. API errors are logged and retried
+        with back-off, never fatal.
         """
         changes = self._backend.watch_health()  # before the first read: no change slips between
-        await self._publish_with_retry(self._backend.inventory())
-        async for gpus in changes:
-            await self._publish_with_retry(gpus)
+        gpus = self._backend.inventory()
+        # A task, not wait_for: a timeout must not cancel (and so end) the change iterator.
+        next_change: asyncio.Future[list[Gpu]] = asyncio.ensure_future(anext(changes))
+        try:
+            while True:
+                await self._publish_with_retry(gpus)
+                done, _ = await asyncio.wait({next_change}, timeout=resync_s)
+                if done:
+                    gpus = next_change.result()
+                    next_change = asyncio.ensure_future(anext(changes))
+                else:
+                    gpus = self._backend.inventory()
+        finally:
+            next_change.cancel()
 
     async def _publish_with_retry(self, gpus: Sequence[Gpu], attempts: int = 5) -> None:
         delay = 1.0

@@ -135,7 +135,7 @@ async def test_slices_are_accepted_readable_and_kept_current(
     # The GPU fails while the driver is down; run() publishes the taint at start, then follows
     # the backend's health changes.
     node.backend.set_health(0, healthy=False, message="XID 79 fell off the bus")
-    reconciling = asyncio.create_task(node.reconciler.run())
+    reconciling = asyncio.create_task(node.reconciler.run(resync_s=1.0))
     try:
         tainted = await wait_until(lambda: pool_at(2), timeout=20, what="republish at start")
         (taint,) = devices_of(tainted)["gpu-0"]["taints"]
@@ -147,6 +147,9 @@ async def test_slices_are_accepted_readable_and_kept_current(
         node.backend.set_health(0, healthy=True)
         healed = await wait_until(lambda: pool_at(3), timeout=20, what="republish after recovery")
         assert "taints" not in devices_of(healed)["gpu-0"]
+        # Someone deletes the slice: the periodic resync puts it back.
+        local_cluster.kubectl("delete", "resourceslice", healed[0]["metadata"]["name"])
+        healed = await wait_until(lambda: pool_at(4), timeout=20, what="resync after deletion")
     finally:
         reconciling.cancel()
 
@@ -155,13 +158,13 @@ async def test_slices_are_accepted_readable_and_kept_current(
     stale = json.loads(json.dumps(healed[0]))
     stale.update(apiVersion="resource.k8s.io/v1", kind="ResourceSlice")
     stale["metadata"] = {"name": f"{node.name}-{pools.driver}-7"}
-    stale["spec"]["pool"]["generation"] = 4
+    stale["spec"]["pool"]["generation"] = 5
     local_cluster.apply(stale)
     restarted = SliceReconciler(k8s, node.name, pools.driver, node.backend)
     assert await restarted.publish(node.backend.inventory())
     current = await slices_of(k8s, pools.driver, node.name)
     assert [s["metadata"]["name"] for s in current] == [f"{node.name}-{pools.driver}-0"]
-    assert current[0]["spec"]["pool"]["generation"] == 5
+    assert current[0]["spec"]["pool"]["generation"] == 6
 
 
 def manifest_documents(path: Path, driver: str) -> list[dict[str, Any]]:
