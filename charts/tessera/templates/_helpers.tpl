@@ -1,0 +1,101 @@
+{{/* Base name of every object: the release name, with "-tessera" unless it already says so. */}}
+{{- define "tessera.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tessera.extender.name" -}}{{ include "tessera.fullname" . }}-extender{{- end -}}
+{{- define "tessera.scheduler.name" -}}{{ include "tessera.fullname" . }}-scheduler{{- end -}}
+{{- define "tessera.draDriver.name" -}}{{ include "tessera.fullname" . }}-dra-driver{{- end -}}
+
+{{/* In-cluster DNS name of the extender Service; also the TLS server name. */}}
+{{- define "tessera.extender.host" -}}
+{{ include "tessera.extender.name" . }}.{{ .Release.Namespace }}.svc
+{{- end -}}
+
+{{- define "tessera.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* Labels on every object; "component" is the half it belongs to. */}}
+{{- define "tessera.labels" -}}
+{{ include "tessera.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "tessera.selectorLabels" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Scheduling constraints of one component's pods, from its values block. */}}
+{{- define "tessera.placement" -}}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- /* Label values are strings; quoted so `present: true` in values stays valid. */}}
+  {{- range $key, $value := . }}
+  {{ $key }}: {{ $value | toString | quote }}
+  {{- end }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "tessera.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* KubeSchedulerConfiguration whose one profile calls the extender. */}}
+{{- define "tessera.schedulerConfig" -}}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: true
+  # Its own lease, so it never competes with the cluster's default scheduler.
+  resourceName: {{ include "tessera.scheduler.name" . }}
+  resourceNamespace: {{ .Release.Namespace }}
+profiles:
+  - schedulerName: {{ .Values.scheduler.schedulerName }}
+extenders:
+  - urlPrefix: {{ ternary "https" "http" .Values.extender.tls.enabled }}://{{ include "tessera.extender.host" . }}:{{ .Values.extender.port }}
+    filterVerb: filter
+    prioritizeVerb: prioritize
+    bindVerb: bind
+    weight: {{ .Values.scheduler.extenderWeight }}
+    nodeCacheCapable: true
+    httpTimeout: {{ .Values.scheduler.httpTimeout }}
+    # A filter error (e.g. while the extender restarts) retries the pod instead of scheduling it
+    # without queue fairness.
+    ignorable: false
+    enableHTTPS: {{ .Values.extender.tls.enabled }}
+    {{- if .Values.extender.tls.enabled }}
+    tlsConfig:
+      serverName: {{ include "tessera.extender.host" . }}
+      caFile: /etc/tessera/extender-client/ca.crt
+      {{- if .Values.extender.tls.verifyClients }}
+      certFile: /etc/tessera/extender-client/tls.crt
+      keyFile: /etc/tessera/extender-client/tls.key
+      {{- end }}
+    {{- end }}
+{{- end -}}
