@@ -1,0 +1,375 @@
+"""The Helm chart and the plain-YAML install, against the real control plane.
+
+helm lint and template with the built helm; every rendered object accepted by the apiserver
+(the Queue CRD applied for real first, the rest with a server-side dry run); manifests/install.yaml
+equal to a fresh render; and the chart's RBAC applied for real: each ServiceAccount may do what
+the code calls and no more, and the extender and a stock kube-scheduler, run with nothing but
+their ServiceAccount's token and the chart's scheduler configuration, schedule and bind a pod.
+Each test renders its own release into its own namespace, so cluster-scoped names are unique.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio.client import ApiClient
+
+from tessera.localcluster import LocalCluster, create_fake_node, delete_nodes, free_port
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "tessera"
+RENDER_SCRIPT = REPO / "hack" / "render-manifests.sh"
+INSTALL_YAML = REPO / "manifests" / "install.yaml"
+QUEUE_CRD_NAME = "queues.scheduling.tessera.dev"
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+# Values that switch on every optional branch of the templates.
+NON_DEFAULT_VALUES = (
+    "extender.tls.enabled=true",
+    "extender.schedulerNames={tessera,other}",
+    "draDriver.backend=simulated",
+    "draDriver.runtimeClassName=nvidia",
+    "draDriver.nodeSelector.nvidia\\.com/gpu\\.present=true",
+    "imagePullSecrets[0].name=registry",
+    "commonLabels.team=gpu",
+)
+
+
+def kube_version() -> str:
+    for line in (REPO / "hack" / "k8s" / "go.mod").read_text().splitlines():
+        fields = line.split()
+        if fields[:1] == ["k8s.io/kubernetes"]:
+            return fields[1]
+    raise AssertionError("hack/k8s/go.mod pins no k8s.io/kubernetes")
+
+
+def helm(cluster: LocalCluster, *args: str) -> str:
+    result = subprocess.run([str(cluster.bin_dir / "helm"), *args], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stderr}"
+    return result.stdout
+
+
+def render(cluster: LocalCluster, release: str, namespace: str, *values: str) -> list[dict[str, Any]]:
+    sets = [arg for value in values for arg in ("--set", value)]
+    text = helm(cluster, "template", release, str(CHART), "--namespace", namespace, "--include-crds",
+                "--kube-version", kube_version(), *sets)
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def kubectl_ok(cluster: LocalCluster, *args: str, input_text: str | None = None) -> str:
+    result = cluster.kubectl(*args, check=False, input_text=input_text)
+    assert result.returncode == 0, f"kubectl {' '.join(args)} failed:\n{result.stderr}"
+    return result.stdout
+
+
+def install_crds(cluster: LocalCluster, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Applies the rendered CRDs for real (shared by every test: left installed); returns the rest."""
+    crds = [obj for obj in objects if obj["kind"] == "CustomResourceDefinition"]
+    assert [crd["metadata"]["name"] for crd in crds] == [QUEUE_CRD_NAME]
+    kubectl_ok(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-",
+               input_text=yaml.safe_dump_all(crds))
+    kubectl_ok(cluster, "wait", "--for=condition=Established", f"crd/{QUEUE_CRD_NAME}", "--timeout=30s")
+    return [obj for obj in objects if obj["kind"] != "CustomResourceDefinition"]
+
+
+def names_of(objects: list[dict[str, Any]], kind: str) -> list[str]:
+    return [obj["metadata"]["name"] for obj in objects if obj["kind"] == kind]
+
+
+def test_chart_lints_and_the_plain_install_is_a_fresh_render(local_cluster: LocalCluster) -> None:
+    lint = helm(local_cluster, "lint", "--strict", str(CHART), "--kube-version", kube_version())
+    assert "1 chart(s) linted, 0 chart(s) failed" in lint
+    helm(local_cluster, "lint", "--strict", str(CHART), "--kube-version", kube_version(),
+         *(arg for value in NON_DEFAULT_VALUES for arg in ("--set", value)))
+
+    fresh = subprocess.run(["bash", str(RENDER_SCRIPT), "-"], capture_output=True, text=True, check=False,
+                           env={**os.environ, "HELM": str(local_cluster.bin_dir / "helm")})
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout == INSTALL_YAML.read_text(), (
+        "manifests/install.yaml is stale: run hack/render-manifests.sh and commit it")
+
+    # The chart installs the very files the tests and the plain install use, through links.
+    for linked, shared in (("crds/queues.yaml", "crds/queues.yaml"),
+                           ("files/deviceclasses.yaml", "deviceclasses.yaml"),
+                           ("files/default-queue.yaml", "default-queue.yaml")):
+        assert (CHART / linked).samefile(REPO / "manifests" / shared), linked
+
+
+CONFIG_ONLY_VALUES = ("scheduler.deploy=false", "draDriver.enabled=false", "deviceClasses.create=false")
+
+
+@pytest.mark.parametrize("values", [(), NON_DEFAULT_VALUES, CONFIG_ONLY_VALUES],
+                         ids=["defaults", "every-option", "config-only"])
+def test_the_apiserver_accepts_every_rendered_object(
+        local_cluster: LocalCluster, namespace: str, values: tuple[str, ...]) -> None:
+    release = f"it-{uuid.uuid4().hex[:6]}"
+    objects = install_crds(local_cluster, render(local_cluster, release, namespace, *values))
+    out = kubectl_ok(local_cluster, "apply", "--dry-run=server", "-f", "-",
+                     input_text=yaml.safe_dump_all(objects))
+    applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
+    assert len(applied) == len(objects), out
+
+    kinds = {obj["kind"] for obj in objects}
+    assert {"Deployment", "Service", "ConfigMap", "Queue"} <= kinds
+    if "scheduler.deploy=false" in values:
+        assert names_of(objects, "Deployment") == [f"{release}-tessera-extender"]
+        assert "DaemonSet" not in kinds and "DeviceClass" not in kinds
+    else:
+        assert sorted(names_of(objects, "Deployment")) == [f"{release}-tessera-extender",
+                                                           f"{release}-tessera-scheduler"]
+        assert names_of(objects, "DaemonSet") == [f"{release}-tessera-dra-driver"]
+        shipped = yaml.safe_load_all((REPO / "manifests" / "deviceclasses.yaml").read_text())
+        assert sorted(names_of(objects, "DeviceClass")) == sorted(d["metadata"]["name"] for d in shipped if d)
+
+
+# ---- RBAC ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Access:
+    verb: str
+    resource: str  # resource[.group], as kubectl auth can-i takes it
+    subresource: str = ""
+    namespaced: bool = False
+
+    def args(self, namespace: str) -> list[str]:
+        args = [self.verb, self.resource]
+        if self.subresource:
+            args.append(f"--subresource={self.subresource}")
+        return [*args, f"--namespace={namespace}"] if self.namespaced else args
+
+    def __str__(self) -> str:
+        target = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+        return f"{self.verb} {target}{' (namespaced)' if self.namespaced else ''}"
+
+
+def access(spec: str) -> Access:
+    """'patch pods/status ns' -> Access('patch', 'pods', 'status', namespaced=True)."""
+    verb, target, *scope = spec.split()
+    resource, _, subresource = target.partition("/")
+    return Access(verb, resource, subresource, namespaced=scope == ["ns"])
+
+
+def access_list(*specs: str) -> list[Access]:
+    return [access(spec) for spec in specs]
+
+
+RESOURCE = "resource.k8s.io"
+QUEUES = "queues.scheduling.tessera.dev"
+NEVER = access_list(  # what no Tessera component has any business doing
+    "delete nodes", "get secrets ns", "list secrets", "create pods ns",
+    "update clusterroles.rbac.authorization.k8s.io", "create serviceaccounts/token ns",
+    f"delete {QUEUES}", "escalate clusterroles.rbac.authorization.k8s.io",
+)
+NEEDS = {
+    # extender/state.py watches, binder.py, status.py
+    "extender": access_list(
+        "list nodes", "watch nodes", "list pods", "watch pods", "get pods ns", "patch pods ns",
+        "create pods/binding ns", "patch pods/status ns", "create events ns",
+        f"list resourceslices.{RESOURCE}", f"watch resourceslices.{RESOURCE}",
+        f"list resourceclaims.{RESOURCE}", f"watch resourceclaims.{RESOURCE}",
+        f"get resourceclaims.{RESOURCE} ns",
+        f"list resourceclaimtemplates.{RESOURCE}", f"watch resourceclaimtemplates.{RESOURCE}",
+        f"list deviceclasses.{RESOURCE}", f"watch deviceclasses.{RESOURCE}",
+        f"list {QUEUES}", f"watch {QUEUES}", f"patch {QUEUES}/status",
+    ),
+    # dra_driver/slices.py and prepare.py
+    "dra-driver": access_list(
+        f"list resourceslices.{RESOURCE}", f"create resourceslices.{RESOURCE}",
+        f"update resourceslices.{RESOURCE}", f"delete resourceslices.{RESOURCE}",
+        f"get resourceclaims.{RESOURCE} ns", "get nodes",
+    ),
+    # a stock kube-scheduler with DRA, under its own leader-election lease
+    "scheduler": access_list(
+        "create pods/binding ns", "patch pods/status ns", "list nodes", "watch pods",
+        f"list resourceslices.{RESOURCE}", f"list deviceclasses.{RESOURCE}",
+        f"update resourceclaims.{RESOURCE}/status ns", "create leases.coordination.k8s.io ns",
+    ),
+}
+DENIED = {
+    "extender": access_list(
+        "delete pods ns", "update pods ns", "update pods/status ns", f"update {QUEUES}", f"create {QUEUES}",
+        f"update {QUEUES}/status", f"create resourceslices.{RESOURCE}",
+        f"update resourceclaims.{RESOURCE}/status ns",
+    ),
+    "dra-driver": access_list(
+        "delete pods ns", "list nodes", "update nodes", "list pods", f"list resourceclaims.{RESOURCE}",
+        f"update resourceclaims.{RESOURCE}/status ns", "create pods/binding ns",
+    ),
+    "scheduler": access_list(f"patch {QUEUES}/status", f"create resourceslices.{RESOURCE}"),
+}
+
+
+class Release:
+    """A rendered release whose RBAC objects are applied for real; cluster-scoped ones deleted after."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.name = f"it-{uuid.uuid4().hex[:6]}"
+        self.scheduler_name = f"tessera-{self.name}"
+        self.objects = install_crds(cluster, render(cluster, self.name, namespace,
+                                                    f"scheduler.schedulerName={self.scheduler_name}"))
+        self.rbac = [obj for obj in self.objects if obj["kind"] in RBAC_KINDS]
+
+    def service_account(self, component: str) -> str:
+        return f"{self.name}-tessera-{component}"
+
+    def user(self, component: str) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.service_account(component)}"
+
+    def apply_rbac(self) -> None:
+        kubectl_ok(self.cluster, "apply", "-f", "-", input_text=yaml.safe_dump_all(self.rbac))
+
+    def delete_rbac(self) -> None:
+        kubectl_ok(self.cluster, "delete", "--ignore-not-found", "--wait=false", "-f", "-",
+                   input_text=yaml.safe_dump_all(self.rbac))
+
+    def can(self, component: str, wanted: Access) -> bool:
+        result = self.cluster.kubectl("auth", "can-i", *wanted.args(self.namespace),
+                                      f"--as={self.user(component)}", check=False)
+        assert result.returncode in (0, 1), result.stderr
+        return result.returncode == 0
+
+    def token_kubeconfig(self, component: str, path: Path) -> Path:
+        """A kubeconfig that authenticates as the component's ServiceAccount, nothing more."""
+        token = kubectl_ok(self.cluster, "create", "token", self.service_account(component),
+                           f"--namespace={self.namespace}", "--duration=15m").strip()
+        admin = yaml.safe_load(self.cluster.kubeconfig.read_text())
+        admin["users"] = [{"name": component, "user": {"token": token}}]
+        admin["contexts"][0]["context"]["user"] = component
+        path.write_text(yaml.safe_dump(admin))
+        return path
+
+    def rendered(self, kind: str, name: str) -> dict[str, Any]:
+        return next(o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+@pytest.fixture
+def release(local_cluster: LocalCluster, namespace: str) -> Iterator[Release]:
+    installed = Release(local_cluster, namespace)
+    installed.apply_rbac()
+    try:
+        yield installed
+    finally:
+        installed.delete_rbac()
+
+
+def test_each_service_account_may_do_what_its_code_calls_and_no_more(release: Release) -> None:
+    checks = [(component, wanted, True) for component, needed in NEEDS.items() for wanted in needed]
+    checks += [(component, wanted, False) for component, denied in DENIED.items() for wanted in denied]
+    checks += [(component, wanted, False) for component in NEEDS for wanted in NEVER]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = list(pool.map(lambda check: release.can(check[0], check[1]), checks))
+    wrong = [f"{component} {'cannot' if expected else 'can'} {wanted}"
+             for (component, wanted, expected), answer in zip(checks, answers, strict=True)
+             if answer != expected]
+    assert not wrong, "\n".join(wrong)
+
+
+# ---- the components under their own ServiceAccounts ---------------------------------------------
+
+def wait_for(condition: Callable[[], bool], what: str, process: subprocess.Popen[bytes], log: Path,
+             timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            raise AssertionError(f"{what}: process exited {process.returncode}:\n{log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_accounts(
+        release: Release, k8s: ApiClient, tmp_path: Path) -> None:
+    cluster, namespace = release.cluster, release.namespace
+    extender_port, scheduler_port = free_port(), free_port()
+    extender_log, scheduler_log = tmp_path / "extender.log", tmp_path / "scheduler.log"
+    extender_kubeconfig = release.token_kubeconfig("extender", tmp_path / "extender.kubeconfig")
+    extender = start([sys.executable, "-m", "extender", f"--kubeconfig={extender_kubeconfig}",
+                      "--listen-address=127.0.0.1", f"--port={extender_port}"], extender_log)
+    # The chart's own scheduler configuration; only the API access and the extender's address
+    # differ outside the cluster.
+    config_map = release.rendered("ConfigMap", f"{release.name}-tessera-scheduler-config")
+    config = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])
+    kubeconfig = release.token_kubeconfig("scheduler", tmp_path / "scheduler.kubeconfig")
+    config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+    assert config["extenders"][0]["urlPrefix"] == (
+        f"http://{release.name}-tessera-extender.{namespace}.svc:8888")
+    config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{extender_port}"
+    (tmp_path / "scheduler.yaml").write_text(yaml.safe_dump(config))
+    scheduler = start([str(cluster.bin_dir / "kube-scheduler"), f"--config={tmp_path / 'scheduler.yaml'}",
+                       f"--authentication-kubeconfig={kubeconfig}",
+                       f"--authorization-kubeconfig={kubeconfig}",
+                       f"--secure-port={scheduler_port}", "--bind-address=127.0.0.1"], scheduler_log)
+    node = f"{release.name}-node"
+    try:
+        # Ready only once every watch (nodes ... queues) has listed: the list/watch RBAC works.
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{extender_port}/readyz"), "extender ready",
+                 extender, extender_log)
+
+        def holds_lease() -> bool:
+            lease = cluster.kubectl("get", "lease", f"{release.name}-tessera-scheduler",
+                                    f"--namespace={namespace}", "-o", "jsonpath={.spec.holderIdentity}",
+                                    check=False)
+            return lease.returncode == 0 and bool(lease.stdout.strip())
+
+        # Informers synced and the lease taken: the scheduler's RBAC and its own lease Role work.
+        wait_for(holds_lease, "scheduler leader lease", scheduler, scheduler_log)
+
+        await create_fake_node(k8s, node)
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hello", "namespace": namespace},
+               "spec": {"schedulerName": release.scheduler_name,
+                        "nodeSelector": {"kubernetes.io/hostname": node},
+                        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}}
+        kubectl_ok(cluster, "apply", "-f", "-", input_text=yaml.safe_dump(pod))
+
+        def bound() -> bool:
+            return kubectl_ok(cluster, "get", "pod", "hello", f"--namespace={namespace}",
+                              "-o", "jsonpath={.spec.nodeName}").strip() == node
+
+        # The extender is the binder (bindVerb): the Binding was created with its token.
+        wait_for(bound, "pod bound by the extender", extender, extender_log)
+        assert f"bound {namespace}/hello to {node}" in extender_log.read_text()
+    finally:
+        stop(scheduler)
+        stop(extender)
+        await delete_nodes(k8s, [node])
+    assert "forbidden" not in extender_log.read_text().lower(), extender_log.read_text()[-3000:]
+
