@@ -3,8 +3,9 @@
 helm lint and template with the built helm; every rendered object accepted by the apiserver
 (the Queue CRD applied for real first, the rest with a server-side dry run); manifests/install.yaml
 equal to a fresh render; and the chart's RBAC applied for real: each ServiceAccount may do what
-the code calls and no more, and the extender and a stock kube-scheduler, run with nothing but
-their ServiceAccount's token and the chart's scheduler configuration, schedule and bind a pod.
+the code calls and no more; and the components, run with nothing but their ServiceAccount's
+token: a stock kube-scheduler with the chart's configuration and the extender schedule and bind a
+pod and write Queue status, the DRA driver publishes its node's ResourceSlices.
 Each test renders its own release into its own namespace, so cluster-scoped names are unique.
 """
 
@@ -338,7 +339,7 @@ async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_acc
                        f"--authentication-kubeconfig={kubeconfig}",
                        f"--authorization-kubeconfig={kubeconfig}",
                        f"--secure-port={scheduler_port}", "--bind-address=127.0.0.1"], scheduler_log)
-    node = f"{release.name}-node"
+    node, queue = f"{release.name}-node", f"{release.name}-queue"
     try:
         # Ready only once every watch (nodes ... queues) has listed: the list/watch RBAC works.
         wait_for(lambda: http_ok(f"http://127.0.0.1:{extender_port}/readyz"), "extender ready",
@@ -367,9 +368,53 @@ async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_acc
         # The extender is the binder (bindVerb): the Binding was created with its token.
         wait_for(bound, "pod bound by the extender", extender, extender_log)
         assert f"bound {namespace}/hello to {node}" in extender_log.read_text()
+
+        kubectl_ok(cluster, "apply", "-f", "-", input_text=yaml.safe_dump(
+            {"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "Queue", "metadata": {"name": queue}}))
+
+        def queue_status_written() -> bool:
+            written = kubectl_ok(cluster, "get", QUEUES, queue, "-o", "jsonpath={.status.conditions}")
+            return bool(written.strip())
+
+        wait_for(queue_status_written, "Queue status patched by the extender", extender, extender_log)
     finally:
         stop(scheduler)
         stop(extender)
         await delete_nodes(k8s, [node])
+        cluster.kubectl("delete", QUEUES, queue, "--ignore-not-found", check=False)
     assert "forbidden" not in extender_log.read_text().lower(), extender_log.read_text()[-3000:]
 
+
+
+async def test_the_dra_driver_publishes_its_node_with_only_its_service_account(
+        release: Release, k8s: ApiClient, tmp_path: Path) -> None:
+    cluster = release.cluster
+    node = f"{release.name}-gpu-node"
+    driver_name = f"{release.name}.tessera.dev"  # a driver of its own: no other test sees its slices
+    http_port = free_port()
+    log = tmp_path / "driver.log"
+    await create_fake_node(k8s, node)
+    kubeconfig = release.token_kubeconfig("dra-driver", tmp_path / "driver.kubeconfig")
+    host_dirs = [f"--{name}-dir={tmp_path / name}" for name in ("plugin", "registry", "cdi", "checkpoint")]
+    driver = start([sys.executable, "-m", "dra_driver", f"--node-name={node}", f"--driver-name={driver_name}",
+                    "--backend=simulated", "--profile=t4x2", f"--kubeconfig={kubeconfig}", *host_dirs,
+                    f"--http-port={http_port}"], log)
+
+    def slices() -> list[dict[str, Any]]:
+        listed = kubectl_ok(cluster, "get", f"resourceslices.{RESOURCE}", "-o", "json",
+                            f"--field-selector=spec.nodeName={node},spec.driver={driver_name}")
+        return list(yaml.safe_load(listed)["items"])
+
+    try:
+        # Healthy once the slices are published and the plugin sockets serve.
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{http_port}/healthz"), "driver healthy", driver, log)
+        published = slices()
+        assert sum(len(s["spec"]["devices"]) for s in published) == 2
+        # The Node was readable: the slices are owned by it (garbage-collected with it).
+        assert all(s["metadata"]["ownerReferences"][0]["name"] == node for s in published)
+    finally:
+        stop(driver)
+        cluster.kubectl("delete", f"resourceslices.{RESOURCE}", f"--field-selector=spec.driver={driver_name}",
+                        check=False)
+        await delete_nodes(k8s, [node])
+    assert "forbidden" not in log.read_text().lower(), log.read_text()[-3000:]
