@@ -35,6 +35,7 @@ import grpc
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from dra_driver.__main__ import run_driver
 from dra_driver.config import DEFAULT_DRIVER_NAME, DriverConfig
 from dra_driver.prepare import ApiClaimReader, ClaimPrepareError
 from dra_driver.proto import dra_v1_pb2, dra_v1_pb2_grpc, registration_pb2, registration_pb2_grpc
@@ -347,8 +348,6 @@ def node_driver_config(
 
 async def run_simulated_node(config: DriverConfig, api: client.ApiClient, stop: asyncio.Event) -> None:
     """The driver and the kubelet stand-in for one fake node, until ``stop``."""
-    from dra_driver.__main__ import run_driver
-
     config.registry_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
     stand_in = KubeletStandIn(api, config.node_name, Registrar(config.registry_dir))
     async with asyncio.TaskGroup() as group:
@@ -372,6 +371,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 async def _main(args: argparse.Namespace) -> None:
+    # The dev tooling's helpers, imported only here: the driver itself never depends on tessera.
     from tessera.localcluster import api_client, create_fake_node
 
     stop = asyncio.Event()

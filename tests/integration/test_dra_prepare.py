@@ -1,0 +1,392 @@
+"""The kubelet-plugin half on the real control plane: the real scheduler allocates whole and
+fractional GPUs from the driver's slices, the node agent prepares them over the real sockets,
+the CDI specs carry the expected environment and limits, and killing the driver (between prepare
+and unprepare, and in the middle of a prepare) loses nothing.
+
+Each test uses its own driver name (the shipped DeviceClasses are applied with ``gpu.tessera.dev``
+rewritten to it) and its own fake nodes, deleted at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, ResourceV1Api
+
+from dra_driver.checkpoint import Checkpoint
+from dra_driver.config import DEFAULT_DRIVER_NAME, DriverConfig
+from dra_driver.devices.simulated import SimulatedBackend
+from dra_driver.nodeagent import KubeletStandIn, Registrar, node_driver_config, run_kubelet_stand_in
+from dra_driver.plugin import SIMULATED_COMMAND_LOG, build_plugin
+from dra_driver.prepare import ApiClaimReader
+from dra_driver.sharing import Command, RecordingRunner
+from dra_driver.slices import SliceReconciler
+from tessera.localcluster import LocalCluster, create_fake_node, delete_nodes, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+MIB = 1 << 20
+SHIPPED_PROFILES = REPO / "dra_driver" / "devices" / "profiles"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    # unix socket paths must stay under 108 bytes; pytest's tmp_path can be too long for that.
+    path = Path(tempfile.mkdtemp(prefix="tdp-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def h100_profile(short_dir: Path) -> Path:
+    """One H100 80GB: the shipped 8-GPU profile cut down to a single GPU."""
+    profile = yaml.safe_load((SHIPPED_PROFILES / "h100x8.yaml").read_text())
+    profile["gpus"][0]["count"] = 1
+    path = short_dir / "h100x1.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+@pytest.fixture
+def driver() -> str:
+    return f"{unique('gpu')}.tessera.dev"
+
+
+@pytest.fixture
+def device_classes(local_cluster: LocalCluster, driver: str) -> Iterator[None]:
+    # Rename the driver, not the GpuConfig API group (gpu.tessera.dev/v1alpha1 whatever the driver).
+    shipped = (REPO / "manifests" / "deviceclasses.yaml").read_text()
+    text = re.sub(re.escape(DEFAULT_DRIVER_NAME) + "(?!/)", driver, shipped)
+    names = [doc["metadata"]["name"] for doc in yaml.safe_load_all(text) if doc]
+    local_cluster.apply(text)
+    yield
+    local_cluster.kubectl("delete", "deviceclass", *names, "--ignore-not-found")
+
+
+class DriverProcess:
+    """``python -m dra_driver`` for one fake node, killable like a real DaemonSet pod."""
+
+    def __init__(self, config: DriverConfig, log_path: Path) -> None:
+        self.config = config
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        c = self.config
+        args = [
+            sys.executable, "-m", "dra_driver",
+            "--node-name", c.node_name, "--driver-name", c.driver_name,
+            "--backend", "simulated", "--profile", str(c.profile), "--kubeconfig", str(c.kubeconfig),
+            "--plugin-dir", str(c.plugin_dir), "--registry-dir", str(c.registry_dir),
+            "--cdi-dir", str(c.cdi_dir), "--checkpoint-dir", str(c.checkpoint_dir),
+        ]  # fmt: skip
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def commands(self) -> list[tuple[str, ...]]:
+        path = self.config.checkpoint_dir / SIMULATED_COMMAND_LOG
+        if not path.exists():
+            return []
+        return [tuple(json.loads(line)["argv"]) for line in path.read_text().splitlines()]
+
+
+@dataclass
+class SimNode:
+    name: str
+    config: DriverConfig
+    stand_in: KubeletStandIn
+    stop: asyncio.Event
+
+
+@contextlib.asynccontextmanager
+async def kubelet(k8s: ApiClient, config: DriverConfig) -> AsyncIterator[SimNode]:
+    """The node agent's kubelet stand-in for one node, running until the block ends."""
+    config.registry_dir.mkdir(parents=True, exist_ok=True)
+    stand_in = KubeletStandIn(k8s, config.node_name, Registrar(config.registry_dir))
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_kubelet_stand_in(stand_in, stop, interval_s=0.3))
+    try:
+        yield SimNode(config.node_name, config, stand_in, stop)
+    finally:
+        stop.set()
+        await task
+
+
+class Pods:
+    """Pods and their claims in one namespace, through the API."""
+
+    def __init__(self, k8s: ApiClient, namespace: str) -> None:
+        self.api = k8s
+        self.core = CoreV1Api(k8s)
+        self.resource = ResourceV1Api(k8s)
+        self.namespace = namespace
+
+    async def create(self, name: str, device_class: str, memory: str | None = None) -> None:
+        request: dict[str, Any] = {"deviceClassName": device_class}
+        if memory:
+            request["capacity"] = {"requests": {"memory": memory}}
+        template: Any = {
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}}},
+        }
+        await self.resource.create_namespaced_resource_claim_template(self.namespace, template)
+        pod: Any = {
+            "metadata": {"name": name},
+            "spec": {
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/cuda",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        }
+        await self.core.create_namespaced_pod(self.namespace, pod)
+
+    async def get(self, name: str) -> dict[str, Any]:
+        pod: dict[str, Any] = self.api.sanitize_for_serialization(
+            await self.core.read_namespaced_pod(name, self.namespace)
+        )
+        return pod
+
+    async def running_on(self, name: str) -> str:
+        async def running() -> str | None:
+            pod = await self.get(name)
+            node: str | None = pod["spec"].get("nodeName")
+            return node if pod["status"].get("phase") == "Running" else None
+
+        return await wait_until(running, timeout=60, what=f"pod {name} Running")
+
+    async def unschedulable(self, name: str) -> bool:
+        conditions = (await self.get(name))["status"].get("conditions") or []
+        return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions)
+
+    async def claim_uid(self, pod_name: str) -> str:
+        (status,) = (await self.get(pod_name))["status"]["resourceClaimStatuses"]
+        claim = await self.resource.read_namespaced_resource_claim(
+            status["resourceClaimName"], self.namespace
+        )
+        uid: str = claim.metadata.uid
+        return uid
+
+    async def delete(self, name: str) -> None:
+        # A normal (graceful) delete: the kubelet stand-in unprepares and finishes it.
+        await self.core.delete_namespaced_pod(name, self.namespace)
+
+    async def gone(self, name: str) -> bool:
+        listing = await self.core.list_namespaced_pod(self.namespace, field_selector=f"metadata.name={name}")
+        return not listing.items
+
+
+def cdi_env(config: DriverConfig, claim_uid: str) -> dict[str, str]:
+    spec = json.loads((config.cdi_dir / f"k8s.{config.driver_name}-claim_{claim_uid}.json").read_text())
+    return dict(item.split("=", 1) for item in spec["containerEdits"]["env"])
+
+
+async def slices_published(k8s: ApiClient, driver: str, node: str) -> bool:
+    listing = await ResourceV1Api(k8s).list_resource_slice(
+        field_selector=f"spec.nodeName={node},spec.driver={driver}"
+    )
+    return bool(listing.items)
+
+
+async def test_whole_and_fractional_gpus_are_prepared_and_survive_a_driver_kill(
+    local_cluster: LocalCluster,
+    k8s: ApiClient,
+    namespace: str,
+    driver: str,
+    device_classes: None,
+    short_dir: Path,
+    h100_profile: Path,
+) -> None:
+    h100, t4 = unique("h100"), unique("t4")
+    t4_profile = SHIPPED_PROFILES / "t4x2.yaml"
+    configs = {
+        name: node_driver_config(name, short_dir, profile, local_cluster.kubeconfig, driver)
+        for name, profile in ((h100, h100_profile), (t4, t4_profile))
+    }
+    drivers = {name: DriverProcess(config, short_dir / f"{name}.log") for name, config in configs.items()}
+    pods = Pods(k8s, namespace)
+    try:
+        for name, process in drivers.items():
+            await create_fake_node(k8s, name)
+            process.start()
+        for name in drivers:
+            published = partial(slices_published, k8s, driver, name)
+            await wait_until(published, timeout=60, what=f"slices of {name}")
+        async with kubelet(k8s, configs[h100]), kubelet(k8s, configs[t4]):
+            # Two 40Gi fractions share the 80Gi H100 through MPS; a third waits.
+            for name in ("half-0", "half-1"):
+                await pods.create(name, f"fractional-{driver}", memory="40Gi")
+                assert await pods.running_on(name) == h100
+            await pods.create("half-2", f"fractional-{driver}", memory="40Gi")
+            await wait_until(lambda: pods.unschedulable("half-2"), timeout=40, what="third fraction waits")
+
+            halves = [await pods.claim_uid(n) for n in ("half-0", "half-1")]
+            for claim_uid in halves:
+                env = cdi_env(configs[h100], claim_uid)
+                assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={40 * 1024}M"
+                assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+                assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+                assert env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+            uuid_of_h100 = cdi_env(configs[h100], halves[0])["NVIDIA_VISIBLE_DEVICES"]
+            assert drivers[h100].commands() == [
+                ("nvidia-smi", "-i", uuid_of_h100, "-c", "EXCLUSIVE_PROCESS"),
+                ("nvidia-cuda-mps-control", "-d"),
+            ]
+
+            # A plain claim takes a whole T4, exclusively: no MPS, no sharing command.
+            await pods.create("whole", driver)
+            assert await pods.running_on("whole") == t4
+            whole_env = cdi_env(configs[t4], await pods.claim_uid("whole"))
+            assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in whole_env
+            assert drivers[t4].commands() == []
+
+            # Kill the H100 driver between prepare and unprepare; a new one takes over from the
+            # checkpoint (the kubelet stand-in re-registers it when the socket is replaced).
+            drivers[h100].kill()
+            drivers[h100].start()
+            await pods.delete("half-0")
+            await wait_until(lambda: pods.gone("half-0"), timeout=60, what="half-0 unprepared and deleted")
+            assert not (configs[h100].cdi_dir / f"k8s.{driver}-claim_{halves[0]}.json").exists()
+            assert ("nvidia-cuda-mps-control",) not in drivers[h100].commands()  # half-1 still uses MPS
+
+            # The freed 40Gi goes to the waiting pod; the last fraction's unprepare stops MPS.
+            assert await pods.running_on("half-2") == h100
+            for name in ("half-1", "half-2"):
+                await pods.delete(name)
+                await wait_until(partial(pods.gone, name), timeout=60, what=f"{name} deleted")
+            assert drivers[h100].commands()[-2:] == [
+                ("nvidia-cuda-mps-control",),
+                ("nvidia-smi", "-i", uuid_of_h100, "-c", "DEFAULT"),
+            ]
+            assert list(configs[h100].cdi_dir.iterdir()) == []
+            assert Checkpoint(configs[h100].checkpoint_dir).claims == {}
+    finally:
+        for process in drivers.values():
+            process.stop()
+        await delete_nodes(k8s, list(drivers))
+        for process in drivers.values():
+            if process.log_path.exists():
+                sys.stderr.write(process.log_path.read_text()[-3000:])
+
+
+class BlockingRunner(RecordingRunner):
+    """Never finishes starting the MPS daemon: the driver is 'killed' while it waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocked = asyncio.Event()
+
+    async def run(self, command: Command) -> str:
+        await super().run(command)
+        if command.argv == ("nvidia-cuda-mps-control", "-d"):
+            self.blocked.set()
+            await asyncio.Event().wait()
+        return ""
+
+
+async def test_driver_killed_mid_prepare_is_rolled_back_and_redone(
+    local_cluster: LocalCluster,
+    k8s: ApiClient,
+    namespace: str,
+    driver: str,
+    device_classes: None,
+    short_dir: Path,
+    h100_profile: Path,
+) -> None:
+    node = unique("h100")
+    config = node_driver_config(node, short_dir, h100_profile, local_cluster.kubeconfig, driver)
+    backend = SimulatedBackend.from_file(h100_profile, node_name=node)
+    await create_fake_node(k8s, node)
+    reconciler = SliceReconciler(k8s, node, driver, backend)
+
+    def plugin_with(runner: RecordingRunner) -> Any:
+        plugin, _ = build_plugin(
+            driver_name=driver,
+            node_name=node,
+            gpus=backend.inventory(),
+            claims=ApiClaimReader(k8s),
+            runner=runner,
+            plugin_dir=config.plugin_dir,
+            registry_dir=config.registry_dir,
+            cdi_dir=config.cdi_dir,
+            checkpoint_dir=config.checkpoint_dir,
+        )
+        return plugin
+
+    pods = Pods(k8s, namespace)
+    try:
+        await reconciler.publish(backend.inventory())
+        blocking = BlockingRunner()
+        first = plugin_with(blocking)
+        await first.start()
+        async with kubelet(k8s, config):
+            await pods.create("frac", f"fractional-{driver}", memory="20Gi")
+            await asyncio.wait_for(blocking.blocked.wait(), 60)
+            claim_uid = await pods.claim_uid("frac")
+            # The crash: the process goes away mid-prepare, leaving the claim "started" on disk.
+            await first.stop(grace_s=0)
+            record = Checkpoint(config.checkpoint_dir).get(claim_uid)
+            assert record is not None and record.state == "started"
+
+            runner = RecordingRunner()
+            second = plugin_with(runner)
+            await second.start()
+            try:
+                assert await pods.running_on("frac") == node
+                gpu_uuid = backend.inventory()[0].uuid
+                # Rolled back (MPS reset) and redone (MPS set up again), exactly once each.
+                assert [c.argv for c in runner.commands] == [
+                    ("nvidia-cuda-mps-control",),
+                    ("nvidia-smi", "-i", gpu_uuid, "-c", "DEFAULT"),
+                    ("nvidia-smi", "-i", gpu_uuid, "-c", "EXCLUSIVE_PROCESS"),
+                    ("nvidia-cuda-mps-control", "-d"),
+                ]
+                env = cdi_env(config, claim_uid)
+                assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+                assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+                completed = Checkpoint(config.checkpoint_dir).get(claim_uid)
+                assert completed is not None and completed.state == "completed"
+                await pods.delete("frac")
+                await wait_until(lambda: pods.gone("frac"), timeout=60, what="frac unprepared and deleted")
+                assert Checkpoint(config.checkpoint_dir).claims == {}
+            finally:
+                await second.stop(grace_s=0)
+    finally:
+        await reconciler.delete_all()
+        await delete_nodes(k8s, [node])
