@@ -109,7 +109,7 @@ def decide_filter(state: ClusterState, waiting: WaitingPods, metrics: ExtenderMe
             failed[name] = (f"not enough free GPU for {_describe(node_demand)}{models} "
                             f"({free:.3g} free over {len(supply.free_milli)} GPUs, model '{supply.model}')")
     if passed:
-        state.reserve(key, RESERVATION_TTL_S)
+        state.reserve(key, pod, RESERVATION_TTL_S)
     metrics.decisions.labels("filter", "admitted", "fits" if passed else "no_gpu_fit").inc()
     return filter_result(args, passed, failed)
 

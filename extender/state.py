@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
@@ -38,7 +37,7 @@ from extender.demand import (
 )
 from extender.kubeapi import JsonObject, KubeError, request, watch_lines
 from extender.policy.fairness import QueueSpec, QueueUsage, compute_fair_shares
-from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix, mix_from_demands
+from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.queues import (
     DEFAULT_QUEUE,
     QUEUE_GROUP,
@@ -49,6 +48,7 @@ from extender.queues import (
     parse_quantity,
     parse_queue,
 )
+from extender.usage import Bucket, Contribution, QueueLedger
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +135,6 @@ def _add(into: dict[str, float], amounts: Mapping[str, float]) -> None:
         into[resource] = into.get(resource, 0.0) + amount
 
 
-def _shifted(base: Mapping[str, float], amounts: Mapping[str, float], sign: float) -> dict[str, float]:
-    """base + sign * amounts, dropping what rounds to nothing."""
-    result = dict(base)
-    _add(result, {r: sign * a for r, a in amounts.items()})
-    return {r: a for r, a in result.items() if abs(a) > 1e-9}
-
-
 @dataclass
 class ClusterState:
     config: StateConfig = field(default_factory=StateConfig)
@@ -158,7 +151,20 @@ class ClusterState:
     # scheduler runs the next pod's filter while the previous one is still binding, so
     # admissions in flight must count against their queue or a burst could pass a limit.
     reserved: dict[str, float] = field(default_factory=dict)
+    # The wire pod of a reservation, for a pod the watch has not delivered yet.
+    reserved_pods: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     pods_by_node: dict[str, set[str]] = field(default_factory=dict)
+    # Incremental queue accounting: pods whose contribution must be recomputed, and which pods
+    # read which claim or template ("ResourceClaim:ns/name" -> pod keys).
+    ledger: QueueLedger = field(default_factory=QueueLedger)
+    _dirty_pods: set[str] = field(default_factory=set)
+    _all_pods_dirty: bool = True
+    _source_users: dict[str, set[str]] = field(default_factory=dict)
+    _pod_sources: dict[str, set[str]] = field(default_factory=dict)
+    # Caches of derived supply, dropped by `_supply_changed`.
+    _memory_by_models: dict[frozenset[str], int] = field(default_factory=dict)
+    _node_gpus: dict[str, NodeGpus] = field(default_factory=dict)
+    _capacity: dict[str, float] | None = None
     # Called after every change (the status writer uses it to notice newly eligible pods).
     listeners: list[Callable[[], None]] = field(default_factory=list)
     _view: FairnessView | None = None
@@ -179,7 +185,7 @@ class ClusterState:
                 del store[key]
             if kind == "Pod":
                 self.assumed_nodes.pop(key, None)
-                self.reserved.pop(key, None)
+                self._drop_reservation(key)
         else:
             if old is not None:
                 old_rv, new_rv = _resource_version(old), _resource_version(obj)
@@ -202,7 +208,9 @@ class ClusterState:
             self._index(kind, key, obj)
         if kind == "Pod":
             self.assumed_nodes = {k: n for k, n in self.assumed_nodes.items() if k in fresh}
-            self.reserved = {k: t for k, t in self.reserved.items() if k in fresh}
+            for key in [k for k in self.reserved if k not in fresh]:
+                self._drop_reservation(key)
+            self._all_pods_dirty = True
         self.synced.add(kind)
         self._changed()
 
@@ -213,48 +221,64 @@ class ClusterState:
         if pod is not None:
             self._unindex("Pod", key, pod)
         self.assumed_nodes[key] = node
-        self.reserved.pop(key, None)
+        self._drop_reservation(key)
         if pod is not None:
             self._index("Pod", key, pod)
+        self._dirty_pods.add(key)
         self._changed()
 
-    def reserve(self, key: str, ttl_s: float) -> None:
+    def reserve(self, key: str, pod: Mapping[str, Any], ttl_s: float) -> None:
         """Count a pending pod as allocated to its queue until it is bound or `ttl_s` passes."""
-        known = key in self.reserved
         self.reserved[key] = time.monotonic() + ttl_s
-        if not known:
-            self._shift_in_view(key, 1.0)
+        self.reserved_pods[key] = pod
+        self._dirty_pods.add(key)
 
     def release(self, key: str) -> None:
         """Undo `reserve` (the pod is being filtered again, so its old admission is void)."""
-        if self.reserved.pop(key, None) is not None:
-            self._shift_in_view(key, -1.0)
+        if key in self.reserved:
+            self._drop_reservation(key)
+            self._dirty_pods.add(key)
 
-    def _shift_in_view(self, key: str, sign: float) -> None:
-        """Move a pod between requested and allocated in the cached view, in O(queues).
-
-        Fair shares stay valid: the queue's demand (allocated + requested) does not change.
-        """
-        view, pod = self._view, self.kind("Pod").get(key)
-        if view is None:
-            return
-        if pod is None or self.pod_node(key, pod) or not self.is_pending(key, pod):
-            self._view = None  # the view does not count it as pending: recompute
-            return
-        queue = pod_queue(pod)
-        amounts = self.pod_resources(key, pod)
-        old = view.usage.get(queue, QueueUsage(allocated={}, requested={}))
-        moved = QueueUsage(allocated=_shifted(old.allocated, amounts, sign),
-                           requested=_shifted(old.requested, amounts, -sign))
-        pending = {**view.pending_pods, queue: view.pending_pods.get(queue, 0) - int(sign)}
-        self._view = replace(view, usage={**view.usage, queue: moved}, pending_pods=pending)
+    def _drop_reservation(self, key: str) -> None:
+        self.reserved.pop(key, None)
+        self.reserved_pods.pop(key, None)
 
     def _changed(self) -> None:
-        self._view = None
         for listener in self.listeners:
             listener()
 
+    def _supply_changed(self, kind: str, obj: JsonObject) -> None:
+        """Drop cached derivations that an object of `kind` can change."""
+        key = object_key(obj)
+        if kind in ("ResourceSlice", "DeviceClass"):
+            # Device sizes, models and classes feed every pod's vector: recount all (rare events).
+            self._all_pods_dirty = True
+            self._memory_by_models.clear()
+            self._capacity = None
+            self._node_gpus.pop(str((obj.get("spec") or {}).get("nodeName")), None)
+        elif kind == "Node":
+            # Allocatable feeds capacity; the GPU model label feeds its classic-GPU pods.
+            self._capacity = None
+            self._view = None
+            self._node_gpus.pop(key, None)
+            self._dirty_pods.update(self.pods_by_node.get(key, ()))
+        elif kind == "ResourceClaim":
+            self._dirty_pods.update(self._source_users.get(f"{kind}:{key}", ()))
+            for held in allocated_devices(obj):
+                device = self._gpu_device(held)
+                if device is not None:
+                    self._node_gpus.pop(device.node, None)
+        elif kind == "ResourceClaimTemplate":
+            self._dirty_pods.update(self._source_users.get(f"{kind}:{key}", ()))
+        elif kind == "Pod":
+            self._dirty_pods.add(key)
+            if pod_classic_gpus(obj):
+                self._node_gpus.pop(self.pod_node(key, obj), None)
+        elif kind == "Queue":
+            self._view = None
+
     def _index(self, kind: str, key: str, obj: JsonObject) -> None:
+        self._supply_changed(kind, obj)
         if kind == "ResourceSlice":
             for device_key, device in self._slice_devices(obj):
                 self.devices[device_key] = device
@@ -271,12 +295,13 @@ class ClusterState:
         elif kind == "Pod":
             if (obj.get("spec") or {}).get("nodeName"):
                 self.assumed_nodes.pop(key, None)
-                self.reserved.pop(key, None)
+                self._drop_reservation(key)
             node = self.pod_node(key, obj)
             if node:
                 self.pods_by_node.setdefault(node, set()).add(key)
 
     def _unindex(self, kind: str, key: str, obj: JsonObject) -> None:
+        self._supply_changed(kind, obj)
         if kind == "ResourceSlice":
             for device_key, device in self._slice_devices(obj):
                 self.devices.pop(device_key, None)
@@ -327,6 +352,12 @@ class ClusterState:
 
     def node_gpus(self, name: str) -> NodeGpus:
         """Free share of each GPU of a node: DRA devices minus claim allocations, plus classic GPUs."""
+        cached = self._node_gpus.get(name)
+        if cached is None:
+            cached = self._node_gpus[name] = self._compute_node_gpus(name)
+        return cached
+
+    def _compute_node_gpus(self, name: str) -> NodeGpus:
         free: list[int] = []
         model = ""
         for key in self.node_devices.get(name, []):
@@ -357,8 +388,10 @@ class ClusterState:
 
     def reference_memory(self, models: frozenset[str]) -> int:
         """Memory of the largest GPU a pending fractional request could land on."""
-        return max((d.memory_bytes for d in self.devices.values() if not models or d.model in models),
-                   default=0)
+        if models not in self._memory_by_models:
+            self._memory_by_models[models] = max(
+                (d.memory_bytes for d in self.devices.values() if not models or d.model in models), default=0)
+        return self._memory_by_models[models]
 
     def pod_demand(self, pod: Mapping[str, Any], device_memory: int | None = None) -> GpuDemand | None:
         """GPUs a pod asks for (None: none). Fractions relative to `device_memory`, else the
@@ -434,17 +467,61 @@ class ClusterState:
         return not names or (pod.get("spec") or {}).get("schedulerName", "default-scheduler") in names
 
     def fairness(self) -> FairnessView:
-        """Queue specs, usage, capacity and fair shares; recomputed only after a change."""
+        """Queue specs, usage, capacity and fair shares, brought up to date with the picture.
+
+        Only pods that changed (or whose claims did) are recounted; fair shares are recomputed,
+        in O(queues x resources), only when something changed.
+        """
         if self.reserved:
             now = time.monotonic()
-            expired = [key for key, expiry in self.reserved.items() if expiry < now]
-            for key in expired:
-                del self.reserved[key]
-            if expired:
-                self._view = None
+            for key in [k for k, expiry in self.reserved.items() if expiry < now]:
+                self._drop_reservation(key)
+                self._dirty_pods.add(key)
+        if self._all_pods_dirty:
+            self.ledger.clear()
+            self._source_users.clear()
+            self._pod_sources.clear()
+            self._dirty_pods = set(self.kind("Pod")) | set(self.reserved)
+            self._all_pods_dirty = False
+        if self._dirty_pods:
+            for key in self._dirty_pods:
+                self.ledger.put(key, self._contribution(key))
+            self._dirty_pods.clear()
+            self._view = None
         if self._view is None:
             self._view = self._compute_fairness()
         return self._view
+
+    def _contribution(self, key: str) -> Contribution | None:
+        pod = self.kind("Pod").get(key) or self.reserved_pods.get(key)
+        self._track_sources(key, pod)
+        if pod is None or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            return None
+        amounts = self.pod_resources(key, pod)
+        bucket: Bucket = "none"
+        if self.pod_node(key, pod) or key in self.reserved:
+            bucket = "allocated"
+        elif self.is_pending(key, pod):
+            bucket = "requested"
+        demand = self.pod_demand(pod) if "gpu" in amounts else None
+        return Contribution(queue=pod_queue(pod), bucket=bucket, amounts=amounts, demand=demand)
+
+    def _track_sources(self, key: str, pod: Mapping[str, Any] | None) -> None:
+        """Remember which claims and templates a pod's vector was read from."""
+        for source in self._pod_sources.pop(key, set()):
+            self._source_users.get(source, set()).discard(key)
+        if pod is None:
+            return
+        namespace = str(_meta(pod).get("namespace", ""))
+        sources = set()
+        for ref in pod_claim_refs(pod):
+            if ref.claim:
+                sources.add(f"ResourceClaim:{namespace}/{ref.claim}")
+            if ref.template:
+                sources.add(f"ResourceClaimTemplate:{namespace}/{ref.template}")
+        for source in sources:
+            self._source_users.setdefault(source, set()).add(key)
+        self._pod_sources[key] = sources
 
     def _compute_fairness(self) -> FairnessView:
         specs: dict[str, QueueSpec] = {}
@@ -456,25 +533,7 @@ class ClusterState:
                 invalid[key] = str(exc)
         # Pods without a queue label go to the default queue, which need not be declared.
         specs.setdefault(DEFAULT_QUEUE, QueueSpec(name=DEFAULT_QUEUE))
-        allocated: dict[str, dict[str, float]] = {}
-        requested: dict[str, dict[str, float]] = {}
-        pending: Counter[str] = Counter()
-        demands: list[GpuDemand] = []
-        for key, pod in self.kind("Pod").items():
-            if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
-                continue
-            queue = pod_queue(pod)
-            amounts = self.pod_resources(key, pod)
-            if self.pod_node(key, pod) or key in self.reserved:
-                _add(allocated.setdefault(queue, {}), amounts)
-            elif self.is_pending(key, pod):
-                _add(requested.setdefault(queue, {}), amounts)
-                pending[queue] += 1
-            demand = self.pod_demand(pod) if "gpu" in amounts else None
-            if demand is not None:
-                demands.append(demand)
-        usage = {q: QueueUsage(allocated=allocated.get(q, {}), requested=requested.get(q, {}))
-                 for q in set(allocated) | set(requested) | set(specs)}
+        usage = self.ledger.usage(specs)
         capacity = self.capacity()
         spec_list = tuple(specs.values())
         return FairnessView(
@@ -483,11 +542,16 @@ class ClusterState:
             usage=usage,
             capacity=capacity,
             fair_shares=compute_fair_shares(spec_list, usage, capacity),
-            pending_pods=dict(pending),
-            mix=mix_from_demands(demands),
+            pending_pods=self.ledger.pending_pods(),
+            mix=self.ledger.mix(),
         )
 
     def capacity(self) -> dict[str, float]:
+        if self._capacity is None:
+            self._capacity = self._compute_capacity()
+        return dict(self._capacity)
+
+    def _compute_capacity(self) -> dict[str, float]:
         totals: dict[str, float] = {}
         for device in self.devices.values():
             _add(totals, gpu_amounts(device.model, 1.0))

@@ -9,6 +9,7 @@ import pytest
 from extender.kubeapi import KubeError
 from extender.policy.placement import GpuDemand
 from extender.state import WATCHED_KINDS, ClusterState, StateConfig, apply_watch_event
+from extender.usage import Contribution, QueueLedger
 from tests import extender_objects as objects
 
 GIB = 2**30
@@ -179,17 +180,17 @@ def test_reservations_move_a_pod_to_allocated_and_expire() -> None:
     state = synced_state([*two_nodes(), objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
                           objects.queue("q"), objects.pod("ns", "p", queue="q", template="one")])
     before = state.fairness()
-    state.reserve("ns/p", ttl_s=60)
+    state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=60)
     shifted = state.fairness()
     assert shifted.usage["q"].allocated == {"gpu": 1, "cpu": 0.1, "memory": 64 * 2**20}
     assert shifted.usage["q"].requested == {}
-    assert shifted.pending_pods["q"] == 0
+    assert shifted.pending_pods.get("q", 0) == 0
     assert shifted.fair_shares == before.fair_shares
-    state._view = None  # the incremental shift equals a full recomputation
+    state._all_pods_dirty = True  # the incremental accounting equals a full recount
     assert state.fairness().usage == shifted.usage
     state.release("ns/p")
     assert state.fairness().usage["q"] == before.usage["q"]
-    state.reserve("ns/p", ttl_s=-1)  # already expired: dropped at the next look
+    state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=-1)  # already expired: dropped at the next look
     assert state.fairness().usage["q"] == before.usage["q"]
     assert state.reserved == {}
 
@@ -208,3 +209,50 @@ def test_watch_events_apply_bookmarks_advance_and_410_asks_for_a_relist() -> Non
         failed = {"type": "ERROR", "object": {"code": 500, "message": "boom"}}
         apply_watch_event(state, "ResourceSlice", failed, "30")
     assert failure.value.status == 500
+
+
+def test_incremental_accounting_matches_a_fresh_count_after_many_events() -> None:
+    template = objects.claim_template("ns", "one", objects.claim_spec(CLASS))
+    state = synced_state([*two_nodes(), template, objects.queue("q", resources={"gpu": {"quota": 2}})])
+    state.fairness()
+    for index in range(6):
+        pod = with_rv(objects.pod("ns", f"p{index}", queue="q", template="one"), 10 + index)
+        state.apply("Pod", "ADDED", pod)
+        state.fairness()
+    for index in range(4):  # the claims appear, get allocated, the pods get bound
+        claim_name = f"p{index}-gpus"
+        claim = objects.claim("ns", claim_name, objects.claim_spec(CLASS))
+        state.apply("ResourceClaim", "ADDED", with_rv(claim, 30))
+        state.fairness()
+        bound = with_rv(objects.pod("ns", f"p{index}", queue="q", template="one", node_name="a"), 40 + index)
+        bound["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": claim_name}]
+        state.apply("Pod", "MODIFIED", bound)
+        allocated = objects.claim("ns", claim_name, objects.claim_spec(CLASS),
+                                  allocated=[("a", f"gpu-{index}", None)])
+        state.apply("ResourceClaim", "MODIFIED", with_rv(allocated, 50 + index))
+    state.apply("Pod", "DELETED", objects.pod("ns", "p0"))
+    state.apply("Pod", "DELETED", objects.pod("ns", "p5"))
+    view = state.fairness()
+    assert view.usage["q"].allocated["gpu"] == 3
+    assert view.usage["q"].requested["gpu"] == 1
+    assert view.pending_pods == {"q": 1}
+    fresh = synced_state([obj for store in state.objects.values() for obj in store.values()])
+    for queue, usage in fresh.fairness().usage.items():
+        assert usage.allocated == pytest.approx(view.usage[queue].allocated)
+        assert usage.requested == pytest.approx(view.usage[queue].requested)
+        assert fresh.fairness().fair_shares[queue] == pytest.approx(view.fair_shares[queue])
+    assert fresh.fairness().mix == view.mix
+
+
+def test_ledger_moves_only_the_difference_and_leaves_no_residue() -> None:
+    ledger = QueueLedger()
+    third = {"gpu": 1 / 3}
+    ledger.put("a", Contribution("q", "requested", third, GpuDemand(count=1, milli=333)))
+    ledger.put("b", Contribution("q", "allocated", third))
+    ledger.put("a", Contribution("q", "allocated", third, GpuDemand(count=1, milli=333)))
+    assert ledger.allocated["q"]["gpu"] == pytest.approx(2 / 3)
+    assert ledger.requested["q"] == {} and ledger.pending_pods() == {}
+    ledger.put("a", None)
+    ledger.put("b", None)
+    assert ledger.allocated["q"] == {}
+    assert ledger.mix().demands == ()

@@ -1,0 +1,92 @@
+"""Running per-queue totals of what pods hold and wait for. Pure: no I/O.
+
+The cluster picture changes a few pods at a time (a bind, a claim allocation, a deletion), so
+instead of summing every pod after each change it keeps each pod's last contribution and moves
+only the difference: a change costs O(resources of that pod), not O(pods).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from extender.policy.fairness import QueueUsage
+from extender.policy.placement import GpuDemand, WorkloadMix
+
+Bucket = Literal["allocated", "requested", "none"]
+# Totals are sums and differences of floats; what is left below this after a pod leaves is zero.
+_RESIDUE = 1e-9
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """What one pod adds to its queue: held (`allocated`), waited for (`requested`) or neither."""
+
+    queue: str
+    bucket: Bucket
+    amounts: Mapping[str, float]
+    demand: GpuDemand | None = None  # its GPU shape, for the workload mix
+
+
+def _move(totals: dict[str, dict[str, float]], queue: str, amounts: Mapping[str, float], sign: float) -> None:
+    into = totals.setdefault(queue, {})
+    for resource, amount in amounts.items():
+        value = into.get(resource, 0.0) + sign * amount
+        if abs(value) > _RESIDUE:
+            into[resource] = value
+        else:
+            into.pop(resource, None)
+
+
+@dataclass
+class QueueLedger:
+    contributions: dict[str, Contribution] = field(default_factory=dict)
+    allocated: dict[str, dict[str, float]] = field(default_factory=dict)
+    requested: dict[str, dict[str, float]] = field(default_factory=dict)
+    pending: Counter[str] = field(default_factory=Counter)
+    demands: Counter[GpuDemand] = field(default_factory=Counter)
+    _mix: WorkloadMix | None = None
+
+    def put(self, key: str, contribution: Contribution | None) -> None:
+        """Set the contribution of pod `key` (None: it contributes nothing any more)."""
+        old = self.contributions.pop(key, None)
+        if old is not None:
+            self._account(old, -1.0)
+        if contribution is not None:
+            self.contributions[key] = contribution
+            self._account(contribution, 1.0)
+
+    def _account(self, contribution: Contribution, sign: float) -> None:
+        if contribution.bucket == "allocated":
+            _move(self.allocated, contribution.queue, contribution.amounts, sign)
+        elif contribution.bucket == "requested":
+            _move(self.requested, contribution.queue, contribution.amounts, sign)
+            self.pending[contribution.queue] += int(sign)
+        if contribution.demand is not None:
+            self.demands[contribution.demand] += int(sign)
+            self._mix = None
+
+    def clear(self) -> None:
+        self.contributions.clear()
+        self.allocated.clear()
+        self.requested.clear()
+        self.pending.clear()
+        self.demands.clear()
+        self._mix = None
+
+    def usage(self, queues: Iterable[str]) -> dict[str, QueueUsage]:
+        """Usage of every queue that is named or has pods."""
+        names = set(queues) | set(self.allocated) | set(self.requested)
+        return {q: QueueUsage(allocated=dict(self.allocated.get(q, {})),
+                              requested=dict(self.requested.get(q, {}))) for q in names}
+
+    def pending_pods(self) -> dict[str, int]:
+        return {queue: count for queue, count in self.pending.items() if count > 0}
+
+    def mix(self) -> WorkloadMix:
+        """GPU shapes of the pods seen, weighted by how many there are (kept while unchanged)."""
+        if self._mix is None:
+            self._mix = WorkloadMix(demands=tuple((d, float(n)) for d, n in self.demands.items() if n > 0))
+        return self._mix
