@@ -33,6 +33,9 @@ apiVersion: v1
 kind: Namespace
 metadata:
   name: $namespace
+  labels:
+    # The DRA driver pods are privileged with host paths.
+    pod-security.kubernetes.io/enforce: privileged
 HEADER
   # helm reports every followed symlink on stderr; everything else it says is kept.
   "$helm" template "$release" "$chart" --namespace "$namespace" --include-crds \

@@ -136,6 +136,39 @@ def test_the_apiserver_accepts_every_rendered_object(
         assert names_of(objects, "DaemonSet") == [f"{release}-tessera-dra-driver"]
         shipped = yaml.safe_load_all((REPO / "manifests" / "deviceclasses.yaml").read_text())
         assert sorted(names_of(objects, "DeviceClass")) == sorted(d["metadata"]["name"] for d in shipped if d)
+    if "extender.tls.enabled=true" in values:
+        assert_tls_wired(objects, release, namespace)
+
+
+def mounted_secrets(pod: dict[str, Any]) -> dict[str, str]:
+    """Secret name -> where the pod's container mounts it."""
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    (container,) = pod["containers"]
+    return {secrets[m["name"]]: m["mountPath"] for m in container["volumeMounts"] if m["name"] in secrets}
+
+
+def assert_tls_wired(objects: list[dict[str, Any]], release: str, namespace: str) -> None:
+    """Both ends of the extender link read their certificates where the chart mounts them."""
+    def pod(name: str) -> dict[str, Any]:
+        deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == name)
+        return dict(deployment["spec"]["template"]["spec"])
+
+    extender = pod(f"{release}-tessera-extender")
+    serving = mounted_secrets(extender)["tessera-extender-tls"]
+    args = extender["containers"][0]["args"]
+    for flag, key in (("--tls-cert-file", "tls.crt"), ("--tls-key-file", "tls.key"),
+                      ("--tls-client-ca-file", "ca.crt")):
+        assert f"{flag}={serving}/{key}" in args
+    # Kubelet probes carry no client certificate: they only open the port.
+    assert "tcpSocket" in extender["containers"][0]["readinessProbe"]
+
+    client = mounted_secrets(pod(f"{release}-tessera-scheduler"))["tessera-scheduler-client"]
+    config_map = next(o for o in objects if o["kind"] == "ConfigMap")
+    (link,) = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])["extenders"]
+    host = f"{release}-tessera-extender.{namespace}.svc"
+    assert link["urlPrefix"] == f"https://{host}:8888" and link["enableHTTPS"] is True
+    assert link["tlsConfig"] == {"serverName": host, "caFile": f"{client}/ca.crt",
+                                 "certFile": f"{client}/tls.crt", "keyFile": f"{client}/tls.key"}
 
 
 # ---- RBAC ---------------------------------------------------------------------------------------

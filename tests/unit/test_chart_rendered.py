@@ -36,7 +36,8 @@ def test_shared_manifests_are_installed_unchanged(install: list[dict[str, Any]],
 
 
 def test_everything_lives_in_the_release_namespace(install: list[dict[str, Any]]) -> None:
-    assert install[0] == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    assert install[0] == {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": NAMESPACE, "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}
     namespaces = {(o["kind"], o["metadata"]["name"]): o["metadata"].get("namespace") for o in install}
     outside = {key: ns for key, ns in namespaces.items() if ns not in (None, NAMESPACE)}
     # Only the scheduler's read access to the apiserver's authentication ConfigMap sits elsewhere.
