@@ -174,15 +174,27 @@ def _json(model: BaseModel | list[HostPriority]) -> web.Response:
     return web.Response(text=text, content_type="application/json")
 
 
+def _unreadable_pod(request: web.Request, verb: str, error: ValueError) -> web.HTTPBadRequest:
+    """A pod that parses as JSON but holds values that do not (e.g. a bad quantity)."""
+    request.app[METRICS_KEY].bad_requests.labels(verb).inc()
+    return web.HTTPBadRequest(text=f"malformed {verb} request: unreadable pod: {error}")
+
+
 async def handle_filter(request: web.Request) -> web.StreamResponse:
     args = await _parse(request, ExtenderArgs, "filter")
     app = request.app
-    return _json(decide_filter(app[STATE_KEY], app[WAITING_KEY], app[METRICS_KEY], args))
+    try:
+        return _json(decide_filter(app[STATE_KEY], app[WAITING_KEY], app[METRICS_KEY], args))
+    except ValueError as exc:
+        raise _unreadable_pod(request, "filter", exc) from exc
 
 
 async def handle_prioritize(request: web.Request) -> web.StreamResponse:
     args = await _parse(request, ExtenderArgs, "prioritize")
-    return _json(decide_priorities(request.app[STATE_KEY], request.app[METRICS_KEY], args))
+    try:
+        return _json(decide_priorities(request.app[STATE_KEY], request.app[METRICS_KEY], args))
+    except ValueError as exc:
+        raise _unreadable_pod(request, "prioritize", exc) from exc
 
 
 async def handle_bind(request: web.Request) -> web.StreamResponse:

@@ -485,7 +485,12 @@ class ClusterState:
             self._all_pods_dirty = False
         if self._dirty_pods:
             for key in self._dirty_pods:
-                self.ledger.put(key, self._contribution(key))
+                try:
+                    contribution = self._contribution(key)
+                except ValueError as exc:  # an unreadable quantity: count nothing, keep serving
+                    log.warning("pod %s is not counted: %s", key, exc)
+                    contribution = None
+                self.ledger.put(key, contribution)
             self._dirty_pods.clear()
             self._view = None
         if self._view is None:

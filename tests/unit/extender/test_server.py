@@ -147,6 +147,24 @@ async def test_malformed_requests_get_400_with_the_reason(extender: Extender, bo
     assert status == 200  # still serving
 
 
+async def test_a_pod_with_an_unreadable_quantity_gets_400(extender: Extender) -> None:
+    extender.sync(cluster())
+    pod = objects.pod("ns", "p", queue="team-b", template="one", cpu="lots")
+    status, text = await extender.call("filter", args(pod, ["a"]))
+    assert status == 400
+    assert "malformed filter request: unreadable pod" in text and "lots" in text
+    status, _ = await extender.call("prioritize", args(pod, ["a"]))
+    assert status == 200  # scoring reads only the GPU demand
+
+
+def test_a_stored_pod_with_an_unreadable_quantity_is_not_counted() -> None:
+    state = ClusterState()
+    for kind in WATCHED_KINDS:
+        state.replace(kind, [objects.pod("ns", "odd", queue="q", cpu="lots")] if kind == "Pod" else [])
+    assert state.fairness().usage["default"].allocated == {}
+    assert "q" not in state.fairness().usage
+
+
 async def test_oversized_body_gets_413(extender: Extender) -> None:
     status, _ = await extender.call("filter", b"x" * (65 * 1024))
     assert status == 413
