@@ -82,40 +82,57 @@ def device_classes(local_cluster: LocalCluster, driver: str) -> Iterator[None]:
     local_cluster.kubectl("delete", "deviceclass", *names, "--ignore-not-found")
 
 
-class DriverProcess:
-    """``python -m dra_driver`` for one fake node, killable like a real DaemonSet pod."""
+class ChildProcess:
+    """A Python child process (a driver or the node agent), killable like a real DaemonSet pod."""
 
-    def __init__(self, config: DriverConfig, log_path: Path) -> None:
-        self.config = config
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.args = args
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        c = self.config
-        args = [
-            sys.executable, "-m", "dra_driver",
-            "--node-name", c.node_name, "--driver-name", c.driver_name,
-            "--backend", "simulated", "--profile", str(c.profile), "--kubeconfig", str(c.kubeconfig),
-            "--plugin-dir", str(c.plugin_dir), "--registry-dir", str(c.registry_dir),
-            "--cdi-dir", str(c.cdi_dir), "--checkpoint-dir", str(c.checkpoint_dir),
-        ]  # fmt: skip
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+            self.proc = subprocess.Popen(
+                [sys.executable, *self.args], stdout=log, stderr=subprocess.STDOUT, cwd=REPO
+            )
 
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+    def stop(self) -> int | None:
+        """SIGTERM (SIGKILL after 15 s); the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
+        if self.proc.returncode != 0:
+            sys.stderr.write(self.log_path.read_text()[-3000:])
+        return self.proc.returncode
+
+
+class DriverProcess(ChildProcess):
+    """``python -m dra_driver`` for one fake node."""
+
+    def __init__(self, config: DriverConfig, log_path: Path) -> None:
+        c = config
+        args = [
+            "-m", "dra_driver",
+            "--node-name", c.node_name, "--driver-name", c.driver_name,
+            "--backend", "simulated", "--profile", str(c.profile), "--kubeconfig", str(c.kubeconfig),
+            "--plugin-dir", str(c.plugin_dir), "--registry-dir", str(c.registry_dir),
+            "--cdi-dir", str(c.cdi_dir), "--checkpoint-dir", str(c.checkpoint_dir),
+        ]  # fmt: skip
+        super().__init__(args, log_path)
+        self.config = config
 
     def commands(self) -> list[tuple[str, ...]]:
+        """The sharing commands the simulated backend recorded, across restarts."""
         path = self.config.checkpoint_dir / SIMULATED_COMMAND_LOG
         if not path.exists():
             return []
@@ -300,9 +317,6 @@ async def test_whole_and_fractional_gpus_are_prepared_and_survive_a_driver_kill(
         for process in drivers.values():
             process.stop()
         await delete_nodes(k8s, list(drivers))
-        for process in drivers.values():
-            if process.log_path.exists():
-                sys.stderr.write(process.log_path.read_text()[-3000:])
 
 
 class BlockingRunner(RecordingRunner):
@@ -390,3 +404,42 @@ async def test_driver_killed_mid_prepare_is_rolled_back_and_redone(
     finally:
         await reconciler.delete_all()
         await delete_nodes(k8s, [node])
+
+
+async def test_node_agent_command_runs_fake_nodes_end_to_end(
+    local_cluster: LocalCluster,
+    k8s: ApiClient,
+    namespace: str,
+    driver: str,
+    device_classes: None,
+    short_dir: Path,
+) -> None:
+    """``tessera-node-agent`` as a user runs it: creates its node, publishes, runs pods, cleans up."""
+    node = unique("agent")
+    t4_profile = SHIPPED_PROFILES / "t4x2.yaml"
+    config = node_driver_config(node, short_dir, t4_profile, local_cluster.kubeconfig, driver)
+    agent = ChildProcess(
+        [
+            "-m", "dra_driver.nodeagent", "--kubeconfig", str(local_cluster.kubeconfig),
+            "--profile", str(t4_profile), "--node-name", node, "--driver-name", driver,
+            "--state-dir", str(short_dir), "--create-nodes",
+        ],
+        short_dir / "agent.log",
+    )  # fmt: skip
+    pods = Pods(k8s, namespace)
+    agent.start()
+    try:
+        await wait_until(partial(slices_published, k8s, driver, node), timeout=60, what="agent's slices")
+        await pods.create("whole", driver)
+        assert await pods.running_on("whole") == node
+        claim_uid = await pods.claim_uid("whole")
+        assert cdi_env(config, claim_uid)["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+        await pods.delete("whole")
+        await wait_until(partial(pods.gone, "whole"), timeout=60, what="pod unprepared and deleted")
+        assert list(config.cdi_dir.iterdir()) == []
+    finally:
+        exit_code = agent.stop()
+        await delete_nodes(k8s, [node])
+    # SIGTERM is a graceful stop: the plugin's sockets are removed on the way out.
+    assert exit_code == 0
+    assert not (config.registry_dir / f"{driver}-reg.sock").exists()
