@@ -514,7 +514,11 @@ class ClusterState:
     def _track_sources(self, key: str, pod: Mapping[str, Any] | None) -> None:
         """Remember which claims and templates a pod's vector was read from."""
         for source in self._pod_sources.pop(key, set()):
-            self._source_users.get(source, set()).discard(key)
+            users = self._source_users.get(source)
+            if users is not None:
+                users.discard(key)
+                if not users:
+                    del self._source_users[source]
         if pod is None:
             return
         namespace = str(_meta(pod).get("namespace", ""))
