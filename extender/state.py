@@ -125,6 +125,15 @@ def _string_attribute(attributes: Mapping[str, Any], driver: str, name: str, def
     return str(value.get("string", default))
 
 
+def _discard(index: dict[str, set[str]], key: str, member: str) -> None:
+    """Remove `member` from the set at `key`, and the key with its last member."""
+    members = index.get(key)
+    if members is not None:
+        members.discard(member)
+        if not members:
+            del index[key]
+
+
 def gpu_amounts(model: str, amount: float) -> dict[str, float]:
     """A GPU amount counted both in "gpu" and, when the model is known, in "gpu/<model>"."""
     return {"gpu": amount, f"gpu/{model}": amount} if model else {"gpu": amount}
@@ -310,12 +319,15 @@ class ClusterState:
                     keys.remove(device_key)
         elif kind == "ResourceClaim":
             for held in allocated_devices(obj):
-                holders = self.device_holders.get((held.driver, held.pool, held.device), {})
+                device_key = (held.driver, held.pool, held.device)
+                holders = self.device_holders.get(device_key, {})
                 holders.pop(key, None)
+                if not holders:
+                    self.device_holders.pop(device_key, None)
         elif kind == "DeviceClass":
             self.gpu_classes.pop(key, None)
         elif kind == "Pod":
-            self.pods_by_node.get(self.pod_node(key, obj), set()).discard(key)
+            _discard(self.pods_by_node, self.pod_node(key, obj), key)
 
     def _slice_devices(self, slice_obj: Mapping[str, Any]) -> list[tuple[DeviceKey, GpuDevice]]:
         spec = slice_obj.get("spec") or {}
@@ -514,11 +526,7 @@ class ClusterState:
     def _track_sources(self, key: str, pod: Mapping[str, Any] | None) -> None:
         """Remember which claims and templates a pod's vector was read from."""
         for source in self._pod_sources.pop(key, set()):
-            users = self._source_users.get(source)
-            if users is not None:
-                users.discard(key)
-                if not users:
-                    del self._source_users[source]
+            _discard(self._source_users, source, key)
         if pod is None:
             return
         namespace = str(_meta(pod).get("namespace", ""))
