@@ -37,7 +37,6 @@ CHART = REPO / "charts" / "tessera"
 RENDER_SCRIPT = REPO / "hack" / "render-manifests.sh"
 INSTALL_YAML = REPO / "manifests" / "install.yaml"
 QUEUE_CRD_NAME = "queues.scheduling.tessera.dev"
-RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 # Values that switch on every optional branch of the templates.
 NON_DEFAULT_VALUES = (
     "extender.tls.enabled=true",
@@ -65,10 +64,13 @@ def helm(cluster: LocalCluster, *args: str) -> str:
     return result.stdout
 
 
+def set_flags(values: tuple[str, ...]) -> list[str]:
+    return [arg for value in values for arg in ("--set", value)]
+
+
 def render(cluster: LocalCluster, release: str, namespace: str, *values: str) -> list[dict[str, Any]]:
-    sets = [arg for value in values for arg in ("--set", value)]
     text = helm(cluster, "template", release, str(CHART), "--namespace", namespace, "--include-crds",
-                "--kube-version", kube_version(), *sets)
+                "--kube-version", kube_version(), *set_flags(values))
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
@@ -96,7 +98,7 @@ def test_chart_lints_and_the_plain_install_is_a_fresh_render(local_cluster: Loca
     lint = helm(local_cluster, "lint", "--strict", str(CHART), "--kube-version", kube_version())
     assert "1 chart(s) linted, 0 chart(s) failed" in lint
     helm(local_cluster, "lint", "--strict", str(CHART), "--kube-version", kube_version(),
-         *(arg for value in NON_DEFAULT_VALUES for arg in ("--set", value)))
+         *set_flags(NON_DEFAULT_VALUES))
 
     fresh = subprocess.run(["bash", str(RENDER_SCRIPT), "-"], capture_output=True, text=True, check=False,
                            env={**os.environ, "HELM": str(local_cluster.bin_dir / "helm")})
@@ -248,30 +250,43 @@ DENIED = {
 }
 
 
+# The DeviceClasses and the default Queue have fixed names that other tests use too; the server
+# dry run above covers them.
+INSTALL_VALUES = ("deviceClasses.create=false", "defaultQueue.create=false")
+
+
 class Release:
-    """A rendered release whose RBAC objects are applied for real; cluster-scoped ones deleted after."""
+    """The chart installed for real by helm into a test namespace, under a unique release name.
+
+    There is no kubelet (and no Deployment controller), so its pods never start: the tests run the
+    components themselves with the ServiceAccounts' tokens."""
 
     def __init__(self, cluster: LocalCluster, namespace: str) -> None:
         self.cluster = cluster
         self.namespace = namespace
         self.name = f"it-{uuid.uuid4().hex[:6]}"
         self.scheduler_name = f"tessera-{self.name}"
-        self.objects = install_crds(cluster, render(cluster, self.name, namespace,
-                                                    f"scheduler.schedulerName={self.scheduler_name}"))
-        self.rbac = [obj for obj in self.objects if obj["kind"] in RBAC_KINDS]
+        self.values = (*INSTALL_VALUES, f"scheduler.schedulerName={self.scheduler_name}")
+
+    def helm(self, *args: str) -> str:
+        return helm(self.cluster, *args, "--namespace", self.namespace,
+                    "--kubeconfig", str(self.cluster.kubeconfig))
+
+    def install(self) -> None:
+        self.helm("install", self.name, str(CHART), *set_flags(self.values))
+
+    def uninstall(self) -> None:
+        self.helm("uninstall", self.name, "--wait")
+
+    def manifest(self) -> list[dict[str, Any]]:
+        """The objects helm recorded for the release."""
+        return [doc for doc in yaml.safe_load_all(self.helm("get", "manifest", self.name)) if doc]
 
     def service_account(self, component: str) -> str:
         return f"{self.name}-tessera-{component}"
 
     def user(self, component: str) -> str:
         return f"system:serviceaccount:{self.namespace}:{self.service_account(component)}"
-
-    def apply_rbac(self) -> None:
-        kubectl_ok(self.cluster, "apply", "-f", "-", input_text=yaml.safe_dump_all(self.rbac))
-
-    def delete_rbac(self) -> None:
-        kubectl_ok(self.cluster, "delete", "--ignore-not-found", "--wait=false", "-f", "-",
-                   input_text=yaml.safe_dump_all(self.rbac))
 
     def can(self, component: str, wanted: Access) -> bool:
         result = self.cluster.kubectl("auth", "can-i", *wanted.args(self.namespace),
@@ -289,18 +304,37 @@ class Release:
         path.write_text(yaml.safe_dump(admin))
         return path
 
-    def rendered(self, kind: str, name: str) -> dict[str, Any]:
-        return next(o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name)
-
 
 @pytest.fixture
 def release(local_cluster: LocalCluster, namespace: str) -> Iterator[Release]:
     installed = Release(local_cluster, namespace)
-    installed.apply_rbac()
+    installed.install()
     try:
         yield installed
     finally:
-        installed.delete_rbac()
+        installed.uninstall()
+
+
+def test_helm_installs_and_uninstalls_the_release(local_cluster: LocalCluster, namespace: str) -> None:
+    release = Release(local_cluster, namespace)
+    release.install()
+    status = yaml.safe_load(release.helm("status", release.name, "--output", "json"))
+    assert status["info"]["status"] == "deployed"
+    recorded = release.manifest()
+    expected = [o for o in render(local_cluster, release.name, namespace, *release.values)
+                if o["kind"] != "CustomResourceDefinition"]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in recorded) == sorted(
+        (o["kind"], o["metadata"]["name"]) for o in expected)
+    kubectl_ok(local_cluster, "get", f"crd/{QUEUE_CRD_NAME}")  # from the chart's crds/ (or already there)
+    cluster_scoped = [f"{o['kind'].lower()}/{o['metadata']['name']}" for o in recorded
+                      if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    # Extender and driver: a role and its binding each; the scheduler: bindings to the built-in roles.
+    assert len(cluster_scoped) == 6
+    kubectl_ok(local_cluster, "get", *cluster_scoped)
+
+    release.uninstall()
+    leftover = local_cluster.kubectl("get", *cluster_scoped, "--ignore-not-found", "-o", "name")
+    assert leftover.stdout.strip() == ""
 
 
 def test_each_service_account_may_do_what_its_code_calls_and_no_more(release: Release) -> None:
@@ -360,7 +394,8 @@ async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_acc
                       "--listen-address=127.0.0.1", f"--port={extender_port}"], extender_log)
     # The chart's own scheduler configuration; only the API access and the extender's address
     # differ outside the cluster.
-    config_map = release.rendered("ConfigMap", f"{release.name}-tessera-scheduler-config")
+    config_map = yaml.safe_load(kubectl_ok(cluster, "get", "configmap", f"--namespace={namespace}",
+                                           f"{release.name}-tessera-scheduler-config", "-o", "json"))
     config = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])
     kubeconfig = release.token_kubeconfig("scheduler", tmp_path / "scheduler.kubeconfig")
     config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
