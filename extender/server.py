@@ -14,14 +14,14 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 from pydantic import BaseModel, ValidationError
 
 from extender.binder import Binder
-from extender.demand import WHOLE_GPU_MILLI
+from extender.demand import WHOLE_GPU_MILLI, pod_classic_gpus, to_gpu_demand
 from extender.metrics import CONTENT_TYPE, ExtenderMetrics
 from extender.policy.fairness import check_admission
 from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, score_nodes
@@ -59,13 +59,24 @@ def _describe(demand: GpuDemand) -> str:
     return f"{demand.count} GPU{'s' if demand.count != 1 else ''}"
 
 
-def _node_demand(state: ClusterState, demand: GpuDemand, pod: dict[str, object], node: str) -> GpuDemand:
-    """A fractional demand is relative to the memory of the GPUs of the node being considered."""
-    if demand.count == 1 and demand.milli < WHOLE_GPU_MILLI:
-        memory = state.node_gpu_memory(node)
-        if memory:
-            return state.pod_demand(pod, memory) or demand
-    return demand
+class _DemandPerNode:
+    """A fractional demand is relative to the memory of the GPUs of the node being considered;
+    computed once per GPU size seen in the request."""
+
+    def __init__(self, state: ClusterState, pod: dict[str, Any], demand: GpuDemand) -> None:
+        self.state, self.demand = state, demand
+        self.fractional = demand.count == 1 and demand.milli < WHOLE_GPU_MILLI
+        self.requests = state.pod_gpu_requests(pod) if self.fractional else []
+        self.classic = pod_classic_gpus(pod)
+        self.by_memory: dict[int, GpuDemand] = {}
+
+    def on(self, node: str) -> GpuDemand:
+        memory = self.state.node_gpu_memory(node) if self.fractional else 0
+        if not memory:
+            return self.demand
+        if memory not in self.by_memory:
+            self.by_memory[memory] = to_gpu_demand(self.requests, self.classic, memory) or self.demand
+        return self.by_memory[memory]
 
 
 def decide_filter(state: ClusterState, waiting: WaitingPods, metrics: ExtenderMetrics,
@@ -93,13 +104,13 @@ def decide_filter(state: ClusterState, waiting: WaitingPods, metrics: ExtenderMe
         result.FailedAndUnresolvableNodes = dict.fromkeys(names, decision.reason)
         return result
     waiting.admitted(meta.namespace, meta.name, meta.uid, decision.reason)
+    if demand is None:
+        return filter_result(args, names, {})
+    per_node = _DemandPerNode(state, pod, demand)
     passed: list[str] = []
     failed: dict[str, str] = {}
     for name in names:
-        if demand is None:
-            passed.append(name)
-            continue
-        node_demand = _node_demand(state, demand, pod, name)
+        node_demand = per_node.on(name)
         supply = state.node_gpus(name)
         if fits(supply, node_demand):
             passed.append(name)

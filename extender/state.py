@@ -26,6 +26,7 @@ from extender.demand import (
     MODEL_ATTRIBUTE,
     WHOLE_GPU_MILLI,
     AllocatedDevice,
+    GpuRequest,
     allocated_devices,
     claim_gpu_requests,
     device_class_gpu_models,
@@ -405,11 +406,16 @@ class ClusterState:
                 (d.memory_bytes for d in self.devices.values() if not models or d.model in models), default=0)
         return self._memory_by_models[models]
 
-    def pod_demand(self, pod: Mapping[str, Any], device_memory: int | None = None) -> GpuDemand | None:
-        """GPUs a pod asks for (None: none). Fractions relative to `device_memory`, else the
-        largest GPU the request could land on."""
+    def pod_demand(self, pod: Mapping[str, Any]) -> GpuDemand | None:
+        """GPUs a pod asks for (None: none); fractions relative to the largest GPU they could land on."""
+        requests = self.pod_gpu_requests(pod)
+        models = frozenset().union(*(r.models for r in requests))
+        return to_gpu_demand(requests, pod_classic_gpus(pod), self.reference_memory(models))
+
+    def pod_gpu_requests(self, pod: Mapping[str, Any]) -> list[GpuRequest]:
+        """The GPU requests of a pod's claims (classic extended resources not included)."""
         namespace = str(_meta(pod).get("namespace", ""))
-        requests = []
+        requests: list[GpuRequest] = []
         for ref in pod_claim_refs(pod):
             # The claim when the picture has it; else its template (the claim's watch event may lag).
             claim = self.kind("ResourceClaim").get(f"{namespace}/{ref.claim}") if ref.claim else None
@@ -421,11 +427,7 @@ class ClusterState:
             else:
                 continue
             requests.extend(claim_gpu_requests(claim_spec, self.gpu_classes))
-        classic = pod_classic_gpus(pod)
-        if device_memory is None:
-            models = frozenset().union(*(r.models for r in requests))
-            device_memory = self.reference_memory(models)
-        return to_gpu_demand(requests, classic, device_memory)
+        return requests
 
     def pod_resources(self, key: str, pod: Mapping[str, Any]) -> dict[str, float]:
         """The fairness vector of a pod: gpu (and gpu/<model>), cpu cores, memory bytes.

@@ -237,3 +237,19 @@ def test_command_line_flags_env_fallbacks_and_tls_pairing(monkeypatch: pytest.Mo
         parse_args(["--tls-cert-file", "tls.crt"])  # a certificate without its key
     with pytest.raises(SystemExit):
         parse_args(["--tls-client-ca-file", "ca.crt"])  # client checking needs TLS itself
+
+
+async def test_fractional_pod_is_sized_against_each_nodes_gpu(extender: Extender) -> None:
+    pod = objects.pod("ns", "p", queue="team-b", template="thirty")
+    extender.sync([
+        objects.node("big"), objects.node("small"), objects.device_class(CLASS),
+        objects.gpu_slice("big", 1, shareable=True),
+        objects.gpu_slice("small", 1, model="A100-40GB", memory="40Gi", shareable=True),
+        objects.claim("ns", "other", objects.claim_spec(CLASS, memory="20Gi"),
+                      allocated=[("small", "gpu-0", "20Gi")]),
+        objects.claim_template("ns", "thirty", objects.claim_spec(CLASS, memory="30Gi")),
+        objects.queue("team-b"), pod,
+    ])
+    _, result = await extender.call("filter", args(pod, ["big", "small"]))
+    assert result["NodeNames"] == ["big"]  # 30Gi is 0.375 of the 80Gi GPU, 0.75 of the 40Gi one
+    assert result["FailedNodes"]["small"].startswith("not enough free GPU for 0.75 of a GPU (0.5 free")

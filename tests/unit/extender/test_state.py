@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from extender.demand import to_gpu_demand
 from extender.kubeapi import KubeError
 from extender.policy.placement import GpuDemand
 from extender.state import WATCHED_KINDS, ClusterState, StateConfig, apply_watch_event
@@ -151,7 +152,7 @@ def test_pending_fraction_is_relative_to_the_largest_matching_gpu() -> None:
     pod = state.kind("Pod")["ns/p"]
     demand = state.pod_demand(pod)
     assert demand is not None and (demand.count, demand.milli) == (1, 250)  # 20Gi of an 80Gi GPU
-    demand_on_b = state.pod_demand(pod, state.node_gpu_memory("b"))
+    demand_on_b = to_gpu_demand(state.pod_gpu_requests(pod), 0, state.node_gpu_memory("b"))
     assert demand_on_b is not None and demand_on_b.milli == 500  # 20Gi of a 40Gi GPU
     assert state.pod_resources("ns/p", pod)["gpu"] == pytest.approx(0.25)
 
