@@ -30,7 +30,7 @@ from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, requ
 from extender.metrics import ExtenderMetrics
 from extender.policy.fairness import check_admission
 from extender.queues import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION, queue_statuses
-from extender.state import ClusterState
+from extender.state import ClusterState, pod_queue
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ class StatusWriter:
         self.metrics = metrics
         self.queue_status_interval_s = queue_status_interval_s
         self._changed = asyncio.Event()
+        self._seeded = False
         self._written: dict[str, dict[str, Any]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         state.listeners.append(self._changed.set)
@@ -170,8 +171,23 @@ class StatusWriter:
 
     # ---- requeue of pods that became eligible -------------------------------------------------
 
+    def seed_from_conditions(self) -> None:
+        """After a restart, pick up the pods an earlier instance refused (their condition is False)."""
+        for key, pod in self.state.kind("Pod").items():
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            refusal = next((c for c in conditions if c.get("type") == ADMITTED_CONDITION
+                            and c.get("status") == "False"), None)
+            if refusal is not None and key not in self.waiting.waiting and self.state.is_pending(key, pod):
+                meta = pod.get("metadata") or {}
+                self.waiting.waiting[key] = WaitingPod(str(meta.get("namespace")), str(meta.get("name")),
+                                                       str(meta.get("uid", "")), pod_queue(pod),
+                                                       str(refusal.get("message", "")))
+
     def eligible_now(self) -> list[WaitingPod]:
         """Refused pods that admission would let through now (not yet nudged); drops stale entries."""
+        if not self._seeded and self.state.ready():
+            self.seed_from_conditions()
+            self._seeded = True
         view = self.state.fairness()
         pods = self.state.kind("Pod")
         eligible: list[WaitingPod] = []

@@ -15,7 +15,7 @@ from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.server import PLACEMENT_ANNOTATION, build_app
 from extender.state import WATCHED_KINDS, ClusterState
-from extender.status import StatusWriter, WaitingPods
+from extender.status import ADMITTED_CONDITION, StatusWriter, WaitingPods
 from tests import extender_objects as objects
 
 CLASS = "gpu.tessera.dev"
@@ -115,6 +115,19 @@ async def test_refused_pod_becomes_eligible_once_capacity_is_freed(extender: Ext
     assert result["NodeNames"] == ["a", "b"]
     assert "ns/p" not in extender.waiting.waiting
     assert extender.waiting.reports["ns/p"][3] is True
+
+
+async def test_a_new_instance_picks_up_pods_an_earlier_one_refused(extender: Extender) -> None:
+    pod = objects.pod("ns", "p", queue="team-a", template="two")
+    pod["status"]["conditions"] = [{"type": ADMITTED_CONDITION, "status": "False",
+                                    "reason": "WaitingForQueue", "message": "queue 'team-a': over its limit"}]
+    extender.sync(cluster(pod))
+    writer = StatusWriter(extender.api, extender.state, extender.waiting, ExtenderMetrics(extender.state))
+    assert writer.eligible_now() == []
+    assert extender.waiting.waiting["ns/p"].reason == "queue 'team-a': over its limit"
+    extender.state.apply("Pod", "DELETED", objects.pod("ns", "held"))
+    extender.state.apply("ResourceClaim", "DELETED", objects.claim("ns", "held-gpus", {}))
+    assert [entry.name for entry in writer.eligible_now()] == ["p"]
 
 
 async def test_pods_without_gpus_or_queue_pass_untouched(extender: Extender) -> None:
