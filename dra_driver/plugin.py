@@ -32,7 +32,6 @@ from dra_driver.checkpoint import Checkpoint
 from dra_driver.config import DriverConfig
 from dra_driver.devices.backend import Backend
 from dra_driver.devices.model import Gpu
-from dra_driver.devices.naming import gpu_device_name, mig_device_name
 from dra_driver.prepare import ApiClaimReader, ClaimReader, ClaimRef, NodeDevice, Preparer, node_devices
 from dra_driver.proto import (
     dra_v1_pb2,
@@ -106,8 +105,8 @@ class DeviceHealthBoard:
         now = int(time.time())
         reports: dict[str, DeviceHealthReport] = {}
         for gpu in gpus:
-            names = [gpu_device_name(gpu), *(mig_device_name(gpu, mig) for mig in gpu.mig_devices)]
-            for name in names:
+            # A device inherits its physical GPU's health (MIG devices included).
+            for name in node_devices([gpu]):
                 old = self._reports.get(name)
                 if old is not None and old.healthy == gpu.healthy and old.message == gpu.health_message:
                     reports[name] = old

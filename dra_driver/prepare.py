@@ -120,13 +120,16 @@ class NodeDevice:
 
 
 def node_devices(gpus: Sequence[Gpu]) -> dict[str, NodeDevice]:
-    """Published device name -> NodeDevice, using the same naming as the ResourceSlices."""
+    """Published device name -> NodeDevice, using the same naming as the ResourceSlices.
+
+    A GPU in MIG mode is published as its MIG devices only: work cannot run outside them.
+    """
     devices: dict[str, NodeDevice] = {}
     for gpu in gpus:
         node = f"/dev/nvidia{gpu.minor}"
-        devices[gpu_device_name(gpu)] = NodeDevice(
-            gpu_device_name(gpu), gpu.uuid, gpu.memory_bytes - gpu.memory_bytes % _MIB, (node,)
-        )
+        if not gpu.mig_enabled:
+            whole_memory = gpu.memory_bytes - gpu.memory_bytes % _MIB
+            devices[gpu_device_name(gpu)] = NodeDevice(gpu_device_name(gpu), gpu.uuid, whole_memory, (node,))
         for mig in gpu.mig_devices:
             name = mig_device_name(gpu, mig)
             devices[name] = NodeDevice(name, mig.uuid, mig.memory_bytes, (node,), is_mig=True)

@@ -105,6 +105,7 @@ def test_unpreparable_claims_name_the_problem(obj: dict[str, Any], message: str)
 def test_mig_devices_are_not_shared() -> None:
     mig = MigDevice(gi=1, ci=0, profile="3g.40gb", uuid="MIG-1", memory_bytes=40 * GIB)
     devices = node_devices([dataclasses.replace(gpu(0), mig_enabled=True, mig_devices=(mig,))])
+    assert sorted(devices) == ["gpu-0-mig-1-0"]  # a GPU in MIG mode is only its MIG devices
     obj = claim("u", [Result("gpu-0-mig-1-0")], configs=[opaque(gpu_config({"strategy": "TimeSlicing"}))])
     with pytest.raises(ClaimPrepareError, match="MIG device gpu-0-mig-1-0 is not shared"):
         plan_claim(ResourceClaimView.model_validate(obj), "u", DRIVER, NODE, devices)
