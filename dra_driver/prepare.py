@@ -300,6 +300,11 @@ class Preparer:
                     log.warning("prepare of claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid, err)
                     outcomes[ref.uid] = PrepareOutcome(error=str(err))
                     CLAIM_OPERATIONS.labels("prepare", "error").inc()
+                except Exception as err:
+                    # A bug must cost one claim (retried by the kubelet), not the whole batch.
+                    log.exception("prepare of claim %s (%s): unexpected error", ref.name, ref.uid)
+                    outcomes[ref.uid] = PrepareOutcome(error=f"internal error: {err!r}")
+                    CLAIM_OPERATIONS.labels("prepare", "error").inc()
         return outcomes
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
@@ -311,9 +316,10 @@ class Preparer:
                     await self._undo(ref.uid)
                     errors[ref.uid] = ""
                     CLAIM_OPERATIONS.labels("unprepare", "ok").inc()
-                except OSError as err:
-                    log.warning("unprepare of claim %s (%s) failed: %s", ref.name, ref.uid, err)
-                    errors[ref.uid] = str(err)
+                except Exception as err:
+                    # Kept in the checkpoint, so the kubelet's retry starts over; other claims go on.
+                    log.exception("unprepare of claim %s (%s) failed", ref.name, ref.uid)
+                    errors[ref.uid] = f"{err!r}"
                     CLAIM_OPERATIONS.labels("unprepare", "error").inc()
         return errors
 

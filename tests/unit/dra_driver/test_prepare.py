@@ -128,3 +128,34 @@ async def test_one_bad_claim_does_not_fail_the_others(tmp_path: Path) -> None:
     spec = json.loads((tmp_path / "cdi" / f"k8s.{DRIVER}-claim_good.json").read_text())
     assert "NVIDIA_VISIBLE_DEVICES=GPU-00000000-test" in spec["containerEdits"]["env"]
     assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == [f"k8s.{DRIVER}-claim_good.json"]
+
+
+class ExplodingClaims(FakeClaims):
+    async def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        if name == "boom":
+            raise RuntimeError("bug")
+        return await super().read_claim(namespace, name)
+
+
+async def test_unexpected_error_costs_one_claim_only(tmp_path: Path) -> None:
+    claims = ExplodingClaims()
+    claims.add(claim("good", [Result("gpu-0")], name="good"))
+    outcomes = await make_preparer(tmp_path, claims, RecordingRunner()).prepare(
+        [ClaimRef("ns", "boom", "boom"), ClaimRef("ns", "good", "good")]
+    )
+    assert outcomes["boom"].error == "internal error: RuntimeError('bug')"
+    assert outcomes["good"].error == ""
+
+
+async def test_failed_unprepare_is_kept_for_the_retry(tmp_path: Path) -> None:
+    claims = FakeClaims()
+    claims.add(claim("u1", [Result("gpu-0")], name="c1"))
+    preparer = make_preparer(tmp_path, claims, RecordingRunner())
+    await preparer.prepare([ClaimRef("ns", "u1", "c1")])
+    spec = tmp_path / "cdi" / f"k8s.{DRIVER}-claim_u1.json"
+    spec.unlink()
+    spec.mkdir()  # something the driver cannot remove as a file
+    errors = await preparer.unprepare([ClaimRef("ns", "u1", "c1")])
+    assert "IsADirectoryError" in errors["u1"]
+    spec.rmdir()
+    assert await preparer.unprepare([ClaimRef("ns", "u1", "c1")]) == {"u1": ""}
