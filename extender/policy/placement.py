@@ -28,6 +28,8 @@ MAX_NODE_SCORE = 10
 # Fragmentation deltas are sums of float-weighted integers; round before comparing so equal
 # placements tie exactly instead of differing in the last bits.
 _COST_DIGITS = 6
+# Bound on memoised placement costs per mix (a few MB); cleared wholesale when reached.
+_COST_CACHE_LIMIT = 50_000
 
 Strategy = Literal["binpack", "spread"]
 Cost = tuple[float, ...]
@@ -110,6 +112,22 @@ class WorkloadMix:
         )
         return classes, total
 
+    @cached_property
+    def _cost_cache(self) -> dict[tuple[object, ...], Cost | None]:
+        """placement_cost's memo, shared by equal mixes (callers often rebuild the same mix)."""
+        cache = _COST_CACHES.pop(self, None)
+        if cache is None:
+            cache = {}
+            while len(_COST_CACHES) >= _COST_CACHE_MIXES:
+                del _COST_CACHES[next(iter(_COST_CACHES))]
+        _COST_CACHES[self] = cache  # most recently used last
+        return cache
+
+
+# Memoised placement costs of the last few mixes, by value.
+_COST_CACHES: dict[WorkloadMix, dict[tuple[object, ...], Cost | None]] = {}
+_COST_CACHE_MIXES = 4
+
 
 def _host_fits(node: NodeGpus, cpu_milli: int, memory_mib: int) -> bool:
     cpu_ok = not (node.host_tracked or node.cpu_free_milli > 0) or cpu_milli <= node.cpu_free_milli
@@ -117,19 +135,15 @@ def _host_fits(node: NodeGpus, cpu_milli: int, memory_mib: int) -> bool:
     return cpu_ok and mem_ok
 
 
-def _gpus_fit(sorted_free: Sequence[int], count: int, milli: int) -> bool:
-    """Whether ``count`` GPUs with at least ``milli`` free exist (``sorted_free`` ascending)."""
-    if count == 0:
-        return True
-    return len(sorted_free) - bisect_left(sorted_free, milli) >= count
-
-
 def fits(node: NodeGpus, demand: GpuDemand) -> bool:
+    # On the filter hot path for every candidate node: the common cases avoid sorting.
     if demand.models and node.model not in demand.models:
         return False
     if not _host_fits(node, demand.cpu_milli, demand.memory_mib):
         return False
-    return _gpus_fit(sorted(node.free_milli), demand.count, demand.milli)
+    if demand.count <= 1:
+        return demand.count == 0 or max(node.free_milli, default=0) >= demand.milli
+    return sum(1 for free in node.free_milli if free >= demand.milli) >= demand.count
 
 
 def node_fragmentation(node: NodeGpus, mix: WorkloadMix) -> float:
@@ -244,9 +258,23 @@ def choose_gpus(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix,
 
 def placement_cost(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix,
                    strategy: Strategy = "binpack") -> Cost | None:
-    """Exact rank of ``node`` for ``demand`` (lower is better), or None when it does not fit."""
+    """Exact rank of ``node`` for ``demand`` (lower is better), or None when it does not fit.
+
+    Memoised per mix: in a large cluster most nodes are in one of a few states (idle, full,
+    one pod on it...), so a prioritize call over thousands of nodes is mostly dictionary hits.
+    """
+    cache = mix._cost_cache
+    # The cost does not depend on GPU order, so equally used nodes share one entry.
+    key = (node.model, tuple(sorted(node.free_milli)), node.cpu_free_milli, node.memory_free_mib,
+           node.host_tracked, demand, strategy)
+    if key in cache:
+        return cache[key]
     best = _best_choice(node, demand, mix, strategy)
-    return None if best is None else best[0]
+    cost = None if best is None else best[0]
+    if len(cache) >= _COST_CACHE_LIMIT:
+        cache.clear()
+    cache[key] = cost
+    return cost
 
 
 def scores_from_costs(costs: dict[str, Cost]) -> dict[str, int]:
@@ -264,8 +292,14 @@ def score_nodes(nodes: Sequence[NodeGpus], demand: GpuDemand, mix: WorkloadMix,
     """0..10 per node name; nodes where the demand does not fit get 0."""
     costs: dict[str, Cost] = {}
     scores: dict[str, int] = {}
+    # Most nodes of a large cluster repeat a few states: rank each state once per call.
+    by_state: dict[tuple[object, ...], Cost | None] = {}
     for node in nodes:
-        cost = placement_cost(node, demand, mix, strategy)
+        state = (node.model, node.free_milli, node.cpu_free_milli, node.memory_free_mib, node.host_tracked)
+        if state in by_state:
+            cost = by_state[state]
+        else:
+            cost = by_state[state] = placement_cost(node, demand, mix, strategy)
         if cost is None:
             scores[node.name] = 0
         else:

@@ -1,0 +1,81 @@
+"""``python -m bench`` (``make bench``): Tessera's benchmarks, each against a baseline of the same run.
+
+1. extender hot path over HTTP (filter + prioritize) vs a do-nothing aiohttp extender;
+4. extender memory with a large cluster picture vs the same process holding none.
+Benchmarks 2 (end to end on the control plane) and 3 (fairness reaction time) are not
+implemented yet; see docs/benchmarks.md.
+
+Default sizes fit a 2-core machine in a few minutes; ``--full`` runs the sizes of the issue
+(hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; memory: 5000 nodes, 100,000 pods).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+from collections.abc import Sequence
+
+from tessera.simulate.report import format_table
+
+from .hotpath import HotPathRow, run_hotpath
+from .memory import MemoryRow, run_memory
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, {platform.system()}"
+
+
+def hotpath_table(rows: Sequence[HotPathRow]) -> str:
+    headers = ["nodes", "pods", "mode", "cycles", "cycles/s", "p50 ms", "p99 ms", "filter p99", "prio p99",
+               "floor cycles/s", "floor p99 ms", "p99 / floor", "rate / floor"]
+    body = [
+        [str(r.nodes), str(r.pods), r.mode, str(r.tessera.cycles), f"{r.tessera.cycles_per_s:.1f}",
+         f"{r.tessera.p50_ms:.2f}", f"{r.tessera.p99_ms:.2f}", f"{r.tessera.filter_p99_ms:.2f}",
+         f"{r.tessera.prioritize_p99_ms:.2f}", f"{r.floor.cycles_per_s:.1f}", f"{r.floor.p99_ms:.2f}",
+         f"{r.p99_ratio:.2f}x", f"{r.throughput_ratio:.2f}x"]
+        for r in rows
+    ]
+    return format_table(headers, body)
+
+
+def memory_table(row: MemoryRow) -> str:
+    headers = ["nodes", "pods", "objects", "extender RSS MiB", "floor RSS MiB", "RSS / floor", "bytes/object"]
+    return format_table(headers, [[str(row.nodes), str(row.pods), str(row.objects), f"{row.rss_mib:.0f}",
+                                   f"{row.floor_rss_mib:.0f}", f"{row.ratio:.1f}x",
+                                   f"{row.bytes_per_object:.0f}"]])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true", help="the issue's sizes (slower, more memory)")
+    parser.add_argument("--only", choices=("hotpath", "memory"), help="run one benchmark")
+    parser.add_argument("--seconds", type=float, help="measuring time per hot-path case")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+
+    hot_nodes, hot_pods = ([500, 5000], 50_000) if args.full else ([500, 5000], 20_000)
+    mem_nodes, mem_pods = (5000, 100_000) if args.full else (1000, 20_000)
+    seconds = args.seconds or (10.0 if args.full else 3.0)
+    print(f"Tessera benchmarks, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {_machine()}")
+    if args.only in (None, "hotpath"):
+        print(f"\n[1] extender hot path over HTTP, {seconds:g} s per case (cycle = filter + prioritize)")
+        print(hotpath_table(run_hotpath(hot_nodes, hot_pods, seconds)))
+    print("\n[2] end to end on the local control plane: not implemented (see docs/benchmarks.md)")
+    print("[3] fairness reaction time: not implemented (see docs/benchmarks.md)")
+    if args.only in (None, "memory"):
+        print(f"\n[4] extender memory, {mem_nodes} nodes x 8 GPUs, {mem_pods} pods in the picture")
+        print(memory_table(run_memory(mem_nodes, mem_pods)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

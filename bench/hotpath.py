@@ -1,0 +1,167 @@
+"""Benchmark 1: the extender hot path over HTTP against the HTTP floor.
+
+Each scheduling cycle is a filter then a prioritize request for a new pending GPU pod
+(alternately a whole GPU and half a GPU), sent one after the other on a keep-alive connection,
+the way kube-scheduler calls an extender; cycles/s is 1 / mean cycle time. Both
+nodeCacheCapable modes: node names only, or the full NodeList. The same payloads go to a
+do-nothing aiohttp extender (decode JSON, pass every node) started in the same run: the ratio to
+it is what the extender itself costs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+from .picture import QUEUES, build_picture, node_object, pod_object
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    cycles: int
+    cycles_per_s: float
+    p50_ms: float
+    p99_ms: float
+    filter_p99_ms: float
+    prioritize_p99_ms: float
+
+
+@dataclass(frozen=True)
+class HotPathRow:
+    nodes: int
+    pods: int
+    mode: str  # "names" (nodeCacheCapable: true) or "nodelist"
+    tessera: LatencyStats
+    floor: LatencyStats
+
+    @property
+    def p99_ratio(self) -> float:
+        return self.tessera.p99_ms / self.floor.p99_ms
+
+    @property
+    def throughput_ratio(self) -> float:
+        return self.tessera.cycles_per_s / self.floor.cycles_per_s
+
+
+def _percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(pct / 100 * len(ordered)))]
+
+
+class ServerProcess:
+    """A ``bench.servers`` child process; closing its stdin stops it."""
+
+    def __init__(self, kind: str, nodes: int, pods: int) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.servers", kind, "--nodes", str(nodes), "--pods", str(pods)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().split()
+        if not line or line[0] != "READY":
+            self.stop()
+            raise RuntimeError(f"bench server {kind} failed to start (exit {self.process.poll()})")
+        self.url = f"http://127.0.0.1:{line[1]}"
+        self.rss_mib = float(line[2])
+        self.objects = int(line[3])
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class Payloads:
+    """Request bodies in one nodeCacheCapable mode, a fresh pending pod per cycle.
+
+    kube-scheduler filters a pod once per scheduling attempt, so every cycle asks about a new pod
+    (alternately asking for a whole GPU and for half of one); the node part is serialised once.
+    """
+
+    def __init__(self, nodes: int, mode: str) -> None:
+        picture = build_picture(nodes, pods=0)
+        self.templates = [pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+                          for pod in picture.pending_pods.values()]
+        if mode == "names":
+            self.node_part = b'"NodeNames": ' + json.dumps(picture.node_names).encode()
+        else:
+            items = [node_object(i) for i in range(nodes)]
+            node_list = {"apiVersion": "v1", "kind": "NodeList", "items": items}
+            self.node_part = b'"Nodes": ' + json.dumps(node_list).encode()
+
+    def body(self, cycle: int) -> bytes:
+        template = self.templates[cycle % len(self.templates)]
+        pod = pod_object(f"pending-{cycle:07d}", QUEUES[cycle % len(QUEUES)], None, template=template)
+        return b'{"Pod": ' + json.dumps(pod).encode() + b", " + self.node_part + b"}"
+
+
+async def _measure(url: str, payloads: Payloads, seconds: float, max_cycles: int) -> LatencyStats:
+    headers = {"Content-Type": "application/json"}
+    cycle_ms: list[float] = []
+    filter_ms: list[float] = []
+    prioritize_ms: list[float] = []
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async def call(verb: str, body: bytes) -> float:
+            started = time.perf_counter()
+            async with session.post(f"{url}/{verb}", data=body, headers=headers) as response:
+                await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"{url}/{verb} answered {response.status}")
+            return (time.perf_counter() - started) * 1000
+
+        for warm_up in range(2):  # connections, caches
+            body = payloads.body(max_cycles + warm_up)
+            await call("filter", body)
+            await call("prioritize", body)
+        measured = 0.0
+        while len(cycle_ms) < max_cycles and (measured < seconds or len(cycle_ms) < 5):
+            body = payloads.body(len(cycle_ms))
+            f = await call("filter", body)
+            p = await call("prioritize", body)
+            filter_ms.append(f)
+            prioritize_ms.append(p)
+            cycle_ms.append(f + p)
+            measured += (f + p) / 1000  # building the next body is not the extender's time
+    return LatencyStats(
+        cycles=len(cycle_ms), cycles_per_s=len(cycle_ms) / measured, p50_ms=statistics.median(cycle_ms),
+        p99_ms=_percentile(cycle_ms, 99), filter_p99_ms=_percentile(filter_ms, 99),
+        prioritize_p99_ms=_percentile(prioritize_ms, 99),
+    )
+
+
+def run_hotpath(node_counts: list[int], pods: int, seconds: float, max_cycles: int = 5000,
+                log: bool = True) -> list[HotPathRow]:
+    rows = []
+    floor = ServerProcess("floor", 0, 0)
+    try:
+        for nodes in node_counts:
+            if log:
+                print(f"  hot path: building a picture of {nodes} nodes / {pods} pods in the extender...",
+                      file=sys.stderr, flush=True)
+            tessera = ServerProcess("tessera", nodes, pods)
+            try:
+                for mode in ("names", "nodelist"):
+                    bodies = Payloads(nodes, mode)
+                    ours = asyncio.run(_measure(tessera.url, bodies, seconds, max_cycles))
+                    base = asyncio.run(_measure(floor.url, bodies, seconds, max_cycles))
+                    rows.append(HotPathRow(nodes, pods, mode, ours, base))
+                    if log:
+                        print(f"  hot path: {nodes} nodes, {mode}: p99 {ours.p99_ms:.2f} ms "
+                              f"(floor {base.p99_ms:.2f} ms)", file=sys.stderr, flush=True)
+            finally:
+                tessera.stop()
+    finally:
+        floor.stop()
+    return rows

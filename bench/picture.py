@@ -1,0 +1,175 @@
+"""A synthetic cluster picture for the benchmarks, as the Kubernetes JSON the extender watches.
+
+``nodes`` nodes with 8 GPUs each, published as one ResourceSlice per node (shareable devices, so
+fractional claims can consume part of a GPU's memory); ``pods`` pods bound to nodes, about 70% of
+the GPUs held by GPU pods (two whole-GPU pods for every two half-GPU pods sharing one GPU), the
+rest of the pods plain CPU pods; two queues; and the pending pod the scheduler asks about.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from extender.queues import QUEUE_GROUP, QUEUE_LABEL, QUEUE_VERSION
+from extender.state import DEFAULT_GPU_DRIVER, ClusterState
+
+JsonObject = dict[str, Any]
+GPUS_PER_NODE = 8
+GPU_MEMORY = "80Gi"
+HALF_GPU_MEMORY = "40Gi"
+DEVICE_CLASS = "gpu.tessera.dev"
+NAMESPACE = "bench"
+QUEUES = ("team-a", "team-b")
+GPU_FILL = 0.7
+
+
+def node_name(index: int) -> str:
+    return f"bench-node-{index:05d}"
+
+
+def node_object(index: int) -> JsonObject:
+    """A Node as the API server returns it (labels, capacity, conditions): ~1.5 KB of JSON."""
+    name = node_name(index)
+    allocatable = {"cpu": "128", "memory": "1Ti", "pods": "250", "ephemeral-storage": "1Ti"}
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name, "uid": f"uid-{name}", "resourceVersion": str(1000 + index),
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                       "kubernetes.io/arch": "amd64", "topology.kubernetes.io/zone": f"zone-{index % 3}",
+                       "node.kubernetes.io/instance-type": "gpu-8x-h100", "tessera.dev/simulated": "true"},
+        },
+        "spec": {"podCIDR": f"10.{index // 256 % 256}.{index % 256}.0/24"},
+        "status": {
+            "allocatable": allocatable, "capacity": allocatable,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "lastHeartbeatTime": "2026-11-30T09:00:00Z",
+                            "lastTransitionTime": "2026-11-30T09:00:00Z", "message": "kubelet is ready"}],
+            "addresses": [{"type": "InternalIP", "address": f"10.0.{index // 256 % 256}.{index % 256}"},
+                          {"type": "Hostname", "address": name}],
+            "nodeInfo": {"kubeletVersion": "v1.37.2", "containerRuntimeVersion": "containerd://2.1.0",
+                         "kernelVersion": "6.8.0", "osImage": "Ubuntu 24.04", "architecture": "amd64",
+                         "operatingSystem": "linux"},
+        },
+    }
+
+
+def slice_object(index: int) -> JsonObject:
+    name = node_name(index)
+    memory_policy = {"default": GPU_MEMORY, "validRange": {"min": "1Gi", "step": "1Gi"}}
+    devices = [
+        {"name": f"gpu-{minor}", "allowMultipleAllocations": True,
+         "attributes": {"type": {"string": "gpu"}, "productName": {"string": "H100-80GB"},
+                        "uuid": {"string": f"GPU-{name}-{minor}"}},
+         "capacity": {"memory": {"value": GPU_MEMORY, "requestPolicy": memory_policy}}}
+        for minor in range(GPUS_PER_NODE)
+    ]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{name}-{DEFAULT_GPU_DRIVER}"},
+            "spec": {"driver": DEFAULT_GPU_DRIVER, "nodeName": name,
+                     "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}
+
+
+def _claim_spec(memory: str | None) -> JsonObject:
+    exactly: JsonObject = {"deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": 1}
+    if memory is not None:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    return {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}
+
+
+def pod_object(name: str, queue: str, node: str | None, claim: str | None = None,
+               template: str | None = None) -> JsonObject:
+    container: JsonObject = {"name": "main", "image": "registry.k8s.io/pause:3.10",
+                             "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}
+    spec: JsonObject = {"schedulerName": "tessera", "containers": [container]}
+    if claim or template:
+        ref = {"resourceClaimName": claim} if claim else {"resourceClaimTemplateName": template}
+        spec["resourceClaims"] = [{"name": "gpus", **ref}]
+        container["resources"]["claims"] = [{"name": "gpus"}]
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE, "uid": f"uid-{name}",
+                         "labels": {QUEUE_LABEL: queue, "app": "bench"}},
+            "spec": spec, "status": {"phase": "Running" if node else "Pending"}}
+
+
+def _claim_object(name: str, memory: str | None, pool: str, device: str) -> JsonObject:
+    result: JsonObject = {"request": "gpus", "driver": DEFAULT_GPU_DRIVER, "pool": pool, "device": device}
+    if memory is not None:
+        result["consumedCapacity"] = {"memory": memory}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": _claim_spec(memory),
+            "status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+@dataclass
+class Picture:
+    objects: dict[str, list[JsonObject]]
+    node_names: list[str]
+    pending_pods: dict[str, JsonObject]  # "whole" and "half": what the scheduler asks about
+
+    def count(self) -> dict[str, int]:
+        return {kind: len(items) for kind, items in self.objects.items()}
+
+
+def build_picture(nodes: int, pods: int, seed: int = 0) -> Picture:
+    rng = random.Random(seed)
+    names = [node_name(i) for i in range(nodes)]
+    pod_objs: list[JsonObject] = []
+    claims: list[JsonObject] = []
+    gpu_slots = [(name, f"gpu-{minor}") for name in names for minor in range(GPUS_PER_NODE)]
+    rng.shuffle(gpu_slots)
+    used = gpu_slots[: int(len(gpu_slots) * GPU_FILL)]
+    for i, (node, device) in enumerate(used):
+        if len(pod_objs) >= pods:
+            break
+        shared = i % 3 == 2  # one GPU in three holds two half-GPU pods
+        for part in range(2 if shared else 1):
+            name = f"gpu-pod-{i:06d}-{part}"
+            memory = HALF_GPU_MEMORY if shared else None
+            claims.append(_claim_object(f"{name}-gpus", memory, node, device))
+            pod_objs.append(pod_object(name, QUEUES[i % 2], node, claim=f"{name}-gpus"))
+    for i in range(pods - len(pod_objs)):
+        pod_objs.append(pod_object(f"cpu-pod-{i:06d}", QUEUES[i % 2], names[rng.randrange(nodes)]))
+    templates = [
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+         "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"spec": _claim_spec(memory)}}
+        for name, memory in (("one-gpu", None), ("half-gpu", HALF_GPU_MEMORY))
+    ]
+    queues = [{"apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}", "kind": "Queue",
+               "metadata": {"name": q, "annotations": {}},
+               "spec": {"resources": {"gpu": {"quota": nodes * GPUS_PER_NODE / 2}}}} for q in QUEUES]
+    selector = {"cel": {"expression": f'device.driver == "{DEFAULT_GPU_DRIVER}"'}}
+    device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                    "metadata": {"name": DEVICE_CLASS}, "spec": {"selectors": [selector]}}
+    return Picture(
+        objects={
+            "Node": [node_object(i) for i in range(nodes)],
+            "ResourceSlice": [slice_object(i) for i in range(nodes)],
+            "DeviceClass": [device_class],
+            "ResourceClaimTemplate": templates,
+            "ResourceClaim": claims,
+            "Pod": pod_objs,
+            "Queue": queues,
+        },
+        node_names=names,
+        pending_pods={"whole": pod_object("pending-whole", QUEUES[0], None, template="one-gpu"),
+                      "half": pod_object("pending-half", QUEUES[1], None, template="half-gpu")},
+    )
+
+
+def load_state(picture: Picture) -> ClusterState:
+    """A ClusterState holding the picture, synced as after the watcher's first list."""
+    state = ClusterState()
+    for kind in ("DeviceClass", "Node", "ResourceSlice", "ResourceClaimTemplate", "ResourceClaim",
+                 "Queue", "Pod"):
+        state.replace(kind, picture.objects.get(kind, []))
+    if not state.ready():
+        raise RuntimeError("the synthetic picture did not sync every watched kind")
+    for label, pod in picture.pending_pods.items():
+        if state.pod_demand(pod) is None:
+            raise RuntimeError(f"the {label} pending pod has no GPU demand in the picture")
+    return state

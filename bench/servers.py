@@ -1,0 +1,100 @@
+"""Benchmark server processes: the real extender app over a synthetic picture, or the HTTP floor.
+
+Run as ``python -m bench.servers {tessera|floor} --nodes N --pods P``. It builds what it serves,
+listens on a free local port and prints ``READY <port> <rss_mib> <objects held>`` on stdout, then serves until
+its stdin closes (so it never outlives the benchmark that started it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import sys
+
+from aiohttp import web
+from kubernetes_asyncio.client import ApiClient
+
+from extender.binder import Binder
+from extender.metrics import ExtenderMetrics
+from extender.server import build_app
+from extender.status import WaitingPods
+
+from .picture import build_picture, load_state
+
+MAX_BODY_BYTES = 256 * 2**20  # a NodeList of 5000 nodes is ~8 MB; leave room
+
+
+def rss_mib() -> float:
+    """Current resident set size of this process, after a full garbage collection."""
+    gc.collect()
+    with open("/proc/self/statm") as statm:
+        resident_pages = int(statm.read().split()[1])
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def tessera_app(nodes: int, pods: int, api: ApiClient) -> tuple[web.Application, int]:
+    """The extender app over a synthetic picture, and how many objects the picture holds."""
+    picture = build_picture(nodes, pods)
+    state = load_state(picture)
+    # The binder is never called by the benchmark; its client makes no connection until used.
+    app = build_app(state, Binder(api, state), WaitingPods(), ExtenderMetrics(state),
+                    max_body_bytes=MAX_BODY_BYTES)
+    return app, sum(picture.count().values())
+
+
+async def _floor_filter(request: web.Request) -> web.Response:
+    # Decode the body like any extender must, then pass every candidate node.
+    args = json.loads(await request.read())
+    if args.get("NodeNames") is not None:
+        answer = {"NodeNames": args["NodeNames"], "FailedNodes": {}, "Error": ""}
+    else:
+        answer = {"Nodes": args.get("Nodes"), "FailedNodes": {}, "Error": ""}
+    return web.json_response(answer)
+
+
+async def _floor_prioritize(request: web.Request) -> web.Response:
+    args = json.loads(await request.read())
+    names = args.get("NodeNames")
+    if names is None:
+        names = [node["metadata"]["name"] for node in (args.get("Nodes") or {}).get("items", [])]
+    return web.json_response([{"Host": name, "Score": 0} for name in names])
+
+
+def floor_app() -> web.Application:
+    """A do-nothing extender: the cost of HTTP and JSON alone."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_post("/filter", _floor_filter)
+    app.router.add_post("/prioritize", _floor_prioritize)
+    return app
+
+
+async def _serve(kind: str, nodes: int, pods: int) -> None:
+    # Built inside the running loop: the extender's API client wants one.
+    api = ApiClient()
+    app, objects = tessera_app(nodes, pods, api) if kind == "tessera" else (floor_app(), 0)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    print(f"READY {port} {rss_mib():.1f} {objects}", flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)  # returns when the parent closes our stdin
+    await runner.cleanup()
+    await api.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.servers")
+    parser.add_argument("kind", choices=("tessera", "floor"))
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--pods", type=int, default=50_000)
+    args = parser.parse_args()
+    asyncio.run(_serve(args.kind, args.nodes, args.pods))
+
+
+if __name__ == "__main__":
+    main()
