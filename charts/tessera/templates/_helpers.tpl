@@ -99,3 +99,36 @@ extenders:
       {{- end }}
     {{- end }}
 {{- end -}}
+
+{{/* A component's ServiceAccount, named like the component. */}}
+{{- define "tessera.serviceAccount" -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ .name }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "tessera.labels" . | nindent 4 }}
+{{- end -}}
+
+{{/* Binds a role to the component's ServiceAccount .name: a .kind (ClusterRoleBinding or
+     RoleBinding, in .namespace) named .name + .suffix, to the .roleKind named .role. */}}
+{{- define "tessera.binding" -}}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {{ .kind }}
+metadata:
+  name: {{ .name }}{{ .suffix }}
+  {{- with .namespace }}
+  namespace: {{ . }}
+  {{- end }}
+  labels:
+    {{- include "tessera.labels" . | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: {{ .roleKind }}
+  name: {{ .role }}
+subjects:
+  - kind: ServiceAccount
+    name: {{ .name }}
+    namespace: {{ .root.Release.Namespace }}
+{{- end -}}
