@@ -1,0 +1,50 @@
+"""The benchmark's synthetic picture and payloads are valid for both servers (no timing here)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from kubernetes_asyncio.client import ApiClient
+
+from bench.hotpath import Payloads
+from bench.picture import GPUS_PER_NODE, build_picture, load_state
+from bench.servers import floor_app, tessera_app
+
+JSON = {"Content-Type": "application/json"}
+
+
+def test_picture_fills_gpus_and_pods_as_documented() -> None:
+    picture = build_picture(nodes=10, pods=500)
+    counts = picture.count()
+    assert counts["Node"] == counts["ResourceSlice"] == 10
+    assert counts["Pod"] == 500
+    state = load_state(picture)
+    free = sum(sum(state.node_gpus(name).free_milli) for name in picture.node_names)
+    # 70% of the 80 GPUs are held (56), whole or as two halves.
+    assert free == (10 * GPUS_PER_NODE - 56) * 1000
+
+
+async def _cycle(app: web.Application, payloads: Payloads, cycle: int) -> tuple[object, object]:
+    async with TestClient(TestServer(app)) as client:
+        filtered = await client.post("/filter", data=payloads.body(cycle), headers=JSON)
+        assert filtered.status == 200
+        scored = await client.post("/prioritize", data=payloads.body(cycle), headers=JSON)
+        assert scored.status == 200
+        return await filtered.json(), await scored.json()
+
+
+async def test_extender_and_floor_answer_the_same_payloads() -> None:
+    api = ApiClient()
+    try:
+        app, objects = tessera_app(nodes=6, pods=100, api=api)
+        assert objects > 100
+        for mode in ("names", "nodelist"):
+            payloads = Payloads(6, mode)
+            ours, our_scores = await _cycle(app, payloads, cycle=1)
+            floor, floor_scores = await _cycle(floor_app(), payloads, cycle=1)
+            assert isinstance(ours, dict) and isinstance(floor, dict)
+            assert not ours.get("Error"), ours
+            assert isinstance(our_scores, list) and isinstance(floor_scores, list)
+            assert len(our_scores) == len(floor_scores) == 6
+    finally:
+        await api.close()
