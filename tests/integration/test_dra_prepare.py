@@ -171,6 +171,7 @@ class Pods:
         self.namespace = namespace
 
     async def create(self, name: str, device_class: str, memory: str | None = None) -> None:
+        """A pod with its own claim (from a template of the same name)."""
         request: dict[str, Any] = {"deviceClassName": device_class}
         if memory:
             request["capacity"] = {"requests": {"memory": memory}}
@@ -179,10 +180,35 @@ class Pods:
             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}}},
         }
         await self.resource.create_namespaced_resource_claim_template(self.namespace, template)
+        await self._create_pod(name, {"name": "gpu", "resourceClaimTemplateName": name})
+
+    async def create_shared(
+        self, pod_names: list[str], claim_name: str, device_class: str, driver: str
+    ) -> None:
+        """Pods sharing one time-sliced ResourceClaim (interval Short, set in the claim's config)."""
+        parameters = {
+            "apiVersion": "gpu.tessera.dev/v1alpha1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}},
+        }
+        claim: Any = {
+            "metadata": {"name": claim_name},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}],
+                    "config": [{"requests": ["gpu"], "opaque": {"driver": driver, "parameters": parameters}}],
+                }
+            },
+        }
+        await self.resource.create_namespaced_resource_claim(self.namespace, claim)
+        for name in pod_names:
+            await self._create_pod(name, {"name": "gpu", "resourceClaimName": claim_name})
+
+    async def _create_pod(self, name: str, claim_ref: dict[str, str]) -> None:
         pod: Any = {
             "metadata": {"name": name},
             "spec": {
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+                "resourceClaims": [claim_ref],
                 "containers": [
                     {
                         "name": "main",
@@ -213,10 +239,12 @@ class Pods:
         return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions)
 
     async def claim_uid(self, pod_name: str) -> str:
+        """The UID of the claim generated for the pod."""
         (status,) = (await self.get(pod_name))["status"]["resourceClaimStatuses"]
-        claim = await self.resource.read_namespaced_resource_claim(
-            status["resourceClaimName"], self.namespace
-        )
+        return await self.uid_of_claim(status["resourceClaimName"])
+
+    async def uid_of_claim(self, claim_name: str) -> str:
+        claim = await self.resource.read_namespaced_resource_claim(claim_name, self.namespace)
         uid: str = claim.metadata.uid
         return uid
 
@@ -292,6 +320,30 @@ async def test_whole_and_fractional_gpus_are_prepared_and_survive_a_driver_kill(
             whole_env = cdi_env(configs[t4], await pods.claim_uid("whole"))
             assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in whole_env
             assert drivers[t4].commands() == []
+
+            # One time-sliced claim shared by two pods takes the other T4: prepared once, and the
+            # GPU is reset only when the second pod goes.
+            await pods.create_shared(["nb-a", "nb-b"], "shared", f"timesliced-{driver}", driver)
+            for name in ("nb-a", "nb-b"):
+                assert await pods.running_on(name) == t4
+            shared_uid = await pods.uid_of_claim("shared")
+            shared_spec = configs[t4].cdi_dir / f"k8s.{driver}-claim_{shared_uid}.json"
+            t4_uuid = cdi_env(configs[t4], shared_uid)["NVIDIA_VISIBLE_DEVICES"]
+            assert t4_uuid != whole_env["NVIDIA_VISIBLE_DEVICES"]
+            timesliced = [
+                ("nvidia-smi", "-i", t4_uuid, "-c", "DEFAULT"),
+                ("nvidia-smi", "compute-policy", "-i", t4_uuid, "--set-timeslice", "1"),
+            ]
+            assert drivers[t4].commands() == timesliced
+            await pods.delete("nb-a")
+            await wait_until(partial(pods.gone, "nb-a"), timeout=60, what="nb-a deleted")
+            assert shared_spec.exists() and drivers[t4].commands() == timesliced
+            await pods.delete("nb-b")
+            await wait_until(partial(pods.gone, "nb-b"), timeout=60, what="nb-b deleted")
+            assert not shared_spec.exists()
+            assert drivers[t4].commands()[2:] == [
+                ("nvidia-smi", "compute-policy", "-i", t4_uuid, "--set-timeslice", "0")
+            ]
 
             # Kill the H100 driver between prepare and unprepare; a new one takes over from the
             # checkpoint (the kubelet stand-in re-registers it when the socket is replaced).
