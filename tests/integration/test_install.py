@@ -294,10 +294,13 @@ class Release:
         assert result.returncode in (0, 1), result.stderr
         return result.returncode == 0
 
-    def token_kubeconfig(self, component: str, path: Path) -> Path:
-        """A kubeconfig that authenticates as the component's ServiceAccount, nothing more."""
+    def token_kubeconfig(self, component: str, path: Path, pod: str = "") -> Path:
+        """A kubeconfig that authenticates as the component's ServiceAccount, nothing more.
+
+        A token bound to a pod also names the pod's node, as the kubelet's tokens do."""
+        bound = ["--bound-object-kind=Pod", f"--bound-object-name={pod}"] if pod else []
         token = kubectl_ok(self.cluster, "create", "token", self.service_account(component),
-                           f"--namespace={self.namespace}", "--duration=15m").strip()
+                           f"--namespace={self.namespace}", "--duration=15m", *bound).strip()
         admin = yaml.safe_load(self.cluster.kubeconfig.read_text())
         admin["users"] = [{"name": component, "user": {"token": token}}]
         admin["contexts"][0]["context"]["user"] = component
@@ -454,15 +457,39 @@ async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_acc
 
 
 
+def kubectl_as(cluster: LocalCluster, kubeconfig: Path, *args: str,
+               input_text: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(cluster.bin_dir / "kubectl"), f"--kubeconfig={kubeconfig}", *args],
+                          capture_output=True, text=True, input=input_text, check=False)
+
+
+def driver_pod(namespace: str, name: str, node: str, service_account: str) -> dict[str, Any]:
+    """A pod on ``node`` as the DaemonSet makes them (no kubelet runs it: it only anchors a token)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"nodeName": node, "serviceAccountName": service_account,
+                     "containers": [{"name": "driver", "image": "tessera:0.1.0"}]}}
+
+
+def probe_slice(node: str, driver: str) -> str:
+    return yaml.safe_dump({"apiVersion": f"{RESOURCE}/v1", "kind": "ResourceSlice",
+                           "metadata": {"name": f"{node}-probe"},
+                           "spec": {"driver": driver, "nodeName": node,
+                                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                                    "devices": [{"name": "gpu-0"}]}})
+
+
 async def test_the_dra_driver_publishes_its_node_with_only_its_service_account(
         release: Release, k8s: ApiClient, tmp_path: Path) -> None:
-    cluster = release.cluster
-    node = f"{release.name}-gpu-node"
-    driver_name = f"{release.name}.tessera.dev"  # a driver of its own: no other test sees its slices
+    cluster, namespace = release.cluster, release.namespace
+    node, other_node = f"{release.name}-gpu-node", f"{release.name}-other-node"
+    driver_name = "gpu.tessera.dev"  # the chart's; the slices are told apart by their node
     http_port = free_port()
     log = tmp_path / "driver.log"
     await create_fake_node(k8s, node)
-    kubeconfig = release.token_kubeconfig("dra-driver", tmp_path / "driver.kubeconfig")
+    kubectl_ok(cluster, "apply", "-f", "-", input_text=yaml.safe_dump(
+        driver_pod(namespace, "driver", node, release.service_account("dra-driver"))))
+    kubeconfig = release.token_kubeconfig("dra-driver", tmp_path / "driver.kubeconfig", pod="driver")
+    unbound = release.token_kubeconfig("dra-driver", tmp_path / "unbound.kubeconfig")
     host_dirs = [f"--{name}-dir={tmp_path / name}" for name in ("plugin", "registry", "cdi", "checkpoint")]
     driver = start([sys.executable, "-m", "dra_driver", f"--node-name={node}", f"--driver-name={driver_name}",
                     "--backend=simulated", "--profile=t4x2", f"--kubeconfig={kubeconfig}", *host_dirs,
@@ -480,9 +507,25 @@ async def test_the_dra_driver_publishes_its_node_with_only_its_service_account(
         assert sum(len(s["spec"]["devices"]) for s in published) == 2
         # The Node was readable: the slices are owned by it (garbage-collected with it).
         assert all(s["metadata"]["ownerReferences"][0]["name"] == node for s in published)
+
+        # The admission policy: another node's slices, another driver's, or a token that names no
+        # node are refused, though RBAC alone would allow them.
+        for credentials, slice_node, slice_driver in ((kubeconfig, other_node, driver_name),
+                                                      (kubeconfig, node, "other.example.com"),
+                                                      (unbound, node, driver_name)):
+            refused = kubectl_as(cluster, credentials, "create", "--dry-run=server", "-f", "-",
+                                 input_text=probe_slice(slice_node, slice_driver))
+            assert refused.returncode != 0, (slice_node, slice_driver)
+            assert f"ValidatingAdmissionPolicy '{release.service_account('dra-driver')}-own-node-slices'" in (
+                refused.stderr), refused.stderr
+        allowed = kubectl_as(cluster, kubeconfig, "create", "--dry-run=server", "-f", "-",
+                             input_text=probe_slice(node, driver_name))
+        assert allowed.returncode == 0, allowed.stderr
     finally:
         stop(driver)
-        cluster.kubectl("delete", f"resourceslices.{RESOURCE}", f"--field-selector=spec.driver={driver_name}",
+        cluster.kubectl("delete", "pod", "driver", f"--namespace={namespace}", "--grace-period=0", "--force",
+                        check=False)
+        cluster.kubectl("delete", f"resourceslices.{RESOURCE}", f"--field-selector=spec.nodeName={node}",
                         check=False)
         await delete_nodes(k8s, [node])
     assert "forbidden" not in log.read_text().lower(), log.read_text()[-3000:]
