@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint unit integration bench k8s-binaries proto clean
+.PHONY: up test lint unit integration bench k8s-binaries proto manifests clean
 
 $(STAMP): pyproject.toml
 	@echo "[make] creating $(VENV) and installing Python dependencies"
@@ -45,6 +45,10 @@ bench: $(STAMP) k8s-binaries
 proto: $(STAMP)
 	@echo "[make] regenerating dra_driver/proto"
 	@bash hack/gen-proto.sh
+
+manifests: k8s-binaries
+	@echo "[make] rendering charts/tessera into manifests/install.yaml"
+	@bash hack/render-manifests.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
