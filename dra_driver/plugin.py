@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import stat
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -60,6 +61,8 @@ SUPPORTED_VERSIONS = (
 HEALTH_CHECK_TIMEOUT_S = 60
 _SOCKET_MODE = 0o600
 _DIR_MODE = 0o750
+# sun_path holds 108 bytes including the terminating NUL.
+_MAX_SOCKET_PATH = 107
 SIMULATED_COMMAND_LOG = "sharing-commands.jsonl"
 
 
@@ -74,6 +77,11 @@ class PluginSockets:
 
 
 def _prepare_socket_path(path: Path) -> None:
+    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+        raise ValueError(
+            f"socket path {path} is {len(os.fsencode(path))} bytes; unix sockets allow at most "
+            f"{_MAX_SOCKET_PATH}: choose a shorter plugin/registry directory"
+        )
     path.parent.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
     with contextlib.suppress(FileNotFoundError):
         if not stat.S_ISSOCK(path.lstat().st_mode):

@@ -176,3 +176,11 @@ async def test_stale_socket_is_replaced_but_other_files_are_not(root: Path, clai
     stale.write_text("not a socket")
     with pytest.raises(FileExistsError, match="not a socket"):
         await make().start()
+
+
+async def test_too_long_socket_path_is_a_clear_error(claims: FakeClaims) -> None:
+    deep = Path("/tmp") / ("d" * 120)
+    plugin = make_plugin(deep, claims, [gpu(0)])[0]
+    with pytest.raises(ValueError, match="unix sockets allow at most 107"):
+        await plugin.start()
+    assert not deep.exists(), "nothing is created for a path that cannot work"
