@@ -76,6 +76,8 @@ def test_the_extender_service_selects_the_extender_pods(install: list[dict[str, 
     assert service["spec"]["selector"].items() <= pod_labels.items()
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["tessera-extender"]
+    # Queue demand from the chart's scheduler only; GPUs of the chart's driver.
+    assert {"--scheduler-name=tessera", "--gpu-driver=gpu.tessera.dev"} <= set(container["args"])
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
