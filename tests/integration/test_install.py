@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.error
 import urllib.request
@@ -94,7 +95,8 @@ def names_of(objects: list[dict[str, Any]], kind: str) -> list[str]:
     return [obj["metadata"]["name"] for obj in objects if obj["kind"] == kind]
 
 
-def test_chart_lints_and_the_plain_install_is_a_fresh_render(local_cluster: LocalCluster) -> None:
+def test_chart_lints_and_the_plain_install_is_a_fresh_render(
+        local_cluster: LocalCluster, tmp_path: Path) -> None:
     lint = helm(local_cluster, "lint", "--strict", str(CHART), "--kube-version", kube_version())
     assert "1 chart(s) linted, 0 chart(s) failed" in lint
     helm(local_cluster, "lint", "--strict", str(CHART), "--kube-version", kube_version(),
@@ -106,11 +108,16 @@ def test_chart_lints_and_the_plain_install_is_a_fresh_render(local_cluster: Loca
     assert fresh.stdout == INSTALL_YAML.read_text(), (
         "manifests/install.yaml is stale: run hack/render-manifests.sh and commit it")
 
-    # The chart installs the very files the tests and the plain install use, through links.
-    for linked, shared in (("crds/queues.yaml", "crds/queues.yaml"),
-                           ("files/deviceclasses.yaml", "deviceclasses.yaml"),
-                           ("files/default-queue.yaml", "default-queue.yaml")):
-        assert (CHART / linked).samefile(REPO / "manifests" / shared), linked
+    # The chart installs the very files the tests and the plain install use, through links that
+    # a packaged chart replaces with their contents.
+    helm(local_cluster, "package", str(CHART), "--destination", str(tmp_path))
+    with tarfile.open(tmp_path / "tessera-0.1.0.tgz") as package:
+        for linked, shared in (("crds/queues.yaml", "crds/queues.yaml"),
+                               ("files/deviceclasses.yaml", "deviceclasses.yaml"),
+                               ("files/default-queue.yaml", "default-queue.yaml")):
+            assert (CHART / linked).samefile(REPO / "manifests" / shared), linked
+            packed = package.extractfile(f"tessera/{linked}")
+            assert packed is not None and packed.read() == (REPO / "manifests" / shared).read_bytes()
 
 
 CONFIG_ONLY_VALUES = ("scheduler.deploy=false", "draDriver.enabled=false", "deviceClasses.create=false")
@@ -453,7 +460,8 @@ async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_acc
         stop(extender)
         await delete_nodes(k8s, [node])
         cluster.kubectl("delete", QUEUES, queue, "--ignore-not-found", check=False)
-    assert "forbidden" not in extender_log.read_text().lower(), extender_log.read_text()[-3000:]
+    for log in (extender_log, scheduler_log):
+        assert "forbidden" not in log.read_text().lower(), log.read_text()[-3000:]
 
 
 
