@@ -120,11 +120,14 @@ def test_chart_lints_and_the_plain_install_is_a_fresh_render(
             assert packed is not None and packed.read() == (REPO / "manifests" / shared).read_bytes()
 
 
-CONFIG_ONLY_VALUES = ("scheduler.deploy=false", "draDriver.enabled=false", "deviceClasses.create=false")
+# Only the extender (HTTPS, no client certificates) and the scheduler configuration for your own
+# kube-scheduler.
+CONFIG_ONLY_VALUES = ("scheduler.deploy=false", "draDriver.enabled=false", "deviceClasses.create=false",
+                      "extender.tls.enabled=true", "extender.tls.verifyClients=false")
 
 
 @pytest.mark.parametrize("values", [(), NON_DEFAULT_VALUES, CONFIG_ONLY_VALUES],
-                         ids=["defaults", "every-option", "config-only"])
+                         ids=["defaults", "every-option", "config-only-server-tls"])
 def test_the_apiserver_accepts_every_rendered_object(
         local_cluster: LocalCluster, namespace: str, values: tuple[str, ...]) -> None:
     release = f"it-{uuid.uuid4().hex[:6]}"
@@ -145,8 +148,16 @@ def test_the_apiserver_accepts_every_rendered_object(
         assert names_of(objects, "DaemonSet") == [f"{release}-tessera-dra-driver"]
         shipped = yaml.safe_load_all((REPO / "manifests" / "deviceclasses.yaml").read_text())
         assert sorted(names_of(objects, "DeviceClass")) == sorted(d["metadata"]["name"] for d in shipped if d)
-    if "extender.tls.enabled=true" in values:
+    if values == NON_DEFAULT_VALUES:
         assert_tls_wired(objects, release, namespace)
+    if values == CONFIG_ONLY_VALUES:
+        # Server-side TLS only: the kubelet's HTTPS probes get through, the scheduler needs just the CA.
+        (extender,) = (o for o in objects if o["kind"] == "Deployment")
+        probe = extender["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+        assert probe["httpGet"] == {"path": "/readyz", "port": "extender", "scheme": "HTTPS"}
+        config_map = next(o for o in objects if o["kind"] == "ConfigMap")
+        (link,) = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])["extenders"]
+        assert set(link["tlsConfig"]) == {"serverName", "caFile"}
 
 
 def mounted_secrets(pod: dict[str, Any]) -> dict[str, str]:
