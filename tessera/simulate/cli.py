@@ -1,6 +1,6 @@
 """``tessera simulate``: packing replays of the Alibaba trace and queue-fairness workloads.
 
-    tessera simulate trace [--all | --pods FILE ...] [--policies fgd,tessera,...] [--seed N]
+    tessera simulate trace [--all | --pods FILE ...] [--policies fgd,tessera,...] [--seed N | --seeds 0,1,2]
     tessera simulate queues WORKLOAD.yaml [--policy tessera]
 
 Both print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
@@ -19,6 +19,7 @@ from .policies import DEFAULT_POLICIES, POLICY_NAMES, policy_names
 from .queues import WorkloadError, load_workload, run_queue_workload
 from .report import (
     PAPER_DEFAULT_TRACE,
+    packing_seeds_table,
     packing_table,
     plot_packing,
     plot_queues,
@@ -49,6 +50,7 @@ def _report_progress(policy: str, fraction: float) -> None:
 
 def _replay_task(nodes_csv: Path, pods_csv: Path, policy: str, seed: int, arrival: float,
                  quiet: bool) -> PackingResult:
+    """One replay; runs in a worker process."""
     return replay_packing(load_nodes(nodes_csv), load_pods(pods_csv), policy, seed=seed,
                           target_arrival_pct=arrival, progress=None if quiet else _report_progress)
 
@@ -69,25 +71,26 @@ def _run_trace(args: argparse.Namespace) -> int:
     pod_files = [p if p.is_file() or trace_dir is None else trace_dir / p for p in pod_files]
     try:
         policies = policy_names([name.strip() for name in args.policies.split(",") if name.strip()])
+        seeds = [int(seed) for seed in args.seeds.split(",")] if args.seeds else [args.seed]
         load_nodes(nodes_csv)  # fail fast on a bad file, before starting workers
         for pods_csv in pod_files:
             load_pods(pods_csv)
     except (TraceError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    tasks = [(pods_csv, policy) for pods_csv in pod_files for policy in policies]
-    print(f"replaying {len(pod_files)} trace(s) x {len(policies)} policies to {args.arrival:g}% arrival, "
-          f"seed {args.seed}, {args.jobs} worker(s)", file=sys.stderr)
+    tasks = [(pods_csv, policy, seed) for pods_csv in pod_files for policy in policies for seed in seeds]
+    print(f"replaying {len(pod_files)} trace(s) x {len(policies)} policies x {len(seeds)} seed(s) to "
+          f"{args.arrival:g}% arrival, {args.jobs} worker(s)", file=sys.stderr)
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(_replay_task, nodes_csv, pods_csv, policy, args.seed, args.arrival, args.quiet)
-                   for pods_csv, policy in tasks]
+        futures = [pool.submit(_replay_task, nodes_csv, pods_csv, policy, seed, args.arrival, args.quiet)
+                   for pods_csv, policy, seed in tasks]
         results = [future.result() for future in futures]
     for pods_csv in pod_files:
         trace = _trace_name(pods_csv)
-        mine = [r for (p, _), r in zip(tasks, results, strict=True) if p == pods_csv]
+        mine = [r for (p, _, _), r in zip(tasks, results, strict=True) if p == pods_csv]
         paper = PAPER_DEFAULT_TRACE if trace == "default" and abs(args.arrival - 130) < 1e-9 else None
-        print(f"\ntrace {trace} ({pods_csv.name}), seed {args.seed}")
-        print(packing_table(mine, paper))
+        print(f"\ntrace {trace} ({pods_csv.name}), seed(s) {', '.join(map(str, seeds))}")
+        print(packing_table(mine, paper) if len(seeds) == 1 else packing_seeds_table(mine, paper))
         written = write_packing_csv(mine, trace, args.out)
         if not args.no_plots:
             written.append(plot_packing(mine, trace, args.out))
@@ -135,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     queues.add_argument("workload", type=Path, help="workload YAML (see docs/simulator.md)")
     queues.add_argument("--policy", default="tessera", help="placement policy (default tessera)")
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")
     queues.add_argument("--seed", type=int, default=None, help="random seed (default: the workload's)")
     for mode in (trace, queues):
         mode.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default %(default)s)")

@@ -37,6 +37,7 @@ class PackingPoint:
 @dataclass
 class PackingResult:
     policy: str
+    seed: int = 0
     arrival_pct: float = 0.0
     allocation_pct: float = 0.0
     fragmentation_pct: float = 0.0
@@ -123,7 +124,7 @@ def replay_packing(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy_name
     cluster = Cluster(nodes, mix)
     rng = random.Random(seed)
     replay = Placer(cluster, make_policy(policy_name, mix), rng)
-    result = PackingResult(policy=policy_name)
+    result = PackingResult(policy=policy_name, seed=seed)
     capacity = cluster.capacity_milli
     arrived_milli = 0
     next_point = 0.0
@@ -143,7 +144,7 @@ def replay_packing(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy_name
             next_point += curve_step_pct
             replay.forget_gone_states()
             if progress is not None:
-                progress(policy_name, arrival_pct / target_arrival_pct)
+                progress(f"{policy_name} seed {seed}", arrival_pct / target_arrival_pct)
     result.arrival_pct = 100.0 * arrived_milli / capacity
     result.allocation_pct = 100.0 * cluster.allocated_milli / capacity
     result.fragmentation_pct = 100.0 * cluster.fragmentation_milli / capacity

@@ -37,25 +37,44 @@ def packing_table(results: Sequence[PackingResult], paper: dict[str, float] | No
     return format_table(headers, rows)
 
 
+def packing_seeds_table(results: Sequence[PackingResult], paper: dict[str, float] | None = None) -> str:
+    """One row per policy over several seeds: mean, min and max allocation."""
+    headers = ["policy", "seeds", "mean alloc %", "min alloc %", "max alloc %", "mean frag %", "mean secs"]
+    if paper:
+        headers.append("paper alloc %")
+    rows = []
+    for policy in dict.fromkeys(r.policy for r in results):
+        mine = [r for r in results if r.policy == policy]
+        allocs = [r.allocation_pct for r in mine]
+        row = [policy, ",".join(str(r.seed) for r in mine), f"{sum(allocs) / len(allocs):.2f}",
+               f"{min(allocs):.2f}", f"{max(allocs):.2f}",
+               f"{sum(r.fragmentation_pct for r in mine) / len(mine):.2f}",
+               f"{sum(r.seconds for r in mine) / len(mine):.1f}"]
+        if paper:
+            row.append(f"{paper[policy]:.2f}" if policy in paper else "")
+        rows.append(row)
+    return format_table(headers, rows)
+
+
 def write_packing_csv(results: Sequence[PackingResult], trace: str, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = out_dir / f"{trace}-summary.csv"
     with summary.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["trace", "policy", "arrival_pct", "allocation_pct", "unallocated_pct",
+        writer.writerow(["trace", "policy", "seed", "arrival_pct", "allocation_pct", "unallocated_pct",
                          "fragmentation_pct", "pods_arrived", "pods_placed", "pods_skipped", "seconds"])
         for r in results:
-            writer.writerow([trace, r.policy, f"{r.arrival_pct:.4f}", f"{r.allocation_pct:.4f}",
+            writer.writerow([trace, r.policy, r.seed, f"{r.arrival_pct:.4f}", f"{r.allocation_pct:.4f}",
                              f"{r.unallocated_pct:.4f}", f"{r.fragmentation_pct:.4f}", r.pods_arrived,
                              r.pods_placed, r.pods_skipped, f"{r.seconds:.2f}"])
     curve = out_dir / f"{trace}-curve.csv"
     with curve.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["trace", "policy", "arrival_pct", "allocation_pct", "fragmentation_pct"])
+        writer.writerow(["trace", "policy", "seed", "arrival_pct", "allocation_pct", "fragmentation_pct"])
         for r in results:
             for point in r.curve:
-                writer.writerow([trace, r.policy, f"{point.arrival_pct:.4f}", f"{point.allocation_pct:.4f}",
-                                 f"{point.fragmentation_pct:.4f}"])
+                writer.writerow([trace, r.policy, r.seed, f"{point.arrival_pct:.4f}",
+                                 f"{point.allocation_pct:.4f}", f"{point.fragmentation_pct:.4f}"])
     return [summary, curve]
 
 
@@ -66,13 +85,14 @@ def plot_packing(results: Sequence[PackingResult], trace: str, out_dir: Path) ->
     import matplotlib.pyplot as plt
 
     fig, (alloc_ax, frag_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in results:
+    first_seed = results[0].seed if results else 0
+    for r in (r for r in results if r.seed == first_seed):
         arrival = [p.arrival_pct for p in r.curve]
         alloc_ax.plot(arrival, [p.allocation_pct for p in r.curve], label=r.policy)
         frag_ax.plot(arrival, [p.fragmentation_pct for p in r.curve], label=r.policy)
     alloc_ax.plot([0, 100], [0, 100], color="grey", linestyle=":", linewidth=1)
     alloc_ax.set(xlabel="arrived GPU milli, % of capacity", ylabel="allocated GPU milli, % of capacity",
-                 title=f"{trace}: allocation vs arrival")
+                 title=f"{trace}: allocation vs arrival (seed {first_seed})")
     frag_ax.set(xlabel="arrived GPU milli, % of capacity", ylabel="fragmentation, % of capacity",
                 title=f"{trace}: fragmentation vs arrival")
     alloc_ax.legend()

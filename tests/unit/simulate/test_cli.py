@@ -56,3 +56,13 @@ def test_queue_mode_reports_bad_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     bad.write_text("nodes: []\n")
     assert main(["queues", str(bad)]) == 2
     assert "bad.yaml" in capsys.readouterr().err
+
+
+def test_several_seeds_give_mean_min_max(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, pods = write_trace(tmp_path)
+    out = tmp_path / "out"
+    assert main(["trace", "--nodes", str(nodes), "--pods", str(pods), "--policies", "random",
+                 "--seeds", "1,2", "--jobs", "1", "--quiet", "--no-plots", "--out", str(out)]) == 0
+    assert "mean alloc %" in capsys.readouterr().out
+    with (out / "tiny-summary.csv").open() as handle:
+        assert [row["seed"] for row in csv.DictReader(handle)] == ["1", "2"]
