@@ -5,9 +5,14 @@ from __future__ import annotations
 import csv
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from .packing import PackingResult
 from .queues import QueueRunResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # Published GPU allocation % at 130% arrival on the default trace (Weng et al., ATC'23, as quoted
 # in the trace README), shown beside our own baselines for orientation.
@@ -78,13 +83,27 @@ def write_packing_csv(results: Sequence[PackingResult], trace: str, out_dir: Pat
     return [summary, curve]
 
 
-def plot_packing(results: Sequence[PackingResult], trace: str, out_dir: Path) -> Path:
+def _save_figure(fig: Figure, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _pyplot() -> ModuleType:
+    """pyplot on the file-only backend (imported late: the tables do not need matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (alloc_ax, frag_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    return plt
+
+
+def plot_packing(results: Sequence[PackingResult], trace: str, out_dir: Path) -> Path:
+    fig, (alloc_ax, frag_ax) = _pyplot().subplots(1, 2, figsize=(12, 4.5))
     first_seed = results[0].seed if results else 0
     for r in (r for r in results if r.seed == first_seed):
         arrival = [p.arrival_pct for p in r.curve]
@@ -98,11 +117,7 @@ def plot_packing(results: Sequence[PackingResult], trace: str, out_dir: Path) ->
     alloc_ax.legend()
     alloc_ax.grid(alpha=0.3)
     frag_ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = out_dir / f"{trace}-packing.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, out_dir / f"{trace}-packing.png")
 
 
 def queue_table(result: QueueRunResult) -> str:
@@ -139,12 +154,7 @@ def write_queue_csv(result: QueueRunResult, out_dir: Path) -> list[Path]:
 
 
 def plot_queues(result: QueueRunResult, out_dir: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = _pyplot().subplots(figsize=(10, 4.5))
     for q in result.queues:
         samples = [s for s in result.timeline if s.queue == q.name]
         times = [s.time for s in samples]
@@ -154,8 +164,4 @@ def plot_queues(result: QueueRunResult, out_dir: Path) -> Path:
     ax.set(xlabel="time, s", ylabel="GPUs", title=f"{result.name}: queue allocation vs fair share")
     ax.legend(fontsize="small", ncol=2)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = out_dir / f"{result.name}-queues.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, out_dir / f"{result.name}-queues.png")
