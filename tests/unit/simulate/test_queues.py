@@ -36,7 +36,7 @@ def test_idle_share_is_lent_within_limit_and_returned() -> None:
     assert by_name["a"].max_allocated_gpu == 3
     assert by_name["a"].mean_wait_s == pytest.approx(25.0)
     assert by_name["b"].mean_wait_s == pytest.approx(45.0)
-    assert by_name["a"].finished == 4 and by_name["b"].finished == 2
+    assert by_name["a"].started == 4 and by_name["b"].started == 2
     assert result.makespan_s == pytest.approx(200.0)
     assert result.refusals["over_limit"] >= 1
     shares_at_10 = {s.queue: s.fair_share_gpu for s in result.timeline if s.time == 10}
