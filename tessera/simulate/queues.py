@@ -174,7 +174,7 @@ class QueueSample:
 @dataclass
 class QueueSummary:
     name: str
-    jobs: int = 0
+    pods: int = 0
     started: int = 0
     mean_wait_s: float = 0.0
     p95_wait_s: float = 0.0
@@ -345,7 +345,7 @@ def _summarise(result: QueueRunResult, pods: Sequence[_Pod], queues: Sequence[Qu
         waits = [p.start - p.arrival for p in mine if p.start is not None]
         samples = [s for s in result.timeline if s.queue == q.name]
         summary = QueueSummary(
-            name=q.name, jobs=len(mine), started=len(waits),
+            name=q.name, pods=len(mine), started=len(waits),
             mean_wait_s=sum(waits) / len(waits) if waits else 0.0, p95_wait_s=_percentile(waits, 95),
             mean_allocated_gpu=_time_weighted_mean(samples, "allocated_gpu", end),
             mean_fair_share_gpu=_time_weighted_mean(samples, "fair_share_gpu", end),

@@ -124,7 +124,7 @@ def queue_table(result: QueueRunResult) -> str:
     headers = ["queue", "pods", "started", "mean wait s", "p95 wait s", "mean alloc GPU",
                "mean fair share GPU", "max alloc GPU", "limit GPU"]
     rows = [
-        [q.name, str(q.jobs), str(q.started), f"{q.mean_wait_s:.1f}", f"{q.p95_wait_s:.1f}",
+        [q.name, str(q.pods), str(q.started), f"{q.mean_wait_s:.1f}", f"{q.p95_wait_s:.1f}",
          f"{q.mean_allocated_gpu:.2f}", f"{q.mean_fair_share_gpu:.2f}", f"{q.max_allocated_gpu:.2f}",
          "" if q.limit_gpu is None else f"{q.limit_gpu:g}"]
         for q in result.queues
@@ -137,10 +137,10 @@ def write_queue_csv(result: QueueRunResult, out_dir: Path) -> list[Path]:
     summary = out_dir / f"{result.name}-queues.csv"
     with summary.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["queue", "jobs", "started", "mean_wait_s", "p95_wait_s", "mean_allocated_gpu",
+        writer.writerow(["queue", "pods", "started", "mean_wait_s", "p95_wait_s", "mean_allocated_gpu",
                          "mean_fair_share_gpu", "max_allocated_gpu"])
         for q in result.queues:
-            writer.writerow([q.name, q.jobs, q.started, f"{q.mean_wait_s:.3f}", f"{q.p95_wait_s:.3f}",
+            writer.writerow([q.name, q.pods, q.started, f"{q.mean_wait_s:.3f}", f"{q.p95_wait_s:.3f}",
                              f"{q.mean_allocated_gpu:.4f}", f"{q.mean_fair_share_gpu:.4f}",
                              f"{q.max_allocated_gpu:.4f}"])
     timeline = out_dir / f"{result.name}-timeline.csv"
