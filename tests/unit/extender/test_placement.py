@@ -12,6 +12,7 @@ from extender.policy.placement import (
     fits,
     mix_from_demands,
     node_fragmentation,
+    node_packing_loss,
     placement_cost,
     score_nodes,
     scores_from_costs,
@@ -57,15 +58,19 @@ def test_fragmentation_counts_model_mismatch_as_all_idle() -> None:
 
 
 def test_fraction_goes_where_fragmentation_shrinks() -> None:
-    # n1 idle (1000, 1000): frag 0; best move 500 -> (500, 1000): HALF 0, WHOLE 500 -> 250, growth +250.
-    # n2 (1000, 600): frag (0 + 600) / 2 = 300. Onto GPU 1 -> (1000, 100): HALF 100, WHOLE 100 -> 100,
-    # growth -200. Onto GPU 0 -> (500, 600): WHOLE no longer fits -> (0 + 1100) / 2 = 550, +250.
+    # A fraction ranks by fragmentation growth + 0.5 x packing-loss growth.
+    # n1 idle (1000, 1000): frag 0, loss 0. 500 -> (500, 1000): frag (0 + 500) / 2 = 250; loss: HALF
+    # fits 3 -> 0, WHOLE fits 1 -> 500, so 250. Cost 250 + 125 = 375.
+    # n2 (1000, 600): frag (0 + 600) / 2 = 300; loss: HALF 3 -> 100, WHOLE 1 -> 600, so 350.
+    # Onto GPU 1 -> (1000, 100): frag (100 + 100) / 2 = 100; loss (100 + 100) / 2 = 100.
+    # Cost -200 + 0.5 x -250 = -325. Onto GPU 0 -> (500, 600): frag (0 + 1100) / 2 = 550, loss
+    # (100 + 1100) / 2 = 600: cost 250 + 125 = 375.
     n1, n2 = node("n1", 1000, 1000), node("n2", 1000, 600)
     assert choose_gpus(n2, HALF, HALF_AND_WHOLE) == (1,)
     cost_n1 = placement_cost(n1, HALF, HALF_AND_WHOLE)
     cost_n2 = placement_cost(n2, HALF, HALF_AND_WHOLE)
-    assert cost_n1 is not None and cost_n1[0] == pytest.approx(250.0)
-    assert cost_n2 is not None and cost_n2[0] == pytest.approx(-200.0)
+    assert cost_n1 is not None and cost_n1[0] == pytest.approx(375.0)
+    assert cost_n2 is not None and cost_n2[0] == pytest.approx(-325.0)
     assert score_nodes([n1, n2], HALF, HALF_AND_WHOLE) == {"n1": 0, "n2": 10}
 
 
@@ -88,14 +93,18 @@ def test_whole_gpu_avoids_breaking_the_last_pair() -> None:
 
 def test_cpu_only_pod_avoids_starving_gpu_tasks_of_cpu() -> None:
     # HALF needs 4000m CPU. On "small" (8000m) a 6000m CPU-only pod leaves 2000m: HALF no longer
-    # fits, all 2000 idle GPU milli become fragments (+2000). On "big" (16000m) nothing changes.
+    # fits, all 2000 idle GPU milli become fragments (+2000); packing loss goes from 1000 (CPU for
+    # 2 of the 4 halves) to 2000: cost 2000 + 0.5 x 1000 = 2500. On "big" (16000m -> 10000m) HALF
+    # still fits (frag +0) but CPU now holds 2 halves, not 4: loss 0 -> 1000, cost 500.
     gpu_task = GpuDemand(count=1, milli=500, cpu_milli=4000)
     mix = WorkloadMix(demands=((gpu_task, 1.0),))
     cpu_only = GpuDemand(count=0, cpu_milli=6000)
     small = NodeGpus("small", "T4", (1000, 1000), cpu_free_milli=8000, host_tracked=True)
     big = NodeGpus("big", "T4", (1000, 1000), cpu_free_milli=16000, host_tracked=True)
     cost_small = placement_cost(small, cpu_only, mix)
-    assert cost_small is not None and cost_small[0] == pytest.approx(2000.0)
+    cost_big = placement_cost(big, cpu_only, mix)
+    assert cost_small is not None and cost_small[0] == pytest.approx(2500.0)
+    assert cost_big is not None and cost_big[0] == pytest.approx(500.0)
     assert score_nodes([small, big], cpu_only, mix) == {"small": 0, "big": 10}
 
 
@@ -106,6 +115,22 @@ def test_spread_prefers_emptiest_node_and_gpu() -> None:
     assert choose_gpus(n2, demand, HALF_AND_WHOLE, strategy="spread") == (1,)
     # binpack puts it on the half-used GPU instead
     assert choose_gpus(n2, demand, HALF_AND_WHOLE) == (0,)
+
+
+def test_packing_loss_counts_remainders_and_host_limits() -> None:
+    # Node (1000, 700), 8000m CPU; idle 1700.
+    # 300-milli type, 1000m CPU: GPUs hold 3 + 2 = 5, CPU holds 8 -> 5 x 300 = 1500, loses 200.
+    # 300-milli type, 4000m CPU: CPU holds 2 -> 600, loses 1100.
+    # whole-GPU type: 1 -> loses 700. Pair type: 0 -> loses 1700. GPU-less 9000m: does not fit -> 1700.
+    small = GpuDemand(count=1, milli=300, cpu_milli=1000)
+    hungry = GpuDemand(count=1, milli=300, cpu_milli=4000)
+    candidate = NodeGpus("n", "T4", (1000, 700), cpu_free_milli=8000, host_tracked=True)
+    cases = [(small, 200.0), (hungry, 1100.0), (WHOLE, 700.0), (PAIR, 1700.0),
+             (GpuDemand(count=0, cpu_milli=9000), 1700.0)]
+    for demand, lost in cases:
+        assert node_packing_loss(candidate, WorkloadMix(demands=((demand, 1.0),))) == pytest.approx(lost)
+    mix = WorkloadMix(demands=((small, 1.0), (hungry, 3.0)))
+    assert node_packing_loss(candidate, mix) == pytest.approx((200.0 + 3 * 1100.0) / 4)
 
 
 def test_fits_checks_model_gpus_and_host() -> None:
