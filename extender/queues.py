@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
@@ -91,6 +91,9 @@ class QueueSpecModel(BaseModel):
 
     parent: str | None = Field(default=None, min_length=1)
     priority: int = 0
+    # Read by the extender's prioritize verb, not by fairness; accepted here so a spec that sets
+    # it is not refused as carrying an unknown field.
+    placement: Literal["binpack", "spread"] = "binpack"
     resources: dict[str, QueueResourceModel] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -25,7 +25,7 @@ from extender.demand import WHOLE_GPU_MILLI, pod_classic_gpus, to_gpu_demand
 from extender.metrics import CONTENT_TYPE, ExtenderMetrics
 from extender.policy.fairness import check_admission
 from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, score_nodes
-from extender.queues import QUEUE_GROUP, QUEUE_LABEL
+from extender.queues import QUEUE_LABEL
 from extender.state import WATCHED_KINDS, ClusterState, ClusterWatcher, object_key, pod_queue
 from extender.status import StatusWriter, WaitingPods
 from extender.wire import (
@@ -39,7 +39,6 @@ from extender.wire import (
 
 log = logging.getLogger(__name__)
 
-PLACEMENT_ANNOTATION = f"{QUEUE_GROUP}/placement"  # on a Queue: "binpack" (default) or "spread"
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20  # a NodeList of thousands of nodes still fits
 NOT_READY = "tessera extender is still syncing its cluster picture; retry"
 # How long an admitted pod counts against its queue while the scheduler binds it; a pod that
@@ -127,8 +126,7 @@ def decide_filter(state: ClusterState, waiting: WaitingPods, metrics: ExtenderMe
 
 def queue_strategy(state: ClusterState, queue: str) -> Strategy:
     obj = state.kind("Queue").get(queue) or {}
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
-    return "spread" if annotations.get(PLACEMENT_ANNOTATION) == "spread" else "binpack"
+    return "spread" if (obj.get("spec") or {}).get("placement") == "spread" else "binpack"
 
 
 def decide_priorities(state: ClusterState, metrics: ExtenderMetrics,

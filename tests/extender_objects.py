@@ -111,10 +111,12 @@ def pod(namespace: str, name: str, queue: str | None = None, template: str | Non
 
 def queue(name: str, parent: str | None = None, priority: int = 0,
           resources: dict[str, dict[str, Any]] | None = None,
-          annotations: dict[str, str] | None = None) -> JsonObject:
+          annotations: dict[str, str] | None = None, placement: str | None = None) -> JsonObject:
     """A Queue; `resources` is e.g. {"gpu": {"quota": 2, "limit": 4, "overQuotaWeight": 1}}."""
     spec: JsonObject = {"priority": priority, "resources": resources or {}}
     if parent is not None:
         spec["parent"] = parent
+    if placement is not None:
+        spec["placement"] = placement
     return {"apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}", "kind": "Queue",
             "metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}

@@ -107,6 +107,7 @@ def test_parse_queue_empty_spec_means_no_guarantee_and_no_limit(obj: dict[str, A
         (queue_object("a", {"priority": "high"}), "queue 'a': priority"),
         (queue_object("a", {"parent": "a"}), "cannot be its own parent"),
         (queue_object("a", {"parent": ""}), "queue 'a': parent"),
+        (queue_object("a", {"placement": "pack"}), "queue 'a': placement"),
     ],
 )
 def test_parse_queue_rejects_with_a_clear_message(obj: dict[str, Any], message: str) -> None:

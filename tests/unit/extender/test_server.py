@@ -13,7 +13,7 @@ from kubernetes_asyncio.client import ApiClient
 from extender.__main__ import parse_args
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
-from extender.server import PLACEMENT_ANNOTATION, build_app
+from extender.server import build_app
 from extender.state import WATCHED_KINDS, ClusterState
 from extender.status import ADMITTED_CONDITION, StatusWriter, WaitingPods
 from tests import extender_objects as objects
@@ -184,7 +184,7 @@ async def test_oversized_body_gets_413(extender: Extender) -> None:
 
 
 async def test_prioritize_packs_by_default_and_spreads_when_the_queue_says_so(extender: Extender) -> None:
-    spread = objects.queue("team-s", annotations={PLACEMENT_ANNOTATION: "spread"})
+    spread = objects.queue("team-s", placement="spread")
     packed = objects.pod("ns", "p", queue="team-b", template="one")
     spreading = objects.pod("ns", "s", queue="team-s", template="one")
     extender.sync(cluster(packed, spreading, spread))
