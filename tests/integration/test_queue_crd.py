@@ -177,7 +177,7 @@ def test_defaults_own_parent_and_bad_status(queue_crd: LocalCluster, unique: str
     assert create(queue_crd, bare) == (0, "")
     try:
         stored = json.loads(queue_crd.kubectl("get", QUEUE_PLURAL, unique, "-o", "json").stdout)
-        assert stored["spec"] == {"priority": 0}
+        assert stored["spec"] == {"priority": 0, "placement": "binpack"}
         assert parse_queue(stored) == QueueSpec(name=unique)
         bad = queue_crd.kubectl(
             "patch",
