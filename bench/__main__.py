@@ -36,12 +36,12 @@ def _machine() -> str:
 
 def hotpath_table(rows: Sequence[HotPathRow]) -> str:
     headers = ["nodes", "pods", "mode", "cycles", "cycles/s", "p50 ms", "p99 ms", "filter p99", "prio p99",
-               "floor cycles/s", "floor p99 ms", "p99 / floor", "rate / floor"]
+               "floor cycles/s", "floor p50", "floor p99", "p50 / floor", "p99 / floor", "rate / floor"]
     body = [
         [str(r.nodes), str(r.pods), r.mode, str(r.tessera.cycles), f"{r.tessera.cycles_per_s:.1f}",
          f"{r.tessera.p50_ms:.2f}", f"{r.tessera.p99_ms:.2f}", f"{r.tessera.filter_p99_ms:.2f}",
-         f"{r.tessera.prioritize_p99_ms:.2f}", f"{r.floor.cycles_per_s:.1f}", f"{r.floor.p99_ms:.2f}",
-         f"{r.p99_ratio:.2f}x", f"{r.throughput_ratio:.2f}x"]
+         f"{r.tessera.prioritize_p99_ms:.2f}", f"{r.floor.cycles_per_s:.1f}", f"{r.floor.p50_ms:.2f}",
+         f"{r.floor.p99_ms:.2f}", f"{r.p50_ratio:.2f}x", f"{r.p99_ratio:.2f}x", f"{r.throughput_ratio:.2f}x"]
         for r in rows
     ]
     return format_table(headers, body)
