@@ -1,0 +1,416 @@
+"""Benchmark 2: time until P single-GPU pods are bound on the real local control plane.
+
+N fake nodes carry 8 simulated H100s each, published as the DRA driver publishes them
+(``dra_driver.slices.build_slices`` over the ``h100x8`` profile, written directly in bulk), with
+the DeviceClasses of ``manifests/deviceclasses.yaml``. P pods, each with one GPU from a
+ResourceClaimTemplate, are created concurrently; the clock runs from the first create until the
+last pod has ``spec.nodeName``. Two kube-schedulers with the same client QPS/burst take turns on the
+same nodes: (a) plain, (b) calling the Tessera extender (``python -m extender`` in its own process;
+filter, prioritize and bind, nodeCacheCapable). Between the runs every pod is force-deleted and the
+run waits until its claims are gone, so (b) finds the same free capacity (a) did.
+
+The local kube-controller-manager is restarted with the same client QPS/burst: with its default
+20 QPS, creating the claims from the template would pace both runs alike and hide the schedulers.
+
+Anchor: KAI Scheduler's published scale test fills 500 nodes with 4000 single-GPU jobs in
+6 min 38 s (about 10 pods/s). ``--profile-extender FILE`` (or TESSERA_BENCH_PROFILE_EXTENDER)
+runs the extender under cProfile and prints its top functions after the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import io
+import json
+import logging
+import os
+import pstats
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.config import kube_config
+
+from dra_driver.devices.simulated import SimulatedBackend
+from dra_driver.slices import NodeRef, SharingMode, build_slices
+from extender.kubeapi import JsonObject, KubeError, request, watch_lines
+from extender.queues import QUEUE_LABEL
+from extender.state import DEFAULT_GPU_DRIVER
+from tessera.localcluster import REPO_ROOT, LocalCluster, create_fake_node, free_port
+from tessera.simulate.report import format_table
+
+log = logging.getLogger(__name__)
+
+PROFILE = REPO_ROOT / "dra_driver" / "devices" / "profiles" / "h100x8.yaml"
+INSTALL = ("manifests/crds/queues.yaml", "manifests/deviceclasses.yaml", "manifests/default-queue.yaml")
+DEVICE_CLASS = "gpu.tessera.dev"
+TEMPLATE = "one-gpu"
+GPUS_PER_NODE = 8
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+SLICES_PATH = f"{RESOURCE_API}/resourceslices"
+CLIENT_QPS = 500
+CLIENT_BURST = 1000
+CREATE_CONCURRENCY = 48
+PLAIN_SCHEDULER = "bench-plain"
+TESSERA_SCHEDULER = "bench-tessera"
+PROFILE_ENV = "TESSERA_BENCH_PROFILE_EXTENDER"
+KAI_ANCHOR = ("KAI Scheduler's published scale test: 500 nodes, 4000 single-GPU jobs in 6 min 38 s "
+              "(10.1 pods/s)")
+
+
+# -- pure helpers ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BindRun:
+    """One scheduler's run: pods submitted and bound, and when (seconds from the first create)."""
+
+    scheduler: str
+    pods: int
+    created_s: float
+    bound_s: float
+
+    @property
+    def pods_per_s(self) -> float:
+        return self.pods / self.bound_s if self.bound_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class E2EResult:
+    nodes: int
+    pods: int
+    qps: int
+    burst: int
+    plain: BindRun
+    tessera: BindRun
+
+    @property
+    def ratio(self) -> float:
+        """Throughput with the extender over throughput without (target: at least 0.8)."""
+        return self.tessera.pods_per_s / self.plain.pods_per_s if self.plain.pods_per_s else 0.0
+
+
+def e2e_table(result: E2EResult) -> str:
+    headers = ["scheduler", "nodes", "GPUs", "pods", "all created s", "all bound s", "pods/s", "vs plain"]
+    rows = [
+        [label, str(result.nodes), str(result.nodes * GPUS_PER_NODE), str(run.pods), f"{run.created_s:.1f}",
+         f"{run.bound_s:.1f}", f"{run.pods_per_s:.1f}", ratio]
+        for label, run, ratio in (("plain kube-scheduler", result.plain, "1.00x"),
+                                  ("kube-scheduler + Tessera", result.tessera, f"{result.ratio:.2f}x"))
+    ]
+    anchor = (f"anchor: {KAI_ANCHOR}; client QPS/burst {result.qps}/{result.burst} for both schedulers "
+              f"and the controller-manager")
+    return f"{format_table(headers, rows)}\n{anchor}"
+
+
+def gpu_pod(namespace: str, name: str, scheduler: str, queue: str | None = None) -> JsonObject:
+    """A pause pod holding one whole GPU through a claim made from TEMPLATE."""
+    labels = {QUEUE_LABEL: queue} if queue else {}
+    container = {"name": "main", "image": "registry.k8s.io/pause:3.10",
+                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "claims": [{"name": "gpu"}]}}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"schedulerName": scheduler, "containers": [container],
+                     "terminationGracePeriodSeconds": 0,
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}]}}
+
+
+def gpu_slices(node: str) -> list[JsonObject]:
+    """The ResourceSlices the simulated DRA driver publishes for one h100x8 node."""
+    gpus = SimulatedBackend.from_file(PROFILE, node).inventory()
+    return build_slices(NodeRef(node), DEFAULT_GPU_DRIVER, gpus, SharingMode.CONSUMABLE_CAPACITY,
+                        generation=1)
+
+
+def profile_summary(path: Path, top: int = 30) -> str:
+    """The functions that took the most cumulative time in a cProfile dump."""
+    out = io.StringIO()
+    pstats.Stats(str(path), stream=out).sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
+# -- the cluster -------------------------------------------------------------------------------
+
+
+async def bounded(concurrency: int, calls: Iterable[Callable[[], Awaitable[object]]]) -> None:
+    """Runs the calls with at most ``concurrency`` in flight; the first error is raised."""
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(call: Callable[[], Awaitable[object]]) -> None:
+        async with semaphore:
+            await call()
+
+    await asyncio.gather(*(one(call) for call in calls))
+
+
+async def _ignore_missing(call: Awaitable[object]) -> None:
+    try:
+        await call
+    except KubeError as exc:
+        if exc.status != 404:
+            raise
+
+
+@dataclass
+class BoundPods:
+    """Bound pods of one namespace, from a watch of pods with spec.nodeName set."""
+
+    bound: dict[str, str] = field(default_factory=dict)  # pod name -> queue label ("" without)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    def per_queue(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for queue in self.bound.values():
+            counts[queue] = counts.get(queue, 0) + 1
+        return counts
+
+    async def follow(self, api: ApiClient, namespace: str) -> None:
+        version = ""
+        while True:  # a watch the server ends is resumed where it stopped
+            query = {"fieldSelector": "spec.nodeName!=", "allowWatchBookmarks": "true"}
+            if version:
+                query["resourceVersion"] = version
+            async for event in watch_lines(api, f"/api/v1/namespaces/{namespace}/pods", query):
+                pod = event.get("object") or {}
+                version = (pod.get("metadata") or {}).get("resourceVersion", version)
+                if event.get("type") == "BOOKMARK" or pod.get("kind") != "Pod":
+                    continue
+                name = pod["metadata"]["name"]
+                async with self.changed:
+                    if event["type"] == "DELETED":
+                        self.bound.pop(name, None)
+                    else:
+                        self.bound[name] = (pod["metadata"].get("labels") or {}).get(QUEUE_LABEL, "")
+                    self.changed.notify_all()
+
+    async def wait_for(self, condition: Callable[[BoundPods], bool], timeout: float, what: str) -> float:
+        """Waits until ``condition`` holds; returns the monotonic time it first did."""
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait_for(lambda: condition(self)), timeout)
+            except TimeoutError as exc:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}; "
+                                   f"bound now {self.per_queue()}") from exc
+        return time.monotonic()
+
+
+class BenchCluster:
+    """A LocalCluster with GPU nodes, and the schedulers and extender the benchmarks compare."""
+
+    def __init__(self, cluster: LocalCluster, api: ApiClient) -> None:
+        self.cluster = cluster
+        self.api = api
+        self.nodes: list[str] = []
+        self.extender_profile: Path | None = None
+
+    async def install(self, nodes: int) -> None:
+        for manifest in INSTALL:
+            await asyncio.to_thread(self.cluster.apply, REPO_ROOT / manifest)
+        await asyncio.to_thread(self.cluster.kubectl, "wait", "--for=condition=established", "--timeout=30s",
+                                "crd/queues.scheduling.tessera.dev")
+        await asyncio.to_thread(self._raise_controller_manager_qps)
+        self.nodes = [f"gpu-{index:04d}" for index in range(nodes)]
+
+        async def add_node(node: str) -> None:
+            await create_fake_node(self.api, node)
+            for resource_slice in gpu_slices(node):
+                await request(self.api, "POST", SLICES_PATH, body=resource_slice)
+
+        await bounded(16, (functools.partial(add_node, node) for node in self.nodes))
+
+    def _raise_controller_manager_qps(self) -> None:
+        # LocalCluster starts kube-controller-manager with the default client QPS (20); restart it
+        # with the benchmark's flags added so claim creation does not pace the schedulers.
+        manager = next(c for c in self.cluster.components if c.name == "kube-controller-manager")
+        command = [str(arg) for arg in manager.process.args]  # type: ignore[union-attr]
+        manager.stop()
+        self.cluster.components.remove(manager)
+        port = next(arg.split("=", 1)[1] for arg in command if arg.startswith("--secure-port="))
+        flags = [f"--kube-api-qps={CLIENT_QPS}", f"--kube-api-burst={CLIENT_BURST}"]
+        restarted = self.cluster.spawn("kube-controller-manager", [*command, *flags])
+        self.cluster.wait_healthy(restarted, f"https://127.0.0.1:{port}/healthz")
+
+    def start_scheduler(self, name: str, extender_url: str | None = None) -> None:
+        extenders = [] if extender_url is None else [{
+            "urlPrefix": extender_url, "filterVerb": "filter", "prioritizeVerb": "prioritize",
+            "bindVerb": "bind", "weight": 1, "nodeCacheCapable": True, "enableHTTPS": False}]
+        self.cluster.start_scheduler(name, extenders, qps=CLIENT_QPS, burst=CLIENT_BURST)
+
+    def start_extender(self, scheduler: str) -> str:
+        """``python -m extender`` in its own process (under cProfile when asked); returns its URL."""
+        port = free_port()
+        profiler = ["-m", "cProfile", "-o", str(self.extender_profile)] if self.extender_profile else []
+        extender = self.cluster.spawn("tessera-extender", [
+            sys.executable, *profiler, "-m", "extender", f"--kubeconfig={self.cluster.kubeconfig}",
+            "--listen-address=127.0.0.1", f"--port={port}", f"--scheduler-name={scheduler}"])
+        self.cluster.wait_healthy(extender, f"http://127.0.0.1:{port}/readyz", tls=False)
+        return f"http://127.0.0.1:{port}"
+
+    def stop_extender(self) -> None:
+        """Stops the extender (SIGTERM: a clean exit, so cProfile writes its file)."""
+        for component in [c for c in self.cluster.components if c.name == "tessera-extender"]:
+            component.stop(timeout=30)
+            self.cluster.components.remove(component)
+
+    async def new_namespace(self, prefix: str) -> str:
+        namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        await request(self.api, "POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
+        spec = {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": 1}}]}}
+        await request(self.api, "POST", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates",
+                      body={"metadata": {"name": TEMPLATE}, "spec": {"spec": spec}})
+        return namespace
+
+    async def submit(self, namespace: str, scheduler: str, names: Sequence[str],
+                     queue: str | None = None) -> None:
+        path = f"/api/v1/namespaces/{namespace}/pods"
+        pods = [gpu_pod(namespace, name, scheduler, queue) for name in names]
+        await bounded(CREATE_CONCURRENCY, (functools.partial(request, self.api, "POST", path, body=pod)
+                                           for pod in pods))
+
+    async def delete_pods(self, namespace: str, names: Iterable[str]) -> None:
+        """Force deletion: no kubelet runs on fake nodes to finish a graceful one."""
+        for name in names:
+            await _ignore_missing(request(self.api, "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}",
+                                          query={"gracePeriodSeconds": "0"}))
+
+    async def clear(self, namespace: str, timeout: float = 300.0) -> None:
+        """Deletes every pod, waits until their claims are gone (the GPUs free), drops the namespace."""
+        await request(self.api, "DELETE", f"/api/v1/namespaces/{namespace}/pods",
+                      query={"gracePeriodSeconds": "0"})
+        deadline = time.monotonic() + timeout
+        while True:
+            claims = await request(self.api, "GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims",
+                                   query={"limit": "1"})
+            if not claims.get("items"):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"claims of {namespace} still exist after {timeout:.0f}s")
+            await asyncio.sleep(0.5)
+        await request(self.api, "DELETE", f"/api/v1/namespaces/{namespace}")
+
+
+@contextlib.asynccontextmanager
+async def watching(api: ApiClient, namespace: str) -> AsyncIterator[BoundPods]:
+    tracker = BoundPods()
+    task = asyncio.create_task(tracker.follow(api, namespace))
+    try:
+        yield tracker
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _admin_client(kubeconfig: Path, connections: int) -> ApiClient:
+    configuration = Configuration()
+    await kube_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = connections
+    return ApiClient(configuration)
+
+
+@contextlib.asynccontextmanager
+async def bench_cluster(nodes: int, extender_profile: Path | None = None) -> AsyncIterator[BenchCluster]:
+    """A fresh local control plane with ``nodes`` GPU nodes; torn down on exit."""
+    cluster = await asyncio.to_thread(LocalCluster().start)
+    try:
+        api = await _admin_client(cluster.kubeconfig, CREATE_CONCURRENCY + 8)
+        async with api:
+            bench = BenchCluster(cluster, api)
+            bench.extender_profile = extender_profile
+            await bench.install(nodes)
+            yield bench
+    finally:
+        await asyncio.to_thread(cluster.stop)
+
+
+async def compare(bench: BenchCluster, scenario: Callable[[str, str], Awaitable[Any]]) -> tuple[Any, Any]:
+    """Runs ``scenario(namespace, scheduler)`` with the plain scheduler, clears up, then again with
+    the extender's scheduler; the extender runs (and is profiled) only during its own run."""
+    await asyncio.to_thread(bench.start_scheduler, PLAIN_SCHEDULER)
+    namespace = await bench.new_namespace("plain")
+    plain = await scenario(namespace, PLAIN_SCHEDULER)
+    await bench.clear(namespace)
+    url = await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
+    await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, url)
+    namespace = await bench.new_namespace("tessera")
+    try:
+        tessera = await scenario(namespace, TESSERA_SCHEDULER)
+    finally:
+        await asyncio.to_thread(bench.stop_extender)
+    await bench.clear(namespace)
+    return plain, tessera
+
+
+# -- benchmark 2 -------------------------------------------------------------------------------
+
+
+async def _bind_all(bench: BenchCluster, namespace: str, scheduler: str, pods: int,
+                    timeout: float) -> BindRun:
+    names = [f"p-{index:05d}" for index in range(pods)]
+    async with watching(bench.api, namespace) as tracker:
+        started = time.monotonic()
+        await bench.submit(namespace, scheduler, names)
+        created = time.monotonic()
+        done = await tracker.wait_for(lambda t: len(t.bound) >= pods, timeout, f"{pods} bound pods")
+    run = BindRun(scheduler, pods, created - started, done - started)
+    log.info("%s: %d pods created in %.1fs, all bound after %.1fs", scheduler, pods, run.created_s,
+             run.bound_s)
+    return run
+
+
+async def run_e2e_async(nodes: int, pods: int, timeout: float = 900.0,
+                        extender_profile: Path | None = None) -> E2EResult:
+    if pods > nodes * GPUS_PER_NODE:
+        raise ValueError(f"{pods} pods do not fit {nodes} nodes x {GPUS_PER_NODE} GPUs")
+    async with bench_cluster(nodes, extender_profile) as bench:
+        plain, tessera = await compare(
+            bench, lambda namespace, scheduler: _bind_all(bench, namespace, scheduler, pods, timeout))
+    return E2EResult(nodes, pods, CLIENT_QPS, CLIENT_BURST, plain, tessera)
+
+
+def run_e2e(nodes: int, pods: int, timeout: float = 900.0, extender_profile: Path | None = None) -> E2EResult:
+    """Benchmark 2 on a fresh local control plane (started and stopped here)."""
+    return asyncio.run(run_e2e_async(nodes, pods, timeout, extender_profile))
+
+
+def profile_path(argument: str | None) -> Path | None:
+    chosen = argument or os.environ.get(PROFILE_ENV)
+    return Path(chosen).resolve() if chosen else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true", help="the issue's size: 500 nodes, 4000 pods")
+    parser.add_argument("--nodes", type=int, help="GPU nodes (8 GPUs each); default 100")
+    parser.add_argument("--pods", type=int, help="single-GPU pods; default 800")
+    parser.add_argument("--profile-extender", metavar="FILE",
+                        help=f"cProfile the extender (or ${PROFILE_ENV})")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    nodes = args.nodes or (500 if args.full else 100)
+    pods = args.pods or (4000 if args.full else 800)
+    profile = profile_path(args.profile_extender)
+    result = run_e2e(nodes, pods, extender_profile=profile)
+    print(f"\n[2] end to end on the local control plane: {nodes} nodes x {GPUS_PER_NODE} GPUs, "
+          f"{pods} single-GPU pods")
+    print(e2e_table(result))
+    if profile is not None and profile.exists():
+        print(f"\nextender profile ({profile}):\n{profile_summary(profile)}")
+    print(json.dumps({"plain_pods_per_s": round(result.plain.pods_per_s, 2),
+                      "tessera_pods_per_s": round(result.tessera.pods_per_s, 2),
+                      "ratio": round(result.ratio, 3)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

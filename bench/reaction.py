@@ -1,0 +1,187 @@
+"""Benchmark 3: how fast a second queue reaches its fair share of a saturated cluster.
+
+Two queues with equal GPU quotas (Queue CRD, ``manifests/crds/queues.yaml``). Queue A submits
+twice as many single-GPU pods as the cluster has GPUs and fills it; then queue B submits as many
+pods as there are GPUs, and A's running pods finish at a fixed rate (force-deleted, like jobs
+completing: there is no reclaim or preemption yet). The clock runs from B's submission until B
+holds its fair share (``extender.policy.fairness.compute_fair_shares`` over the queues' quotas
+and demands: half the GPUs here). Baseline: the plain kube-scheduler, which hands freed GPUs to
+pending pods by priority and age, so A's older backlog goes first. Both runs use the same nodes,
+queues, rates and client QPS (see ``bench.e2e``); the extender runs only during its own run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from extender.kubeapi import request
+from extender.policy.fairness import QueueSpec, QueueUsage, compute_fair_shares
+from extender.queues import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
+from tessera.simulate.report import format_table
+
+from .e2e import (
+    CLIENT_BURST,
+    CLIENT_QPS,
+    GPUS_PER_NODE,
+    BenchCluster,
+    BoundPods,
+    bench_cluster,
+    compare,
+    watching,
+)
+
+log = logging.getLogger(__name__)
+
+QUEUE_A = "bench-queue-a"
+QUEUE_B = "bench-queue-b"
+QUEUES_PATH = f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/{QUEUE_PLURAL}"
+
+
+# -- pure helpers ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReactionRun:
+    """One scheduler's run: seconds from B's submission until B held ``target`` GPUs, and how many
+    of A's pods had finished by then."""
+
+    scheduler: str
+    target: int
+    seconds: float
+    finished_a: int
+    held_a: int
+    held_b: int
+
+
+@dataclass(frozen=True)
+class ReactionResult:
+    nodes: int
+    a_pods: int
+    b_pods: int
+    finish_rate: float
+    plain: ReactionRun
+    tessera: ReactionRun
+
+    @property
+    def ratio(self) -> float:
+        """Plain time over Tessera time: how many times sooner B gets its share with the extender."""
+        return self.plain.seconds / self.tessera.seconds if self.tessera.seconds > 0 else 0.0
+
+
+def fair_share_of_b(gpus: int, a_pods: int, b_pods: int) -> int:
+    """B's fair share (whole GPUs) right after it submits: equal quotas, A holding every GPU."""
+    quota = {"gpu": gpus / 2}
+    queues = [QueueSpec(QUEUE_A, quota=quota), QueueSpec(QUEUE_B, quota=quota)]
+    usage = {QUEUE_A: QueueUsage(allocated={"gpu": gpus}, requested={"gpu": a_pods - gpus}),
+             QUEUE_B: QueueUsage(allocated={}, requested={"gpu": b_pods})}
+    return int(compute_fair_shares(queues, usage, {"gpu": gpus})[QUEUE_B]["gpu"] + 1e-9)
+
+
+def reaction_table(result: ReactionResult) -> str:
+    headers = ["scheduler", "GPUs", "B fair share", "B reached it after s", "A pods finished by then",
+               "A / B holding then", "vs plain"]
+    rows = [
+        [label, str(result.nodes * GPUS_PER_NODE), str(run.target), f"{run.seconds:.1f}", str(run.finished_a),
+         f"{run.held_a} / {run.held_b}", ratio]
+        for label, run, ratio in (("plain kube-scheduler", result.plain, "1.00x"),
+                                  ("kube-scheduler + Tessera", result.tessera, f"{result.ratio:.2f}x faster"))
+    ]
+    note = (f"queue A: {result.a_pods} pods, queue B: {result.b_pods} pods, equal GPU quotas; "
+            f"A's running pods finish at {result.finish_rate:g}/s; "
+            f"client QPS/burst {CLIENT_QPS}/{CLIENT_BURST}")
+    return f"{format_table(headers, rows)}\n{note}"
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+async def _finish_a(bench: BenchCluster, namespace: str, tracker: BoundPods, rate: float,
+                    finished: list[str]) -> None:
+    """Deletes one of A's bound pods every 1/rate seconds, the longest-bound (lowest name) first."""
+    while True:
+        running = sorted(name for name, queue in tracker.bound.items()
+                         if queue == QUEUE_A and name not in finished)
+        if running:
+            finished.append(running[0])
+            await bench.delete_pods(namespace, running[:1])
+        await asyncio.sleep(1.0 / rate)
+
+
+async def _react(bench: BenchCluster, namespace: str, scheduler: str, a_pods: int, b_pods: int, rate: float,
+                 timeout: float) -> ReactionRun:
+    gpus = len(bench.nodes) * GPUS_PER_NODE
+    target = fair_share_of_b(gpus, a_pods, b_pods)
+    async with watching(bench.api, namespace) as tracker:
+        await bench.submit(namespace, scheduler, [f"a-{index:05d}" for index in range(a_pods)], QUEUE_A)
+        await tracker.wait_for(lambda t: t.per_queue().get(QUEUE_A, 0) >= gpus, timeout,
+                               "queue A to fill the cluster")
+        started = time.monotonic()
+        await bench.submit(namespace, scheduler, [f"b-{index:05d}" for index in range(b_pods)], QUEUE_B)
+        finished: list[str] = []
+        finisher = asyncio.create_task(_finish_a(bench, namespace, tracker, rate, finished))
+        try:
+            reached = await tracker.wait_for(lambda t: t.per_queue().get(QUEUE_B, 0) >= target, timeout,
+                                             f"queue B to hold {target} GPUs")
+        finally:
+            finisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await finisher
+        held = tracker.per_queue()
+    run = ReactionRun(scheduler, target, reached - started, len(finished), held.get(QUEUE_A, 0),
+                      held.get(QUEUE_B, 0))
+    log.info("%s: queue B held %d GPUs after %.1fs, %d of A's pods finished", scheduler, target, run.seconds,
+             run.finished_a)
+    return run
+
+
+async def run_reaction_async(nodes: int, a_pods: int | None = None, rate: float = 4.0,
+                             timeout: float = 300.0) -> ReactionResult:
+    gpus = nodes * GPUS_PER_NODE
+    a_pods, b_pods = a_pods or 2 * gpus, gpus
+    if a_pods <= gpus:
+        raise ValueError(f"queue A needs more than the {gpus} GPUs in pods to saturate the cluster")
+    async with bench_cluster(nodes) as bench:
+        for queue in (QUEUE_A, QUEUE_B):
+            await request(bench.api, "POST", QUEUES_PATH, body={
+                "apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}", "kind": "Queue", "metadata": {"name": queue},
+                "spec": {"resources": {"gpu": {"quota": gpus // 2}}}})
+        plain, tessera = await compare(bench, lambda namespace, scheduler: _react(
+            bench, namespace, scheduler, a_pods, b_pods, rate, timeout))
+    return ReactionResult(nodes, a_pods, b_pods, rate, plain, tessera)
+
+
+def run_reaction(nodes: int = 4, a_pods: int | None = None, rate: float = 4.0,
+                 timeout: float = 300.0) -> ReactionResult:
+    """Benchmark 3 on a fresh local control plane (started and stopped here); queue A submits
+    ``a_pods`` (default twice the GPUs), queue B as many pods as there are GPUs."""
+    return asyncio.run(run_reaction_async(nodes, a_pods, rate, timeout))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.reaction", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true", help="a larger cluster: 32 nodes (256 GPUs)")
+    parser.add_argument("--nodes", type=int, help="GPU nodes (8 GPUs each); default 4")
+    parser.add_argument("--pods", type=int, help="queue A's pods; default twice the GPUs")
+    parser.add_argument("--rate", type=float, default=4.0, help="A's pods finishing per second (default 4)")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    nodes = args.nodes or (32 if args.full else 4)
+    result = run_reaction(nodes, args.pods, args.rate)
+    print(f"\n[3] fairness reaction on the local control plane: {nodes} nodes x {GPUS_PER_NODE} GPUs")
+    print(reaction_table(result))
+    print(json.dumps({"plain_s": round(result.plain.seconds, 2),
+                      "tessera_s": round(result.tessera.seconds, 2), "ratio": round(result.ratio, 2)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
