@@ -140,6 +140,11 @@ def _host_fits(node: NodeGpus, cpu_milli: int, memory_mib: int) -> bool:
     return cpu_ok and mem_ok
 
 
+def _host_ok_weight(node: NodeGpus, cls: _TaskClass) -> float:
+    """Popularity of the task types of ``cls`` whose CPU and memory the node can still give."""
+    return sum(weight for cpu, memory, weight in cls.host_needs if _host_fits(node, cpu, memory))
+
+
 def fits(node: NodeGpus, demand: GpuDemand) -> bool:
     # On the filter hot path for every candidate node: the common cases avoid sorting.
     if demand.models and node.model not in demand.models:
@@ -181,7 +186,7 @@ def node_fragmentation(node: NodeGpus, mix: WorkloadMix) -> float:
                 expected += cls.weight * idle
                 continue
             unusable = prefix[first_big_enough]
-        host_ok_weight = sum(w for cpu, mem, w in cls.host_needs if _host_fits(node, cpu, mem))
+        host_ok_weight = _host_ok_weight(node, cls)
         expected += host_ok_weight * unusable + (cls.weight - host_ok_weight) * idle
     return expected / total_weight
 
@@ -208,7 +213,7 @@ def node_packing_loss(node: NodeGpus, mix: WorkloadMix) -> float:
             expected += cls.weight * idle
             continue
         if cls.count == 0:
-            host_ok_weight = sum(w for cpu, mem, w in cls.host_needs if _host_fits(node, cpu, mem))
+            host_ok_weight = _host_ok_weight(node, cls)
             expected += (cls.weight - host_ok_weight) * idle
             continue
         gpu_tasks = sum(free // cls.milli for free in node.free_milli) // cls.count
