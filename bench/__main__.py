@@ -1,12 +1,16 @@
 """``python -m bench`` (``make bench``): Tessera's benchmarks, each against a baseline of the same run.
 
 1. extender hot path over HTTP (filter + prioritize) vs a do-nothing aiohttp extender;
+2. end to end on the local control plane: time to bind single-GPU pods, kube-scheduler with and
+   without the extender (``bench.e2e``);
+3. fairness reaction: time for a second queue to reach its fair share, with and without the
+   extender (``bench.reaction``);
 4. extender memory with a large cluster picture vs the same process holding none.
-Benchmarks 2 (end to end on the control plane) and 3 (fairness reaction time) are not
-implemented yet; see docs/benchmarks.md.
 
 Default sizes fit a 2-core machine in a few minutes; ``--full`` runs the sizes of the issue
-(hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; memory: 5000 nodes, 100,000 pods).
+(hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; 500 nodes / 4000 pods end to end;
+memory: 5000 nodes, 100,000 pods). 2 and 3 need the control-plane binaries (``make bench``
+builds them); ``--no-cluster`` skips them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Sequence
 
 from tessera.simulate.report import format_table
 
+from . import e2e, reaction
 from .hotpath import HotPathRow, run_hotpath
 from .memory import MemoryRow, run_memory
 
@@ -58,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", action="store_true", help="the issue's sizes (slower, more memory)")
-    parser.add_argument("--only", choices=("hotpath", "memory"), help="run one benchmark")
+    parser.add_argument("--only", choices=("hotpath", "e2e", "reaction", "memory"), help="run one benchmark")
+    parser.add_argument("--no-cluster", action="store_true", help="skip 2 and 3 (local control plane)")
     parser.add_argument("--seconds", type=float, help="measuring time per hot-path case")
     args = parser.parse_args(list(argv) if argv is not None else None)
 
@@ -69,8 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only in (None, "hotpath"):
         print(f"\n[1] extender hot path over HTTP, {seconds:g} s per case (cycle = filter + prioritize)")
         print(hotpath_table(run_hotpath(hot_nodes, hot_pods, seconds)))
-    print("\n[2] end to end on the local control plane: not implemented (see docs/benchmarks.md)")
-    print("[3] fairness reaction time: not implemented (see docs/benchmarks.md)")
+    for name, runner in (("e2e", e2e.main), ("reaction", reaction.main)):
+        if args.only in (None, name) and not (args.no_cluster and args.only is None):
+            runner(["--full"] if args.full else [])
     if args.only in (None, "memory"):
         print(f"\n[4] extender memory, {mem_nodes} nodes x 8 GPUs, {mem_pods} pods in the picture")
         print(memory_table(run_memory(mem_nodes, mem_pods)))
