@@ -1,0 +1,75 @@
+"""Pure parts of benchmarks 2 and 3: the objects they create, the fair-share target, the figures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bench.e2e import (
+    GPUS_PER_NODE,
+    KAI_ANCHOR,
+    TEMPLATE,
+    BindRun,
+    BoundPods,
+    E2EResult,
+    e2e_table,
+    gpu_pod,
+    gpu_slices,
+)
+from bench.reaction import QUEUE_A, QUEUE_B, ReactionResult, ReactionRun, fair_share_of_b, reaction_table
+from extender.demand import ClaimRef, pod_claim_refs
+from extender.queues import QUEUE_LABEL
+from extender.state import DEFAULT_GPU_DRIVER, ClusterState, StateConfig
+from tests import extender_objects as objects
+
+
+def test_slices_are_the_drivers_h100x8_pool_and_the_extender_counts_eight_free_gpus() -> None:
+    slices = gpu_slices("gpu-0001")
+    devices = [device for s in slices for device in s["spec"]["devices"]]
+    assert [device["name"] for device in devices] == [f"gpu-{minor}" for minor in range(GPUS_PER_NODE)]
+    owners = {(s["spec"]["driver"], s["spec"]["nodeName"]) for s in slices}
+    assert owners == {(DEFAULT_GPU_DRIVER, "gpu-0001")}
+    assert all("memory" in device["capacity"] for device in devices)
+
+    state = ClusterState(StateConfig())
+    state.apply("Node", "ADDED", objects.node("gpu-0001"))
+    for s in slices:
+        state.apply("ResourceSlice", "ADDED", s)
+    assert state.node_gpus("gpu-0001").free_milli == (1000,) * GPUS_PER_NODE
+
+
+def test_pod_takes_one_gpu_from_the_template_in_its_queue() -> None:
+    pod = gpu_pod("ns", "p-00001", "bench-tessera", queue=QUEUE_A)
+    assert pod_claim_refs(pod) == [ClaimRef(claim=None, template=TEMPLATE)]
+    assert pod["spec"]["schedulerName"] == "bench-tessera"
+    assert pod["metadata"]["labels"] == {QUEUE_LABEL: QUEUE_A}
+    assert gpu_pod("ns", "p", "s")["metadata"]["labels"] == {}
+
+
+def test_fair_share_of_b_is_half_with_equal_quotas_and_never_above_its_demand() -> None:
+    assert fair_share_of_b(gpus=32, a_pods=64, b_pods=32) == 16
+    assert fair_share_of_b(gpus=32, a_pods=64, b_pods=5) == 5
+
+
+def test_ratios_and_tables() -> None:
+    plain, tessera = BindRun("plain", 800, 10.0, 40.0), BindRun("tessera", 800, 10.0, 50.0)
+    result = E2EResult(nodes=100, pods=800, qps=500, burst=1000, plain=plain, tessera=tessera)
+    assert plain.pods_per_s == 20.0 and tessera.pods_per_s == 16.0
+    assert result.ratio == pytest.approx(0.8)
+    table = e2e_table(result)
+    assert "0.80x" in table and KAI_ANCHOR in table and "500/1000" in table
+
+    reaction = ReactionResult(nodes=4, a_pods=64, b_pods=32, finish_rate=4.0,
+                              plain=ReactionRun("plain", 16, 12.0, 48, 16, 16),
+                              tessera=ReactionRun("tessera", 16, 4.0, 16, 16, 16))
+    assert reaction.ratio == 3.0
+    assert "3.00x faster" in reaction_table(reaction)
+
+
+async def test_bound_pods_counts_per_queue_and_names_the_wait_that_timed_out() -> None:
+    tracker = BoundPods(bound={"a-1": QUEUE_A, "a-2": QUEUE_A, "b-1": QUEUE_B})
+    assert tracker.per_queue() == {QUEUE_A: 2, QUEUE_B: 1}
+    await tracker.wait_for(lambda t: t.per_queue()[QUEUE_A] == 2, timeout=1.0, what="two of A")
+    with pytest.raises(asyncio.TimeoutError, match="three of B"):
+        await tracker.wait_for(lambda t: t.per_queue()[QUEUE_B] == 3, timeout=0.01, what="three of B")
