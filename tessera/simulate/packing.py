@@ -4,7 +4,7 @@ Pods arrive in trace order and are never deleted; each goes to the node its poli
 (a pod that fits nowhere is skipped) until the GPU milli of arrived pods reaches the target share
 of the cluster's GPU capacity (130% by default). When the trace runs out first - the default
 trace asks for only ~98% of its cluster - pods are drawn from it at random with replacement
-(seeded), the paper's way of inflating a workload while keeping its mix.
+(seeded), which inflates the workload while keeping its mix.
 
 Metrics, all in % of the cluster's GPU milli (1000 x GPUs):
 arrival (GPU milli of arrived pods), allocation (of placed pods), fragmentation (sum over nodes
