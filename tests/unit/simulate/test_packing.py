@@ -32,7 +32,8 @@ def test_metrics_on_a_node_that_fills_up() -> None:
     assert (result.pods_arrived, result.pods_placed, result.pods_skipped) == (4, 2, 2)
 
 
-@pytest.mark.parametrize(("policy", "allocated"), [("tessera", 100.0), ("fgd", 100.0), ("k8s-spread", 50.0)])
+@pytest.mark.parametrize(("policy", "allocated"),
+                         [("tessera", 100.0), ("fgd", 100.0), ("k8s-spread", 50.0), ("tessera-spread", 50.0)])
 def test_fragmentation_aware_policies_keep_a_whole_gpu_free(policy: str, allocated: float) -> None:
     # Two 1-GPU nodes; pods 400, 600, 1000 (100% arrival). After 400 lands on either node, FGD and
     # Tessera put 600 on the same GPU (fragmentation growth -200 vs +266.7 for the mix
