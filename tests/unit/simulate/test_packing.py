@@ -106,3 +106,14 @@ def test_missing_columns_are_reported(tmp_path: Path) -> None:
     nodes_csv.write_text("sn,gpu\nn0,2\n")
     with pytest.raises(TraceError, match="missing column"):
         load_nodes(nodes_csv)
+
+
+def test_gpu_spec_pins_pods_to_their_models() -> None:
+    # Two idle nodes, T4 and V100; every pod may only use a V100. The V100 node's single GPU takes
+    # the first pod; the second fits nowhere although the T4 is idle.
+    nodes = [SimNode("t4", "T4", gpus=1, cpu_milli=8000, memory_mib=8192),
+             SimNode("v100", "V100M16", gpus=1, cpu_milli=8000, memory_mib=8192)]
+    only_v100 = GpuDemand(count=1, milli=1000, models=frozenset({"V100M16", "V100M32"}), cpu_milli=100)
+    pods = [SimPod("a", only_v100), SimPod("b", only_v100)]
+    result = replay_packing(nodes, pods, "tessera", target_arrival_pct=100.0)
+    assert (result.pods_placed, result.pods_skipped, result.allocation_pct) == (1, 1, 50.0)
