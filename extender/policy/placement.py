@@ -336,35 +336,35 @@ def placement_cost(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix,
     return cost
 
 
+def _rank_scores(costs: set[Cost]) -> dict[Cost, int]:
+    """0..10 per distinct cost: the best gets 10, the worst 0, evenly by rank between."""
+    distinct = sorted(costs)
+    if len(distinct) <= 1:
+        return dict.fromkeys(distinct, MAX_NODE_SCORE)
+    last = len(distinct) - 1
+    return {cost: round(MAX_NODE_SCORE * (last - i) / last) for i, cost in enumerate(distinct)}
+
+
 def scores_from_costs(costs: dict[str, Cost]) -> dict[str, int]:
     """Map costs to 0..10: the best distinct cost gets 10, the worst 0, evenly by rank between."""
-    distinct = sorted(set(costs.values()))
-    if len(distinct) <= 1:
-        return dict.fromkeys(costs, MAX_NODE_SCORE)
-    rank = {cost: i for i, cost in enumerate(distinct)}
-    last = len(distinct) - 1
-    return {name: round(MAX_NODE_SCORE * (last - rank[cost]) / last) for name, cost in costs.items()}
+    score_of = _rank_scores(set(costs.values()))
+    return {name: score_of[cost] for name, cost in costs.items()}
 
 
 def score_nodes(nodes: Sequence[NodeGpus], demand: GpuDemand, mix: WorkloadMix,
                 strategy: Strategy = "binpack") -> dict[str, int]:
     """0..10 per node name; nodes where the demand does not fit get 0."""
-    costs: dict[str, Cost] = {}
-    scores: dict[str, int] = {}
-    # Most nodes of a large cluster repeat a few states: rank each state once per call.
-    by_state: dict[tuple[object, ...], Cost | None] = {}
-    for node in nodes:
-        state = (node.model, node.free_milli, node.cpu_free_milli, node.memory_free_mib, node.host_tracked)
-        if state in by_state:
-            cost = by_state[state]
-        else:
-            cost = by_state[state] = placement_cost(node, demand, mix, strategy)
-        if cost is None:
-            scores[node.name] = 0
-        else:
-            costs[node.name] = cost
-    scores.update(scores_from_costs(costs))
-    return scores
+    # Most nodes of a large cluster repeat a few states (GPU order aside): rank each state once
+    # per call and map the scores back, so the per-node work is a sort of a few ints and lookups.
+    states = [(node.model, tuple(sorted(node.free_milli)), node.cpu_free_milli, node.memory_free_mib,
+               node.host_tracked) for node in nodes]
+    cost_of: dict[tuple[object, ...], Cost | None] = {}
+    for node, state in zip(nodes, states, strict=True):
+        if state not in cost_of:
+            cost_of[state] = placement_cost(node, demand, mix, strategy)
+    score_of = _rank_scores({cost for cost in cost_of.values() if cost is not None})
+    return {node.name: 0 if (cost := cost_of[state]) is None else score_of[cost]
+            for node, state in zip(nodes, states, strict=True)}
 
 
 def mix_from_demands(demands: Sequence[GpuDemand]) -> WorkloadMix:
