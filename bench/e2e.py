@@ -34,7 +34,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import kube_config
@@ -44,7 +44,7 @@ from dra_driver.slices import NodeRef, SharingMode, build_slices
 from extender.kubeapi import JsonObject, KubeError, request, watch_lines
 from extender.queues import QUEUE_LABEL
 from extender.state import DEFAULT_GPU_DRIVER
-from tessera.localcluster import REPO_ROOT, LocalCluster, create_fake_node, free_port
+from tessera.localcluster import REPO_ROOT, LocalCluster, SchedulerHandle, create_fake_node, free_port
 from tessera.simulate.report import format_table
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,14 @@ KAI_ANCHOR = ("KAI Scheduler's published scale test: 500 nodes, 4000 single-GPU 
 
 
 @dataclass(frozen=True)
+class CpuUse:
+    """CPU seconds the scheduler and the extender processes spent during one run."""
+
+    scheduler_s: float = 0.0
+    extender_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class BindRun:
     """One scheduler's run: pods submitted and bound, and when (seconds from the first create)."""
 
@@ -77,10 +85,23 @@ class BindRun:
     pods: int
     created_s: float
     bound_s: float
+    cpu: CpuUse = CpuUse()
 
     @property
     def pods_per_s(self) -> float:
         return self.pods / self.bound_s if self.bound_s > 0 else 0.0
+
+
+R = TypeVar("R")
+
+
+def median_run(runs: Sequence[R], key: Callable[[R], float]) -> R:
+    """The run with the median ``key`` (the lower middle one of an even count)."""
+    return sorted(runs, key=key)[(len(runs) - 1) // 2]
+
+
+def seconds_list(values: Iterable[float]) -> str:
+    return ", ".join(f"{value:.1f}" for value in values)
 
 
 @dataclass(frozen=True)
@@ -89,22 +110,33 @@ class E2EResult:
     pods: int
     qps: int
     burst: int
-    plain: BindRun
-    tessera: BindRun
+    plain_runs: tuple[BindRun, ...]
+    tessera_runs: tuple[BindRun, ...]
+
+    @property
+    def plain(self) -> BindRun:
+        return median_run(self.plain_runs, lambda run: run.bound_s)
+
+    @property
+    def tessera(self) -> BindRun:
+        return median_run(self.tessera_runs, lambda run: run.bound_s)
 
     @property
     def ratio(self) -> float:
-        """Throughput with the extender over throughput without (target: at least 0.8)."""
+        """Throughput with the extender over throughput without, median rounds (target: >= 0.8)."""
         return self.tessera.pods_per_s / self.plain.pods_per_s if self.plain.pods_per_s else 0.0
 
 
 def e2e_table(result: E2EResult) -> str:
-    headers = ["scheduler", "nodes", "GPUs", "pods", "all created s", "all bound s", "pods/s", "vs plain"]
+    headers = ["scheduler", "nodes", "GPUs", "pods", "all created s", "all bound s", "each round s", "pods/s",
+               "scheduler CPU s", "extender CPU s", "vs plain"]
     rows = [
         [label, str(result.nodes), str(result.nodes * GPUS_PER_NODE), str(run.pods), f"{run.created_s:.1f}",
-         f"{run.bound_s:.1f}", f"{run.pods_per_s:.1f}", ratio]
-        for label, run, ratio in (("plain kube-scheduler", result.plain, "1.00x"),
-                                  ("kube-scheduler + Tessera", result.tessera, f"{result.ratio:.2f}x"))
+         f"{run.bound_s:.1f}", seconds_list(r.bound_s for r in runs), f"{run.pods_per_s:.1f}",
+         f"{run.cpu.scheduler_s:.1f}", f"{run.cpu.extender_s:.1f}", ratio]
+        for label, run, runs, ratio in (
+            ("plain kube-scheduler", result.plain, result.plain_runs, "1.00x"),
+            ("kube-scheduler + Tessera", result.tessera, result.tessera_runs, f"{result.ratio:.2f}x"))
     ]
     anchor = (f"anchor: {KAI_ANCHOR}; client QPS/burst {result.qps}/{result.burst} for both schedulers "
               f"and the controller-manager")
@@ -128,6 +160,13 @@ def gpu_slices(node: str) -> list[JsonObject]:
     gpus = SimulatedBackend.from_file(PROFILE, node).inventory()
     return build_slices(NodeRef(node), DEFAULT_GPU_DRIVER, gpus, SharingMode.CONSUMABLE_CAPACITY,
                         generation=1)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def profile_summary(path: Path, top: int = 30) -> str:
@@ -210,6 +249,8 @@ class BenchCluster:
         self.api = api
         self.nodes: list[str] = []
         self.extender_profile: Path | None = None
+        self.extender_port = free_port()
+        self.schedulers: dict[str, SchedulerHandle] = {}
 
     async def install(self, nodes: int) -> None:
         for manifest in INSTALL:
@@ -242,17 +283,27 @@ class BenchCluster:
         extenders = [] if extender_url is None else [{
             "urlPrefix": extender_url, "filterVerb": "filter", "prioritizeVerb": "prioritize",
             "bindVerb": "bind", "weight": 1, "nodeCacheCapable": True, "enableHTTPS": False}]
-        self.cluster.start_scheduler(name, extenders, qps=CLIENT_QPS, burst=CLIENT_BURST)
+        self.schedulers[name] = self.cluster.start_scheduler(name, extenders, qps=CLIENT_QPS,
+                                                             burst=CLIENT_BURST)
 
-    def start_extender(self, scheduler: str) -> str:
-        """``python -m extender`` in its own process (under cProfile when asked); returns its URL."""
-        port = free_port()
+    @property
+    def extender_url(self) -> str:
+        return f"http://127.0.0.1:{self.extender_port}"
+
+    def start_extender(self, scheduler: str) -> None:
+        """``python -m extender`` in its own process (under cProfile when asked), on extender_port."""
+        port = self.extender_port
         profiler = ["-m", "cProfile", "-o", str(self.extender_profile)] if self.extender_profile else []
         extender = self.cluster.spawn("tessera-extender", [
             sys.executable, *profiler, "-m", "extender", f"--kubeconfig={self.cluster.kubeconfig}",
             "--listen-address=127.0.0.1", f"--port={port}", f"--scheduler-name={scheduler}"])
-        self.cluster.wait_healthy(extender, f"http://127.0.0.1:{port}/readyz", tls=False)
-        return f"http://127.0.0.1:{port}"
+        self.cluster.wait_healthy(extender, f"{self.extender_url}/readyz", tls=False)
+
+    def cpu_seconds(self, scheduler: str) -> CpuUse:
+        """CPU time used so far by the scheduler ``scheduler`` and by the extender, if running."""
+        extenders = [c.process.pid for c in self.cluster.components if c.name == "tessera-extender"]
+        return CpuUse(process_cpu_seconds(self.schedulers[scheduler].component.process.pid),
+                      sum(map(process_cpu_seconds, extenders)))
 
     def stop_extender(self) -> None:
         """Stops the extender (SIGTERM: a clean exit, so cProfile writes its file)."""
@@ -332,21 +383,30 @@ async def bench_cluster(nodes: int, extender_profile: Path | None = None) -> Asy
         await asyncio.to_thread(cluster.stop)
 
 
-async def compare(bench: BenchCluster, scenario: Callable[[str, str], Awaitable[Any]]) -> tuple[Any, Any]:
-    """Runs ``scenario(namespace, scheduler)`` with the plain scheduler, clears up, then again with
-    the extender's scheduler; the extender runs (and is profiled) only during its own run."""
+async def compare(bench: BenchCluster, scenario: Callable[[str, str], Awaitable[R]],
+                  rounds: int = 1) -> tuple[list[R], list[R]]:
+    """Runs ``scenario(namespace, scheduler)`` ``rounds`` times with each scheduler, in the order
+    plain, Tessera, Tessera, plain, ... (so a change in background load hits both alike), clearing
+    up after every run. The extender runs (and is profiled) only during the Tessera runs."""
     await asyncio.to_thread(bench.start_scheduler, PLAIN_SCHEDULER)
-    namespace = await bench.new_namespace("plain")
-    plain = await scenario(namespace, PLAIN_SCHEDULER)
-    await bench.clear(namespace)
-    url = await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
-    await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, url)
-    namespace = await bench.new_namespace("tessera")
-    try:
-        tessera = await scenario(namespace, TESSERA_SCHEDULER)
-    finally:
-        await asyncio.to_thread(bench.stop_extender)
-    await bench.clear(namespace)
+    await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, bench.extender_url)
+    plain: list[R] = []
+    tessera: list[R] = []
+    for round_index in range(rounds):
+        order = (False, True) if round_index % 2 == 0 else (True, False)
+        for with_extender in order:
+            if with_extender:
+                await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
+            namespace = await bench.new_namespace("tessera" if with_extender else "plain")
+            try:
+                if with_extender:
+                    tessera.append(await scenario(namespace, TESSERA_SCHEDULER))
+                else:
+                    plain.append(await scenario(namespace, PLAIN_SCHEDULER))
+            finally:
+                if with_extender:
+                    await asyncio.to_thread(bench.stop_extender)
+            await bench.clear(namespace)
     return plain, tessera
 
 
@@ -357,29 +417,34 @@ async def _bind_all(bench: BenchCluster, namespace: str, scheduler: str, pods: i
                     timeout: float) -> BindRun:
     names = [f"p-{index:05d}" for index in range(pods)]
     async with watching(bench.api, namespace) as tracker:
+        cpu_before = bench.cpu_seconds(scheduler)
         started = time.monotonic()
         await bench.submit(namespace, scheduler, names)
         created = time.monotonic()
         done = await tracker.wait_for(lambda t: len(t.bound) >= pods, timeout, f"{pods} bound pods")
-    run = BindRun(scheduler, pods, created - started, done - started)
+        cpu_after = bench.cpu_seconds(scheduler)
+    cpu = CpuUse(cpu_after.scheduler_s - cpu_before.scheduler_s, cpu_after.extender_s - cpu_before.extender_s)
+    run = BindRun(scheduler, pods, created - started, done - started, cpu)
     log.info("%s: %d pods created in %.1fs, all bound after %.1fs", scheduler, pods, run.created_s,
              run.bound_s)
     return run
 
 
-async def run_e2e_async(nodes: int, pods: int, timeout: float = 900.0,
+async def run_e2e_async(nodes: int, pods: int, rounds: int = 1, timeout: float = 900.0,
                         extender_profile: Path | None = None) -> E2EResult:
     if pods > nodes * GPUS_PER_NODE:
         raise ValueError(f"{pods} pods do not fit {nodes} nodes x {GPUS_PER_NODE} GPUs")
     async with bench_cluster(nodes, extender_profile) as bench:
         plain, tessera = await compare(
-            bench, lambda namespace, scheduler: _bind_all(bench, namespace, scheduler, pods, timeout))
-    return E2EResult(nodes, pods, CLIENT_QPS, CLIENT_BURST, plain, tessera)
+            bench, lambda namespace, scheduler: _bind_all(bench, namespace, scheduler, pods, timeout), rounds)
+    return E2EResult(nodes, pods, CLIENT_QPS, CLIENT_BURST, tuple(plain), tuple(tessera))
 
 
-def run_e2e(nodes: int, pods: int, timeout: float = 900.0, extender_profile: Path | None = None) -> E2EResult:
-    """Benchmark 2 on a fresh local control plane (started and stopped here)."""
-    return asyncio.run(run_e2e_async(nodes, pods, timeout, extender_profile))
+def run_e2e(nodes: int, pods: int, rounds: int = 1, timeout: float = 900.0,
+            extender_profile: Path | None = None) -> E2EResult:
+    """Benchmark 2 on a fresh local control plane (started and stopped here); with several
+    ``rounds`` the figures are those of the median round of each scheduler."""
+    return asyncio.run(run_e2e_async(nodes, pods, rounds, timeout, extender_profile))
 
 
 def profile_path(argument: str | None) -> Path | None:
@@ -393,6 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="the issue's size: 500 nodes, 4000 pods")
     parser.add_argument("--nodes", type=int, help="GPU nodes (8 GPUs each); default 100")
     parser.add_argument("--pods", type=int, help="single-GPU pods; default 800")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs per scheduler, alternating; the median counts (default 1)")
     parser.add_argument("--profile-extender", metavar="FILE",
                         help=f"cProfile the extender (or ${PROFILE_ENV})")
     args = parser.parse_args(list(argv) if argv is not None else None)
@@ -400,12 +467,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     nodes = args.nodes or (500 if args.full else 100)
     pods = args.pods or (4000 if args.full else 800)
     profile = profile_path(args.profile_extender)
-    result = run_e2e(nodes, pods, extender_profile=profile)
+    result = run_e2e(nodes, pods, args.rounds, extender_profile=profile)
     print(f"\n[2] end to end on the local control plane: {nodes} nodes x {GPUS_PER_NODE} GPUs, "
           f"{pods} single-GPU pods")
     print(e2e_table(result))
     if profile is not None and profile.exists():
-        print(f"\nextender profile ({profile}):\n{profile_summary(profile)}")
+        print(f"\nextender profile, last Tessera round ({profile}):\n{profile_summary(profile)}")
     print(json.dumps({"plain_pods_per_s": round(result.plain.pods_per_s, 2),
                       "tessera_pods_per_s": round(result.tessera.pods_per_s, 2),
                       "ratio": round(result.ratio, 3)}))
