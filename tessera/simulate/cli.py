@@ -34,7 +34,7 @@ ALL_POD_FILES = (
     "openb_pod_list_gpushare40.csv",
     "openb_pod_list_multigpu20.csv",
 )
-DEFAULT_OUT = Path("sim-results")
+DEFAULT_OUT = Path("out") / "simulate"  # out/ is git-ignored
 
 _last_reported: dict[str, int] = {}
 
