@@ -34,7 +34,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import kube_config
@@ -88,16 +88,42 @@ class BindRun:
     cpu: CpuUse = CpuUse()
 
     @property
+    def seconds(self) -> float:
+        return self.bound_s
+
+    @property
     def pods_per_s(self) -> float:
         return self.pods / self.bound_s if self.bound_s > 0 else 0.0
 
 
+class Timed(Protocol):
+    @property
+    def seconds(self) -> float: ...
+
+
 R = TypeVar("R")
+T = TypeVar("T", bound=Timed)
 
 
-def median_run(runs: Sequence[R], key: Callable[[R], float]) -> R:
-    """The run with the median ``key`` (the lower middle one of an even count)."""
-    return sorted(runs, key=key)[(len(runs) - 1) // 2]
+def median_run(runs: Sequence[T]) -> T:
+    """The run with the median time (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda run: run.seconds)[(len(runs) - 1) // 2]
+
+
+@dataclass(frozen=True)
+class Rounds(Generic[T]):
+    """Every run of both schedulers; the figures are those of each one's median round."""
+
+    plain_runs: tuple[T, ...]
+    tessera_runs: tuple[T, ...]
+
+    @property
+    def plain(self) -> T:
+        return median_run(self.plain_runs)
+
+    @property
+    def tessera(self) -> T:
+        return median_run(self.tessera_runs)
 
 
 def seconds_list(values: Iterable[float]) -> str:
@@ -105,21 +131,11 @@ def seconds_list(values: Iterable[float]) -> str:
 
 
 @dataclass(frozen=True)
-class E2EResult:
+class E2EResult(Rounds[BindRun]):
     nodes: int
     pods: int
     qps: int
     burst: int
-    plain_runs: tuple[BindRun, ...]
-    tessera_runs: tuple[BindRun, ...]
-
-    @property
-    def plain(self) -> BindRun:
-        return median_run(self.plain_runs, lambda run: run.bound_s)
-
-    @property
-    def tessera(self) -> BindRun:
-        return median_run(self.tessera_runs, lambda run: run.bound_s)
 
     @property
     def ratio(self) -> float:
@@ -437,7 +453,7 @@ async def run_e2e_async(nodes: int, pods: int, rounds: int = 1, timeout: float =
     async with bench_cluster(nodes, extender_profile) as bench:
         plain, tessera = await compare(
             bench, lambda namespace, scheduler: _bind_all(bench, namespace, scheduler, pods, timeout), rounds)
-    return E2EResult(nodes, pods, CLIENT_QPS, CLIENT_BURST, tuple(plain), tuple(tessera))
+    return E2EResult(tuple(plain), tuple(tessera), nodes=nodes, pods=pods, qps=CLIENT_QPS, burst=CLIENT_BURST)
 
 
 def run_e2e(nodes: int, pods: int, rounds: int = 1, timeout: float = 900.0,
@@ -452,14 +468,22 @@ def profile_path(argument: str | None) -> Path | None:
     return Path(chosen).resolve() if chosen else None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__,
+def bench_parser(prog: str, description: str | None, full: str, nodes: str,
+                 pods: str) -> argparse.ArgumentParser:
+    """The options benchmarks 2 and 3 share: sizes and rounds."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--full", action="store_true", help="the issue's size: 500 nodes, 4000 pods")
-    parser.add_argument("--nodes", type=int, help="GPU nodes (8 GPUs each); default 100")
-    parser.add_argument("--pods", type=int, help="single-GPU pods; default 800")
+    parser.add_argument("--full", action="store_true", help=full)
+    parser.add_argument("--nodes", type=int, help=f"GPU nodes ({GPUS_PER_NODE} GPUs each); {nodes}")
+    parser.add_argument("--pods", type=int, help=pods)
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs per scheduler, alternating; the median counts (default 1)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = bench_parser("python -m bench.e2e", __doc__, full="the issue's size: 500 nodes, 4000 pods",
+                          nodes="default 100", pods="single-GPU pods; default 800")
     parser.add_argument("--profile-extender", metavar="FILE",
                         help=f"cProfile the extender (or ${PROFILE_ENV})")
     args = parser.parse_args(list(argv) if argv is not None else None)

@@ -12,7 +12,6 @@ queues, rates and client QPS (see ``bench.e2e``); the extender runs only during 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -33,9 +32,10 @@ from .e2e import (
     GPUS_PER_NODE,
     BenchCluster,
     BoundPods,
+    Rounds,
     bench_cluster,
+    bench_parser,
     compare,
-    median_run,
     seconds_list,
     watching,
 )
@@ -64,21 +64,11 @@ class ReactionRun:
 
 
 @dataclass(frozen=True)
-class ReactionResult:
+class ReactionResult(Rounds[ReactionRun]):
     nodes: int
     a_pods: int
     b_pods: int
     finish_rate: float
-    plain_runs: tuple[ReactionRun, ...]
-    tessera_runs: tuple[ReactionRun, ...]
-
-    @property
-    def plain(self) -> ReactionRun:
-        return median_run(self.plain_runs, lambda run: run.seconds)
-
-    @property
-    def tessera(self) -> ReactionRun:
-        return median_run(self.tessera_runs, lambda run: run.seconds)
 
     @property
     def ratio(self) -> float:
@@ -166,7 +156,8 @@ async def run_reaction_async(nodes: int, a_pods: int | None = None, rate: float 
                 "spec": {"resources": {"gpu": {"quota": gpus // 2}}}})
         plain, tessera = await compare(bench, lambda namespace, scheduler: _react(
             bench, namespace, scheduler, a_pods, b_pods, rate, timeout), rounds)
-    return ReactionResult(nodes, a_pods, b_pods, rate, tuple(plain), tuple(tessera))
+    return ReactionResult(tuple(plain), tuple(tessera), nodes=nodes, a_pods=a_pods, b_pods=b_pods,
+                          finish_rate=rate)
 
 
 def run_reaction(nodes: int = 4, a_pods: int | None = None, rate: float = 4.0, rounds: int = 1,
@@ -178,14 +169,9 @@ def run_reaction(nodes: int = 4, a_pods: int | None = None, rate: float = 4.0, r
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.reaction", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--full", action="store_true", help="a larger cluster: 32 nodes (256 GPUs)")
-    parser.add_argument("--nodes", type=int, help="GPU nodes (8 GPUs each); default 4")
-    parser.add_argument("--pods", type=int, help="queue A's pods; default twice the GPUs")
+    parser = bench_parser("python -m bench.reaction", __doc__, full="a larger cluster: 32 nodes (256 GPUs)",
+                          nodes="default 4", pods="queue A's pods; default twice the GPUs")
     parser.add_argument("--rate", type=float, default=4.0, help="A's pods finishing per second (default 4)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="runs per scheduler, alternating; the median counts (default 1)")
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     nodes = args.nodes or (32 if args.full else 4)
