@@ -33,8 +33,8 @@ from extender.wire import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
-    HostPriority,
     filter_result,
+    host_priorities_json,
 )
 
 log = logging.getLogger(__name__)
@@ -130,18 +130,19 @@ def queue_strategy(state: ClusterState, queue: str) -> Strategy:
 
 
 def decide_priorities(state: ClusterState, metrics: ExtenderMetrics,
-                      args: ExtenderArgs) -> list[HostPriority]:
+                      args: ExtenderArgs) -> list[tuple[str, int]]:
+    """(node, score) for every candidate node, in the order of the request."""
     names = args.candidate_names()
     pod = args.Pod.raw()
     demand = state.pod_demand(pod) if state.ready() else None
     if demand is None:
         metrics.decisions.labels("prioritize", "neutral", "no_gpu" if state.ready() else "not_ready").inc()
-        return [HostPriority(Host=name, Score=0) for name in names]
+        return [(name, 0) for name in names]
     supplies: list[NodeGpus] = [state.node_gpus(name) for name in names]
     strategy = queue_strategy(state, pod_queue(pod))
     scores = score_nodes(supplies, demand, state.fairness().mix, strategy)
     metrics.decisions.labels("prioritize", "scored", strategy).inc()
-    return [HostPriority(Host=name, Score=scores.get(name, 0)) for name in names]
+    return [(name, scores.get(name, 0)) for name in names]
 
 
 async def _parse(request: web.Request, model: type[ModelT], verb: str) -> ModelT:
@@ -175,11 +176,11 @@ def _timed(verb: str, handler: Handler) -> Handler:
     return timed
 
 
-def _json(model: BaseModel | list[HostPriority]) -> web.Response:
-    if isinstance(model, list):
-        text = "[" + ",".join(item.model_dump_json() for item in model) + "]"
-    else:
-        text = model.model_dump_json()
+def _json(model: BaseModel) -> web.Response:
+    return _json_text(model.model_dump_json())
+
+
+def _json_text(text: str) -> web.Response:
     return web.Response(text=text, content_type="application/json")
 
 
@@ -201,7 +202,8 @@ async def handle_filter(request: web.Request) -> web.StreamResponse:
 async def handle_prioritize(request: web.Request) -> web.StreamResponse:
     args = await _parse(request, ExtenderArgs, "prioritize")
     try:
-        return _json(decide_priorities(request.app[STATE_KEY], request.app[METRICS_KEY], args))
+        scores = decide_priorities(request.app[STATE_KEY], request.app[METRICS_KEY], args)
+        return _json_text(host_priorities_json(scores))
     except ValueError as exc:
         raise _unreadable_pod(request, "prioritize", exc) from exc
 

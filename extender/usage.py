@@ -47,7 +47,8 @@ class QueueLedger:
     requested: dict[str, dict[str, float]] = field(default_factory=dict)
     pending: Counter[str] = field(default_factory=Counter)
     demands: Counter[GpuDemand] = field(default_factory=Counter)
-    _mix: WorkloadMix | None = None
+    _mix: WorkloadMix = field(default_factory=lambda: WorkloadMix(demands=()))
+    _mix_stale: bool = False
 
     def put(self, key: str, contribution: Contribution | None) -> None:
         """Set the contribution of pod `key` (None: it contributes nothing any more)."""
@@ -66,7 +67,7 @@ class QueueLedger:
             self.pending[contribution.queue] += int(sign)
         if contribution.demand is not None:
             self.demands[contribution.demand] += int(sign)
-            self._mix = None
+            self._mix_stale = True
 
     def clear(self) -> None:
         self.contributions.clear()
@@ -74,7 +75,7 @@ class QueueLedger:
         self.requested.clear()
         self.pending.clear()
         self.demands.clear()
-        self._mix = None
+        self._mix_stale = True
 
     def usage(self, queues: Iterable[str]) -> dict[str, QueueUsage]:
         """Usage of every queue that is named or has pods."""
@@ -86,7 +87,18 @@ class QueueLedger:
         return {queue: count for queue, count in self.pending.items() if count > 0}
 
     def mix(self) -> WorkloadMix:
-        """GPU shapes of the pods seen, weighted by how many there are (kept while unchanged)."""
-        if self._mix is None:
-            self._mix = WorkloadMix(demands=tuple((d, float(n)) for d, n in self.demands.items() if n > 0))
+        """GPU shapes of the pods seen, weighted by how many there are (kept while unchanged).
+
+        Weights are counts rounded to two significant digits: one pod more or less in a large
+        cluster then leaves the mix - and placement's memo, which is kept per mix - unchanged.
+        """
+        if self._mix_stale:
+            fresh = WorkloadMix(demands=tuple((d, _two_digits(n)) for d, n in self.demands.items() if n > 0))
+            if fresh != self._mix:  # keep the object, and what it has cached, while equal
+                self._mix = fresh
+            self._mix_stale = False
         return self._mix
+
+
+def _two_digits(count: int) -> float:
+    return float(f"{count:.2g}")

@@ -8,6 +8,8 @@ ordinary Kubernetes JSON; only the few fields the extender reads are typed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -85,6 +87,18 @@ class ExtenderFilterResult(_Wire):
 class HostPriority(_Wire):
     Host: str
     Score: int = Field(ge=0, le=MAX_EXTENDER_PRIORITY)
+
+
+def host_priorities_json(scores: Iterable[tuple[str, int]]) -> str:
+    """A HostPriorityList as JSON, one `HostPriority` per (node, score).
+
+    Written directly: a prioritize answer lists every candidate node (thousands), and building a
+    validated model per node cost more than the scoring itself. Scores come from the extender's
+    own ranking, already within 0..MAX_EXTENDER_PRIORITY.
+    """
+    # encode_basestring_ascii is json.dumps' own string encoder (quotes and escapes).
+    return "[" + ",".join([f'{{"Host":{encode_basestring_ascii(host)},"Score":{score}}}'
+                           for host, score in scores]) + "]"
 
 
 class ExtenderBindingArgs(_Wire):

@@ -13,6 +13,7 @@ from extender.wire import (
     ExtenderFilterResult,
     HostPriority,
     filter_result,
+    host_priorities_json,
 )
 
 POD = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"a": "b"}},
@@ -70,3 +71,10 @@ def test_priority_scores_stay_in_the_extender_range() -> None:
 def test_unknown_envelope_keys_are_ignored() -> None:
     result = ExtenderFilterResult.model_validate({"NodeNames": ["a"], "SomethingNew": 1})
     assert result.NodeNames == ["a"]
+
+
+def test_priorities_json_has_the_shape_of_a_host_priority_list() -> None:
+    scores = [("n1", 10), ("n\"odd\u00e9", 0)]
+    expected = [HostPriority(Host=host, Score=score).model_dump() for host, score in scores]
+    assert json.loads(host_priorities_json(scores)) == expected
+    assert json.loads(host_priorities_json([])) == []
