@@ -69,13 +69,26 @@ class _DemandPerNode:
         self.classic = pod_classic_gpus(pod)
         self.by_memory: dict[int, GpuDemand] = {}
 
-    def on(self, node: str) -> GpuDemand:
-        memory = self.state.node_gpu_memory(node) if self.fractional else 0
+    def memory_on(self, node: str) -> int:
+        """The GPU size that sizes the demand on `node` (0: the demand does not depend on it)."""
+        return self.state.node_gpu_memory(node) if self.fractional else 0
+
+    def at(self, memory: int) -> GpuDemand:
         if not memory:
             return self.demand
         if memory not in self.by_memory:
             self.by_memory[memory] = to_gpu_demand(self.requests, self.classic, memory) or self.demand
         return self.by_memory[memory]
+
+
+def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
+    """Why `demand` does not fit on the node ('' when it fits)."""
+    if fits(supply, demand):
+        return ""
+    free = sum(supply.free_milli) / WHOLE_GPU_MILLI
+    models = f" of model {'/'.join(sorted(demand.models))}" if demand.models else ""
+    return (f"not enough free GPU for {_describe(demand)}{models} "
+            f"({free:.3g} free over {len(supply.free_milli)} GPUs, model '{supply.model}')")
 
 
 def decide_filter(state: ClusterState, waiting: WaitingPods, metrics: ExtenderMetrics,
@@ -108,16 +121,18 @@ def decide_filter(state: ClusterState, waiting: WaitingPods, metrics: ExtenderMe
     per_node = _DemandPerNode(state, pod, demand)
     passed: list[str] = []
     failed: dict[str, str] = {}
+    # Nodes of one shape and GPU size get one verdict: a large cluster has few distinct ones.
+    verdicts: dict[tuple[int, tuple[object, ...]], str] = {}
     for name in names:
-        node_demand = per_node.on(name)
         supply = state.node_gpus(name)
-        if fits(supply, node_demand):
-            passed.append(name)
+        memory = per_node.memory_on(name)
+        reason = verdicts.get((memory, supply.shape))
+        if reason is None:
+            reason = verdicts[memory, supply.shape] = _misfit(supply, per_node.at(memory))
+        if reason:
+            failed[name] = reason
         else:
-            free = sum(supply.free_milli) / WHOLE_GPU_MILLI
-            models = f" of model {'/'.join(sorted(node_demand.models))}" if node_demand.models else ""
-            failed[name] = (f"not enough free GPU for {_describe(node_demand)}{models} "
-                            f"({free:.3g} free over {len(supply.free_milli)} GPUs, model '{supply.model}')")
+            passed.append(name)
     if passed:
         state.reserve(key, pod, RESERVATION_TTL_S)
     metrics.decisions.labels("filter", "admitted", "fits" if passed else "no_gpu_fit").inc()

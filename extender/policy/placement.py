@@ -55,6 +55,13 @@ class NodeGpus:
     memory_free_mib: int = 0
     host_tracked: bool = False
 
+    @cached_property
+    def shape(self) -> tuple[object, ...]:
+        """All that placement reads of the node but its name, GPU order aside: nodes of one shape
+        rank alike, so costs are memoised by it. Kept on the object, as callers reuse nodes."""
+        return (self.model, tuple(sorted(self.free_milli)), self.cpu_free_milli, self.memory_free_mib,
+                self.host_tracked)
+
 
 @dataclass(frozen=True)
 class GpuDemand:
@@ -323,9 +330,7 @@ def placement_cost(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix,
     one pod on it...), so a prioritize call over thousands of nodes is mostly dictionary hits.
     """
     cache = mix._cost_cache
-    # The cost does not depend on GPU order, so equally used nodes share one entry.
-    key = (node.model, tuple(sorted(node.free_milli)), node.cpu_free_milli, node.memory_free_mib,
-           node.host_tracked, demand, strategy)
+    key = (node.shape, demand, strategy)
     if key in cache:
         return cache[key]
     best = _best_choice(node, demand, mix, strategy)
@@ -354,17 +359,14 @@ def scores_from_costs(costs: dict[str, Cost]) -> dict[str, int]:
 def score_nodes(nodes: Sequence[NodeGpus], demand: GpuDemand, mix: WorkloadMix,
                 strategy: Strategy = "binpack") -> dict[str, int]:
     """0..10 per node name; nodes where the demand does not fit get 0."""
-    # Most nodes of a large cluster repeat a few states (GPU order aside): rank each state once
-    # per call and map the scores back, so the per-node work is a sort of a few ints and lookups.
-    states = [(node.model, tuple(sorted(node.free_milli)), node.cpu_free_milli, node.memory_free_mib,
-               node.host_tracked) for node in nodes]
+    # Most nodes of a large cluster repeat a few shapes: rank each shape once per call and map
+    # the scores back, so the per-node work is a few lookups.
     cost_of: dict[tuple[object, ...], Cost | None] = {}
-    for node, state in zip(nodes, states, strict=True):
-        if state not in cost_of:
-            cost_of[state] = placement_cost(node, demand, mix, strategy)
+    for node in nodes:
+        if node.shape not in cost_of:
+            cost_of[node.shape] = placement_cost(node, demand, mix, strategy)
     score_of = _rank_scores({cost for cost in cost_of.values() if cost is not None})
-    return {node.name: 0 if (cost := cost_of[state]) is None else score_of[cost]
-            for node, state in zip(nodes, states, strict=True)}
+    return {node.name: 0 if (cost := cost_of[node.shape]) is None else score_of[cost] for node in nodes}
 
 
 def mix_from_demands(demands: Sequence[GpuDemand]) -> WorkloadMix:
