@@ -13,6 +13,7 @@ import asyncio
 import gc
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,6 +175,9 @@ class ClusterState:
     _pod_sources: dict[str, set[str]] = field(default_factory=dict)
     # Caches of derived supply, dropped by `_supply_changed`.
     _memory_by_models: dict[frozenset[str], int] = field(default_factory=dict)
+    # GPU devices per (model, memory). Pending fractions are sized against the largest GPU of
+    # their models, so only a change of which sizes exist recounts every pod.
+    _gpu_sizes: Counter[tuple[str, int]] = field(default_factory=Counter)
     _node_gpus: dict[str, NodeGpus] = field(default_factory=dict)
     _capacity: dict[str, float] | None = None
     # Called after every change (the status writer uses it to notice newly eligible pods).
@@ -223,6 +227,9 @@ class ClusterState:
                 self._drop_reservation(key)
             self._all_pods_dirty = True
         self.synced.add(kind)
+        if self.ready():
+            # Count every pod now, while (re)listing, rather than in the first request after it.
+            self.fairness()
         # The picture is millions of long-lived objects; left to the collector, every full
         # collection walks all of them (hundreds of ms in the middle of a request). Nothing in
         # it forms reference cycles, so freezing what exists now loses nothing.
@@ -265,10 +272,11 @@ class ClusterState:
     def _supply_changed(self, kind: str, obj: JsonObject) -> None:
         """Drop cached derivations that an object of `kind` can change."""
         key = object_key(obj)
-        if kind in ("ResourceSlice", "DeviceClass"):
-            # Device sizes, models and classes feed every pod's vector: recount all (rare events).
+        if kind == "DeviceClass":
+            # Classes decide which requests are GPUs, for every pod: recount all (rare events).
             self._all_pods_dirty = True
-            self._memory_by_models.clear()
+        elif kind == "ResourceSlice":
+            # Pods holding its devices are recounted by `_count_devices`.
             self._capacity = None
             self._node_gpus.pop(str((obj.get("spec") or {}).get("nodeName")), None)
         elif kind == "Node":
@@ -298,6 +306,7 @@ class ClusterState:
             for device_key, device in self._slice_devices(obj):
                 self.devices[device_key] = device
                 self.node_devices.setdefault(device.node, []).append(device_key)
+                self._count_device(device_key, device, 1)
         elif kind == "ResourceClaim":
             for held in allocated_devices(obj):
                 self.device_holders.setdefault((held.driver, held.pool, held.device), {})[key] = (
@@ -320,6 +329,7 @@ class ClusterState:
         if kind == "ResourceSlice":
             for device_key, device in self._slice_devices(obj):
                 self.devices.pop(device_key, None)
+                self._count_device(device_key, device, -1)
                 keys = self.node_devices.get(device.node, [])
                 if device_key in keys:
                     keys.remove(device_key)
@@ -334,6 +344,20 @@ class ClusterState:
             self.gpu_classes.pop(key, None)
         elif kind == "Pod":
             _discard(self.pods_by_node, self.pod_node(key, obj), key)
+
+    def _count_device(self, key: DeviceKey, device: GpuDevice, sign: int) -> None:
+        """A device appears (1) or goes (-1): recount the pods whose claims hold it, and every
+        pod when a GPU size appears or disappears."""
+        size = (device.model, device.memory_bytes)
+        before = self._gpu_sizes[size]
+        self._gpu_sizes[size] = before + sign
+        if not self._gpu_sizes[size]:
+            del self._gpu_sizes[size]
+        if (before == 0) != (size not in self._gpu_sizes):  # a size appeared or went
+            self._all_pods_dirty = True
+            self._memory_by_models.clear()
+        for claim in self.device_holders.get(key, {}):
+            self._dirty_pods.update(self._source_users.get(f"ResourceClaim:{claim}", ()))
 
     def _slice_devices(self, slice_obj: Mapping[str, Any]) -> list[tuple[DeviceKey, GpuDevice]]:
         spec = slice_obj.get("spec") or {}

@@ -257,3 +257,38 @@ def test_ledger_moves_only_the_difference_and_leaves_no_residue() -> None:
     ledger.put("b", None)
     assert ledger.allocated["q"] == {}
     assert ledger.mix().demands == ()
+
+
+def test_slice_events_recount_what_they_change_like_a_fresh_count() -> None:
+    held = objects.pod("ns", "held", queue="q", template="one", node_name="c")
+    held["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "held-gpus"}]
+    state = synced_state([
+        *two_nodes(),
+        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        objects.claim_template("ns", "half", objects.claim_spec(CLASS, memory="40Gi")),
+        # Allocated on node c before c's slice is in the picture.
+        objects.claim("ns", "held-gpus", objects.claim_spec(CLASS), allocated=[("c", "gpu-0", None)]),
+        held,
+        objects.pod("ns", "pending", queue="q", template="half"),
+        objects.queue("q"),
+    ])
+
+    def assert_matches_fresh_count() -> None:
+        view = state.fairness()
+        fresh = synced_state([obj for store in state.objects.values() for obj in store.values()])
+        assert fresh.fairness().usage["q"].allocated == pytest.approx(view.usage["q"].allocated)
+        assert fresh.fairness().usage["q"].requested == pytest.approx(view.usage["q"].requested)
+        assert fresh.fairness().mix == view.mix
+
+    assert "gpu/H100-80GB" not in state.fairness().usage["q"].allocated
+    state.apply("ResourceSlice", "ADDED", objects.gpu_slice("c", 2))  # a GPU size already known
+    assert state.fairness().usage["q"].allocated["gpu/H100-80GB"] == 1
+    assert state.fairness().usage["q"].requested["gpu"] == pytest.approx(0.5)  # 40Gi of 80Gi
+    assert_matches_fresh_count()
+    state.apply("ResourceSlice", "ADDED", objects.gpu_slice("d", 2, model="H200", memory="160Gi"))
+    assert state.fairness().usage["q"].requested["gpu"] == pytest.approx(0.25)  # now of 160Gi
+    assert_matches_fresh_count()
+    state.apply("ResourceSlice", "DELETED", objects.gpu_slice("c", 2))
+    state.apply("ResourceSlice", "DELETED", objects.gpu_slice("d", 2, model="H200", memory="160Gi"))
+    assert state.fairness().usage["q"].requested["gpu"] == pytest.approx(0.5)
+    assert_matches_fresh_count()
