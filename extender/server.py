@@ -63,15 +63,11 @@ class _DemandPerNode:
     computed once per GPU size seen in the request."""
 
     def __init__(self, state: ClusterState, pod: dict[str, Any], demand: GpuDemand) -> None:
-        self.state, self.demand = state, demand
+        self.demand = demand
         self.fractional = demand.count == 1 and demand.milli < WHOLE_GPU_MILLI
         self.requests = state.pod_gpu_requests(pod) if self.fractional else []
         self.classic = pod_classic_gpus(pod)
         self.by_memory: dict[int, GpuDemand] = {}
-
-    def memory_on(self, node: str) -> int:
-        """The GPU size that sizes the demand on `node` (0: the demand does not depend on it)."""
-        return self.state.node_gpu_memory(node) if self.fractional else 0
 
     def at(self, memory: int) -> GpuDemand:
         if not memory:
@@ -122,10 +118,11 @@ def decide_filter(state: ClusterState, waiting: WaitingPods, metrics: ExtenderMe
     passed: list[str] = []
     failed: dict[str, str] = {}
     # Nodes of one shape and GPU size get one verdict: a large cluster has few distinct ones.
-    verdicts: dict[tuple[int, tuple[object, ...]], str] = {}
+    verdicts: dict[tuple[int, str], str] = {}
+    gpu_memory = state.gpu_memory if per_node.fractional else {}  # {}: the size does not matter
     for name in names:
         supply = state.node_gpus(name)
-        memory = per_node.memory_on(name)
+        memory = gpu_memory.get(name, 0)
         reason = verdicts.get((memory, supply.shape))
         if reason is None:
             reason = verdicts[memory, supply.shape] = _misfit(supply, per_node.at(memory))

@@ -155,6 +155,8 @@ class ClusterState:
     # Derived indexes, kept in step with `objects` by `_index`/`_unindex`.
     devices: dict[DeviceKey, GpuDevice] = field(default_factory=dict)
     node_devices: dict[str, list[DeviceKey]] = field(default_factory=dict)
+    # Memory of a node's (first) GPU, which sizes fractional demands there: read per node by filter.
+    gpu_memory: dict[str, int] = field(default_factory=dict)
     device_holders: dict[DeviceKey, dict[str, int | None]] = field(default_factory=dict)
     gpu_classes: dict[str, frozenset[str]] = field(default_factory=dict)
     # Pods the binder bound before the watch showed it: pod key -> node.
@@ -307,6 +309,7 @@ class ClusterState:
                 self.devices[device_key] = device
                 self.node_devices.setdefault(device.node, []).append(device_key)
                 self._count_device(device_key, device, 1)
+                self._refresh_gpu_memory(device.node)
         elif kind == "ResourceClaim":
             for held in allocated_devices(obj):
                 self.device_holders.setdefault((held.driver, held.pool, held.device), {})[key] = (
@@ -333,6 +336,7 @@ class ClusterState:
                 keys = self.node_devices.get(device.node, [])
                 if device_key in keys:
                     keys.remove(device_key)
+                self._refresh_gpu_memory(device.node)
         elif kind == "ResourceClaim":
             for held in allocated_devices(obj):
                 device_key = (held.driver, held.pool, held.device)
@@ -344,6 +348,13 @@ class ClusterState:
             self.gpu_classes.pop(key, None)
         elif kind == "Pod":
             _discard(self.pods_by_node, self.pod_node(key, obj), key)
+
+    def _refresh_gpu_memory(self, node: str) -> None:
+        keys = self.node_devices.get(node)
+        if keys:
+            self.gpu_memory[node] = self.devices[keys[0]].memory_bytes
+        else:
+            self.gpu_memory.pop(node, None)
 
     def _count_device(self, key: DeviceKey, device: GpuDevice, sign: int) -> None:
         """A device appears (1) or goes (-1): recount the pods whose claims hold it, and every
@@ -417,8 +428,7 @@ class ClusterState:
         return NodeGpus(name=name, model=model, free_milli=tuple(free))
 
     def node_gpu_memory(self, name: str) -> int:
-        keys = self.node_devices.get(name, [])
-        return self.devices[keys[0]].memory_bytes if keys else 0
+        return self.gpu_memory.get(name, 0)
 
     def pods_on_node(self, node: str) -> list[JsonObject]:
         pods = self.kind("Pod")

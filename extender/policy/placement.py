@@ -56,11 +56,15 @@ class NodeGpus:
     host_tracked: bool = False
 
     @cached_property
-    def shape(self) -> tuple[object, ...]:
+    def shape(self) -> str:
         """All that placement reads of the node but its name, GPU order aside: nodes of one shape
-        rank alike, so costs are memoised by it. Kept on the object, as callers reuse nodes."""
-        return (self.model, tuple(sorted(self.free_milli)), self.cpu_free_milli, self.memory_free_mib,
-                self.host_tracked)
+        rank alike, so costs are memoised by it. Kept on the object, as callers reuse nodes.
+
+        A string (the repr of those fields) rather than a tuple because a string caches its hash,
+        and the extender looks shapes up several times per node per request.
+        """
+        return repr((self.model, sorted(self.free_milli), self.cpu_free_milli, self.memory_free_mib,
+                     self.host_tracked))
 
 
 @dataclass(frozen=True)
@@ -361,7 +365,7 @@ def score_nodes(nodes: Sequence[NodeGpus], demand: GpuDemand, mix: WorkloadMix,
     """0..10 per node name; nodes where the demand does not fit get 0."""
     # Most nodes of a large cluster repeat a few shapes: rank each shape once per call and map
     # the scores back, so the per-node work is a few lookups.
-    cost_of: dict[tuple[object, ...], Cost | None] = {}
+    cost_of: dict[str, Cost | None] = {}
     for node in nodes:
         if node.shape not in cost_of:
             cost_of[node.shape] = placement_cost(node, demand, mix, strategy)
