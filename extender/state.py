@@ -230,8 +230,11 @@ class ClusterState:
             self._all_pods_dirty = True
         self.synced.add(kind)
         if self.ready():
-            # Count every pod now, while (re)listing, rather than in the first request after it.
+            # Count every pod and every node's free GPUs now, while (re)listing, rather than in
+            # the first request after it.
             self.fairness()
+            for node in self.kind("Node"):
+                _ = self.node_gpus(node).shape
         # The picture is millions of long-lived objects; left to the collector, every full
         # collection walks all of them (hundreds of ms in the middle of a request). Nothing in
         # it forms reference cycles, so freezing what exists now loses nothing.
