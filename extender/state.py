@@ -230,14 +230,16 @@ class ClusterState:
             self._all_pods_dirty = True
         self.synced.add(kind)
         if self.ready():
-            # Count every pod and every node's free GPUs now, while (re)listing, rather than in
-            # the first request after it.
+            # Count every pod and every node's free GPUs (and their shapes) now, while
+            # (re)listing, rather than in the first request after it.
             self.fairness()
             for node in self.kind("Node"):
                 _ = self.node_gpus(node).shape
         # The picture is millions of long-lived objects; left to the collector, every full
-        # collection walks all of them (hundreds of ms in the middle of a request). Nothing in
-        # it forms reference cycles, so freezing what exists now loses nothing.
+        # collection walks all of them (hundreds of ms in the middle of a request). Collect what
+        # is garbage now, then exempt the survivors from later collections; the picture holds no
+        # reference cycles, so what it drops later is still freed by reference counting.
+        gc.collect()
         gc.freeze()
         self._changed()
 
@@ -281,7 +283,7 @@ class ClusterState:
             # Classes decide which requests are GPUs, for every pod: recount all (rare events).
             self._all_pods_dirty = True
         elif kind == "ResourceSlice":
-            # Pods holding its devices are recounted by `_count_devices`.
+            # Pods holding its devices are recounted by `_count_device`.
             self._capacity = None
             self._node_gpus.pop(str((obj.get("spec") or {}).get("nodeName")), None)
         elif kind == "Node":
