@@ -142,19 +142,19 @@ def queue_strategy(state: ClusterState, queue: str) -> Strategy:
 
 
 def decide_priorities(state: ClusterState, metrics: ExtenderMetrics,
-                      args: ExtenderArgs) -> list[tuple[str, int]]:
-    """(node, score) for every candidate node, in the order of the request."""
+                      args: ExtenderArgs) -> dict[str, int]:
+    """The score of every candidate node."""
     names = args.candidate_names()
     pod = args.Pod.raw()
     demand = state.pod_demand(pod) if state.ready() else None
     if demand is None:
         metrics.decisions.labels("prioritize", "neutral", "no_gpu" if state.ready() else "not_ready").inc()
-        return [(name, 0) for name in names]
+        return dict.fromkeys(names, 0)
     supplies: list[NodeGpus] = [state.node_gpus(name) for name in names]
     strategy = queue_strategy(state, pod_queue(pod))
     scores = score_nodes(supplies, demand, state.fairness().mix, strategy)
     metrics.decisions.labels("prioritize", "scored", strategy).inc()
-    return [(name, scores.get(name, 0)) for name in names]
+    return scores
 
 
 async def _parse(request: web.Request, model: type[ModelT], verb: str) -> ModelT:
@@ -215,7 +215,7 @@ async def handle_prioritize(request: web.Request) -> web.StreamResponse:
     args = await _parse(request, ExtenderArgs, "prioritize")
     try:
         scores = decide_priorities(request.app[STATE_KEY], request.app[METRICS_KEY], args)
-        return _json_text(host_priorities_json(scores))
+        return _json_text(host_priorities_json(args.candidate_names(), scores))
     except ValueError as exc:
         raise _unreadable_pod(request, "prioritize", exc) from exc
 

@@ -8,7 +8,7 @@ ordinary Kubernetes JSON; only the few fields the extender reads are typed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
@@ -89,16 +89,16 @@ class HostPriority(_Wire):
     Score: int = Field(ge=0, le=MAX_EXTENDER_PRIORITY)
 
 
-def host_priorities_json(scores: Iterable[tuple[str, int]]) -> str:
-    """A HostPriorityList as JSON, one `HostPriority` per (node, score).
+def host_priorities_json(hosts: Iterable[str], scores: Mapping[str, int]) -> str:
+    """A HostPriorityList as JSON: one `HostPriority` per host, in order, with its score.
 
     Written directly: a prioritize answer lists every candidate node (thousands), and building a
     validated model per node cost more than the scoring itself. Scores come from the extender's
     own ranking, already within 0..MAX_EXTENDER_PRIORITY.
     """
     # encode_basestring_ascii is json.dumps' own string encoder (quotes and escapes).
-    return "[" + ",".join([f'{{"Host":{encode_basestring_ascii(host)},"Score":{score}}}'
-                           for host, score in scores]) + "]"
+    return "[" + ",".join([f'{{"Host":{encode_basestring_ascii(host)},"Score":{scores[host]}}}'
+                           for host in hosts]) + "]"
 
 
 class ExtenderBindingArgs(_Wire):
