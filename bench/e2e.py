@@ -206,14 +206,6 @@ async def bounded(concurrency: int, calls: Iterable[Callable[[], Awaitable[objec
     await asyncio.gather(*(one(call) for call in calls))
 
 
-async def _ignore_missing(call: Awaitable[object]) -> None:
-    try:
-        await call
-    except KubeError as exc:
-        if exc.status != 404:
-            raise
-
-
 @dataclass
 class BoundPods:
     """Bound pods of one namespace, from a watch of pods with spec.nodeName set."""
@@ -343,16 +335,25 @@ class BenchCluster:
         await bounded(CREATE_CONCURRENCY, (functools.partial(request, self.api, "POST", path, body=pod)
                                            for pod in pods))
 
-    async def delete_pods(self, namespace: str, names: Iterable[str]) -> None:
+    async def delete_pod(self, namespace: str, name: str) -> None:
         """Force deletion: no kubelet runs on fake nodes to finish a graceful one."""
-        for name in names:
-            await _ignore_missing(request(self.api, "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}",
-                                          query={"gracePeriodSeconds": "0"}))
+        try:
+            await request(self.api, "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}",
+                          query={"gracePeriodSeconds": "0"})
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
 
-    async def clear(self, namespace: str, timeout: float = 300.0) -> None:
-        """Deletes every pod, waits until their claims are gone (the GPUs free), drops the namespace."""
-        await request(self.api, "DELETE", f"/api/v1/namespaces/{namespace}/pods",
-                      query={"gracePeriodSeconds": "0"})
+    async def delete_pods(self, namespace: str, names: Iterable[str]) -> None:
+        await bounded(CREATE_CONCURRENCY,
+                      (functools.partial(self.delete_pod, namespace, name) for name in names))
+
+    async def clear(self, namespace: str, timeout: float = 600.0) -> None:
+        """Deletes every pod, waits until their claims are gone (the GPUs free), drops the namespace.
+
+        Pod by pod: one delete-collection call of thousands of pods outlasts the request timeout."""
+        pods = await request(self.api, "GET", f"/api/v1/namespaces/{namespace}/pods", timeout=120.0)
+        await self.delete_pods(namespace, [pod["metadata"]["name"] for pod in pods.get("items") or []])
         deadline = time.monotonic() + timeout
         while True:
             claims = await request(self.api, "GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims",

@@ -112,7 +112,7 @@ async def _finish_a(bench: BenchCluster, namespace: str, tracker: BoundPods, rat
                          if queue == QUEUE_A and name not in finished)
         if running:
             finished.append(running[0])
-            await bench.delete_pods(namespace, running[:1])
+            await bench.delete_pod(namespace, running[0])
         await asyncio.sleep(1.0 / rate)
 
 
