@@ -6,8 +6,11 @@ the DeviceClasses of ``manifests/deviceclasses.yaml``. P pods, each with one GPU
 ResourceClaimTemplate, are created concurrently; the clock runs from the first create until the
 last pod has ``spec.nodeName``. Two kube-schedulers with the same client QPS/burst take turns on the
 same nodes: (a) plain, (b) calling the Tessera extender (``python -m extender`` in its own process;
-filter, prioritize and bind, nodeCacheCapable). Between the runs every pod is force-deleted and the
-run waits until its claims are gone, so (b) finds the same free capacity (a) did.
+filter, prioritize and bind, nodeCacheCapable; it runs only during (b)). Between the runs every
+pod is force-deleted and the run waits until its claims are gone, so (b) finds the same free
+capacity (a) did. ``--rounds N`` alternates a, b, b, a, ... and reports each scheduler's median
+round, so a change in background load hits both alike; the CPU seconds the scheduler and the
+extender spent during each run are reported too.
 
 The local kube-controller-manager is restarted with the same client QPS/burst: with its default
 20 QPS, creating the claims from the template would pace both runs alike and hide the schedulers.
