@@ -188,6 +188,10 @@ class StatusWriter:
         if not self._seeded and self.state.ready():
             self.seed_from_conditions()
             self._seeded = True
+        if not self.waiting.waiting:
+            # Nothing to check: leave the fairness view to be brought up to date by the next
+            # request, which then pays once for a burst of watch events.
+            return []
         view = self.state.fairness()
         pods = self.state.kind("Pod")
         eligible: list[WaitingPod] = []
