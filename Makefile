@@ -27,7 +27,7 @@ lint: $(STAMP)
 	@echo "[make] ruff"
 	@$(VENV)/bin/ruff check .
 	@echo "[make] mypy"
-	@$(VENV)/bin/mypy extender dra_driver tessera
+	@$(VENV)/bin/mypy extender dra_driver tessera bench
 
 unit: $(STAMP)
 	@$(PY) -m pytest tests/unit -q

@@ -66,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", choices=("hotpath", "e2e", "reaction", "memory"), help="run one benchmark")
     parser.add_argument("--no-cluster", action="store_true", help="skip 2 and 3 (local control plane)")
     parser.add_argument("--seconds", type=float, help="measuring time per hot-path case")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runs of each scheduler in 2 and 3; the median is reported (default 3)")
     args = parser.parse_args(list(argv) if argv is not None else None)
 
     hot_nodes, hot_pods = ([500, 5000], 50_000) if args.full else ([500, 5000], 20_000)
@@ -77,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(hotpath_table(run_hotpath(hot_nodes, hot_pods, seconds)))
     for name, runner in (("e2e", e2e.main), ("reaction", reaction.main)):
         if args.only in (None, name) and not (args.no_cluster and args.only is None):
-            runner(["--full"] if args.full else [])
+            runner([f"--rounds={args.rounds}", *(["--full"] if args.full else [])])
     if args.only in (None, "memory"):
         print(f"\n[4] extender memory, {mem_nodes} nodes x 8 GPUs, {mem_pods} pods in the picture")
         print(memory_table(run_memory(mem_nodes, mem_pods)))

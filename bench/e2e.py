@@ -12,8 +12,8 @@ capacity (a) did. ``--rounds N`` alternates a, b, b, a, ... and reports each sch
 round, so a change in background load hits both alike; the CPU seconds the scheduler and the
 extender spent during each run are reported too.
 
-The local kube-controller-manager is restarted with the same client QPS/burst: with its default
-20 QPS, creating the claims from the template would pace both runs alike and hide the schedulers.
+The local kube-controller-manager runs with the same client QPS/burst: with its default 20 QPS,
+creating the claims from the templates would pace both runs alike and hide the schedulers.
 
 Anchor: KAI Scheduler's published scale test fills 500 nodes with 4000 single-GPU jobs in
 6 min 38 s (about 10 pods/s). ``--profile-extender FILE`` (or TESSERA_BENCH_PROFILE_EXTENDER)
@@ -268,7 +268,6 @@ class BenchCluster:
             await asyncio.to_thread(self.cluster.apply, REPO_ROOT / manifest)
         await asyncio.to_thread(self.cluster.kubectl, "wait", "--for=condition=established", "--timeout=30s",
                                 "crd/queues.scheduling.tessera.dev")
-        await asyncio.to_thread(self._raise_controller_manager_qps)
         self.nodes = [f"gpu-{index:04d}" for index in range(nodes)]
 
         async def add_node(node: str) -> None:
@@ -277,18 +276,6 @@ class BenchCluster:
                 await request(self.api, "POST", SLICES_PATH, body=resource_slice)
 
         await bounded(16, (functools.partial(add_node, node) for node in self.nodes))
-
-    def _raise_controller_manager_qps(self) -> None:
-        # LocalCluster starts kube-controller-manager with the default client QPS (20); restart it
-        # with the benchmark's flags added so claim creation does not pace the schedulers.
-        manager = next(c for c in self.cluster.components if c.name == "kube-controller-manager")
-        command = [str(arg) for arg in manager.process.args]  # type: ignore[union-attr]
-        manager.stop()
-        self.cluster.components.remove(manager)
-        port = next(arg.split("=", 1)[1] for arg in command if arg.startswith("--secure-port="))
-        flags = [f"--kube-api-qps={CLIENT_QPS}", f"--kube-api-burst={CLIENT_BURST}"]
-        restarted = self.cluster.spawn("kube-controller-manager", [*command, *flags])
-        self.cluster.wait_healthy(restarted, f"https://127.0.0.1:{port}/healthz")
 
     def start_scheduler(self, name: str, extender_url: str | None = None) -> None:
         extenders = [] if extender_url is None else [{
@@ -391,7 +378,8 @@ async def _admin_client(kubeconfig: Path, connections: int) -> ApiClient:
 @contextlib.asynccontextmanager
 async def bench_cluster(nodes: int, extender_profile: Path | None = None) -> AsyncIterator[BenchCluster]:
     """A fresh local control plane with ``nodes`` GPU nodes; torn down on exit."""
-    cluster = await asyncio.to_thread(LocalCluster().start)
+    cluster = LocalCluster(controller_manager_qps=CLIENT_QPS, controller_manager_burst=CLIENT_BURST)
+    await asyncio.to_thread(cluster.start)
     try:
         api = await _admin_client(cluster.kubeconfig, CREATE_CONCURRENCY + 8)
         async with api:

@@ -129,6 +129,8 @@ class LocalCluster:
         bin_dir: Path | None = None,
         feature_gates: Mapping[str, bool] | None = None,
         scheduler_extenders: Sequence[Mapping[str, Any]] = (),
+        controller_manager_qps: int = 20,
+        controller_manager_burst: int = 30,
     ) -> None:
         self._owns_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
@@ -136,6 +138,10 @@ class LocalCluster:
         self.bin_dir = bin_dir or find_binaries()
         self.feature_gates = dict(feature_gates or {})
         self.scheduler_extenders = list(scheduler_extenders)
+        # The controller-manager creates a claim per pod from its template; at its default client
+        # rate (20/s) that, not the scheduler, paces large benchmarks.
+        self.controller_manager_qps = controller_manager_qps
+        self.controller_manager_burst = controller_manager_burst
         self.components: list[Component] = []
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self.server = ""
@@ -360,6 +366,8 @@ class LocalCluster:
                 f"--authorization-kubeconfig={self.kubeconfig}",
                 "--leader-elect=false",
                 f"--controllers={','.join(CONTROLLERS)}",
+                f"--kube-api-qps={self.controller_manager_qps}",
+                f"--kube-api-burst={self.controller_manager_burst}",
                 f"--secure-port={port}",
                 "--bind-address=127.0.0.1",
                 *self._feature_gate_flag(),
