@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
 
+from extender.kubeapi import JsonObject
 from extender.queues import QUEUE_GROUP, QUEUE_LABEL, QUEUE_VERSION
 from extender.state import DEFAULT_GPU_DRIVER, ClusterState
 
-JsonObject = dict[str, Any]
 GPUS_PER_NODE = 8
 GPU_MEMORY = "80Gi"
 HALF_GPU_MEMORY = "40Gi"
