@@ -47,7 +47,14 @@ from dra_driver.slices import NodeRef, SharingMode, build_slices
 from extender.kubeapi import JsonObject, KubeError, request, watch_lines
 from extender.queues import QUEUE_LABEL
 from extender.state import DEFAULT_GPU_DRIVER
-from tessera.localcluster import REPO_ROOT, LocalCluster, SchedulerHandle, create_fake_node, free_port
+from tessera.localcluster import (
+    REPO_ROOT,
+    LocalCluster,
+    SchedulerHandle,
+    create_fake_node,
+    free_port,
+    wait_until,
+)
 from tessera.simulate.report import format_table
 
 log = logging.getLogger(__name__)
@@ -344,15 +351,13 @@ class BenchCluster:
         Pod by pod: one delete-collection call of thousands of pods outlasts the request timeout."""
         pods = await request(self.api, "GET", f"/api/v1/namespaces/{namespace}/pods", timeout=120.0)
         await self.delete_pods(namespace, [pod["metadata"]["name"] for pod in pods.get("items") or []])
-        deadline = time.monotonic() + timeout
-        while True:
+
+        async def claims_gone() -> bool:
             claims = await request(self.api, "GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims",
                                    query={"limit": "1"})
-            if not claims.get("items"):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"claims of {namespace} still exist after {timeout:.0f}s")
-            await asyncio.sleep(0.5)
+            return not claims.get("items")
+
+        await wait_until(claims_gone, timeout=timeout, interval=0.5, what=f"the claims of {namespace} to go")
         await request(self.api, "DELETE", f"/api/v1/namespaces/{namespace}")
 
 
