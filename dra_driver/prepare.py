@@ -37,13 +37,9 @@ from dra_driver.claimconfig import (
 from dra_driver.devices.model import Gpu
 from dra_driver.devices.naming import gpu_device_name, mig_device_name
 from dra_driver.sharing import GpuShare, SharingCommandError, SharingConflict, SharingManager
+from dra_driver.slices import COMPUTE_CAPACITY, COMPUTE_UNITS_PER_GPU, MEMORY_CAPACITY, published_memory
 
 log = logging.getLogger(__name__)
-
-MEMORY_CAPACITY = "memory"
-COMPUTE_CAPACITY = "compute"
-COMPUTE_UNITS_PER_GPU = 1000  # the "compute" capacity of a whole GPU, in thousandths (see slices.py)
-_MIB = 1 << 20
 
 CLAIM_OPERATIONS = Counter(
     "tessera_dra_claim_operations_total", "Claims prepared/unprepared, by outcome", ["operation", "outcome"]
@@ -128,8 +124,8 @@ def node_devices(gpus: Sequence[Gpu]) -> dict[str, NodeDevice]:
     for gpu in gpus:
         node = f"/dev/nvidia{gpu.minor}"
         if not gpu.mig_enabled:
-            whole_memory = gpu.memory_bytes - gpu.memory_bytes % _MIB
-            devices[gpu_device_name(gpu)] = NodeDevice(gpu_device_name(gpu), gpu.uuid, whole_memory, (node,))
+            name = gpu_device_name(gpu)
+            devices[name] = NodeDevice(name, gpu.uuid, published_memory(gpu), (node,))
         for mig in gpu.mig_devices:
             name = mig_device_name(gpu, mig)
             devices[name] = NodeDevice(name, mig.uuid, mig.memory_bytes, (node,), is_mig=True)

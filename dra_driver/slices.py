@@ -121,9 +121,14 @@ def _taints(gpu: Gpu, driver: str, effect: TaintEffect) -> list[dict[str, str]]:
     return [taint]
 
 
+def published_memory(gpu: Gpu) -> int:
+    """The memory capacity a whole GPU is published with: floored to whole MiB, so the memory
+    request policy's default stays on its MiB step grid."""
+    return gpu.memory_bytes - gpu.memory_bytes % _MIB
+
+
 def _whole_gpu_device(gpu: Gpu, driver: str, mode: SharingMode, effect: TaintEffect) -> dict[str, Any]:
-    # Floor to whole MiB so the memory request policy's default stays on its MiB step grid.
-    memory = str(gpu.memory_bytes - gpu.memory_bytes % _MIB)
+    memory = str(published_memory(gpu))
     device: dict[str, Any] = {"name": gpu_device_name(gpu), "attributes": _gpu_attributes(gpu)}
     if mode is SharingMode.CONSUMABLE_CAPACITY:
         device["allowMultipleAllocations"] = True
