@@ -24,7 +24,6 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
-CONFIG_API_VERSION = "gpu.tessera.dev/v1alpha1"
 CONFIG_KIND = "GpuConfig"
 
 
