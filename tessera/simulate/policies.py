@@ -28,6 +28,7 @@ from extender.policy.placement import (
     Cost,
     GpuDemand,
     NodeGpus,
+    Strategy,
     WorkloadMix,
     choose_gpus,
     fits,
@@ -137,14 +138,13 @@ class FgdPolicy(Policy):
 
 @dataclass(frozen=True)
 class TesseraPolicy(Policy):
-    strategy: str = "binpack"
+    strategy: Strategy = "binpack"
 
     def cost(self, state: NodeState, demand: GpuDemand) -> Cost | None:
-        return placement_cost(state.as_node_gpus(), demand, self.mix,
-                              "spread" if self.strategy == "spread" else "binpack")
+        return placement_cost(state.as_node_gpus(), demand, self.mix, self.strategy)
 
     def gpus(self, node: NodeGpus, demand: GpuDemand, rng: random.Random) -> tuple[int, ...]:
-        chosen = choose_gpus(node, demand, self.mix, "spread" if self.strategy == "spread" else "binpack")
+        chosen = choose_gpus(node, demand, self.mix, self.strategy)
         if chosen is None:
             raise ValueError(f"{demand} does not fit {node.name}, yet its state was ranked as fitting")
         return chosen
