@@ -42,11 +42,12 @@ from typing import Generic, Protocol, TypeVar
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import kube_config
 
-from dra_driver.devices.simulated import SimulatedBackend
+from dra_driver.devices.simulated import PROFILE_DIR, SimulatedBackend
 from dra_driver.slices import NodeRef, SharingMode, build_slices
 from extender.kubeapi import JsonObject, KubeError, request, watch_lines
 from extender.queues import QUEUE_LABEL
 from extender.state import DEFAULT_GPU_DRIVER
+from tessera.cli import INSTALL_FIRST
 from tessera.localcluster import (
     REPO_ROOT,
     LocalCluster,
@@ -59,8 +60,7 @@ from tessera.simulate.report import format_table
 
 log = logging.getLogger(__name__)
 
-PROFILE = REPO_ROOT / "dra_driver" / "devices" / "profiles" / "h100x8.yaml"
-INSTALL = ("manifests/crds/queues.yaml", "manifests/deviceclasses.yaml", "manifests/default-queue.yaml")
+PROFILE = PROFILE_DIR / "h100x8.yaml"
 DEVICE_CLASS = "gpu.tessera.dev"
 TEMPLATE = "one-gpu"
 GPUS_PER_NODE = 8
@@ -271,7 +271,7 @@ class BenchCluster:
         self.schedulers: dict[str, SchedulerHandle] = {}
 
     async def install(self, nodes: int) -> None:
-        for manifest in INSTALL:
+        for manifest in INSTALL_FIRST:
             await asyncio.to_thread(self.cluster.apply, REPO_ROOT / manifest)
         await asyncio.to_thread(self.cluster.kubectl, "wait", "--for=condition=established", "--timeout=30s",
                                 "crd/queues.scheduling.tessera.dev")
