@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from extender.kubeapi import request
 from extender.policy.fairness import QueueSpec, QueueUsage, compute_fair_shares
-from extender.queues import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
+from extender.queues import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION, queue_object
 from tessera.simulate.report import format_table
 
 from .e2e import (
@@ -151,9 +151,8 @@ async def run_reaction_async(nodes: int, a_pods: int | None = None, rate: float 
         raise ValueError(f"queue A needs more than the {gpus} GPUs in pods to saturate the cluster")
     async with bench_cluster(nodes) as bench:
         for queue in (QUEUE_A, QUEUE_B):
-            await request(bench.api, "POST", QUEUES_PATH, body={
-                "apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}", "kind": "Queue", "metadata": {"name": queue},
-                "spec": {"resources": {"gpu": {"quota": gpus // 2}}}})
+            await request(bench.api, "POST", QUEUES_PATH,
+                          body=queue_object(queue, {"resources": {"gpu": {"quota": gpus // 2}}}))
         plain, tessera = await compare(bench, lambda namespace, scheduler: _react(
             bench, namespace, scheduler, a_pods, b_pods, rate, timeout), rounds)
     return ReactionResult(tuple(plain), tuple(tessera), nodes=nodes, a_pods=a_pods, b_pods=b_pods,
