@@ -10,10 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+from dra_driver.devices.simulated import PROFILE_DIR
 from tessera.localcluster import REPO_ROOT, ClusterError, LocalCluster, free_port
 
 DEFAULT_STATE_DIR = REPO_ROOT / ".tessera" / "cluster"
-PROFILES_DIR = REPO_ROOT / "dra_driver" / "devices" / "profiles"
 # What `tessera up` installs before starting the components, in order.
 INSTALL_FIRST = ("manifests/crds/queues.yaml", "manifests/deviceclasses.yaml", "manifests/default-queue.yaml")
 
@@ -31,7 +31,7 @@ def _up_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
         "--profile",
         default="h100x8",
         help="simulated GPU profile of each node: a shipped name "
-        f"({', '.join(sorted(p.stem for p in PROFILES_DIR.glob('*.yaml')))}) or a YAML file",
+        f"({', '.join(sorted(p.stem for p in PROFILE_DIR.glob('*.yaml')))}) or a YAML file",
     )
     up.add_argument(
         "--state-dir",
@@ -42,7 +42,7 @@ def _up_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def _profile_path(profile: str) -> Path:
-    shipped = PROFILES_DIR / f"{profile}.yaml"
+    shipped = PROFILE_DIR / f"{profile}.yaml"
     return shipped if shipped.exists() else Path(profile)
 
 
