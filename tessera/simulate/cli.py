@@ -30,7 +30,7 @@ from .report import (
 from .trace import DEFAULT_PODS_FILE, NODES_FILE, TraceError, default_trace_dir, load_nodes, load_pods
 
 ALL_POD_FILES = (
-    "openb_pod_list_default.csv",
+    DEFAULT_PODS_FILE,
     "openb_pod_list_gpushare40.csv",
     "openb_pod_list_multigpu20.csv",
 )
