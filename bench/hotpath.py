@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from .picture import QUEUES, build_picture, node_object, pod_object
+from .picture import QUEUES, build_picture, pod_object
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,7 @@ class Payloads:
         if mode == "names":
             self.node_part = b'"NodeNames": ' + json.dumps(picture.node_names).encode()
         else:
-            items = [node_object(i) for i in range(nodes)]
-            node_list = {"apiVersion": "v1", "kind": "NodeList", "items": items}
+            node_list = {"apiVersion": "v1", "kind": "NodeList", "items": picture.objects["Node"]}
             self.node_part = b'"Nodes": ' + json.dumps(node_list).encode()
 
     def body(self, cycle: int) -> bytes:
