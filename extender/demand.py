@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from extender.policy.placement import GpuDemand
+from extender.policy.placement import FULL_GPU_MILLI, GpuDemand
 from extender.queues import parse_quantity
 
 CLASSIC_GPU_RESOURCE = "nvidia.com/gpu"
@@ -23,7 +23,7 @@ CLASSIC_MODEL_LABEL = "nvidia.com/gpu.product"
 MODEL_ATTRIBUTE = "productName"
 DEVICE_TYPE_ATTRIBUTE = "type"
 MEMORY_CAPACITY = "memory"
-WHOLE_GPU_MILLI = 1000
+WHOLE_GPU_MILLI = FULL_GPU_MILLI  # placement's unit: thousandths of a GPU
 
 _MODEL_IN_CEL = re.compile(MODEL_ATTRIBUTE + r"""\s*==\s*["']([^"']+)["']""")
 
