@@ -72,7 +72,11 @@ class Binder:
         pod = self.state.kind("Pod").get(f"{namespace}/{name}")
         if pod is None:
             return
+        claims = self.state.kind("ResourceClaim")
         for claim_name in (ref.claim for ref in pod_claim_refs(pod) if ref.claim):
+            known = claims.get(f"{namespace}/{claim_name}")
+            if known is not None and (known.get("status") or {}).get("allocation"):
+                continue  # the watch already brought the allocation the scheduler wrote before binding
             try:
                 claim = await request(self.api, "GET",
                                       f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{claim_name}")
