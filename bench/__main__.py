@@ -40,13 +40,41 @@ def _machine() -> str:
 
 
 def hotpath_table(rows: Sequence[HotPathRow]) -> str:
-    headers = ["nodes", "pods", "mode", "cycles", "cycles/s", "p50 ms", "p99 ms", "filter p99", "prio p99",
-               "floor cycles/s", "floor p50", "floor p99", "p50 / floor", "p99 / floor", "rate / floor"]
+    headers = [
+        "nodes",
+        "pods",
+        "mode",
+        "cycles",
+        "cycles/s",
+        "p50 ms",
+        "p99 ms",
+        "filter p99",
+        "prio p99",
+        "floor cycles/s",
+        "floor p50",
+        "floor p99",
+        "p50 / floor",
+        "p99 / floor",
+        "rate / floor",
+    ]
     body = [
-        [str(r.nodes), str(r.pods), r.mode, str(r.tessera.cycles), f"{r.tessera.cycles_per_s:.1f}",
-         f"{r.tessera.p50_ms:.2f}", f"{r.tessera.p99_ms:.2f}", f"{r.tessera.filter_p99_ms:.2f}",
-         f"{r.tessera.prioritize_p99_ms:.2f}", f"{r.floor.cycles_per_s:.1f}", f"{r.floor.p50_ms:.2f}",
-         f"{r.floor.p99_ms:.2f}", f"{r.p50_ratio:.2f}x", f"{r.p99_ratio:.2f}x", f"{r.throughput_ratio:.2f}x"]
+        [
+            str(r.nodes),
+            str(r.pods),
+            r.mode,
+            str(r.tessera.cycles),
+            f"{r.tessera.cycles_per_s:.1f}",
+            f"{r.tessera.p50_ms:.2f}",
+            f"{r.tessera.p99_ms:.2f}",
+            f"{r.tessera.filter_p99_ms:.2f}",
+            f"{r.tessera.prioritize_p99_ms:.2f}",
+            f"{r.floor.cycles_per_s:.1f}",
+            f"{r.floor.p50_ms:.2f}",
+            f"{r.floor.p99_ms:.2f}",
+            f"{r.p50_ratio:.2f}x",
+            f"{r.p99_ratio:.2f}x",
+            f"{r.throughput_ratio:.2f}x",
+        ]
         for r in rows
     ]
     return format_table(headers, body)
@@ -54,20 +82,36 @@ def hotpath_table(rows: Sequence[HotPathRow]) -> str:
 
 def memory_table(row: MemoryRow) -> str:
     headers = ["nodes", "pods", "objects", "extender RSS MiB", "floor RSS MiB", "RSS / floor", "bytes/object"]
-    return format_table(headers, [[str(row.nodes), str(row.pods), str(row.objects), f"{row.rss_mib:.0f}",
-                                   f"{row.floor_rss_mib:.0f}", f"{row.ratio:.1f}x",
-                                   f"{row.bytes_per_object:.0f}"]])
+    return format_table(
+        headers,
+        [
+            [
+                str(row.nodes),
+                str(row.pods),
+                str(row.objects),
+                f"{row.rss_mib:.0f}",
+                f"{row.floor_rss_mib:.0f}",
+                f"{row.ratio:.1f}x",
+                f"{row.bytes_per_object:.0f}",
+            ]
+        ],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--full", action="store_true", help="the issue's sizes (slower, more memory)")
     parser.add_argument("--only", choices=("hotpath", "e2e", "reaction", "memory"), help="run one benchmark")
     parser.add_argument("--no-cluster", action="store_true", help="skip 2 and 3 (local control plane)")
     parser.add_argument("--seconds", type=float, help="measuring time per hot-path case")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="runs of each scheduler in 2 and 3; the median is reported (default 3)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="runs of each scheduler in 2 and 3; the median is reported (default 3)",
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
 
     hot_nodes, hot_pods = ([500, 5000], 50_000) if args.full else ([500, 5000], 20_000)

@@ -72,8 +72,9 @@ CREATE_CONCURRENCY = 48
 PLAIN_SCHEDULER = "bench-plain"
 TESSERA_SCHEDULER = "bench-tessera"
 PROFILE_ENV = "TESSERA_BENCH_PROFILE_EXTENDER"
-KAI_ANCHOR = ("KAI Scheduler's published scale test: 500 nodes, 4000 single-GPU jobs in 6 min 38 s "
-              "(10.1 pods/s)")
+KAI_ANCHOR = (
+    "KAI Scheduler's published scale test: 500 nodes, 4000 single-GPU jobs in 6 min 38 s (10.1 pods/s)"
+)
 
 
 # -- pure helpers ------------------------------------------------------------------------------
@@ -154,38 +155,72 @@ class E2EResult(Rounds[BindRun]):
 
 
 def e2e_table(result: E2EResult) -> str:
-    headers = ["scheduler", "nodes", "GPUs", "pods", "all created s", "all bound s", "each round s", "pods/s",
-               "scheduler CPU s", "extender CPU s", "vs plain"]
+    headers = [
+        "scheduler",
+        "nodes",
+        "GPUs",
+        "pods",
+        "all created s",
+        "all bound s",
+        "each round s",
+        "pods/s",
+        "scheduler CPU s",
+        "extender CPU s",
+        "vs plain",
+    ]
     rows = [
-        [label, str(result.nodes), str(result.nodes * GPUS_PER_NODE), str(run.pods), f"{run.created_s:.1f}",
-         f"{run.bound_s:.1f}", seconds_list(r.bound_s for r in runs), f"{run.pods_per_s:.1f}",
-         f"{run.cpu.scheduler_s:.1f}", f"{run.cpu.extender_s:.1f}", ratio]
+        [
+            label,
+            str(result.nodes),
+            str(result.nodes * GPUS_PER_NODE),
+            str(run.pods),
+            f"{run.created_s:.1f}",
+            f"{run.bound_s:.1f}",
+            seconds_list(r.bound_s for r in runs),
+            f"{run.pods_per_s:.1f}",
+            f"{run.cpu.scheduler_s:.1f}",
+            f"{run.cpu.extender_s:.1f}",
+            ratio,
+        ]
         for label, run, runs, ratio in (
             ("plain kube-scheduler", result.plain, result.plain_runs, "1.00x"),
-            ("kube-scheduler + Tessera", result.tessera, result.tessera_runs, f"{result.ratio:.2f}x"))
+            ("kube-scheduler + Tessera", result.tessera, result.tessera_runs, f"{result.ratio:.2f}x"),
+        )
     ]
-    anchor = (f"anchor: {KAI_ANCHOR}; client QPS/burst {result.qps}/{result.burst} for both schedulers "
-              f"and the controller-manager")
+    anchor = (
+        f"anchor: {KAI_ANCHOR}; client QPS/burst {result.qps}/{result.burst} for both schedulers "
+        f"and the controller-manager"
+    )
     return f"{format_table(headers, rows)}\n{anchor}"
 
 
 def gpu_pod(namespace: str, name: str, scheduler: str, queue: str | None = None) -> JsonObject:
     """A pause pod holding one whole GPU through a claim made from TEMPLATE."""
     labels = {QUEUE_LABEL: queue} if queue else {}
-    container = {"name": "main", "image": "registry.k8s.io/pause:3.10",
-                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "claims": [{"name": "gpu"}]}}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels},
-            "spec": {"schedulerName": scheduler, "containers": [container],
-                     "terminationGracePeriodSeconds": 0,
-                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}]}}
+    container = {
+        "name": "main",
+        "image": "registry.k8s.io/pause:3.10",
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "claims": [{"name": "gpu"}]},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "schedulerName": scheduler,
+            "containers": [container],
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}],
+        },
+    }
 
 
 def gpu_slices(node: str) -> list[JsonObject]:
     """The ResourceSlices the simulated DRA driver publishes for one h100x8 node."""
     gpus = SimulatedBackend.from_file(PROFILE, node).inventory()
-    return build_slices(NodeRef(node), DEFAULT_GPU_DRIVER, gpus, SharingMode.CONSUMABLE_CAPACITY,
-                        generation=1)
+    return build_slices(
+        NodeRef(node), DEFAULT_GPU_DRIVER, gpus, SharingMode.CONSUMABLE_CAPACITY, generation=1
+    )
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -254,8 +289,9 @@ class BoundPods:
             try:
                 await asyncio.wait_for(self.changed.wait_for(lambda: condition(self)), timeout)
             except TimeoutError as exc:
-                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}; "
-                                   f"bound now {self.per_queue()}") from exc
+                raise TimeoutError(
+                    f"timed out after {timeout:.0f}s waiting for {what}; bound now {self.per_queue()}"
+                ) from exc
         return time.monotonic()
 
 
@@ -273,8 +309,13 @@ class BenchCluster:
     async def install(self, nodes: int) -> None:
         for manifest in INSTALL_FIRST:
             await asyncio.to_thread(self.cluster.apply, REPO_ROOT / manifest)
-        await asyncio.to_thread(self.cluster.kubectl, "wait", "--for=condition=established", "--timeout=30s",
-                                "crd/queues.scheduling.tessera.dev")
+        await asyncio.to_thread(
+            self.cluster.kubectl,
+            "wait",
+            "--for=condition=established",
+            "--timeout=30s",
+            "crd/queues.scheduling.tessera.dev",
+        )
         self.nodes = [f"gpu-{index:04d}" for index in range(nodes)]
 
         async def add_node(node: str) -> None:
@@ -285,11 +326,24 @@ class BenchCluster:
         await bounded(16, (functools.partial(add_node, node) for node in self.nodes))
 
     def start_scheduler(self, name: str, extender_url: str | None = None) -> None:
-        extenders = [] if extender_url is None else [{
-            "urlPrefix": extender_url, "filterVerb": "filter", "prioritizeVerb": "prioritize",
-            "bindVerb": "bind", "weight": 1, "nodeCacheCapable": True, "enableHTTPS": False}]
-        self.schedulers[name] = self.cluster.start_scheduler(name, extenders, qps=CLIENT_QPS,
-                                                             burst=CLIENT_BURST)
+        extenders = (
+            []
+            if extender_url is None
+            else [
+                {
+                    "urlPrefix": extender_url,
+                    "filterVerb": "filter",
+                    "prioritizeVerb": "prioritize",
+                    "bindVerb": "bind",
+                    "weight": 1,
+                    "nodeCacheCapable": True,
+                    "enableHTTPS": False,
+                }
+            ]
+        )
+        self.schedulers[name] = self.cluster.start_scheduler(
+            name, extenders, qps=CLIENT_QPS, burst=CLIENT_BURST
+        )
 
     @property
     def extender_url(self) -> str:
@@ -299,16 +353,28 @@ class BenchCluster:
         """``python -m extender`` in its own process (under cProfile when asked), on extender_port."""
         port = self.extender_port
         profiler = ["-m", "cProfile", "-o", str(self.extender_profile)] if self.extender_profile else []
-        extender = self.cluster.spawn("tessera-extender", [
-            sys.executable, *profiler, "-m", "extender", f"--kubeconfig={self.cluster.kubeconfig}",
-            "--listen-address=127.0.0.1", f"--port={port}", f"--scheduler-name={scheduler}"])
+        extender = self.cluster.spawn(
+            "tessera-extender",
+            [
+                sys.executable,
+                *profiler,
+                "-m",
+                "extender",
+                f"--kubeconfig={self.cluster.kubeconfig}",
+                "--listen-address=127.0.0.1",
+                f"--port={port}",
+                f"--scheduler-name={scheduler}",
+            ],
+        )
         self.cluster.wait_healthy(extender, f"{self.extender_url}/readyz", tls=False)
 
     def cpu_seconds(self, scheduler: str) -> CpuUse:
         """CPU time used so far by the scheduler ``scheduler`` and by the extender, if running."""
         extenders = [c.process.pid for c in self.cluster.components if c.name == "tessera-extender"]
-        return CpuUse(process_cpu_seconds(self.schedulers[scheduler].component.process.pid),
-                      sum(map(process_cpu_seconds, extenders)))
+        return CpuUse(
+            process_cpu_seconds(self.schedulers[scheduler].component.process.pid),
+            sum(map(process_cpu_seconds, extenders)),
+        )
 
     def stop_extender(self) -> None:
         """Stops the extender (SIGTERM: a clean exit, so cProfile writes its file)."""
@@ -319,31 +385,54 @@ class BenchCluster:
     async def new_namespace(self, prefix: str) -> str:
         namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
         await request(self.api, "POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
-        spec = {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": 1}}]}}
-        await request(self.api, "POST", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates",
-                      body={"metadata": {"name": TEMPLATE}, "spec": {"spec": spec}})
+        spec = {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": DEVICE_CLASS,
+                            "allocationMode": "ExactCount",
+                            "count": 1,
+                        },
+                    }
+                ]
+            }
+        }
+        await request(
+            self.api,
+            "POST",
+            f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates",
+            body={"metadata": {"name": TEMPLATE}, "spec": {"spec": spec}},
+        )
         return namespace
 
-    async def submit(self, namespace: str, scheduler: str, names: Sequence[str],
-                     queue: str | None = None) -> None:
+    async def submit(
+        self, namespace: str, scheduler: str, names: Sequence[str], queue: str | None = None
+    ) -> None:
         path = f"/api/v1/namespaces/{namespace}/pods"
         pods = [gpu_pod(namespace, name, scheduler, queue) for name in names]
-        await bounded(CREATE_CONCURRENCY, (functools.partial(request, self.api, "POST", path, body=pod)
-                                           for pod in pods))
+        await bounded(
+            CREATE_CONCURRENCY, (functools.partial(request, self.api, "POST", path, body=pod) for pod in pods)
+        )
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         """Force deletion: no kubelet runs on fake nodes to finish a graceful one."""
         try:
-            await request(self.api, "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}",
-                          query={"gracePeriodSeconds": "0"})
+            await request(
+                self.api,
+                "DELETE",
+                f"/api/v1/namespaces/{namespace}/pods/{name}",
+                query={"gracePeriodSeconds": "0"},
+            )
         except KubeError as exc:
             if exc.status != 404:
                 raise
 
     async def delete_pods(self, namespace: str, names: Iterable[str]) -> None:
-        await bounded(CREATE_CONCURRENCY,
-                      (functools.partial(self.delete_pod, namespace, name) for name in names))
+        await bounded(
+            CREATE_CONCURRENCY, (functools.partial(self.delete_pod, namespace, name) for name in names)
+        )
 
     async def clear(self, namespace: str, timeout: float = 600.0) -> None:
         """Deletes every pod, waits until their claims are gone (the GPUs free), drops the namespace.
@@ -353,8 +442,9 @@ class BenchCluster:
         await self.delete_pods(namespace, [pod["metadata"]["name"] for pod in pods.get("items") or []])
 
         async def claims_gone() -> bool:
-            claims = await request(self.api, "GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims",
-                                   query={"limit": "1"})
+            claims = await request(
+                self.api, "GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims", query={"limit": "1"}
+            )
             return not claims.get("items")
 
         await wait_until(claims_gone, timeout=timeout, interval=0.5, what=f"the claims of {namespace} to go")
@@ -396,8 +486,9 @@ async def bench_cluster(nodes: int, extender_profile: Path | None = None) -> Asy
         await asyncio.to_thread(cluster.stop)
 
 
-async def compare(bench: BenchCluster, scenario: Callable[[str, str], Awaitable[R]],
-                  rounds: int = 1) -> tuple[list[R], list[R]]:
+async def compare(
+    bench: BenchCluster, scenario: Callable[[str, str], Awaitable[R]], rounds: int = 1
+) -> tuple[list[R], list[R]]:
     """Runs ``scenario(namespace, scheduler)`` ``rounds`` times with each scheduler, in the order
     plain, Tessera, Tessera, plain, ... (so a change in background load hits both alike), clearing
     up after every run. The extender runs (and is profiled) only during the Tessera runs."""
@@ -426,8 +517,9 @@ async def compare(bench: BenchCluster, scenario: Callable[[str, str], Awaitable[
 # -- benchmark 2 -------------------------------------------------------------------------------
 
 
-async def _bind_all(bench: BenchCluster, namespace: str, scheduler: str, pods: int,
-                    timeout: float) -> BindRun:
+async def _bind_all(
+    bench: BenchCluster, namespace: str, scheduler: str, pods: int, timeout: float
+) -> BindRun:
     names = [f"p-{index:05d}" for index in range(pods)]
     async with watching(bench.api, namespace) as tracker:
         cpu_before = bench.cpu_seconds(scheduler)
@@ -438,23 +530,27 @@ async def _bind_all(bench: BenchCluster, namespace: str, scheduler: str, pods: i
         cpu_after = bench.cpu_seconds(scheduler)
     cpu = CpuUse(cpu_after.scheduler_s - cpu_before.scheduler_s, cpu_after.extender_s - cpu_before.extender_s)
     run = BindRun(scheduler, pods, created - started, done - started, cpu)
-    log.info("%s: %d pods created in %.1fs, all bound after %.1fs", scheduler, pods, run.created_s,
-             run.bound_s)
+    log.info(
+        "%s: %d pods created in %.1fs, all bound after %.1fs", scheduler, pods, run.created_s, run.bound_s
+    )
     return run
 
 
-async def run_e2e_async(nodes: int, pods: int, rounds: int = 1, timeout: float = 900.0,
-                        extender_profile: Path | None = None) -> E2EResult:
+async def run_e2e_async(
+    nodes: int, pods: int, rounds: int = 1, timeout: float = 900.0, extender_profile: Path | None = None
+) -> E2EResult:
     if pods > nodes * GPUS_PER_NODE:
         raise ValueError(f"{pods} pods do not fit {nodes} nodes x {GPUS_PER_NODE} GPUs")
     async with bench_cluster(nodes, extender_profile) as bench:
         plain, tessera = await compare(
-            bench, lambda namespace, scheduler: _bind_all(bench, namespace, scheduler, pods, timeout), rounds)
+            bench, lambda namespace, scheduler: _bind_all(bench, namespace, scheduler, pods, timeout), rounds
+        )
     return E2EResult(tuple(plain), tuple(tessera), nodes=nodes, pods=pods, qps=CLIENT_QPS, burst=CLIENT_BURST)
 
 
-def run_e2e(nodes: int, pods: int, rounds: int = 1, timeout: float = 900.0,
-            extender_profile: Path | None = None) -> E2EResult:
+def run_e2e(
+    nodes: int, pods: int, rounds: int = 1, timeout: float = 900.0, extender_profile: Path | None = None
+) -> E2EResult:
     """Benchmark 2 on a fresh local control plane (started and stopped here); with several
     ``rounds`` the figures are those of the median round of each scheduler."""
     return asyncio.run(run_e2e_async(nodes, pods, rounds, timeout, extender_profile))
@@ -465,38 +561,55 @@ def profile_path(argument: str | None) -> Path | None:
     return Path(chosen).resolve() if chosen else None
 
 
-def bench_parser(prog: str, description: str | None, full: str, nodes: str,
-                 pods: str) -> argparse.ArgumentParser:
+def bench_parser(
+    prog: str, description: str | None, full: str, nodes: str, pods: str
+) -> argparse.ArgumentParser:
     """The options benchmarks 2 and 3 share: sizes and rounds."""
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--full", action="store_true", help=full)
     parser.add_argument("--nodes", type=int, help=f"GPU nodes ({GPUS_PER_NODE} GPUs each); {nodes}")
     parser.add_argument("--pods", type=int, help=pods)
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="runs per scheduler, alternating; the median counts (default 1)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="runs per scheduler, alternating; the median counts (default 1)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = bench_parser("python -m bench.e2e", __doc__, full="the issue's size: 500 nodes, 4000 pods",
-                          nodes="default 100", pods="single-GPU pods; default 800")
-    parser.add_argument("--profile-extender", metavar="FILE",
-                        help=f"cProfile the extender (or ${PROFILE_ENV})")
+    parser = bench_parser(
+        "python -m bench.e2e",
+        __doc__,
+        full="the issue's size: 500 nodes, 4000 pods",
+        nodes="default 100",
+        pods="single-GPU pods; default 800",
+    )
+    parser.add_argument(
+        "--profile-extender", metavar="FILE", help=f"cProfile the extender (or ${PROFILE_ENV})"
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     nodes = args.nodes or (500 if args.full else 100)
     pods = args.pods or (4000 if args.full else 800)
     profile = profile_path(args.profile_extender)
     result = run_e2e(nodes, pods, args.rounds, extender_profile=profile)
-    print(f"\n[2] end to end on the local control plane: {nodes} nodes x {GPUS_PER_NODE} GPUs, "
-          f"{pods} single-GPU pods")
+    print(
+        f"\n[2] end to end on the local control plane: {nodes} nodes x {GPUS_PER_NODE} GPUs, "
+        f"{pods} single-GPU pods"
+    )
     print(e2e_table(result))
     if profile is not None and profile.exists():
         print(f"\nextender profile, last Tessera round ({profile}):\n{profile_summary(profile)}")
-    print(json.dumps({"plain_pods_per_s": round(result.plain.pods_per_s, 2),
-                      "tessera_pods_per_s": round(result.tessera.pods_per_s, 2),
-                      "ratio": round(result.ratio, 3)}))
+    print(
+        json.dumps(
+            {
+                "plain_pods_per_s": round(result.plain.pods_per_s, 2),
+                "tessera_pods_per_s": round(result.tessera.pods_per_s, 2),
+                "ratio": round(result.ratio, 3),
+            }
+        )
+    )
     return 0
 
 

@@ -66,7 +66,9 @@ class ServerProcess:
     def __init__(self, kind: str, nodes: int, pods: int) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "bench.servers", kind, "--nodes", str(nodes), "--pods", str(pods)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert self.process.stdout is not None
         line = self.process.stdout.readline().split()
@@ -96,8 +98,10 @@ class Payloads:
 
     def __init__(self, nodes: int, mode: str) -> None:
         picture = build_picture(nodes, pods=0)
-        self.templates = [pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
-                          for pod in picture.pending_pods.values()]
+        self.templates = [
+            pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+            for pod in picture.pending_pods.values()
+        ]
         if mode == "names":
             self.node_part = b'"NodeNames": ' + json.dumps(picture.node_names).encode()
         else:
@@ -117,6 +121,7 @@ async def _measure(url: str, payloads: Payloads, seconds: float, max_cycles: int
     prioritize_ms: list[float] = []
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session:
+
         async def call(verb: str, body: bytes) -> float:
             started = time.perf_counter()
             async with session.post(f"{url}/{verb}", data=body, headers=headers) as response:
@@ -145,21 +150,28 @@ async def _measure(url: str, payloads: Payloads, seconds: float, max_cycles: int
             measured += (f + p) / 1000  # building the next body is not the extender's time
         gc.enable()
     return LatencyStats(
-        cycles=len(cycle_ms), cycles_per_s=len(cycle_ms) / measured, p50_ms=statistics.median(cycle_ms),
-        p99_ms=_percentile(cycle_ms, 99), filter_p99_ms=_percentile(filter_ms, 99),
+        cycles=len(cycle_ms),
+        cycles_per_s=len(cycle_ms) / measured,
+        p50_ms=statistics.median(cycle_ms),
+        p99_ms=_percentile(cycle_ms, 99),
+        filter_p99_ms=_percentile(filter_ms, 99),
         prioritize_p99_ms=_percentile(prioritize_ms, 99),
     )
 
 
-def run_hotpath(node_counts: list[int], pods: int, seconds: float, max_cycles: int = 5000,
-                log: bool = True) -> list[HotPathRow]:
+def run_hotpath(
+    node_counts: list[int], pods: int, seconds: float, max_cycles: int = 5000, log: bool = True
+) -> list[HotPathRow]:
     rows = []
     floor = ServerProcess("floor", 0, 0)
     try:
         for nodes in node_counts:
             if log:
-                print(f"  hot path: building a picture of {nodes} nodes / {pods} pods in the extender...",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  hot path: building a picture of {nodes} nodes / {pods} pods in the extender...",
+                    file=sys.stderr,
+                    flush=True,
+                )
             tessera = ServerProcess("tessera", nodes, pods)
             try:
                 for mode in ("names", "nodelist"):
@@ -168,8 +180,12 @@ def run_hotpath(node_counts: list[int], pods: int, seconds: float, max_cycles: i
                     base = asyncio.run(_measure(floor.url, bodies, seconds, max_cycles))
                     rows.append(HotPathRow(nodes, pods, mode, ours, base))
                     if log:
-                        print(f"  hot path: {nodes} nodes, {mode}: p99 {ours.p99_ms:.2f} ms "
-                              f"(floor {base.p99_ms:.2f} ms)", file=sys.stderr, flush=True)
+                        print(
+                            f"  hot path: {nodes} nodes, {mode}: p99 {ours.p99_ms:.2f} ms "
+                            f"(floor {base.p99_ms:.2f} ms)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
             finally:
                 tessera.stop()
     finally:

@@ -33,24 +33,47 @@ def node_object(index: int) -> JsonObject:
     name = node_name(index)
     allocatable = {"cpu": "128", "memory": "1Ti", "pods": "250", "ephemeral-storage": "1Ti"}
     return {
-        "apiVersion": "v1", "kind": "Node",
+        "apiVersion": "v1",
+        "kind": "Node",
         "metadata": {
-            "name": name, "uid": f"uid-{name}", "resourceVersion": str(1000 + index),
-            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                       "kubernetes.io/arch": "amd64", "topology.kubernetes.io/zone": f"zone-{index % 3}",
-                       "node.kubernetes.io/instance-type": "gpu-8x-h100", "tessera.dev/simulated": "true"},
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": str(1000 + index),
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "topology.kubernetes.io/zone": f"zone-{index % 3}",
+                "node.kubernetes.io/instance-type": "gpu-8x-h100",
+                "tessera.dev/simulated": "true",
+            },
         },
         "spec": {"podCIDR": f"10.{index // 256 % 256}.{index % 256}.0/24"},
         "status": {
-            "allocatable": allocatable, "capacity": allocatable,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                            "lastHeartbeatTime": "2026-11-30T09:00:00Z",
-                            "lastTransitionTime": "2026-11-30T09:00:00Z", "message": "kubelet is ready"}],
-            "addresses": [{"type": "InternalIP", "address": f"10.0.{index // 256 % 256}.{index % 256}"},
-                          {"type": "Hostname", "address": name}],
-            "nodeInfo": {"kubeletVersion": "v1.37.2", "containerRuntimeVersion": "containerd://2.1.0",
-                         "kernelVersion": "6.8.0", "osImage": "Ubuntu 24.04", "architecture": "amd64",
-                         "operatingSystem": "linux"},
+            "allocatable": allocatable,
+            "capacity": allocatable,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "lastHeartbeatTime": "2026-11-30T09:00:00Z",
+                    "lastTransitionTime": "2026-11-30T09:00:00Z",
+                    "message": "kubelet is ready",
+                }
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": f"10.0.{index // 256 % 256}.{index % 256}"},
+                {"type": "Hostname", "address": name},
+            ],
+            "nodeInfo": {
+                "kubeletVersion": "v1.37.2",
+                "containerRuntimeVersion": "containerd://2.1.0",
+                "kernelVersion": "6.8.0",
+                "osImage": "Ubuntu 24.04",
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+            },
         },
     }
 
@@ -59,16 +82,29 @@ def slice_object(index: int) -> JsonObject:
     name = node_name(index)
     memory_policy = {"default": GPU_MEMORY, "validRange": {"min": "1Gi", "step": "1Gi"}}
     devices = [
-        {"name": f"gpu-{minor}", "allowMultipleAllocations": True,
-         "attributes": {"type": {"string": "gpu"}, "productName": {"string": "H100-80GB"},
-                        "uuid": {"string": f"GPU-{name}-{minor}"}},
-         "capacity": {"memory": {"value": GPU_MEMORY, "requestPolicy": memory_policy}}}
+        {
+            "name": f"gpu-{minor}",
+            "allowMultipleAllocations": True,
+            "attributes": {
+                "type": {"string": "gpu"},
+                "productName": {"string": "H100-80GB"},
+                "uuid": {"string": f"GPU-{name}-{minor}"},
+            },
+            "capacity": {"memory": {"value": GPU_MEMORY, "requestPolicy": memory_policy}},
+        }
         for minor in range(GPUS_PER_NODE)
     ]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": f"{name}-{DEFAULT_GPU_DRIVER}"},
-            "spec": {"driver": DEFAULT_GPU_DRIVER, "nodeName": name,
-                     "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{name}-{DEFAULT_GPU_DRIVER}"},
+        "spec": {
+            "driver": DEFAULT_GPU_DRIVER,
+            "nodeName": name,
+            "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
 
 
 def _claim_spec(memory: str | None) -> JsonObject:
@@ -78,10 +114,14 @@ def _claim_spec(memory: str | None) -> JsonObject:
     return {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}
 
 
-def pod_object(name: str, queue: str, node: str | None, claim: str | None = None,
-               template: str | None = None) -> JsonObject:
-    container: JsonObject = {"name": "main", "image": "registry.k8s.io/pause:3.10",
-                             "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}
+def pod_object(
+    name: str, queue: str, node: str | None, claim: str | None = None, template: str | None = None
+) -> JsonObject:
+    container: JsonObject = {
+        "name": "main",
+        "image": "registry.k8s.io/pause:3.10",
+        "resources": {"requests": {"cpu": "2", "memory": "8Gi"}},
+    }
     spec: JsonObject = {"schedulerName": "tessera", "containers": [container]}
     if claim or template:
         ref = {"resourceClaimName": claim} if claim else {"resourceClaimTemplateName": template}
@@ -89,19 +129,31 @@ def pod_object(name: str, queue: str, node: str | None, claim: str | None = None
         container["resources"]["claims"] = [{"name": "gpus"}]
     if node:
         spec["nodeName"] = node
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NAMESPACE, "uid": f"uid-{name}",
-                         "labels": {QUEUE_LABEL: queue, "app": "bench"}},
-            "spec": spec, "status": {"phase": "Running" if node else "Pending"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": f"uid-{name}",
+            "labels": {QUEUE_LABEL: queue, "app": "bench"},
+        },
+        "spec": spec,
+        "status": {"phase": "Running" if node else "Pending"},
+    }
 
 
 def _claim_object(name: str, memory: str | None, pool: str, device: str) -> JsonObject:
     result: JsonObject = {"request": "gpus", "driver": DEFAULT_GPU_DRIVER, "pool": pool, "device": device}
     if memory is not None:
         result["consumedCapacity"] = {"memory": memory}
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": _claim_spec(memory),
-            "status": {"allocation": {"devices": {"results": [result]}}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": _claim_spec(memory),
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
 
 
 @dataclass
@@ -134,16 +186,30 @@ def build_picture(nodes: int, pods: int, seed: int = 0) -> Picture:
     for i in range(pods - len(pod_objs)):
         pod_objs.append(pod_object(f"cpu-pod-{i:06d}", QUEUES[i % 2], names[rng.randrange(nodes)]))
     templates = [
-        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-         "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"spec": _claim_spec(memory)}}
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"spec": _claim_spec(memory)},
+        }
         for name, memory in (("one-gpu", None), ("half-gpu", HALF_GPU_MEMORY))
     ]
-    queues = [{"apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}", "kind": "Queue",
-               "metadata": {"name": q, "annotations": {}},
-               "spec": {"resources": {"gpu": {"quota": nodes * GPUS_PER_NODE / 2}}}} for q in QUEUES]
+    queues = [
+        {
+            "apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}",
+            "kind": "Queue",
+            "metadata": {"name": q, "annotations": {}},
+            "spec": {"resources": {"gpu": {"quota": nodes * GPUS_PER_NODE / 2}}},
+        }
+        for q in QUEUES
+    ]
     selector = {"cel": {"expression": f'device.driver == "{DEFAULT_GPU_DRIVER}"'}}
-    device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-                    "metadata": {"name": DEVICE_CLASS}, "spec": {"selectors": [selector]}}
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS},
+        "spec": {"selectors": [selector]},
+    }
     return Picture(
         objects={
             "Node": [node_object(i) for i in range(nodes)],
@@ -155,16 +221,25 @@ def build_picture(nodes: int, pods: int, seed: int = 0) -> Picture:
             "Queue": queues,
         },
         node_names=names,
-        pending_pods={"whole": pod_object("pending-whole", QUEUES[0], None, template="one-gpu"),
-                      "half": pod_object("pending-half", QUEUES[1], None, template="half-gpu")},
+        pending_pods={
+            "whole": pod_object("pending-whole", QUEUES[0], None, template="one-gpu"),
+            "half": pod_object("pending-half", QUEUES[1], None, template="half-gpu"),
+        },
     )
 
 
 def load_state(picture: Picture) -> ClusterState:
     """A ClusterState holding the picture, synced as after the watcher's first list."""
     state = ClusterState()
-    for kind in ("DeviceClass", "Node", "ResourceSlice", "ResourceClaimTemplate", "ResourceClaim",
-                 "Queue", "Pod"):
+    for kind in (
+        "DeviceClass",
+        "Node",
+        "ResourceSlice",
+        "ResourceClaimTemplate",
+        "ResourceClaim",
+        "Queue",
+        "Pod",
+    ):
         state.replace(kind, picture.objects.get(kind, []))
     if not state.ready():
         raise RuntimeError("the synthetic picture did not sync every watched kind")

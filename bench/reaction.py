@@ -80,87 +80,129 @@ def fair_share_of_b(gpus: int, a_pods: int, b_pods: int) -> int:
     """B's fair share (whole GPUs) right after it submits: equal quotas, A holding every GPU."""
     quota = {"gpu": gpus / 2}
     queues = [QueueSpec(QUEUE_A, quota=quota), QueueSpec(QUEUE_B, quota=quota)]
-    usage = {QUEUE_A: QueueUsage(allocated={"gpu": gpus}, requested={"gpu": a_pods - gpus}),
-             QUEUE_B: QueueUsage(allocated={}, requested={"gpu": b_pods})}
+    usage = {
+        QUEUE_A: QueueUsage(allocated={"gpu": gpus}, requested={"gpu": a_pods - gpus}),
+        QUEUE_B: QueueUsage(allocated={}, requested={"gpu": b_pods}),
+    }
     return int(compute_fair_shares(queues, usage, {"gpu": gpus})[QUEUE_B]["gpu"] + 1e-9)
 
 
 def reaction_table(result: ReactionResult) -> str:
-    headers = ["scheduler", "GPUs", "B fair share", "B reached it after s", "each round s",
-               "A pods finished by then", "A / B holding then", "vs plain"]
+    headers = [
+        "scheduler",
+        "GPUs",
+        "B fair share",
+        "B reached it after s",
+        "each round s",
+        "A pods finished by then",
+        "A / B holding then",
+        "vs plain",
+    ]
     rows = [
-        [label, str(result.nodes * GPUS_PER_NODE), str(run.target), f"{run.seconds:.1f}",
-         seconds_list(r.seconds for r in runs), str(run.finished_a), f"{run.held_a} / {run.held_b}", ratio]
+        [
+            label,
+            str(result.nodes * GPUS_PER_NODE),
+            str(run.target),
+            f"{run.seconds:.1f}",
+            seconds_list(r.seconds for r in runs),
+            str(run.finished_a),
+            f"{run.held_a} / {run.held_b}",
+            ratio,
+        ]
         for label, run, runs, ratio in (
             ("plain kube-scheduler", result.plain, result.plain_runs, "1.00x"),
-            ("kube-scheduler + Tessera", result.tessera, result.tessera_runs, f"{result.ratio:.2f}x faster"))
+            ("kube-scheduler + Tessera", result.tessera, result.tessera_runs, f"{result.ratio:.2f}x faster"),
+        )
     ]
-    note = (f"queue A: {result.a_pods} pods, queue B: {result.b_pods} pods, equal GPU quotas; "
-            f"A's running pods finish at {result.finish_rate:g}/s; "
-            f"client QPS/burst {CLIENT_QPS}/{CLIENT_BURST}")
+    note = (
+        f"queue A: {result.a_pods} pods, queue B: {result.b_pods} pods, equal GPU quotas; "
+        f"A's running pods finish at {result.finish_rate:g}/s; "
+        f"client QPS/burst {CLIENT_QPS}/{CLIENT_BURST}"
+    )
     return f"{format_table(headers, rows)}\n{note}"
 
 
 # -- the run -----------------------------------------------------------------------------------
 
 
-async def _finish_a(bench: BenchCluster, namespace: str, tracker: BoundPods, rate: float,
-                    finished: list[str]) -> None:
+async def _finish_a(
+    bench: BenchCluster, namespace: str, tracker: BoundPods, rate: float, finished: list[str]
+) -> None:
     """Deletes one of A's bound pods every 1/rate seconds, the longest-bound (lowest name) first."""
     while True:
-        running = sorted(name for name, queue in tracker.bound.items()
-                         if queue == QUEUE_A and name not in finished)
+        running = sorted(
+            name for name, queue in tracker.bound.items() if queue == QUEUE_A and name not in finished
+        )
         if running:
             finished.append(running[0])
             await bench.delete_pod(namespace, running[0])
         await asyncio.sleep(1.0 / rate)
 
 
-async def _react(bench: BenchCluster, namespace: str, scheduler: str, a_pods: int, b_pods: int, rate: float,
-                 timeout: float) -> ReactionRun:
+async def _react(
+    bench: BenchCluster, namespace: str, scheduler: str, a_pods: int, b_pods: int, rate: float, timeout: float
+) -> ReactionRun:
     gpus = len(bench.nodes) * GPUS_PER_NODE
     target = fair_share_of_b(gpus, a_pods, b_pods)
     async with watching(bench.api, namespace) as tracker:
         await bench.submit(namespace, scheduler, [f"a-{index:05d}" for index in range(a_pods)], QUEUE_A)
-        await tracker.wait_for(lambda t: t.per_queue().get(QUEUE_A, 0) >= gpus, timeout,
-                               "queue A to fill the cluster")
+        await tracker.wait_for(
+            lambda t: t.per_queue().get(QUEUE_A, 0) >= gpus, timeout, "queue A to fill the cluster"
+        )
         started = time.monotonic()
         await bench.submit(namespace, scheduler, [f"b-{index:05d}" for index in range(b_pods)], QUEUE_B)
         finished: list[str] = []
         finisher = asyncio.create_task(_finish_a(bench, namespace, tracker, rate, finished))
         try:
-            reached = await tracker.wait_for(lambda t: t.per_queue().get(QUEUE_B, 0) >= target, timeout,
-                                             f"queue B to hold {target} GPUs")
+            reached = await tracker.wait_for(
+                lambda t: t.per_queue().get(QUEUE_B, 0) >= target, timeout, f"queue B to hold {target} GPUs"
+            )
         finally:
             finisher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await finisher
         held = tracker.per_queue()
-    run = ReactionRun(scheduler, target, reached - started, len(finished), held.get(QUEUE_A, 0),
-                      held.get(QUEUE_B, 0))
-    log.info("%s: queue B held %d GPUs after %.1fs, %d of A's pods finished", scheduler, target, run.seconds,
-             run.finished_a)
+    run = ReactionRun(
+        scheduler, target, reached - started, len(finished), held.get(QUEUE_A, 0), held.get(QUEUE_B, 0)
+    )
+    log.info(
+        "%s: queue B held %d GPUs after %.1fs, %d of A's pods finished",
+        scheduler,
+        target,
+        run.seconds,
+        run.finished_a,
+    )
     return run
 
 
-async def run_reaction_async(nodes: int, a_pods: int | None = None, rate: float = 4.0, rounds: int = 1,
-                             timeout: float = 300.0) -> ReactionResult:
+async def run_reaction_async(
+    nodes: int, a_pods: int | None = None, rate: float = 4.0, rounds: int = 1, timeout: float = 300.0
+) -> ReactionResult:
     gpus = nodes * GPUS_PER_NODE
     a_pods, b_pods = a_pods or 2 * gpus, gpus
     if a_pods <= gpus:
         raise ValueError(f"queue A needs more than the {gpus} GPUs in pods to saturate the cluster")
     async with bench_cluster(nodes) as bench:
         for queue in (QUEUE_A, QUEUE_B):
-            await request(bench.api, "POST", QUEUES_PATH,
-                          body=queue_object(queue, {"resources": {"gpu": {"quota": gpus // 2}}}))
-        plain, tessera = await compare(bench, lambda namespace, scheduler: _react(
-            bench, namespace, scheduler, a_pods, b_pods, rate, timeout), rounds)
-    return ReactionResult(tuple(plain), tuple(tessera), nodes=nodes, a_pods=a_pods, b_pods=b_pods,
-                          finish_rate=rate)
+            await request(
+                bench.api,
+                "POST",
+                QUEUES_PATH,
+                body=queue_object(queue, {"resources": {"gpu": {"quota": gpus // 2}}}),
+            )
+        plain, tessera = await compare(
+            bench,
+            lambda namespace, scheduler: _react(bench, namespace, scheduler, a_pods, b_pods, rate, timeout),
+            rounds,
+        )
+    return ReactionResult(
+        tuple(plain), tuple(tessera), nodes=nodes, a_pods=a_pods, b_pods=b_pods, finish_rate=rate
+    )
 
 
-def run_reaction(nodes: int = 4, a_pods: int | None = None, rate: float = 4.0, rounds: int = 1,
-                 timeout: float = 300.0) -> ReactionResult:
+def run_reaction(
+    nodes: int = 4, a_pods: int | None = None, rate: float = 4.0, rounds: int = 1, timeout: float = 300.0
+) -> ReactionResult:
     """Benchmark 3 on a fresh local control plane (started and stopped here); queue A submits
     ``a_pods`` (default twice the GPUs), queue B as many pods as there are GPUs. With several
     ``rounds`` the figures are those of the median round of each scheduler."""
@@ -168,8 +210,13 @@ def run_reaction(nodes: int = 4, a_pods: int | None = None, rate: float = 4.0, r
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = bench_parser("python -m bench.reaction", __doc__, full="a larger cluster: 32 nodes (256 GPUs)",
-                          nodes="default 4", pods="queue A's pods; default twice the GPUs")
+    parser = bench_parser(
+        "python -m bench.reaction",
+        __doc__,
+        full="a larger cluster: 32 nodes (256 GPUs)",
+        nodes="default 4",
+        pods="queue A's pods; default twice the GPUs",
+    )
     parser.add_argument("--rate", type=float, default=4.0, help="A's pods finishing per second (default 4)")
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -177,8 +224,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run_reaction(nodes, args.pods, args.rate, args.rounds)
     print(f"\n[3] fairness reaction on the local control plane: {nodes} nodes x {GPUS_PER_NODE} GPUs")
     print(reaction_table(result))
-    print(json.dumps({"plain_s": round(result.plain.seconds, 2),
-                      "tessera_s": round(result.tessera.seconds, 2), "ratio": round(result.ratio, 2)}))
+    print(
+        json.dumps(
+            {
+                "plain_s": round(result.plain.seconds, 2),
+                "tessera_s": round(result.tessera.seconds, 2),
+                "ratio": round(result.ratio, 2),
+            }
+        )
+    )
     return 0
 
 

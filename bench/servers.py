@@ -40,8 +40,9 @@ def tessera_app(nodes: int, pods: int, api: ApiClient) -> tuple[web.Application,
     picture = build_picture(nodes, pods)
     state = load_state(picture)
     # The binder is never called by the benchmark; its client makes no connection until used.
-    app = build_app(state, Binder(api, state), WaitingPods(), ExtenderMetrics(state),
-                    max_body_bytes=MAX_BODY_BYTES)
+    app = build_app(
+        state, Binder(api, state), WaitingPods(), ExtenderMetrics(state), max_body_bytes=MAX_BODY_BYTES
+    )
     return app, sum(picture.count().values())
 
 

@@ -28,25 +28,41 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tessera-extender", description=__doc__.splitlines()[0])
-    parser.add_argument("--kubeconfig", default=_env("KUBECONFIG", os.environ.get("KUBECONFIG")),
-                        help="kubeconfig file; default: in-cluster service account")
+    parser.add_argument(
+        "--kubeconfig",
+        default=_env("KUBECONFIG", os.environ.get("KUBECONFIG")),
+        help="kubeconfig file; default: in-cluster service account",
+    )
     parser.add_argument("--listen-address", default=_env("LISTEN_ADDRESS", "0.0.0.0"))
-    parser.add_argument("--port", type=int, default=int(_env("PORT", "8888") or 8888),
-                        help="listen port (0: pick a free one)")
+    parser.add_argument(
+        "--port", type=int, default=int(_env("PORT", "8888") or 8888), help="listen port (0: pick a free one)"
+    )
     parser.add_argument("--tls-cert-file", default=_env("TLS_CERT_FILE"))
     parser.add_argument("--tls-key-file", default=_env("TLS_KEY_FILE"))
-    parser.add_argument("--tls-client-ca-file", default=_env("TLS_CLIENT_CA_FILE"),
-                        help="require scheduler client certificates signed by this CA")
-    parser.add_argument("--gpu-driver", action="append", default=None,
-                        help=f"DRA driver whose devices are GPUs (repeatable; default {DEFAULT_GPU_DRIVER})")
-    parser.add_argument("--scheduler-name", action="append", default=None,
-                        help="count pending pods of these schedulers as queue demand "
-                             "(repeatable; default all)")
+    parser.add_argument(
+        "--tls-client-ca-file",
+        default=_env("TLS_CLIENT_CA_FILE"),
+        help="require scheduler client certificates signed by this CA",
+    )
+    parser.add_argument(
+        "--gpu-driver",
+        action="append",
+        default=None,
+        help=f"DRA driver whose devices are GPUs (repeatable; default {DEFAULT_GPU_DRIVER})",
+    )
+    parser.add_argument(
+        "--scheduler-name",
+        action="append",
+        default=None,
+        help="count pending pods of these schedulers as queue demand (repeatable; default all)",
+    )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    parser.add_argument("--queue-status-interval", type=float, default=2.0,
-                        help="seconds between Queue status updates")
-    parser.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"),
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument(
+        "--queue-status-interval", type=float, default=2.0, help="seconds between Queue status updates"
+    )
+    parser.add_argument(
+        "--log-level", default=_env("LOG_LEVEL", "INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
     args = parser.parse_args(argv)
     if bool(args.tls_cert_file) != bool(args.tls_key_file):
         parser.error("--tls-cert-file and --tls-key-file go together")
@@ -64,16 +80,21 @@ async def _api_client(kubeconfig: str | None) -> ApiClient:
 
 
 async def run(args: argparse.Namespace) -> None:
-    state = ClusterState(StateConfig(
-        gpu_drivers=frozenset(args.gpu_driver or [DEFAULT_GPU_DRIVER]),
-        scheduler_names=frozenset(args.scheduler_name or []),
-    ))
+    state = ClusterState(
+        StateConfig(
+            gpu_drivers=frozenset(args.gpu_driver or [DEFAULT_GPU_DRIVER]),
+            scheduler_names=frozenset(args.scheduler_name or []),
+        )
+    )
     options = ServiceOptions(
         host=args.listen_address,
         port=args.port,
         max_body_bytes=args.max_body_bytes,
-        ssl_context=(server_ssl_context(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
-                     if args.tls_cert_file else None),
+        ssl_context=(
+            server_ssl_context(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+            if args.tls_cert_file
+            else None
+        ),
         queue_status_interval_s=args.queue_status_interval,
         state=state,
     )
@@ -91,8 +112,7 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(run(args))
 
 

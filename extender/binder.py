@@ -39,13 +39,17 @@ class Binder:
         binding = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace,
-                         **({"uid": args.PodUID} if args.PodUID else {})},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                **({"uid": args.PodUID} if args.PodUID else {}),
+            },
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         try:
-            await request(self.api, "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
-                          body=binding)
+            await request(
+                self.api, "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body=binding
+            )
         except KubeError as exc:
             if exc.status == 409:
                 return await self._resolve_conflict(namespace, name, node, exc)
@@ -78,8 +82,11 @@ class Binder:
             if known is not None and (known.get("status") or {}).get("allocation"):
                 continue  # the watch already brought the allocation the scheduler wrote before binding
             try:
-                claim = await request(self.api, "GET",
-                                      f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{claim_name}")
+                claim = await request(
+                    self.api,
+                    "GET",
+                    f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{claim_name}",
+                )
             except KubeError as exc:
                 # The watch will bring it; the pod is bound either way.
                 log.warning("reading claim %s/%s after bind failed: %s", namespace, claim_name, exc)

@@ -66,8 +66,9 @@ def models_in_selectors(selectors: object) -> frozenset[str]:
     return frozenset(found)
 
 
-def device_class_gpu_models(device_class: Mapping[str, Any],
-                            gpu_drivers: Iterable[str]) -> frozenset[str] | None:
+def device_class_gpu_models(
+    device_class: Mapping[str, Any], gpu_drivers: Iterable[str]
+) -> frozenset[str] | None:
     """None when the class does not select a GPU driver; else the models it pins (empty: any)."""
     selectors = _mapping(device_class.get("spec")).get("selectors")
     expressions = " ".join(
@@ -78,8 +79,9 @@ def device_class_gpu_models(device_class: Mapping[str, Any],
     return models_in_selectors(selectors)
 
 
-def claim_gpu_requests(claim_spec: Mapping[str, Any],
-                       gpu_classes: Mapping[str, frozenset[str]]) -> list[GpuRequest]:
+def claim_gpu_requests(
+    claim_spec: Mapping[str, Any], gpu_classes: Mapping[str, frozenset[str]]
+) -> list[GpuRequest]:
     """GPU requests of a ResourceClaim spec (or a template's spec.spec).
 
     `gpu_classes` maps each GPU DeviceClass name to the models it pins. A prioritized list
@@ -109,12 +111,14 @@ def allocated_devices(claim: Mapping[str, Any]) -> list[AllocatedDevice]:
     for result in _sequence(_mapping(allocation.get("devices")).get("results")):
         result = _mapping(result)
         consumed = _mapping(result.get("consumedCapacity")).get(MEMORY_CAPACITY)
-        devices.append(AllocatedDevice(
-            driver=str(result.get("driver", "")),
-            pool=str(result.get("pool", "")),
-            device=str(result.get("device", "")),
-            consumed_memory=int(parse_quantity(consumed)) if consumed is not None else None,
-        ))
+        devices.append(
+            AllocatedDevice(
+                driver=str(result.get("driver", "")),
+                pool=str(result.get("pool", "")),
+                device=str(result.get("device", "")),
+                consumed_memory=int(parse_quantity(consumed)) if consumed is not None else None,
+            )
+        )
     return devices
 
 
@@ -172,8 +176,9 @@ def fraction_milli(memory_bytes: int, device_memory_bytes: int) -> int:
     return max(1, min(WHOLE_GPU_MILLI, math.ceil(WHOLE_GPU_MILLI * memory_bytes / device_memory_bytes)))
 
 
-def to_gpu_demand(requests: Sequence[GpuRequest], classic_gpus: int,
-                  device_memory_bytes: int) -> GpuDemand | None:
+def to_gpu_demand(
+    requests: Sequence[GpuRequest], classic_gpus: int, device_memory_bytes: int
+) -> GpuDemand | None:
     """Fold a pod's GPU requests into one placement demand; None when the pod needs no GPU.
 
     A single fractional request becomes `count=1, milli<1000` relative to `device_memory_bytes`

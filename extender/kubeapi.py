@@ -36,11 +36,19 @@ async def _error_of(response: aiohttp.ClientResponse) -> KubeError:
     return KubeError(response.status, message[:500])
 
 
-async def _send(api: ApiClient, method: str, path: str, *, query: Mapping[str, str] | None = None,
-                body: object = None, content_type: str = "application/json",
-                timeout: float | None = 30.0) -> aiohttp.ClientResponse:
+async def _send(
+    api: ApiClient,
+    method: str,
+    path: str,
+    *,
+    query: Mapping[str, str] | None = None,
+    body: object = None,
+    content_type: str = "application/json",
+    timeout: float | None = 30.0,
+) -> aiohttp.ClientResponse:
     response: aiohttp.ClientResponse = await api.call_api(
-        path, method,
+        path,
+        method,
         query_params=list((query or {}).items()),
         header_params={"Content-Type": content_type, "Accept": "application/json"},
         body=body,
@@ -51,12 +59,20 @@ async def _send(api: ApiClient, method: str, path: str, *, query: Mapping[str, s
     return response
 
 
-async def request(api: ApiClient, method: str, path: str, *, query: Mapping[str, str] | None = None,
-                  body: object = None, content_type: str = "application/json",
-                  timeout: float = 30.0) -> JsonObject:
+async def request(
+    api: ApiClient,
+    method: str,
+    path: str,
+    *,
+    query: Mapping[str, str] | None = None,
+    body: object = None,
+    content_type: str = "application/json",
+    timeout: float = 30.0,
+) -> JsonObject:
     """One API call; returns the decoded JSON body, raises KubeError on a non-2xx status."""
-    response = await _send(api, method, path, query=query, body=body, content_type=content_type,
-                           timeout=timeout)
+    response = await _send(
+        api, method, path, query=query, body=body, content_type=content_type, timeout=timeout
+    )
     async with response:
         if not 200 <= response.status < 300:
             raise await _error_of(response)

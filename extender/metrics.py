@@ -24,14 +24,18 @@ class _QueueCollector(Collector):
         self.state = state
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        allocated = GaugeMetricFamily("tessera_queue_allocated", "Resources held by a queue's bound pods.",
-                                      labels=["queue", "resource"])
-        fair = GaugeMetricFamily("tessera_queue_fair_share", "Computed fair share of a queue.",
-                                 labels=["queue", "resource"])
-        requested = GaugeMetricFamily("tessera_queue_requested", "Pending demand of a queue.",
-                                      labels=["queue", "resource"])
-        pending = GaugeMetricFamily("tessera_queue_pending_pods", "Pods of a queue waiting to be scheduled.",
-                                    labels=["queue"])
+        allocated = GaugeMetricFamily(
+            "tessera_queue_allocated", "Resources held by a queue's bound pods.", labels=["queue", "resource"]
+        )
+        fair = GaugeMetricFamily(
+            "tessera_queue_fair_share", "Computed fair share of a queue.", labels=["queue", "resource"]
+        )
+        requested = GaugeMetricFamily(
+            "tessera_queue_requested", "Pending demand of a queue.", labels=["queue", "resource"]
+        )
+        pending = GaugeMetricFamily(
+            "tessera_queue_pending_pods", "Pods of a queue waiting to be scheduled.", labels=["queue"]
+        )
         if self.state.ready():
             view = self.state.fairness()
             for queue, usage in view.usage.items():
@@ -49,18 +53,30 @@ class _QueueCollector(Collector):
 class ExtenderMetrics:
     def __init__(self, state: ClusterState) -> None:
         self.registry = CollectorRegistry()
-        self.latency = Histogram("tessera_extender_request_duration_seconds",
-                                 "Time to answer one extender call.", ["verb"],
-                                 buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.decisions = Counter("tessera_extender_decisions_total",
-                                 "Pods decided by a verb, by outcome and reason.",
-                                 ["verb", "outcome", "reason"], registry=self.registry)
-        self.bad_requests = Counter("tessera_extender_bad_requests_total",
-                                    "Requests refused as malformed or too large.", ["verb"],
-                                    registry=self.registry)
-        self.requeue_nudges = Counter("tessera_extender_requeue_nudges_total",
-                                      "Refused pods nudged back into the scheduling queue once eligible.",
-                                      registry=self.registry)
+        self.latency = Histogram(
+            "tessera_extender_request_duration_seconds",
+            "Time to answer one extender call.",
+            ["verb"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            "tessera_extender_decisions_total",
+            "Pods decided by a verb, by outcome and reason.",
+            ["verb", "outcome", "reason"],
+            registry=self.registry,
+        )
+        self.bad_requests = Counter(
+            "tessera_extender_bad_requests_total",
+            "Requests refused as malformed or too large.",
+            ["verb"],
+            registry=self.registry,
+        )
+        self.requeue_nudges = Counter(
+            "tessera_extender_requeue_nudges_total",
+            "Refused pods nudged back into the scheduling queue once eligible.",
+            registry=self.registry,
+        )
         self.registry.register(_QueueCollector(state))
 
     def render(self) -> bytes:

@@ -83,12 +83,15 @@ def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
         return ""
     free = sum(supply.free_milli) / WHOLE_GPU_MILLI
     models = f" of model {'/'.join(sorted(demand.models))}" if demand.models else ""
-    return (f"not enough free GPU for {_describe(demand)}{models} "
-            f"({free:.3g} free over {len(supply.free_milli)} GPUs, model '{supply.model}')")
+    return (
+        f"not enough free GPU for {_describe(demand)}{models} "
+        f"({free:.3g} free over {len(supply.free_milli)} GPUs, model '{supply.model}')"
+    )
 
 
-def decide_filter(state: ClusterState, waiting: WaitingPods, metrics: ExtenderMetrics,
-                  args: ExtenderArgs) -> ExtenderFilterResult:
+def decide_filter(
+    state: ClusterState, waiting: WaitingPods, metrics: ExtenderMetrics, args: ExtenderArgs
+) -> ExtenderFilterResult:
     names = args.candidate_names()
     if not state.ready():
         metrics.decisions.labels("filter", "error", "not_ready").inc()
@@ -103,8 +106,9 @@ def decide_filter(state: ClusterState, waiting: WaitingPods, metrics: ExtenderMe
     queue, key = pod_queue(pod), object_key(pod)
     state.release(key)  # a pod filtered again: its earlier admission did not lead to a bind
     view = state.fairness()
-    decision = check_admission(queue, state.pod_resources(key, pod), view.specs, view.usage,
-                               view.fair_shares, view.capacity)
+    decision = check_admission(
+        queue, state.pod_resources(key, pod), view.specs, view.usage, view.fair_shares, view.capacity
+    )
     if not decision.admit:
         waiting.refused(meta.namespace, meta.name, meta.uid, queue, decision.reason)
         metrics.decisions.labels("filter", "refused", decision.kind or "refused").inc()
@@ -141,8 +145,7 @@ def queue_strategy(state: ClusterState, queue: str) -> Strategy:
     return "spread" if (obj.get("spec") or {}).get("placement") == "spread" else "binpack"
 
 
-def decide_priorities(state: ClusterState, metrics: ExtenderMetrics,
-                      args: ExtenderArgs) -> dict[str, int]:
+def decide_priorities(state: ClusterState, metrics: ExtenderMetrics, args: ExtenderArgs) -> dict[str, int]:
     """The score of every candidate node."""
     names = args.candidate_names()
     pod = args.Pod.raw()
@@ -185,6 +188,7 @@ def _timed(verb: str, handler: Handler) -> Handler:
             return await handler(request)
         finally:
             request.app[METRICS_KEY].latency.labels(verb).observe(time.perf_counter() - started)
+
     return timed
 
 
@@ -243,8 +247,13 @@ async def handle_metrics(request: web.Request) -> web.StreamResponse:
     return web.Response(body=request.app[METRICS_KEY].render(), headers={"Content-Type": CONTENT_TYPE})
 
 
-def build_app(state: ClusterState, binder: Binder, waiting: WaitingPods, metrics: ExtenderMetrics,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+def build_app(
+    state: ClusterState,
+    binder: Binder,
+    waiting: WaitingPods,
+    metrics: ExtenderMetrics,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes)
     app[STATE_KEY] = state
     app[WAITING_KEY] = waiting
@@ -288,10 +297,12 @@ class ExtenderService:
         self.metrics = ExtenderMetrics(self.state)
         self.waiting = WaitingPods()
         self.watcher = ClusterWatcher(api, self.state)
-        self.writer = StatusWriter(api, self.state, self.waiting, self.metrics,
-                                   options.queue_status_interval_s)
-        self.app = build_app(self.state, Binder(api, self.state), self.waiting, self.metrics,
-                             options.max_body_bytes)
+        self.writer = StatusWriter(
+            api, self.state, self.waiting, self.metrics, options.queue_status_interval_s
+        )
+        self.app = build_app(
+            self.state, Binder(api, self.state), self.waiting, self.metrics, options.max_body_bytes
+        )
         self._runner = web.AppRunner(self.app, access_log=None)
         self.port = options.port
 
@@ -299,14 +310,19 @@ class ExtenderService:
         self.watcher.start()
         self.writer.start()
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.options.host, self.options.port,
-                           ssl_context=self.options.ssl_context)
+        site = web.TCPSite(
+            self._runner, self.options.host, self.options.port, ssl_context=self.options.ssl_context
+        )
         await site.start()
         sockets = self._runner.addresses
         if sockets:
             self.port = int(sockets[0][1])
-        log.info("extender listening on %s:%d (TLS %s)", self.options.host, self.port,
-                 "on" if self.options.ssl_context else "off")
+        log.info(
+            "extender listening on %s:%d (TLS %s)",
+            self.options.host,
+            self.port,
+            "on" if self.options.ssl_context else "off",
+        )
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s

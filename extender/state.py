@@ -391,8 +391,12 @@ class ClusterState:
             try:
                 memory = int(parse_quantity(memory_text))
             except ValueError:
-                log.warning("slice %s: device %s has a bad memory capacity %r",
-                            object_key(slice_obj), device.get("name"), memory_text)
+                log.warning(
+                    "slice %s: device %s has a bad memory capacity %r",
+                    object_key(slice_obj),
+                    device.get("name"),
+                    memory_text,
+                )
                 memory = 0
             found.append(((driver, pool, str(device.get("name"))), GpuDevice(str(node), model, memory)))
         return found
@@ -424,8 +428,11 @@ class ClusterState:
             free.append(max(0, WHOLE_GPU_MILLI - self._device_used_milli(key, device)))
         node = self.kind("Node").get(name)
         if node is not None:
-            classic_total = int(parse_quantity(
-                ((node.get("status") or {}).get("allocatable") or {}).get(CLASSIC_GPU_RESOURCE, 0)))
+            classic_total = int(
+                parse_quantity(
+                    ((node.get("status") or {}).get("allocatable") or {}).get(CLASSIC_GPU_RESOURCE, 0)
+                )
+            )
             if classic_total:
                 model = model or str((_meta(node).get("labels") or {}).get(CLASSIC_MODEL_LABEL, ""))
                 used = sum(pod_classic_gpus(p) for p in self.pods_on_node(name))
@@ -437,8 +444,11 @@ class ClusterState:
 
     def pods_on_node(self, node: str) -> list[JsonObject]:
         pods = self.kind("Pod")
-        return [pods[key] for key in self.pods_by_node.get(node, ())
-                if (pods[key].get("status") or {}).get("phase") not in TERMINAL_PHASES]
+        return [
+            pods[key]
+            for key in self.pods_by_node.get(node, ())
+            if (pods[key].get("status") or {}).get("phase") not in TERMINAL_PHASES
+        ]
 
     def pod_node(self, key: str, pod: Mapping[str, Any]) -> str:
         return str((pod.get("spec") or {}).get("nodeName") or self.assumed_nodes.get(key, ""))
@@ -447,7 +457,8 @@ class ClusterState:
         """Memory of the largest GPU a pending fractional request could land on."""
         if models not in self._memory_by_models:
             self._memory_by_models[models] = max(
-                (d.memory_bytes for d in self.devices.values() if not models or d.model in models), default=0)
+                (d.memory_bytes for d in self.devices.values() if not models or d.model in models), default=0
+            )
         return self._memory_by_models[models]
 
     def pod_demand(self, pod: Mapping[str, Any]) -> GpuDemand | None:
@@ -509,8 +520,11 @@ class ClusterState:
             for allocated in allocated_devices(claim) if claim is not None else []:
                 device = self._gpu_device(allocated)
                 if device is not None:
-                    share = (1.0 if allocated.consumed_memory is None
-                             else fraction_milli(allocated.consumed_memory, device.memory_bytes) / 1000)
+                    share = (
+                        1.0
+                        if allocated.consumed_memory is None
+                        else fraction_milli(allocated.consumed_memory, device.memory_bytes) / 1000
+                    )
                     held.append((device, share))
         return held
 
@@ -622,8 +636,13 @@ class ClusterState:
             allocatable = (node.get("status") or {}).get("allocatable") or {}
             classic = parse_quantity(allocatable.get(CLASSIC_GPU_RESOURCE, 0))
             model = str((_meta(node).get("labels") or {}).get(CLASSIC_MODEL_LABEL, ""))
-            _add(totals, {"cpu": parse_quantity(allocatable.get("cpu", 0)),
-                          "memory": parse_quantity(allocatable.get("memory", 0))})
+            _add(
+                totals,
+                {
+                    "cpu": parse_quantity(allocatable.get("cpu", 0)),
+                    "memory": parse_quantity(allocatable.get("memory", 0)),
+                },
+            )
             if classic:
                 _add(totals, gpu_amounts(model, classic))
         return {r: a for r, a in totals.items() if a > 0}
@@ -632,8 +651,9 @@ class ClusterState:
 class ClusterWatcher:
     """Keeps a ClusterState current: list then watch every kind, relist on 410, retry on errors."""
 
-    def __init__(self, api: ApiClient, state: ClusterState, watch_timeout_s: int = 300,
-                 retry_delay_s: float = 1.0) -> None:
+    def __init__(
+        self, api: ApiClient, state: ClusterState, watch_timeout_s: int = 300, retry_delay_s: float = 1.0
+    ) -> None:
         self.api = api
         self.state = state
         self.watch_timeout_s = watch_timeout_s
@@ -641,8 +661,10 @@ class ClusterWatcher:
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._run(kind, path), name=f"watch-{kind}")
-                       for kind, path in WATCHED_KINDS.items()]
+        self._tasks = [
+            asyncio.create_task(self._run(kind, path), name=f"watch-{kind}")
+            for kind, path in WATCHED_KINDS.items()
+        ]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -689,8 +711,11 @@ class ClusterWatcher:
 
     async def _watch(self, kind: str, path: str, version: str) -> str:
         """Follow one watch to its end; returns the version to resume from ('' forces a relist)."""
-        query = {"resourceVersion": version, "allowWatchBookmarks": "true",
-                 "timeoutSeconds": str(self.watch_timeout_s)}
+        query = {
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self.watch_timeout_s),
+        }
         async for event in watch_lines(self.api, path, query):
             version = apply_watch_event(self.state, kind, event, version)
             if not version:

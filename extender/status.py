@@ -87,8 +87,14 @@ def _now() -> str:
 class StatusWriter:
     """Background writer of pod wait reasons, requeue nudges and Queue status."""
 
-    def __init__(self, api: ApiClient, state: ClusterState, waiting: WaitingPods, metrics: ExtenderMetrics,
-                 queue_status_interval_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        api: ApiClient,
+        state: ClusterState,
+        waiting: WaitingPods,
+        metrics: ExtenderMetrics,
+        queue_status_interval_s: float = 2.0,
+    ) -> None:
         self.api = api
         self.state = state
         self.waiting = waiting
@@ -146,8 +152,13 @@ class StatusWriter:
             "message": reason,
             "lastTransitionTime": _now(),
         }
-        await request(self.api, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
-                      body={"status": {"conditions": [condition]}}, content_type=STRATEGIC_MERGE_PATCH)
+        await request(
+            self.api,
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+            body={"status": {"conditions": [condition]}},
+            content_type=STRATEGIC_MERGE_PATCH,
+        )
 
     async def _post_event(self, namespace: str, name: str, uid: str, reason: str) -> None:
         now = _now()
@@ -155,8 +166,13 @@ class StatusWriter:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace,
-                               "name": name, "uid": uid},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": namespace,
+                "name": name,
+                "uid": uid,
+            },
             "reason": "WaitingForQueue",
             "message": reason,
             "type": "Normal",
@@ -175,13 +191,19 @@ class StatusWriter:
         """After a restart, pick up the pods an earlier instance refused (their condition is False)."""
         for key, pod in self.state.kind("Pod").items():
             conditions = (pod.get("status") or {}).get("conditions") or []
-            refusal = next((c for c in conditions if c.get("type") == ADMITTED_CONDITION
-                            and c.get("status") == "False"), None)
+            refusal = next(
+                (c for c in conditions if c.get("type") == ADMITTED_CONDITION and c.get("status") == "False"),
+                None,
+            )
             if refusal is not None and key not in self.waiting.waiting and self.state.is_pending(key, pod):
                 meta = pod.get("metadata") or {}
-                self.waiting.waiting[key] = WaitingPod(str(meta.get("namespace")), str(meta.get("name")),
-                                                       str(meta.get("uid", "")), pod_queue(pod),
-                                                       str(refusal.get("message", "")))
+                self.waiting.waiting[key] = WaitingPod(
+                    str(meta.get("namespace")),
+                    str(meta.get("name")),
+                    str(meta.get("uid", "")),
+                    pod_queue(pod),
+                    str(refusal.get("message", "")),
+                )
 
     def eligible_now(self) -> list[WaitingPod]:
         """Refused pods that admission would let through now (not yet nudged); drops stale entries."""
@@ -202,8 +224,14 @@ class StatusWriter:
                 continue
             if entry.nudged:
                 continue
-            decision = check_admission(entry.queue, self.state.pod_resources(key, pod), view.specs,
-                                       view.usage, view.fair_shares, view.capacity)
+            decision = check_admission(
+                entry.queue,
+                self.state.pod_resources(key, pod),
+                view.specs,
+                view.usage,
+                view.fair_shares,
+                view.capacity,
+            )
             if decision.admit:
                 eligible.append(entry)
         return eligible
@@ -227,8 +255,13 @@ class StatusWriter:
             entry.last_nudge = now
             patch = {"metadata": {"annotations": {REQUEUE_ANNOTATION: datetime.now(UTC).isoformat()}}}
             try:
-                await request(self.api, "PATCH", f"/api/v1/namespaces/{entry.namespace}/pods/{entry.name}",
-                              body=patch, content_type=MERGE_PATCH)
+                await request(
+                    self.api,
+                    "PATCH",
+                    f"/api/v1/namespaces/{entry.namespace}/pods/{entry.name}",
+                    body=patch,
+                    content_type=MERGE_PATCH,
+                )
                 self.metrics.requeue_nudges.inc()
                 log.info("pod %s/%s may be admitted now; nudged the scheduler", entry.namespace, entry.name)
             except KubeError as exc:
@@ -273,8 +306,17 @@ class StatusWriter:
 
     @staticmethod
     def _invalid_status(problem: str) -> dict[str, Any]:
-        return {"conditions": [{"type": "Valid", "status": "False", "reason": "InvalidSpec",
-                                "message": problem, "lastTransitionTime": _now()}]}
+        return {
+            "conditions": [
+                {
+                    "type": "Valid",
+                    "status": "False",
+                    "reason": "InvalidSpec",
+                    "message": problem,
+                    "lastTransitionTime": _now(),
+                }
+            ]
+        }
 
 
 def _with_removals(old: Mapping[str, Any], new: dict[str, Any]) -> dict[str, Any]:

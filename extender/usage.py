@@ -80,8 +80,12 @@ class QueueLedger:
     def usage(self, queues: Iterable[str]) -> dict[str, QueueUsage]:
         """Usage of every queue that is named or has pods."""
         names = set(queues) | set(self.allocated) | set(self.requested)
-        return {q: QueueUsage(allocated=dict(self.allocated.get(q, {})),
-                              requested=dict(self.requested.get(q, {}))) for q in names}
+        return {
+            q: QueueUsage(
+                allocated=dict(self.allocated.get(q, {})), requested=dict(self.requested.get(q, {}))
+            )
+            for q in names
+        }
 
     def pending_pods(self) -> dict[str, int]:
         return {queue: count for queue, count in self.pending.items() if count > 0}

@@ -97,8 +97,11 @@ def host_priorities_json(hosts: Iterable[str], scores: Mapping[str, int]) -> str
     own ranking, already within 0..MAX_EXTENDER_PRIORITY.
     """
     # encode_basestring_ascii is json.dumps' own string encoder (quotes and escapes).
-    return "[" + ",".join([f'{{"Host":{encode_basestring_ascii(host)},"Score":{scores[host]}}}'
-                           for host in hosts]) + "]"
+    return (
+        "["
+        + ",".join([f'{{"Host":{encode_basestring_ascii(host)},"Score":{scores[host]}}}' for host in hosts])
+        + "]"
+    )
 
 
 class ExtenderBindingArgs(_Wire):

@@ -14,26 +14,44 @@ from extender.state import DEFAULT_GPU_DRIVER
 JsonObject = dict[str, Any]
 
 
-def node(name: str, cpu: str = "64", memory: str = "512Gi", classic_gpus: int = 0,
-         labels: dict[str, str] | None = None) -> JsonObject:
+def node(
+    name: str,
+    cpu: str = "64",
+    memory: str = "512Gi",
+    classic_gpus: int = 0,
+    labels: dict[str, str] | None = None,
+) -> JsonObject:
     allocatable = {"cpu": cpu, "memory": memory, "pods": "250"}
     if classic_gpus:
         allocatable["nvidia.com/gpu"] = str(classic_gpus)
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}},
-            "status": {"allocatable": allocatable, "capacity": allocatable}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels or {}},
+        "status": {"allocatable": allocatable, "capacity": allocatable},
+    }
 
 
-def gpu_slice(node_name: str, gpus: int, model: str = "H100-80GB", memory: str = "80Gi",
-              driver: str = DEFAULT_GPU_DRIVER, name: str | None = None,
-              shareable: bool = False) -> JsonObject:
+def gpu_slice(
+    node_name: str,
+    gpus: int,
+    model: str = "H100-80GB",
+    memory: str = "80Gi",
+    driver: str = DEFAULT_GPU_DRIVER,
+    name: str | None = None,
+    shareable: bool = False,
+) -> JsonObject:
     """One slice with `gpus` whole-GPU devices; `shareable` lets claims consume parts of their memory."""
     devices = []
     for minor in range(gpus):
         capacity: JsonObject = {"value": memory}
         device: JsonObject = {
             "name": f"gpu-{minor}",
-            "attributes": {"type": {"string": "gpu"}, "productName": {"string": model},
-                           "uuid": {"string": f"GPU-{node_name}-{minor}"}},
+            "attributes": {
+                "type": {"string": "gpu"},
+                "productName": {"string": model},
+                "uuid": {"string": f"GPU-{node_name}-{minor}"},
+            },
             "capacity": {"memory": capacity},
         }
         if shareable:
@@ -41,23 +59,35 @@ def gpu_slice(node_name: str, gpus: int, model: str = "H100-80GB", memory: str =
             capacity["requestPolicy"] = {"default": memory, "validRange": {"min": "1Gi", "step": "1Gi"}}
         devices.append(device)
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
         "metadata": {"name": name or f"{node_name}-{driver}"},
-        "spec": {"driver": driver, "nodeName": node_name,
-                 "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
-                 "devices": devices},
+        "spec": {
+            "driver": driver,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
     }
 
 
 def device_class(name: str, driver: str = DEFAULT_GPU_DRIVER) -> JsonObject:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+    }
 
 
-def claim_spec(device_class_name: str, count: int = 1, memory: str | None = None,
-               model: str | None = None) -> JsonObject:
-    exactly: JsonObject = {"deviceClassName": device_class_name, "allocationMode": "ExactCount",
-                           "count": count}
+def claim_spec(
+    device_class_name: str, count: int = 1, memory: str | None = None, model: str | None = None
+) -> JsonObject:
+    exactly: JsonObject = {
+        "deviceClassName": device_class_name,
+        "allocationMode": "ExactCount",
+        "count": count,
+    }
     if memory is not None:
         exactly["capacity"] = {"requests": {"memory": memory}}
     if model is not None:
@@ -67,16 +97,28 @@ def claim_spec(device_class_name: str, count: int = 1, memory: str | None = None
 
 
 def claim_template(namespace: str, name: str, spec: JsonObject) -> JsonObject:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": namespace}, "spec": {"spec": spec}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": spec},
+    }
 
 
-def claim(namespace: str, name: str, spec: JsonObject,
-          allocated: list[tuple[str, str, str | None]] | None = None,
-          driver: str = DEFAULT_GPU_DRIVER) -> JsonObject:
+def claim(
+    namespace: str,
+    name: str,
+    spec: JsonObject,
+    allocated: list[tuple[str, str, str | None]] | None = None,
+    driver: str = DEFAULT_GPU_DRIVER,
+) -> JsonObject:
     """A claim, allocated to (pool, device, consumed memory or None) entries when given."""
-    obj: JsonObject = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                       "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    obj: JsonObject = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
     if allocated:
         results = []
         for pool, device, consumed in allocated:
@@ -88,9 +130,18 @@ def claim(namespace: str, name: str, spec: JsonObject,
     return obj
 
 
-def pod(namespace: str, name: str, queue: str | None = None, template: str | None = None,
-        claim_name: str | None = None, node_name: str | None = None, cpu: str = "100m",
-        scheduler: str = "default-scheduler", classic_gpus: int = 0, uid: str | None = None) -> JsonObject:
+def pod(
+    namespace: str,
+    name: str,
+    queue: str | None = None,
+    template: str | None = None,
+    claim_name: str | None = None,
+    node_name: str | None = None,
+    cpu: str = "100m",
+    scheduler: str = "default-scheduler",
+    classic_gpus: int = 0,
+    uid: str | None = None,
+) -> JsonObject:
     """A pod with at most one claim, named directly or made from a template."""
     resources: JsonObject = {"requests": {"cpu": cpu, "memory": "64Mi"}}
     if classic_gpus:
@@ -103,20 +154,38 @@ def pod(namespace: str, name: str, queue: str | None = None, template: str | Non
         container["resources"]["claims"] = [{"name": "gpus"}]
     if node_name is not None:
         spec["nodeName"] = node_name
-    metadata: JsonObject = {"name": name, "namespace": namespace, "uid": uid or f"uid-{namespace}-{name}",
-                            "labels": {QUEUE_LABEL: queue} if queue else {}}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec,
-            "status": {"phase": "Pending"}}
+    metadata: JsonObject = {
+        "name": name,
+        "namespace": namespace,
+        "uid": uid or f"uid-{namespace}-{name}",
+        "labels": {QUEUE_LABEL: queue} if queue else {},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
 
 
-def queue(name: str, parent: str | None = None, priority: int = 0,
-          resources: dict[str, dict[str, Any]] | None = None,
-          annotations: dict[str, str] | None = None, placement: str | None = None) -> JsonObject:
+def queue(
+    name: str,
+    parent: str | None = None,
+    priority: int = 0,
+    resources: dict[str, dict[str, Any]] | None = None,
+    annotations: dict[str, str] | None = None,
+    placement: str | None = None,
+) -> JsonObject:
     """A Queue; `resources` is e.g. {"gpu": {"quota": 2, "limit": 4, "overQuotaWeight": 1}}."""
     spec: JsonObject = {"priority": priority, "resources": resources or {}}
     if parent is not None:
         spec["parent"] = parent
     if placement is not None:
         spec["placement"] = placement
-    return {"apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}", "kind": "Queue",
-            "metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
+    return {
+        "apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}",
+        "kind": "Queue",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": spec,
+    }

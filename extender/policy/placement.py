@@ -63,8 +63,15 @@ class NodeGpus:
         A string (the repr of those fields) rather than a tuple because a string caches its hash,
         and the extender looks shapes up several times per node per request.
         """
-        return repr((self.model, sorted(self.free_milli), self.cpu_free_milli, self.memory_free_mib,
-                     self.host_tracked))
+        return repr(
+            (
+                self.model,
+                sorted(self.free_milli),
+                self.cpu_free_milli,
+                self.memory_free_mib,
+                self.host_tracked,
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -285,8 +292,14 @@ def _consolidation_loss(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix) -> 
     return loss
 
 
-def _binpack_cost(node: NodeGpus, after: NodeGpus, gpus: Sequence[int], demand: GpuDemand,
-                  mix: WorkloadMix, loss_before: float) -> Cost:
+def _binpack_cost(
+    node: NodeGpus,
+    after: NodeGpus,
+    gpus: Sequence[int],
+    demand: GpuDemand,
+    mix: WorkloadMix,
+    loss_before: float,
+) -> Cost:
     growth = round(_consolidation_loss(after, demand, mix) - loss_before, _COST_DIGITS)
     if demand.count == 0:
         tie = float(sum(node.free_milli))
@@ -304,30 +317,36 @@ def _spread_cost(node: NodeGpus, after: NodeGpus, gpus: Sequence[int]) -> Cost:
     return (-round(free_share, _COST_DIGITS), emptiest_left)
 
 
-def _best_choice(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix,
-                 strategy: Strategy) -> tuple[Cost, tuple[int, ...]] | None:
+def _best_choice(
+    node: NodeGpus, demand: GpuDemand, mix: WorkloadMix, strategy: Strategy
+) -> tuple[Cost, tuple[int, ...]] | None:
     if not fits(node, demand):
         return None
     loss_before = _consolidation_loss(node, demand, mix) if strategy == "binpack" else 0.0
     best: tuple[Cost, tuple[int, ...]] | None = None
     for gpus in _candidate_choices(node, demand):
         after = _after(node, demand, gpus)
-        cost = (_binpack_cost(node, after, gpus, demand, mix, loss_before) if strategy == "binpack"
-                else _spread_cost(node, after, gpus))
+        cost = (
+            _binpack_cost(node, after, gpus, demand, mix, loss_before)
+            if strategy == "binpack"
+            else _spread_cost(node, after, gpus)
+        )
         if best is None or cost < best[0]:
             best = (cost, gpus)
     return best
 
 
-def choose_gpus(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix,
-                strategy: Strategy = "binpack") -> tuple[int, ...] | None:
+def choose_gpus(
+    node: NodeGpus, demand: GpuDemand, mix: WorkloadMix, strategy: Strategy = "binpack"
+) -> tuple[int, ...] | None:
     """GPU indexes on ``node`` for ``demand``, or None when it does not fit."""
     best = _best_choice(node, demand, mix, strategy)
     return None if best is None else best[1]
 
 
-def placement_cost(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix,
-                   strategy: Strategy = "binpack") -> Cost | None:
+def placement_cost(
+    node: NodeGpus, demand: GpuDemand, mix: WorkloadMix, strategy: Strategy = "binpack"
+) -> Cost | None:
     """Exact rank of ``node`` for ``demand`` (lower is better), or None when it does not fit.
 
     Memoised per mix: in a large cluster most nodes are in one of a few states (idle, full,
@@ -360,8 +379,9 @@ def scores_from_costs(costs: dict[str, Cost]) -> dict[str, int]:
     return {name: score_of[cost] for name, cost in costs.items()}
 
 
-def score_nodes(nodes: Sequence[NodeGpus], demand: GpuDemand, mix: WorkloadMix,
-                strategy: Strategy = "binpack") -> dict[str, int]:
+def score_nodes(
+    nodes: Sequence[NodeGpus], demand: GpuDemand, mix: WorkloadMix, strategy: Strategy = "binpack"
+) -> dict[str, int]:
     """0..10 per node name; nodes where the demand does not fit get 0."""
     # Most nodes of a large cluster repeat a few shapes: rank each shape once per call and map
     # the scores back, so the per-node work is a few lookups.

@@ -48,11 +48,18 @@ def _report_progress(policy: str, fraction: float) -> None:
         print(f"  [{bar}] {policy:<14} {10 * tenth:3d}%", file=sys.stderr, flush=True)
 
 
-def _replay_task(nodes_csv: Path, pods_csv: Path, policy: str, seed: int, arrival: float,
-                 quiet: bool) -> PackingResult:
+def _replay_task(
+    nodes_csv: Path, pods_csv: Path, policy: str, seed: int, arrival: float, quiet: bool
+) -> PackingResult:
     """One replay; runs in a worker process."""
-    return replay_packing(load_nodes(nodes_csv), load_pods(pods_csv), policy, seed=seed,
-                          target_arrival_pct=arrival, progress=None if quiet else _report_progress)
+    return replay_packing(
+        load_nodes(nodes_csv),
+        load_pods(pods_csv),
+        policy,
+        seed=seed,
+        target_arrival_pct=arrival,
+        progress=None if quiet else _report_progress,
+    )
 
 
 def _trace_name(pods_csv: Path) -> str:
@@ -79,11 +86,16 @@ def _run_trace(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     tasks = [(pods_csv, policy, seed) for pods_csv in pod_files for policy in policies for seed in seeds]
-    print(f"replaying {len(pod_files)} trace(s) x {len(policies)} policies x {len(seeds)} seed(s) to "
-          f"{args.arrival:g}% arrival, {args.jobs} worker(s)", file=sys.stderr)
+    print(
+        f"replaying {len(pod_files)} trace(s) x {len(policies)} policies x {len(seeds)} seed(s) to "
+        f"{args.arrival:g}% arrival, {args.jobs} worker(s)",
+        file=sys.stderr,
+    )
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(_replay_task, nodes_csv, pods_csv, policy, seed, args.arrival, args.quiet)
-                   for pods_csv, policy, seed in tasks]
+        futures = [
+            pool.submit(_replay_task, nodes_csv, pods_csv, policy, seed, args.arrival, args.quiet)
+            for pods_csv, policy, seed in tasks
+        ]
         results = [future.result() for future in futures]
     for pods_csv in pod_files:
         trace = _trace_name(pods_csv)
@@ -106,8 +118,10 @@ def _run_queues(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     result = run_queue_workload(workload, args.policy, args.seed)
-    print(f"workload {result.name}: {len(workload.nodes)} nodes, policy {result.policy}, "
-          f"makespan {result.makespan_s:.0f} s")
+    print(
+        f"workload {result.name}: {len(workload.nodes)} nodes, policy {result.policy}, "
+        f"makespan {result.makespan_s:.0f} s"
+    )
     print(queue_table(result))
     if result.refusals:
         print("refusals: " + ", ".join(f"{k} {v}" for k, v in sorted(result.refusals.items())))
@@ -119,18 +133,24 @@ def _run_queues(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tessera simulate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="tessera simulate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="mode", required=True)
     trace = sub.add_parser("trace", help="packing replay of the Alibaba GPU trace (openb 2023 format)")
-    trace.add_argument("--trace-dir", type=Path,
-                       help="folder with the trace CSVs (default: shared/traces/alibaba-gpu-v2023)")
+    trace.add_argument(
+        "--trace-dir", type=Path, help="folder with the trace CSVs (default: shared/traces/alibaba-gpu-v2023)"
+    )
     trace.add_argument("--nodes", type=Path, help=f"nodes CSV (default: TRACE_DIR/{NODES_FILE})")
     trace.add_argument("--pods", action="append", help=f"pods CSV, repeatable (default: {DEFAULT_PODS_FILE})")
-    trace.add_argument("--all", action="store_true",
-                       help="every shared pods CSV: " + ", ".join(ALL_POD_FILES))
-    trace.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
-                       help=f"comma-separated, from {', '.join(POLICY_NAMES)} (default: %(default)s)")
+    trace.add_argument(
+        "--all", action="store_true", help="every shared pods CSV: " + ", ".join(ALL_POD_FILES)
+    )
+    trace.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help=f"comma-separated, from {', '.join(POLICY_NAMES)} (default: %(default)s)",
+    )
     trace.add_argument("--arrival", type=float, default=130.0, help="stop at this arrival %% (default 130)")
     trace.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     trace.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -69,8 +69,12 @@ class Cluster:
             self.fragmentation_milli += self._frag(state_id)
 
     def _intern(self, index: int) -> int:
-        state = NodeState(self._shapes[index], tuple(sorted(self.free[index])),
-                          self.cpu_free[index], self.memory_free[index])
+        state = NodeState(
+            self._shapes[index],
+            tuple(sorted(self.free[index])),
+            self.cpu_free[index],
+            self.memory_free[index],
+        )
         state_id = self._state_ids.get(state)
         if state_id is None:
             state_id = len(self.states)

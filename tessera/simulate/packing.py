@@ -114,9 +114,17 @@ class Placer:
             del self._costs[state_id]
 
 
-def replay_packing(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy_name: str, *,
-                   seed: int = 0, target_arrival_pct: float = 130.0, mix: WorkloadMix | None = None,
-                   progress: ProgressCallback | None = None, curve_step_pct: float = 1.0) -> PackingResult:
+def replay_packing(
+    nodes: Sequence[SimNode],
+    pods: Sequence[SimPod],
+    policy_name: str,
+    *,
+    seed: int = 0,
+    target_arrival_pct: float = 130.0,
+    mix: WorkloadMix | None = None,
+    progress: ProgressCallback | None = None,
+    curve_step_pct: float = 1.0,
+) -> PackingResult:
     if not any(pod.gpu_milli for pod in pods):
         raise ValueError("the workload has no GPU pods, so arrival can never reach the target")
     started = time.perf_counter()
@@ -139,8 +147,13 @@ def replay_packing(nodes: Sequence[SimNode], pods: Sequence[SimPod], policy_name
         else:
             result.pods_skipped += 1
         if arrival_pct >= next_point:
-            result.curve.append(PackingPoint(arrival_pct, 100.0 * cluster.allocated_milli / capacity,
-                                             100.0 * cluster.fragmentation_milli / capacity))
+            result.curve.append(
+                PackingPoint(
+                    arrival_pct,
+                    100.0 * cluster.allocated_milli / capacity,
+                    100.0 * cluster.fragmentation_milli / capacity,
+                )
+            )
             next_point += curve_step_pct
             replay.forget_gone_states()
             if progress is not None:

@@ -89,8 +89,14 @@ def _fgd_options(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix) -> list[tu
         free = list(node.free_milli)
         for gpu in gpus:
             free[gpu] -= demand.milli
-        after = NodeGpus(node.name, node.model, tuple(free), node.cpu_free_milli - demand.cpu_milli,
-                         node.memory_free_mib - demand.memory_mib, host_tracked=True)
+        after = NodeGpus(
+            node.name,
+            node.model,
+            tuple(free),
+            node.cpu_free_milli - demand.cpu_milli,
+            node.memory_free_mib - demand.memory_mib,
+            host_tracked=True,
+        )
         options.append((round(node_fragmentation(after, mix) - before, 6), gpus))
     return options
 

@@ -119,8 +119,13 @@ def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
     except ValidationError as error:
         raise WorkloadError(f"{source}: {_describe(error)}") from error
     nodes = tuple(
-        SimNode(name=f"{group.name}-{i}", model=group.model, gpus=group.gpus,
-                cpu_milli=round(group.cpu * 1000), memory_mib=int(group.memory // MIB))
+        SimNode(
+            name=f"{group.name}-{i}",
+            model=group.model,
+            gpus=group.gpus,
+            cpu_milli=round(group.cpu * 1000),
+            memory_mib=int(group.memory // MIB),
+        )
         for group in model.nodes
         for i in range(group.count)
     )
@@ -130,8 +135,10 @@ def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
         raise WorkloadError(f"{source}: {error}") from error
     problems = {name: found for name, found in validate_hierarchy(queues).items() if found}
     if problems:
-        raise WorkloadError(f"{source}: invalid queue hierarchy: "
-                            + "; ".join(f"{name}: {', '.join(found)}" for name, found in problems.items()))
+        raise WorkloadError(
+            f"{source}: invalid queue hierarchy: "
+            + "; ".join(f"{name}: {', '.join(found)}" for name, found in problems.items())
+        )
     known = {q.name for q in queues}
     for job in model.jobs:
         if job.queue not in known:
@@ -198,11 +205,17 @@ class QueueRunResult:
 def _pods(workload: QueueWorkload) -> list[_Pod]:
     pods: list[_Pod] = []
     for job in workload.jobs:
-        demand = GpuDemand(count=job.gpus, milli=job.gpu_milli if job.gpus == 1 else FULL_GPU_MILLI,
-                           models=frozenset(job.models), cpu_milli=round(job.cpu * 1000),
-                           memory_mib=int(job.memory // MIB))
-        pods.extend(_Pod(0, job.name, job.queue, demand, job.arrival + i * job.interval, job.duration)
-                    for i in range(job.count))
+        demand = GpuDemand(
+            count=job.gpus,
+            milli=job.gpu_milli if job.gpus == 1 else FULL_GPU_MILLI,
+            models=frozenset(job.models),
+            cpu_milli=round(job.cpu * 1000),
+            memory_mib=int(job.memory // MIB),
+        )
+        pods.extend(
+            _Pod(0, job.name, job.queue, demand, job.arrival + i * job.interval, job.duration)
+            for i in range(job.count)
+        )
     pods.sort(key=lambda pod: pod.arrival)
     for index, pod in enumerate(pods):
         pod.index = index
@@ -213,8 +226,11 @@ def _request(pod: _Pod, node_model: str | None) -> dict[str, float]:
     """The pod's resources in the fairness vocabulary (GPUs, cores, bytes)."""
     gpus = pod.demand.total_milli / FULL_GPU_MILLI
     request = {"gpu": gpus, "cpu": pod.demand.cpu_milli / 1000, "memory": float(pod.demand.memory_mib * MIB)}
-    model = node_model if node_model is not None else (
-        next(iter(pod.demand.models)) if len(pod.demand.models) == 1 else None)
+    model = (
+        node_model
+        if node_model is not None
+        else (next(iter(pod.demand.models)) if len(pod.demand.models) == 1 else None)
+    )
     if model and gpus:
         request[f"gpu/{model}"] = gpus
     return request
@@ -243,8 +259,10 @@ class _Ledger:
         self._add(self.allocated[pod.queue], _request(pod, model), -1)
 
     def usage(self) -> dict[str, QueueUsage]:
-        return {q: QueueUsage(allocated=dict(self.allocated[q]), requested=dict(self.requested[q]))
-                for q in self.allocated}
+        return {
+            q: QueueUsage(allocated=dict(self.allocated[q]), requested=dict(self.requested[q]))
+            for q in self.allocated
+        }
 
 
 def _capacity(nodes: Sequence[SimNode]) -> dict[str, float]:
@@ -265,8 +283,9 @@ def _percentile(values: Sequence[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(pct / 100 * len(ordered)) - 1)]
 
 
-def run_queue_workload(workload: QueueWorkload, policy_name: str = "tessera",
-                       seed: int | None = None) -> QueueRunResult:
+def run_queue_workload(
+    workload: QueueWorkload, policy_name: str = "tessera", seed: int | None = None
+) -> QueueRunResult:
     pods = _pods(workload)
     nodes = list(workload.nodes)
     mix = workload_mix([SimPod(p.job, p.demand) for p in pods])
@@ -319,8 +338,15 @@ def run_queue_workload(workload: QueueWorkload, policy_name: str = "tessera",
         shares = schedule(now)
         placer.forget_gone_states()
         for q in queues:
-            result.timeline.append(QueueSample(now, q.name, ledger.allocated[q.name].get("gpu", 0.0),
-                                               shares[q.name].get("gpu", 0.0), len(pending[q.name])))
+            result.timeline.append(
+                QueueSample(
+                    now,
+                    q.name,
+                    ledger.allocated[q.name].get("gpu", 0.0),
+                    shares[q.name].get("gpu", 0.0),
+                    len(pending[q.name]),
+                )
+            )
     result.makespan_s = now
     _summarise(result, pods, queues, capacity.get("gpu", 0.0))
     return result
@@ -336,8 +362,9 @@ def _time_weighted_mean(samples: Sequence[QueueSample], attribute: str, end: flo
     return total / end
 
 
-def _summarise(result: QueueRunResult, pods: Sequence[_Pod], queues: Sequence[QueueSpec],
-               gpu_capacity: float) -> None:
+def _summarise(
+    result: QueueRunResult, pods: Sequence[_Pod], queues: Sequence[QueueSpec], gpu_capacity: float
+) -> None:
     end = result.makespan_s
     busy = 0.0
     for q in queues:
@@ -345,8 +372,11 @@ def _summarise(result: QueueRunResult, pods: Sequence[_Pod], queues: Sequence[Qu
         waits = [p.start - p.arrival for p in mine if p.start is not None]
         samples = [s for s in result.timeline if s.queue == q.name]
         summary = QueueSummary(
-            name=q.name, pods=len(mine), started=len(waits),
-            mean_wait_s=sum(waits) / len(waits) if waits else 0.0, p95_wait_s=_percentile(waits, 95),
+            name=q.name,
+            pods=len(mine),
+            started=len(waits),
+            mean_wait_s=sum(waits) / len(waits) if waits else 0.0,
+            p95_wait_s=_percentile(waits, 95),
             mean_allocated_gpu=_time_weighted_mean(samples, "allocated_gpu", end),
             mean_fair_share_gpu=_time_weighted_mean(samples, "fair_share_gpu", end),
             max_allocated_gpu=max((s.allocated_gpu for s in samples), default=0.0),

@@ -27,15 +27,30 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def packing_table(results: Sequence[PackingResult], paper: dict[str, float] | None = None) -> str:
-    headers = ["policy", "arrival %", "GPU alloc %", "unalloc %", "frag %", "placed/arrived", "skipped",
-               "secs"]
+    headers = [
+        "policy",
+        "arrival %",
+        "GPU alloc %",
+        "unalloc %",
+        "frag %",
+        "placed/arrived",
+        "skipped",
+        "secs",
+    ]
     if paper:
         headers.append("paper alloc %")
     rows = []
     for r in results:
-        row = [r.policy, f"{r.arrival_pct:.2f}", f"{r.allocation_pct:.2f}", f"{r.unallocated_pct:.2f}",
-               f"{r.fragmentation_pct:.2f}", f"{r.pods_placed}/{r.pods_arrived}", str(r.pods_skipped),
-               f"{r.seconds:.1f}"]
+        row = [
+            r.policy,
+            f"{r.arrival_pct:.2f}",
+            f"{r.allocation_pct:.2f}",
+            f"{r.unallocated_pct:.2f}",
+            f"{r.fragmentation_pct:.2f}",
+            f"{r.pods_placed}/{r.pods_arrived}",
+            str(r.pods_skipped),
+            f"{r.seconds:.1f}",
+        ]
         if paper:
             row.append(f"{paper[r.policy]:.2f}" if r.policy in paper else "")
         rows.append(row)
@@ -51,10 +66,15 @@ def packing_seeds_table(results: Sequence[PackingResult], paper: dict[str, float
     for policy in dict.fromkeys(r.policy for r in results):
         mine = [r for r in results if r.policy == policy]
         allocs = [r.allocation_pct for r in mine]
-        row = [policy, ",".join(str(r.seed) for r in mine), f"{sum(allocs) / len(allocs):.2f}",
-               f"{min(allocs):.2f}", f"{max(allocs):.2f}",
-               f"{sum(r.fragmentation_pct for r in mine) / len(mine):.2f}",
-               f"{sum(r.seconds for r in mine) / len(mine):.1f}"]
+        row = [
+            policy,
+            ",".join(str(r.seed) for r in mine),
+            f"{sum(allocs) / len(allocs):.2f}",
+            f"{min(allocs):.2f}",
+            f"{max(allocs):.2f}",
+            f"{sum(r.fragmentation_pct for r in mine) / len(mine):.2f}",
+            f"{sum(r.seconds for r in mine) / len(mine):.1f}",
+        ]
         if paper:
             row.append(f"{paper[policy]:.2f}" if policy in paper else "")
         rows.append(row)
@@ -66,20 +86,53 @@ def write_packing_csv(results: Sequence[PackingResult], trace: str, out_dir: Pat
     summary = out_dir / f"{trace}-summary.csv"
     with summary.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["trace", "policy", "seed", "arrival_pct", "allocation_pct", "unallocated_pct",
-                         "fragmentation_pct", "pods_arrived", "pods_placed", "pods_skipped", "seconds"])
+        writer.writerow(
+            [
+                "trace",
+                "policy",
+                "seed",
+                "arrival_pct",
+                "allocation_pct",
+                "unallocated_pct",
+                "fragmentation_pct",
+                "pods_arrived",
+                "pods_placed",
+                "pods_skipped",
+                "seconds",
+            ]
+        )
         for r in results:
-            writer.writerow([trace, r.policy, r.seed, f"{r.arrival_pct:.4f}", f"{r.allocation_pct:.4f}",
-                             f"{r.unallocated_pct:.4f}", f"{r.fragmentation_pct:.4f}", r.pods_arrived,
-                             r.pods_placed, r.pods_skipped, f"{r.seconds:.2f}"])
+            writer.writerow(
+                [
+                    trace,
+                    r.policy,
+                    r.seed,
+                    f"{r.arrival_pct:.4f}",
+                    f"{r.allocation_pct:.4f}",
+                    f"{r.unallocated_pct:.4f}",
+                    f"{r.fragmentation_pct:.4f}",
+                    r.pods_arrived,
+                    r.pods_placed,
+                    r.pods_skipped,
+                    f"{r.seconds:.2f}",
+                ]
+            )
     curve = out_dir / f"{trace}-curve.csv"
     with curve.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["trace", "policy", "seed", "arrival_pct", "allocation_pct", "fragmentation_pct"])
         for r in results:
             for point in r.curve:
-                writer.writerow([trace, r.policy, r.seed, f"{point.arrival_pct:.4f}",
-                                 f"{point.allocation_pct:.4f}", f"{point.fragmentation_pct:.4f}"])
+                writer.writerow(
+                    [
+                        trace,
+                        r.policy,
+                        r.seed,
+                        f"{point.arrival_pct:.4f}",
+                        f"{point.allocation_pct:.4f}",
+                        f"{point.fragmentation_pct:.4f}",
+                    ]
+                )
     return [summary, curve]
 
 
@@ -110,10 +163,16 @@ def plot_packing(results: Sequence[PackingResult], trace: str, out_dir: Path) ->
         alloc_ax.plot(arrival, [p.allocation_pct for p in r.curve], label=r.policy)
         frag_ax.plot(arrival, [p.fragmentation_pct for p in r.curve], label=r.policy)
     alloc_ax.plot([0, 100], [0, 100], color="grey", linestyle=":", linewidth=1)
-    alloc_ax.set(xlabel="arrived GPU milli, % of capacity", ylabel="allocated GPU milli, % of capacity",
-                 title=f"{trace}: allocation vs arrival (seed {first_seed})")
-    frag_ax.set(xlabel="arrived GPU milli, % of capacity", ylabel="fragmentation, % of capacity",
-                title=f"{trace}: fragmentation vs arrival")
+    alloc_ax.set(
+        xlabel="arrived GPU milli, % of capacity",
+        ylabel="allocated GPU milli, % of capacity",
+        title=f"{trace}: allocation vs arrival (seed {first_seed})",
+    )
+    frag_ax.set(
+        xlabel="arrived GPU milli, % of capacity",
+        ylabel="fragmentation, % of capacity",
+        title=f"{trace}: fragmentation vs arrival",
+    )
     alloc_ax.legend()
     alloc_ax.grid(alpha=0.3)
     frag_ax.grid(alpha=0.3)
@@ -121,12 +180,29 @@ def plot_packing(results: Sequence[PackingResult], trace: str, out_dir: Path) ->
 
 
 def queue_table(result: QueueRunResult) -> str:
-    headers = ["queue", "pods", "started", "mean wait s", "p95 wait s", "mean alloc GPU",
-               "mean fair share GPU", "max alloc GPU", "limit GPU"]
+    headers = [
+        "queue",
+        "pods",
+        "started",
+        "mean wait s",
+        "p95 wait s",
+        "mean alloc GPU",
+        "mean fair share GPU",
+        "max alloc GPU",
+        "limit GPU",
+    ]
     rows = [
-        [q.name, str(q.pods), str(q.started), f"{q.mean_wait_s:.1f}", f"{q.p95_wait_s:.1f}",
-         f"{q.mean_allocated_gpu:.2f}", f"{q.mean_fair_share_gpu:.2f}", f"{q.max_allocated_gpu:.2f}",
-         "" if q.limit_gpu is None else f"{q.limit_gpu:g}"]
+        [
+            q.name,
+            str(q.pods),
+            str(q.started),
+            f"{q.mean_wait_s:.1f}",
+            f"{q.p95_wait_s:.1f}",
+            f"{q.mean_allocated_gpu:.2f}",
+            f"{q.mean_fair_share_gpu:.2f}",
+            f"{q.max_allocated_gpu:.2f}",
+            "" if q.limit_gpu is None else f"{q.limit_gpu:g}",
+        ]
         for q in result.queues
     ]
     return format_table(headers, rows) + f"\nGPU utilisation (time-weighted): {result.utilisation_pct:.1f}%"
@@ -137,19 +213,45 @@ def write_queue_csv(result: QueueRunResult, out_dir: Path) -> list[Path]:
     summary = out_dir / f"{result.name}-queues.csv"
     with summary.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["queue", "pods", "started", "mean_wait_s", "p95_wait_s", "mean_allocated_gpu",
-                         "mean_fair_share_gpu", "max_allocated_gpu"])
+        writer.writerow(
+            [
+                "queue",
+                "pods",
+                "started",
+                "mean_wait_s",
+                "p95_wait_s",
+                "mean_allocated_gpu",
+                "mean_fair_share_gpu",
+                "max_allocated_gpu",
+            ]
+        )
         for q in result.queues:
-            writer.writerow([q.name, q.pods, q.started, f"{q.mean_wait_s:.3f}", f"{q.p95_wait_s:.3f}",
-                             f"{q.mean_allocated_gpu:.4f}", f"{q.mean_fair_share_gpu:.4f}",
-                             f"{q.max_allocated_gpu:.4f}"])
+            writer.writerow(
+                [
+                    q.name,
+                    q.pods,
+                    q.started,
+                    f"{q.mean_wait_s:.3f}",
+                    f"{q.p95_wait_s:.3f}",
+                    f"{q.mean_allocated_gpu:.4f}",
+                    f"{q.mean_fair_share_gpu:.4f}",
+                    f"{q.max_allocated_gpu:.4f}",
+                ]
+            )
     timeline = out_dir / f"{result.name}-timeline.csv"
     with timeline.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["time_s", "queue", "allocated_gpu", "fair_share_gpu", "pending_jobs"])
         for sample in result.timeline:
-            writer.writerow([f"{sample.time:.3f}", sample.queue, f"{sample.allocated_gpu:.4f}",
-                             f"{sample.fair_share_gpu:.4f}", sample.pending])
+            writer.writerow(
+                [
+                    f"{sample.time:.3f}",
+                    sample.queue,
+                    f"{sample.allocated_gpu:.4f}",
+                    f"{sample.fair_share_gpu:.4f}",
+                    sample.pending,
+                ]
+            )
     return [summary, timeline]
 
 
@@ -159,8 +261,14 @@ def plot_queues(result: QueueRunResult, out_dir: Path) -> Path:
         samples = [s for s in result.timeline if s.queue == q.name]
         times = [s.time for s in samples]
         line = ax.step(times, [s.allocated_gpu for s in samples], where="post", label=f"{q.name} allocated")
-        ax.step(times, [s.fair_share_gpu for s in samples], where="post", linestyle="--",
-                color=line[0].get_color(), label=f"{q.name} fair share")
+        ax.step(
+            times,
+            [s.fair_share_gpu for s in samples],
+            where="post",
+            linestyle="--",
+            color=line[0].get_color(),
+            label=f"{q.name} fair share",
+        )
     ax.set(xlabel="time, s", ylabel="GPUs", title=f"{result.name}: queue allocation vs fair share")
     ax.legend(fontsize="small", ncol=2)
     ax.grid(alpha=0.3)

@@ -117,8 +117,11 @@ def _demand(path: Path, line: int, row: Mapping[str, str]) -> GpuDemand:
 
 def load_pods(path: Path) -> list[SimPod]:
     pods = [
-        SimPod(name=row["name"], demand=_demand(path, line, row),
-               creation_time=_int(path, line, row, "creation_time", default=0))
+        SimPod(
+            name=row["name"],
+            demand=_demand(path, line, row),
+            creation_time=_int(path, line, row, "creation_time", default=0),
+        )
         for line, row in _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"))
     ]
     if not pods:

@@ -53,8 +53,13 @@ class GpuCluster:
         return name
 
     async def patch_queue(self, name: str, spec: JsonObject) -> None:
-        await request(self.api, "PATCH", f"{QUEUES_PATH}/{name}", body={"spec": spec},
-                      content_type="application/merge-patch+json")
+        await request(
+            self.api,
+            "PATCH",
+            f"{QUEUES_PATH}/{name}",
+            body={"spec": spec},
+            content_type="application/merge-patch+json",
+        )
 
     async def get_queue(self, name: str) -> JsonObject:
         return await request(self.api, "GET", f"{QUEUES_PATH}/{name}")
@@ -62,8 +67,13 @@ class GpuCluster:
     async def submit(self, queue: str, count: int, prefix: str, template: str = TEMPLATE) -> list[str]:
         names = []
         for index in range(count):
-            pod = objects.pod(self.namespace, f"{prefix}-{index}", queue=queue, template=template,
-                              scheduler=self.scheduler_name)
+            pod = objects.pod(
+                self.namespace,
+                f"{prefix}-{index}",
+                queue=queue,
+                template=template,
+                scheduler=self.scheduler_name,
+            )
             del pod["metadata"]["uid"]
             await request(self.api, "POST", f"/api/v1/namespaces/{self.namespace}/pods", body=pod)
             names.append(pod["metadata"]["name"])
@@ -84,15 +94,24 @@ class GpuCluster:
     async def delete_pods(self, names: list[str]) -> None:
         """Force delete: no kubelet runs on fake nodes to finish a graceful deletion."""
         for name in names:
-            await request(self.api, "DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{name}",
-                          query={"gracePeriodSeconds": "0"})
+            await request(
+                self.api,
+                "DELETE",
+                f"/api/v1/namespaces/{self.namespace}/pods/{name}",
+                query={"gracePeriodSeconds": "0"},
+            )
 
     async def start_extender(self, port: int = 0) -> ExtenderService:
-        state = ClusterState(StateConfig(gpu_drivers=frozenset({self.driver}),
-                                         scheduler_names=frozenset({self.scheduler_name})))
+        state = ClusterState(
+            StateConfig(
+                gpu_drivers=frozenset({self.driver}), scheduler_names=frozenset({self.scheduler_name})
+            )
+        )
         extender_api = await api_client(self.cluster.kubeconfig)
-        service = ExtenderService(extender_api, ServiceOptions(host="127.0.0.1", port=port, state=state,
-                                                               queue_status_interval_s=0.5))
+        service = ExtenderService(
+            extender_api,
+            ServiceOptions(host="127.0.0.1", port=port, state=state, queue_status_interval_s=0.5),
+        )
         await service.start()
         await service.wait_ready()
         self.service = service
@@ -111,9 +130,16 @@ class GpuCluster:
 
     async def start_scheduler(self, url: str, **extender_fields: Any) -> None:
         """A kube-scheduler (profile `scheduler_name`) calling the extender at `url`."""
-        config = {"urlPrefix": url, "filterVerb": "filter", "prioritizeVerb": "prioritize",
-                  "bindVerb": "bind", "weight": 1, "nodeCacheCapable": True, "enableHTTPS": False,
-                  **extender_fields}
+        config = {
+            "urlPrefix": url,
+            "filterVerb": "filter",
+            "prioritizeVerb": "prioritize",
+            "bindVerb": "bind",
+            "weight": 1,
+            "nodeCacheCapable": True,
+            "enableHTTPS": False,
+            **extender_fields,
+        }
         self.scheduler = await asyncio.to_thread(self.cluster.start_scheduler, self.scheduler_name, [config])
 
 
@@ -126,26 +152,53 @@ async def _ignore_missing(path: str, api: ApiClient) -> None:
 
 
 @asynccontextmanager
-async def gpu_cluster(cluster: LocalCluster, api: ApiClient, namespace: str, nodes: int = 2,
-                      gpus_per_node: int = 4, in_process: bool = True,
-                      shareable: bool = False) -> AsyncIterator[GpuCluster]:
+async def gpu_cluster(
+    cluster: LocalCluster,
+    api: ApiClient,
+    namespace: str,
+    nodes: int = 2,
+    gpus_per_node: int = 4,
+    in_process: bool = True,
+    shareable: bool = False,
+) -> AsyncIterator[GpuCluster]:
     """GPU nodes, slices, a DeviceClass and claim templates; with `in_process`, also the extender
     in this process and a scheduler calling it. `shareable` GPUs take fractional claims."""
     suffix = uuid.uuid4().hex[:6]
     driver = f"gpu-{suffix}.tessera.dev"
-    env = GpuCluster(cluster, api, namespace, suffix, driver, f"tessera-{suffix}",
-                     [f"gpu-node-{suffix}-{i}" for i in range(nodes)])
+    env = GpuCluster(
+        cluster,
+        api,
+        namespace,
+        suffix,
+        driver,
+        f"tessera-{suffix}",
+        [f"gpu-node-{suffix}-{i}" for i in range(nodes)],
+    )
     await asyncio.to_thread(cluster.kubectl, "apply", "-f", str(QUEUE_CRD))
-    await asyncio.to_thread(cluster.kubectl, "wait", "--for=condition=established", "--timeout=30s",
-                            "crd/queues.scheduling.tessera.dev")
+    await asyncio.to_thread(
+        cluster.kubectl,
+        "wait",
+        "--for=condition=established",
+        "--timeout=30s",
+        "crd/queues.scheduling.tessera.dev",
+    )
     try:
-        await request(api, "POST", "/apis/resource.k8s.io/v1/deviceclasses",
-                      body=objects.device_class(driver, driver=driver))
+        await request(
+            api,
+            "POST",
+            "/apis/resource.k8s.io/v1/deviceclasses",
+            body=objects.device_class(driver, driver=driver),
+        )
         for node in env.nodes:
             await create_fake_node(api, node)
-            await request(api, "POST", "/apis/resource.k8s.io/v1/resourceslices",
-                          body=objects.gpu_slice(node, gpus_per_node, driver=driver, name=f"{node}-gpus",
-                                                 shareable=shareable))
+            await request(
+                api,
+                "POST",
+                "/apis/resource.k8s.io/v1/resourceslices",
+                body=objects.gpu_slice(
+                    node, gpus_per_node, driver=driver, name=f"{node}-gpus", shareable=shareable
+                ),
+            )
         templates = {TEMPLATE: objects.claim_spec(driver)}
         if shareable:
             templates[QUARTER_TEMPLATE] = objects.claim_spec(driver, memory="20Gi")

@@ -20,8 +20,9 @@ from tests.integration.extender_harness import GpuCluster, gpu_cluster
 pytestmark = pytest.mark.integration
 
 
-async def converge(env: GpuCluster, expected: dict[str, int], limits: dict[str, int],
-                   timeout: float = 45.0) -> dict[str, int]:
+async def converge(
+    env: GpuCluster, expected: dict[str, int], limits: dict[str, int], timeout: float = 45.0
+) -> dict[str, int]:
     """Poll until the bound pods per queue equal `expected`; every sample must respect `limits`."""
 
     async def reached() -> dict[str, int] | None:
@@ -39,8 +40,9 @@ async def converge(env: GpuCluster, expected: dict[str, int], limits: dict[str, 
 async def queue_status_equals(env: GpuCluster, queue: str, allocated: str, fair: str) -> None:
     async def matches() -> bool:
         status = (await env.get_queue(queue)).get("status") or {}
-        return (status.get("allocated") or {}).get("gpu") == allocated and \
-            (status.get("fairShare") or {}).get("gpu") == fair
+        return (status.get("allocated") or {}).get("gpu") == allocated and (
+            status.get("fairShare") or {}
+        ).get("gpu") == fair
 
     await wait_until(matches, timeout=15, interval=0.2, what=f"status of {queue}: {allocated} of {fair} GPUs")
 
@@ -64,7 +66,8 @@ def waiting_condition(pod: dict[str, Any]) -> dict[str, str] | None:
 
 
 async def test_queues_converge_to_fair_shares_with_lending_limits_and_wait_reasons(
-        local_cluster: LocalCluster, k8s: ApiClient, namespace: str) -> None:
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
     async with gpu_cluster(local_cluster, k8s, namespace, nodes=2, gpus_per_node=4) as env:
         team_a = await env.create_queue("a", resources={"gpu": {"quota": 4, "limit": 6}})
         team_b = await env.create_queue("b", resources={"gpu": {"quota": 4}})
@@ -81,16 +84,28 @@ async def test_queues_converge_to_fair_shares_with_lending_limits_and_wait_reaso
 
         conditions = await wait_until(refused_for_limit, timeout=15, what="wait reasons of refused pods")
         assert all(f"queue '{team_a}'" in c["message"] and "limit (6)" in c["message"] for c in conditions)
-        events = await asyncio.to_thread(local_cluster.kubectl, "get", "events", "-n", namespace,
-                                         "--field-selector", "reason=WaitingForQueue", "-o", "json")
+        events = await asyncio.to_thread(
+            local_cluster.kubectl,
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            "reason=WaitingForQueue",
+            "-o",
+            "json",
+        )
         assert any("limit (6)" in e["message"] for e in json.loads(events.stdout)["items"])
 
         # team-b arrives: it gets the idle GPUs at once, and the GPUs team-a frees go to team-b
         # (below its fair share) rather than back to team-a, until both hold their fair share.
         await env.submit(team_b, 4, "b")
         await converge(env, {team_a: 6, team_b: 2}, limits)
-        bound_a = [p["metadata"]["name"] for p in await env.pods()
-                   if p["spec"].get("nodeName") and p["metadata"]["name"] in a_pods]
+        bound_a = [
+            p["metadata"]["name"]
+            for p in await env.pods()
+            if p["spec"].get("nodeName") and p["metadata"]["name"] in a_pods
+        ]
         await env.delete_pods(bound_a[:2])
         await converge(env, {team_a: 4, team_b: 4}, limits)
         await queue_status_equals(env, team_a, allocated="4", fair="4")
@@ -131,7 +146,8 @@ async def timed(action: Callable[[], Awaitable[None]], done: Callable[[], Awaita
 
 
 async def test_refused_pod_is_scheduled_promptly_once_eligible(
-        local_cluster: LocalCluster, k8s: ApiClient, namespace: str) -> None:
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
     """Raising a limit is no cluster event kube-scheduler watches: only the extender's nudge requeues
     the pod (else it would wait up to 5 minutes). Freeing capacity is measured too."""
     async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=4) as env:
@@ -144,6 +160,7 @@ async def test_refused_pod_is_scheduled_promptly_once_eligible(
 
         figures = []
         for limit in (2, 3, 4):
+
             async def raise_limit(value: int = limit) -> None:
                 await env.patch_queue(team, {"resources": {"gpu": {"limit": value}}})
 
@@ -162,8 +179,10 @@ async def test_refused_pod_is_scheduled_promptly_once_eligible(
             return (await env.bound_by_queue()).get(team, 0) == 4
 
         freed = await timed(free_one, replaced)
-        print(f"\nrequeue after limit raise: {', '.join(f'{f:.2f}s' for f in figures)}; "
-              f"after capacity freed: {freed:.2f}s")
+        print(
+            f"\nrequeue after limit raise: {', '.join(f'{f:.2f}s' for f in figures)}; "
+            f"after capacity freed: {freed:.2f}s"
+        )
         # Far below the 5-minute fallback; the measured figures are in docs/extender.md.
         assert max(figures) < 30 and freed < 30
         assert env.service is not None
@@ -172,7 +191,8 @@ async def test_refused_pod_is_scheduled_promptly_once_eligible(
 
 
 async def test_restarting_the_extender_loses_and_double_counts_nothing(
-        local_cluster: LocalCluster, k8s: ApiClient, namespace: str) -> None:
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
     async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=4) as env:
         team = await env.create_queue("r", resources={"gpu": {"quota": 1, "limit": 3}})
         await env.submit(team, 3, "before")
@@ -195,6 +215,7 @@ async def test_restarting_the_extender_loses_and_double_counts_nothing(
         async def both_refused() -> bool:
             conditions = [waiting_condition(p) for p in await env.pods() if not p["spec"].get("nodeName")]
             return len(conditions) == 2 and all(
-                c is not None and "limit (3)" in c["message"] for c in conditions)
+                c is not None and "limit (3)" in c["message"] for c in conditions
+            )
 
         await wait_until(both_refused, timeout=20, what="limit refusals after the restart")

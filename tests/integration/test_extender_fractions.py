@@ -13,7 +13,8 @@ pytestmark = pytest.mark.integration
 
 
 async def test_fractional_pods_count_as_parts_of_a_gpu_and_pack_onto_one_node(
-        local_cluster: LocalCluster, k8s: ApiClient, namespace: str) -> None:
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
     async with gpu_cluster(local_cluster, k8s, namespace, nodes=2, gpus_per_node=2, shareable=True) as env:
         team = await env.create_queue("f", resources={"gpu": {"limit": 1}})
         await env.submit(team, 5, "quarter", template=QUARTER_TEMPLATE)
@@ -25,8 +26,11 @@ async def test_fractional_pods_count_as_parts_of_a_gpu_and_pack_onto_one_node(
 
         async def refused() -> bool:
             waiting = [waiting_condition(p) for p in await env.pods() if not p["spec"].get("nodeName")]
-            return len(waiting) == 1 and waiting[0] is not None and \
-                "gpu allocated 1 + request 0.25 would exceed its limit (1)" in waiting[0]["message"]
+            return (
+                len(waiting) == 1
+                and waiting[0] is not None
+                and "gpu allocated 1 + request 0.25 would exceed its limit (1)" in waiting[0]["message"]
+            )
 
         await wait_until(refused, timeout=20, what="the fifth quarter's wait reason")
         assert env.service is not None

@@ -28,7 +28,8 @@ def client_context(ca: CertificateAuthority, cert: Path | None, key: Path | None
 
 
 async def test_scheduler_talks_to_the_extender_process_over_mutual_tls(
-        local_cluster: LocalCluster, k8s: ApiClient, namespace: str, tmp_path: Path) -> None:
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str, tmp_path: Path
+) -> None:
     ca = CertificateAuthority(tmp_path / "pki", name="tessera-extender-test-ca")
     serving = ca.issue("extender", "tessera-extender", server=True, hosts=("127.0.0.1",))
     scheduler_client = ca.issue("scheduler", "kube-scheduler")
@@ -37,16 +38,26 @@ async def test_scheduler_talks_to_the_extender_process_over_mutual_tls(
         log_path = tmp_path / "extender.log"
         with log_path.open("w") as log:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "extender", f"--kubeconfig={local_cluster.kubeconfig}",
-                "--listen-address=127.0.0.1", f"--port={port}", f"--gpu-driver={env.driver}",
-                f"--scheduler-name={env.scheduler_name}", f"--tls-cert-file={serving.cert_path}",
-                f"--tls-key-file={serving.key_path}", f"--tls-client-ca-file={ca.cert_path}",
+                sys.executable,
+                "-m",
+                "extender",
+                f"--kubeconfig={local_cluster.kubeconfig}",
+                "--listen-address=127.0.0.1",
+                f"--port={port}",
+                f"--gpu-driver={env.driver}",
+                f"--scheduler-name={env.scheduler_name}",
+                f"--tls-cert-file={serving.cert_path}",
+                f"--tls-key-file={serving.key_path}",
+                f"--tls-client-ca-file={ca.cert_path}",
                 "--queue-status-interval=0.5",
-                stdout=log, stderr=asyncio.subprocess.STDOUT)
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+            )
         try:
             url = f"https://127.0.0.1:{port}"
             trusted = client_context(ca, scheduler_client.cert_path, scheduler_client.key_path)
             async with aiohttp.ClientSession() as session:
+
                 async def ready() -> bool:
                     try:
                         async with session.get(f"{url}/readyz", ssl=trusted) as response:
@@ -58,10 +69,16 @@ async def test_scheduler_talks_to_the_extender_process_over_mutual_tls(
                 with pytest.raises(aiohttp.ClientError):  # no client certificate: refused
                     await session.get(f"{url}/healthz", ssl=client_context(ca, None, None))
 
-            await env.start_scheduler(url, enableHTTPS=True, nodeCacheCapable=False,
-                                      tlsConfig={"caFile": str(ca.cert_path),
-                                                 "certFile": str(scheduler_client.cert_path),
-                                                 "keyFile": str(scheduler_client.key_path)})
+            await env.start_scheduler(
+                url,
+                enableHTTPS=True,
+                nodeCacheCapable=False,
+                tlsConfig={
+                    "caFile": str(ca.cert_path),
+                    "certFile": str(scheduler_client.cert_path),
+                    "keyFile": str(scheduler_client.key_path),
+                },
+            )
             team = await env.create_queue("t", resources={"gpu": {"limit": 2}})
             await env.submit(team, 3, "p")
             await converge(env, {team: 2}, {team: 2})

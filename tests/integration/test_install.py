@@ -59,8 +59,9 @@ def kube_version() -> str:
 
 
 def helm(cluster: LocalCluster, *args: str) -> str:
-    result = subprocess.run([str(cluster.bin_dir / "helm"), *args], capture_output=True, text=True,
-                            check=False)
+    result = subprocess.run(
+        [str(cluster.bin_dir / "helm"), *args], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stderr}"
     return result.stdout
 
@@ -70,8 +71,18 @@ def set_flags(values: tuple[str, ...]) -> list[str]:
 
 
 def render(cluster: LocalCluster, release: str, namespace: str, *values: str) -> list[dict[str, Any]]:
-    text = helm(cluster, "template", release, str(CHART), "--namespace", namespace, "--include-crds",
-                "--kube-version", kube_version(), *set_flags(values))
+    text = helm(
+        cluster,
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--include-crds",
+        "--kube-version",
+        kube_version(),
+        *set_flags(values),
+    )
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
@@ -85,8 +96,9 @@ def install_crds(cluster: LocalCluster, objects: list[dict[str, Any]]) -> list[d
     """Applies the rendered CRDs for real (shared by every test: left installed); returns the rest."""
     crds = [obj for obj in objects if obj["kind"] == "CustomResourceDefinition"]
     assert [crd["metadata"]["name"] for crd in crds] == [QUEUE_CRD_NAME]
-    kubectl_ok(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-",
-               input_text=yaml.safe_dump_all(crds))
+    kubectl_ok(
+        cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", input_text=yaml.safe_dump_all(crds)
+    )
     kubectl_ok(cluster, "wait", "--for=condition=Established", f"crd/{QUEUE_CRD_NAME}", "--timeout=30s")
     return [obj for obj in objects if obj["kind"] != "CustomResourceDefinition"]
 
@@ -96,25 +108,41 @@ def names_of(objects: list[dict[str, Any]], kind: str) -> list[str]:
 
 
 def test_chart_lints_and_the_plain_install_is_a_fresh_render(
-        local_cluster: LocalCluster, tmp_path: Path) -> None:
+    local_cluster: LocalCluster, tmp_path: Path
+) -> None:
     lint = helm(local_cluster, "lint", "--strict", str(CHART), "--kube-version", kube_version())
     assert "1 chart(s) linted, 0 chart(s) failed" in lint
-    helm(local_cluster, "lint", "--strict", str(CHART), "--kube-version", kube_version(),
-         *set_flags(NON_DEFAULT_VALUES))
+    helm(
+        local_cluster,
+        "lint",
+        "--strict",
+        str(CHART),
+        "--kube-version",
+        kube_version(),
+        *set_flags(NON_DEFAULT_VALUES),
+    )
 
-    fresh = subprocess.run(["bash", str(RENDER_SCRIPT), "-"], capture_output=True, text=True, check=False,
-                           env={**os.environ, "HELM": str(local_cluster.bin_dir / "helm")})
+    fresh = subprocess.run(
+        ["bash", str(RENDER_SCRIPT), "-"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "HELM": str(local_cluster.bin_dir / "helm")},
+    )
     assert fresh.returncode == 0, fresh.stderr
     assert fresh.stdout == INSTALL_YAML.read_text(), (
-        "manifests/install.yaml is stale: run hack/render-manifests.sh and commit it")
+        "manifests/install.yaml is stale: run hack/render-manifests.sh and commit it"
+    )
 
     # The chart installs the very files the tests and the plain install use, through links that
     # a packaged chart replaces with their contents.
     helm(local_cluster, "package", str(CHART), "--destination", str(tmp_path))
     with tarfile.open(tmp_path / "tessera-0.1.0.tgz") as package:
-        for linked, shared in (("crds/queues.yaml", "crds/queues.yaml"),
-                               ("files/deviceclasses.yaml", "deviceclasses.yaml"),
-                               ("files/default-queue.yaml", "default-queue.yaml")):
+        for linked, shared in (
+            ("crds/queues.yaml", "crds/queues.yaml"),
+            ("files/deviceclasses.yaml", "deviceclasses.yaml"),
+            ("files/default-queue.yaml", "default-queue.yaml"),
+        ):
             assert (CHART / linked).samefile(REPO / "manifests" / shared), linked
             packed = package.extractfile(f"tessera/{linked}")
             assert packed is not None and packed.read() == (REPO / "manifests" / shared).read_bytes()
@@ -122,18 +150,28 @@ def test_chart_lints_and_the_plain_install_is_a_fresh_render(
 
 # Only the extender (HTTPS, no client certificates) and the scheduler configuration for your own
 # kube-scheduler.
-CONFIG_ONLY_VALUES = ("scheduler.deploy=false", "draDriver.enabled=false", "deviceClasses.create=false",
-                      "extender.tls.enabled=true", "extender.tls.verifyClients=false")
+CONFIG_ONLY_VALUES = (
+    "scheduler.deploy=false",
+    "draDriver.enabled=false",
+    "deviceClasses.create=false",
+    "extender.tls.enabled=true",
+    "extender.tls.verifyClients=false",
+)
 
 
-@pytest.mark.parametrize("values", [(), NON_DEFAULT_VALUES, CONFIG_ONLY_VALUES],
-                         ids=["defaults", "every-option", "config-only-server-tls"])
+@pytest.mark.parametrize(
+    "values",
+    [(), NON_DEFAULT_VALUES, CONFIG_ONLY_VALUES],
+    ids=["defaults", "every-option", "config-only-server-tls"],
+)
 def test_the_apiserver_accepts_every_rendered_object(
-        local_cluster: LocalCluster, namespace: str, values: tuple[str, ...]) -> None:
+    local_cluster: LocalCluster, namespace: str, values: tuple[str, ...]
+) -> None:
     release = f"it-{uuid.uuid4().hex[:6]}"
     objects = install_crds(local_cluster, render(local_cluster, release, namespace, *values))
-    out = kubectl_ok(local_cluster, "apply", "--dry-run=server", "-f", "-",
-                     input_text=yaml.safe_dump_all(objects))
+    out = kubectl_ok(
+        local_cluster, "apply", "--dry-run=server", "-f", "-", input_text=yaml.safe_dump_all(objects)
+    )
     applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
     assert len(applied) == len(objects), out
 
@@ -143,8 +181,10 @@ def test_the_apiserver_accepts_every_rendered_object(
         assert names_of(objects, "Deployment") == [f"{release}-tessera-extender"]
         assert "DaemonSet" not in kinds and "DeviceClass" not in kinds
     else:
-        assert sorted(names_of(objects, "Deployment")) == [f"{release}-tessera-extender",
-                                                           f"{release}-tessera-scheduler"]
+        assert sorted(names_of(objects, "Deployment")) == [
+            f"{release}-tessera-extender",
+            f"{release}-tessera-scheduler",
+        ]
         assert names_of(objects, "DaemonSet") == [f"{release}-tessera-dra-driver"]
         shipped = yaml.safe_load_all((REPO / "manifests" / "deviceclasses.yaml").read_text())
         assert sorted(names_of(objects, "DeviceClass")) == sorted(d["metadata"]["name"] for d in shipped if d)
@@ -169,6 +209,7 @@ def mounted_secrets(pod: dict[str, Any]) -> dict[str, str]:
 
 def assert_tls_wired(objects: list[dict[str, Any]], release: str, namespace: str) -> None:
     """Both ends of the extender link read their certificates where the chart mounts them."""
+
     def pod(name: str) -> dict[str, Any]:
         deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == name)
         return dict(deployment["spec"]["template"]["spec"])
@@ -176,8 +217,11 @@ def assert_tls_wired(objects: list[dict[str, Any]], release: str, namespace: str
     extender = pod(f"{release}-tessera-extender")
     serving = mounted_secrets(extender)["tessera-extender-tls"]
     args = extender["containers"][0]["args"]
-    for flag, key in (("--tls-cert-file", "tls.crt"), ("--tls-key-file", "tls.key"),
-                      ("--tls-client-ca-file", "ca.crt")):
+    for flag, key in (
+        ("--tls-cert-file", "tls.crt"),
+        ("--tls-key-file", "tls.key"),
+        ("--tls-client-ca-file", "ca.crt"),
+    ):
         assert f"{flag}={serving}/{key}" in args
     # Kubelet probes carry no client certificate: they only open the port.
     assert "tcpSocket" in extender["containers"][0]["readinessProbe"]
@@ -187,11 +231,16 @@ def assert_tls_wired(objects: list[dict[str, Any]], release: str, namespace: str
     (link,) = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])["extenders"]
     host = f"{release}-tessera-extender.{namespace}.svc"
     assert link["urlPrefix"] == f"https://{host}:8888" and link["enableHTTPS"] is True
-    assert link["tlsConfig"] == {"serverName": host, "caFile": f"{client}/ca.crt",
-                                 "certFile": f"{client}/tls.crt", "keyFile": f"{client}/tls.key"}
+    assert link["tlsConfig"] == {
+        "serverName": host,
+        "caFile": f"{client}/ca.crt",
+        "certFile": f"{client}/tls.crt",
+        "keyFile": f"{client}/tls.key",
+    }
 
 
 # ---- RBAC ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Access:
@@ -225,44 +274,80 @@ def access_list(*specs: str) -> list[Access]:
 RESOURCE = "resource.k8s.io"
 QUEUES = "queues.scheduling.tessera.dev"
 NEVER = access_list(  # what no Tessera component has any business doing
-    "delete nodes", "get secrets ns", "list secrets", "create pods ns",
-    "update clusterroles.rbac.authorization.k8s.io", "create serviceaccounts/token ns",
-    f"delete {QUEUES}", "escalate clusterroles.rbac.authorization.k8s.io",
+    "delete nodes",
+    "get secrets ns",
+    "list secrets",
+    "create pods ns",
+    "update clusterroles.rbac.authorization.k8s.io",
+    "create serviceaccounts/token ns",
+    f"delete {QUEUES}",
+    "escalate clusterroles.rbac.authorization.k8s.io",
 )
 NEEDS = {
     # extender/state.py watches, binder.py, status.py
     "extender": access_list(
-        "list nodes", "watch nodes", "list pods", "watch pods", "get pods ns", "patch pods ns",
-        "create pods/binding ns", "patch pods/status ns", "create events ns",
-        f"list resourceslices.{RESOURCE}", f"watch resourceslices.{RESOURCE}",
-        f"list resourceclaims.{RESOURCE}", f"watch resourceclaims.{RESOURCE}",
+        "list nodes",
+        "watch nodes",
+        "list pods",
+        "watch pods",
+        "get pods ns",
+        "patch pods ns",
+        "create pods/binding ns",
+        "patch pods/status ns",
+        "create events ns",
+        f"list resourceslices.{RESOURCE}",
+        f"watch resourceslices.{RESOURCE}",
+        f"list resourceclaims.{RESOURCE}",
+        f"watch resourceclaims.{RESOURCE}",
         f"get resourceclaims.{RESOURCE} ns",
-        f"list resourceclaimtemplates.{RESOURCE}", f"watch resourceclaimtemplates.{RESOURCE}",
-        f"list deviceclasses.{RESOURCE}", f"watch deviceclasses.{RESOURCE}",
-        f"list {QUEUES}", f"watch {QUEUES}", f"patch {QUEUES}/status",
+        f"list resourceclaimtemplates.{RESOURCE}",
+        f"watch resourceclaimtemplates.{RESOURCE}",
+        f"list deviceclasses.{RESOURCE}",
+        f"watch deviceclasses.{RESOURCE}",
+        f"list {QUEUES}",
+        f"watch {QUEUES}",
+        f"patch {QUEUES}/status",
     ),
     # dra_driver/slices.py and prepare.py
     "dra-driver": access_list(
-        f"list resourceslices.{RESOURCE}", f"create resourceslices.{RESOURCE}",
-        f"update resourceslices.{RESOURCE}", f"delete resourceslices.{RESOURCE}",
-        f"get resourceclaims.{RESOURCE} ns", "get nodes",
+        f"list resourceslices.{RESOURCE}",
+        f"create resourceslices.{RESOURCE}",
+        f"update resourceslices.{RESOURCE}",
+        f"delete resourceslices.{RESOURCE}",
+        f"get resourceclaims.{RESOURCE} ns",
+        "get nodes",
     ),
     # a stock kube-scheduler with DRA, under its own leader-election lease
     "scheduler": access_list(
-        "create pods/binding ns", "patch pods/status ns", "list nodes", "watch pods",
-        f"list resourceslices.{RESOURCE}", f"list deviceclasses.{RESOURCE}",
-        f"update resourceclaims.{RESOURCE}/status ns", "create leases.coordination.k8s.io ns",
+        "create pods/binding ns",
+        "patch pods/status ns",
+        "list nodes",
+        "watch pods",
+        f"list resourceslices.{RESOURCE}",
+        f"list deviceclasses.{RESOURCE}",
+        f"update resourceclaims.{RESOURCE}/status ns",
+        "create leases.coordination.k8s.io ns",
     ),
 }
 DENIED = {
     "extender": access_list(
-        "delete pods ns", "update pods ns", "update pods/status ns", f"update {QUEUES}", f"create {QUEUES}",
-        f"update {QUEUES}/status", f"create resourceslices.{RESOURCE}",
+        "delete pods ns",
+        "update pods ns",
+        "update pods/status ns",
+        f"update {QUEUES}",
+        f"create {QUEUES}",
+        f"update {QUEUES}/status",
+        f"create resourceslices.{RESOURCE}",
         f"update resourceclaims.{RESOURCE}/status ns",
     ),
     "dra-driver": access_list(
-        "delete pods ns", "list nodes", "update nodes", "list pods", f"list resourceclaims.{RESOURCE}",
-        f"update resourceclaims.{RESOURCE}/status ns", "create pods/binding ns",
+        "delete pods ns",
+        "list nodes",
+        "update nodes",
+        "list pods",
+        f"list resourceclaims.{RESOURCE}",
+        f"update resourceclaims.{RESOURCE}/status ns",
+        "create pods/binding ns",
     ),
     "scheduler": access_list(f"patch {QUEUES}/status", f"create resourceslices.{RESOURCE}"),
 }
@@ -287,8 +372,9 @@ class Release:
         self.values = (*INSTALL_VALUES, f"scheduler.schedulerName={self.scheduler_name}")
 
     def helm(self, *args: str) -> str:
-        return helm(self.cluster, *args, "--namespace", self.namespace,
-                    "--kubeconfig", str(self.cluster.kubeconfig))
+        return helm(
+            self.cluster, *args, "--namespace", self.namespace, "--kubeconfig", str(self.cluster.kubeconfig)
+        )
 
     def install(self) -> None:
         self.helm("install", self.name, str(CHART), *set_flags(self.values))
@@ -307,8 +393,9 @@ class Release:
         return f"system:serviceaccount:{self.namespace}:{self.service_account(component)}"
 
     def can(self, component: str, wanted: Access) -> bool:
-        result = self.cluster.kubectl("auth", "can-i", *wanted.args(self.namespace),
-                                      f"--as={self.user(component)}", check=False)
+        result = self.cluster.kubectl(
+            "auth", "can-i", *wanted.args(self.namespace), f"--as={self.user(component)}", check=False
+        )
         assert result.returncode in (0, 1), result.stderr
         return result.returncode == 0
 
@@ -317,8 +404,15 @@ class Release:
 
         A token bound to a pod also names the pod's node, as the kubelet's tokens do."""
         bound = ["--bound-object-kind=Pod", f"--bound-object-name={pod}"] if pod else []
-        token = kubectl_ok(self.cluster, "create", "token", self.service_account(component),
-                           f"--namespace={self.namespace}", "--duration=15m", *bound).strip()
+        token = kubectl_ok(
+            self.cluster,
+            "create",
+            "token",
+            self.service_account(component),
+            f"--namespace={self.namespace}",
+            "--duration=15m",
+            *bound,
+        ).strip()
         admin = yaml.safe_load(self.cluster.kubeconfig.read_text())
         admin["users"] = [{"name": component, "user": {"token": token}}]
         admin["contexts"][0]["context"]["user"] = component
@@ -342,13 +436,20 @@ def test_helm_installs_and_uninstalls_the_release(local_cluster: LocalCluster, n
     status = yaml.safe_load(release.helm("status", release.name, "--output", "json"))
     assert status["info"]["status"] == "deployed"
     recorded = release.manifest()
-    expected = [o for o in render(local_cluster, release.name, namespace, *release.values)
-                if o["kind"] != "CustomResourceDefinition"]
+    expected = [
+        o
+        for o in render(local_cluster, release.name, namespace, *release.values)
+        if o["kind"] != "CustomResourceDefinition"
+    ]
     assert sorted((o["kind"], o["metadata"]["name"]) for o in recorded) == sorted(
-        (o["kind"], o["metadata"]["name"]) for o in expected)
+        (o["kind"], o["metadata"]["name"]) for o in expected
+    )
     kubectl_ok(local_cluster, "get", f"crd/{QUEUE_CRD_NAME}")  # from the chart's crds/ (or already there)
-    cluster_scoped = [f"{o['kind'].lower()}/{o['metadata']['name']}" for o in recorded
-                      if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    cluster_scoped = [
+        f"{o['kind'].lower()}/{o['metadata']['name']}"
+        for o in recorded
+        if o["kind"] in ("ClusterRole", "ClusterRoleBinding")
+    ]
     # Extender and driver: a role and its binding each; the scheduler: bindings to the built-in roles.
     assert len(cluster_scoped) == 6
     kubectl_ok(local_cluster, "get", *cluster_scoped)
@@ -364,16 +465,24 @@ def test_each_service_account_may_do_what_its_code_calls_and_no_more(release: Re
     checks += [(component, wanted, False) for component in NEEDS for wanted in NEVER]
     with ThreadPoolExecutor(max_workers=4) as pool:
         answers = list(pool.map(lambda check: release.can(check[0], check[1]), checks))
-    wrong = [f"{component} {'cannot' if expected else 'can'} {wanted}"
-             for (component, wanted, expected), answer in zip(checks, answers, strict=True)
-             if answer != expected]
+    wrong = [
+        f"{component} {'cannot' if expected else 'can'} {wanted}"
+        for (component, wanted, expected), answer in zip(checks, answers, strict=True)
+        if answer != expected
+    ]
     assert not wrong, "\n".join(wrong)
 
 
 # ---- the components under their own ServiceAccounts ---------------------------------------------
 
-def wait_for(condition: Callable[[], bool], what: str, process: subprocess.Popen[bytes], log: Path,
-             timeout: float = 30.0) -> None:
+
+def wait_for(
+    condition: Callable[[], bool],
+    what: str,
+    process: subprocess.Popen[bytes],
+    log: Path,
+    timeout: float = 30.0,
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if process.poll() is not None:
@@ -406,60 +515,124 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_accounts(
-        release: Release, k8s: ApiClient, tmp_path: Path) -> None:
+    release: Release, k8s: ApiClient, tmp_path: Path
+) -> None:
     cluster, namespace = release.cluster, release.namespace
     extender_port, scheduler_port = free_port(), free_port()
     extender_log, scheduler_log = tmp_path / "extender.log", tmp_path / "scheduler.log"
     extender_kubeconfig = release.token_kubeconfig("extender", tmp_path / "extender.kubeconfig")
-    extender = start([sys.executable, "-m", "extender", f"--kubeconfig={extender_kubeconfig}",
-                      "--listen-address=127.0.0.1", f"--port={extender_port}"], extender_log)
+    extender = start(
+        [
+            sys.executable,
+            "-m",
+            "extender",
+            f"--kubeconfig={extender_kubeconfig}",
+            "--listen-address=127.0.0.1",
+            f"--port={extender_port}",
+        ],
+        extender_log,
+    )
     # The chart's own scheduler configuration; only the API access and the extender's address
     # differ outside the cluster.
-    config_map = yaml.safe_load(kubectl_ok(cluster, "get", "configmap", f"--namespace={namespace}",
-                                           f"{release.name}-tessera-scheduler-config", "-o", "json"))
+    config_map = yaml.safe_load(
+        kubectl_ok(
+            cluster,
+            "get",
+            "configmap",
+            f"--namespace={namespace}",
+            f"{release.name}-tessera-scheduler-config",
+            "-o",
+            "json",
+        )
+    )
     config = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])
     kubeconfig = release.token_kubeconfig("scheduler", tmp_path / "scheduler.kubeconfig")
     config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
     assert config["extenders"][0]["urlPrefix"] == (
-        f"http://{release.name}-tessera-extender.{namespace}.svc:8888")
+        f"http://{release.name}-tessera-extender.{namespace}.svc:8888"
+    )
     config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{extender_port}"
     (tmp_path / "scheduler.yaml").write_text(yaml.safe_dump(config))
-    scheduler = start([str(cluster.bin_dir / "kube-scheduler"), f"--config={tmp_path / 'scheduler.yaml'}",
-                       f"--authentication-kubeconfig={kubeconfig}",
-                       f"--authorization-kubeconfig={kubeconfig}",
-                       f"--secure-port={scheduler_port}", "--bind-address=127.0.0.1"], scheduler_log)
+    scheduler = start(
+        [
+            str(cluster.bin_dir / "kube-scheduler"),
+            f"--config={tmp_path / 'scheduler.yaml'}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--secure-port={scheduler_port}",
+            "--bind-address=127.0.0.1",
+        ],
+        scheduler_log,
+    )
     node, queue = f"{release.name}-node", f"{release.name}-queue"
     try:
         # Ready only once every watch (nodes ... queues) has listed: the list/watch RBAC works.
-        wait_for(lambda: http_ok(f"http://127.0.0.1:{extender_port}/readyz"), "extender ready",
-                 extender, extender_log)
+        wait_for(
+            lambda: http_ok(f"http://127.0.0.1:{extender_port}/readyz"),
+            "extender ready",
+            extender,
+            extender_log,
+        )
 
         def holds_lease() -> bool:
-            lease = cluster.kubectl("get", "lease", f"{release.name}-tessera-scheduler",
-                                    f"--namespace={namespace}", "-o", "jsonpath={.spec.holderIdentity}",
-                                    check=False)
+            lease = cluster.kubectl(
+                "get",
+                "lease",
+                f"{release.name}-tessera-scheduler",
+                f"--namespace={namespace}",
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+                check=False,
+            )
             return lease.returncode == 0 and bool(lease.stdout.strip())
 
         # Informers synced and the lease taken: the scheduler's RBAC and its own lease Role work.
         wait_for(holds_lease, "scheduler leader lease", scheduler, scheduler_log)
 
         await create_fake_node(k8s, node)
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hello", "namespace": namespace},
-               "spec": {"schedulerName": release.scheduler_name,
-                        "nodeSelector": {"kubernetes.io/hostname": node},
-                        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "hello", "namespace": namespace},
+            "spec": {
+                "schedulerName": release.scheduler_name,
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+            },
+        }
         kubectl_ok(cluster, "apply", "-f", "-", input_text=yaml.safe_dump(pod))
 
         def bound() -> bool:
-            return kubectl_ok(cluster, "get", "pod", "hello", f"--namespace={namespace}",
-                              "-o", "jsonpath={.spec.nodeName}").strip() == node
+            return (
+                kubectl_ok(
+                    cluster,
+                    "get",
+                    "pod",
+                    "hello",
+                    f"--namespace={namespace}",
+                    "-o",
+                    "jsonpath={.spec.nodeName}",
+                ).strip()
+                == node
+            )
 
         # The extender is the binder (bindVerb): the Binding was created with its token.
         wait_for(bound, "pod bound by the extender", extender, extender_log)
         assert f"bound {namespace}/hello to {node}" in extender_log.read_text()
 
-        kubectl_ok(cluster, "apply", "-f", "-", input_text=yaml.safe_dump(
-            {"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "Queue", "metadata": {"name": queue}}))
+        kubectl_ok(
+            cluster,
+            "apply",
+            "-f",
+            "-",
+            input_text=yaml.safe_dump(
+                {
+                    "apiVersion": "scheduling.tessera.dev/v1alpha1",
+                    "kind": "Queue",
+                    "metadata": {"name": queue},
+                }
+            ),
+        )
 
         def queue_status_written() -> bool:
             written = kubectl_ok(cluster, "get", QUEUES, queue, "-o", "jsonpath={.status.conditions}")
@@ -475,48 +648,94 @@ async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_acc
         assert "forbidden" not in log.read_text().lower(), log.read_text()[-3000:]
 
 
-
-def kubectl_as(cluster: LocalCluster, kubeconfig: Path, *args: str,
-               input_text: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(cluster.bin_dir / "kubectl"), f"--kubeconfig={kubeconfig}", *args],
-                          capture_output=True, text=True, input=input_text, check=False)
+def kubectl_as(
+    cluster: LocalCluster, kubeconfig: Path, *args: str, input_text: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        input=input_text,
+        check=False,
+    )
 
 
 def driver_pod(namespace: str, name: str, node: str, service_account: str) -> dict[str, Any]:
     """A pod on ``node`` as the DaemonSet makes them (no kubelet runs it: it only anchors a token)."""
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"nodeName": node, "serviceAccountName": service_account,
-                     "containers": [{"name": "driver", "image": "tessera:0.1.0"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": service_account,
+            "containers": [{"name": "driver", "image": "tessera:0.1.0"}],
+        },
+    }
 
 
 def probe_slice(node: str, driver: str) -> str:
-    return yaml.safe_dump({"apiVersion": f"{RESOURCE}/v1", "kind": "ResourceSlice",
-                           "metadata": {"name": f"{node}-probe"},
-                           "spec": {"driver": driver, "nodeName": node,
-                                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                                    "devices": [{"name": "gpu-0"}]}})
+    return yaml.safe_dump(
+        {
+            "apiVersion": f"{RESOURCE}/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-probe"},
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": "gpu-0"}],
+            },
+        }
+    )
 
 
 async def test_the_dra_driver_publishes_its_node_with_only_its_service_account(
-        release: Release, k8s: ApiClient, tmp_path: Path) -> None:
+    release: Release, k8s: ApiClient, tmp_path: Path
+) -> None:
     cluster, namespace = release.cluster, release.namespace
     node, other_node = f"{release.name}-gpu-node", f"{release.name}-other-node"
     driver_name = "gpu.tessera.dev"  # the chart's; the slices are told apart by their node
     http_port = free_port()
     log = tmp_path / "driver.log"
     await create_fake_node(k8s, node)
-    kubectl_ok(cluster, "apply", "-f", "-", input_text=yaml.safe_dump(
-        driver_pod(namespace, "driver", node, release.service_account("dra-driver"))))
+    kubectl_ok(
+        cluster,
+        "apply",
+        "-f",
+        "-",
+        input_text=yaml.safe_dump(
+            driver_pod(namespace, "driver", node, release.service_account("dra-driver"))
+        ),
+    )
     kubeconfig = release.token_kubeconfig("dra-driver", tmp_path / "driver.kubeconfig", pod="driver")
     unbound = release.token_kubeconfig("dra-driver", tmp_path / "unbound.kubeconfig")
     host_dirs = [f"--{name}-dir={tmp_path / name}" for name in ("plugin", "registry", "cdi", "checkpoint")]
-    driver = start([sys.executable, "-m", "dra_driver", f"--node-name={node}", f"--driver-name={driver_name}",
-                    "--backend=simulated", "--profile=t4x2", f"--kubeconfig={kubeconfig}", *host_dirs,
-                    f"--http-port={http_port}"], log)
+    driver = start(
+        [
+            sys.executable,
+            "-m",
+            "dra_driver",
+            f"--node-name={node}",
+            f"--driver-name={driver_name}",
+            "--backend=simulated",
+            "--profile=t4x2",
+            f"--kubeconfig={kubeconfig}",
+            *host_dirs,
+            f"--http-port={http_port}",
+        ],
+        log,
+    )
 
     def slices() -> list[dict[str, Any]]:
-        listed = kubectl_ok(cluster, "get", f"resourceslices.{RESOURCE}", "-o", "json",
-                            f"--field-selector=spec.nodeName={node},spec.driver={driver_name}")
+        listed = kubectl_ok(
+            cluster,
+            "get",
+            f"resourceslices.{RESOURCE}",
+            "-o",
+            "json",
+            f"--field-selector=spec.nodeName={node},spec.driver={driver_name}",
+        )
         return list(yaml.safe_load(listed)["items"])
 
     try:
@@ -529,22 +748,41 @@ async def test_the_dra_driver_publishes_its_node_with_only_its_service_account(
 
         # The admission policy: another node's slices, another driver's, or a token that names no
         # node are refused, though RBAC alone would allow them.
-        for credentials, slice_node, slice_driver in ((kubeconfig, other_node, driver_name),
-                                                      (kubeconfig, node, "other.example.com"),
-                                                      (unbound, node, driver_name)):
-            refused = kubectl_as(cluster, credentials, "create", "--dry-run=server", "-f", "-",
-                                 input_text=probe_slice(slice_node, slice_driver))
+        for credentials, slice_node, slice_driver in (
+            (kubeconfig, other_node, driver_name),
+            (kubeconfig, node, "other.example.com"),
+            (unbound, node, driver_name),
+        ):
+            refused = kubectl_as(
+                cluster,
+                credentials,
+                "create",
+                "--dry-run=server",
+                "-f",
+                "-",
+                input_text=probe_slice(slice_node, slice_driver),
+            )
             assert refused.returncode != 0, (slice_node, slice_driver)
             assert f"ValidatingAdmissionPolicy '{release.service_account('dra-driver')}-own-node-slices'" in (
-                refused.stderr), refused.stderr
-        allowed = kubectl_as(cluster, kubeconfig, "create", "--dry-run=server", "-f", "-",
-                             input_text=probe_slice(node, driver_name))
+                refused.stderr
+            ), refused.stderr
+        allowed = kubectl_as(
+            cluster,
+            kubeconfig,
+            "create",
+            "--dry-run=server",
+            "-f",
+            "-",
+            input_text=probe_slice(node, driver_name),
+        )
         assert allowed.returncode == 0, allowed.stderr
     finally:
         stop(driver)
-        cluster.kubectl("delete", "pod", "driver", f"--namespace={namespace}", "--grace-period=0", "--force",
-                        check=False)
-        cluster.kubectl("delete", f"resourceslices.{RESOURCE}", f"--field-selector=spec.nodeName={node}",
-                        check=False)
+        cluster.kubectl(
+            "delete", "pod", "driver", f"--namespace={namespace}", "--grace-period=0", "--force", check=False
+        )
+        cluster.kubectl(
+            "delete", f"resourceslices.{RESOURCE}", f"--field-selector=spec.nodeName={node}", check=False
+        )
         await delete_nodes(k8s, [node])
     assert "forbidden" not in log.read_text().lower(), log.read_text()[-3000:]

@@ -36,8 +36,11 @@ def test_shared_manifests_are_installed_unchanged(install: list[dict[str, Any]],
 
 
 def test_everything_lives_in_the_release_namespace(install: list[dict[str, Any]]) -> None:
-    assert install[0] == {"apiVersion": "v1", "kind": "Namespace", "metadata": {
-        "name": NAMESPACE, "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}
+    assert install[0] == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": NAMESPACE, "labels": {"pod-security.kubernetes.io/enforce": "privileged"}},
+    }
     namespaces = {(o["kind"], o["metadata"]["name"]): o["metadata"].get("namespace") for o in install}
     outside = {key: ns for key, ns in namespaces.items() if ns not in (None, NAMESPACE)}
     # Only the scheduler's read access to the apiserver's authentication ConfigMap sits elsewhere.
@@ -95,5 +98,9 @@ def test_the_driver_runs_on_every_node_with_the_kubelet_directories(install: lis
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     # Mounted at the same paths as on the host: the kubelet and CDI read what the driver writes.
     assert host_paths == mounts
-    assert set(host_paths.values()) == {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry",
-                                        "/var/run/cdi", "/var/lib/tessera-dra"}
+    assert set(host_paths.values()) == {
+        "/var/lib/kubelet/plugins",
+        "/var/lib/kubelet/plugins_registry",
+        "/var/run/cdi",
+        "/var/lib/tessera-dra",
+    }

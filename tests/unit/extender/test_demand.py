@@ -28,7 +28,8 @@ def test_device_class_is_a_gpu_class_when_it_selects_a_gpu_driver() -> None:
     assert device_class_gpu_models(nic, ["gpu.tessera.dev"]) is None
     pinned = objects.device_class("h100")
     pinned["spec"]["selectors"].append(
-        {"cel": {"expression": 'device.attributes["gpu.tessera.dev"].productName == "H100-80GB"'}})
+        {"cel": {"expression": 'device.attributes["gpu.tessera.dev"].productName == "H100-80GB"'}}
+    )
     assert device_class_gpu_models(pinned, ["gpu.tessera.dev"]) == frozenset({"H100-80GB"})
 
 
@@ -40,25 +41,41 @@ def test_whole_gpu_requests_count_devices() -> None:
 def test_fractional_request_carries_its_memory_and_model_from_class_and_selector() -> None:
     spec = objects.claim_spec("h100.tessera.dev", memory="20Gi")
     assert claim_gpu_requests(spec, GPU_CLASSES) == [
-        GpuRequest(count=1, memory_bytes=20 * GIB, models=frozenset({"H100-80GB"}))]
+        GpuRequest(count=1, memory_bytes=20 * GIB, models=frozenset({"H100-80GB"}))
+    ]
     spec = objects.claim_spec("gpu.tessera.dev", model="T4")
     assert claim_gpu_requests(spec, GPU_CLASSES)[0].models == frozenset({"T4"})
 
 
 def test_requests_of_other_classes_and_first_available_lists() -> None:
     assert claim_gpu_requests(objects.claim_spec("nic.example.com"), GPU_CLASSES) == []
-    spec = {"devices": {"requests": [{"name": "r", "firstAvailable": [
-        {"name": "big", "deviceClassName": "gpu.tessera.dev", "count": 4},
-        {"name": "small", "deviceClassName": "gpu.tessera.dev", "count": 1}]}]}}
+    spec = {
+        "devices": {
+            "requests": [
+                {
+                    "name": "r",
+                    "firstAvailable": [
+                        {"name": "big", "deviceClassName": "gpu.tessera.dev", "count": 4},
+                        {"name": "small", "deviceClassName": "gpu.tessera.dev", "count": 1},
+                    ],
+                }
+            ]
+        }
+    }
     assert claim_gpu_requests(spec, GPU_CLASSES) == [GpuRequest(count=4)]
 
 
 def test_allocated_devices_with_consumed_memory() -> None:
-    claim = objects.claim("ns", "c", objects.claim_spec("gpu.tessera.dev"),
-                          allocated=[("node-a", "gpu-0", None), ("node-a", "gpu-1", "10Gi")])
+    claim = objects.claim(
+        "ns",
+        "c",
+        objects.claim_spec("gpu.tessera.dev"),
+        allocated=[("node-a", "gpu-0", None), ("node-a", "gpu-1", "10Gi")],
+    )
     assert allocated_devices(claim) == [
         AllocatedDevice("gpu.tessera.dev", "node-a", "gpu-0"),
-        AllocatedDevice("gpu.tessera.dev", "node-a", "gpu-1", consumed_memory=10 * GIB)]
+        AllocatedDevice("gpu.tessera.dev", "node-a", "gpu-1", consumed_memory=10 * GIB),
+    ]
     assert allocated_devices(objects.claim("ns", "c", {})) == []
 
 
@@ -95,8 +112,10 @@ def test_demand_folding() -> None:
     assert to_gpu_demand([], 0, 80 * GIB) is None
     assert to_gpu_demand([GpuRequest(count=2)], 1, 80 * GIB) == GpuDemand(count=3)
     fraction = GpuRequest(count=1, memory_bytes=20 * GIB, models=frozenset({"H100-80GB"}))
-    assert to_gpu_demand([fraction], 0, 80 * GIB) == GpuDemand(count=1, milli=250,
-                                                               models=frozenset({"H100-80GB"}))
+    assert to_gpu_demand([fraction], 0, 80 * GIB) == GpuDemand(
+        count=1, milli=250, models=frozenset({"H100-80GB"})
+    )
     # A fraction next to another request is reserved as a whole device.
     assert to_gpu_demand([fraction, GpuRequest(count=1)], 0, 80 * GIB) == GpuDemand(
-        count=2, models=frozenset({"H100-80GB"}))
+        count=2, models=frozenset({"H100-80GB"})
+    )

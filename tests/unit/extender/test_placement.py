@@ -125,8 +125,13 @@ def test_packing_loss_counts_remainders_and_host_limits() -> None:
     small = GpuDemand(count=1, milli=300, cpu_milli=1000)
     hungry = GpuDemand(count=1, milli=300, cpu_milli=4000)
     candidate = NodeGpus("n", "T4", (1000, 700), cpu_free_milli=8000, host_tracked=True)
-    cases = [(small, 200.0), (hungry, 1100.0), (WHOLE, 700.0), (PAIR, 1700.0),
-             (GpuDemand(count=0, cpu_milli=9000), 1700.0)]
+    cases = [
+        (small, 200.0),
+        (hungry, 1100.0),
+        (WHOLE, 700.0),
+        (PAIR, 1700.0),
+        (GpuDemand(count=0, cpu_milli=9000), 1700.0),
+    ]
     for demand, lost in cases:
         assert node_packing_loss(candidate, WorkloadMix(demands=((demand, 1.0),))) == pytest.approx(lost)
     mix = WorkloadMix(demands=((small, 1.0), (hungry, 3.0)))
@@ -189,19 +194,23 @@ def test_fragmentation_matches_the_literal_definition_on_random_nodes() -> None:
     import random
 
     rng = random.Random(5)
-    mix = WorkloadMix(demands=(
-        (GpuDemand(count=1, milli=300, cpu_milli=4000), 5.0),
-        (GpuDemand(count=1, milli=700, cpu_milli=2000, memory_mib=100), 3.0),
-        (GpuDemand(count=1, cpu_milli=8000), 4.0),
-        (GpuDemand(count=2, cpu_milli=16000, models=frozenset({"A"})), 1.0),
-        (GpuDemand(count=0, cpu_milli=6000), 2.0),
-    ))
+    mix = WorkloadMix(
+        demands=(
+            (GpuDemand(count=1, milli=300, cpu_milli=4000), 5.0),
+            (GpuDemand(count=1, milli=700, cpu_milli=2000, memory_mib=100), 3.0),
+            (GpuDemand(count=1, cpu_milli=8000), 4.0),
+            (GpuDemand(count=2, cpu_milli=16000, models=frozenset({"A"})), 1.0),
+            (GpuDemand(count=0, cpu_milli=6000), 2.0),
+        )
+    )
     for _ in range(300):
         gpus = rng.choice([1, 2, 4, 8])
         candidate = NodeGpus(
-            name="n", model=rng.choice(["A", "B"]),
+            name="n",
+            model=rng.choice(["A", "B"]),
             free_milli=tuple(rng.choice([0, 100, 300, 500, 700, 1000]) for _ in range(gpus)),
-            cpu_free_milli=rng.randrange(0, 20000, 1000), memory_free_mib=rng.choice([0, 50, 200]),
+            cpu_free_milli=rng.randrange(0, 20000, 1000),
+            memory_free_mib=rng.choice([0, 50, 200]),
             host_tracked=True,
         )
         assert node_fragmentation(candidate, mix) == pytest.approx(_literal_fragmentation(candidate, mix))

@@ -22,8 +22,9 @@ CLASS = "gpu.tessera.dev"
 
 
 class Extender:
-    def __init__(self, client: TestClient[Any, Any], state: ClusterState, waiting: WaitingPods,
-                 api: ApiClient) -> None:
+    def __init__(
+        self, client: TestClient[Any, Any], state: ClusterState, waiting: WaitingPods, api: ApiClient
+    ) -> None:
         self.client, self.state, self.waiting, self.api = client, state, waiting, api
 
     def sync(self, objs: list[dict[str, Any]]) -> None:
@@ -52,8 +53,12 @@ def cluster(*extra: dict[str, Any]) -> list[dict[str, Any]]:
     held = objects.pod("ns", "held", queue="team-a", template="one", node_name="a")
     held["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "held-gpus"}]
     return [
-        objects.node("a"), objects.node("b"), objects.gpu_slice("a", 2), objects.gpu_slice("b", 2),
-        objects.device_class(CLASS), objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        objects.node("a"),
+        objects.node("b"),
+        objects.gpu_slice("a", 2),
+        objects.gpu_slice("b", 2),
+        objects.device_class(CLASS),
+        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
         objects.claim_template("ns", "two", objects.claim_spec(CLASS, count=2)),
         objects.claim("ns", "held-gpus", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)]),
         held,
@@ -119,8 +124,14 @@ async def test_refused_pod_becomes_eligible_once_capacity_is_freed(extender: Ext
 
 async def test_a_new_instance_picks_up_pods_an_earlier_one_refused(extender: Extender) -> None:
     pod = objects.pod("ns", "p", queue="team-a", template="two")
-    pod["status"]["conditions"] = [{"type": ADMITTED_CONDITION, "status": "False",
-                                    "reason": "WaitingForQueue", "message": "queue 'team-a': over its limit"}]
+    pod["status"]["conditions"] = [
+        {
+            "type": ADMITTED_CONDITION,
+            "status": "False",
+            "reason": "WaitingForQueue",
+            "message": "queue 'team-a': over its limit",
+        }
+    ]
     extender.sync(cluster(pod))
     writer = StatusWriter(extender.api, extender.state, extender.waiting, ExtenderMetrics(extender.state))
     assert writer.eligible_now() == []
@@ -146,11 +157,14 @@ async def test_filter_before_sync_is_an_error_for_the_scheduler_to_retry(extende
     assert "Node" in await response.text()
 
 
-@pytest.mark.parametrize(("body", "needle"), [
-    (b"{not json", "malformed filter request"),
-    ({"Pod": {"spec": {}}, "NodeNames": ["a"]}, "Pod.metadata"),
-    ({"Pod": {"metadata": {"name": "p"}}, "NodeNames": "a"}, "NodeNames"),
-])
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"{not json", "malformed filter request"),
+        ({"Pod": {"spec": {}}, "NodeNames": ["a"]}, "Pod.metadata"),
+        ({"Pod": {"metadata": {"name": "p"}}, "NodeNames": "a"}, "NodeNames"),
+    ],
+)
 async def test_malformed_requests_get_400_with_the_reason(extender: Extender, body: Any, needle: str) -> None:
     extender.sync(cluster())
     status, text = await extender.call("filter", body)
@@ -242,10 +256,14 @@ async def test_admissions_in_flight_count_against_the_limit(extender: Extender) 
 
 def test_command_line_flags_env_fallbacks_and_tls_pairing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TESSERA_EXTENDER_PORT", "9443")
-    options = parse_args(["--gpu-driver", "a.example.com", "--gpu-driver", "b.example.com",
-                          "--scheduler-name", "tessera"])
+    options = parse_args(
+        ["--gpu-driver", "a.example.com", "--gpu-driver", "b.example.com", "--scheduler-name", "tessera"]
+    )
     assert (options.port, options.gpu_driver, options.scheduler_name) == (
-        9443, ["a.example.com", "b.example.com"], ["tessera"])
+        9443,
+        ["a.example.com", "b.example.com"],
+        ["tessera"],
+    )
     with pytest.raises(SystemExit):
         parse_args(["--tls-cert-file", "tls.crt"])  # a certificate without its key
     with pytest.raises(SystemExit):
@@ -254,15 +272,24 @@ def test_command_line_flags_env_fallbacks_and_tls_pairing(monkeypatch: pytest.Mo
 
 async def test_fractional_pod_is_sized_against_each_nodes_gpu(extender: Extender) -> None:
     pod = objects.pod("ns", "p", queue="team-b", template="thirty")
-    extender.sync([
-        objects.node("big"), objects.node("small"), objects.device_class(CLASS),
-        objects.gpu_slice("big", 1, shareable=True),
-        objects.gpu_slice("small", 1, model="A100-40GB", memory="40Gi", shareable=True),
-        objects.claim("ns", "other", objects.claim_spec(CLASS, memory="20Gi"),
-                      allocated=[("small", "gpu-0", "20Gi")]),
-        objects.claim_template("ns", "thirty", objects.claim_spec(CLASS, memory="30Gi")),
-        objects.queue("team-b"), pod,
-    ])
+    extender.sync(
+        [
+            objects.node("big"),
+            objects.node("small"),
+            objects.device_class(CLASS),
+            objects.gpu_slice("big", 1, shareable=True),
+            objects.gpu_slice("small", 1, model="A100-40GB", memory="40Gi", shareable=True),
+            objects.claim(
+                "ns",
+                "other",
+                objects.claim_spec(CLASS, memory="20Gi"),
+                allocated=[("small", "gpu-0", "20Gi")],
+            ),
+            objects.claim_template("ns", "thirty", objects.claim_spec(CLASS, memory="30Gi")),
+            objects.queue("team-b"),
+            pod,
+        ]
+    )
     _, result = await extender.call("filter", args(pod, ["big", "small"]))
     assert result["NodeNames"] == ["big"]  # 30Gi is 0.375 of the 80Gi GPU, 0.75 of the 40Gi one
     assert result["FailedNodes"]["small"].startswith("not enough free GPU for 0.75 of a GPU (0.5 free")

@@ -25,10 +25,13 @@ def synced_state(objs: list[dict[str, Any]], **config: Any) -> ClusterState:
 
 
 def two_nodes() -> list[dict[str, Any]]:
-    return [objects.node("a"), objects.node("b"),
-            objects.gpu_slice("a", 4, shareable=True),
-            objects.gpu_slice("b", 4, model="A100-40GB", memory="40Gi"),
-            objects.device_class(CLASS)]
+    return [
+        objects.node("a"),
+        objects.node("b"),
+        objects.gpu_slice("a", 4, shareable=True),
+        objects.gpu_slice("b", 4, model="A100-40GB", memory="40Gi"),
+        objects.device_class(CLASS),
+    ]
 
 
 def with_rv(obj: dict[str, Any], rv: int) -> dict[str, Any]:
@@ -37,12 +40,15 @@ def with_rv(obj: dict[str, Any], rv: int) -> dict[str, Any]:
 
 
 def test_free_gpus_are_slice_devices_minus_allocations() -> None:
-    state = synced_state([
-        *two_nodes(),
-        objects.claim("ns", "whole", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)]),
-        objects.claim("ns", "part", objects.claim_spec(CLASS, memory="20Gi"),
-                      allocated=[("a", "gpu-1", "20Gi")]),
-    ])
+    state = synced_state(
+        [
+            *two_nodes(),
+            objects.claim("ns", "whole", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)]),
+            objects.claim(
+                "ns", "part", objects.claim_spec(CLASS, memory="20Gi"), allocated=[("a", "gpu-1", "20Gi")]
+            ),
+        ]
+    )
     assert state.ready()
     a = state.node_gpus("a")
     assert (a.model, a.free_milli) == ("H100-80GB", (0, 750, 1000, 1000))
@@ -77,8 +83,12 @@ def test_slices_of_other_drivers_and_non_gpu_devices_are_ignored() -> None:
 
 
 def test_classic_extended_resource_gpus_on_a_node() -> None:
-    state = synced_state([objects.node("c", classic_gpus=4, labels={"nvidia.com/gpu.product": "T4"}),
-                          objects.pod("ns", "p", queue="q", classic_gpus=3, node_name="c")])
+    state = synced_state(
+        [
+            objects.node("c", classic_gpus=4, labels={"nvidia.com/gpu.product": "T4"}),
+            objects.pod("ns", "p", queue="q", classic_gpus=3, node_name="c"),
+        ]
+    )
     assert state.node_gpus("c").free_milli == (1000, 0, 0, 0)
     assert state.node_gpus("c").model == "T4"
     assert state.capacity()["gpu/T4"] == 4
@@ -88,24 +98,34 @@ def test_classic_extended_resource_gpus_on_a_node() -> None:
 def test_queue_usage_counts_held_devices_and_pending_demand() -> None:
     bound = objects.pod("ns", "bound", queue="team-a", template="gone", node_name="a")
     bound["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "bound-gpus"}]
-    state = synced_state([
-        *two_nodes(),
-        objects.queue("team-a", resources={"gpu": {"quota": 2}}),
-        objects.claim("ns", "bound-gpus", objects.claim_spec(CLASS, memory="40Gi"),
-                      allocated=[("a", "gpu-3", "40Gi")]),
-        bound,
-        objects.claim_template("ns", "two", objects.claim_spec(CLASS, count=2)),
-        objects.pod("ns", "waiting", queue="team-a", template="two"),
-        objects.pod("ns", "plain", node_name="b", cpu="2"),
-        objects.pod("ns", "done", queue="team-a", node_name="b", cpu="8")
-        | {"status": {"phase": "Succeeded"}},
-    ])
+    state = synced_state(
+        [
+            *two_nodes(),
+            objects.queue("team-a", resources={"gpu": {"quota": 2}}),
+            objects.claim(
+                "ns",
+                "bound-gpus",
+                objects.claim_spec(CLASS, memory="40Gi"),
+                allocated=[("a", "gpu-3", "40Gi")],
+            ),
+            bound,
+            objects.claim_template("ns", "two", objects.claim_spec(CLASS, count=2)),
+            objects.pod("ns", "waiting", queue="team-a", template="two"),
+            objects.pod("ns", "plain", node_name="b", cpu="2"),
+            objects.pod("ns", "done", queue="team-a", node_name="b", cpu="8")
+            | {"status": {"phase": "Succeeded"}},
+        ]
+    )
     view = state.fairness()
     assert view.capacity["gpu"] == 8
     assert view.capacity["gpu/H100-80GB"] == 4
     assert view.capacity["cpu"] == 128
-    assert view.usage["team-a"].allocated == {"gpu": 0.5, "gpu/H100-80GB": 0.5, "cpu": 0.1,
-                                              "memory": 64 * 2**20}
+    assert view.usage["team-a"].allocated == {
+        "gpu": 0.5,
+        "gpu/H100-80GB": 0.5,
+        "cpu": 0.1,
+        "memory": 64 * 2**20,
+    }
     assert view.usage["team-a"].requested == {"gpu": 2, "cpu": 0.1, "memory": 64 * 2**20}
     assert view.usage["default"].allocated == {"cpu": 2, "memory": 64 * 2**20}
     assert view.pending_pods == {"team-a": 1}
@@ -115,13 +135,16 @@ def test_queue_usage_counts_held_devices_and_pending_demand() -> None:
 
 
 def test_pending_demand_counts_only_the_configured_schedulers() -> None:
-    state = synced_state([
-        *two_nodes(),
-        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
-        objects.pod("ns", "mine", queue="q", template="one", scheduler="tessera"),
-        objects.pod("ns", "other", queue="q", template="one"),
-        objects.queue("q"),
-    ], scheduler_names=frozenset({"tessera"}))
+    state = synced_state(
+        [
+            *two_nodes(),
+            objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+            objects.pod("ns", "mine", queue="q", template="one", scheduler="tessera"),
+            objects.pod("ns", "other", queue="q", template="one"),
+            objects.queue("q"),
+        ],
+        scheduler_names=frozenset({"tessera"}),
+    )
     assert state.fairness().usage["q"].requested["gpu"] == 1
 
 
@@ -144,11 +167,13 @@ def test_an_optimistic_bind_counts_once_before_and_after_the_watch_event() -> No
 
 
 def test_pending_fraction_is_relative_to_the_largest_matching_gpu() -> None:
-    state = synced_state([
-        *two_nodes(),
-        objects.claim_template("ns", "half", objects.claim_spec(CLASS, memory="20Gi")),
-        objects.pod("ns", "p", queue="q", template="half"),
-    ])
+    state = synced_state(
+        [
+            *two_nodes(),
+            objects.claim_template("ns", "half", objects.claim_spec(CLASS, memory="20Gi")),
+            objects.pod("ns", "p", queue="q", template="half"),
+        ]
+    )
     pod = state.kind("Pod")["ns/p"]
     demand = state.pod_demand(pod)
     assert demand is not None and (demand.count, demand.milli) == (1, 250)  # 20Gi of an 80Gi GPU
@@ -178,8 +203,14 @@ def test_a_claim_not_yet_seen_is_sized_from_its_template() -> None:
 
 
 def test_reservations_move_a_pod_to_allocated_and_expire() -> None:
-    state = synced_state([*two_nodes(), objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
-                          objects.queue("q"), objects.pod("ns", "p", queue="q", template="one")])
+    state = synced_state(
+        [
+            *two_nodes(),
+            objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+            objects.queue("q"),
+            objects.pod("ns", "p", queue="q", template="one"),
+        ]
+    )
     before = state.fairness()
     state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=60)
     shifted = state.fairness()
@@ -228,8 +259,9 @@ def test_incremental_accounting_matches_a_fresh_count_after_many_events() -> Non
         bound = with_rv(objects.pod("ns", f"p{index}", queue="q", template="one", node_name="a"), 40 + index)
         bound["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": claim_name}]
         state.apply("Pod", "MODIFIED", bound)
-        allocated = objects.claim("ns", claim_name, objects.claim_spec(CLASS),
-                                  allocated=[("a", f"gpu-{index}", None)])
+        allocated = objects.claim(
+            "ns", claim_name, objects.claim_spec(CLASS), allocated=[("a", f"gpu-{index}", None)]
+        )
         state.apply("ResourceClaim", "MODIFIED", with_rv(allocated, 50 + index))
     state.apply("Pod", "DELETED", objects.pod("ns", "p0"))
     state.apply("Pod", "DELETED", objects.pod("ns", "p5"))
@@ -262,16 +294,18 @@ def test_ledger_moves_only_the_difference_and_leaves_no_residue() -> None:
 def test_slice_events_recount_what_they_change_like_a_fresh_count() -> None:
     held = objects.pod("ns", "held", queue="q", template="one", node_name="c")
     held["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "held-gpus"}]
-    state = synced_state([
-        *two_nodes(),
-        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
-        objects.claim_template("ns", "half", objects.claim_spec(CLASS, memory="40Gi")),
-        # Allocated on node c before c's slice is in the picture.
-        objects.claim("ns", "held-gpus", objects.claim_spec(CLASS), allocated=[("c", "gpu-0", None)]),
-        held,
-        objects.pod("ns", "pending", queue="q", template="half"),
-        objects.queue("q"),
-    ])
+    state = synced_state(
+        [
+            *two_nodes(),
+            objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+            objects.claim_template("ns", "half", objects.claim_spec(CLASS, memory="40Gi")),
+            # Allocated on node c before c's slice is in the picture.
+            objects.claim("ns", "held-gpus", objects.claim_spec(CLASS), allocated=[("c", "gpu-0", None)]),
+            held,
+            objects.pod("ns", "pending", queue="q", template="half"),
+            objects.queue("q"),
+        ]
+    )
 
     def assert_matches_fresh_count() -> None:
         view = state.fairness()

@@ -16,8 +16,11 @@ from extender.wire import (
     host_priorities_json,
 )
 
-POD = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"a": "b"}},
-       "spec": {"schedulerName": "tessera"}, "status": {}}
+POD = {
+    "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"a": "b"}},
+    "spec": {"schedulerName": "tessera"},
+    "status": {},
+}
 
 
 def test_args_with_node_names() -> None:
@@ -29,9 +32,15 @@ def test_args_with_node_names() -> None:
 
 
 def test_args_with_node_list_keeps_whole_nodes_in_the_answer() -> None:
-    nodes = {"apiVersion": "v1", "kind": "NodeList", "metadata": {},
-             "items": [{"metadata": {"name": "n1"}, "status": {"capacity": {"cpu": "4"}}},
-                       {"metadata": {"name": "n2"}}]}
+    nodes = {
+        "apiVersion": "v1",
+        "kind": "NodeList",
+        "metadata": {},
+        "items": [
+            {"metadata": {"name": "n1"}, "status": {"capacity": {"cpu": "4"}}},
+            {"metadata": {"name": "n2"}},
+        ],
+    }
     args = ExtenderArgs.model_validate_json(json.dumps({"Pod": POD, "Nodes": nodes, "NodeNames": None}))
     assert args.candidate_names() == ["n1", "n2"]
     answer = json.loads(filter_result(args, ["n1"], {"n2": "full"}).model_dump_json())
@@ -74,7 +83,7 @@ def test_unknown_envelope_keys_are_ignored() -> None:
 
 
 def test_priorities_json_has_the_shape_of_a_host_priority_list() -> None:
-    scores = {"n1": 10, "n\"odd\u00e9": 0}
+    scores = {"n1": 10, 'n"odd\u00e9': 0}
     expected = [HostPriority(Host=host, Score=score).model_dump() for host, score in scores.items()]
     assert json.loads(host_priorities_json(scores, scores)) == expected
     assert json.loads(host_priorities_json(["n1", "n1"], scores)) == [expected[0], expected[0]]

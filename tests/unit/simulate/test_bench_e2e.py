@@ -55,8 +55,9 @@ def test_fair_share_of_b_is_half_with_equal_quotas_and_never_above_its_demand() 
 
 def test_median_rounds_ratios_and_tables() -> None:
     plain = BindRun("plain", 800, 10.0, 40.0, CpuUse(scheduler_s=12.5))
-    tessera = tuple(BindRun("tessera", 800, 10.0, seconds, CpuUse(9.0, 20.0))
-                    for seconds in (90.0, 50.0, 45.0))
+    tessera = tuple(
+        BindRun("tessera", 800, 10.0, seconds, CpuUse(9.0, 20.0)) for seconds in (90.0, 50.0, 45.0)
+    )
     result = E2EResult(nodes=100, pods=800, qps=500, burst=1000, plain_runs=(plain,), tessera_runs=tessera)
     assert result.tessera.bound_s == 50.0  # the median round
     assert plain.pods_per_s == 20.0 and result.tessera.pods_per_s == 16.0
@@ -65,10 +66,14 @@ def test_median_rounds_ratios_and_tables() -> None:
     assert "0.80x" in table and KAI_ANCHOR in table and "500/1000" in table
     assert "90.0, 50.0, 45.0" in table and "12.5" in table and "20.0" in table
 
-    reaction = ReactionResult(nodes=4, a_pods=64, b_pods=32, finish_rate=4.0,
-                              plain_runs=(ReactionRun("plain", 16, 12.0, 48, 16, 16),
-                                          ReactionRun("plain", 16, 14.0, 50, 16, 16)),
-                              tessera_runs=(ReactionRun("tessera", 16, 4.0, 16, 16, 16),))
+    reaction = ReactionResult(
+        nodes=4,
+        a_pods=64,
+        b_pods=32,
+        finish_rate=4.0,
+        plain_runs=(ReactionRun("plain", 16, 12.0, 48, 16, 16), ReactionRun("plain", 16, 14.0, 50, 16, 16)),
+        tessera_runs=(ReactionRun("tessera", 16, 4.0, 16, 16, 16),),
+    )
     assert reaction.plain.seconds == 12.0  # the lower middle of an even count
     assert reaction.ratio == 3.0
     assert "3.00x faster" in reaction_table(reaction)

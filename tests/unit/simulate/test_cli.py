@@ -14,20 +14,38 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "tessera" / "simulate" / "exampl
 
 def write_trace(folder: Path) -> tuple[Path, Path]:
     nodes = folder / "nodes.csv"
-    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n"
-                     + "".join(f"n{i},32000,65536,4,T4\n" for i in range(4)))
+    nodes.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},32000,65536,4,T4\n" for i in range(4))
+    )
     pods = folder / "openb_pod_list_tiny.csv"
     sizes = [500, 1000, 250, 750] * 3
-    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
-                    + "".join(f"p{i},2000,1024,1,{milli}\n" for i, milli in enumerate(sizes)))
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+        + "".join(f"p{i},2000,1024,1,{milli}\n" for i, milli in enumerate(sizes))
+    )
     return nodes, pods
 
 
 def test_trace_mode_prints_table_and_writes_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     nodes, pods = write_trace(tmp_path)
     out = tmp_path / "out"
-    code = main(["trace", "--nodes", str(nodes), "--pods", str(pods), "--policies", "fgd,tessera",
-                 "--jobs", "1", "--quiet", "--no-plots", "--out", str(out)])
+    code = main(
+        [
+            "trace",
+            "--nodes",
+            str(nodes),
+            "--pods",
+            str(pods),
+            "--policies",
+            "fgd,tessera",
+            "--jobs",
+            "1",
+            "--quiet",
+            "--no-plots",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "trace tiny" in printed and "tessera" in printed and "fgd" in printed
@@ -61,8 +79,28 @@ def test_queue_mode_reports_bad_file(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_several_seeds_give_mean_min_max(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     nodes, pods = write_trace(tmp_path)
     out = tmp_path / "out"
-    assert main(["trace", "--nodes", str(nodes), "--pods", str(pods), "--policies", "random",
-                 "--seeds", "1,2", "--jobs", "1", "--quiet", "--no-plots", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "trace",
+                "--nodes",
+                str(nodes),
+                "--pods",
+                str(pods),
+                "--policies",
+                "random",
+                "--seeds",
+                "1,2",
+                "--jobs",
+                "1",
+                "--quiet",
+                "--no-plots",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "mean alloc %" in capsys.readouterr().out
     with (out / "tiny-summary.csv").open() as handle:
         assert [row["seed"] for row in csv.DictReader(handle)] == ["1", "2"]

@@ -32,15 +32,22 @@ def test_metrics_on_a_node_that_fills_up() -> None:
     assert (result.pods_arrived, result.pods_placed, result.pods_skipped) == (4, 2, 2)
 
 
-@pytest.mark.parametrize(("policy", "allocated"),
-                         [("tessera", 100.0), ("fgd", 100.0), ("k8s-spread", 50.0), ("tessera-spread", 50.0)])
+@pytest.mark.parametrize(
+    ("policy", "allocated"),
+    [("tessera", 100.0), ("fgd", 100.0), ("k8s-spread", 50.0), ("tessera-spread", 50.0)],
+)
 def test_fragmentation_aware_policies_keep_a_whole_gpu_free(policy: str, allocated: float) -> None:
     # Two 1-GPU nodes; pods 400, 600, 1000 (100% arrival). After 400 lands on either node, FGD and
     # Tessera put 600 on the same GPU (fragmentation growth -200 vs +266.7 for the mix
     # {400, 600, 1000}), leaving the other GPU whole for the 1000 pod. Spreading puts 600 on the
     # idle GPU and the whole-GPU pod no longer fits.
-    result = replay_packing(one_gpu_nodes(2), [pod("a", 400), pod("b", 600), pod("c", 1000)], policy,
-                            seed=3, target_arrival_pct=100.0)
+    result = replay_packing(
+        one_gpu_nodes(2),
+        [pod("a", 400), pod("b", 600), pod("c", 1000)],
+        policy,
+        seed=3,
+        target_arrival_pct=100.0,
+    )
     assert result.allocation_pct == pytest.approx(allocated)
 
 
@@ -57,8 +64,9 @@ def test_replay_is_deterministic_for_a_seed() -> None:
 def test_multi_gpu_pod_needs_whole_free_gpus() -> None:
     # A 2-GPU pod cannot use a node whose GPUs are partly used.
     nodes = [SimNode("n", "T4", gpus=2, cpu_milli=8000, memory_mib=8192)]
-    result = replay_packing(nodes, [pod("small", 100), pod("pair", 1000, count=2)], "bestfit",
-                            target_arrival_pct=105.0)
+    result = replay_packing(
+        nodes, [pod("small", 100), pod("pair", 1000, count=2)], "bestfit", target_arrival_pct=105.0
+    )
     assert (result.pods_placed, result.pods_skipped) == (1, 1)
 
 
@@ -79,8 +87,9 @@ def test_load_trace_csvs(tmp_path: Path) -> None:
     )
     assert load_nodes(nodes_csv) == [SimNode("n0", "P100", 2, 64000, 262144)]
     early, late, cpu = load_pods(pods_csv)
-    assert early.demand == GpuDemand(count=2, milli=1000, models=frozenset({"V100M16", "V100M32"}),
-                                     cpu_milli=2000, memory_mib=200)
+    assert early.demand == GpuDemand(
+        count=2, milli=1000, models=frozenset({"V100M16", "V100M32"}), cpu_milli=2000, memory_mib=200
+    )
     assert (late.name, late.gpu_milli, cpu.gpu_milli) == ("late", 460, 0)
 
 
@@ -111,8 +120,10 @@ def test_missing_columns_are_reported(tmp_path: Path) -> None:
 def test_gpu_spec_pins_pods_to_their_models() -> None:
     # Two idle nodes, T4 and V100; every pod may only use a V100. The V100 node's single GPU takes
     # the first pod; the second fits nowhere although the T4 is idle.
-    nodes = [SimNode("t4", "T4", gpus=1, cpu_milli=8000, memory_mib=8192),
-             SimNode("v100", "V100M16", gpus=1, cpu_milli=8000, memory_mib=8192)]
+    nodes = [
+        SimNode("t4", "T4", gpus=1, cpu_milli=8000, memory_mib=8192),
+        SimNode("v100", "V100M16", gpus=1, cpu_milli=8000, memory_mib=8192),
+    ]
     only_v100 = GpuDemand(count=1, milli=1000, models=frozenset({"V100M16", "V100M32"}), cpu_milli=100)
     pods = [SimPod("a", only_v100), SimPod("b", only_v100)]
     result = replay_packing(nodes, pods, "tessera", target_arrival_pct=100.0)

@@ -50,8 +50,9 @@ def test_utilisation_is_time_weighted() -> None:
 
 
 def test_fractional_jobs_share_a_gpu() -> None:
-    data = workload(jobs=[{"name": "infer", "queue": "a", "count": 8, "duration": 50, "gpus": 1,
-                           "gpuMilli": 250}])
+    data = workload(
+        jobs=[{"name": "infer", "queue": "a", "count": 8, "duration": 50, "gpus": 1, "gpuMilli": 250}]
+    )
     result = run_queue_workload(parse_workload(data))
     # 8 quarter GPUs = 2 GPUs, inside a's limit of 3: all start at once.
     assert {q.name: q.mean_wait_s for q in result.queues}["a"] == 0.0
