@@ -5,6 +5,7 @@ WORKDIR /src
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/tessera
 COPY pyproject.toml README.md ./
+COPY contract ./contract
 COPY extender ./extender
 COPY dra_driver ./dra_driver
 COPY tessera ./tessera

@@ -24,10 +24,13 @@ up: $(STAMP) k8s-binaries
 	@$(PY) -m tessera up
 
 lint: $(STAMP)
-	@echo "[make] ruff"
+	@echo "[make] ruff (check and format)"
 	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/ruff format --check .
+	@echo "[make] import contracts"
+	@$(VENV)/bin/lint-imports
 	@echo "[make] mypy"
-	@$(VENV)/bin/mypy extender dra_driver tessera bench
+	@$(VENV)/bin/mypy contract extender dra_driver tessera bench tests
 
 unit: $(STAMP)
 	@$(PY) -m pytest tests/unit -q

@@ -42,13 +42,12 @@ from typing import Generic, Protocol, TypeVar
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import kube_config
 
+from contract.names import DRIVER_NAME, QUEUE_LABEL
 from dra_driver.devices.simulated import PROFILE_DIR, SimulatedBackend
 from dra_driver.slices import NodeRef, SharingMode, build_slices
 from extender.kubeapi import JsonObject, KubeError, request, watch_lines
-from extender.queues import QUEUE_LABEL
-from extender.state import DEFAULT_GPU_DRIVER
 from tessera.cli import INSTALL_FIRST
-from tessera.localcluster import (
+from tessera.dev.localcluster import (
     REPO_ROOT,
     LocalCluster,
     SchedulerHandle,
@@ -218,9 +217,7 @@ def gpu_pod(namespace: str, name: str, scheduler: str, queue: str | None = None)
 def gpu_slices(node: str) -> list[JsonObject]:
     """The ResourceSlices the simulated DRA driver publishes for one h100x8 node."""
     gpus = SimulatedBackend.from_file(PROFILE, node).inventory()
-    return build_slices(
-        NodeRef(node), DEFAULT_GPU_DRIVER, gpus, SharingMode.CONSUMABLE_CAPACITY, generation=1
-    )
+    return build_slices(NodeRef(node), DRIVER_NAME, gpus, SharingMode.CONSUMABLE_CAPACITY, generation=1)
 
 
 def process_cpu_seconds(pid: int) -> float:

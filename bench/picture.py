@@ -11,9 +11,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from contract.names import DRIVER_NAME, QUEUE_GROUP, QUEUE_LABEL, QUEUE_VERSION
 from extender.kubeapi import JsonObject
-from extender.queues import QUEUE_GROUP, QUEUE_LABEL, QUEUE_VERSION
-from extender.state import DEFAULT_GPU_DRIVER, ClusterState
+from extender.state import ClusterState
 
 GPUS_PER_NODE = 8
 GPU_MEMORY = "80Gi"
@@ -97,9 +97,9 @@ def slice_object(index: int) -> JsonObject:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": f"{name}-{DEFAULT_GPU_DRIVER}"},
+        "metadata": {"name": f"{name}-{DRIVER_NAME}"},
         "spec": {
-            "driver": DEFAULT_GPU_DRIVER,
+            "driver": DRIVER_NAME,
             "nodeName": name,
             "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
             "devices": devices,
@@ -144,7 +144,7 @@ def pod_object(
 
 
 def _claim_object(name: str, memory: str | None, pool: str, device: str) -> JsonObject:
-    result: JsonObject = {"request": "gpus", "driver": DEFAULT_GPU_DRIVER, "pool": pool, "device": device}
+    result: JsonObject = {"request": "gpus", "driver": DRIVER_NAME, "pool": pool, "device": device}
     if memory is not None:
         result["consumedCapacity"] = {"memory": memory}
     return {
@@ -203,7 +203,7 @@ def build_picture(nodes: int, pods: int, seed: int = 0) -> Picture:
         }
         for q in QUEUES
     ]
-    selector = {"cel": {"expression": f'device.driver == "{DEFAULT_GPU_DRIVER}"'}}
+    selector = {"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}
     device_class = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",

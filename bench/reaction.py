@@ -21,9 +21,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
 from extender.kubeapi import request
 from extender.policy.fairness import QueueSpec, QueueUsage, compute_fair_shares
-from extender.queues import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION, queue_object
+from extender.queues import queue_object
 from tessera.simulate.report import format_table
 
 from .e2e import (

@@ -22,10 +22,10 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
+from contract.names import DRIVER_NAME
 from dra_driver.config import (
     DEFAULT_CDI_DIR,
     DEFAULT_CHECKPOINT_DIR,
-    DEFAULT_DRIVER_NAME,
     DEFAULT_PLUGIN_DIR,
     DEFAULT_REGISTRY_DIR,
     DriverConfig,
@@ -44,7 +44,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
     parser.add_argument(
         "--node-name", default=os.environ.get("NODE_NAME", ""), help="this node (env NODE_NAME)"
     )
-    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
+    parser.add_argument("--driver-name", default=DRIVER_NAME)
     parser.add_argument("--backend", choices=["nvml", "simulated"], default="nvml")
     parser.add_argument("--profile", type=Path, help="simulated GPU profile: a YAML file or a shipped name")
     parser.add_argument("--kubeconfig", type=Path, help="default: in-cluster service account")

@@ -16,13 +16,14 @@ Example::
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
+
+from contract.kube import validation_problems
+from contract.quantity import parse_quantity_ceil
 
 CONFIG_KIND = "GpuConfig"
 
@@ -82,9 +83,7 @@ def parse_gpu_config(parameters: Any) -> GpuConfig:
     try:
         return GpuConfig.model_validate(parameters)
     except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()
-        )
+        problems = validation_problems(err, "<root>")
         raise ClaimConfigError(f"invalid {CONFIG_KIND}: {problems}") from None
 
 
@@ -97,34 +96,9 @@ def effective_sharing(configs: Sequence[GpuConfig]) -> SharingSettings | None:
     return chosen
 
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
-_SUFFIX_FACTORS: dict[str, Decimal] = {
-    "": Decimal(1),
-    "m": Decimal("0.001"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
-}
-
-
 def parse_quantity(value: str | int) -> int:
     """A Kubernetes quantity ("40Gi", "1500M", "100") as an integer, rounded up like the apiserver."""
-    if isinstance(value, int):
-        return value
-    match = _QUANTITY.match(value.strip())
-    if match is None or match.group(2) not in _SUFFIX_FACTORS:
-        raise ClaimConfigError(f"not a Kubernetes quantity: {value!r}")
     try:
-        number = Decimal(match.group(1)) * _SUFFIX_FACTORS[match.group(2)]
-    except InvalidOperation:
-        raise ClaimConfigError(f"not a Kubernetes quantity: {value!r}") from None
-    return int(number.to_integral_value(rounding="ROUND_CEILING"))
+        return parse_quantity_ceil(value)
+    except ValueError as err:
+        raise ClaimConfigError(f"not a Kubernetes quantity: {err}") from None

@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-DEFAULT_DRIVER_NAME = "gpu.tessera.dev"
+from contract.names import DRIVER_NAME
+
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
@@ -24,7 +25,7 @@ class DriverConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     node_name: str = Field(min_length=1, max_length=253)
-    driver_name: str = Field(default=DEFAULT_DRIVER_NAME, min_length=1, max_length=63)
+    driver_name: str = Field(default=DRIVER_NAME, min_length=1, max_length=63)
     backend: BackendKind = "nvml"
     profile: Path | None = None
     kubeconfig: Path | None = None

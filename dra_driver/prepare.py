@@ -24,6 +24,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from contract.names import COMPUTE_CAPACITY, GPU_MILLI, MEMORY_CAPACITY
 from dra_driver import cdi
 from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from dra_driver.claimconfig import (
@@ -37,7 +38,7 @@ from dra_driver.claimconfig import (
 from dra_driver.devices.model import Gpu
 from dra_driver.devices.naming import gpu_device_name, mig_device_name
 from dra_driver.sharing import GpuShare, SharingCommandError, SharingConflict, SharingManager
-from dra_driver.slices import COMPUTE_CAPACITY, COMPUTE_UNITS_PER_GPU, MEMORY_CAPACITY, published_memory
+from dra_driver.slices import published_memory
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ def _configs_for(request: str, allocated: Sequence[_AllocatedConfig], driver: st
 def _thread_percentage(result: _AllocationResult, memory: int, whole_memory: int) -> int:
     compute = parse_quantity(result.consumedCapacity.get(COMPUTE_CAPACITY, 0))
     if compute > 0:
-        return max(1, min(100, math.ceil(compute * 100 / COMPUTE_UNITS_PER_GPU)))
+        return max(1, min(100, math.ceil(compute * 100 / GPU_MILLI)))
     return max(1, min(100, math.ceil(memory * 100 / whole_memory)))
 
 

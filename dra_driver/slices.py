@@ -31,6 +31,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter, Gauge
 
+from contract.names import COMPUTE_CAPACITY, GPU_MILLI, MEMORY_CAPACITY
 from dra_driver.devices.backend import Backend
 from dra_driver.devices.model import Gpu, MigDevice
 from dra_driver.devices.naming import gpu_device_name, mig_device_name
@@ -40,9 +41,6 @@ log = logging.getLogger(__name__)
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_TAINTED_SLICE = 64  # the API's lower limit once any device has taints
 MAX_STRING_ATTRIBUTE = 64
-MEMORY_CAPACITY = "memory"
-COMPUTE_CAPACITY = "compute"
-COMPUTE_UNITS_PER_GPU = 1000  # "compute" capacity of one whole GPU, in thousandths
 _MIB = 1 << 20
 _MAX_NAME = 253
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -138,10 +136,10 @@ def _whole_gpu_device(gpu: Gpu, driver: str, mode: SharingMode, effect: TaintEff
                 "requestPolicy": {"default": memory, "validRange": {"min": str(_MIB), "step": str(_MIB)}},
             },
             COMPUTE_CAPACITY: {
-                "value": str(COMPUTE_UNITS_PER_GPU),
+                "value": str(GPU_MILLI),
                 "requestPolicy": {
                     "default": "0",
-                    "validRange": {"min": "0", "max": str(COMPUTE_UNITS_PER_GPU), "step": "1"},
+                    "validRange": {"min": "0", "max": str(GPU_MILLI), "step": "1"},
                 },
             },
         }

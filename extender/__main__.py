@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient
 
+from contract.names import DRIVER_NAME
 from extender.server import DEFAULT_MAX_BODY_BYTES, ExtenderService, ServiceOptions, server_ssl_context
-from extender.state import DEFAULT_GPU_DRIVER, ClusterState, StateConfig
+from extender.state import ClusterState, StateConfig
 
 log = logging.getLogger("extender")
 
@@ -48,7 +49,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--gpu-driver",
         action="append",
         default=None,
-        help=f"DRA driver whose devices are GPUs (repeatable; default {DEFAULT_GPU_DRIVER})",
+        help=f"DRA driver whose devices are GPUs (repeatable; default {DRIVER_NAME})",
     )
     parser.add_argument(
         "--scheduler-name",
@@ -82,7 +83,7 @@ async def _api_client(kubeconfig: str | None) -> ApiClient:
 async def run(args: argparse.Namespace) -> None:
     state = ClusterState(
         StateConfig(
-            gpu_drivers=frozenset(args.gpu_driver or [DEFAULT_GPU_DRIVER]),
+            gpu_drivers=frozenset(args.gpu_driver or [DRIVER_NAME]),
             scheduler_names=frozenset(args.scheduler_name or []),
         )
     )

@@ -13,7 +13,7 @@ import logging
 
 from kubernetes_asyncio.client import ApiClient
 
-from extender.demand import pod_claim_refs
+from contract.kube import pod_claim_refs
 from extender.kubeapi import KubeError, request
 from extender.state import ClusterState
 from extender.wire import ExtenderBindingArgs

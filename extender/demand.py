@@ -15,15 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from extender.policy.placement import FULL_GPU_MILLI, GpuDemand
-from extender.queues import parse_quantity
-
-CLASSIC_GPU_RESOURCE = "nvidia.com/gpu"
-CLASSIC_MODEL_LABEL = "nvidia.com/gpu.product"
-MODEL_ATTRIBUTE = "productName"
-DEVICE_TYPE_ATTRIBUTE = "type"
-MEMORY_CAPACITY = "memory"
-WHOLE_GPU_MILLI = FULL_GPU_MILLI  # placement's unit: thousandths of a GPU
+from contract.kube import mapping, sequence
+from contract.names import CLASSIC_GPU_RESOURCE, GPU_MILLI, MEMORY_CAPACITY, MODEL_ATTRIBUTE
+from contract.quantity import parse_quantity
+from extender.policy.placement import GpuDemand
 
 _MODEL_IN_CEL = re.compile(MODEL_ATTRIBUTE + r"""\s*==\s*["']([^"']+)["']""")
 
@@ -47,21 +42,11 @@ class AllocatedDevice:
     consumed_memory: int | None = None
 
 
-# Called for nearly every field read from Kubernetes JSON. Objects decoded from JSON are plain
-# dicts and lists, so those are tested first: an ABC isinstance check costs several times more.
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if type(value) is dict or isinstance(value, Mapping) else {}
-
-
-def _sequence(value: object) -> Sequence[Any]:
-    return value if type(value) is list or isinstance(value, list | tuple) else ()
-
-
 def models_in_selectors(selectors: object) -> frozenset[str]:
     """GPU models a list of CEL selectors pins the device to (empty: any model)."""
     found: set[str] = set()
-    for selector in _sequence(selectors):
-        expression = _mapping(_mapping(selector).get("cel")).get("expression", "")
+    for selector in sequence(selectors):
+        expression = mapping(mapping(selector).get("cel")).get("expression", "")
         found.update(_MODEL_IN_CEL.findall(str(expression)))
     return frozenset(found)
 
@@ -70,9 +55,9 @@ def device_class_gpu_models(
     device_class: Mapping[str, Any], gpu_drivers: Iterable[str]
 ) -> frozenset[str] | None:
     """None when the class does not select a GPU driver; else the models it pins (empty: any)."""
-    selectors = _mapping(device_class.get("spec")).get("selectors")
+    selectors = mapping(device_class.get("spec")).get("selectors")
     expressions = " ".join(
-        str(_mapping(_mapping(s).get("cel")).get("expression", "")) for s in _sequence(selectors)
+        str(mapping(mapping(s).get("cel")).get("expression", "")) for s in sequence(selectors)
     )
     if not any(f'"{driver}"' in expressions or f"'{driver}'" in expressions for driver in gpu_drivers):
         return None
@@ -89,15 +74,15 @@ def claim_gpu_requests(
     sized before allocation and counts as one device.
     """
     requests: list[GpuRequest] = []
-    for request in _sequence(_mapping(claim_spec.get("devices")).get("requests")):
-        request = _mapping(request)
-        alternatives = _sequence(request.get("firstAvailable"))
-        exact = _mapping(request.get("exactly")) or (_mapping(alternatives[0]) if alternatives else {})
+    for request in sequence(mapping(claim_spec.get("devices")).get("requests")):
+        request = mapping(request)
+        alternatives = sequence(request.get("firstAvailable"))
+        exact = mapping(request.get("exactly")) or (mapping(alternatives[0]) if alternatives else {})
         class_name = str(exact.get("deviceClassName", ""))
         if class_name not in gpu_classes:
             continue
         count = 1 if exact.get("allocationMode") == "All" else int(exact.get("count") or 1)
-        memory_text = _mapping(_mapping(exact.get("capacity")).get("requests")).get(MEMORY_CAPACITY)
+        memory_text = mapping(mapping(exact.get("capacity")).get("requests")).get(MEMORY_CAPACITY)
         memory = int(parse_quantity(memory_text)) if memory_text is not None else None
         models = gpu_classes[class_name] | models_in_selectors(exact.get("selectors"))
         requests.append(GpuRequest(count=max(count, 1), memory_bytes=memory, models=models))
@@ -106,11 +91,11 @@ def claim_gpu_requests(
 
 def allocated_devices(claim: Mapping[str, Any]) -> list[AllocatedDevice]:
     """Devices a claim's allocation holds (empty while unallocated)."""
-    allocation = _mapping(_mapping(claim.get("status")).get("allocation"))
+    allocation = mapping(mapping(claim.get("status")).get("allocation"))
     devices: list[AllocatedDevice] = []
-    for result in _sequence(_mapping(allocation.get("devices")).get("results")):
-        result = _mapping(result)
-        consumed = _mapping(result.get("consumedCapacity")).get(MEMORY_CAPACITY)
+    for result in sequence(mapping(allocation.get("devices")).get("results")):
+        result = mapping(result)
+        consumed = mapping(result.get("consumedCapacity")).get(MEMORY_CAPACITY)
         devices.append(
             AllocatedDevice(
                 driver=str(result.get("driver", "")),
@@ -122,38 +107,13 @@ def allocated_devices(claim: Mapping[str, Any]) -> list[AllocatedDevice]:
     return devices
 
 
-@dataclass(frozen=True)
-class ClaimRef:
-    """One claim of a pod, in the pod's namespace: its name once known, and the template it comes from."""
-
-    claim: str | None
-    template: str | None
-
-
-def pod_claim_refs(pod: Mapping[str, Any]) -> list[ClaimRef]:
-    """The claims a pod uses. A template's generated claim is named in `status.resourceClaimStatuses`
-    once the resourceclaim controller made it; until then only the template is known."""
-    generated = {
-        str(_mapping(s).get("name")): _mapping(s).get("resourceClaimName")
-        for s in _sequence(_mapping(pod.get("status")).get("resourceClaimStatuses"))
-    }
-    refs: list[ClaimRef] = []
-    for ref in _sequence(_mapping(pod.get("spec")).get("resourceClaims")):
-        ref = _mapping(ref)
-        claim = ref.get("resourceClaimName") or generated.get(str(ref.get("name")))
-        template = ref.get("resourceClaimTemplateName")
-        if claim or template:
-            refs.append(ClaimRef(str(claim) if claim else None, str(template) if template else None))
-    return refs
-
-
 def _containers(pod: Mapping[str, Any], kind: str) -> Sequence[Mapping[str, Any]]:
-    return [_mapping(c) for c in _sequence(_mapping(pod.get("spec")).get(kind))]
+    return [mapping(c) for c in sequence(mapping(pod.get("spec")).get(kind))]
 
 
 def _container_request(container: Mapping[str, Any], resource: str) -> float:
-    resources = _mapping(container.get("resources"))
-    value = _mapping(resources.get("requests")).get(resource, _mapping(resources.get("limits")).get(resource))
+    resources = mapping(container.get("resources"))
+    value = mapping(resources.get("requests")).get(resource, mapping(resources.get("limits")).get(resource))
     return parse_quantity(value) if value is not None else 0.0
 
 
@@ -172,8 +132,8 @@ def pod_classic_gpus(pod: Mapping[str, Any]) -> int:
 def fraction_milli(memory_bytes: int, device_memory_bytes: int) -> int:
     """Thousandths of a device that `memory_bytes` of its memory are (rounded up, at most 1000)."""
     if device_memory_bytes <= 0:
-        return WHOLE_GPU_MILLI
-    return max(1, min(WHOLE_GPU_MILLI, math.ceil(WHOLE_GPU_MILLI * memory_bytes / device_memory_bytes)))
+        return GPU_MILLI
+    return max(1, min(GPU_MILLI, math.ceil(GPU_MILLI * memory_bytes / device_memory_bytes)))
 
 
 def to_gpu_demand(

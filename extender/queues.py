@@ -13,60 +13,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from contract.kube import validation_problems
+from contract.names import QUEUE_GROUP, QUEUE_KIND, QUEUE_VERSION
+from contract.quantity import parse_quantity
 from extender.policy.fairness import QueueSpec, QueueTree, QueueUsage, broken_ancestries, format_amount
-
-QUEUE_GROUP = "scheduling.tessera.dev"
-QUEUE_VERSION = "v1alpha1"
-QUEUE_PLURAL = "queues"
-QUEUE_KIND = "Queue"
-QUEUE_LABEL = "scheduling.tessera.dev/queue"
-DEFAULT_QUEUE = "default"
 
 # Same shape as the pattern in manifests/crds/queues.yaml: gpu, cpu, memory or gpu/<model>.
 RESOURCE_NAME = re.compile(r"^(gpu|cpu|memory|gpu/[A-Za-z0-9]([A-Za-z0-9._-]{0,62}))$")
 
-_QUANTITY = re.compile(
-    r"^(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)"
-    r"((?P<binary>Ki|Mi|Gi|Ti|Pi|Ei)|(?P<decimal>[numkMGTPE])|[eE](?P<exponent>[+-]?[0-9]+))?$"
-)
-_DECIMAL_SUFFIX = {
-    "n": 1e-9,
-    "u": 1e-6,
-    "m": 1e-3,
-    "k": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "P": 1e15,
-    "E": 1e18,
-}
-_BINARY_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
 
 class QueueSpecError(ValueError):
     """A Queue object that cannot be used; the message says which queue and what is wrong."""
-
-
-def parse_quantity(value: object) -> float:
-    """A non-negative Kubernetes quantity ("500m", "64Gi", "1e3", 2, 0.5) as a plain number."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError(f"expected a number or a quantity string, got {value!r}")
-    if isinstance(value, int | float):
-        number = float(value)
-    else:
-        match = _QUANTITY.match(value.strip())
-        if match is None:
-            raise ValueError(f"{value!r} is not a non-negative Kubernetes quantity (e.g. 4, 500m, 64Gi)")
-        number = float(match["number"])
-        if match["binary"]:
-            number *= _BINARY_SUFFIX[match["binary"]]
-        elif match["decimal"]:
-            number *= _DECIMAL_SUFFIX[match["decimal"]]
-        elif match["exponent"]:
-            number *= 10.0 ** int(match["exponent"])
-    if number < 0 or number != number or number == float("inf"):
-        raise ValueError(f"{value!r} must be a finite, non-negative amount")
-    return number
 
 
 Quantity = Annotated[float, BeforeValidator(parse_quantity)]
@@ -104,12 +61,6 @@ class QueueSpecModel(BaseModel):
         return self
 
 
-def _describe(error: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(part) for part in item['loc']) or 'spec'}: {item['msg']}" for item in error.errors()
-    )
-
-
 def queue_object(name: str, spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A Queue object to create through the API (``spec`` in the CRD's camelCase form)."""
     return {
@@ -132,7 +83,7 @@ def parse_queue(obj: Mapping[str, Any]) -> QueueSpec:
     try:
         spec = QueueSpecModel.model_validate(dict(raw_spec))
     except ValidationError as error:
-        raise QueueSpecError(f"queue '{name}': {_describe(error)}") from error
+        raise QueueSpecError(f"queue '{name}': {validation_problems(error, 'spec')}") from error
     if spec.parent == name:
         raise QueueSpecError(f"queue '{name}': a queue cannot be its own parent")
     resources = spec.resources.items()

@@ -20,13 +20,14 @@ from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 from pydantic import BaseModel, ValidationError
 
+from contract.kube import object_key, validation_problems
+from contract.names import GPU_MILLI, QUEUE_LABEL
 from extender.binder import Binder
-from extender.demand import WHOLE_GPU_MILLI, pod_classic_gpus, to_gpu_demand
+from extender.demand import pod_classic_gpus, to_gpu_demand
 from extender.metrics import CONTENT_TYPE, ExtenderMetrics
 from extender.policy.fairness import check_admission
 from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, score_nodes
-from extender.queues import QUEUE_LABEL
-from extender.state import WATCHED_KINDS, ClusterState, ClusterWatcher, object_key, pod_queue
+from extender.state import WATCHED_KINDS, ClusterState, ClusterWatcher, pod_queue
 from extender.status import StatusWriter, WaitingPods
 from extender.wire import (
     ExtenderArgs,
@@ -53,8 +54,8 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 def _describe(demand: GpuDemand) -> str:
-    if demand.count == 1 and demand.milli < WHOLE_GPU_MILLI:
-        return f"{demand.milli / WHOLE_GPU_MILLI:.3g} of a GPU"
+    if demand.count == 1 and demand.milli < GPU_MILLI:
+        return f"{demand.milli / GPU_MILLI:.3g} of a GPU"
     return f"{demand.count} GPU{'s' if demand.count != 1 else ''}"
 
 
@@ -64,7 +65,7 @@ class _DemandPerNode:
 
     def __init__(self, state: ClusterState, pod: dict[str, Any], demand: GpuDemand) -> None:
         self.demand = demand
-        self.fractional = demand.count == 1 and demand.milli < WHOLE_GPU_MILLI
+        self.fractional = demand.count == 1 and demand.milli < GPU_MILLI
         self.requests = state.pod_gpu_requests(pod) if self.fractional else []
         self.classic = pod_classic_gpus(pod)
         self.by_memory: dict[int, GpuDemand] = {}
@@ -81,7 +82,7 @@ def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
     """Why `demand` does not fit on the node ('' when it fits)."""
     if fits(supply, demand):
         return ""
-    free = sum(supply.free_milli) / WHOLE_GPU_MILLI
+    free = sum(supply.free_milli) / GPU_MILLI
     models = f" of model {'/'.join(sorted(demand.models))}" if demand.models else ""
     return (
         f"not enough free GPU for {_describe(demand)}{models} "
@@ -172,9 +173,7 @@ async def _parse(request: web.Request, model: type[ModelT], verb: str) -> ModelT
         return model.model_validate_json(body)
     except ValidationError as exc:
         metrics.bad_requests.labels(verb).inc()
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:5]
-        )
+        problems = validation_problems(exc, "body", limit=5)
         raise web.HTTPBadRequest(text=f"malformed {verb} request: {problems}") from exc
 
 

@@ -20,20 +20,29 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
-from extender.demand import (
+from contract.kube import meta, object_key, pod_claim_refs
+from contract.names import (
     CLASSIC_GPU_RESOURCE,
     CLASSIC_MODEL_LABEL,
+    DEFAULT_QUEUE,
     DEVICE_TYPE_ATTRIBUTE,
+    DRIVER_NAME,
+    GPU_MILLI,
     MEMORY_CAPACITY,
     MODEL_ATTRIBUTE,
-    WHOLE_GPU_MILLI,
+    QUEUE_GROUP,
+    QUEUE_LABEL,
+    QUEUE_PLURAL,
+    QUEUE_VERSION,
+)
+from contract.quantity import parse_quantity
+from extender.demand import (
     AllocatedDevice,
     GpuRequest,
     allocated_devices,
     claim_gpu_requests,
     device_class_gpu_models,
     fraction_milli,
-    pod_claim_refs,
     pod_classic_gpus,
     pod_resource_request,
     to_gpu_demand,
@@ -41,21 +50,11 @@ from extender.demand import (
 from extender.kubeapi import JsonObject, KubeError, request, watch_lines
 from extender.policy.fairness import QueueSpec, QueueUsage, compute_fair_shares
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
-from extender.queues import (
-    DEFAULT_QUEUE,
-    QUEUE_GROUP,
-    QUEUE_LABEL,
-    QUEUE_PLURAL,
-    QUEUE_VERSION,
-    QueueSpecError,
-    parse_quantity,
-    parse_queue,
-)
+from extender.queues import QueueSpecError, parse_queue
 from extender.usage import Bucket, Contribution, QueueLedger
 
 log = logging.getLogger(__name__)
 
-DEFAULT_GPU_DRIVER = "gpu.tessera.dev"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 # kind -> collection path; the watcher lists and watches each, the state keys objects by kind.
@@ -94,31 +93,20 @@ class FairnessView:
 
 @dataclass
 class StateConfig:
-    gpu_drivers: frozenset[str] = frozenset({DEFAULT_GPU_DRIVER})
+    gpu_drivers: frozenset[str] = frozenset({DRIVER_NAME})
     # Pending pods count as queue demand only when addressed to one of these schedulers (empty: any).
     scheduler_names: frozenset[str] = frozenset()
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if type(meta) is dict or isinstance(meta, Mapping) else {}  # dict first: cheaper
-
-
-def object_key(obj: Mapping[str, Any]) -> str:
-    meta = _meta(obj)
-    namespace = meta.get("namespace")
-    return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))
-
-
 def _resource_version(obj: Mapping[str, Any]) -> int | None:
     try:
-        return int(_meta(obj).get("resourceVersion", ""))
+        return int(meta(obj).get("resourceVersion", ""))
     except ValueError:
         return None
 
 
 def pod_queue(pod: Mapping[str, Any]) -> str:
-    labels = _meta(pod).get("labels") or {}
+    labels = meta(pod).get("labels") or {}
     return str(labels.get(QUEUE_LABEL) or DEFAULT_QUEUE)
 
 
@@ -408,7 +396,7 @@ class ClusterState:
 
     def _device_used_milli(self, key: DeviceKey, device: GpuDevice) -> int:
         return sum(
-            WHOLE_GPU_MILLI if consumed is None else fraction_milli(consumed, device.memory_bytes)
+            GPU_MILLI if consumed is None else fraction_milli(consumed, device.memory_bytes)
             for consumed in self.device_holders.get(key, {}).values()
         )
 
@@ -425,7 +413,7 @@ class ClusterState:
         for key in self.node_devices.get(name, []):
             device = self.devices[key]
             model = model or device.model
-            free.append(max(0, WHOLE_GPU_MILLI - self._device_used_milli(key, device)))
+            free.append(max(0, GPU_MILLI - self._device_used_milli(key, device)))
         node = self.kind("Node").get(name)
         if node is not None:
             classic_total = int(
@@ -434,9 +422,9 @@ class ClusterState:
                 )
             )
             if classic_total:
-                model = model or str((_meta(node).get("labels") or {}).get(CLASSIC_MODEL_LABEL, ""))
+                model = model or str((meta(node).get("labels") or {}).get(CLASSIC_MODEL_LABEL, ""))
                 used = sum(pod_classic_gpus(p) for p in self.pods_on_node(name))
-                free.extend([WHOLE_GPU_MILLI] * max(0, classic_total - used) + [0] * min(used, classic_total))
+                free.extend([GPU_MILLI] * max(0, classic_total - used) + [0] * min(used, classic_total))
         return NodeGpus(name=name, model=model, free_milli=tuple(free))
 
     def node_gpu_memory(self, name: str) -> int:
@@ -469,7 +457,7 @@ class ClusterState:
 
     def pod_gpu_requests(self, pod: Mapping[str, Any]) -> list[GpuRequest]:
         """The GPU requests of a pod's claims (classic extended resources not included)."""
-        namespace = str(_meta(pod).get("namespace", ""))
+        namespace = str(meta(pod).get("namespace", ""))
         requests: list[GpuRequest] = []
         for ref in pod_claim_refs(pod):
             # The claim when the picture has it; else its template (the claim's watch event may lag).
@@ -500,7 +488,7 @@ class ClusterState:
         else:
             demand = self.pod_demand(pod)
             if demand is not None:
-                gpus = demand.count * demand.milli / WHOLE_GPU_MILLI
+                gpus = demand.count * demand.milli / GPU_MILLI
                 classic_model = self._classic_model(key, pod)
                 model = next(iter(demand.models)) if len(demand.models) == 1 else classic_model
                 _add(amounts, gpu_amounts(model, gpus))
@@ -510,10 +498,10 @@ class ClusterState:
         node = self.kind("Node").get(self.pod_node(key, pod))
         if node is None or not pod_classic_gpus(pod):
             return ""
-        return str((_meta(node).get("labels") or {}).get(CLASSIC_MODEL_LABEL, ""))
+        return str((meta(node).get("labels") or {}).get(CLASSIC_MODEL_LABEL, ""))
 
     def _held_devices(self, pod: Mapping[str, Any]) -> list[tuple[GpuDevice, float]]:
-        namespace = str(_meta(pod).get("namespace", ""))
+        namespace = str(meta(pod).get("namespace", ""))
         held: list[tuple[GpuDevice, float]] = []
         for ref in pod_claim_refs(pod):
             claim = self.kind("ResourceClaim").get(f"{namespace}/{ref.claim}") if ref.claim else None
@@ -589,7 +577,7 @@ class ClusterState:
             _discard(self._source_users, source, key)
         if pod is None:
             return
-        namespace = str(_meta(pod).get("namespace", ""))
+        namespace = str(meta(pod).get("namespace", ""))
         sources = set()
         for ref in pod_claim_refs(pod):
             if ref.claim:
@@ -635,7 +623,7 @@ class ClusterState:
         for node in self.kind("Node").values():
             allocatable = (node.get("status") or {}).get("allocatable") or {}
             classic = parse_quantity(allocatable.get(CLASSIC_GPU_RESOURCE, 0))
-            model = str((_meta(node).get("labels") or {}).get(CLASSIC_MODEL_LABEL, ""))
+            model = str((meta(node).get("labels") or {}).get(CLASSIC_MODEL_LABEL, ""))
             _add(
                 totals,
                 {
@@ -736,4 +724,4 @@ def apply_watch_event(state: ClusterState, kind: str, event: Mapping[str, Any], 
         raise KubeError(int(obj.get("code") or 500), str(obj.get("message")))
     if event_type != "BOOKMARK":
         state.apply(kind, event_type, dict(obj))
-    return str(_meta(obj).get("resourceVersion", version))
+    return str(meta(obj).get("resourceVersion", version))

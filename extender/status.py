@@ -26,10 +26,11 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
+from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
 from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, request
 from extender.metrics import ExtenderMetrics
 from extender.policy.fairness import check_admission
-from extender.queues import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION, queue_statuses
+from extender.queues import queue_statuses
 from extender.state import ClusterState, pod_queue
 
 log = logging.getLogger(__name__)

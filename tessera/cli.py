@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from dra_driver.devices.simulated import PROFILE_DIR
-from tessera.localcluster import REPO_ROOT, ClusterError, LocalCluster, free_port
+from tessera.dev.localcluster import REPO_ROOT, ClusterError, LocalCluster, free_port
 
 DEFAULT_STATE_DIR = REPO_ROOT / ".tessera" / "cluster"
 # What `tessera up` installs before starting the components, in order.
@@ -67,7 +67,7 @@ def _start_tessera(cluster: LocalCluster, extender_port: int, nodes: list[str], 
         [
             python,
             "-m",
-            "dra_driver.nodeagent",
+            "tessera.dev.nodeagent",
             f"--kubeconfig={cluster.kubeconfig}",
             f"--profile={profile}",
             f"--state-dir={cluster.workdir / 'nodes'}",

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from extender.queues import QUEUE_GROUP, QUEUE_LABEL, QUEUE_VERSION
-from extender.state import DEFAULT_GPU_DRIVER
+from contract.names import DRIVER_NAME, QUEUE_GROUP, QUEUE_LABEL, QUEUE_VERSION
 
 JsonObject = dict[str, Any]
 
@@ -37,7 +36,7 @@ def gpu_slice(
     gpus: int,
     model: str = "H100-80GB",
     memory: str = "80Gi",
-    driver: str = DEFAULT_GPU_DRIVER,
+    driver: str = DRIVER_NAME,
     name: str | None = None,
     shareable: bool = False,
 ) -> JsonObject:
@@ -71,7 +70,7 @@ def gpu_slice(
     }
 
 
-def device_class(name: str, driver: str = DEFAULT_GPU_DRIVER) -> JsonObject:
+def device_class(name: str, driver: str = DRIVER_NAME) -> JsonObject:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
@@ -91,7 +90,7 @@ def claim_spec(
     if memory is not None:
         exactly["capacity"] = {"requests": {"memory": memory}}
     if model is not None:
-        expression = f'device.attributes["{DEFAULT_GPU_DRIVER}"].productName == "{model}"'
+        expression = f'device.attributes["{DRIVER_NAME}"].productName == "{model}"'
         exactly["selectors"] = [{"cel": {"expression": expression}}]
     return {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}
 
@@ -110,7 +109,7 @@ def claim(
     name: str,
     spec: JsonObject,
     allocated: list[tuple[str, str, str | None]] | None = None,
-    driver: str = DEFAULT_GPU_DRIVER,
+    driver: str = DRIVER_NAME,
 ) -> JsonObject:
     """A claim, allocated to (pool, device, consumed memory or None) entries when given."""
     obj: JsonObject = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -18,7 +18,7 @@ class Backend(Protocol):
         """The node's GPUs now, ordered by minor number."""
         ...
 
-    def watch_health(self) -> AsyncIterator[list[Gpu]]:
+    def watch_health(self) -> AsyncGenerator[list[Gpu], None]:
         """Yields the whole inventory again each time a device's health or the device set changes.
 
         Use as ``async for gpus in backend.watch_health(): ...``. Changes are counted from the

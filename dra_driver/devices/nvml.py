@@ -11,7 +11,7 @@ import asyncio
 import importlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -213,7 +213,7 @@ class NvmlBackend:
         log.warning("GPU %s marked unhealthy: %s", gpu_uuid, reason)
         return True
 
-    async def watch_health(self) -> AsyncIterator[list[Gpu]]:
+    async def watch_health(self) -> AsyncGenerator[list[Gpu], None]:
         changes: asyncio.Queue[None] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         stop = threading.Event()

@@ -8,9 +8,8 @@ XID error.
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -18,27 +17,20 @@ from typing import Annotated
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from contract.quantity import parse_decimal
 from dra_driver.devices.backend import BackendUnavailable
 from dra_driver.devices.model import Gpu, MigDevice
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 _UUID_NAMESPACE = uuid.UUID("6f1c1f0e-6a43-4e0f-9b1e-746573736572")
-_BINARY_SUFFIXES = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-_QUANTITY = re.compile(r"^\s*(\d+)\s*(Ki|Mi|Gi|Ti)?\s*$")
 
 
 def parse_bytes(value: object) -> int:
-    """Bytes from an int or a binary quantity string such as ``"80Gi"``."""
-    if isinstance(value, bool):
-        raise ValueError("a memory size must be an integer or a quantity like '80Gi'")
-    if isinstance(value, int):
-        if value <= 0:
-            raise ValueError("a memory size must be positive")
-        return value
-    match = _QUANTITY.match(str(value))
-    if match is None:
-        raise ValueError(f"{value!r} is not a memory size (use bytes or Ki/Mi/Gi/Ti)")
-    return int(match.group(1)) * _BINARY_SUFFIXES[match.group(2) or ""]
+    """Bytes from an int or a quantity string such as ``"80Gi"``: a positive, whole number of bytes."""
+    size = parse_decimal(value)
+    if size <= 0 or size != size.to_integral_value():
+        raise ValueError(f"{value!r} is not a memory size (a positive whole number of bytes, e.g. 80Gi)")
+    return int(size)
 
 
 MemorySize = Annotated[int, BeforeValidator(parse_bytes)]
@@ -158,12 +150,12 @@ class SimulatedBackend:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    def watch_health(self) -> AsyncIterator[list[Gpu]]:
+    def watch_health(self) -> AsyncGenerator[list[Gpu], None]:
         # The starting point is taken now, not at the first iteration, so a change between this
         # call and the consumer's first ``anext`` is still delivered.
         return self._changes_after(self._version)
 
-    async def _changes_after(self, seen: int) -> AsyncIterator[list[Gpu]]:
+    async def _changes_after(self, seen: int) -> AsyncGenerator[list[Gpu], None]:
         while True:
             # A change made while the consumer was busy is caught by the version, not the event.
             if self._version == seen:

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
-FULL_GPU_MILLI = 1000
+from contract.names import GPU_MILLI
+
 MAX_NODE_SCORE = 10
 # Fragmentation deltas are sums of float-weighted integers; round before comparing so equal
 # placements tie exactly instead of differing in the last bits.
@@ -83,7 +84,7 @@ class GpuDemand:
     """
 
     count: int
-    milli: int = FULL_GPU_MILLI
+    milli: int = GPU_MILLI
     models: frozenset[str] = frozenset()
     cpu_milli: int = 0
     memory_mib: int = 0
@@ -91,9 +92,9 @@ class GpuDemand:
     def __post_init__(self) -> None:
         if self.count < 0:
             raise ValueError(f"GPU count must be >= 0, got {self.count}")
-        if not 1 <= self.milli <= FULL_GPU_MILLI:
+        if not 1 <= self.milli <= GPU_MILLI:
             raise ValueError(f"per-GPU milli must be in 1..1000, got {self.milli}")
-        if self.count > 1 and self.milli != FULL_GPU_MILLI:
+        if self.count > 1 and self.milli != GPU_MILLI:
             raise ValueError("a fraction of a GPU is only allowed with count == 1")
 
     @property
@@ -267,7 +268,7 @@ def _candidate_choices(node: NodeGpus, demand: GpuDemand) -> list[tuple[int, ...
     if demand.count == 0:
         return [()]
     usable = [i for i, free in enumerate(node.free_milli) if free >= demand.milli]
-    if demand.count > 1 or demand.milli == FULL_GPU_MILLI:
+    if demand.count > 1 or demand.milli == GPU_MILLI:
         # Whole GPUs: every usable GPU is fully free, so any ``count`` of them are equivalent.
         return [tuple(usable[: demand.count])] if len(usable) >= demand.count else []
     seen: set[int] = set()
@@ -287,7 +288,7 @@ def _consolidation_loss(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix) -> 
     chosen among 0, 0.5 and 1 on the shared traces; whole-GPU pods did worse with it).
     """
     loss = node_fragmentation(node, mix)
-    if demand.count == 0 or demand.milli < FULL_GPU_MILLI:
+    if demand.count == 0 or demand.milli < GPU_MILLI:
         loss += _PACKING_LOSS_WEIGHT * node_packing_loss(node, mix)
     return loss
 
@@ -303,15 +304,15 @@ def _binpack_cost(
     growth = round(_consolidation_loss(after, demand, mix) - loss_before, _COST_DIGITS)
     if demand.count == 0:
         tie = float(sum(node.free_milli))
-    elif demand.milli == FULL_GPU_MILLI:
-        tie = float(sum(1 for free in after.free_milli if free == FULL_GPU_MILLI))
+    elif demand.milli == GPU_MILLI:
+        tie = float(sum(1 for free in after.free_milli if free == GPU_MILLI))
     else:
         tie = float(after.free_milli[gpus[0]])
     return (growth, tie, float(sum(after.free_milli)))
 
 
 def _spread_cost(node: NodeGpus, after: NodeGpus, gpus: Sequence[int]) -> Cost:
-    capacity = FULL_GPU_MILLI * len(node.free_milli)
+    capacity = GPU_MILLI * len(node.free_milli)
     free_share = sum(after.free_milli) / capacity if capacity else 0.0
     emptiest_left = -float(min((after.free_milli[i] for i in gpus), default=0))
     return (-round(free_share, _COST_DIGITS), emptiest_left)
@@ -402,7 +403,7 @@ def mix_from_demands(demands: Sequence[GpuDemand]) -> WorkloadMix:
 
 
 __all__ = [
-    "FULL_GPU_MILLI",
+    "GPU_MILLI",
     "MAX_NODE_SCORE",
     "Cost",
     "GpuDemand",

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from extender.policy.placement import FULL_GPU_MILLI, GpuDemand, NodeGpus, WorkloadMix, node_fragmentation
+from contract.names import GPU_MILLI
+from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix, node_fragmentation
 
 from .trace import SimNode
 
@@ -50,9 +51,9 @@ class Cluster:
     def __init__(self, nodes: Sequence[SimNode], mix: WorkloadMix) -> None:
         self.nodes = list(nodes)
         self.mix = mix
-        self.capacity_milli = FULL_GPU_MILLI * sum(node.gpus for node in nodes)
+        self.capacity_milli = GPU_MILLI * sum(node.gpus for node in nodes)
         self.allocated_milli = 0
-        self.free: list[list[int]] = [[FULL_GPU_MILLI] * node.gpus for node in nodes]
+        self.free: list[list[int]] = [[GPU_MILLI] * node.gpus for node in nodes]
         self.cpu_free = [node.cpu_milli for node in nodes]
         self.memory_free = [node.memory_mib for node in nodes]
         self._shapes = [NodeShape(n.model, n.gpus, n.cpu_milli, n.memory_mib) for n in nodes]

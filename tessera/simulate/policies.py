@@ -23,8 +23,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from contract.names import GPU_MILLI
 from extender.policy.placement import (
-    FULL_GPU_MILLI,
     Cost,
     GpuDemand,
     NodeGpus,
@@ -57,7 +57,7 @@ def _fullest_gpus(node: NodeGpus, demand: GpuDemand, rng: random.Random) -> tupl
 
 
 def _gpu_share_after(state: NodeState, demand: GpuDemand) -> float:
-    capacity = FULL_GPU_MILLI * state.shape.gpus
+    capacity = GPU_MILLI * state.shape.gpus
     return (sum(state.free_sorted) - demand.total_milli) / capacity if capacity else 0.0
 
 
@@ -80,7 +80,7 @@ def _fgd_options(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix) -> list[tu
     usable = _usable_gpus(node, demand)
     if demand.count == 0:
         choices: list[tuple[int, ...]] = [()]
-    elif demand.milli == FULL_GPU_MILLI:
+    elif demand.milli == GPU_MILLI:
         choices = [tuple(usable[: demand.count])]
     else:
         choices = [(i,) for i in usable]

@@ -34,9 +34,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from contract.names import GPU_MILLI
+from contract.quantity import parse_quantity
 from extender.policy.fairness import QueueSpec, QueueUsage, check_admission, compute_fair_shares, drf_order
-from extender.policy.placement import FULL_GPU_MILLI, GpuDemand
-from extender.queues import QueueSpecError, parse_quantity, parse_queue, validate_hierarchy
+from extender.policy.placement import GpuDemand
+from extender.queues import QueueSpecError, parse_queue, validate_hierarchy
 
 from .cluster import Cluster
 from .packing import Placer, workload_mix
@@ -81,7 +83,7 @@ class JobModel(_Model):
     interval: float = Field(default=0.0, ge=0)
     duration: float = Field(gt=0)
     gpus: int = Field(default=1, ge=0)
-    gpu_milli: int = Field(default=FULL_GPU_MILLI, alias="gpuMilli", ge=1, le=FULL_GPU_MILLI)
+    gpu_milli: int = Field(default=GPU_MILLI, alias="gpuMilli", ge=1, le=GPU_MILLI)
     cpu: float = 1.0
     memory: float = float(MIB)
     models: list[str] = Field(default_factory=list)
@@ -143,7 +145,7 @@ def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
     for job in model.jobs:
         if job.queue not in known:
             raise WorkloadError(f"{source}: job '{job.name}' names unknown queue '{job.queue}'")
-        if job.gpus > 1 and job.gpu_milli != FULL_GPU_MILLI:
+        if job.gpus > 1 and job.gpu_milli != GPU_MILLI:
             raise WorkloadError(f"{source}: job '{job.name}': a fraction of a GPU needs gpus: 1")
     return QueueWorkload(model.name, model.seed, nodes, queues, tuple(model.jobs))
 
@@ -207,7 +209,7 @@ def _pods(workload: QueueWorkload) -> list[_Pod]:
     for job in workload.jobs:
         demand = GpuDemand(
             count=job.gpus,
-            milli=job.gpu_milli if job.gpus == 1 else FULL_GPU_MILLI,
+            milli=job.gpu_milli if job.gpus == 1 else GPU_MILLI,
             models=frozenset(job.models),
             cpu_milli=round(job.cpu * 1000),
             memory_mib=int(job.memory // MIB),
@@ -224,7 +226,7 @@ def _pods(workload: QueueWorkload) -> list[_Pod]:
 
 def _request(pod: _Pod, node_model: str | None) -> dict[str, float]:
     """The pod's resources in the fairness vocabulary (GPUs, cores, bytes)."""
-    gpus = pod.demand.total_milli / FULL_GPU_MILLI
+    gpus = pod.demand.total_milli / GPU_MILLI
     request = {"gpu": gpus, "cpu": pod.demand.cpu_milli / 1000, "memory": float(pod.demand.memory_mib * MIB)}
     model = (
         node_model

@@ -12,7 +12,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from extender.policy.placement import FULL_GPU_MILLI, GpuDemand
+from contract.names import GPU_MILLI
+from extender.policy.placement import GpuDemand
 
 TRACE_DIR_CANDIDATES = (
     Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-gpu-v2023",
@@ -98,12 +99,12 @@ def load_nodes(path: Path) -> list[SimNode]:
 
 def _demand(path: Path, line: int, row: Mapping[str, str]) -> GpuDemand:
     count = _int(path, line, row, "num_gpu")
-    milli = _int(path, line, row, "gpu_milli") if count else FULL_GPU_MILLI
+    milli = _int(path, line, row, "gpu_milli") if count else GPU_MILLI
     if count and milli == 0:
         raise TraceError(f"{path}:{line}: num_gpu={count} with gpu_milli=0")
-    if count > 1 and milli != FULL_GPU_MILLI:
+    if count > 1 and milli != GPU_MILLI:
         raise TraceError(f"{path}:{line}: a {count}-GPU pod must ask for whole GPUs, got gpu_milli={milli}")
-    if milli > FULL_GPU_MILLI:
+    if milli > GPU_MILLI:
         raise TraceError(f"{path}:{line}: gpu_milli {milli} is above 1000")
     spec = (row.get("gpu_spec") or "").strip()
     return GpuDemand(

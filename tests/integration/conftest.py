@@ -10,7 +10,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from tessera.localcluster import LocalCluster, api_client
+from tessera.dev.localcluster import LocalCluster, api_client
 
 
 @pytest.fixture(scope="session")

@@ -16,11 +16,11 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
+from contract.names import QUEUE_GROUP, QUEUE_LABEL, QUEUE_PLURAL, QUEUE_VERSION
 from extender.kubeapi import JsonObject, KubeError, request
-from extender.queues import QUEUE_GROUP, QUEUE_LABEL, QUEUE_PLURAL, QUEUE_VERSION
 from extender.server import ExtenderService, ServiceOptions
 from extender.state import ClusterState, StateConfig
-from tessera.localcluster import LocalCluster, SchedulerHandle, api_client, create_fake_node, delete_nodes
+from tessera.dev.localcluster import LocalCluster, SchedulerHandle, api_client, create_fake_node, delete_nodes
 from tests import extender_objects as objects
 
 REPO = Path(__file__).resolve().parents[2]

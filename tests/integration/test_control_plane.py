@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
-from tessera.localcluster import (
+from tessera.dev.localcluster import (
     ClusterError,
     LocalCluster,
     create_fake_node,

@@ -29,15 +29,16 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, ResourceV1Api
 
+from contract.names import DRIVER_NAME
 from dra_driver.checkpoint import Checkpoint
-from dra_driver.config import DEFAULT_DRIVER_NAME, DriverConfig
+from dra_driver.config import DriverConfig
 from dra_driver.devices.simulated import SimulatedBackend
-from dra_driver.nodeagent import KubeletStandIn, Registrar, node_driver_config, run_kubelet_stand_in
 from dra_driver.plugin import SIMULATED_COMMAND_LOG, build_plugin
 from dra_driver.prepare import ApiClaimReader
 from dra_driver.sharing import Command, RecordingRunner
 from dra_driver.slices import SliceReconciler
-from tessera.localcluster import LocalCluster, create_fake_node, delete_nodes, wait_until
+from tessera.dev.localcluster import LocalCluster, create_fake_node, delete_nodes, wait_until
+from tessera.dev.nodeagent import KubeletStandIn, Registrar, node_driver_config, run_kubelet_stand_in
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
@@ -75,7 +76,7 @@ def driver() -> str:
 def device_classes(local_cluster: LocalCluster, driver: str) -> Iterator[None]:
     # Rename the driver, not the GpuConfig API group (gpu.tessera.dev/v1alpha1 whatever the driver).
     shipped = (REPO / "manifests" / "deviceclasses.yaml").read_text()
-    text = re.sub(re.escape(DEFAULT_DRIVER_NAME) + "(?!/)", driver, shipped)
+    text = re.sub(re.escape(DRIVER_NAME) + "(?!/)", driver, shipped)
     names = [doc["metadata"]["name"] for doc in yaml.safe_load_all(text) if doc]
     local_cluster.apply(text)
     yield
@@ -472,7 +473,7 @@ async def test_node_agent_command_runs_fake_nodes_end_to_end(
     config = node_driver_config(node, short_dir, t4_profile, local_cluster.kubeconfig, driver)
     agent = ChildProcess(
         [
-            "-m", "dra_driver.nodeagent", "--kubeconfig", str(local_cluster.kubeconfig),
+            "-m", "tessera.dev.nodeagent", "--kubeconfig", str(local_cluster.kubeconfig),
             "--profile", str(t4_profile), "--node-name", node, "--driver-name", driver,
             "--state-dir", str(short_dir), "--create-nodes",
         ],

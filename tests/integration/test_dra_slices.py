@@ -25,10 +25,10 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient, ResourceV1Api
 
-from dra_driver.config import DEFAULT_DRIVER_NAME
+from contract.names import DRIVER_NAME
 from dra_driver.devices.simulated import SimulatedBackend
 from dra_driver.slices import SharingMode, SliceReconciler, read_json
-from tessera.localcluster import (
+from tessera.dev.localcluster import (
     LocalCluster,
     api_client,
     create_fake_node,
@@ -169,7 +169,7 @@ async def test_slices_are_accepted_readable_and_kept_current(
 
 def manifest_documents(path: Path, driver: str) -> list[dict[str, Any]]:
     """The shipped YAML, re-targeted at this test's driver name."""
-    return [doc for doc in yaml.safe_load_all(path.read_text().replace(DEFAULT_DRIVER_NAME, driver)) if doc]
+    return [doc for doc in yaml.safe_load_all(path.read_text().replace(DRIVER_NAME, driver)) if doc]
 
 
 def fraction_pod(namespace: str, name: str, driver: str) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from extender.status import ADMITTED_CONDITION
-from tessera.localcluster import LocalCluster, wait_until
+from tessera.dev.localcluster import LocalCluster, wait_until
 from tests.integration.extender_harness import GpuCluster, gpu_cluster
 
 pytestmark = pytest.mark.integration

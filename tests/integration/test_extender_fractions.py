@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from tessera.localcluster import LocalCluster, wait_until
+from tessera.dev.localcluster import LocalCluster, wait_until
 from tests.integration.extender_harness import QUARTER_TEMPLATE, gpu_cluster
 from tests.integration.test_extender_fairness import converge, queue_status_equals, waiting_condition
 

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from tessera.localcluster import LocalCluster, free_port, wait_until
-from tessera.pki import CertificateAuthority
+from tessera.dev.localcluster import LocalCluster, free_port, wait_until
+from tessera.dev.pki import CertificateAuthority
 from tests.integration.extender_harness import gpu_cluster
 from tests.integration.test_extender_fairness import converge, waiting_condition
 

@@ -29,7 +29,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient
 
-from tessera.localcluster import LocalCluster, create_fake_node, delete_nodes, free_port
+from tessera.dev.localcluster import LocalCluster, create_fake_node, delete_nodes, free_port
 
 pytestmark = pytest.mark.integration
 

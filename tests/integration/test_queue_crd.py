@@ -11,16 +11,10 @@ from typing import Any
 
 import pytest
 
+from contract.names import QUEUE_GROUP, QUEUE_PLURAL
 from extender.policy.fairness import QueueSpec
-from extender.queues import (
-    QUEUE_GROUP,
-    QUEUE_PLURAL,
-    parse_queue,
-    queue_object,
-    queue_status,
-    validate_hierarchy,
-)
-from tessera.localcluster import REPO_ROOT, LocalCluster
+from extender.queues import parse_queue, queue_object, queue_status, validate_hierarchy
+from tessera.dev.localcluster import REPO_ROOT, LocalCluster
 
 pytestmark = pytest.mark.integration
 

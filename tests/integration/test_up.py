@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tessera.localcluster import REPO_ROOT, find_binaries
+from tessera.dev.localcluster import REPO_ROOT, find_binaries
 
 
 def _wait_for_line(process: subprocess.Popen[str], marker: str, timeout: float) -> list[str]:

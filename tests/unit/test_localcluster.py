@@ -9,8 +9,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tessera.localcluster import free_port
-from tessera.pki import CertificateAuthority, write_service_account_key
+from tessera.dev.localcluster import free_port
+from tessera.dev.pki import CertificateAuthority, write_service_account_key
 
 
 def test_issued_certificates_chain_to_the_ca_and_carry_identity(tmp_path: Path) -> None:

@@ -71,13 +71,13 @@ def test_device_names() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [(17, 17), ("80Gi", 80 * GIB), ("512Mi", 512 * MIB), ("4096", 4096), ("1Ti", 1 << 40)],
+    [(17, 17), ("80Gi", 80 * GIB), ("512Mi", 512 * MIB), ("4096", 4096), ("1Ti", 1 << 40), ("1.5Gi", 3 * GIB // 2)],
 )
 def test_parse_bytes_accepts_ints_and_binary_quantities(text: object, expected: int) -> None:
     assert parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["80GB", "-1", "lots", 0, True, "1.5Gi"])
+@pytest.mark.parametrize("bad", ["80GB", "-1", "lots", 0, True, "0.5", "1e400"])
 def test_parse_bytes_rejects_bad_sizes(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_bytes(bad)

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from contract.names import DRIVER_NAME
 from dra_driver.__main__ import main, parse_args
-from dra_driver.config import DEFAULT_DRIVER_NAME
 
 
 def test_flags_become_a_config() -> None:
     flags = "--node-name gpu-node-1 --backend simulated --profile h100x8 --cdi-dir /tmp/cdi"
     config = parse_args([*flags.split(), "--sharing-mode", "whole-device", "--http-port", "9400"])
     assert config.node_name == "gpu-node-1"
-    assert config.driver_name == DEFAULT_DRIVER_NAME
+    assert config.driver_name == DRIVER_NAME
     assert (config.backend, config.profile) == ("simulated", Path("h100x8"))
     assert config.cdi_dir == Path("/tmp/cdi")
     assert config.plugin_dir == Path("/var/lib/kubelet/plugins")

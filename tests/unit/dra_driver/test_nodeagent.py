@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dra_driver.nodeagent import Registrar, pod_claim_names
 from dra_driver.plugin import DraPlugin
+from tessera.dev.nodeagent import Registrar, pod_claim_names
 
 from .fakes import DRIVER, FakeClaims, gpu, make_plugin
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from contract.names import GPU_MILLI
 from dra_driver.devices import Gpu, load_backend
 from dra_driver.slices import (
-    COMPUTE_UNITS_PER_GPU,
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_TAINTED_SLICE,
     NodeRef,
@@ -80,9 +80,9 @@ def test_h100_whole_gpu_attributes_and_consumable_capacities() -> None:
     assert memory["requestPolicy"]["default"] == str(80 * GIB)
     assert memory["requestPolicy"]["validRange"] == {"min": str(MIB), "step": str(MIB)}
     compute = gpu["capacity"]["compute"]
-    assert compute["value"] == str(COMPUTE_UNITS_PER_GPU)
+    assert compute["value"] == str(GPU_MILLI)
     assert compute["requestPolicy"]["default"] == "0"
-    assert compute["requestPolicy"]["validRange"]["max"] == str(COMPUTE_UNITS_PER_GPU)
+    assert compute["requestPolicy"]["validRange"]["max"] == str(GPU_MILLI)
     assert "taints" not in gpu
 
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+from contract.kube import ClaimRef, pod_claim_refs
 from extender.demand import (
     AllocatedDevice,
-    ClaimRef,
     GpuRequest,
     allocated_devices,
     claim_gpu_requests,
     device_class_gpu_models,
     fraction_milli,
-    pod_claim_refs,
     pod_classic_gpus,
     pod_resource_request,
     to_gpu_demand,

@@ -155,7 +155,7 @@ def test_no_fit_scores_zero_and_choose_returns_none() -> None:
 
 
 def test_scores_from_costs_ranks_evenly() -> None:
-    costs = {"a": (1.0,), "b": (5.0,), "c": (3.0,), "d": (1.0,)}
+    costs: dict[str, tuple[float, ...]] = {"a": (1.0,), "b": (5.0,), "c": (3.0,), "d": (1.0,)}
     assert scores_from_costs(costs) == {"a": 10, "b": 0, "c": 5, "d": 10}
     assert scores_from_costs({"only": (7.0,)}) == {"only": 10}
 

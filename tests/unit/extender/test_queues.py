@@ -10,17 +10,13 @@ from typing import Any
 import pytest
 import yaml
 
+from contract.names import DEFAULT_QUEUE, QUEUE_GROUP, QUEUE_KIND, QUEUE_PLURAL, QUEUE_VERSION
+from contract.quantity import parse_quantity
 from extender.policy.fairness import QueueSpec, QueueUsage
 from extender.queues import (
-    DEFAULT_QUEUE,
-    QUEUE_GROUP,
-    QUEUE_KIND,
-    QUEUE_PLURAL,
-    QUEUE_VERSION,
     RESOURCE_NAME,
     QueueSpecError,
     format_quantity,
-    parse_quantity,
     parse_queue,
     queue_object,
     queue_status,

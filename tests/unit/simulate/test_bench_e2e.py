@@ -19,9 +19,9 @@ from bench.e2e import (
     gpu_slices,
 )
 from bench.reaction import QUEUE_A, QUEUE_B, ReactionResult, ReactionRun, fair_share_of_b, reaction_table
-from extender.demand import ClaimRef, pod_claim_refs
-from extender.queues import QUEUE_LABEL
-from extender.state import DEFAULT_GPU_DRIVER, ClusterState, StateConfig
+from contract.kube import ClaimRef, pod_claim_refs
+from contract.names import DRIVER_NAME, QUEUE_LABEL
+from extender.state import ClusterState, StateConfig
 from tests import extender_objects as objects
 
 
@@ -30,7 +30,7 @@ def test_slices_are_the_drivers_h100x8_pool_and_the_extender_counts_eight_free_g
     devices = [device for s in slices for device in s["spec"]["devices"]]
     assert [device["name"] for device in devices] == [f"gpu-{minor}" for minor in range(GPUS_PER_NODE)]
     owners = {(s["spec"]["driver"], s["spec"]["nodeName"]) for s in slices}
-    assert owners == {(DEFAULT_GPU_DRIVER, "gpu-0001")}
+    assert owners == {(DRIVER_NAME, "gpu-0001")}
     assert all("memory" in device["capacity"] for device in devices)
 
     state = ClusterState(StateConfig())

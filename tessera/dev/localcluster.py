@@ -35,12 +35,12 @@ from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import kube_config
 
-from tessera.pki import CertificateAuthority, KeyPair, write_service_account_key
+from tessera.dev.pki import CertificateAuthority, KeyPair, write_service_account_key
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-k8s.sh"
 DEFAULT_SCHEDULER = "default-scheduler"
 # Controllers a cluster without kubelets needs: claims from templates, namespace deletion and
@@ -481,7 +481,7 @@ async def create_fake_node(
                     "type": "Ready",
                     "status": "True",
                     "reason": "FakeNodeReady",
-                    "message": "fake node created by tessera.localcluster",
+                    "message": "fake node created by tessera.dev.localcluster",
                     "lastHeartbeatTime": now,
                     "lastTransitionTime": now,
                 }

@@ -35,8 +35,10 @@ import grpc
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from contract.kube import pod_claim_refs
+from contract.names import DRIVER_NAME
 from dra_driver.__main__ import run_driver
-from dra_driver.config import DEFAULT_DRIVER_NAME, DriverConfig
+from dra_driver.config import DriverConfig
 from dra_driver.prepare import ApiClaimReader, ClaimPrepareError
 from dra_driver.proto import dra_v1_pb2, dra_v1_pb2_grpc, registration_pb2, registration_pb2_grpc
 
@@ -125,20 +127,10 @@ class PodClaim:
 
 def pod_claim_names(pod: Mapping[str, Any]) -> list[str] | None:
     """Names of the ResourceClaims a pod uses; None while a generated claim has no name yet."""
-    spec_claims = pod.get("spec", {}).get("resourceClaims") or []
-    generated = {
-        s["name"]: s.get("resourceClaimName")
-        for s in (pod.get("status", {}).get("resourceClaimStatuses") or [])
-    }
-    names: list[str] = []
-    for entry in spec_claims:
-        name = entry.get("resourceClaimName") or generated.get(entry["name"])
-        if not name:
-            if entry.get("resourceClaimTemplateName"):
-                return None
-            continue  # a template claim the controller decided to skip
-        names.append(name)
-    return names
+    refs = pod_claim_refs(pod)
+    if any(ref.claim is None for ref in refs):
+        return None
+    return [ref.claim for ref in refs if ref.claim]
 
 
 def _claim_from_api(obj: Mapping[str, Any]) -> PodClaim:
@@ -329,7 +321,7 @@ async def run_kubelet_stand_in(
 
 
 def node_driver_config(
-    node_name: str, state_dir: Path, profile: Path, kubeconfig: Path, driver_name: str = DEFAULT_DRIVER_NAME
+    node_name: str, state_dir: Path, profile: Path, kubeconfig: Path, driver_name: str = DRIVER_NAME
 ) -> DriverConfig:
     """Driver settings for a simulated node: all of its directories live under ``state_dir/node``."""
     root = state_dir / node_name
@@ -364,7 +356,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", type=Path, required=True, help="simulated GPU profile (YAML)")
     parser.add_argument("--node-name", action="append", required=True, help="fake node to serve (repeatable)")
     parser.add_argument("--state-dir", type=Path, default=Path("/tmp/tessera-nodes"))
-    parser.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME)
+    parser.add_argument("--driver-name", default=DRIVER_NAME)
     parser.add_argument("--create-nodes", action="store_true", help="create the fake Node objects first")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser.parse_args(argv)
@@ -372,7 +364,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 async def _main(args: argparse.Namespace) -> None:
     # The dev tooling's helpers, imported only here: the driver itself never depends on tessera.
-    from tessera.localcluster import api_client, create_fake_node
+    from tessera.dev.localcluster import api_client, create_fake_node
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

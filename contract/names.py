@@ -1,0 +1,29 @@
+"""Names both sides of the extender-driver contract use: driver, device attributes, capacities,
+labels and the Queue API. Changing one here changes it for the extender and the driver at once."""
+
+from typing import Final
+
+# The DRA driver's name: ResourceSlices' spec.driver, claim allocation results, CDI vendor.
+DRIVER_NAME: Final = "gpu.tessera.dev"
+
+# Device attributes the driver publishes and the extender reads (bare or qualified by the driver).
+MODEL_ATTRIBUTE: Final = "productName"
+DEVICE_TYPE_ATTRIBUTE: Final = "type"
+
+# Consumable capacities of a shareable GPU device: bytes of memory, and compute in thousandths.
+MEMORY_CAPACITY: Final = "memory"
+COMPUTE_CAPACITY: Final = "compute"
+# Thousandths of one GPU: placement's unit for fractions and the driver's "compute" of a whole GPU.
+GPU_MILLI: Final = 1000
+
+# GPUs advertised by NVIDIA's device plugin, and the node label naming their model.
+CLASSIC_GPU_RESOURCE: Final = "nvidia.com/gpu"
+CLASSIC_MODEL_LABEL: Final = "nvidia.com/gpu.product"
+
+# The Queue custom resource and the pod label naming a pod's queue.
+QUEUE_GROUP: Final = "scheduling.tessera.dev"
+QUEUE_VERSION: Final = "v1alpha1"
+QUEUE_PLURAL: Final = "queues"
+QUEUE_KIND: Final = "Queue"
+QUEUE_LABEL: Final = "scheduling.tessera.dev/queue"
+DEFAULT_QUEUE: Final = "default"
