@@ -1,6 +1,6 @@
 """Benchmark 4: resident memory of the extender holding a large cluster picture.
 
-The extender app (the real ``ClusterState`` fed the JSON objects a watch would deliver) is started
+The extender app (the real ``ClusterPicture`` fed the JSON objects a watch would deliver) is started
 in its own process with the picture loaded; its RSS is compared with the do-nothing extender
 process of the same run, which imports the same code but holds no picture.
 """

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from contract.names import DRIVER_NAME, QUEUE_GROUP, QUEUE_LABEL, QUEUE_VERSION
 from extender.kubeapi import JsonObject
-from extender.state import ClusterState
+from extender.picture.cluster import ClusterPicture
 
 GPUS_PER_NODE = 8
 GPU_MEMORY = "80Gi"
@@ -228,9 +228,9 @@ def build_picture(nodes: int, pods: int, seed: int = 0) -> Picture:
     )
 
 
-def load_state(picture: Picture) -> ClusterState:
-    """A ClusterState holding the picture, synced as after the watcher's first list."""
-    state = ClusterState()
+def load_state(picture: Picture) -> ClusterPicture:
+    """A ClusterPicture holding the picture, synced as after the watcher's first list."""
+    state = ClusterPicture()
     for kind in (
         "DeviceClass",
         "Node",

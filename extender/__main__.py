@@ -17,8 +17,9 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient
 
 from contract.names import DRIVER_NAME
-from extender.server import DEFAULT_MAX_BODY_BYTES, ExtenderService, ServiceOptions, server_ssl_context
-from extender.state import ClusterState, StateConfig
+from extender.picture.cluster import ClusterPicture, PictureConfig
+from extender.server import DEFAULT_MAX_BODY_BYTES, server_ssl_context
+from extender.service import ExtenderService, ServiceOptions
 
 log = logging.getLogger("extender")
 
@@ -81,8 +82,8 @@ async def _api_client(kubeconfig: str | None) -> ApiClient:
 
 
 async def run(args: argparse.Namespace) -> None:
-    state = ClusterState(
-        StateConfig(
+    picture = ClusterPicture(
+        PictureConfig(
             gpu_drivers=frozenset(args.gpu_driver or [DRIVER_NAME]),
             scheduler_names=frozenset(args.scheduler_name or []),
         )
@@ -97,7 +98,7 @@ async def run(args: argparse.Namespace) -> None:
             else None
         ),
         queue_status_interval_s=args.queue_status_interval,
-        state=state,
+        picture=picture,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

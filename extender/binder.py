@@ -15,14 +15,14 @@ from kubernetes_asyncio.client import ApiClient
 
 from contract.kube import pod_claim_refs
 from extender.kubeapi import KubeError, request
-from extender.state import ClusterState
+from extender.picture.cluster import ClusterPicture
 from extender.wire import ExtenderBindingArgs
 
 log = logging.getLogger(__name__)
 
 
 class Binder:
-    def __init__(self, api: ApiClient, state: ClusterState) -> None:
+    def __init__(self, api: ApiClient, state: ClusterPicture) -> None:
         self.api = api
         self.state = state
 

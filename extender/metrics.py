@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from extender.state import ClusterState
+from extender.picture.cluster import ClusterPicture
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Filter and prioritize should answer in milliseconds; the scheduler gives up after 5 s.
@@ -20,7 +20,7 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 
 class _QueueCollector(Collector):
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterPicture) -> None:
         self.state = state
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -51,7 +51,7 @@ class _QueueCollector(Collector):
 
 
 class ExtenderMetrics:
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterPicture) -> None:
         self.registry = CollectorRegistry()
         self.latency = Histogram(
             "tessera_extender_request_duration_seconds",

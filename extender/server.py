@@ -1,164 +1,47 @@
-"""The extender's HTTP service: filter, prioritize and bind for kube-scheduler, plus health and metrics.
+"""The extender's HTTP layer: filter, prioritize and bind for kube-scheduler, plus health and metrics.
 
-Filter and prioritize read only the in-memory cluster picture (no API call) and cost O(nodes in
-the request). Filter first asks fairness whether the pod's queue may take what it asks for; a
-refusal fails every node with the reason (FailedAndUnresolvableNodes: preempting pods on a node
-cannot fix a queue's share). An admitted pod then keeps only the nodes whose free GPUs fit it.
+Only HTTP lives here: parse the request (a 4xx with the reason when it is malformed or too large),
+ask the pure decision in `extender.verbs`, apply its effects (wait reasons, metrics, the
+reservation of an admitted pod) and write the answer. The process is assembled in
+`extender.service`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from aiohttp import web
-from kubernetes_asyncio.client import ApiClient
 from pydantic import BaseModel, ValidationError
 
-from contract.kube import object_key, validation_problems
-from contract.names import GPU_MILLI, QUEUE_LABEL
+from contract.kube import validation_problems
 from extender.binder import Binder
-from extender.demand import pod_classic_gpus, to_gpu_demand
 from extender.metrics import CONTENT_TYPE, ExtenderMetrics
-from extender.policy.fairness import check_admission
-from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, score_nodes
-from extender.state import WATCHED_KINDS, ClusterState, ClusterWatcher, pod_queue
-from extender.status import StatusWriter, WaitingPods
+from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
+from extender.status import WaitingPods
+from extender.verbs import UnreadablePod, decide_filter, decide_priorities
 from extender.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
-    ExtenderFilterResult,
-    filter_result,
     host_priorities_json,
 )
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20  # a NodeList of thousands of nodes still fits
-NOT_READY = "tessera extender is still syncing its cluster picture; retry"
 # How long an admitted pod counts against its queue while the scheduler binds it; a pod that
 # is not bound by then (its cycle failed after filter) stops counting.
 RESERVATION_TTL_S = 15.0
 
-STATE_KEY = web.AppKey("state", ClusterState)
+PICTURE_KEY = web.AppKey("picture", ClusterPicture)
 WAITING_KEY = web.AppKey("waiting", WaitingPods)
 METRICS_KEY = web.AppKey("metrics", ExtenderMetrics)
 BINDER_KEY = web.AppKey("binder", Binder)
 ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-def _describe(demand: GpuDemand) -> str:
-    if demand.count == 1 and demand.milli < GPU_MILLI:
-        return f"{demand.milli / GPU_MILLI:.3g} of a GPU"
-    return f"{demand.count} GPU{'s' if demand.count != 1 else ''}"
-
-
-class _DemandPerNode:
-    """A fractional demand is relative to the memory of the GPUs of the node being considered;
-    computed once per GPU size seen in the request."""
-
-    def __init__(self, state: ClusterState, pod: dict[str, Any], demand: GpuDemand) -> None:
-        self.demand = demand
-        self.fractional = demand.count == 1 and demand.milli < GPU_MILLI
-        self.requests = state.pod_gpu_requests(pod) if self.fractional else []
-        self.classic = pod_classic_gpus(pod)
-        self.by_memory: dict[int, GpuDemand] = {}
-
-    def at(self, memory: int) -> GpuDemand:
-        if not memory:
-            return self.demand
-        if memory not in self.by_memory:
-            self.by_memory[memory] = to_gpu_demand(self.requests, self.classic, memory) or self.demand
-        return self.by_memory[memory]
-
-
-def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
-    """Why `demand` does not fit on the node ('' when it fits)."""
-    if fits(supply, demand):
-        return ""
-    free = sum(supply.free_milli) / GPU_MILLI
-    models = f" of model {'/'.join(sorted(demand.models))}" if demand.models else ""
-    return (
-        f"not enough free GPU for {_describe(demand)}{models} "
-        f"({free:.3g} free over {len(supply.free_milli)} GPUs, model '{supply.model}')"
-    )
-
-
-def decide_filter(
-    state: ClusterState, waiting: WaitingPods, metrics: ExtenderMetrics, args: ExtenderArgs
-) -> ExtenderFilterResult:
-    names = args.candidate_names()
-    if not state.ready():
-        metrics.decisions.labels("filter", "error", "not_ready").inc()
-        return ExtenderFilterResult(Error=NOT_READY)
-    pod = args.Pod.raw()
-    meta = args.Pod.metadata
-    demand = state.pod_demand(pod)
-    if demand is None and QUEUE_LABEL not in meta.labels:
-        # Neither a GPU pod nor one that names a queue: not ours to hold back.
-        metrics.decisions.labels("filter", "passed", "no_gpu").inc()
-        return filter_result(args, names, {})
-    queue, key = pod_queue(pod), object_key(pod)
-    state.release(key)  # a pod filtered again: its earlier admission did not lead to a bind
-    view = state.fairness()
-    decision = check_admission(
-        queue, state.pod_resources(key, pod), view.specs, view.usage, view.fair_shares, view.capacity
-    )
-    if not decision.admit:
-        waiting.refused(meta.namespace, meta.name, meta.uid, queue, decision.reason)
-        metrics.decisions.labels("filter", "refused", decision.kind or "refused").inc()
-        result = filter_result(args, [], {})
-        result.FailedAndUnresolvableNodes = dict.fromkeys(names, decision.reason)
-        return result
-    waiting.admitted(meta.namespace, meta.name, meta.uid, decision.reason)
-    if demand is None:
-        return filter_result(args, names, {})
-    per_node = _DemandPerNode(state, pod, demand)
-    passed: list[str] = []
-    failed: dict[str, str] = {}
-    # Nodes of one shape and GPU size get one verdict: a large cluster has few distinct ones.
-    verdicts: dict[tuple[int, str], str] = {}
-    gpu_memory = state.gpu_memory if per_node.fractional else {}  # {}: the size does not matter
-    for name in names:
-        supply = state.node_gpus(name)
-        memory = gpu_memory.get(name, 0)
-        reason = verdicts.get((memory, supply.shape))
-        if reason is None:
-            reason = verdicts[memory, supply.shape] = _misfit(supply, per_node.at(memory))
-        if reason:
-            failed[name] = reason
-        else:
-            passed.append(name)
-    if passed:
-        state.reserve(key, pod, RESERVATION_TTL_S)
-    metrics.decisions.labels("filter", "admitted", "fits" if passed else "no_gpu_fit").inc()
-    return filter_result(args, passed, failed)
-
-
-def queue_strategy(state: ClusterState, queue: str) -> Strategy:
-    obj = state.kind("Queue").get(queue) or {}
-    return "spread" if (obj.get("spec") or {}).get("placement") == "spread" else "binpack"
-
-
-def decide_priorities(state: ClusterState, metrics: ExtenderMetrics, args: ExtenderArgs) -> dict[str, int]:
-    """The score of every candidate node."""
-    names = args.candidate_names()
-    pod = args.Pod.raw()
-    demand = state.pod_demand(pod) if state.ready() else None
-    if demand is None:
-        metrics.decisions.labels("prioritize", "neutral", "no_gpu" if state.ready() else "not_ready").inc()
-        return dict.fromkeys(names, 0)
-    supplies: list[NodeGpus] = [state.node_gpus(name) for name in names]
-    strategy = queue_strategy(state, pod_queue(pod))
-    scores = score_nodes(supplies, demand, state.fairness().mix, strategy)
-    metrics.decisions.labels("prioritize", "scored", strategy).inc()
-    return scores
 
 
 async def _parse(request: web.Request, model: type[ModelT], verb: str) -> ModelT:
@@ -208,19 +91,33 @@ def _unreadable_pod(request: web.Request, verb: str, error: ValueError) -> web.H
 async def handle_filter(request: web.Request) -> web.StreamResponse:
     args = await _parse(request, ExtenderArgs, "filter")
     app = request.app
+    picture, waiting = app[PICTURE_KEY], app[WAITING_KEY]
+    meta = args.Pod.metadata
+    key = f"{meta.namespace}/{meta.name}"
+    if picture.ready():
+        picture.release(key)  # a pod filtered again: its earlier admission did not lead to a bind
     try:
-        return _json(decide_filter(app[STATE_KEY], app[WAITING_KEY], app[METRICS_KEY], args))
-    except ValueError as exc:
+        decision = decide_filter(picture, args)
+    except UnreadablePod as exc:
         raise _unreadable_pod(request, "filter", exc) from exc
+    app[METRICS_KEY].decisions.labels("filter", decision.outcome, decision.reason).inc()
+    if decision.admitted is False:
+        waiting.refused(meta.namespace, meta.name, meta.uid, decision.queue, decision.message)
+    elif decision.admitted:
+        waiting.admitted(meta.namespace, meta.name, meta.uid, decision.message)
+    if decision.reserve:
+        picture.reserve(key, args.Pod.raw(), RESERVATION_TTL_S)
+    return _json(decision.result)
 
 
 async def handle_prioritize(request: web.Request) -> web.StreamResponse:
     args = await _parse(request, ExtenderArgs, "prioritize")
     try:
-        scores = decide_priorities(request.app[STATE_KEY], request.app[METRICS_KEY], args)
-        return _json_text(host_priorities_json(args.candidate_names(), scores))
-    except ValueError as exc:
+        decision = decide_priorities(request.app[PICTURE_KEY], args)
+    except UnreadablePod as exc:
         raise _unreadable_pod(request, "prioritize", exc) from exc
+    request.app[METRICS_KEY].decisions.labels("prioritize", decision.outcome, decision.reason).inc()
+    return _json_text(host_priorities_json(args.candidate_names(), decision.scores))
 
 
 async def handle_bind(request: web.Request) -> web.StreamResponse:
@@ -235,10 +132,10 @@ async def handle_healthz(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_readyz(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE_KEY]
-    if state.ready():
+    picture = request.app[PICTURE_KEY]
+    if picture.ready():
         return web.Response(text="ok")
-    missing = sorted(set(WATCHED_KINDS) - state.synced)
+    missing = sorted(set(WATCHED_PATHS) - picture.store.synced)
     return web.Response(status=503, text=f"not synced yet: {', '.join(missing)}")
 
 
@@ -247,14 +144,14 @@ async def handle_metrics(request: web.Request) -> web.StreamResponse:
 
 
 def build_app(
-    state: ClusterState,
+    picture: ClusterPicture,
     binder: Binder,
     waiting: WaitingPods,
     metrics: ExtenderMetrics,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> web.Application:
     app = web.Application(client_max_size=max_body_bytes)
-    app[STATE_KEY] = state
+    app[PICTURE_KEY] = picture
     app[WAITING_KEY] = waiting
     app[METRICS_KEY] = metrics
     app[BINDER_KEY] = binder
@@ -275,62 +172,3 @@ def server_ssl_context(cert_file: str, key_file: str, client_ca_file: str | None
         context.load_verify_locations(client_ca_file)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
-
-
-@dataclass
-class ServiceOptions:
-    host: str = "0.0.0.0"
-    port: int = 8888
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    ssl_context: ssl.SSLContext | None = None
-    queue_status_interval_s: float = 2.0
-    state: ClusterState = field(default_factory=ClusterState)
-
-
-class ExtenderService:
-    """The whole extender in one object: watches, status writer and HTTP server (start/stop)."""
-
-    def __init__(self, api: ApiClient, options: ServiceOptions) -> None:
-        self.options = options
-        self.state = options.state
-        self.metrics = ExtenderMetrics(self.state)
-        self.waiting = WaitingPods()
-        self.watcher = ClusterWatcher(api, self.state)
-        self.writer = StatusWriter(
-            api, self.state, self.waiting, self.metrics, options.queue_status_interval_s
-        )
-        self.app = build_app(
-            self.state, Binder(api, self.state), self.waiting, self.metrics, options.max_body_bytes
-        )
-        self._runner = web.AppRunner(self.app, access_log=None)
-        self.port = options.port
-
-    async def start(self) -> None:
-        self.watcher.start()
-        self.writer.start()
-        await self._runner.setup()
-        site = web.TCPSite(
-            self._runner, self.options.host, self.options.port, ssl_context=self.options.ssl_context
-        )
-        await site.start()
-        sockets = self._runner.addresses
-        if sockets:
-            self.port = int(sockets[0][1])
-        log.info(
-            "extender listening on %s:%d (TLS %s)",
-            self.options.host,
-            self.port,
-            "on" if self.options.ssl_context else "off",
-        )
-
-    async def wait_ready(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.state.ready():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"cluster picture not synced after {timeout_s:.0f}s")
-            await asyncio.sleep(0.05)
-
-    async def stop(self) -> None:
-        await self._runner.cleanup()
-        await self.writer.stop()
-        await self.watcher.stop()

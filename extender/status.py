@@ -29,9 +29,9 @@ from kubernetes_asyncio.client import ApiClient
 from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
 from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, request
 from extender.metrics import ExtenderMetrics
-from extender.policy.fairness import check_admission
+from extender.picture.cluster import ClusterPicture
+from extender.picture.demands import pod_queue
 from extender.queues import queue_statuses
-from extender.state import ClusterState, pod_queue
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class StatusWriter:
     def __init__(
         self,
         api: ApiClient,
-        state: ClusterState,
+        state: ClusterPicture,
         waiting: WaitingPods,
         metrics: ExtenderMetrics,
         queue_status_interval_s: float = 2.0,
@@ -225,14 +225,10 @@ class StatusWriter:
                 continue
             if entry.nudged:
                 continue
-            decision = check_admission(
-                entry.queue,
-                self.state.pod_resources(key, pod),
-                view.specs,
-                view.usage,
-                view.fair_shares,
-                view.capacity,
-            )
+            try:
+                decision = view.admit(entry.queue, self.state.pod_resources(key, pod))
+            except ValueError:  # an unreadable pod is never eligible
+                continue
             if decision.admit:
                 eligible.append(entry)
         return eligible

@@ -1,6 +1,6 @@
 """Kubernetes JSON builders for extender tests: nodes, GPU ResourceSlices, claims, pods, queues.
 
-Unit tests feed these to ClusterState directly; integration tests create them on the real API
+Unit tests feed these to ClusterPicture directly; integration tests create them on the real API
 server, so they are valid resource.k8s.io/v1 and scheduling.tessera.dev/v1alpha1 objects.
 """
 

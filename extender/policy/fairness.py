@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 Resources = Mapping[str, float]
@@ -291,72 +292,93 @@ def _competitors(tree: QueueTree, name: str) -> list[str]:
     return found
 
 
-def check_admission(
-    queue: str,
-    request: Resources,
-    queues: Sequence[QueueSpec],
-    usage: Mapping[str, QueueUsage],
-    fair_shares: Mapping[str, Mapping[str, float]],
-    capacity: Resources,
-    *,
-    tree: QueueTree | None = None,
-) -> AdmissionDecision:
-    """May a pod of ``queue`` asking for ``request`` be placed now?
+@dataclass(frozen=True)
+class FairnessSnapshot:
+    """Queues, their usage, the capacity and the fair shares at one moment; the queue tree (and
+    its subtree sums) is built once, on first use, and shared by every question asked of it.
 
-    Refused when it would take the queue or an ancestor past a limit, or past the queue's fair
-    share while queues below their fair share wait for capacity that admitting it would take
-    (free capacity minus the request no longer covers what they are still owed).
-    ``tree``: a QueueTree of the same queues and usage, built once per snapshot of the cluster, so
-    that the filter hot path does not rebuild the hierarchy and its subtree sums for every pod.
+    ``build`` computes the fair shares; constructing one directly takes them as given (tests,
+    and forks whose hypothetical moves leave every queue's demand, hence its share, unchanged).
     """
-    tree = tree or QueueTree(queues, usage)
-    if queue not in tree.specs:
-        return AdmissionDecision(False, f"queue '{queue}' does not exist", "unknown_queue")
-    if queue in tree.broken:
-        return AdmissionDecision(
-            False, f"queue '{queue}' is not usable: {tree.broken[queue]}", "invalid_queue"
-        )
-    wanted = {r: amount for r, amount in request.items() if amount > 0}
 
-    for node in tree.path_to_root(queue):
+    specs: Sequence[QueueSpec]
+    usage: Mapping[str, QueueUsage]
+    capacity: Resources
+    fair_shares: Mapping[str, Mapping[str, float]]
+
+    @classmethod
+    def build(
+        cls, specs: Sequence[QueueSpec], usage: Mapping[str, QueueUsage], capacity: Resources
+    ) -> FairnessSnapshot:
+        return cls(tuple(specs), usage, capacity, compute_fair_shares(specs, usage, capacity))
+
+    @cached_property
+    def tree(self) -> QueueTree:
+        return QueueTree(self.specs, self.usage)
+
+    def order(self) -> list[str]:
+        """Every queue, most deserving first (see ``drf_order``)."""
+        return drf_order(self.specs, self.usage, self.fair_shares, self.capacity, tree=self.tree)
+
+    def admit(self, queue: str, request: Resources) -> AdmissionDecision:
+        """May a pod of ``queue`` asking for ``request`` be placed now?
+
+        Refused when it would take the queue or an ancestor past a limit, or past the queue's fair
+        share while queues below their fair share wait for capacity that admitting it would take
+        (free capacity minus the request no longer covers what they are still owed).
+        """
+        tree = self.tree
+        fair_shares, capacity = self.fair_shares, self.capacity
+
+        if queue not in tree.specs:
+            return AdmissionDecision(False, f"queue '{queue}' does not exist", "unknown_queue")
+        if queue in tree.broken:
+            return AdmissionDecision(
+                False, f"queue '{queue}' is not usable: {tree.broken[queue]}", "invalid_queue"
+            )
+        wanted = {r: amount for r, amount in request.items() if amount > 0}
+
+        for node in tree.path_to_root(queue):
+            for resource, amount in wanted.items():
+                limit = tree.specs[node].limit.get(resource)
+                held = tree.subtree(node, "allocated", resource)
+                if limit is not None and held + amount > limit + EPSILON:
+                    whose = "its limit" if node == queue else f"the limit of ancestor queue '{node}'"
+                    return AdmissionDecision(
+                        False,
+                        f"queue '{queue}': {resource} allocated {format_amount(resource, held)} + request "
+                        f"{format_amount(resource, amount)} would exceed {whose} "
+                        f"({format_amount(resource, limit)})",
+                        "over_limit",
+                    )
+
+        borrowing: list[str] = []
         for resource, amount in wanted.items():
-            limit = tree.specs[node].limit.get(resource)
-            held = tree.subtree(node, "allocated", resource)
-            if limit is not None and held + amount > limit + EPSILON:
-                whose = "its limit" if node == queue else f"the limit of ancestor queue '{node}'"
+            if resource not in capacity:
+                continue
+            held = tree.subtree(queue, "allocated", resource)
+            fair = fair_shares.get(queue, {}).get(resource, 0.0)
+            if held + amount <= fair + EPSILON:
+                continue
+            refusal = _starved_competitor(tree, queue, resource, wanted, fair_shares, capacity)
+            if refusal is not None:
                 return AdmissionDecision(
                     False,
                     f"queue '{queue}': {resource} allocated {format_amount(resource, held)} + request "
-                    f"{format_amount(resource, amount)} would exceed {whose} "
-                    f"({format_amount(resource, limit)})",
-                    "over_limit",
+                    f"{format_amount(resource, amount)} would exceed its fair share "
+                    f"({format_amount(resource, fair)}) while {refusal}",
+                    "over_fair_share",
                 )
-
-    borrowing: list[str] = []
-    for resource, amount in wanted.items():
-        if resource not in capacity:
-            continue
-        held = tree.subtree(queue, "allocated", resource)
-        fair = fair_shares.get(queue, {}).get(resource, 0.0)
-        if held + amount <= fair + EPSILON:
-            continue
-        refusal = _starved_competitor(tree, queue, resource, wanted, fair_shares, capacity)
-        if refusal is not None:
+            borrowing.append(resource)
+        if borrowing:
             return AdmissionDecision(
-                False,
-                f"queue '{queue}': {resource} allocated {format_amount(resource, held)} + request "
-                f"{format_amount(resource, amount)} would exceed its fair share "
-                f"({format_amount(resource, fair)}) while {refusal}",
-                "over_fair_share",
+                True,
+                f"queue '{queue}' borrows idle {', '.join(borrowing)} beyond its fair share",
+                "borrowing",
             )
-        borrowing.append(resource)
-    if borrowing:
         return AdmissionDecision(
-            True, f"queue '{queue}' borrows idle {', '.join(borrowing)} beyond its fair share", "borrowing"
+            True, f"queue '{queue}' is within its limits and fair share", "within_fair_share"
         )
-    return AdmissionDecision(
-        True, f"queue '{queue}' is within its limits and fair share", "within_fair_share"
-    )
 
 
 def _starved_competitor(

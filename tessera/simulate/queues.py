@@ -15,9 +15,10 @@ Format (quantities as in Kubernetes: ``64``, ``500m``, ``512Gi``)::
          gpus: 1, gpuMilli: 1000, cpu: 4, memory: 32Gi, models: [H100]}
 
 Event-driven: pods arrive, and whenever something changes the scheduler loop runs as the extender
-would decide - queues in ``drf_order``, each queue's oldest pending pod checked with
-``check_admission`` and, if admitted, placed by the placement policy - until nothing more can
-start. Pods run for their duration and then free their GPUs.
+would decide - queues in DRF order, each queue's oldest pending pod admitted by the same
+``FairnessSnapshot`` the extender asks and, if admitted, placed by the placement policy - until
+nothing more can start. Pods run for their duration and then free their GPUs. Queue usage is kept
+in the extender's own ``QueueLedger``, fed one contribution per pod as in the live picture.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from contract.names import GPU_MILLI
 from contract.quantity import parse_quantity
-from extender.policy.fairness import QueueSpec, QueueUsage, check_admission, compute_fair_shares, drf_order
+from extender.picture.ledger import Contribution, QueueLedger
+from extender.policy.fairness import FairnessSnapshot, QueueSpec
 from extender.policy.placement import GpuDemand
 from extender.queues import QueueSpecError, parse_queue, validate_hierarchy
 
@@ -238,35 +240,6 @@ def _request(pod: _Pod, node_model: str | None) -> dict[str, float]:
     return request
 
 
-class _Ledger:
-    """Allocated and requested resources per queue, kept as pods start, finish and arrive."""
-
-    def __init__(self, queues: Sequence[QueueSpec]) -> None:
-        self.allocated: dict[str, dict[str, float]] = {q.name: {} for q in queues}
-        self.requested: dict[str, dict[str, float]] = {q.name: {} for q in queues}
-
-    @staticmethod
-    def _add(table: dict[str, float], amounts: Mapping[str, float], sign: float) -> None:
-        for resource, amount in amounts.items():
-            table[resource] = table.get(resource, 0.0) + sign * amount
-
-    def arrive(self, pod: _Pod) -> None:
-        self._add(self.requested[pod.queue], _request(pod, None), +1)
-
-    def start(self, pod: _Pod, model: str) -> None:
-        self._add(self.requested[pod.queue], _request(pod, None), -1)
-        self._add(self.allocated[pod.queue], _request(pod, model), +1)
-
-    def finish(self, pod: _Pod, model: str) -> None:
-        self._add(self.allocated[pod.queue], _request(pod, model), -1)
-
-    def usage(self) -> dict[str, QueueUsage]:
-        return {
-            q: QueueUsage(allocated=dict(self.allocated[q]), requested=dict(self.requested[q]))
-            for q in self.allocated
-        }
-
-
 def _capacity(nodes: Sequence[SimNode]) -> dict[str, float]:
     capacity: dict[str, float] = {"gpu": 0.0, "cpu": 0.0, "memory": 0.0}
     for node in nodes:
@@ -296,24 +269,24 @@ def run_queue_workload(
     placer = Placer(cluster, make_policy(policy_name, mix), rng)
     capacity = _capacity(nodes)
     queues = list(workload.queues)
-    ledger = _Ledger(queues)
+    names = [q.name for q in queues]
+    ledger = QueueLedger()
     pending: dict[str, deque[_Pod]] = {q.name: deque() for q in queues}
     result = QueueRunResult(name=workload.name, policy=policy_name)
     events: list[tuple[float, int, int]] = []  # (time, 0 = finish / 1 = arrival, pod index)
     for index, pod in enumerate(pods):
         heapq.heappush(events, (pod.arrival, 1, index))
 
-    def schedule(now: float) -> dict[str, dict[str, float]]:
+    def schedule(now: float) -> Mapping[str, Mapping[str, float]]:
         blocked: set[str] = set()
         while True:
-            usage = ledger.usage()
-            shares = compute_fair_shares(queues, usage, capacity)
-            order = [q for q in drf_order(queues, usage, shares, capacity) if pending[q] and q not in blocked]
+            fairness = FairnessSnapshot.build(queues, ledger.usage(names), capacity)
+            order = [q for q in fairness.order() if pending[q] and q not in blocked]
             if not order:
-                return shares
+                return fairness.fair_shares
             queue = order[0]
             pod = pending[queue][0]
-            decision = check_admission(queue, _request(pod, None), queues, usage, shares, capacity)
+            decision = fairness.admit(queue, _request(pod, None))
             placement = placer.place(pod.demand) if decision.admit else None
             if placement is None:
                 reason = decision.kind if not decision.admit else "no_node_fits"
@@ -322,7 +295,7 @@ def run_queue_workload(
                 continue
             pending[queue].popleft()
             pod.start, (pod.node, pod.gpus) = now, placement
-            ledger.start(pod, nodes[pod.node].model)
+            ledger.put(str(pod.index), Contribution(queue, "allocated", _request(pod, nodes[pod.node].model)))
             heapq.heappush(events, (now + pod.duration, 0, pod.index))
 
     now = 0.0
@@ -333,10 +306,10 @@ def run_queue_workload(
             pod = pods[index]
             if kind == 1:
                 pending[pod.queue].append(pod)
-                ledger.arrive(pod)
+                ledger.put(str(index), Contribution(pod.queue, "requested", _request(pod, None)))
             else:
                 cluster.release(pod.node, pod.demand, pod.gpus)
-                ledger.finish(pod, nodes[pod.node].model)
+                ledger.put(str(index), None)
         shares = schedule(now)
         placer.forget_gone_states()
         for q in queues:
@@ -344,7 +317,7 @@ def run_queue_workload(
                 QueueSample(
                     now,
                     q.name,
-                    ledger.allocated[q.name].get("gpu", 0.0),
+                    ledger.allocated.get(q.name, {}).get("gpu", 0.0),
                     shares[q.name].get("gpu", 0.0),
                     len(pending[q.name]),
                 )

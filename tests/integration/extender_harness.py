@@ -18,8 +18,8 @@ from kubernetes_asyncio.client import ApiClient
 
 from contract.names import QUEUE_GROUP, QUEUE_LABEL, QUEUE_PLURAL, QUEUE_VERSION
 from extender.kubeapi import JsonObject, KubeError, request
-from extender.server import ExtenderService, ServiceOptions
-from extender.state import ClusterState, StateConfig
+from extender.picture.cluster import ClusterPicture, PictureConfig
+from extender.service import ExtenderService, ServiceOptions
 from tessera.dev.localcluster import LocalCluster, SchedulerHandle, api_client, create_fake_node, delete_nodes
 from tests import extender_objects as objects
 
@@ -102,15 +102,15 @@ class GpuCluster:
             )
 
     async def start_extender(self, port: int = 0) -> ExtenderService:
-        state = ClusterState(
-            StateConfig(
+        state = ClusterPicture(
+            PictureConfig(
                 gpu_drivers=frozenset({self.driver}), scheduler_names=frozenset({self.scheduler_name})
             )
         )
         extender_api = await api_client(self.cluster.kubeconfig)
         service = ExtenderService(
             extender_api,
-            ServiceOptions(host="127.0.0.1", port=port, state=state, queue_status_interval_s=0.5),
+            ServiceOptions(host="127.0.0.1", port=port, picture=state, queue_status_interval_s=0.5),
         )
         await service.start()
         await service.wait_ready()

@@ -198,14 +198,14 @@ async def test_restarting_the_extender_loses_and_double_counts_nothing(
         await env.submit(team, 3, "before")
         await converge(env, {team: 3}, {team: 3})
         assert env.service is not None
-        before = env.service.state.fairness().usage[team].allocated
+        before = env.service.picture.fairness().usage[team].allocated
 
         port = env.service.port
         await env.stop_extender()
         await env.submit(team, 2, "during")  # scheduling attempts fail while the extender is away
         await asyncio.sleep(1.0)
         service = await env.start_extender(port=port)
-        assert service.state.fairness().usage[team].allocated == before
+        assert service.picture.fairness().usage[team].allocated == before
         assert before["gpu"] == 3
 
         await asyncio.sleep(3.0)  # the scheduler retries the two new pods against the new extender

@@ -34,5 +34,5 @@ async def test_fractional_pods_count_as_parts_of_a_gpu_and_pack_onto_one_node(
 
         await wait_until(refused, timeout=20, what="the fifth quarter's wait reason")
         assert env.service is not None
-        supply = env.service.state.node_gpus(nodes.pop())
+        supply = env.service.picture.node_gpus(nodes.pop())
         assert sorted(supply.free_milli) == [0, 1000], supply

@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from extender.policy.fairness import (
+    FairnessSnapshot,
     QueueSpec,
-    QueueTree,
     QueueUsage,
-    check_admission,
     compute_fair_shares,
     drf_order,
 )
@@ -451,24 +450,22 @@ def test_admission(case: AdmissionCase) -> None:
     usages = {name: usage(alloc, req) for name, (alloc, req) in case.usage.items()}
     fair = {name: {"gpu": share} for name, share in case.fair.items()}
     request, capacity = {"gpu": case.request}, {"gpu": case.capacity}
-    decision = check_admission(case.queue, request, case.queues, usages, fair, capacity)
+    decision = FairnessSnapshot(case.queues, usages, capacity, fair).admit(case.queue, request)
     assert decision.admit is case.admit, decision.reason
     assert decision.kind == case.kind
     for fragment in case.reason_has:
         assert fragment in decision.reason
-    # A tree built once and reused (warm subtree sums) decides exactly the same.
-    tree = QueueTree(case.queues, usages)
+    # One snapshot asked again (its tree and subtree sums warm) decides exactly the same.
+    snapshot = FairnessSnapshot(case.queues, usages, capacity, fair)
     for _ in range(2):
-        assert (
-            check_admission(case.queue, request, case.queues, usages, fair, capacity, tree=tree) == decision
-        )
+        assert snapshot.admit(case.queue, request) == decision
 
 
 def test_limit_applies_to_resources_without_capacity_and_formats_memory() -> None:
     # memory is not fair-shared here (no capacity given), but its limit still holds.
     queues = [QueueSpec("a", limit={"memory": 64 * 2**30})]
     usages = {"a": QueueUsage(allocated={"memory": 60 * 2**30}, requested={})}
-    decision = check_admission("a", {"memory": 8 * 2**30}, queues, usages, {"a": {}}, {"gpu": 8})
+    decision = FairnessSnapshot(queues, usages, {"gpu": 8}, {"a": {}}).admit("a", {"memory": 8 * 2**30})
     assert not decision.admit
     assert "memory allocated 60Gi + request 8Gi would exceed its limit (64Gi)" in decision.reason
 
@@ -488,7 +485,7 @@ def test_admission_against_computed_shares_converges() -> None:
             if (
                 pending[name]
                 and free >= 1
-                and check_admission(name, {"gpu": 1}, queues, usages, shares, capacity).admit
+                and FairnessSnapshot(queues, usages, capacity, shares).admit(name, {"gpu": 1}).admit
             ):
                 held[name] += 1
                 pending[name] -= 1
@@ -516,7 +513,7 @@ def test_admission_counts_only_waiting_demand_that_could_use_the_model(
         "b": QueueUsage(allocated={"gpu": 2, "gpu/H100": 2}, requested=b_pending),
     }
     fair = {"a": {"gpu": 4, "gpu/H100": 2, "gpu/T4": 4}, "b": {"gpu": 4, "gpu/H100": 2, "gpu/T4": 0}}
-    decision = check_admission("a", {"gpu": 1, "gpu/T4": 1}, queues, usages, fair, capacity)
+    decision = FairnessSnapshot(queues, usages, capacity, fair).admit("a", {"gpu": 1, "gpu/T4": 1})
     assert decision.admit is admit, decision.reason
 
 

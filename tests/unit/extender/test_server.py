@@ -13,8 +13,8 @@ from kubernetes_asyncio.client import ApiClient
 from extender.__main__ import parse_args
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
+from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.server import build_app
-from extender.state import WATCHED_KINDS, ClusterState
 from extender.status import ADMITTED_CONDITION, StatusWriter, WaitingPods
 from tests import extender_objects as objects
 
@@ -23,12 +23,12 @@ CLASS = "gpu.tessera.dev"
 
 class Extender:
     def __init__(
-        self, client: TestClient[Any, Any], state: ClusterState, waiting: WaitingPods, api: ApiClient
+        self, client: TestClient[Any, Any], state: ClusterPicture, waiting: WaitingPods, api: ApiClient
     ) -> None:
         self.client, self.state, self.waiting, self.api = client, state, waiting, api
 
     def sync(self, objs: list[dict[str, Any]]) -> None:
-        for kind in WATCHED_KINDS:
+        for kind in WATCHED_PATHS:
             self.state.replace(kind, [o for o in objs if o["kind"] == kind])
 
     async def call(self, verb: str, body: Any) -> tuple[int, Any]:
@@ -40,7 +40,7 @@ class Extender:
 
 @pytest.fixture
 async def extender() -> AsyncIterator[Extender]:
-    state, waiting = ClusterState(), WaitingPods()
+    state, waiting = ClusterPicture(), WaitingPods()
     api = ApiClient()
     app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state), max_body_bytes=64 * 1024)
     async with TestClient(TestServer(app)) as client:
@@ -185,8 +185,8 @@ async def test_a_pod_with_an_unreadable_quantity_gets_400(extender: Extender) ->
 
 
 def test_a_stored_pod_with_an_unreadable_quantity_is_not_counted() -> None:
-    state = ClusterState()
-    for kind in WATCHED_KINDS:
+    state = ClusterPicture()
+    for kind in WATCHED_PATHS:
         state.replace(kind, [objects.pod("ns", "odd", queue="q", cpu="lots")] if kind == "Pod" else [])
     assert state.fairness().usage["default"].allocated == {}
     assert "q" not in state.fairness().usage

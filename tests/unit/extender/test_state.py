@@ -6,20 +6,20 @@ from typing import Any
 
 import pytest
 
-from extender.demand import to_gpu_demand
 from extender.kubeapi import KubeError
+from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
+from extender.picture.ledger import Contribution, QueueLedger
+from extender.picture.watcher import apply_watch_event
 from extender.policy.placement import GpuDemand
-from extender.state import WATCHED_KINDS, ClusterState, StateConfig, apply_watch_event
-from extender.usage import Contribution, QueueLedger
 from tests import extender_objects as objects
 
 GIB = 2**30
 CLASS = "gpu.tessera.dev"
 
 
-def synced_state(objs: list[dict[str, Any]], **config: Any) -> ClusterState:
-    state = ClusterState(StateConfig(**config))
-    for kind in WATCHED_KINDS:
+def synced_state(objs: list[dict[str, Any]], **config: Any) -> ClusterPicture:
+    state = ClusterPicture(PictureConfig(**config))
+    for kind in WATCHED_PATHS:
         state.replace(kind, [o for o in objs if o["kind"] == kind])
     return state
 
@@ -67,7 +67,7 @@ def test_an_older_version_never_overwrites_a_newer_one() -> None:
 
 
 def test_relist_drops_what_is_gone_and_readiness_needs_every_kind() -> None:
-    state = ClusterState()
+    state = ClusterPicture()
     state.replace("ResourceSlice", [objects.gpu_slice("a", 2)])
     assert not state.ready()
     assert state.node_gpus("a").free_milli == (1000, 1000)
@@ -161,7 +161,7 @@ def test_an_optimistic_bind_counts_once_before_and_after_the_watch_event() -> No
     state.apply("Pod", "MODIFIED", with_rv(bound, 11))  # the same event twice
     assert state.fairness().usage["q"].allocated["gpu"] == 1
     assert state.node_gpus("c").free_milli == (1000, 0)
-    assert state.assumed_nodes == {}
+    assert state.inventory.assumed_nodes == {}
     state.apply("Pod", "DELETED", bound)
     assert state.node_gpus("c").free_milli == (1000, 1000)
 
@@ -177,7 +177,7 @@ def test_pending_fraction_is_relative_to_the_largest_matching_gpu() -> None:
     pod = state.kind("Pod")["ns/p"]
     demand = state.pod_demand(pod)
     assert demand is not None and (demand.count, demand.milli) == (1, 250)  # 20Gi of an 80Gi GPU
-    demand_on_b = to_gpu_demand(state.pod_gpu_requests(pod), 0, state.node_gpu_memory("b"))
+    demand_on_b = state.demand(pod).gpus_at(state.gpu_memory["b"])
     assert demand_on_b is not None and demand_on_b.milli == 500  # 20Gi of a 40Gi GPU
     assert state.pod_resources("ns/p", pod)["gpu"] == pytest.approx(0.25)
 
@@ -218,13 +218,15 @@ def test_reservations_move_a_pod_to_allocated_and_expire() -> None:
     assert shifted.usage["q"].requested == {}
     assert shifted.pending_pods.get("q", 0) == 0
     assert shifted.fair_shares == before.fair_shares
-    state._all_pods_dirty = True  # the incremental accounting equals a full recount
-    assert state.fairness().usage == shifted.usage
+    # The incremental accounting equals a full recount of the same objects and reservation.
+    fresh = synced_state([obj for store in state.store.objects.values() for obj in store.values()])
+    fresh.reserve("ns/p", fresh.kind("Pod")["ns/p"], ttl_s=60)
+    assert fresh.fairness().usage == shifted.usage
     state.release("ns/p")
     assert state.fairness().usage["q"] == before.usage["q"]
     state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=-1)  # already expired: dropped at the next look
     assert state.fairness().usage["q"] == before.usage["q"]
-    assert state.reserved == {}
+    assert state.accounting.reserved == {}
 
 
 def test_watch_events_apply_bookmarks_advance_and_410_asks_for_a_relist() -> None:
@@ -269,7 +271,7 @@ def test_incremental_accounting_matches_a_fresh_count_after_many_events() -> Non
     assert view.usage["q"].allocated["gpu"] == 3
     assert view.usage["q"].requested["gpu"] == 1
     assert view.pending_pods == {"q": 1}
-    fresh = synced_state([obj for store in state.objects.values() for obj in store.values()])
+    fresh = synced_state([obj for store in state.store.objects.values() for obj in store.values()])
     for queue, usage in fresh.fairness().usage.items():
         assert usage.allocated == pytest.approx(view.usage[queue].allocated)
         assert usage.requested == pytest.approx(view.usage[queue].requested)
@@ -309,7 +311,7 @@ def test_slice_events_recount_what_they_change_like_a_fresh_count() -> None:
 
     def assert_matches_fresh_count() -> None:
         view = state.fairness()
-        fresh = synced_state([obj for store in state.objects.values() for obj in store.values()])
+        fresh = synced_state([obj for store in state.store.objects.values() for obj in store.values()])
         assert fresh.fairness().usage["q"].allocated == pytest.approx(view.usage["q"].allocated)
         assert fresh.fairness().usage["q"].requested == pytest.approx(view.usage["q"].requested)
         assert fresh.fairness().mix == view.mix

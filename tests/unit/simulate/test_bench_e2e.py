@@ -21,7 +21,7 @@ from bench.e2e import (
 from bench.reaction import QUEUE_A, QUEUE_B, ReactionResult, ReactionRun, fair_share_of_b, reaction_table
 from contract.kube import ClaimRef, pod_claim_refs
 from contract.names import DRIVER_NAME, QUEUE_LABEL
-from extender.state import ClusterState, StateConfig
+from extender.picture.cluster import ClusterPicture, PictureConfig
 from tests import extender_objects as objects
 
 
@@ -33,7 +33,7 @@ def test_slices_are_the_drivers_h100x8_pool_and_the_extender_counts_eight_free_g
     assert owners == {(DRIVER_NAME, "gpu-0001")}
     assert all("memory" in device["capacity"] for device in devices)
 
-    state = ClusterState(StateConfig())
+    state = ClusterPicture(PictureConfig())
     state.apply("Node", "ADDED", objects.node("gpu-0001"))
     for s in slices:
         state.apply("ResourceSlice", "ADDED", s)

@@ -1,0 +1,208 @@
+"""Queue accounting: what each queue holds and waits for, and the fairness view built on it.
+
+Each pod contributes its fairness vector (GPUs - by model too -, cpu cores, memory bytes) to its
+queue, as `allocated` once it runs or is bound (or assumed bound, or reserved by a filter whose
+bind has not come yet) and as `requested` while it waits for one of the schedulers whose demand
+counts. Contributions are kept in a ledger and only pods that changed - or whose claims, nodes or
+devices did - are recounted; the fair shares are recomputed only when something moved.
+
+Reservations: the scheduler runs the next pod's filter while the previous one is still binding,
+so an admission in flight counts against its queue until the bind or `ttl_s`, or a burst could
+pass a limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from contract.kube import mapping
+from contract.names import DEFAULT_QUEUE, GPU_MILLI
+from extender.kubeapi import JsonObject
+from extender.picture.demands import PodDemand, PodDemands, is_terminal
+from extender.picture.inventory import GpuInventory, add_amounts, gpu_amounts
+from extender.picture.ledger import Bucket, Contribution, QueueLedger
+from extender.picture.store import ObjectStore
+from extender.policy.fairness import FairnessSnapshot, QueueSpec
+from extender.policy.placement import WorkloadMix
+from extender.queues import QueueSpecError, parse_queue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueView(FairnessSnapshot):
+    """The fairness snapshot, plus what status and metrics report beside it."""
+
+    invalid: Mapping[str, str]  # Queue objects that failed to parse -> why
+    pending_pods: Mapping[str, int]  # queue -> pending pods
+    mix: WorkloadMix  # GPU shapes of the pods seen, weighted by count (placement's target workload)
+
+
+class QueueAccounting:
+    def __init__(
+        self,
+        store: ObjectStore,
+        demands: PodDemands,
+        inventory: GpuInventory,
+        scheduler_names: frozenset[str] = frozenset(),
+    ) -> None:
+        self.store = store
+        self.demands = demands
+        self.inventory = inventory
+        # Pending pods count as queue demand only when addressed to one of these (empty: any).
+        self.scheduler_names = scheduler_names
+        self.ledger = QueueLedger()
+        # Pods filter admitted whose bind has not come yet: pod key -> expiry (monotonic), and
+        # the wire pod, for a pod the watch has not delivered yet.
+        self.reserved: dict[str, float] = {}
+        self.reserved_pods: dict[str, Mapping[str, Any]] = {}
+        self._dirty: set[str] = set()
+        self._all_dirty = True
+        self._view: QueueView | None = None
+        store.subscribe("Pod", self._pod_changed, self._pods_relisted)
+        store.subscribe("Queue", self._stale)
+        store.subscribe("Node", self._stale)
+        store.subscribe("ResourceSlice", self._stale)
+        demands.listeners.append(self._pods_moved)
+        inventory.listeners.append(self._pods_moved)
+
+    # ---- changes -----------------------------------------------------------------------------
+
+    def _stale(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        self._view = None  # capacity or the queues changed
+
+    def _pods_moved(self, keys: Iterable[str] | None) -> None:
+        if keys is None:
+            self._all_dirty = True
+        else:
+            self._dirty.update(keys)
+
+    def _pod_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        self._dirty.add(key)
+        if new is None or mapping(new.get("spec")).get("nodeName"):
+            self._drop_reservation(key)
+
+    def _pods_relisted(self, keys: set[str]) -> None:
+        for key in [k for k in self.reserved if k not in keys]:
+            self._drop_reservation(key)
+        self._all_dirty = True
+
+    def reserve(self, key: str, pod: Mapping[str, Any], ttl_s: float) -> None:
+        """Count a pending pod as allocated to its queue until it is bound or `ttl_s` passes."""
+        self.reserved[key] = time.monotonic() + ttl_s
+        self.reserved_pods[key] = pod
+        self._dirty.add(key)
+
+    def release(self, key: str) -> None:
+        """Undo `reserve` (the pod is being filtered again, so its old admission is void)."""
+        if key in self.reserved:
+            self._drop_reservation(key)
+            self._dirty.add(key)
+
+    def assumed(self, key: str) -> None:
+        """The binder bound the pod: it counts as allocated now, by its node, not a reservation."""
+        self._drop_reservation(key)
+        self._dirty.add(key)
+
+    def _drop_reservation(self, key: str) -> None:
+        self.reserved.pop(key, None)
+        self.reserved_pods.pop(key, None)
+
+    # ---- questions ---------------------------------------------------------------------------
+
+    def is_pending(self, key: str, pod: Mapping[str, Any]) -> bool:
+        """Waits for scheduling by a scheduler whose demand counts."""
+        if self.inventory.pod_node(key, pod) or is_terminal(pod):
+            return False
+        names = self.scheduler_names
+        return not names or mapping(pod.get("spec")).get("schedulerName", "default-scheduler") in names
+
+    def resources(self, key: str, pod: Mapping[str, Any], demand: PodDemand) -> dict[str, float]:
+        """The fairness vector of a pod: gpu (and gpu/<model>), cpu cores, memory bytes.
+
+        A pod whose claims are allocated counts the devices it really holds; otherwise what it asks,
+        a fraction sized against the largest GPU it could land on.
+        """
+        amounts: dict[str, float] = {"cpu": demand.cpu, "memory": demand.memory}
+        held = self.inventory.held_devices(demand.namespace, demand.claim_names)
+        if held:
+            for _, device, milli in held:
+                add_amounts(amounts, gpu_amounts(device.model, milli / GPU_MILLI))
+        elif demand.wants_gpu:
+            gpus = demand.gpu_amount_at(self.inventory.reference_memory(demand.models))
+            if len(demand.models) == 1:
+                model = next(iter(demand.models))
+            elif demand.classic_gpus:
+                model = self.inventory.classic_model(self.inventory.pod_node(key, pod))
+            else:
+                model = ""
+            add_amounts(amounts, gpu_amounts(model, gpus))
+        return {r: a for r, a in amounts.items() if a > 0}
+
+    def view(self) -> QueueView:
+        """Queue specs, usage, capacity and fair shares, brought up to date with the picture.
+
+        Only pods that changed (or whose claims, devices or nodes did) are recounted; fair shares
+        are recomputed, in O(queues x resources), only when something changed.
+        """
+        if self.reserved:
+            now = time.monotonic()
+            for key in [k for k, expiry in self.reserved.items() if expiry < now]:
+                self._drop_reservation(key)
+                self._dirty.add(key)
+        if self._all_dirty:
+            self.ledger.clear()
+            self._dirty = set(self.store.kind("Pod")) | set(self.reserved)
+            self._all_dirty = False
+        if self._dirty:
+            for key in self._dirty:
+                self.ledger.put(key, self._contribution(key))
+            self._dirty.clear()
+            self._view = None
+        if self._view is None:
+            self._view = self._compute_view()
+        return self._view
+
+    def _contribution(self, key: str) -> Contribution | None:
+        pod = self.store.get("Pod", key) or self.reserved_pods.get(key)
+        if pod is None or is_terminal(pod):
+            return None
+        demand = self.demands.of(pod)
+        if demand.problem:  # an unreadable pod counts nothing and costs only itself
+            log.warning("pod %s is not counted: %s", key, demand.problem)
+            return None
+        amounts = self.resources(key, pod, demand)
+        bucket: Bucket = "none"
+        if self.inventory.pod_node(key, pod) or key in self.reserved:
+            bucket = "allocated"
+        elif self.is_pending(key, pod):
+            bucket = "requested"
+        gpus = demand.gpus_at(self.inventory.reference_memory(demand.models)) if "gpu" in amounts else None
+        return Contribution(queue=demand.queue, bucket=bucket, amounts=amounts, demand=gpus)
+
+    def _compute_view(self) -> QueueView:
+        specs: dict[str, QueueSpec] = {}
+        invalid: dict[str, str] = {}
+        for key, obj in self.store.kind("Queue").items():
+            try:
+                specs[key] = parse_queue(obj)
+            except QueueSpecError as exc:
+                invalid[key] = str(exc)
+        # Pods without a queue label go to the default queue, which need not be declared.
+        specs.setdefault(DEFAULT_QUEUE, QueueSpec(name=DEFAULT_QUEUE))
+        usage = self.ledger.usage(specs)
+        capacity = self.inventory.capacity()
+        fairness = FairnessSnapshot.build(tuple(specs.values()), usage, capacity)
+        return QueueView(
+            specs=fairness.specs,
+            usage=usage,
+            capacity=capacity,
+            fair_shares=fairness.fair_shares,
+            invalid=invalid,
+            pending_pods=self.ledger.pending_pods(),
+            mix=self.ledger.mix(),
+        )

@@ -1,0 +1,199 @@
+"""The cluster picture: one object composed of parts with one job each.
+
+```
+ObjectStore ──(kind, key, old, new)──▶ PodDemands    per-pod parse cache (spec, claims, classes)
+     │                         └─────▶ GpuInventory   devices, holders, free GPUs per node, pod nodes
+     └────────────────────────────────▶ QueueAccounting ledger, reservations, fairness view
+```
+
+Each part subscribes to the kinds it derives from; a change it cannot see directly (a device of a
+claim a pod holds) reaches the accounting as "these pods moved". The verbs read the picture
+through the few questions below; planners read a `snapshot()`, which they may fork.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from contract.kube import mapping, meta
+from contract.names import DRIVER_NAME, GPU_MILLI, QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
+from extender.kubeapi import JsonObject
+from extender.picture.accounting import QueueAccounting, QueueView
+from extender.picture.demands import PodDemand, PodDemands, is_terminal
+from extender.picture.inventory import GpuInventory
+from extender.picture.store import ObjectStore
+from extender.policy.placement import GpuDemand, NodeGpus
+from extender.policy.snapshot import ClusterSnapshot, RunningPod
+
+# kind -> collection path: what the picture is made of and where the watcher reads it.
+WATCHED_PATHS: dict[str, str] = {
+    "Node": "/api/v1/nodes",
+    "Pod": "/api/v1/pods",
+    "ResourceSlice": "/apis/resource.k8s.io/v1/resourceslices",
+    "ResourceClaim": "/apis/resource.k8s.io/v1/resourceclaims",
+    "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/resourceclaimtemplates",
+    "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
+    "Queue": f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/{QUEUE_PLURAL}",
+}
+
+
+@dataclass(frozen=True)
+class PictureConfig:
+    gpu_drivers: frozenset[str] = frozenset({DRIVER_NAME})
+    # Pending pods count as queue demand only when addressed to one of these schedulers (empty: any).
+    scheduler_names: frozenset[str] = frozenset()
+
+
+class ClusterPicture:
+    def __init__(self, config: PictureConfig | None = None) -> None:
+        self.config = config or PictureConfig()
+        self.store = ObjectStore(WATCHED_PATHS)
+        self.demands = PodDemands(self.store, self.config.gpu_drivers)
+        self.inventory = GpuInventory(self.store, self.demands, self.config.gpu_drivers)
+        self.accounting = QueueAccounting(
+            self.store, self.demands, self.inventory, self.config.scheduler_names
+        )
+        # Called after every change (the status writer uses it to notice newly eligible pods).
+        self.listeners: list[Callable[[], None]] = []
+
+    # ---- updates -----------------------------------------------------------------------------
+
+    def apply(self, kind: str, event_type: str, obj: JsonObject) -> None:
+        """One watch event (ADDED, MODIFIED, DELETED). Older versions never overwrite newer."""
+        if self.store.apply(kind, event_type, obj):
+            self._changed()
+
+    def replace(self, kind: str, items: Iterable[JsonObject]) -> None:
+        """A fresh list of a kind (first sync or relist after 410): what is gone is dropped."""
+        self.store.replace(kind, items)
+        if self.ready():
+            # Count every pod and every node's free GPUs (and their shapes) now, while
+            # (re)listing, rather than in the first request after it.
+            self.fairness()
+            for node in self.store.kind("Node"):
+                _ = self.node_gpus(node).shape
+        self._changed()
+
+    def assume_bound(self, namespace: str, name: str, node: str) -> None:
+        """The binder's optimistic update: count the pod on `node` before the watch says so."""
+        key = f"{namespace}/{name}"
+        self.inventory.assume(key, node)
+        self.accounting.assumed(key)
+        self._changed()
+
+    def reserve(self, key: str, pod: Mapping[str, Any], ttl_s: float) -> None:
+        self.accounting.reserve(key, pod, ttl_s)
+
+    def release(self, key: str) -> None:
+        self.accounting.release(key)
+
+    def _changed(self) -> None:
+        for listener in self.listeners:
+            listener()
+
+    # ---- questions ---------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        return self.store.ready()
+
+    def kind(self, kind: str) -> dict[str, JsonObject]:
+        return self.store.kind(kind)
+
+    def node_gpus(self, name: str) -> NodeGpus:
+        return self.inventory.node_gpus(name)
+
+    @property
+    def gpu_memory(self) -> Mapping[str, int]:
+        """Memory of each GPU node's GPUs, which sizes fractional demands there."""
+        return self.inventory.gpu_memory
+
+    def demand(self, pod: Mapping[str, Any]) -> PodDemand:
+        return self.demands.of(pod)
+
+    def pod_demand(self, pod: Mapping[str, Any]) -> GpuDemand | None:
+        """GPUs a pod asks for (None: none); fractions relative to the largest GPU they could land on.
+
+        Raises ValueError for a pod that cannot be read (it costs only its own request)."""
+        demand = self.demands.of(pod)
+        if demand.problem:
+            raise ValueError(demand.problem)
+        return demand.gpus_at(self.inventory.reference_memory(demand.models))
+
+    def pod_resources(self, key: str, pod: Mapping[str, Any]) -> dict[str, float]:
+        """The fairness vector of a pod (see QueueAccounting.resources)."""
+        demand = self.demands.of(pod)
+        if demand.problem:
+            raise ValueError(demand.problem)
+        return self.accounting.resources(key, pod, demand)
+
+    def pod_node(self, key: str, pod: Mapping[str, Any]) -> str:
+        return self.inventory.pod_node(key, pod)
+
+    def is_pending(self, key: str, pod: Mapping[str, Any]) -> bool:
+        return self.accounting.is_pending(key, pod)
+
+    def fairness(self) -> QueueView:
+        return self.accounting.view()
+
+    def capacity(self) -> dict[str, float]:
+        return self.inventory.capacity()
+
+    def snapshot(self) -> ClusterSnapshot:
+        """What the planners read: GPU nodes, the pods holding GPUs there, the queues' fairness."""
+        view = self.fairness()
+        nodes = {name: self.node_gpus(name) for name in self.store.kind("Node")}
+        nodes.update((name, self.node_gpus(name)) for name in self.inventory.node_devices)
+        running: dict[str, RunningPod] = {}
+        for node_name, keys in self.inventory.pods_by_node.items():
+            # Which classic GPUs a pod holds is the device plugin's secret: the used ones are the
+            # last of the node's list (see GpuInventory), handed out to its classic pods in turn.
+            supply = nodes.get(node_name)
+            classic_used = [i for i, free in enumerate(supply.free_milli) if free == 0] if supply else []
+            classic_used = classic_used[len(classic_used) - self._classic_used(node_name) :]
+            for key in sorted(keys):
+                pod = self.store.get("Pod", key)
+                demand = self.demands.of(pod) if pod is not None else None
+                if (
+                    pod is None
+                    or demand is None
+                    or demand.problem
+                    or not demand.wants_gpu
+                    or is_terminal(pod)
+                ):
+                    continue
+                held = self.inventory.held_devices(
+                    demand.namespace, (r.claim for r in demand.claims if r.claim)
+                )
+                gpus = [(device.index, milli) for _, device, milli in held]
+                if demand.classic_gpus:
+                    taken, classic_used = (
+                        classic_used[: demand.classic_gpus],
+                        classic_used[demand.classic_gpus :],
+                    )
+                    gpus.extend((index, GPU_MILLI) for index in taken)
+                running[key] = RunningPod(
+                    key=key,
+                    queue=demand.queue,
+                    node=node_name,
+                    gpus=tuple(gpus),
+                    resources=self.accounting.resources(key, pod, demand),
+                    priority=int(mapping(pod.get("spec")).get("priority") or 0),
+                    started=_start_time(pod),
+                )
+        return ClusterSnapshot(nodes, running, view, view.mix)
+
+    def _classic_used(self, node: str) -> int:
+        return sum(self.demands.of(pod).classic_gpus for pod in self.inventory.pods_on_node(node))
+
+
+def _start_time(pod: Mapping[str, Any]) -> float:
+    text = mapping(pod.get("status")).get("startTime") or meta(pod).get("creationTimestamp")
+    if not isinstance(text, str):
+        return 0.0
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    except ValueError:
+        return 0.0

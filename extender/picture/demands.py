@@ -1,0 +1,231 @@
+"""Pod demands: what each pod asks for, parsed once per version of the pod and of its claims.
+
+A pod's demand is read from its spec (containers' cpu and memory, `nvidia.com/gpu`, queue label,
+priority) and from its ResourceClaims - or their templates while a generated claim is not there
+yet - through the GPU DeviceClasses. Watch events for a pod are frequent (status, conditions,
+annotations) while its demand rarely changes, so the parse is cached by the pod's resourceVersion
+and dropped only when the pod, one of its claims or templates, or a DeviceClass changes.
+`users` answers which pods read a given claim or template, so a claim event recounts only them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from contract.kube import ClaimRef, mapping, meta, object_key, pod_claim_refs
+from contract.names import DEFAULT_QUEUE, GPU_MILLI, QUEUE_LABEL
+from extender.demand import (
+    GpuRequest,
+    claim_gpu_requests,
+    device_class_gpu_models,
+    pod_classic_gpus,
+    pod_resource_request,
+    to_gpu_demand,
+)
+from extender.kubeapi import JsonObject
+from extender.picture.store import ObjectStore
+from extender.policy.placement import GpuDemand
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+Source = tuple[str, str]  # (kind, namespace/name) of a claim or template a pod reads
+
+
+def pod_queue(pod: Mapping[str, Any]) -> str:
+    labels = mapping(meta(pod).get("labels"))
+    return str(labels.get(QUEUE_LABEL) or DEFAULT_QUEUE)
+
+
+def is_terminal(pod: Mapping[str, Any]) -> bool:
+    return mapping(pod.get("status")).get("phase") in TERMINAL_PHASES
+
+
+@dataclass(frozen=True)
+class PodDemand:
+    """Everything the policies read of one pod's spec and claims (not where it runs)."""
+
+    queue: str
+    namespace: str
+    cpu: float  # cores
+    memory: float  # bytes
+    classic_gpus: int
+    gpu_requests: tuple[GpuRequest, ...]
+    claims: tuple[ClaimRef, ...]
+    labelled: bool  # names its queue itself (a pod without GPUs and without a label is not ours)
+    # Why the pod cannot be read (e.g. a quantity no real amount has): it then asks for nothing,
+    # counts nothing, and only its own requests are refused.
+    problem: str = ""
+    # GPU demand per GPU memory size it is sized against (fractions are relative to it).
+    _by_memory: dict[int, GpuDemand | None] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def claim_names(self) -> list[str]:
+        """The claims it uses that exist by name (a template's claim once it was generated)."""
+        return [ref.claim for ref in self.claims if ref.claim]
+
+    @property
+    def models(self) -> frozenset[str]:
+        return frozenset().union(*(r.models for r in self.gpu_requests))
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.classic_gpus > 0 or any(r.count for r in self.gpu_requests)
+
+    @property
+    def fractional(self) -> bool:
+        """One slice of one GPU: its share depends on the size of the GPU it lands on."""
+        return (
+            self.classic_gpus == 0
+            and len(self.gpu_requests) == 1
+            and self.gpu_requests[0].count == 1
+            and bool(self.gpu_requests[0].memory_bytes)
+        )
+
+    def gpus_at(self, device_memory: int) -> GpuDemand | None:
+        """The placement demand on GPUs of `device_memory` bytes (None: no GPU)."""
+        if device_memory not in self._by_memory:
+            self._by_memory[device_memory] = to_gpu_demand(
+                self.gpu_requests, self.classic_gpus, device_memory
+            )
+        return self._by_memory[device_memory]
+
+    def gpu_amount_at(self, device_memory: int) -> float:
+        """GPUs this pod takes on GPUs of that size (a fraction counts as its share)."""
+        demand = self.gpus_at(device_memory)
+        return demand.count * demand.milli / GPU_MILLI if demand is not None else 0.0
+
+
+@dataclass
+class _Cached:
+    version: str
+    pod: JsonObject
+    demand: PodDemand
+    sources: frozenset[Source]
+
+
+class PodDemands:
+    """The demand cache over a store; `changed(keys)` is told which pods' demands moved."""
+
+    def __init__(self, store: ObjectStore, gpu_drivers: frozenset[str]) -> None:
+        self.store = store
+        self.gpu_drivers = gpu_drivers
+        # GPU DeviceClass name -> the models it pins (empty: any model).
+        self.gpu_classes: dict[str, frozenset[str]] = {}
+        self._cache: dict[str, _Cached] = {}
+        self.users: dict[Source, set[str]] = {}
+        self.listeners: list[Callable[[Iterable[str] | None], None]] = []  # None: every pod
+        store.subscribe("Pod", self._pod_changed)
+        store.subscribe("ResourceClaim", self._source_changed("ResourceClaim"))
+        store.subscribe("ResourceClaimTemplate", self._source_changed("ResourceClaimTemplate"))
+        store.subscribe("DeviceClass", self._class_changed)
+
+    def of(self, pod: Mapping[str, Any]) -> PodDemand:
+        """The demand of a pod (a stored one or one from a request); raises ValueError when unreadable."""
+        key = object_key(pod)
+        version = str(meta(pod).get("resourceVersion", ""))
+        cached = self._cache.get(key)
+        if cached is not None and (cached.pod is pod or (version and cached.version == version)):
+            return cached.demand
+        demand, sources = self._parse(pod)
+        stored = self.store.get("Pod", key)
+        if stored is not None and (
+            stored is pod or (version and meta(stored).get("resourceVersion") == version)
+        ):
+            # Cached only for the version the store holds: any event for the pod drops it.
+            self._forget(key)
+            self._cache[key] = _Cached(version, stored, demand, sources)
+            for source in sources:
+                self.users.setdefault(source, set()).add(key)
+        return demand
+
+    def _parse(self, pod: Mapping[str, Any]) -> tuple[PodDemand, frozenset[Source]]:
+        try:
+            return self._read(pod)
+        except ValueError as exc:
+            unreadable = PodDemand(
+                queue=pod_queue(pod),
+                namespace=str(meta(pod).get("namespace", "")),
+                cpu=0.0,
+                memory=0.0,
+                classic_gpus=0,
+                gpu_requests=(),
+                claims=(),
+                labelled=QUEUE_LABEL in mapping(meta(pod).get("labels")),
+                problem=str(exc),
+            )
+            return unreadable, frozenset()
+
+    def _read(self, pod: Mapping[str, Any]) -> tuple[PodDemand, frozenset[Source]]:
+        namespace = str(meta(pod).get("namespace", ""))
+        refs = pod_claim_refs(pod)
+        requests: list[GpuRequest] = []
+        sources: set[Source] = set()
+        for ref in refs:
+            claim_key = f"{namespace}/{ref.claim}" if ref.claim else None
+            template_key = f"{namespace}/{ref.template}" if ref.template else None
+            if claim_key:
+                sources.add(("ResourceClaim", claim_key))
+            if template_key:
+                sources.add(("ResourceClaimTemplate", template_key))
+            # The claim when the picture has it; else its template (the claim's watch event may lag).
+            claim = self.store.get("ResourceClaim", claim_key) if claim_key else None
+            template = self.store.get("ResourceClaimTemplate", template_key) if template_key else None
+            if claim is not None:
+                claim_spec = mapping(claim.get("spec"))
+            elif template is not None:
+                claim_spec = mapping(mapping(template.get("spec")).get("spec"))
+            else:
+                continue
+            requests.extend(claim_gpu_requests(claim_spec, self.gpu_classes))
+        labels = mapping(meta(pod).get("labels"))
+        demand = PodDemand(
+            queue=pod_queue(pod),
+            namespace=namespace,
+            cpu=pod_resource_request(pod, "cpu"),
+            memory=pod_resource_request(pod, "memory"),
+            classic_gpus=pod_classic_gpus(pod),
+            gpu_requests=tuple(requests),
+            claims=tuple(refs),
+            labelled=QUEUE_LABEL in labels,
+        )
+        return demand, frozenset(sources)
+
+    def _forget(self, key: str) -> None:
+        cached = self._cache.pop(key, None)
+        if cached is None:
+            return
+        for source in cached.sources:
+            users = self.users.get(source)
+            if users is not None:
+                users.discard(key)
+                if not users:
+                    del self.users[source]
+
+    def _notify(self, keys: Iterable[str] | None) -> None:
+        for listener in self.listeners:
+            listener(keys)
+
+    def _pod_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        self._forget(key)
+
+    def _source_changed(self, kind: str) -> Callable[[str, JsonObject | None, JsonObject | None], None]:
+        def changed(key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+            users = list(self.users.get((kind, key), ()))
+            for user in users:
+                self._forget(user)
+            # Pods that read it before it existed are found by their claim refs, so tell them too.
+            self._notify(users)
+
+        return changed
+
+    def _class_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        self.gpu_classes.pop(key, None)
+        if new is not None:
+            models = device_class_gpu_models(new, self.gpu_drivers)
+            if models is not None:
+                self.gpu_classes[key] = models
+        # Classes decide which requests are GPUs, for every pod: recount all (rare events).
+        self._cache.clear()
+        self.users.clear()
+        self._notify(None)

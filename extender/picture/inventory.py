@@ -1,0 +1,326 @@
+"""The GPU inventory: which GPUs exist, who holds them, and what is free on each node.
+
+Devices come from the ResourceSlices of the GPU drivers (whole GPUs only: MIG partitions and
+other device types add no capacity), holders from the allocations in ResourceClaims, classic
+`nvidia.com/gpu` supply from Node allocatable minus the pods bound there. The inventory also
+knows where each pod runs: its `spec.nodeName`, or the node the binder just bound it to before
+the watch says so (an *assumed* bind).
+
+It answers the hot path's questions - a node's free GPUs (`node_gpus`, cached per node until a
+slice, claim, node or pod there changes), the memory of its GPUs, cluster capacity - and tells
+its listeners which pods' accounting a change moved (None: every pod).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from contract.kube import mapping, meta, object_key, sequence
+from contract.names import (
+    CLASSIC_GPU_RESOURCE,
+    CLASSIC_MODEL_LABEL,
+    DEVICE_TYPE_ATTRIBUTE,
+    GPU_MILLI,
+    MEMORY_CAPACITY,
+    MODEL_ATTRIBUTE,
+)
+from contract.quantity import parse_quantity
+from extender.demand import allocated_devices, fraction_milli
+from extender.kubeapi import JsonObject
+from extender.picture.demands import PodDemands, is_terminal
+from extender.picture.store import ObjectStore
+from extender.policy.placement import NodeGpus
+
+log = logging.getLogger(__name__)
+
+DeviceKey = tuple[str, str, str]  # (driver, pool, device name)
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    node: str
+    model: str
+    memory_bytes: int
+    index: int = 0  # position among its node's GPUs (the order of NodeGpus.free_milli)
+
+
+def gpu_amounts(model: str, amount: float) -> dict[str, float]:
+    """A GPU amount counted both in "gpu" and, when the model is known, in "gpu/<model>"."""
+    return {"gpu": amount, f"gpu/{model}": amount} if model else {"gpu": amount}
+
+
+def add_amounts(into: dict[str, float], amounts: Mapping[str, float]) -> None:
+    for resource, amount in amounts.items():
+        into[resource] = into.get(resource, 0.0) + amount
+
+
+def _string_attribute(attributes: Mapping[str, Any], driver: str, name: str, default: str) -> str:
+    """A device attribute, written bare or qualified with the driver's domain."""
+    value = mapping(attributes.get(name) or attributes.get(f"{driver}/{name}"))
+    return str(value.get("string", default))
+
+
+def _discard(index: dict[str, set[str]], key: str, member: str) -> None:
+    """Remove `member` from the set at `key`, and the key with its last member."""
+    members = index.get(key)
+    if members is not None:
+        members.discard(member)
+        if not members:
+            del index[key]
+
+
+def _allocatable(node: Mapping[str, Any], resource: str) -> float:
+    return parse_quantity(mapping(mapping(node.get("status")).get("allocatable")).get(resource, 0))
+
+
+class GpuInventory:
+    def __init__(self, store: ObjectStore, demands: PodDemands, gpu_drivers: frozenset[str]) -> None:
+        self.store = store
+        self.demands = demands
+        self.gpu_drivers = gpu_drivers
+        self.devices: dict[DeviceKey, GpuDevice] = {}
+        self.node_devices: dict[str, list[DeviceKey]] = {}
+        # Memory of a node's (first) GPU, which sizes fractional demands there.
+        self.gpu_memory: dict[str, int] = {}
+        # Device -> claim key -> consumed memory (None: the whole device).
+        self.device_holders: dict[DeviceKey, dict[str, int | None]] = {}
+        # Pods the binder bound before the watch showed it: pod key -> node.
+        self.assumed_nodes: dict[str, str] = {}
+        self.pods_by_node: dict[str, set[str]] = {}
+        # GPU devices per (model, memory). Pending fractions are sized against the largest GPU of
+        # their models, so only a change of which sizes exist recounts every pod.
+        self._gpu_sizes: Counter[tuple[str, int]] = Counter()
+        self._memory_by_models: dict[frozenset[str], int] = {}
+        self._node_gpus: dict[str, NodeGpus] = {}
+        self._capacity: dict[str, float] | None = None
+        self.listeners: list[Callable[[Iterable[str] | None], None]] = []  # None: every pod
+        store.subscribe("ResourceSlice", self._slice_changed)
+        store.subscribe("ResourceClaim", self._claim_changed)
+        store.subscribe("Node", self._node_changed)
+        store.subscribe("Pod", self._pod_changed, self._pods_relisted)
+
+    # ---- questions ---------------------------------------------------------------------------
+
+    def node_gpus(self, name: str) -> NodeGpus:
+        """Free share of each GPU of a node: DRA devices minus claim allocations, plus classic GPUs."""
+        cached = self._node_gpus.get(name)
+        if cached is None:
+            cached = self._node_gpus[name] = self._compute_node_gpus(name)
+        return cached
+
+    def pod_node(self, key: str, pod: Mapping[str, Any]) -> str:
+        return str(mapping(pod.get("spec")).get("nodeName") or self.assumed_nodes.get(key, ""))
+
+    def pods_on_node(self, node: str) -> list[JsonObject]:
+        pods = self.store.kind("Pod")
+        return [pods[key] for key in self.pods_by_node.get(node, ()) if not is_terminal(pods[key])]
+
+    def reference_memory(self, models: frozenset[str]) -> int:
+        """Memory of the largest GPU a pending fractional request could land on."""
+        if models not in self._memory_by_models:
+            self._memory_by_models[models] = max(
+                (d.memory_bytes for d in self.devices.values() if not models or d.model in models), default=0
+            )
+        return self._memory_by_models[models]
+
+    def held_devices(self, namespace: str, claims: Iterable[str]) -> list[tuple[DeviceKey, GpuDevice, int]]:
+        """GPU devices the named claims of a namespace hold, with the thousandths each takes."""
+        held: list[tuple[DeviceKey, GpuDevice, int]] = []
+        for name in claims:
+            claim = self.store.get("ResourceClaim", f"{namespace}/{name}")
+            for allocated in allocated_devices(claim) if claim is not None else []:
+                key = (allocated.driver, allocated.pool, allocated.device)
+                device = self.devices.get(key)
+                if device is not None:
+                    milli = (
+                        GPU_MILLI
+                        if allocated.consumed_memory is None
+                        else fraction_milli(allocated.consumed_memory, device.memory_bytes)
+                    )
+                    held.append((key, device, milli))
+        return held
+
+    def classic_model(self, node_name: str) -> str:
+        node = self.store.get("Node", node_name)
+        return str(mapping(meta(node).get("labels")).get(CLASSIC_MODEL_LABEL, "")) if node else ""
+
+    def capacity(self) -> dict[str, float]:
+        if self._capacity is None:
+            self._capacity = self._compute_capacity()
+        return dict(self._capacity)
+
+    # ---- derivations -------------------------------------------------------------------------
+
+    def _device_used_milli(self, key: DeviceKey, device: GpuDevice) -> int:
+        return sum(
+            GPU_MILLI if consumed is None else fraction_milli(consumed, device.memory_bytes)
+            for consumed in self.device_holders.get(key, {}).values()
+        )
+
+    def _compute_node_gpus(self, name: str) -> NodeGpus:
+        free: list[int] = []
+        model = ""
+        for key in self.node_devices.get(name, []):
+            device = self.devices[key]
+            model = model or device.model
+            free.append(max(0, GPU_MILLI - self._device_used_milli(key, device)))
+        node = self.store.get("Node", name)
+        if node is not None:
+            classic_total = int(_allocatable(node, CLASSIC_GPU_RESOURCE))
+            if classic_total:
+                model = model or self.classic_model(name)
+                used = sum(self.demands.of(p).classic_gpus for p in self.pods_on_node(name))
+                free.extend([GPU_MILLI] * max(0, classic_total - used) + [0] * min(used, classic_total))
+        return NodeGpus(name=name, model=model, free_milli=tuple(free))
+
+    def _compute_capacity(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for device in self.devices.values():
+            add_amounts(totals, gpu_amounts(device.model, 1.0))
+        for name, node in self.store.kind("Node").items():
+            add_amounts(totals, {"cpu": _allocatable(node, "cpu"), "memory": _allocatable(node, "memory")})
+            classic = _allocatable(node, CLASSIC_GPU_RESOURCE)
+            if classic:
+                add_amounts(totals, gpu_amounts(self.classic_model(name), classic))
+        return {r: a for r, a in totals.items() if a > 0}
+
+    def _slice_devices(self, slice_obj: Mapping[str, Any]) -> list[tuple[DeviceKey, GpuDevice]]:
+        spec = mapping(slice_obj.get("spec"))
+        driver, node = str(spec.get("driver", "")), spec.get("nodeName")
+        if driver not in self.gpu_drivers or not node:
+            return []
+        pool = str(mapping(spec.get("pool")).get("name", ""))
+        found: list[tuple[DeviceKey, GpuDevice]] = []
+        for device in sequence(spec.get("devices")):
+            device = mapping(device)
+            attributes = mapping(device.get("attributes"))
+            if _string_attribute(attributes, driver, DEVICE_TYPE_ATTRIBUTE, "gpu") != "gpu":
+                continue  # MIG partitions and other device types are not whole GPUs
+            model = _string_attribute(attributes, driver, MODEL_ATTRIBUTE, "")
+            memory_text = mapping(mapping(device.get("capacity")).get(MEMORY_CAPACITY)).get("value", 0)
+            try:
+                memory = int(parse_quantity(memory_text))
+            except ValueError:
+                log.warning(
+                    "slice %s: device %s has a bad memory capacity %r",
+                    object_key(slice_obj),
+                    device.get("name"),
+                    memory_text,
+                )
+                memory = 0
+            found.append(((driver, pool, str(device.get("name"))), GpuDevice(str(node), model, memory)))
+        return found
+
+    # ---- keeping in step ---------------------------------------------------------------------
+
+    def _notify(self, keys: Iterable[str] | None) -> None:
+        for listener in self.listeners:
+            listener(keys)
+
+    def _holders_changed(self, key: DeviceKey) -> None:
+        """Pods whose claims hold a device that appeared or went are recounted."""
+        for claim in self.device_holders.get(key, {}):
+            self._notify(self.demands.users.get(("ResourceClaim", claim), ()))
+
+    def _slice_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        self._capacity = None
+        touched: set[str] = set()
+        for obj, sign in ((old, -1), (new, 1)):
+            if obj is None:
+                continue
+            for device_key, device in self._slice_devices(obj):
+                touched.add(device.node)
+                if sign > 0:
+                    self.devices[device_key] = device
+                    self.node_devices.setdefault(device.node, []).append(device_key)
+                else:
+                    self.devices.pop(device_key, None)
+                    keys = self.node_devices.get(device.node, [])
+                    if device_key in keys:
+                        keys.remove(device_key)
+                    if not keys:
+                        self.node_devices.pop(device.node, None)
+                self._count_size(device, sign)
+                self._holders_changed(device_key)
+        for node in touched:
+            self._node_gpus.pop(node, None)
+            self._reindex_node(node)
+
+    def _reindex_node(self, node: str) -> None:
+        """Number a node's GPUs in order and note their memory."""
+        keys = self.node_devices.get(node)
+        if not keys:
+            self.gpu_memory.pop(node, None)
+            return
+        for index, key in enumerate(keys):
+            device = self.devices[key]
+            if device.index != index:
+                self.devices[key] = GpuDevice(device.node, device.model, device.memory_bytes, index)
+        self.gpu_memory[node] = self.devices[keys[0]].memory_bytes
+
+    def _count_size(self, device: GpuDevice, sign: int) -> None:
+        size = (device.model, device.memory_bytes)
+        before = self._gpu_sizes[size]
+        self._gpu_sizes[size] = before + sign
+        if self._gpu_sizes[size] <= 0:
+            del self._gpu_sizes[size]
+        if (before == 0) != (size not in self._gpu_sizes):  # a size appeared or went
+            self._memory_by_models.clear()
+            self._notify(None)
+
+    def _claim_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        if old is not None:
+            for held in allocated_devices(old):
+                device_key = (held.driver, held.pool, held.device)
+                holders = self.device_holders.get(device_key, {})
+                holders.pop(key, None)
+                if not holders:
+                    self.device_holders.pop(device_key, None)
+                self._drop_node_of(device_key)
+        if new is not None:
+            for held in allocated_devices(new):
+                device_key = (held.driver, held.pool, held.device)
+                self.device_holders.setdefault(device_key, {})[key] = held.consumed_memory
+                self._drop_node_of(device_key)
+
+    def _drop_node_of(self, device_key: DeviceKey) -> None:
+        device = self.devices.get(device_key)
+        if device is not None:
+            self._node_gpus.pop(device.node, None)
+
+    def _node_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        # Allocatable feeds capacity; the GPU model label feeds its classic-GPU pods.
+        self._capacity = None
+        self._node_gpus.pop(key, None)
+        self._notify(list(self.pods_by_node.get(key, ())))
+
+    def _pod_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        if old is not None:
+            node = self.pod_node(key, old)
+            _discard(self.pods_by_node, node, key)
+            if self.demands.of(old).classic_gpus:
+                self._node_gpus.pop(node, None)
+        if new is None or mapping(new.get("spec")).get("nodeName"):
+            self.assumed_nodes.pop(key, None)
+        if new is not None:
+            node = self.pod_node(key, new)
+            if node:
+                self.pods_by_node.setdefault(node, set()).add(key)
+            if self.demands.of(new).classic_gpus:
+                self._node_gpus.pop(node, None)
+
+    def _pods_relisted(self, keys: set[str]) -> None:
+        self.assumed_nodes = {k: n for k, n in self.assumed_nodes.items() if k in keys}
+
+    def assume(self, key: str, node: str) -> None:
+        """The binder bound pod `key` to `node`: count it there before the watch says so."""
+        pod = self.store.get("Pod", key)
+        if pod is not None:
+            self._pod_changed(key, pod, None)
+        self.assumed_nodes[key] = node
+        if pod is not None:
+            self._pod_changed(key, None, pod)

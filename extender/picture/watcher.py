@@ -1,0 +1,119 @@
+"""The watcher: keeps a ClusterPicture current from the API server.
+
+It lists every watched kind (in pages), then follows a watch from the list's resourceVersion,
+relisting when the server says that version is gone (410) and reconnecting with exponential
+backoff on any other error, so the picture survives apiserver restarts. After each full list it
+collects garbage once and freezes the survivors: the picture is millions of long-lived objects,
+and left to the collector every full collection would walk all of them (hundreds of ms in the
+middle of a request). The picture holds no reference cycles, so what it drops later is still
+freed by reference counting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient
+
+from contract.kube import meta
+from extender.kubeapi import JsonObject, KubeError, request, watch_lines
+from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
+
+log = logging.getLogger(__name__)
+
+
+class ClusterWatcher:
+    """Keeps a ClusterPicture current: list then watch every kind, relist on 410, retry on errors."""
+
+    def __init__(
+        self, api: ApiClient, picture: ClusterPicture, watch_timeout_s: int = 300, retry_delay_s: float = 1.0
+    ) -> None:
+        self.api = api
+        self.picture = picture
+        self.watch_timeout_s = watch_timeout_s
+        self.retry_delay_s = retry_delay_s
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._run(kind, path), name=f"watch-{kind}")
+            for kind, path in WATCHED_PATHS.items()
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _list(self, kind: str, path: str) -> str:
+        items: list[JsonObject] = []
+        query = {"limit": "500"}
+        while True:
+            page = await request(self.api, "GET", path, query=query)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                break
+            query = {"limit": "500", "continue": token}
+        self.picture.replace(kind, items)
+        gc.collect()
+        gc.freeze()
+        return str((page.get("metadata") or {}).get("resourceVersion", ""))
+
+    async def _run(self, kind: str, path: str) -> None:
+        version = ""
+        delay = self.retry_delay_s
+        while True:
+            try:
+                if not version:
+                    version = await self._list(kind, path)
+                    log.info("listed %s: %d objects", kind, len(self.picture.kind(kind)))
+                version = await self._watch(kind, path, version)
+                delay = self.retry_delay_s
+            except asyncio.CancelledError:
+                raise
+            except KubeError as exc:
+                if exc.status == 404 and kind == "Queue":
+                    # The Queue CRD is not installed: no queues, check again later.
+                    self.picture.replace(kind, [])
+                if exc.status == 410:
+                    version = ""
+                    continue
+                log.warning("watch %s failed: %s; retrying in %.1fs", kind, exc, delay)
+            except Exception as exc:  # any transport error: reconnect, keep the picture
+                log.warning("watch %s broke: %r; retrying in %.1fs", kind, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+    async def _watch(self, kind: str, path: str, version: str) -> str:
+        """Follow one watch to its end; returns the version to resume from ('' forces a relist)."""
+        query = {
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self.watch_timeout_s),
+        }
+        async for event in watch_lines(self.api, path, query):
+            version = apply_watch_event(self.picture, kind, event, version)
+            if not version:
+                log.info("watch %s expired (410 Gone); relisting", kind)
+                return ""
+        return version
+
+
+def apply_watch_event(picture: ClusterPicture, kind: str, event: Mapping[str, Any], version: str) -> str:
+    """Apply one watch event; returns the resourceVersion to resume from, '' when it expired (410).
+
+    Bookmarks only move the version on; an ERROR event other than 410 raises KubeError.
+    """
+    event_type, obj = str(event.get("type")), event.get("object") or {}
+    if event_type == "ERROR":
+        if obj.get("code") == 410:
+            return ""
+        raise KubeError(int(obj.get("code") or 500), str(obj.get("message")))
+    if event_type != "BOOKMARK":
+        picture.apply(kind, event_type, dict(obj))
+    return str(meta(obj).get("resourceVersion", version))

@@ -1,0 +1,81 @@
+"""The extender process assembled: the cluster picture and its watcher, the status writer, the
+binder and the HTTP server, started and stopped together (the composition root)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from kubernetes_asyncio.client import ApiClient
+
+from extender.binder import Binder
+from extender.metrics import ExtenderMetrics
+from extender.picture.cluster import ClusterPicture
+from extender.picture.watcher import ClusterWatcher
+from extender.server import DEFAULT_MAX_BODY_BYTES, build_app
+from extender.status import StatusWriter, WaitingPods
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServiceOptions:
+    host: str = "0.0.0.0"
+    port: int = 8888
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    ssl_context: ssl.SSLContext | None = None
+    queue_status_interval_s: float = 2.0
+    picture: ClusterPicture = field(default_factory=ClusterPicture)
+
+
+class ExtenderService:
+    """The whole extender in one object: watches, status writer and HTTP server (start/stop)."""
+
+    def __init__(self, api: ApiClient, options: ServiceOptions) -> None:
+        self.options = options
+        self.picture = options.picture
+        self.metrics = ExtenderMetrics(self.picture)
+        self.waiting = WaitingPods()
+        self.watcher = ClusterWatcher(api, self.picture)
+        self.writer = StatusWriter(
+            api, self.picture, self.waiting, self.metrics, options.queue_status_interval_s
+        )
+        self.app = build_app(
+            self.picture, Binder(api, self.picture), self.waiting, self.metrics, options.max_body_bytes
+        )
+        self._runner = web.AppRunner(self.app, access_log=None)
+        self.port = options.port
+
+    async def start(self) -> None:
+        self.watcher.start()
+        self.writer.start()
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner, self.options.host, self.options.port, ssl_context=self.options.ssl_context
+        )
+        await site.start()
+        sockets = self._runner.addresses
+        if sockets:
+            self.port = int(sockets[0][1])
+        log.info(
+            "extender listening on %s:%d (TLS %s)",
+            self.options.host,
+            self.port,
+            "on" if self.options.ssl_context else "off",
+        )
+
+    async def wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.picture.ready():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cluster picture not synced after {timeout_s:.0f}s")
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+        await self.writer.stop()
+        await self.watcher.stop()

@@ -1,0 +1,136 @@
+"""The scheduler verbs' decisions: filter and prioritize, as pure functions of the picture.
+
+They read the cluster picture (no API call, no mutation) and return what to answer and what the
+server should do about it (a wait reason to report, a reservation to make, a metric label); the
+server applies those effects and speaks HTTP. Both cost O(nodes in the request).
+
+Filter first asks the queue's fairness snapshot whether the pod may take what it asks for; a
+refusal fails every node with the reason (FailedAndUnresolvableNodes: preempting pods on a node
+cannot fix a queue's share). An admitted pod then keeps only the nodes whose free GPUs fit it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contract.names import GPU_MILLI
+from extender.picture.cluster import ClusterPicture
+from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, score_nodes
+from extender.wire import ExtenderArgs, ExtenderFilterResult, filter_result
+
+NOT_READY = "tessera extender is still syncing its cluster picture; retry"
+
+
+class UnreadablePod(ValueError):
+    """The pod in the request holds values that parse as JSON but mean nothing (e.g. a bad quantity)."""
+
+
+@dataclass(frozen=True)
+class FilterDecision:
+    result: ExtenderFilterResult
+    outcome: str  # metric label: passed, refused, admitted, error
+    reason: str  # metric label: why (bounded set)
+    # For the wait-reason reporter: the pod's queue and, when it was judged, what was decided.
+    queue: str = ""
+    admitted: bool | None = None
+    message: str = ""
+    reserve: bool = False  # count the pod against its queue until it is bound
+
+
+@dataclass(frozen=True)
+class PriorityDecision:
+    scores: dict[str, int]
+    outcome: str
+    reason: str
+
+
+def describe(demand: GpuDemand) -> str:
+    if demand.count == 1 and demand.milli < GPU_MILLI:
+        return f"{demand.milli / GPU_MILLI:.3g} of a GPU"
+    return f"{demand.count} GPU{'s' if demand.count != 1 else ''}"
+
+
+def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
+    """Why `demand` does not fit on the node ('' when it fits)."""
+    if fits(supply, demand):
+        return ""
+    free = sum(supply.free_milli) / GPU_MILLI
+    models = f" of model {'/'.join(sorted(demand.models))}" if demand.models else ""
+    return (
+        f"not enough free GPU for {describe(demand)}{models} "
+        f"({free:.3g} free over {len(supply.free_milli)} GPUs, model '{supply.model}')"
+    )
+
+
+def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision:
+    """Which candidate nodes can take the pod now, and why the others cannot."""
+    names = args.candidate_names()
+    if not picture.ready():
+        return FilterDecision(ExtenderFilterResult(Error=NOT_READY), "error", "not_ready")
+    pod = args.Pod.raw()
+    demand = picture.demand(pod)
+    if demand.problem:
+        raise UnreadablePod(f"unreadable pod: {demand.problem}")
+    if not demand.wants_gpu and not demand.labelled:
+        # Neither a GPU pod nor one that names a queue: not ours to hold back.
+        return FilterDecision(filter_result(args, names, {}), "passed", "no_gpu")
+    key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
+    view = picture.fairness()
+    decision = view.admit(demand.queue, picture.pod_resources(key, pod))
+    if not decision.admit:
+        result = filter_result(args, [], {})
+        result.FailedAndUnresolvableNodes = dict.fromkeys(names, decision.reason)
+        return FilterDecision(
+            result, "refused", decision.kind or "refused", demand.queue, False, decision.reason
+        )
+    if not demand.wants_gpu:
+        return FilterDecision(
+            filter_result(args, names, {}), "admitted", "no_gpu", demand.queue, True, decision.reason
+        )
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    # Nodes of one shape and GPU size get one verdict: a large cluster has few distinct ones.
+    verdicts: dict[tuple[int, str], str] = {}
+    reference = picture.inventory.reference_memory(demand.models)
+    gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
+    for name in names:
+        supply = picture.node_gpus(name)
+        memory = gpu_memory.get(name, 0)
+        reason = verdicts.get((memory, supply.shape))
+        if reason is None:
+            at_node = demand.gpus_at(memory or reference)
+            reason = verdicts[memory, supply.shape] = _misfit(supply, at_node) if at_node else ""
+        if reason:
+            failed[name] = reason
+        else:
+            passed.append(name)
+    return FilterDecision(
+        filter_result(args, passed, failed),
+        "admitted",
+        "fits" if passed else "no_gpu_fit",
+        demand.queue,
+        True,
+        decision.reason,
+        reserve=bool(passed),
+    )
+
+
+def queue_strategy(picture: ClusterPicture, queue: str) -> Strategy:
+    obj = picture.kind("Queue").get(queue) or {}
+    return "spread" if (obj.get("spec") or {}).get("placement") == "spread" else "binpack"
+
+
+def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDecision:
+    """The score of every candidate node (0..10; neutral 0 for pods Tessera does not place)."""
+    names = args.candidate_names()
+    if not picture.ready():
+        return PriorityDecision(dict.fromkeys(names, 0), "neutral", "not_ready")
+    demand = picture.demand(args.Pod.raw())
+    if demand.problem:  # filter refused it with the reason; nothing to rank
+        return PriorityDecision(dict.fromkeys(names, 0), "neutral", "unreadable")
+    gpus = demand.gpus_at(picture.inventory.reference_memory(demand.models))
+    if gpus is None:
+        return PriorityDecision(dict.fromkeys(names, 0), "neutral", "no_gpu")
+    supplies = [picture.node_gpus(name) for name in names]
+    strategy = queue_strategy(picture, demand.queue)
+    return PriorityDecision(score_nodes(supplies, gpus, picture.fairness().mix, strategy), "scored", strategy)
