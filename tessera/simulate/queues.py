@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from contract.kube import validation_problems
 from contract.names import GPU_MILLI
 from contract.quantity import parse_quantity
 from extender.picture.ledger import Contribution, QueueLedger
@@ -113,15 +114,11 @@ class QueueWorkload:
     jobs: tuple[JobModel, ...]
 
 
-def _describe(error: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in error.errors())
-
-
 def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
     try:
         model = WorkloadModel.model_validate(data)
     except ValidationError as error:
-        raise WorkloadError(f"{source}: {_describe(error)}") from error
+        raise WorkloadError(f"{source}: {validation_problems(error, 'workload')}") from error
     nodes = tuple(
         SimNode(
             name=f"{group.name}-{i}",

@@ -65,6 +65,18 @@ def waiting_condition(pod: dict[str, Any]) -> dict[str, str] | None:
     return next((c for c in conditions if c.get("type") == ADMITTED_CONDITION), None)
 
 
+async def refused(env: GpuCluster, count: int, fragment: str) -> None:
+    """Wait until `count` unbound pods carry the extender's refusal naming `fragment`."""
+
+    async def all_refused() -> bool:
+        conditions = [waiting_condition(p) for p in await env.pods() if not p["spec"].get("nodeName")]
+        return len(conditions) == count and all(
+            c is not None and c.get("status") == "False" and fragment in c["message"] for c in conditions
+        )
+
+    await wait_until(all_refused, timeout=30, what=f"{count} pods refused for {fragment!r}")
+
+
 async def test_queues_converge_to_fair_shares_with_lending_limits_and_wait_reasons(
     local_cluster: LocalCluster, k8s: ApiClient, namespace: str
 ) -> None:
@@ -155,7 +167,7 @@ async def test_refused_pod_is_scheduled_promptly_once_eligible(
         first = await env.submit(team, 1, "first")
         await converge(env, {team: 1}, {team: 1})
         await env.submit(team, 3, "waiting")
-        await asyncio.sleep(2.0)  # let the scheduler try and the extender refuse them
+        await refused(env, 3, "limit (1)")
         assert await env.bound_by_queue() == {team: 1}
 
         figures = []
@@ -173,7 +185,7 @@ async def test_refused_pod_is_scheduled_promptly_once_eligible(
             await env.delete_pods(first)
 
         await env.submit(team, 1, "after")
-        await asyncio.sleep(2.0)
+        await refused(env, 1, "limit (4)")
 
         async def replaced() -> bool:
             return (await env.bound_by_queue()).get(team, 0) == 4
@@ -202,20 +214,24 @@ async def test_restarting_the_extender_loses_and_double_counts_nothing(
 
         port = env.service.port
         await env.stop_extender()
-        await env.submit(team, 2, "during")  # scheduling attempts fail while the extender is away
-        await asyncio.sleep(1.0)
+        during = await env.submit(team, 2, "during")
+
+        async def attempted() -> bool:  # kube-scheduler tried them while the extender was away
+            pods = [p for p in await env.pods() if p["metadata"]["name"] in during]
+            return len(pods) == 2 and all(
+                any(
+                    c.get("type") == "PodScheduled" and c.get("status") == "False"
+                    for c in (p.get("status") or {}).get("conditions") or []
+                )
+                for p in pods
+            )
+
+        await wait_until(attempted, timeout=30, what="scheduling attempts while the extender is down")
         service = await env.start_extender(port=port)
         assert service.picture.fairness().usage[team].allocated == before
         assert before["gpu"] == 3
 
-        await asyncio.sleep(3.0)  # the scheduler retries the two new pods against the new extender
+        # The scheduler retries the two new pods against the new extender, which refuses both.
+        await refused(env, 2, "limit (3)")
         assert await env.bound_by_queue() == {team: 3}
         await queue_status_equals(env, team, allocated="3", fair="3")
-
-        async def both_refused() -> bool:
-            conditions = [waiting_condition(p) for p in await env.pods() if not p["spec"].get("nodeName")]
-            return len(conditions) == 2 and all(
-                c is not None and "limit (3)" in c["message"] for c in conditions
-            )
-
-        await wait_until(both_refused, timeout=20, what="limit refusals after the restart")

@@ -1,4 +1,5 @@
-"""The benchmark's synthetic picture and payloads are valid for both servers (no timing here)."""
+"""The benchmark's synthetic picture and payloads are valid for both servers, and the extender's
+answers are the decision functions' answers on the same picture (no timing here)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from kubernetes_asyncio.client import ApiClient
 from bench.hotpath import Payloads
 from bench.picture import GPUS_PER_NODE, build_picture, load_state
 from bench.servers import floor_app, tessera_app
+from extender.server import PICTURE_KEY
+from extender.verbs import decide_filter, decide_priorities
+from extender.wire import ExtenderArgs
 
 JSON = {"Content-Type": "application/json"}
 
@@ -46,5 +50,13 @@ async def test_extender_and_floor_answer_the_same_payloads() -> None:
             assert not ours.get("Error"), ours
             assert isinstance(our_scores, list) and isinstance(floor_scores, list)
             assert len(our_scores) == len(floor_scores) == 6
+            # What the server said is what the verbs decide on the same picture and request.
+            args = ExtenderArgs.model_validate_json(payloads.body(1))
+            picture = app[PICTURE_KEY]
+            expected = decide_filter(picture, args).result.model_dump(mode="json")
+            assert ours == expected
+            scores = decide_priorities(picture, args).scores
+            assert {h["Host"]: h["Score"] for h in our_scores} == scores
+            assert any(score > 0 for score in scores.values())  # GPU pods are ranked, not neutral
     finally:
         await api.close()

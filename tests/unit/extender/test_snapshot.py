@@ -1,0 +1,101 @@
+"""Snapshots and forks: a planner's "what if" on a copy, the live picture untouched.
+
+Picture: node a has 4 H100s; team-a holds gpu-0 and gpu-1 whole and half of gpu-2 (40Gi of 80Gi);
+team-b waits for one whole GPU. Every assertion on the fork is checked again on the live picture.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
+from extender.policy.placement import GpuDemand
+from extender.policy.snapshot import RunningPod
+from tests import extender_objects as objects
+
+CLASS = "gpu.tessera.dev"
+
+
+def held_pod(name: str, device: str, memory: str | None = None) -> list[dict[str, Any]]:
+    """A team-a pod bound to node a, and its claim allocated `device` (whole, or `memory` of it)."""
+    pod = objects.pod("ns", name, queue="team-a", template="one", node_name="a")
+    pod["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": f"{name}-gpus"}]
+    spec = objects.claim_spec(CLASS, memory=memory) if memory else objects.claim_spec(CLASS)
+    return [pod, objects.claim("ns", f"{name}-gpus", spec, allocated=[("a", device, memory)])]
+
+
+def picture() -> ClusterPicture:
+    objs = [
+        objects.node("a"),
+        objects.gpu_slice("a", 4, shareable=True),
+        objects.device_class(CLASS),
+        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        objects.queue("team-a", resources={"gpu": {"quota": 2}}),
+        objects.queue("team-b", resources={"gpu": {"quota": 2}}),
+        *held_pod("w0", "gpu-0"),
+        *held_pod("w1", "gpu-1"),
+        *held_pod("half", "gpu-2", memory="40Gi"),
+        objects.pod("ns", "waiting", queue="team-b", template="one"),
+    ]
+    live = ClusterPicture()
+    for kind in WATCHED_PATHS:
+        live.replace(kind, [o for o in objs if o["kind"] == kind])
+    return live
+
+
+def test_snapshot_lists_running_pods_with_the_gpus_they_hold() -> None:
+    snapshot = picture().snapshot()
+    assert snapshot.nodes["a"].free_milli == (0, 0, 500, 1000)
+    held = {key: (pod.queue, pod.node, pod.gpus) for key, pod in snapshot.running.items()}
+    assert held == {
+        "ns/w0": ("team-a", "a", ((0, 1000),)),
+        "ns/w1": ("team-a", "a", ((1, 1000),)),
+        "ns/half": ("team-a", "a", ((2, 500),)),
+    }
+    # team-a holds 2.5 GPUs (quota 2), team-b waits for 1.
+    assert snapshot.fairness.usage["team-a"].allocated["gpu"] == pytest.approx(2.5)
+    assert snapshot.fairness.usage["team-b"].requested["gpu"] == 1
+
+
+def test_a_fork_evicts_and_places_while_the_live_picture_stays_as_it_was() -> None:
+    live = picture()
+    snapshot = live.snapshot()
+    fork = snapshot.fork()
+    whole = GpuDemand(count=2)
+    assert fork.fitting_nodes(whole) == []  # one whole GPU free: two do not fit
+
+    evicted = fork.evict("ns/w1")
+    assert evicted.gpus == ((1, 1000),)
+    assert fork.nodes["a"].free_milli == (0, 1000, 500, 1000)
+    assert fork.fitting_nodes(whole) == ["a"]
+    # The evicted pod's queue holds 1.5 GPUs and waits for the 1 it gave back; shares unchanged.
+    assert fork.fairness.usage["team-a"].allocated["gpu"] == pytest.approx(1.5)
+    assert fork.fairness.usage["team-a"].requested["gpu"] == pytest.approx(1.0)
+    assert fork.fairness.fair_shares == snapshot.fairness.fair_shares
+
+    waiting = RunningPod(key="ns/waiting", queue="team-b", node="", gpus=(), resources={"gpu": 1.0})
+    placed = fork.place(waiting, GpuDemand(count=1), "a")
+    assert placed is not None and placed.gpus in (((1, 1000),), ((3, 1000),))
+    assert fork.fairness.usage["team-b"].allocated["gpu"] == 1
+    assert fork.fairness.usage["team-b"].requested.get("gpu", 0) == 0
+    assert fork.place(waiting, GpuDemand(count=4), "a") is None  # does not fit: nothing changes
+
+    # The snapshot the fork came from and the live picture are untouched.
+    assert snapshot.nodes["a"].free_milli == (0, 0, 500, 1000)
+    assert set(snapshot.running) == {"ns/w0", "ns/w1", "ns/half"}
+    assert snapshot.fairness.usage["team-b"].requested["gpu"] == 1
+    assert live.node_gpus("a").free_milli == (0, 0, 500, 1000)
+    assert live.fairness().usage["team-a"].allocated["gpu"] == pytest.approx(2.5)
+    assert live.fairness().usage["team-b"].requested["gpu"] == 1
+
+
+def test_forks_of_forks_are_independent() -> None:
+    first = picture().snapshot().fork()
+    first.evict("ns/w0")
+    second = first.fork()
+    second.evict("ns/half")
+    assert first.nodes["a"].free_milli == (1000, 0, 500, 1000)
+    assert second.nodes["a"].free_milli == (1000, 0, 1000, 1000)
+    assert "ns/half" in first.running and "ns/half" not in second.running
