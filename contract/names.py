@@ -27,3 +27,6 @@ QUEUE_PLURAL: Final = "queues"
 QUEUE_KIND: Final = "Queue"
 QUEUE_LABEL: Final = "scheduling.tessera.dev/queue"
 DEFAULT_QUEUE: Final = "default"
+# A pod label that says whether reclaim may evict the pod ("true"/"false"); without it, pods whose
+# priority is below the extender's --non-preemptible-priority (default 100) are preemptible.
+PREEMPTIBLE_LABEL: Final = "scheduling.tessera.dev/preemptible"

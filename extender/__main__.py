@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient
 
-from contract.names import DRIVER_NAME
+from contract.names import DRIVER_NAME, PREEMPTIBLE_LABEL
 from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.server import DEFAULT_MAX_BODY_BYTES, server_ssl_context
 from extender.service import ExtenderService, ServiceOptions
@@ -58,6 +58,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="count pending pods of these schedulers as queue demand (repeatable; default all)",
     )
+    parser.add_argument(
+        "--non-preemptible-priority",
+        type=int,
+        default=100,
+        help="pods at or above this priority may not be evicted by reclaim and stay within their "
+        f"queue's quota, unless their {PREEMPTIBLE_LABEL} label says otherwise (default 100)",
+    )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument(
         "--queue-status-interval", type=float, default=2.0, help="seconds between Queue status updates"
@@ -86,6 +93,7 @@ async def run(args: argparse.Namespace) -> None:
         PictureConfig(
             gpu_drivers=frozenset(args.gpu_driver or [DRIVER_NAME]),
             scheduler_names=frozenset(args.scheduler_name or []),
+            non_preemptible_priority=args.non_preemptible_priority,
         )
     )
     options = ServiceOptions(

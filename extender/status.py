@@ -226,7 +226,10 @@ class StatusWriter:
             if entry.nudged:
                 continue
             try:
-                decision = view.admit(entry.queue, self.state.pod_resources(key, pod))
+                demand = self.state.demand(pod)
+                decision = view.admit(
+                    entry.queue, self.state.pod_resources(key, pod), preemptible=demand.preemptible
+                )
             except ValueError:  # an unreadable pod is never eligible
                 continue
             if decision.admit:

@@ -76,7 +76,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         return FilterDecision(filter_result(args, names, {}), "passed", "no_gpu")
     key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
     view = picture.fairness()
-    decision = view.admit(demand.queue, picture.pod_resources(key, pod))
+    decision = view.admit(demand.queue, picture.pod_resources(key, pod), preemptible=demand.preemptible)
     if not decision.admit:
         result = filter_result(args, [], {})
         result.FailedAndUnresolvableNodes = dict.fromkeys(names, decision.reason)

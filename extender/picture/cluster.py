@@ -45,13 +45,15 @@ class PictureConfig:
     gpu_drivers: frozenset[str] = frozenset({DRIVER_NAME})
     # Pending pods count as queue demand only when addressed to one of these schedulers (empty: any).
     scheduler_names: frozenset[str] = frozenset()
+    # Pods at or above this priority are not preemptible unless their label says otherwise.
+    non_preemptible_priority: int = 100
 
 
 class ClusterPicture:
     def __init__(self, config: PictureConfig | None = None) -> None:
         self.config = config or PictureConfig()
         self.store = ObjectStore(WATCHED_PATHS)
-        self.demands = PodDemands(self.store, self.config.gpu_drivers)
+        self.demands = PodDemands(self.store, self.config.gpu_drivers, self.config.non_preemptible_priority)
         self.inventory = GpuInventory(self.store, self.demands, self.config.gpu_drivers)
         self.accounting = QueueAccounting(
             self.store, self.demands, self.inventory, self.config.scheduler_names
@@ -180,7 +182,8 @@ class ClusterPicture:
                     node=node_name,
                     gpus=tuple(gpus),
                     resources=self.accounting.resources(key, pod, demand),
-                    priority=int(mapping(pod.get("spec")).get("priority") or 0),
+                    priority=demand.priority,
+                    preemptible=demand.preemptible,
                     started=_start_time(pod),
                 )
         return ClusterSnapshot(nodes, running, view, view.mix)

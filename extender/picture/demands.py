@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract.kube import ClaimRef, mapping, meta, object_key, pod_claim_refs
-from contract.names import DEFAULT_QUEUE, GPU_MILLI, QUEUE_LABEL
+from contract.names import DEFAULT_QUEUE, GPU_MILLI, PREEMPTIBLE_LABEL, QUEUE_LABEL
 from extender.demand import (
     GpuRequest,
     claim_gpu_requests,
@@ -53,6 +53,9 @@ class PodDemand:
     gpu_requests: tuple[GpuRequest, ...]
     claims: tuple[ClaimRef, ...]
     labelled: bool  # names its queue itself (a pod without GPUs and without a label is not ours)
+    priority: int = 0
+    # May reclaim and preemption evict it (and may it therefore use more than its queue's quota)?
+    preemptible: bool = True
     # Why the pod cannot be read (e.g. a quantity no real amount has): it then asks for nothing,
     # counts nothing, and only its own requests are refused.
     problem: str = ""
@@ -107,9 +110,12 @@ class _Cached:
 class PodDemands:
     """The demand cache over a store; `changed(keys)` is told which pods' demands moved."""
 
-    def __init__(self, store: ObjectStore, gpu_drivers: frozenset[str]) -> None:
+    def __init__(
+        self, store: ObjectStore, gpu_drivers: frozenset[str], non_preemptible_priority: int = 100
+    ) -> None:
         self.store = store
         self.gpu_drivers = gpu_drivers
+        self.non_preemptible_priority = non_preemptible_priority
         # GPU DeviceClass name -> the models it pins (empty: any model).
         self.gpu_classes: dict[str, frozenset[str]] = {}
         self._cache: dict[str, _Cached] = {}
@@ -179,6 +185,11 @@ class PodDemands:
                 continue
             requests.extend(claim_gpu_requests(claim_spec, self.gpu_classes))
         labels = mapping(meta(pod).get("labels"))
+        priority = int(mapping(pod.get("spec")).get("priority") or 0)
+        said = str(labels.get(PREEMPTIBLE_LABEL, "")).lower()
+        preemptible = (
+            said == "true" if said in ("true", "false") else priority < self.non_preemptible_priority
+        )
         demand = PodDemand(
             queue=pod_queue(pod),
             namespace=namespace,
@@ -188,6 +199,8 @@ class PodDemands:
             gpu_requests=tuple(requests),
             claims=tuple(refs),
             labelled=QUEUE_LABEL in labels,
+            priority=priority,
+            preemptible=preemptible,
         )
         return demand, frozenset(sources)
 

@@ -16,13 +16,18 @@ children of a queue share that queue's fair share):
    over-quota weight (water-filling: a queue that is satisfied drops out and its part is shared
    by the others). Queues with weight 0 only take what positive-weight queues of their tier leave.
 
-Idle capacity is therefore lent to whoever wants it (work-conserving), and the shares of a
-level's queues add up to min(pool, total demand).
+Idle capacity is therefore lent to whoever wants it, and the shares of a level's queues add up
+to min(pool, total demand).
+
+Admission (``FairnessSnapshot.admit``) is work-conserving: a pod is refused only by a limit on its
+queue's path, or, when it is not preemptible, by a quota on that path. Fair shares refuse nothing;
+they decide who gets capacity back (``extender.policy.reclaim``) and in which order.
 
 Queues whose ancestry is broken (unknown parent or a cycle) take no part: their fair share is 0
 and admission refuses their pods with the reason, so a misconfiguration is visible, not silent.
-Pods labelled with a queue that has children compete inside it as an unnamed child with no
-quota, weight 1 and priority 0.
+Pods go to leaf queues: a queue with children refuses pods of its own, naming them (pods that were
+already running there before it got children still count, as an unnamed child with no quota,
+weight 1 and priority 0).
 """
 
 from __future__ import annotations
@@ -282,16 +287,6 @@ def drf_order(
     return sorted(tree.specs, key=sort_key)
 
 
-def _competitors(tree: QueueTree, name: str) -> list[str]:
-    """Queues whose subtrees cover everything outside the path from ``name`` to its root."""
-    path = tree.path_to_root(name)
-    found = list(tree.children.get(name, []))
-    for node in path:
-        parent = tree.specs[node].parent
-        found.extend(sibling for sibling in tree.children.get(parent, []) if sibling != node)
-    return found
-
-
 @dataclass(frozen=True)
 class FairnessSnapshot:
     """Queues, their usage, the capacity and the fair shares at one moment; the queue tree (and
@@ -320,60 +315,63 @@ class FairnessSnapshot:
         """Every queue, most deserving first (see ``drf_order``)."""
         return drf_order(self.specs, self.usage, self.fair_shares, self.capacity, tree=self.tree)
 
-    def admit(self, queue: str, request: Resources) -> AdmissionDecision:
-        """May a pod of ``queue`` asking for ``request`` be placed now?
+    def admit(self, queue: str, request: Resources, *, preemptible: bool = True) -> AdmissionDecision:
+        """May a pod of ``queue`` asking for ``request`` be placed now? (work-conserving)
 
-        Refused when it would take the queue or an ancestor past a limit, or past the queue's fair
-        share while queues below their fair share wait for capacity that admitting it would take
-        (free capacity minus the request no longer covers what they are still owed).
+        Refused only when the queue is unusable (unknown, broken ancestry, or not a leaf), when it
+        would take the queue or an ancestor past a ``limit``, or - for a pod that is not
+        preemptible - past a ``quota`` on its path: use beyond quota is for pods that reclaim can
+        take back. Fair shares refuse nothing here; reclaim restores them.
         """
         tree = self.tree
-        fair_shares, capacity = self.fair_shares, self.capacity
-
         if queue not in tree.specs:
             return AdmissionDecision(False, f"queue '{queue}' does not exist", "unknown_queue")
         if queue in tree.broken:
             return AdmissionDecision(
                 False, f"queue '{queue}' is not usable: {tree.broken[queue]}", "invalid_queue"
             )
+        children = tree.children.get(queue)
+        if children:
+            return AdmissionDecision(
+                False,
+                f"queue '{queue}' has child queues ({', '.join(sorted(children))}): pods go to a leaf queue",
+                "not_leaf",
+            )
         wanted = {r: amount for r, amount in request.items() if amount > 0}
-
         for node in tree.path_to_root(queue):
+            spec = tree.specs[node]
+            owner = "its {}" if node == queue else f"the {{}} of ancestor queue '{node}'"
             for resource, amount in wanted.items():
-                limit = tree.specs[node].limit.get(resource)
                 held = tree.subtree(node, "allocated", resource)
+                limit = spec.limit.get(resource)
                 if limit is not None and held + amount > limit + EPSILON:
-                    whose = "its limit" if node == queue else f"the limit of ancestor queue '{node}'"
                     return AdmissionDecision(
                         False,
-                        f"queue '{queue}': {resource} allocated {format_amount(resource, held)} + request "
-                        f"{format_amount(resource, amount)} would exceed {whose} "
-                        f"({format_amount(resource, limit)})",
+                        _exceeds(queue, resource, held, amount, owner.format("limit"), limit),
                         "over_limit",
                     )
-
-        borrowing: list[str] = []
-        for resource, amount in wanted.items():
-            if resource not in capacity:
-                continue
-            held = tree.subtree(queue, "allocated", resource)
-            fair = fair_shares.get(queue, {}).get(resource, 0.0)
-            if held + amount <= fair + EPSILON:
-                continue
-            refusal = _starved_competitor(tree, queue, resource, wanted, fair_shares, capacity)
-            if refusal is not None:
-                return AdmissionDecision(
-                    False,
-                    f"queue '{queue}': {resource} allocated {format_amount(resource, held)} + request "
-                    f"{format_amount(resource, amount)} would exceed its fair share "
-                    f"({format_amount(resource, fair)}) while {refusal}",
-                    "over_fair_share",
-                )
-            borrowing.append(resource)
+                if preemptible or not _quota_guards(spec, resource):
+                    continue
+                quota = spec.quota.get(resource, 0.0)
+                if held + amount > quota + EPSILON:
+                    return AdmissionDecision(
+                        False,
+                        _exceeds(queue, resource, held, amount, owner.format("quota"), quota)
+                        + "; only preemptible pods may use more than the quota",
+                        "over_quota",
+                    )
+        borrowing = [
+            resource
+            for resource, amount in wanted.items()
+            if resource in self.capacity
+            and tree.subtree(queue, "allocated", resource) + amount
+            > self.fair_shares.get(queue, {}).get(resource, 0.0) + EPSILON
+        ]
         if borrowing:
             return AdmissionDecision(
                 True,
-                f"queue '{queue}' borrows idle {', '.join(borrowing)} beyond its fair share",
+                f"queue '{queue}' borrows idle {', '.join(borrowing)} beyond its fair share "
+                "(preemptible: reclaim may take it back)",
                 "borrowing",
             )
         return AdmissionDecision(
@@ -381,42 +379,17 @@ class FairnessSnapshot:
         )
 
 
-def _starved_competitor(
-    tree: QueueTree,
-    queue: str,
-    resource: str,
-    request: Resources,
-    fair_shares: Mapping[str, Mapping[str, float]],
-    capacity: Resources,
-) -> str | None:
-    """Why taking the request's ``resource`` would hurt a queue below its fair share, or None."""
-    amount = request[resource]
-    # GPUs of a model the request does not take stay free for pending pods pinned to that model.
-    other_models = (
-        [r for r in capacity if r.startswith(GPU_MODEL_PREFIX) and r not in request]
-        if resource == "gpu" and any(r.startswith(GPU_MODEL_PREFIX) for r in request)
-        else []
-    )
-    owed: list[tuple[float, str, float, float, float]] = []
-    for other in _competitors(tree, queue):
-        held = tree.subtree(other, "allocated", resource)
-        pending = tree.subtree(other, "requested", resource) - sum(
-            tree.subtree(other, "requested", model) for model in other_models
-        )
-        fair = fair_shares.get(other, {}).get(resource, 0.0)
-        still_owed = min(pending, fair - held)
-        if still_owed > EPSILON:
-            owed.append((still_owed, other, held, fair, pending))
-    if not owed:
-        return None
-    # Every queue's pods hold capacity, broken or unknown queues included.
-    total_allocated = sum(usage.allocated.get(resource, 0.0) for usage in tree.usage.values())
-    free = capacity[resource] - total_allocated
-    total_owed = sum(entry[0] for entry in owed)
-    if free - amount >= total_owed - EPSILON:
-        return None
-    _, other, held, fair, pending = max(owed)
+def _exceeds(queue: str, resource: str, held: float, amount: float, what: str, bound: float) -> str:
     return (
-        f"queue '{other}' is below its fair share ({resource} allocated {format_amount(resource, held)} "
-        f"of {format_amount(resource, fair)}, {format_amount(resource, pending)} pending)"
+        f"queue '{queue}': {resource} allocated {format_amount(resource, held)} + request "
+        f"{format_amount(resource, amount)} would exceed {what} ({format_amount(resource, bound)})"
     )
+
+
+def _quota_guards(spec: QueueSpec, resource: str) -> bool:
+    """Does the quota rule for non-preemptible pods apply to ``resource`` in this queue?
+
+    GPUs always (a missing GPU quota is 0: a queue without one guarantees no GPU); cpu and memory
+    only where the queue declares a quota for them, so a GPU team's pods are not refused for cpu.
+    """
+    return resource == "gpu" or resource.startswith(GPU_MODEL_PREFIX) or resource in spec.quota
