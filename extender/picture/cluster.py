@@ -185,8 +185,9 @@ class ClusterPicture:
                     priority=demand.priority,
                     preemptible=demand.preemptible,
                     started=_start_time(pod),
+                    terminating=bool(meta(pod).get("deletionTimestamp")),
                 )
-        return ClusterSnapshot(nodes, running, view, view.mix)
+        return ClusterSnapshot(nodes, running, view, view.mix, dict(self.inventory.gpu_memory))
 
     def _classic_used(self, node: str) -> int:
         return sum(self.demands.of(pod).classic_gpus for pod in self.inventory.pods_on_node(node))

@@ -34,6 +34,7 @@ class RunningPod:
     priority: int = 0
     preemptible: bool = True
     started: float = 0.0  # seconds since the epoch
+    terminating: bool = False  # already being deleted: its GPUs are as good as free
 
 
 def _shift(usage: QueueUsage, amounts: Resources, sign: float) -> QueueUsage:
@@ -52,16 +53,19 @@ class ClusterSnapshot:
         running: Mapping[str, RunningPod],
         fairness: FairnessSnapshot,
         mix: WorkloadMix,
+        gpu_memory: Mapping[str, int] | None = None,
     ) -> None:
         self.nodes = dict(nodes)
         self.running = dict(running)
+        # Bytes of memory of each node's GPUs, which sizes a fraction there (shared, read-only).
+        self.gpu_memory: Mapping[str, int] = gpu_memory if gpu_memory is not None else {}
         self._usage = dict(fairness.usage)
         self._base = fairness
         self.mix = mix
         self._fairness: FairnessSnapshot | None = fairness
 
     def fork(self) -> ClusterSnapshot:
-        return ClusterSnapshot(self.nodes, self.running, self.fairness, self.mix)
+        return ClusterSnapshot(self.nodes, self.running, self.fairness, self.mix, self.gpu_memory)
 
     @property
     def fairness(self) -> FairnessSnapshot:
@@ -100,13 +104,10 @@ class ClusterSnapshot:
         supply = self.nodes.get(node)
         if supply is None:
             return None
-        chosen = choose_gpus(supply, demand, self.mix, strategy)
-        if chosen is None:
+        occupied = occupy(supply, demand, self.mix, strategy)
+        if occupied is None:
             return None
-        free = list(supply.free_milli)
-        for index in chosen:
-            free[index] -= demand.milli
-        self.nodes[node] = _with_free(supply, free)
+        self.nodes[node], chosen = occupied
         placed = RunningPod(
             key=pod.key,
             queue=pod.queue,
@@ -125,6 +126,19 @@ class ClusterSnapshot:
         usage = self._usage.get(queue, QueueUsage(allocated={}, requested={}))
         self._usage[queue] = _shift(usage, amounts, sign)
         self._fairness = None
+
+
+def occupy(
+    node: NodeGpus, demand: GpuDemand, mix: WorkloadMix, strategy: Strategy = "binpack"
+) -> tuple[NodeGpus, tuple[int, ...]] | None:
+    """The node after `demand` takes the GPUs the filter would choose, and which; None: no fit."""
+    chosen = choose_gpus(node, demand, mix, strategy)
+    if chosen is None:
+        return None
+    free = list(node.free_milli)
+    for index in chosen:
+        free[index] -= demand.milli
+    return _with_free(node, free), chosen
 
 
 def _with_free(node: NodeGpus, free: list[int]) -> NodeGpus:

@@ -1,0 +1,307 @@
+"""Reclaim and preemption planning: which running pods to evict so a waiting pod fits. Pure.
+
+Goals (design-next.md, "one planner, three goals"); this module serves two of them:
+
+* **reclaim** - a queue below its fair share has a pending pod that fits no node: evict borrowed,
+  preemptible pods of queues above their fair share until it fits;
+* **preempt** - a pod that does not fit, in a queue within its fair share, evicts lower-priority
+  preemptible pods of its own queue.
+
+Rules (each a test in tests/unit/extender/test_reclaim.py):
+
+1. Queues are compared where their paths in the tree diverge: for a reclaimer R and a victim's
+   queue V below their lowest common ancestor, R' and V' are the children of that ancestor on
+   each path (the roots when they share none). Every queue from R up to R' stays within its fair
+   share with the pod; every queue from V up to V' stays at or above its fair share without the
+   victim. So no GPU is taken from a subtree at or below its share on behalf of one above it,
+   and an eviction can never be undone by the reverse reclaim (no ping-pong).
+2. Victims are running, preemptible, not already terminating, and have run at least their
+   queue's `reclaimMinRuntime` (reclaim) or `preemptMinRuntime` (preempt).
+3. On each node, victims are taken lowest priority first, then newest, until the pod fits; then
+   any victim the pod does not need after all is given back. The node needing the fewest evicted
+   GPUs wins (then fewer pods, then lower priorities).
+4. Never more than needed: GPUs evicted / GPUs needed <= `max_ratio` (1.1), unless a single
+   victim is evicted (no smaller eviction exists); and at most `max_evictions` pods per cycle.
+5. Every plan is applied to a fork of the snapshot (victims off, pod placed) before the next one
+   is made, so one cycle's plans never count the same GPUs twice. The live picture is untouched.
+
+Pods with a `terminating` flag are evicted in the fork first: their GPUs are already coming free,
+so nothing is evicted for a pod that will fit once they are gone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from contract.names import GPU_MILLI
+from extender.policy.fairness import EPSILON, GPU_MODEL_PREFIX, FairnessSnapshot, Resources, format_amount
+from extender.policy.placement import GpuDemand
+from extender.policy.snapshot import ClusterSnapshot, RunningPod
+
+Goal = Literal["reclaim", "preempt"]
+
+
+@dataclass(frozen=True)
+class PendingPod:
+    """A pod waiting for GPUs, as the planner sees it."""
+
+    key: str
+    queue: str
+    demand: GpuDemand  # sized for the largest GPU it could land on
+    resources: Resources  # its fairness vector
+    priority: int = 0
+    created: float = 0.0  # seconds since the epoch
+    # A fraction asks for bytes of a GPU's memory: its share depends on the node's GPU size.
+    fraction_memory: int | None = None
+
+    def demand_on(self, gpu_memory: int) -> GpuDemand:
+        if self.fraction_memory is None or gpu_memory <= 0:
+            return self.demand
+        milli = max(1, min(GPU_MILLI, math.ceil(GPU_MILLI * self.fraction_memory / gpu_memory)))
+        return GpuDemand(1, milli, self.demand.models, self.demand.cpu_milli, self.demand.memory_mib)
+
+
+@dataclass(frozen=True)
+class Rules:
+    reclaim_min_runtime_s: Mapping[str, float] = field(default_factory=dict)  # victim queue -> s
+    preempt_min_runtime_s: Mapping[str, float] = field(default_factory=dict)
+    max_ratio: float = 1.1
+    max_evictions: int = 16  # pods per cycle
+    max_pending: int = 64  # pending pods considered per cycle (bounds the planning time)
+
+
+@dataclass(frozen=True)
+class Eviction:
+    pod: RunningPod
+    message: str  # names the queues and the numbers, for the victim's event
+
+
+@dataclass(frozen=True)
+class Plan:
+    goal: Goal
+    pod: PendingPod
+    node: str
+    evictions: tuple[Eviction, ...]
+    gpus_needed: float
+    gpus_evicted: float
+
+    @property
+    def ratio(self) -> float:
+        return self.gpus_evicted / self.gpus_needed if self.gpus_needed > 0 else math.inf
+
+
+def gpu_amounts(resources: Resources) -> dict[str, float]:
+    return {r: a for r, a in resources.items() if (r == "gpu" or r.startswith(GPU_MODEL_PREFIX)) and a > 0}
+
+
+def _gpus(pod: RunningPod) -> float:
+    return sum(milli for _, milli in pod.gpus) / GPU_MILLI
+
+
+def _diverging(fairness: FairnessSnapshot, a: str, b: str) -> tuple[list[str], list[str]]:
+    """The paths from `a` and from `b` up to (not including) their lowest common ancestor."""
+    tree = fairness.tree
+    path_a, path_b = tree.path_to_root(a), tree.path_to_root(b)
+    common = set(path_a) & set(path_b)
+    return [q for q in path_a if q not in common], [q for q in path_b if q not in common]
+
+
+def reclaim_refusal(
+    fairness: FairnessSnapshot, reclaimer: str, request: Resources, victim: str, taken: Resources
+) -> str:
+    """Why a pod of `reclaimer` asking `request` may not take `taken` from a pod of `victim`
+    ('' when it may): rule 1 of the module docstring, on GPU resources."""
+    wanted, freed = gpu_amounts(request), gpu_amounts(taken)
+    if reclaimer == victim or reclaimer not in fairness.tree.specs or victim not in fairness.tree.specs:
+        return "reclaim is between queues"
+    up_reclaimer, up_victim = _diverging(fairness, reclaimer, victim)
+    tree, shares = fairness.tree, fairness.fair_shares
+    for queue in up_reclaimer:
+        for resource, amount in wanted.items():
+            held, fair = tree.subtree(queue, "allocated", resource), shares.get(queue, {}).get(resource, 0.0)
+            if held + amount > fair + EPSILON:
+                return (
+                    f"queue '{queue}' would go above its fair share ({resource} "
+                    f"{format_amount(resource, held)} + {format_amount(resource, amount)} > "
+                    f"{format_amount(resource, fair)})"
+                )
+    for queue in up_victim:
+        for resource, amount in freed.items():
+            held, fair = tree.subtree(queue, "allocated", resource), shares.get(queue, {}).get(resource, 0.0)
+            if held - amount < fair - EPSILON:
+                return (
+                    f"queue '{queue}' would fall below its fair share ({resource} "
+                    f"{format_amount(resource, held)} - {format_amount(resource, amount)} < "
+                    f"{format_amount(resource, fair)})"
+                )
+    return ""
+
+
+def may_preempt_within(fairness: FairnessSnapshot, queue: str, request: Resources) -> bool:
+    """A queue within its fair share (for the pod's GPU resources) may preempt its own pods."""
+    tree, shares = fairness.tree, fairness.fair_shares
+    return all(
+        tree.subtree(queue, "allocated", r) <= shares.get(queue, {}).get(r, 0.0) + EPSILON
+        for r in gpu_amounts(request)
+    )
+
+
+def _victim_order(pod: RunningPod) -> tuple[int, float, str]:
+    return (pod.priority, -pod.started, pod.key)  # lowest priority first, then newest
+
+
+def _eligible(pod: RunningPod, goal: Goal, waiting: PendingPod, now: float, rules: Rules) -> bool:
+    if not pod.preemptible or pod.terminating or not pod.gpus:
+        return False
+    if goal == "preempt":
+        if pod.queue != waiting.queue or pod.priority >= waiting.priority:
+            return False
+        min_runtime = rules.preempt_min_runtime_s.get(pod.queue, 0.0)
+    else:
+        if pod.queue == waiting.queue:
+            return False
+        min_runtime = rules.reclaim_min_runtime_s.get(pod.queue, 0.0)
+    return now - pod.started >= min_runtime
+
+
+def _node_plan(
+    fork: ClusterSnapshot, node: str, waiting: PendingPod, goal: Goal, now: float, rules: Rules
+) -> tuple[list[Eviction], GpuDemand] | None:
+    """Victims on `node` after which `waiting` fits there (rule 3), or None."""
+    demand = _on(waiting, fork, node)
+    supply = fork.nodes.get(node)
+    if supply is None or (demand.models and supply.model not in demand.models):
+        return None
+    candidates = sorted(
+        (p for p in fork.pods_on(node) if _eligible(p, goal, waiting, now, rules)), key=_victim_order
+    )
+    if not candidates:
+        return None
+    trial = fork.fork()
+    chosen: list[Eviction] = []
+    for pod in candidates:
+        if trial.fitting_nodes(demand, [node]):
+            break
+        if goal == "reclaim":
+            refusal = reclaim_refusal(
+                trial.fairness, waiting.queue, waiting.resources, pod.queue, pod.resources
+            )
+            if refusal:
+                continue
+            message = (
+                f"reclaimed for queue '{waiting.queue}' (pod {waiting.key}): queue '{pod.queue}' holds "
+                f"more than its fair share of {_gpu_share_text(trial.fairness, pod.queue)}"
+            )
+        else:
+            message = (
+                f"preempted in queue '{pod.queue}' by pod {waiting.key} of higher priority "
+                f"({waiting.priority} > {pod.priority})"
+            )
+        trial.evict(pod.key)
+        chosen.append(Eviction(pod, message))
+    if not trial.fitting_nodes(demand, [node]):
+        return None
+    # Give back victims the pod does not need after all, the last taken first.
+    for eviction in reversed(list(chosen)):
+        without = fork.fork()
+        for other in chosen:
+            if other is not eviction:
+                without.evict(other.pod.key)
+        if without.fitting_nodes(demand, [node]):
+            chosen.remove(eviction)
+    return chosen, demand
+
+
+def _gpu_share_text(fairness: FairnessSnapshot, queue: str) -> str:
+    share = fairness.fair_shares.get(queue, {}).get("gpu", 0.0)
+    held = fairness.tree.subtree(queue, "allocated", "gpu")
+    return f"{format_amount('gpu', share)} GPUs (holds {format_amount('gpu', held)})"
+
+
+def _goal_for(fairness: FairnessSnapshot, waiting: PendingPod) -> Goal | None:
+    tree, shares = fairness.tree, fairness.fair_shares
+    wanted = gpu_amounts(waiting.resources)
+    if waiting.queue not in tree.specs or not wanted:
+        return None
+    below = all(
+        tree.subtree(waiting.queue, "allocated", r) + a <= shares.get(waiting.queue, {}).get(r, 0.0) + EPSILON
+        for r, a in wanted.items()
+    )
+    if below:
+        return "reclaim"
+    return "preempt" if may_preempt_within(fairness, waiting.queue, waiting.resources) else None
+
+
+def _plan_for(
+    fork: ClusterSnapshot, waiting: PendingPod, now: float, rules: Rules, budget: int
+) -> Plan | None:
+    goal = _goal_for(fork.fairness, waiting)
+    if goal is None:
+        return None
+    needed = waiting.demand.total_milli / GPU_MILLI
+    best: tuple[tuple[float, int, int, float], str, list[Eviction]] | None = None
+    goals: list[Goal] = [goal, "preempt"] if goal == "reclaim" else [goal]
+    for current in goals:
+        for node in sorted(fork.nodes):
+            found = _node_plan(fork, node, waiting, current, now, rules)
+            if found is None:
+                continue
+            evictions, _ = found
+            if not evictions or len(evictions) > budget:
+                continue
+            evicted = sum(_gpus(e.pod) for e in evictions)
+            if evicted / max(needed, 1e-9) > rules.max_ratio + EPSILON and len(evictions) > 1:
+                continue
+            # Fewest GPUs, then fewest pods, lowest priorities, and the newest pods.
+            rank = (
+                evicted,
+                len(evictions),
+                sum(e.pod.priority for e in evictions),
+                -sum(e.pod.started for e in evictions),
+            )
+            if best is None or rank < best[0]:
+                best = (rank, node, evictions)
+        if best is not None:
+            return Plan(current, waiting, best[1], tuple(best[2]), needed, best[0][0])
+    return None
+
+
+def _on(waiting: PendingPod, fork: ClusterSnapshot, node: str) -> GpuDemand:
+    return waiting.demand_on(fork.gpu_memory.get(node, 0))
+
+
+def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, rules: Rules) -> list[Plan]:
+    """This cycle's plans: most deserving queues first, each queue's head pod (highest priority,
+    oldest) tried; every plan applied to the fork before the next."""
+    fork = snapshot.fork()
+    for key in [k for k, pod in fork.running.items() if pod.terminating]:
+        fork.evict(key)
+    plans: list[Plan] = []
+    evictions_left = rules.max_evictions
+    by_queue: dict[str, list[PendingPod]] = {}
+    for pod in sorted(pending, key=lambda p: (-p.priority, p.created, p.key))[: rules.max_pending]:
+        by_queue.setdefault(pod.queue, []).append(pod)
+    for queue in fork.fairness.order():
+        for waiting in by_queue.get(queue, ()):
+            if evictions_left <= 0:
+                return plans
+            arriving = RunningPod(waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority)
+            fitting = [n for n in sorted(fork.nodes) if fork.fitting_nodes(_on(waiting, fork, n), [n])]
+            if fitting:  # it fits already: the scheduler places it; later pods see the GPUs taken
+                fork.place(arriving, _on(waiting, fork, fitting[0]), fitting[0])
+                continue
+            found = _plan_for(fork, waiting, now, rules, evictions_left)
+            if found is None:
+                continue
+            for eviction in found.evictions:
+                fork.evict(eviction.pod.key)
+            placed = RunningPod(
+                key=waiting.key, queue=waiting.queue, node="", gpus=(), resources=waiting.resources
+            )
+            fork.place(placed, waiting.demand_on(fork.gpu_memory.get(found.node, 0)), found.node)
+            evictions_left -= len(found.evictions)
+            plans.append(found)
+    return plans
