@@ -11,12 +11,14 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from collections.abc import Sequence
 
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient
 
 from contract.names import DRIVER_NAME, PREEMPTIBLE_LABEL
+from extender.controllers.reclaim import ReclaimOptions
 from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.server import DEFAULT_MAX_BODY_BYTES, server_ssl_context
 from extender.service import ExtenderService, ServiceOptions
@@ -65,6 +67,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="pods at or above this priority may not be evicted by reclaim and stay within their "
         f"queue's quota, unless their {PREEMPTIBLE_LABEL} label says otherwise (default 100)",
     )
+    parser.add_argument(
+        "--reclaim-interval",
+        type=float,
+        default=1.0,
+        help="seconds between reclaim/preemption cycles; 0 turns reclaim off (default 1)",
+    )
+    parser.add_argument(
+        "--reclaim-hold", type=float, default=90.0, help="seconds freed GPUs are held for their pod"
+    )
+    parser.add_argument(
+        "--max-evictions-per-cycle", type=int, default=16, help="pods evicted per reclaim cycle at most"
+    )
+    parser.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="several replicas: only the holder of a Lease runs reclaim (see --lease-namespace)",
+    )
+    parser.add_argument(
+        "--lease-namespace",
+        default=os.environ.get("POD_NAMESPACE", "tessera-system"),
+        help="namespace of the leader Lease (default $POD_NAMESPACE, else tessera-system)",
+    )
+    parser.add_argument("--lease-name", default="tessera-extender")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument(
         "--queue-status-interval", type=float, default=2.0, help="seconds between Queue status updates"
@@ -107,6 +132,16 @@ async def run(args: argparse.Namespace) -> None:
         ),
         queue_status_interval_s=args.queue_status_interval,
         picture=picture,
+        reclaim=(
+            ReclaimOptions(args.reclaim_interval, args.reclaim_hold, args.max_evictions_per_cycle)
+            if args.reclaim_interval > 0
+            else None
+        ),
+        lease=(
+            (args.lease_namespace, args.lease_name, f"{socket.gethostname()}-{os.getpid()}")
+            if args.leader_elect
+            else None
+        ),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

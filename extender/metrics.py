@@ -77,6 +77,32 @@ class ExtenderMetrics:
             "Refused pods nudged back into the scheduling queue once eligible.",
             registry=self.registry,
         )
+        self.evictions = Counter(
+            "tessera_reclaim_evictions_total",
+            "Pods the reclaim loop asked the Eviction API to evict, by goal (reclaim, preempt), the "
+            "victim's queue and outcome (evicted, blocked by a PodDisruptionBudget, gone, failed).",
+            ["goal", "queue", "outcome"],
+            registry=self.registry,
+        )
+        self.plans = Counter(
+            "tessera_reclaim_plans_total",
+            "Plans made by the reclaim loop, by goal and the queue they served.",
+            ["goal", "queue"],
+            registry=self.registry,
+        )
+        self.reclaim_cycle = Histogram(
+            "tessera_reclaim_cycle_duration_seconds",
+            "Time to plan one reclaim cycle (snapshot, plan), excluding the API calls.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.time_to_fair_share = Histogram(
+            "tessera_queue_time_to_fair_share_seconds",
+            "From a queue being starved (below its fair share with pods waiting) to holding it again.",
+            ["queue"],
+            buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+            registry=self.registry,
+        )
         self.registry.register(_QueueCollector(state))
 
     def render(self) -> bytes:

@@ -43,11 +43,40 @@ class QueueResourceModel(BaseModel):
         return self
 
 
+_DURATION = re.compile(r"^(?:([0-9]+(?:\.[0-9]+)?)(h|ms|m|s))+$")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|ms|m|s)")
+_DURATION_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+MAX_DURATION_S = 7 * 24 * 3600.0  # a week: beyond it a minimum runtime means "never"
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a duration ("90s", "10m", "1h30m") or a number of seconds; at most a week."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"expected a duration such as 10m or a number of seconds, got {value!r}")
+    if isinstance(value, str):
+        text = value.strip()
+        if not _DURATION.match(text):
+            raise ValueError(f"{value!r} is not a duration (e.g. 90s, 10m, 1h30m)")
+        seconds = sum(float(n) * _DURATION_UNIT_S[u] for n, u in _DURATION_PART.findall(text))
+    else:
+        seconds = float(value)
+    if not 0 <= seconds <= MAX_DURATION_S:
+        raise ValueError(f"{value!r} must be between 0 and 7 days")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
 class QueueSpecModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     parent: str | None = Field(default=None, min_length=1)
     priority: int = 0
+    # How long a pod of this queue runs before reclaim (for another queue) or preemption (by a
+    # higher-priority pod of this queue) may evict it.
+    reclaim_min_runtime: Duration = Field(default=0.0, alias="reclaimMinRuntime")
+    preempt_min_runtime: Duration = Field(default=0.0, alias="preemptMinRuntime")
     # Read by the extender's prioritize verb, not by fairness; accepted here so a spec that sets
     # it is not refused as carrying an unknown field.
     placement: Literal["binpack", "spread"] = "binpack"
@@ -94,6 +123,8 @@ def parse_queue(obj: Mapping[str, Any]) -> QueueSpec:
         quota={r: v.quota for r, v in resources if v.quota is not None},
         limit={r: v.limit for r, v in resources if v.limit is not None},
         over_quota_weight={r: v.over_quota_weight for r, v in resources if v.over_quota_weight is not None},
+        reclaim_min_runtime_s=spec.reclaim_min_runtime,
+        preempt_min_runtime_s=spec.preempt_min_runtime,
     )
 
 
@@ -221,6 +252,33 @@ def queue_status(
         "requested": {r: format_quantity(r, v) for r, v in sorted(requested.items())},
         "fairShare": {r: format_quantity(r, v) for r, v in sorted(fair_share.items())},
         "conditions": conditions,
+    }
+
+
+def with_reclaim(
+    status: dict[str, Any],
+    reclaimed: int,
+    evicted: int,
+    reclaiming: bool,
+    previous_conditions: Sequence[Mapping[str, Any]] = (),
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Add the reclaim loop's counts and the Reclaiming condition to a queue's status."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    previous = {str(c.get("type")): c for c in previous_conditions}
+    message = (
+        "GPUs freed by evicting borrowed pods are held for this queue's pods"
+        if reclaiming
+        else "no reclaim in progress"
+    )
+    condition = _condition(
+        "Reclaiming", reclaiming, "GpusHeld" if reclaiming else "Idle", message, previous, stamp
+    )
+    return {
+        **status,
+        "reclaimedPods": reclaimed,
+        "evictedPods": evicted,
+        "conditions": [*status.get("conditions", []), condition],
     }
 
 

@@ -13,6 +13,8 @@ from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
 from extender.binder import Binder
+from extender.controllers.lease import LeaderLease
+from extender.controllers.reclaim import ReclaimLoop, ReclaimOptions
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.picture.watcher import ClusterWatcher
@@ -30,6 +32,11 @@ class ServiceOptions:
     ssl_context: ssl.SSLContext | None = None
     queue_status_interval_s: float = 2.0
     picture: ClusterPicture = field(default_factory=ClusterPicture)
+    # Reclaim and preemption of running pods; None turns the loop off (admission alone).
+    reclaim: ReclaimOptions | None = field(default_factory=ReclaimOptions)
+    # Leader election among replicas: (namespace, lease name, this replica's identity); None when
+    # this is the only instance.
+    lease: tuple[str, str, str] | None = None
 
 
 class ExtenderService:
@@ -41,8 +48,25 @@ class ExtenderService:
         self.metrics = ExtenderMetrics(self.picture)
         self.waiting = WaitingPods()
         self.watcher = ClusterWatcher(api, self.picture)
+        self.lease = LeaderLease(api, *options.lease) if options.lease else None
+        self.reclaimer = (
+            ReclaimLoop(
+                api,
+                self.picture,
+                self.metrics,
+                options.reclaim,
+                self.lease.is_leader if self.lease else (lambda: True),
+            )
+            if options.reclaim
+            else None
+        )
         self.writer = StatusWriter(
-            api, self.picture, self.waiting, self.metrics, options.queue_status_interval_s
+            api,
+            self.picture,
+            self.waiting,
+            self.metrics,
+            options.queue_status_interval_s,
+            self.reclaimer.counts if self.reclaimer else None,
         )
         self.app = build_app(
             self.picture, Binder(api, self.picture), self.waiting, self.metrics, options.max_body_bytes
@@ -53,6 +77,10 @@ class ExtenderService:
     async def start(self) -> None:
         self.watcher.start()
         self.writer.start()
+        if self.lease:
+            self.lease.start()
+        if self.reclaimer:
+            self.reclaimer.start()
         await self._runner.setup()
         site = web.TCPSite(
             self._runner, self.options.host, self.options.port, ssl_context=self.options.ssl_context
@@ -76,6 +104,10 @@ class ExtenderService:
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
+        if self.reclaimer:
+            await self.reclaimer.stop()
+        if self.lease:
+            await self.lease.stop()
         await self._runner.cleanup()
         await self.writer.stop()
         await self.watcher.stop()

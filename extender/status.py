@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,17 +26,18 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 
 from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
+from extender.controllers.reclaim import ReclaimCounts
+from extender.events import now_rfc3339, post_pod_event
 from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, request
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import pod_queue
-from extender.queues import queue_statuses
+from extender.queues import queue_statuses, with_reclaim
 
 log = logging.getLogger(__name__)
 
 ADMITTED_CONDITION = f"{QUEUE_GROUP}/QueueAdmitted"
 REQUEUE_ANNOTATION = f"{QUEUE_GROUP}/requeued-at"
-COMPONENT = "tessera-extender"
 # One pod is nudged at most this often, so a disagreement between the requeue check and the
 # next filter call can never turn into a tight patch loop.
 MIN_NUDGE_INTERVAL_S = 1.0
@@ -81,10 +81,6 @@ class WaitingPods:
             self.wake.set()
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class StatusWriter:
     """Background writer of pod wait reasons, requeue nudges and Queue status."""
 
@@ -95,8 +91,10 @@ class StatusWriter:
         waiting: WaitingPods,
         metrics: ExtenderMetrics,
         queue_status_interval_s: float = 2.0,
+        reclaim: ReclaimCounts | None = None,
     ) -> None:
         self.api = api
+        self.reclaim = reclaim  # the reclaim loop's counts, reported on each Queue
         self.state = state
         self.waiting = waiting
         self.metrics = metrics
@@ -139,7 +137,7 @@ class StatusWriter:
             try:
                 await self._write_condition(namespace, name, admitted, reason)
                 if not admitted:
-                    await self._post_event(namespace, name, uid, reason)
+                    await post_pod_event(self.api, namespace, name, uid, "WaitingForQueue", reason)
             except KubeError as exc:
                 # A pod deleted meanwhile is normal; anything else is worth a line.
                 if exc.status != 404:
@@ -151,7 +149,7 @@ class StatusWriter:
             "status": "True" if admitted else "False",
             "reason": "Admitted" if admitted else "WaitingForQueue",
             "message": reason,
-            "lastTransitionTime": _now(),
+            "lastTransitionTime": now_rfc3339(),
         }
         await request(
             self.api,
@@ -160,31 +158,6 @@ class StatusWriter:
             body={"status": {"conditions": [condition]}},
             content_type=STRATEGIC_MERGE_PATCH,
         )
-
-    async def _post_event(self, namespace: str, name: str, uid: str, reason: str) -> None:
-        now = _now()
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "namespace": namespace,
-                "name": name,
-                "uid": uid,
-            },
-            "reason": "WaitingForQueue",
-            "message": reason,
-            "type": "Normal",
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": os.uname().nodename,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        await request(self.api, "POST", f"/api/v1/namespaces/{namespace}/events", body=event)
 
     # ---- requeue of pods that became eligible -------------------------------------------------
 
@@ -291,6 +264,15 @@ class StatusWriter:
         statuses = queue_statuses(view.specs, view.usage, view.fair_shares, previous)
         for key, obj in queues.items():
             status = statuses.get(key) or self._invalid_status(view.invalid.get(key, "not parsed"))
+            if self.reclaim is not None and key in statuses:
+                counts = self.reclaim
+                status = with_reclaim(
+                    status,
+                    counts.reclaimed_for[key],
+                    counts.evicted_from[key],
+                    key in counts.reclaiming,
+                    previous.get(key, ()),
+                )
             comparable = {k: v for k, v in status.items() if k != "conditions"}
             comparable["conditions"] = [(c["type"], c["status"], c["message"]) for c in status["conditions"]]
             if self._written.get(key) == comparable:
@@ -313,7 +295,7 @@ class StatusWriter:
                     "status": "False",
                     "reason": "InvalidSpec",
                     "message": problem,
-                    "lastTransitionTime": _now(),
+                    "lastTransitionTime": now_rfc3339(),
                 }
             ]
         }

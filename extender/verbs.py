@@ -94,7 +94,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     reference = picture.inventory.reference_memory(demand.models)
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
     for name in names:
-        supply = picture.node_gpus(name)
+        supply = picture.inventory.supply_for(key, name)
         memory = gpu_memory.get(name, 0)
         reason = verdicts.get((memory, supply.shape))
         if reason is None:
@@ -131,6 +131,7 @@ def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDe
     gpus = demand.gpus_at(picture.inventory.reference_memory(demand.models))
     if gpus is None:
         return PriorityDecision(dict.fromkeys(names, 0), "neutral", "no_gpu")
-    supplies = [picture.node_gpus(name) for name in names]
+    key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
+    supplies = [picture.inventory.supply_for(key, name) for name in names]
     strategy = queue_strategy(picture, demand.queue)
     return PriorityDecision(score_nodes(supplies, gpus, picture.fairness().mix, strategy), "scored", strategy)

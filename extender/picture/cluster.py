@@ -13,9 +13,9 @@ through the few questions below; planners read a `snapshot()`, which they may fo
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from contract.kube import mapping, meta
@@ -26,6 +26,7 @@ from extender.picture.demands import PodDemand, PodDemands, is_terminal
 from extender.picture.inventory import GpuInventory
 from extender.picture.store import ObjectStore
 from extender.policy.placement import GpuDemand, NodeGpus
+from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 
 # kind -> collection path: what the picture is made of and where the watcher reads it.
@@ -189,15 +190,46 @@ class ClusterPicture:
                 )
         return ClusterSnapshot(nodes, running, view, view.mix, dict(self.inventory.gpu_memory))
 
+    def waiting_pods(self) -> list[PendingPod]:
+        """Pending GPU pods the planners may serve: admissible now, not already held for."""
+        view = self.fairness()
+        waiting: list[PendingPod] = []
+        for key, contribution in self.accounting.ledger.contributions.items():
+            if contribution.bucket != "requested" or contribution.demand is None:
+                continue
+            pod = self.store.get("Pod", key)
+            if pod is None or meta(pod).get("deletionTimestamp") or self.inventory.held_for(key):
+                continue
+            demand = self.demands.of(pod)
+            if not view.admit(demand.queue, contribution.amounts, preemptible=demand.preemptible).admit:
+                continue  # a limit or quota holds it back: evicting others would not help
+            fraction = demand.gpu_requests[0].memory_bytes if demand.fractional else None
+            waiting.append(
+                PendingPod(
+                    key=key,
+                    queue=demand.queue,
+                    demand=contribution.demand,
+                    resources=contribution.amounts,
+                    priority=demand.priority,
+                    created=_timestamp(meta(pod).get("creationTimestamp")),
+                    fraction_memory=fraction,
+                )
+            )
+        return waiting
+
     def _classic_used(self, node: str) -> int:
         return sum(self.demands.of(pod).classic_gpus for pod in self.inventory.pods_on_node(node))
 
 
-def _start_time(pod: Mapping[str, Any]) -> float:
-    text = mapping(pod.get("status")).get("startTime") or meta(pod).get("creationTimestamp")
+def _timestamp(text: object) -> float:
+    """Seconds since the epoch of a Kubernetes timestamp (0 when absent or unreadable)."""
     if not isinstance(text, str):
         return 0.0
     try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return 0.0
+
+
+def _start_time(pod: Mapping[str, Any]) -> float:
+    return _timestamp(mapping(pod.get("status")).get("startTime") or meta(pod).get("creationTimestamp"))

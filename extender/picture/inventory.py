@@ -14,9 +14,10 @@ its listeners which pods' accounting a change moved (None: every pod).
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from contract.kube import mapping, meta, object_key, sequence
@@ -33,11 +34,24 @@ from extender.demand import allocated_devices, fraction_milli
 from extender.kubeapi import JsonObject
 from extender.picture.demands import PodDemands, is_terminal
 from extender.picture.store import ObjectStore
-from extender.policy.placement import NodeGpus
+from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
+from extender.policy.snapshot import occupy
 
 log = logging.getLogger(__name__)
 
 DeviceKey = tuple[str, str, str]  # (driver, pool, device name)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """GPUs on a node kept for one pending pod (reclaim freed them for it)."""
+
+    node: str
+    demand: GpuDemand
+    expires: float  # time.monotonic()
+
+
+_NO_MIX = WorkloadMix(demands=())
 
 
 @dataclass(frozen=True)
@@ -97,6 +111,8 @@ class GpuInventory:
         self._memory_by_models: dict[frozenset[str], int] = {}
         self._node_gpus: dict[str, NodeGpus] = {}
         self._capacity: dict[str, float] | None = None
+        # Holds by node, then pod key: reclaim's freed GPUs, kept for the pod they were freed for.
+        self.holds: dict[str, dict[str, Hold]] = {}
         self.listeners: list[Callable[[Iterable[str] | None], None]] = []  # None: every pod
         store.subscribe("ResourceSlice", self._slice_changed)
         store.subscribe("ResourceClaim", self._claim_changed)
@@ -111,6 +127,39 @@ class GpuInventory:
         if cached is None:
             cached = self._node_gpus[name] = self._compute_node_gpus(name)
         return cached
+
+    def supply_for(self, key: str, name: str) -> NodeGpus:
+        """A node's free GPUs as pod `key` may use them: minus what is held for other pods.
+
+        A hold that cannot be placed yet (its victims are still terminating) keeps the whole node:
+        nothing else may take GPUs there until the pod it is for has them.
+        """
+        supply = self.node_gpus(name)
+        on_node = self.holds.get(name)
+        if not on_node:
+            return supply
+        now = time.monotonic()
+        for holder, hold in list(on_node.items()):
+            if hold.expires < now:
+                self.release_hold(holder)
+            elif holder != key:
+                occupied = occupy(supply, hold.demand, _NO_MIX)
+                if occupied is None:
+                    return replace(supply, free_milli=(0,) * len(supply.free_milli))
+                supply = occupied[0]
+        return supply
+
+    def hold(self, key: str, node: str, demand: GpuDemand, ttl_s: float) -> None:
+        self.release_hold(key)
+        self.holds.setdefault(node, {})[key] = Hold(node, demand, time.monotonic() + ttl_s)
+
+    def release_hold(self, key: str) -> None:
+        for node, on_node in list(self.holds.items()):
+            if on_node.pop(key, None) is not None and not on_node:
+                del self.holds[node]
+
+    def held_for(self, key: str) -> Hold | None:
+        return next((on_node[key] for on_node in self.holds.values() if key in on_node), None)
 
     def pod_node(self, key: str, pod: Mapping[str, Any]) -> str:
         return str(mapping(pod.get("spec")).get("nodeName") or self.assumed_nodes.get(key, ""))
@@ -306,6 +355,8 @@ class GpuInventory:
                 self._node_gpus.pop(node, None)
         if new is None or mapping(new.get("spec")).get("nodeName"):
             self.assumed_nodes.pop(key, None)
+            if self.holds:
+                self.release_hold(key)  # bound (or gone): what was held for it is its own now
         if new is not None:
             node = self.pod_node(key, new)
             if node:

@@ -53,6 +53,8 @@ class QueueSpec:
     quota: Mapping[str, float] = field(default_factory=dict)  # deserved; missing = no guarantee (0)
     limit: Mapping[str, float] = field(default_factory=dict)  # missing = unlimited
     over_quota_weight: Mapping[str, float] = field(default_factory=dict)  # missing = 1.0
+    reclaim_min_runtime_s: float = 0.0  # its pods run this long before reclaim may evict them
+    preempt_min_runtime_s: float = 0.0  # ... before a higher-priority pod of the queue may
 
 
 @dataclass(frozen=True)

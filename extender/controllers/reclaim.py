@@ -1,0 +1,214 @@
+"""The reclaim loop: the executor of `extender.policy.reclaim`'s plans.
+
+About every second, while this replica is the active one: take a snapshot of the picture, plan
+(pure, on a fork), then for each plan evict its victims through the Eviction API - so
+PodDisruptionBudgets hold; a blocked eviction is reported on the pods, never bypassed - and hold
+the freed GPUs for the pod they were freed for (the filter honours the hold) until it binds or
+the hold expires. Events name the queues and the numbers on every victim and on the served pod;
+counts go to metrics and to the Queue status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kubernetes_asyncio.client import ApiClient
+
+from extender.events import post_pod_event
+from extender.kubeapi import KubeError, request
+from extender.metrics import ExtenderMetrics
+from extender.picture.cluster import ClusterPicture
+from extender.policy.fairness import EPSILON
+from extender.policy.reclaim import Plan, Rules, gpu_amounts, plan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReclaimOptions:
+    interval_s: float = 1.0
+    # How long freed GPUs are kept for the served pod: the victims' graceful termination plus a
+    # scheduling cycle. A bind releases the hold earlier.
+    hold_s: float = 90.0
+    max_evictions_per_cycle: int = 16
+
+
+@dataclass
+class ReclaimCounts:
+    """Totals the Queue status reports: pods evicted for a queue, and from it."""
+
+    reclaimed_for: Counter[str] = field(default_factory=Counter)
+    evicted_from: Counter[str] = field(default_factory=Counter)
+    # Queues with a plan whose hold is still open (Reclaiming condition).
+    reclaiming: set[str] = field(default_factory=set)
+
+
+class ReclaimLoop:
+    def __init__(
+        self,
+        api: ApiClient,
+        picture: ClusterPicture,
+        metrics: ExtenderMetrics,
+        options: ReclaimOptions | None = None,
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.api = api
+        self.picture = picture
+        self.metrics = metrics
+        self.options = options or ReclaimOptions()
+        self.is_leader = is_leader
+        self.counts = ReclaimCounts()
+        self._starved_since: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="reclaim")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.interval_s)
+            if not (self.is_leader() and self.picture.ready()):
+                continue
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reclaim cycle failed")
+
+    def rules(self) -> Rules:
+        specs = self.picture.fairness().specs
+        return Rules(
+            reclaim_min_runtime_s={s.name: s.reclaim_min_runtime_s for s in specs},
+            preempt_min_runtime_s={s.name: s.preempt_min_runtime_s for s in specs},
+            max_evictions=self.options.max_evictions_per_cycle,
+        )
+
+    async def run_once(self) -> list[Plan]:
+        """One cycle: plan on a snapshot, then evict and hold. Returns the plans carried out."""
+        started = time.perf_counter()
+        snapshot = self.picture.snapshot()
+        plans = plan(snapshot, self.picture.waiting_pods(), time.time(), self.rules())
+        self.metrics.reclaim_cycle.observe(time.perf_counter() - started)
+        self._track_starvation()
+        done = []
+        for each in plans:
+            if await self._execute(each):
+                done.append(each)
+        self.counts.reclaiming = {
+            q for q in self.counts.reclaiming | {p.pod.queue for p in done} if self._holds_for(q)
+        }
+        return done
+
+    def _holds_for(self, queue: str) -> bool:
+        pods = self.picture.kind("Pod")
+        for on_node in self.picture.inventory.holds.values():
+            for key in on_node:
+                pod = pods.get(key)
+                if pod is not None and self.picture.demand(pod).queue == queue:
+                    return True
+        return False
+
+    async def _execute(self, chosen: Plan) -> bool:
+        served = chosen.pod
+        self.metrics.plans.labels(chosen.goal, served.queue).inc()
+        for eviction in chosen.evictions:
+            victim = eviction.pod
+            outcome = await self._evict(victim.key)
+            self.metrics.evictions.labels(chosen.goal, victim.queue, outcome).inc()
+            if outcome == "blocked":
+                text = (
+                    f"{chosen.goal}: evicting {victim.key} for {served.key} is blocked by a "
+                    "PodDisruptionBudget; not bypassed"
+                )
+                await self._event(victim.key, "EvictionBlocked", text, "Warning")
+                await self._event(served.key, "EvictionBlocked", text, "Warning")
+                return False  # what it already freed stays with whoever the scheduler picks
+            if outcome == "evicted":
+                self.counts.evicted_from[victim.queue] += 1
+                self.counts.reclaimed_for[served.queue] += chosen.goal == "reclaim"
+                reason = "Reclaimed" if chosen.goal == "reclaim" else "Preempted"
+                await self._event(victim.key, reason, eviction.message, "Normal")
+        self.picture.inventory.hold(
+            served.key,
+            chosen.node,
+            served.demand_on(self.picture.gpu_memory.get(chosen.node, 0)),
+            self.options.hold_s,
+        )
+        victims = ", ".join(e.pod.key for e in chosen.evictions)
+        await self._event(
+            served.key,
+            "ReclaimPlanned" if chosen.goal == "reclaim" else "PreemptionPlanned",
+            f"evicted {len(chosen.evictions)} pod(s) ({chosen.gpus_evicted:.3g} GPUs for "
+            f"{chosen.gpus_needed:.3g} needed) on node {chosen.node} for this pod of queue "
+            f"'{served.queue}': {victims}; the GPUs are held for it for {self.options.hold_s:.0f}s",
+            "Normal",
+        )
+        log.info(
+            "%s for %s on %s: evicted %s (%.3g GPUs for %.3g)",
+            chosen.goal,
+            served.key,
+            chosen.node,
+            victims,
+            chosen.gpus_evicted,
+            chosen.gpus_needed,
+        )
+        return True
+
+    async def _evict(self, key: str) -> str:
+        namespace, name = key.split("/", 1)
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        try:
+            await request(self.api, "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=body)
+        except KubeError as exc:
+            if exc.status == 429:
+                return "blocked"
+            if exc.status == 404:
+                return "gone"
+            log.warning("evicting %s failed: %s", key, exc)
+            return "failed"
+        return "evicted"
+
+    async def _event(self, key: str, reason: str, message: str, kind: Literal["Normal", "Warning"]) -> None:
+        pod = self.picture.kind("Pod").get(key)
+        if pod is None:
+            return
+        namespace, name = key.split("/", 1)
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        try:
+            await post_pod_event(self.api, namespace, name, uid, reason, message, kind)
+        except KubeError as exc:
+            if exc.status != 404:
+                log.warning("could not record %s on %s: %s", reason, key, exc)
+
+    def _track_starvation(self) -> None:
+        """Time from a queue falling below its fair share with GPU pods waiting to holding it."""
+        view = self.picture.fairness()
+        now = time.monotonic()
+        for queue in view.tree.specs:
+            usage = view.usage.get(queue)
+            wanted = gpu_amounts(usage.requested) if usage is not None else {}
+            starved = any(
+                view.tree.subtree(queue, "allocated", r)
+                < view.fair_shares.get(queue, {}).get(r, 0.0) - EPSILON
+                for r in wanted
+            )
+            if starved:
+                self._starved_since.setdefault(queue, now)
+            elif queue in self._starved_since:
+                self.metrics.time_to_fair_share.labels(queue).observe(now - self._starved_since.pop(queue))
