@@ -331,6 +331,7 @@ class BenchCluster:
                     "urlPrefix": extender_url,
                     "filterVerb": "filter",
                     "prioritizeVerb": "prioritize",
+                    "preemptVerb": "preempt",
                     "bindVerb": "bind",
                     "weight": 1,
                     "nodeCacheCapable": True,

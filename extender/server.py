@@ -22,11 +22,12 @@ from extender.binder import Binder
 from extender.metrics import CONTENT_TYPE, ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.status import WaitingPods
-from extender.verbs import UnreadablePod, decide_filter, decide_priorities
+from extender.verbs import UnreadablePod, decide_filter, decide_preemption, decide_priorities
 from extender.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
+    ExtenderPreemptionArgs,
     host_priorities_json,
 )
 
@@ -120,6 +121,21 @@ async def handle_prioritize(request: web.Request) -> web.StreamResponse:
     return _json_text(host_priorities_json(args.candidate_names(), decision.scores))
 
 
+async def handle_preempt(request: web.Request) -> web.StreamResponse:
+    args = await _parse(request, ExtenderPreemptionArgs, "preempt")
+    try:
+        decision = decide_preemption(request.app[PICTURE_KEY], args)
+    except UnreadablePod as exc:
+        raise _unreadable_pod(request, "preempt", exc) from exc
+    metrics = request.app[METRICS_KEY]
+    for node, why in decision.dropped.items():
+        log.info("preemption on %s for %s refused: %s", node, args.Pod.metadata.name, why)
+        metrics.decisions.labels("preempt", "dropped", "queue_rules").inc()
+    for _ in decision.result.NodeNameToMetaVictims:
+        metrics.decisions.labels("preempt", "kept", "").inc()
+    return _json(decision.result)
+
+
 async def handle_bind(request: web.Request) -> web.StreamResponse:
     args = await _parse(request, ExtenderBindingArgs, "bind")
     error = await request.app[BINDER_KEY].bind(args)
@@ -157,6 +173,7 @@ def build_app(
     app[BINDER_KEY] = binder
     app.router.add_post("/filter", _timed("filter", handle_filter))
     app.router.add_post("/prioritize", _timed("prioritize", handle_prioritize))
+    app.router.add_post("/preempt", _timed("preempt", handle_preempt))
     app.router.add_post("/bind", _timed("bind", handle_bind))
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)

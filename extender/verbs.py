@@ -1,4 +1,4 @@
-"""The scheduler verbs' decisions: filter and prioritize, as pure functions of the picture.
+"""The scheduler verbs' decisions: filter, prioritize and preempt, as pure functions of the picture.
 
 They read the cluster picture (no API call, no mutation) and return what to answer and what the
 server should do about it (a wait reason to report, a reservation to make, a metric label); the
@@ -7,6 +7,12 @@ server applies those effects and speaks HTTP. Both cost O(nodes in the request).
 Filter first asks the queue's fairness snapshot whether the pod may take what it asks for; a
 refusal fails every node with the reason (FailedAndUnresolvableNodes: preempting pods on a node
 cannot fix a queue's share). An admitted pod then keeps only the nodes whose free GPUs fit it.
+
+Preempt sees the victims kube-scheduler's own priority preemption proposes per node - blind to
+queues - and keeps a node only if every victim there may go by the reclaim rules
+(`extender.policy.reclaim.reclaim_refusal`): no GPUs taken from a queue at or below its fair
+share on behalf of one above it, and never a pod that is not preemptible. A node is dropped whole
+rather than thinned: the scheduler does not re-check that fewer victims still make room.
 """
 
 from __future__ import annotations
@@ -16,7 +22,16 @@ from dataclasses import dataclass
 from contract.names import GPU_MILLI
 from extender.picture.cluster import ClusterPicture
 from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, score_nodes
-from extender.wire import ExtenderArgs, ExtenderFilterResult, filter_result
+from extender.policy.reclaim import reclaim_refusal
+from extender.wire import (
+    ExtenderArgs,
+    ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    MetaPod,
+    MetaVictims,
+    filter_result,
+)
 
 NOT_READY = "tessera extender is still syncing its cluster picture; retry"
 
@@ -113,6 +128,48 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         decision.reason,
         reserve=bool(passed),
     )
+
+
+@dataclass(frozen=True)
+class PreemptionDecision:
+    result: ExtenderPreemptionResult
+    dropped: dict[str, str]  # node -> why its proposed victims may not go
+
+
+def decide_preemption(picture: ClusterPicture, args: ExtenderPreemptionArgs) -> PreemptionDecision:
+    """The proposed nodes whose victims all may be evicted for this pod, unchanged."""
+    proposals = args.victim_uids()
+    if not picture.ready():
+        return PreemptionDecision(ExtenderPreemptionResult(), dict.fromkeys(proposals, NOT_READY))
+    pod = args.Pod.raw()
+    demand = picture.demand(pod)
+    if demand.problem:
+        raise UnreadablePod(f"unreadable pod: {demand.problem}")
+    key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
+    request = picture.pod_resources(key, pod)
+    keys_by_uid = {str((p.get("metadata") or {}).get("uid")): k for k, p in picture.kind("Pod").items()}
+    snapshot = picture.snapshot()
+    kept: dict[str, MetaVictims] = {}
+    dropped: dict[str, str] = {}
+    for node, (uids, violations) in proposals.items():
+        fork = snapshot.fork()
+        why = ""
+        for uid in uids:
+            victim = fork.running.get(keys_by_uid.get(uid, ""))
+            if victim is None:
+                continue  # holds no GPU (or is unknown): nothing of Tessera's to guard
+            if not victim.preemptible:
+                why = f"pod {victim.key} is not preemptible"
+            elif victim.queue != demand.queue:
+                why = reclaim_refusal(fork.fairness, demand.queue, request, victim.queue, victim.resources)
+            if why:
+                break
+            fork.evict(victim.key)
+        if why:
+            dropped[node] = why
+        else:
+            kept[node] = MetaVictims(Pods=[MetaPod(UID=uid) for uid in uids], NumPDBViolations=violations)
+    return PreemptionDecision(ExtenderPreemptionResult(NodeNameToMetaVictims=kept), dropped)
 
 
 def queue_strategy(picture: ClusterPicture, queue: str) -> Strategy:

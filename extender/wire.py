@@ -115,6 +115,42 @@ class ExtenderBindingResult(_Wire):
     Error: str = ""
 
 
+class MetaPod(_Wire):
+    UID: str = Field(min_length=1)
+
+
+class MetaVictims(_Wire):
+    Pods: list[MetaPod] = Field(default_factory=list)
+    NumPDBViolations: int = 0
+
+
+class Victims(_Wire):
+    Pods: list[WirePod] = Field(default_factory=list)
+    NumPDBViolations: int = 0
+
+
+class ExtenderPreemptionArgs(_Wire):
+    Pod: WirePod
+    NodeNameToVictims: dict[str, Victims] | None = None  # nodeCacheCapable=false
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None = None  # nodeCacheCapable=true
+
+    def victim_uids(self) -> dict[str, tuple[list[str], int]]:
+        """Node -> (victim UIDs, PDB violations), whichever form the scheduler sent."""
+        if self.NodeNameToMetaVictims is not None:
+            return {
+                node: ([p.UID for p in v.Pods], v.NumPDBViolations)
+                for node, v in self.NodeNameToMetaVictims.items()
+            }
+        return {
+            node: ([p.metadata.uid for p in v.Pods], v.NumPDBViolations)
+            for node, v in (self.NodeNameToVictims or {}).items()
+        }
+
+
+class ExtenderPreemptionResult(_Wire):
+    NodeNameToMetaVictims: dict[str, MetaVictims] = Field(default_factory=dict)
+
+
 def filter_result(args: ExtenderArgs, passed: list[str], failed: dict[str, str]) -> ExtenderFilterResult:
     """Answer in the same mode the scheduler asked in: names back for names, node objects for a list.
 

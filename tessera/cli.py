@@ -125,6 +125,7 @@ def run_up(args: argparse.Namespace) -> int:
         "urlPrefix": f"http://127.0.0.1:{extender_port}",
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
+        "preemptVerb": "preempt",
         "bindVerb": "bind",
         "weight": 5,
         "nodeCacheCapable": True,

@@ -113,8 +113,10 @@ def reclaim_refusal(
     fairness: FairnessSnapshot, reclaimer: str, request: Resources, victim: str, taken: Resources
 ) -> str:
     """Why a pod of `reclaimer` asking `request` may not take `taken` from a pod of `victim`
-    ('' when it may): rule 1 of the module docstring, on GPU resources."""
-    wanted, freed = gpu_amounts(request), gpu_amounts(taken)
+    ('' when it may): rule 1 of the module docstring, on the GPU resources the request asks for
+    (a pod asking for any GPU is judged on "gpu", one pinned to a model on that model too)."""
+    wanted = gpu_amounts(request)
+    freed = {r: a for r, a in gpu_amounts(taken).items() if r in wanted}
     if reclaimer == victim or reclaimer not in fairness.tree.specs or victim not in fairness.tree.specs:
         return "reclaim is between queues"
     up_reclaimer, up_victim = _diverging(fairness, reclaimer, victim)

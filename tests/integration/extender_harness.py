@@ -134,6 +134,7 @@ class GpuCluster:
             "urlPrefix": url,
             "filterVerb": "filter",
             "prioritizeVerb": "prioritize",
+            "preemptVerb": "preempt",
             "bindVerb": "bind",
             "weight": 1,
             "nodeCacheCapable": True,

@@ -81,6 +81,7 @@ extenders:
   - urlPrefix: {{ ternary "https" "http" .Values.extender.tls.enabled }}://{{ include "tessera.extender.host" . }}:{{ .Values.extender.port }}
     filterVerb: filter
     prioritizeVerb: prioritize
+    preemptVerb: preempt
     bindVerb: bind
     weight: {{ .Values.scheduler.extenderWeight }}
     nodeCacheCapable: true

@@ -293,3 +293,66 @@ async def test_fractional_pod_is_sized_against_each_nodes_gpu(extender: Extender
     _, result = await extender.call("filter", args(pod, ["big", "small"]))
     assert result["NodeNames"] == ["big"]  # 30Gi is 0.375 of the 80Gi GPU, 0.75 of the 40Gi one
     assert result["FailedNodes"]["small"].startswith("not enough free GPU for 0.75 of a GPU (0.5 free")
+
+
+def _held(name: str, queue: str, node: str, device: str, priority: int = 0) -> list[dict[str, Any]]:
+    pod = objects.pod("ns", name, queue=queue, template="one", node_name=node)
+    pod["spec"]["priority"] = priority
+    pod["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": f"{name}-gpus"}]
+    claim = objects.claim("ns", f"{name}-gpus", objects.claim_spec(CLASS), allocated=[(node, device, None)])
+    return [pod, claim]
+
+
+async def test_preempt_keeps_only_nodes_whose_victims_the_queue_rules_allow(extender: Extender) -> None:
+    # 2 nodes x 2 GPUs, all held. Quotas: hog 1, fair 1, urgent 2; urgent waits for 1 more GPU.
+    # Fair shares of 4 GPUs: urgent 2 (quota 2, wants 2), hog 1, fair 1. hog holds 2 (above its
+    # share), fair holds 1 (at it), urgent holds 1 (below it).
+    # Node a: victim hog-1 -> hog keeps 1 = its share: allowed, kept.
+    # Node b: victim fair-0 -> fair would fall to 0 < 1: dropped with the reason.
+    pending = objects.pod("ns", "p", queue="urgent", template="one")
+    pending["spec"]["priority"] = 1000
+    extender.sync(
+        [
+            objects.node("a"),
+            objects.node("b"),
+            objects.gpu_slice("a", 2),
+            objects.gpu_slice("b", 2),
+            objects.device_class(CLASS),
+            objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+            objects.queue("hog", resources={"gpu": {"quota": 1}}),
+            objects.queue("fair", resources={"gpu": {"quota": 1}}),
+            objects.queue("urgent", resources={"gpu": {"quota": 2}}),
+            *_held("hog-0", "hog", "a", "gpu-0"),
+            *_held("hog-1", "hog", "a", "gpu-1"),
+            *_held("fair-0", "fair", "b", "gpu-0"),
+            *_held("urgent-0", "urgent", "b", "gpu-1"),
+            pending,
+        ]
+    )
+    body = {
+        "Pod": pending,
+        "NodeNameToMetaVictims": {
+            "a": {"Pods": [{"UID": "uid-ns-hog-1"}], "NumPDBViolations": 0},
+            "b": {"Pods": [{"UID": "uid-ns-fair-0"}], "NumPDBViolations": 1},
+        },
+    }
+    status, result = await extender.call("preempt", body)
+    assert status == 200
+    assert result == {
+        "NodeNameToMetaVictims": {"a": {"Pods": [{"UID": "uid-ns-hog-1"}], "NumPDBViolations": 0}}
+    }
+    # The same with full pods (nodeCacheCapable=false) decides alike.
+    pods = {p["metadata"]["name"]: p for p in extender.state.kind("Pod").values()}
+    body = {
+        "Pod": pending,
+        "NodeNameToVictims": {
+            "a": {"Pods": [pods["hog-1"]], "NumPDBViolations": 0},
+            "b": {"Pods": [pods["fair-0"]], "NumPDBViolations": 1},
+        },
+    }
+    status, result = await extender.call("preempt", body)
+    assert status == 200 and list(result["NodeNameToMetaVictims"]) == ["a"]
+    status, text = await extender.call(
+        "preempt", {"Pod": pending, "NodeNameToMetaVictims": {"a": {"Pods": [{}]}}}
+    )
+    assert status == 400 and "UID" in text
