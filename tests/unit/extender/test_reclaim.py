@@ -66,7 +66,7 @@ def build(case: Scenario) -> tuple[ClusterSnapshot, list[PendingPod]]:
     requested: dict[str, float] = {}
     for run in case.running:
         if run.milli:
-            held = ((run.gpu, run.milli),)
+            held: tuple[tuple[int, int], ...] = ((run.gpu, run.milli),)
         else:
             whole = [i for i, f in enumerate(free[run.node]) if f == GPU_MILLI][: run.gpus]
             held = tuple((i, GPU_MILLI) for i in whole)
