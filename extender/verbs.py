@@ -91,7 +91,16 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         return FilterDecision(filter_result(args, names, {}), "passed", "no_gpu")
     key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
     view = picture.fairness()
-    decision = view.admit(demand.queue, picture.pod_resources(key, pod), preemptible=demand.preemptible)
+    # A fraction is a larger share of a smaller GPU: admit it per GPU size among the candidates.
+    gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
+    by_size = {
+        memory: view.admit(
+            demand.queue, picture.pod_resources(key, pod, memory), preemptible=demand.preemptible
+        )
+        for memory in sorted({gpu_memory.get(name, 0) for name in names} or {0})
+    }
+    admitted = [d for d in by_size.values() if d.admit]
+    decision = admitted[0] if admitted else next(iter(by_size.values()))
     if not decision.admit:
         result = filter_result(args, [], {})
         result.FailedAndUnresolvableNodes = dict.fromkeys(names, decision.reason)
@@ -107,10 +116,12 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     # Nodes of one shape and GPU size get one verdict: a large cluster has few distinct ones.
     verdicts: dict[tuple[int, str], str] = {}
     reference = picture.inventory.reference_memory(demand.models)
-    gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
     for name in names:
-        supply = picture.inventory.supply_for(key, name)
         memory = gpu_memory.get(name, 0)
+        if not by_size[memory].admit:
+            failed[name] = by_size[memory].reason
+            continue
+        supply = picture.inventory.supply_for(key, name)
         reason = verdicts.get((memory, supply.shape))
         if reason is None:
             at_node = demand.gpus_at(memory or reference)

@@ -121,11 +121,13 @@ class QueueAccounting:
         names = self.scheduler_names
         return not names or mapping(pod.get("spec")).get("schedulerName", "default-scheduler") in names
 
-    def resources(self, key: str, pod: Mapping[str, Any], demand: PodDemand) -> dict[str, float]:
+    def resources(
+        self, key: str, pod: Mapping[str, Any], demand: PodDemand, gpu_memory: int = 0
+    ) -> dict[str, float]:
         """The fairness vector of a pod: gpu (and gpu/<model>), cpu cores, memory bytes.
 
         A pod whose claims are allocated counts the devices it really holds; otherwise what it asks,
-        a fraction sized against the largest GPU it could land on.
+        a fraction sized against GPUs of `gpu_memory` bytes (0: the largest it could land on).
         """
         amounts: dict[str, float] = {"cpu": demand.cpu, "memory": demand.memory}
         held = self.inventory.held_devices(demand.namespace, demand.claim_names)
@@ -133,7 +135,7 @@ class QueueAccounting:
             for _, device, milli in held:
                 add_amounts(amounts, gpu_amounts(device.model, milli / GPU_MILLI))
         elif demand.wants_gpu:
-            gpus = demand.gpu_amount_at(self.inventory.reference_memory(demand.models))
+            gpus = demand.gpu_amount_at(gpu_memory or self.inventory.reference_memory(demand.models))
             if len(demand.models) == 1:
                 model = next(iter(demand.models))
             elif demand.classic_gpus:

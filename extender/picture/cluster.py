@@ -125,12 +125,12 @@ class ClusterPicture:
             raise ValueError(demand.problem)
         return demand.gpus_at(self.inventory.reference_memory(demand.models))
 
-    def pod_resources(self, key: str, pod: Mapping[str, Any]) -> dict[str, float]:
+    def pod_resources(self, key: str, pod: Mapping[str, Any], gpu_memory: int = 0) -> dict[str, float]:
         """The fairness vector of a pod (see QueueAccounting.resources)."""
         demand = self.demands.of(pod)
         if demand.problem:
             raise ValueError(demand.problem)
-        return self.accounting.resources(key, pod, demand)
+        return self.accounting.resources(key, pod, demand, gpu_memory)
 
     def pod_node(self, key: str, pod: Mapping[str, Any]) -> str:
         return self.inventory.pod_node(key, pod)
@@ -170,7 +170,8 @@ class ClusterPicture:
                 held = self.inventory.held_devices(
                     demand.namespace, (r.claim for r in demand.claims if r.claim)
                 )
-                gpus = [(device.index, milli) for _, device, milli in held]
+                # Partitions (index -1) are no GPU of their own: evicting them frees no whole GPU.
+                gpus = [(device.index, round(milli)) for _, device, milli in held if device.index >= 0]
                 if demand.classic_gpus:
                     taken, classic_used = (
                         classic_used[: demand.classic_gpus],

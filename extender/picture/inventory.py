@@ -14,6 +14,7 @@ its listeners which pods' accounting a change moved (None: every pod).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -52,6 +53,7 @@ class Hold:
 
 
 _NO_MIX = WorkloadMix(demands=())
+_MIG_SLICES = re.compile(r"^([1-7])g\.")
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,9 @@ class GpuInventory:
         self.demands = demands
         self.gpu_drivers = gpu_drivers
         self.devices: dict[DeviceKey, GpuDevice] = {}
+        # MIG partitions: not GPUs of their own (no capacity, not in NodeGpus), but a claim holding
+        # one holds a share of its GPU: `memory_bytes` carries that share in thousandths here.
+        self.partitions: dict[DeviceKey, GpuDevice] = {}
         self.node_devices: dict[str, list[DeviceKey]] = {}
         # Memory of a node's (first) GPU, which sizes fractional demands there.
         self.gpu_memory: dict[str, int] = {}
@@ -176,21 +181,34 @@ class GpuInventory:
             )
         return self._memory_by_models[models]
 
-    def held_devices(self, namespace: str, claims: Iterable[str]) -> list[tuple[DeviceKey, GpuDevice, int]]:
-        """GPU devices the named claims of a namespace hold, with the thousandths each takes."""
-        held: list[tuple[DeviceKey, GpuDevice, int]] = []
+    def held_devices(self, namespace: str, claims: Iterable[str]) -> list[tuple[DeviceKey, GpuDevice, float]]:
+        """GPU devices the named claims of a namespace hold, with the thousandths each pod takes.
+
+        A MIG partition counts as its share of its GPU (it adds no capacity of its own). A claim
+        shared by several pods (time-slicing) is charged once, split evenly among them.
+        """
+        held: list[tuple[DeviceKey, GpuDevice, float]] = []
         for name in claims:
             claim = self.store.get("ResourceClaim", f"{namespace}/{name}")
-            for allocated in allocated_devices(claim) if claim is not None else []:
+            if claim is None:
+                continue
+            consumers = sum(
+                1
+                for ref in sequence(mapping(claim.get("status")).get("reservedFor"))
+                if mapping(ref).get("resource") == "pods"
+            )
+            for allocated in allocated_devices(claim):
                 key = (allocated.driver, allocated.pool, allocated.device)
-                device = self.devices.get(key)
-                if device is not None:
-                    milli = (
-                        GPU_MILLI
-                        if allocated.consumed_memory is None
-                        else fraction_milli(allocated.consumed_memory, device.memory_bytes)
-                    )
-                    held.append((key, device, milli))
+                device = self.devices.get(key) or self.partitions.get(key)
+                if device is None:
+                    continue
+                if key in self.partitions:
+                    milli = device.memory_bytes  # a partition's share, in thousandths
+                elif allocated.consumed_memory is None:
+                    milli = GPU_MILLI
+                else:
+                    milli = fraction_milli(allocated.consumed_memory, device.memory_bytes)
+                held.append((key, device, milli / max(1, consumers)))
         return held
 
     def classic_model(self, node_name: str) -> str:
@@ -237,32 +255,58 @@ class GpuInventory:
                 add_amounts(totals, gpu_amounts(self.classic_model(name), classic))
         return {r: a for r, a in totals.items() if a > 0}
 
-    def _slice_devices(self, slice_obj: Mapping[str, Any]) -> list[tuple[DeviceKey, GpuDevice]]:
+    def _slice_devices(
+        self, slice_obj: Mapping[str, Any]
+    ) -> tuple[list[tuple[DeviceKey, GpuDevice]], list[tuple[DeviceKey, GpuDevice]]]:
+        """The whole GPUs of a slice, and its MIG partitions (with their share of their GPU)."""
         spec = mapping(slice_obj.get("spec"))
         driver, node = str(spec.get("driver", "")), spec.get("nodeName")
         if driver not in self.gpu_drivers or not node:
-            return []
+            return [], []
         pool = str(mapping(spec.get("pool")).get("name", ""))
-        found: list[tuple[DeviceKey, GpuDevice]] = []
+        gpus: list[tuple[DeviceKey, GpuDevice]] = []
+        partitions: list[tuple[DeviceKey, str, int, str]] = []  # key, model, memory, MIG profile
         for device in sequence(spec.get("devices")):
             device = mapping(device)
             attributes = mapping(device.get("attributes"))
-            if _string_attribute(attributes, driver, DEVICE_TYPE_ATTRIBUTE, "gpu") != "gpu":
-                continue  # MIG partitions and other device types are not whole GPUs
+            kind = _string_attribute(attributes, driver, DEVICE_TYPE_ATTRIBUTE, "gpu")
             model = _string_attribute(attributes, driver, MODEL_ATTRIBUTE, "")
-            memory_text = mapping(mapping(device.get("capacity")).get(MEMORY_CAPACITY)).get("value", 0)
-            try:
-                memory = int(parse_quantity(memory_text))
-            except ValueError:
-                log.warning(
-                    "slice %s: device %s has a bad memory capacity %r",
-                    object_key(slice_obj),
-                    device.get("name"),
-                    memory_text,
-                )
-                memory = 0
-            found.append(((driver, pool, str(device.get("name"))), GpuDevice(str(node), model, memory)))
-        return found
+            memory = self._memory(slice_obj, device)
+            key = (driver, pool, str(device.get("name")))
+            if kind == "gpu":
+                gpus.append((key, GpuDevice(str(node), model, memory)))
+            elif kind == "mig":
+                partitions.append((key, model, memory, _string_attribute(attributes, driver, "profile", "")))
+        whole = {gpu.model: gpu.memory_bytes for _, gpu in gpus}
+        shares = [
+            (key, GpuDevice(str(node), model, self._partition_milli(model, memory, profile, whole), -1))
+            for key, model, memory, profile in partitions
+        ]
+        return gpus, shares
+
+    def _partition_milli(self, model: str, memory: int, profile: str, beside: Mapping[str, int]) -> int:
+        """A MIG partition's share of its GPU: its memory over a whole GPU's of the model where one
+        is known (in the same slice or the cluster), else its compute slices of the 7 an A100 or
+        H100 has (profile "<n>g.<m>gb"), else a whole GPU."""
+        whole = beside.get(model) or (self.reference_memory(frozenset({model})) if model else 0)
+        if whole and memory:
+            return fraction_milli(memory, whole)
+        slices = _MIG_SLICES.match(profile)
+        return min(GPU_MILLI, round(GPU_MILLI * int(slices.group(1)) / 7)) if slices else GPU_MILLI
+
+    @staticmethod
+    def _memory(slice_obj: Mapping[str, Any], device: Mapping[str, Any]) -> int:
+        memory_text = mapping(mapping(device.get("capacity")).get(MEMORY_CAPACITY)).get("value", 0)
+        try:
+            return int(parse_quantity(memory_text))
+        except ValueError:
+            log.warning(
+                "slice %s: device %s has a bad memory capacity %r",
+                object_key(slice_obj),
+                device.get("name"),
+                memory_text,
+            )
+            return 0
 
     # ---- keeping in step ---------------------------------------------------------------------
 
@@ -281,7 +325,14 @@ class GpuInventory:
         for obj, sign in ((old, -1), (new, 1)):
             if obj is None:
                 continue
-            for device_key, device in self._slice_devices(obj):
+            gpus, partitions = self._slice_devices(obj)
+            for device_key, device in partitions:
+                if sign > 0:
+                    self.partitions[device_key] = device
+                else:
+                    self.partitions.pop(device_key, None)
+                self._holders_changed(device_key)
+            for device_key, device in gpus:
                 touched.add(device.node)
                 if sign > 0:
                     self.devices[device_key] = device

@@ -356,3 +356,29 @@ async def test_preempt_keeps_only_nodes_whose_victims_the_queue_rules_allow(exte
         "preempt", {"Pod": pending, "NodeNameToMetaVictims": {"a": {"Pods": [{}]}}}
     )
     assert status == 400 and "UID" in text
+
+
+async def test_a_fraction_is_admitted_at_the_candidate_nodes_gpu_size(extender: Extender) -> None:
+    # q may hold 1 GPU and holds 48Gi of an 80Gi H100 (0.6). A 20Gi fraction is 0.25 of an 80Gi
+    # GPU (0.6 + 0.25 = 0.85 <= 1: node h passes) but 0.5 of a 40Gi A100 (0.6 + 0.5 = 1.1 > 1:
+    # node s fails with the limit, not admitted at the largest GPU's size as before).
+    held = objects.pod("ns", "held", queue="q", claim_name="held", node_name="h")
+    pending = objects.pod("ns", "p", queue="q", template="small")
+    extender.sync(
+        [
+            objects.node("h"),
+            objects.node("s"),
+            objects.gpu_slice("h", 2, shareable=True),
+            objects.gpu_slice("s", 2, model="A100-40GB", memory="40Gi", shareable=True),
+            objects.device_class(CLASS),
+            objects.claim_template("ns", "small", objects.claim_spec(CLASS, memory="20Gi")),
+            objects.claim("ns", "held", objects.claim_spec(CLASS, memory="48Gi"), [("h", "gpu-0", "48Gi")]),
+            held,
+            pending,
+            objects.queue("q", resources={"gpu": {"limit": 1}}),
+        ]
+    )
+    status, result = await extender.call("filter", args(pending, ["h", "s"]))
+    assert status == 200
+    assert result["NodeNames"] == ["h"]
+    assert "gpu allocated 0.6 + request 0.5 would exceed its limit (1)" in result["FailedNodes"]["s"]

@@ -328,3 +328,54 @@ def test_slice_events_recount_what_they_change_like_a_fresh_count() -> None:
     state.apply("ResourceSlice", "DELETED", objects.gpu_slice("d", 2, model="H200", memory="160Gi"))
     assert state.fairness().usage["q"].requested["gpu"] == pytest.approx(0.5)
     assert_matches_fresh_count()
+
+
+def running_on(name: str, node: str, claim_name: str, queue: str = "q") -> dict[str, Any]:
+    pod = objects.pod("ns", name, queue=queue, claim_name=claim_name, node_name=node)
+    return pod
+
+
+def test_a_claim_shared_by_two_pods_is_charged_once() -> None:
+    # Time-slicing: one whole-GPU claim, reserved for two running pods of q -> 1 GPU, not 2.
+    shared = objects.claim("ns", "shared", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)])
+    shared["status"]["reservedFor"] = [
+        {"resource": "pods", "name": "p1", "uid": "uid-ns-p1"},
+        {"resource": "pods", "name": "p2", "uid": "uid-ns-p2"},
+    ]
+    state = synced_state(
+        [*two_nodes(), shared, running_on("p1", "a", "shared"), running_on("p2", "a", "shared")]
+    )
+    assert state.fairness().usage["q"].allocated["gpu"] == pytest.approx(1.0)
+    assert state.node_gpus("a").free_milli == (0, 1000, 1000, 1000)
+
+
+def mig_slice(node: str, model: str, with_whole_gpu: bool) -> dict[str, Any]:
+    """A node's slice with one 1g.10gb MIG partition (and optionally one whole GPU of the model)."""
+    obj = objects.gpu_slice(node, 2 if with_whole_gpu else 1, model=model, memory="80Gi")
+    partition = obj["spec"]["devices"][0]
+    partition["name"] = "mig-0"
+    partition["attributes"]["type"] = {"string": "mig"}
+    partition["attributes"]["profile"] = {"string": "1g.10gb"}
+    partition["capacity"] = {"memory": {"value": "10Gi"}}
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("whole_gpu_known", "share"),
+    [(True, 0.125), (False, 1 / 7)],  # 10Gi of an 80Gi GPU of the model; else 1 of 7 slices
+    ids=["by memory", "by compute slices"],
+)
+def test_a_mig_partition_is_charged_its_share_of_a_gpu(whole_gpu_known: bool, share: float) -> None:
+    claim = objects.claim("ns", "slice", objects.claim_spec(CLASS), allocated=[("m", "mig-0", None)])
+    state = synced_state(
+        [
+            objects.node("m"),
+            mig_slice("m", "A100-80GB", with_whole_gpu=whole_gpu_known),
+            objects.device_class(CLASS),
+            claim,
+            running_on("p", "m", "slice"),
+        ]
+    )
+    # Charged its share (it was a whole GPU before); MIG partitions add no GPU capacity.
+    assert state.fairness().usage["q"].allocated["gpu"] == pytest.approx(share, abs=1e-3)
+    assert state.capacity().get("gpu", 0) == (1 if whole_gpu_known else 0)
