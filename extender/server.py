@@ -8,6 +8,7 @@ reservation of an admitted pod) and write the answer. The process is assembled i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 import time
@@ -34,6 +35,10 @@ from extender.wire import (
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20  # a NodeList of thousands of nodes still fits
+# kube-scheduler gives up on an extender after 5 s: a body still arriving after this is not its.
+BODY_TIMEOUT_S = 5.0
+# Bodies above this are decoded in a worker thread (a NodeList of a few hundred nodes is ~1 MB).
+OFF_LOOP_BYTES = 1 * 2**20
 # How long an admitted pod counts against its queue while the scheduler binds it; a pod that
 # is not bound by then (its cycle failed after filter) stops counting.
 RESERVATION_TTL_S = 15.0
@@ -42,18 +47,39 @@ PICTURE_KEY = web.AppKey("picture", ClusterPicture)
 WAITING_KEY = web.AppKey("waiting", WaitingPods)
 METRICS_KEY = web.AppKey("metrics", ExtenderMetrics)
 BINDER_KEY = web.AppKey("binder", Binder)
+HealthCheck = Callable[[], str]
+HEALTH_KEY: web.AppKey[HealthCheck] = web.AppKey("health")
+IN_FLIGHT_KEY = web.AppKey("in_flight", asyncio.Semaphore)
+# Requests handled at once; kube-scheduler calls one at a time, so more is a flood or a bug.
+MAX_IN_FLIGHT = 64
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 async def _parse(request: web.Request, model: type[ModelT], verb: str) -> ModelT:
-    """The request body as a model; a 4xx with the reason when it is too large or malformed."""
+    """The request body as a model; a 4xx with the reason when it is too large, slow or malformed.
+
+    A body that takes longer than BODY_TIMEOUT_S to arrive is dropped (a half-sent request holds
+    nothing for long), and a large one is decoded off the event loop, so one big request never
+    stalls the small ones beside it.
+    """
     metrics = request.app[METRICS_KEY]
     try:
-        body = await request.read()
+        body = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
     except web.HTTPRequestEntityTooLarge:
         metrics.bad_requests.labels(verb).inc()
         raise
+    except TimeoutError as exc:
+        metrics.bad_requests.labels(verb).inc()
+        message = f"malformed {verb} request: body not received within {BODY_TIMEOUT_S:g}s"
+        raise web.HTTPRequestTimeout(text=message) from exc
+    except web.HTTPException:
+        raise
+    except Exception as exc:  # undecodable content encoding, broken chunking: the client's fault
+        metrics.bad_requests.labels(verb).inc()
+        raise web.HTTPBadRequest(text=f"malformed {verb} request: body could not be read: {exc}") from exc
     try:
+        if len(body) > OFF_LOOP_BYTES:
+            return await asyncio.to_thread(model.model_validate_json, body)
         return model.model_validate_json(body)
     except ValidationError as exc:
         metrics.bad_requests.labels(verb).inc()
@@ -65,12 +91,20 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _timed(verb: str, handler: Handler) -> Handler:
+    """Time a verb, and bound how many requests are handled at once (a flood gets 503s quickly
+    instead of queueing until the scheduler's 5 s timeout for everyone)."""
+
     async def timed(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        try:
-            return await handler(request)
-        finally:
-            request.app[METRICS_KEY].latency.labels(verb).observe(time.perf_counter() - started)
+        in_flight = request.app[IN_FLIGHT_KEY]
+        if in_flight.locked():
+            request.app[METRICS_KEY].bad_requests.labels(verb).inc()
+            raise web.HTTPServiceUnavailable(text=f"{verb}: {MAX_IN_FLIGHT} requests in flight; retry")
+        async with in_flight:
+            try:
+                return await handler(request)
+            finally:
+                request.app[METRICS_KEY].latency.labels(verb).observe(time.perf_counter() - started)
 
     return timed
 
@@ -144,15 +178,24 @@ async def handle_bind(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_healthz(request: web.Request) -> web.StreamResponse:
-    return web.Response(text="ok")
+    """Liveness: every background loop the process needs is still running."""
+    problem = request.app[HEALTH_KEY]()
+    return web.Response(status=500, text=problem) if problem else web.Response(text="ok")
 
 
 async def handle_readyz(request: web.Request) -> web.StreamResponse:
+    """Readiness: the picture is synced and the decision path answers (fair shares computable)."""
     picture = request.app[PICTURE_KEY]
-    if picture.ready():
-        return web.Response(text="ok")
-    missing = sorted(set(WATCHED_PATHS) - picture.store.synced)
-    return web.Response(status=503, text=f"not synced yet: {', '.join(missing)}")
+    if not picture.ready():
+        missing = sorted(set(WATCHED_PATHS) - picture.store.synced)
+        return web.Response(status=503, text=f"not synced yet: {', '.join(missing)}")
+    try:
+        picture.fairness()
+    except Exception as exc:
+        log.exception("readiness: the decision path fails")
+        return web.Response(status=503, text=f"decisions fail: {exc!r}")
+    problem = request.app[HEALTH_KEY]()
+    return web.Response(status=503, text=problem) if problem else web.Response(text="ok")
 
 
 async def handle_metrics(request: web.Request) -> web.StreamResponse:
@@ -165,9 +208,13 @@ def build_app(
     waiting: WaitingPods,
     metrics: ExtenderMetrics,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    health: HealthCheck = lambda: "",
 ) -> web.Application:
+    """The HTTP app; `health` names what is broken in the process ('' when all runs)."""
     app = web.Application(client_max_size=max_body_bytes)
     app[PICTURE_KEY] = picture
+    app[HEALTH_KEY] = health
+    app[IN_FLIGHT_KEY] = asyncio.Semaphore(MAX_IN_FLIGHT)
     app[WAITING_KEY] = waiting
     app[METRICS_KEY] = metrics
     app[BINDER_KEY] = binder

@@ -69,7 +69,12 @@ class ExtenderService:
             self.reclaimer.counts if self.reclaimer else None,
         )
         self.app = build_app(
-            self.picture, Binder(api, self.picture), self.waiting, self.metrics, options.max_body_bytes
+            self.picture,
+            Binder(api, self.picture),
+            self.waiting,
+            self.metrics,
+            options.max_body_bytes,
+            health=self.watcher.problem,
         )
         self._runner = web.AppRunner(self.app, access_log=None)
         self.port = options.port

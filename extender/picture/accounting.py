@@ -162,7 +162,12 @@ class QueueAccounting:
             self._all_dirty = False
         if self._dirty:
             for key in self._dirty:
-                self.ledger.put(key, self._contribution(key))
+                try:
+                    contribution = self._contribution(key)
+                except Exception:  # a bulkhead: one pod's odd data must not stop the accounting
+                    log.exception("pod %s is not counted", key)
+                    contribution = None
+                self.ledger.put(key, contribution)
             self._dirty.clear()
             self._view = None
         if self._view is None:

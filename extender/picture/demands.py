@@ -38,7 +38,8 @@ def pod_queue(pod: Mapping[str, Any]) -> str:
 
 
 def is_terminal(pod: Mapping[str, Any]) -> bool:
-    return mapping(pod.get("status")).get("phase") in TERMINAL_PHASES
+    phase = mapping(pod.get("status")).get("phase")
+    return isinstance(phase, str) and phase in TERMINAL_PHASES
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ class PodDemands:
     def _parse(self, pod: Mapping[str, Any]) -> tuple[PodDemand, frozenset[Source]]:
         try:
             return self._read(pod)
-        except ValueError as exc:
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:  # untrusted JSON
             unreadable = PodDemand(
                 queue=pod_queue(pod),
                 namespace=str(meta(pod).get("namespace", "")),

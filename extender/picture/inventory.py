@@ -130,7 +130,11 @@ class GpuInventory:
         """Free share of each GPU of a node: DRA devices minus claim allocations, plus classic GPUs."""
         cached = self._node_gpus.get(name)
         if cached is None:
-            cached = self._node_gpus[name] = self._compute_node_gpus(name)
+            cached = self._compute_node_gpus(name)
+            # Only nodes the picture knows are cached: a request naming millions of made-up
+            # nodes must not grow memory.
+            if name in self.node_devices or self.store.get("Node", name) is not None:
+                self._node_gpus[name] = cached
         return cached
 
     def supply_for(self, key: str, name: str) -> NodeGpus:

@@ -38,6 +38,11 @@ class ClusterWatcher:
         self.retry_delay_s = retry_delay_s
         self._tasks: list[asyncio.Task[None]] = []
 
+    def problem(self) -> str:
+        """Which watches stopped for good ('' while all run): a reason to restart the process."""
+        dead = [t.get_name() for t in self._tasks if t.done()]
+        return f"watches stopped: {', '.join(dead)}" if dead else ""
+
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._run(kind, path), name=f"watch-{kind}")

@@ -379,3 +379,11 @@ def test_a_mig_partition_is_charged_its_share_of_a_gpu(whole_gpu_known: bool, sh
     # Charged its share (it was a whole GPU before); MIG partitions add no GPU capacity.
     assert state.fairness().usage["q"].allocated["gpu"] == pytest.approx(share, abs=1e-3)
     assert state.capacity().get("gpu", 0) == (1 if whole_gpu_known else 0)
+
+
+def test_unknown_node_names_are_not_remembered() -> None:
+    state = synced_state(two_nodes())
+    for index in range(1000):
+        assert state.node_gpus(f"made-up-{index}").free_milli == ()
+    assert state.node_gpus("a").free_milli == (1000,) * 4
+    assert set(state.inventory._node_gpus) <= {"a", "b"}
