@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.checkpoint import write_atomically
+from dra_driver.checkpoint import remove_temp_files, write_files_atomically
 
 CDI_VERSION = "0.6.0"
 CDI_CLASS = "claim"
@@ -53,8 +53,24 @@ def cdi_device_id(driver_name: str, claim_uid: str, device_name: str) -> str:
     return f"{cdi_kind(driver_name)}={cdi_device_name(claim_uid, device_name)}"
 
 
+def _spec_prefix(driver_name: str) -> str:
+    return f"{cdi_vendor(driver_name)}-{CDI_CLASS}_"
+
+
 def spec_path(cdi_dir: Path, driver_name: str, claim_uid: str) -> Path:
-    return cdi_dir / f"{cdi_vendor(driver_name)}-{CDI_CLASS}_{claim_uid}.json"
+    return cdi_dir / f"{_spec_prefix(driver_name)}{claim_uid}.json"
+
+
+def claim_specs(cdi_dir: Path, driver_name: str) -> dict[str, Path]:
+    """Claim UID -> spec file, for every claim spec of this driver in ``cdi_dir``."""
+    prefix = _spec_prefix(driver_name)
+    return {path.name[len(prefix) : -len(".json")]: path for path in cdi_dir.glob(f"{prefix}*.json")}
+
+
+def remove_leftover_temp_files(cdi_dir: Path, driver_name: str) -> list[Path]:
+    """Temp files of this driver's specs that a crash in mid-write left behind (other drivers' are
+    theirs to clean)."""
+    return remove_temp_files(cdi_dir, _spec_prefix(driver_name))
 
 
 def build_claim_spec(
@@ -84,10 +100,13 @@ def build_claim_spec(
     }
 
 
-def write_claim_spec(path: Path, spec: Mapping[str, Any]) -> None:
+def write_claim_specs(specs: Mapping[Path, Mapping[str, Any]]) -> None:
+    """Write the spec files of several claims, each atomically, with one directory sync."""
     # World-readable: the container runtime, not only the driver's user, reads CDI specs.
-    write_atomically(path, json.dumps(spec, indent=2, sort_keys=True) + "\n", mode=0o644)
+    texts = {path: json.dumps(spec, indent=2, sort_keys=True) + "\n" for path, spec in specs.items()}
+    write_files_atomically(texts, mode=0o644)
 
 
-def remove_claim_spec(path: Path) -> None:
-    path.unlink(missing_ok=True)
+def remove_claim_specs(paths: Sequence[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)

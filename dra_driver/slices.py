@@ -7,8 +7,9 @@ Two halves:
   changes, and deletes this node's stale slices.
 
 Sharing modes. With consumable capacity (DRAConsumableCapacity) every whole GPU allows multiple
-allocations and carries two capacities: ``memory`` (a quantity such as ``80Gi``) whose request policy defaults to the
-whole memory, so a plain request takes the whole GPU and a request for 10Gi takes a slice; and
+allocations and carries two capacities: ``memory`` (a quantity such as ``80Gi``) whose request
+policy defaults to the whole memory, so a plain request takes the whole GPU and a request for 10Gi
+takes a slice; and
 ``compute`` (thousandths of the GPU) whose default is 0, so a memory-only request reserves no
 compute share and the node side derives the thread share from the memory share. Without the
 feature, GPUs are published as whole devices; sharing is then a ResourceClaim referenced by
