@@ -23,6 +23,7 @@ import errno
 import fcntl
 import logging
 import os
+import secrets
 import socket
 import stat
 import time
@@ -120,10 +121,17 @@ def socket_state(path: Path) -> SocketState:
     return SocketState.LIVE
 
 
+def _binding_path(path: Path) -> Path:
+    """A private name next to ``path`` for gRPC to bind: gRPC unlinks the socket file at the
+    name it bound when it stops, whoever's it is by then, so it never gets the public name."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+
+
 def _check_socket_path(path: Path) -> None:
-    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+    length = len(os.fsencode(_binding_path(path)))
+    if length > _MAX_SOCKET_PATH:
         raise ValueError(
-            f"socket path {path} is {len(os.fsencode(path))} bytes; unix sockets allow at most "
+            f"socket path {path} needs {length} bytes while binding; unix sockets allow at most "
             f"{_MAX_SOCKET_PATH}: choose a shorter plugin/registry directory"
         )
 
@@ -387,11 +395,14 @@ class DraPlugin:
         # The DRA socket first: once the registration socket appears the kubelet may call at once.
         bindings = ((dra_server, self.sockets.dra), (registration_server, self.sockets.registration))
         for server, path in bindings:
-            server.add_insecure_port(f"unix:{path}")
+            private = _binding_path(path)
+            server.add_insecure_port(f"unix:{private}")
             await server.start()
             self._servers.append(server)
+            private.chmod(_SOCKET_MODE)
+            # Atomic: the socket appears at its public name serving, and replaces a stale one.
+            private.rename(path)
             self._bound[path] = _file_identity(path)
-            path.chmod(_SOCKET_MODE)
             log.info("serving %s", path)
 
     async def stop(self, grace_s: float = 5.0) -> None:

@@ -71,7 +71,14 @@ def test_device_names() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [(17, 17), ("80Gi", 80 * GIB), ("512Mi", 512 * MIB), ("4096", 4096), ("1Ti", 1 << 40), ("1.5Gi", 3 * GIB // 2)],
+    [
+        (17, 17),
+        ("80Gi", 80 * GIB),
+        ("512Mi", 512 * MIB),
+        ("4096", 4096),
+        ("1Ti", 1 << 40),
+        ("1.5Gi", 3 * GIB // 2),
+    ],
 )
 def test_parse_bytes_accepts_ints_and_binary_quantities(text: object, expected: int) -> None:
     assert parse_bytes(text) == expected

@@ -241,7 +241,13 @@ def test_taint_value_is_a_label_value() -> None:
 
 @pytest.mark.parametrize(
     ("size", "text"),
-    [(80 * GIB, "80Gi"), (MIB, "1Mi"), (23034 * MIB, "23034Mi"), (GIB + MIB, "1025Mi"), (MIB + 1, str(MIB + 1))],
+    [
+        (80 * GIB, "80Gi"),
+        (MIB, "1Mi"),
+        (23034 * MIB, "23034Mi"),
+        (GIB + MIB, "1025Mi"),
+        (MIB + 1, str(MIB + 1)),
+    ],
 )
 def test_memory_is_published_as_the_most_readable_exact_quantity(size: int, text: str) -> None:
     assert memory_quantity(size) == text
