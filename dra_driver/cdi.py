@@ -9,13 +9,15 @@ mounts.
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.checkpoint import remove_temp_files, write_files_atomically
+from dra_driver.checkpoint import TEMP_SUFFIX, remove_temp_files
 
 CDI_VERSION = "0.6.0"
 CDI_CLASS = "claim"
@@ -101,10 +103,38 @@ def build_claim_spec(
 
 
 def write_claim_specs(specs: Mapping[Path, Mapping[str, Any]]) -> None:
-    """Write the spec files of several claims, each atomically, with one directory sync."""
-    # World-readable: the container runtime, not only the driver's user, reads CDI specs.
-    texts = {path: json.dumps(spec, indent=2, sort_keys=True) + "\n" for path, spec in specs.items()}
-    write_files_atomically(texts, mode=0o644)
+    """Write the spec files of several claims, each replaced atomically (temp file, rename).
+
+    Not synced to disk: a spec matters only to containers of this boot, the CDI directory is
+    usually tmpfs, and a spec lost or torn by a power cut is found (``read_claim_spec``) and
+    written again when the kubelet prepares the claim after the reboot.
+    """
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, spec in specs.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+            staged.append((tmp_name, path))
+            with os.fdopen(fd, "w") as tmp:
+                json.dump(spec, tmp, indent=2, sort_keys=True)
+                tmp.write("\n")
+            # World-readable: the container runtime, not only the driver's user, reads CDI specs.
+            os.chmod(tmp_name, 0o644)
+        for tmp_name, path in staged:
+            os.replace(tmp_name, path)
+    except BaseException:
+        for tmp_name, _ in staged:
+            Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def read_claim_spec(path: Path) -> dict[str, Any] | None:
+    """The spec at ``path``, or None when it is missing or not a whole JSON document."""
+    try:
+        spec = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return spec if isinstance(spec, dict) else None
 
 
 def remove_claim_specs(paths: Sequence[Path]) -> None:

@@ -321,6 +321,18 @@ class ClaimLocks:
                 del self._entries[claim_uid]
 
 
+def _with_intact_specs(records: Mapping[str, ClaimRecord | None]) -> set[str]:
+    """The claims recorded ``completed`` whose CDI spec is still whole on disk (a power cut may
+    take a spec, which is written without a disk sync, or the reboot may empty a tmpfs)."""
+    return {
+        uid
+        for uid, record in records.items()
+        if record is not None
+        and record.state == "completed"
+        and (not record.cdi_spec or cdi.read_claim_spec(Path(record.cdi_spec)) is not None)
+    }
+
+
 @dataclass(frozen=True)
 class _Planned:
     """A claim of a prepare request whose plan is known (empty: no device of this driver)."""
@@ -390,10 +402,12 @@ class Preparer:
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
         outcomes: dict[str, PrepareOutcome] = {}
         async with self._claim_locks.hold(ref.uid for ref in refs):
+            records = {ref.uid: self._checkpoint.get(ref.uid) for ref in refs}
+            done = await asyncio.to_thread(_with_intact_specs, records)
             to_plan: list[ClaimRef] = []
             for ref in refs:
-                record = self._checkpoint.get(ref.uid)
-                if record is not None and record.state == "completed":
+                record = records[ref.uid]
+                if record is not None and ref.uid in done:
                     outcomes[ref.uid] = PrepareOutcome(devices=record.devices)
                 else:
                     to_plan.append(ref)
@@ -439,7 +453,7 @@ class Preparer:
         changes: dict[str, ClaimRecord | None] = {}
         for ref in to_plan:
             leftover = self._checkpoint.get(ref.uid)
-            if leftover is not None:  # "started": a crash interrupted it
+            if leftover is not None:  # "started" (a crash interrupted it), or its spec was lost
                 log.info("claim %s was left half-prepared; rolling it back before preparing again", ref.uid)
                 await self._release(ref.uid, leftover.shares)
                 if leftover.cdi_spec:
