@@ -47,6 +47,7 @@ GPUS = 8
 CLAIM_MEMORY = "1Gi"
 SIZES = (1, 10, 100)
 TARGET_P99_MS = 20.0
+TITLE = "DRA driver prepare/unprepare over its unix socket vs a do-nothing gRPC server (ms)"
 
 
 def claim_object(namespace: str, name: str) -> dict[str, Any]:
@@ -312,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         asyncio.run(_serve(args.kind, args.root, args.api_url))
         return 0
-    print("\n[5] DRA driver prepare/unprepare over its unix socket vs a do-nothing gRPC server (ms)")
+    print(f"\n[5] {TITLE}")
     rows = run_prepare(calls=args.calls)
     print(prepare_table(rows))
     single = next(r for r in rows if r.claims == 1)
