@@ -267,11 +267,9 @@ class ApiClaimReader:
     async def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
         what = f"reading ResourceClaim {namespace}/{name}"
         try:
-            async with asyncio.timeout(self._timeout_s):
-                # Raw JSON: every field the apiserver has, without a round trip through the models.
-                return await read_json(
-                    self._resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
-                )
+            # Raw JSON: every field the apiserver has, without a round trip through the models.
+            call = self._resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+            return await read_json(call, self._timeout_s)
         except TimeoutError:
             raise ClaimPrepareError(
                 f"{what}: no answer from the API server within {self._timeout_s:g} s"
@@ -477,7 +475,13 @@ class Preparer:
         # "started" reaches the disk before any command runs, so a crash is rolled back later. A
         # request that runs no command changes nothing but its specs, which recover() cleans.
         if any(self._sharing.needs_setup(p.ref.uid, d.share) for p in with_devices for d in p.devices):
-            await self._save({**changes, **started})
+            try:
+                await self._save({**changes, **started})
+            except OSError as err:  # nothing was set up: these claims fail, the kubelet retries
+                for p in with_devices:
+                    error = self._failed("prepare", p.ref, f"recording the claim before its setup: {err}")
+                    outcomes[p.ref.uid] = PrepareOutcome(error=error)
+                return outcomes
             changes = {}
         edits: dict[str, list[ContainerEdits]] = {}
         for p in with_devices:

@@ -33,6 +33,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter, Gauge
 
 from contract.names import COMPUTE_CAPACITY, GPU_MILLI, MEMORY_CAPACITY
+from dra_driver.config import API_TIMEOUT_S
 from dra_driver.devices.backend import Backend
 from dra_driver.devices.model import Gpu, MigDevice
 from dra_driver.devices.naming import gpu_device_name, mig_device_name
@@ -266,18 +267,20 @@ def build_slices(
     ]
 
 
-async def read_json(call: Awaitable[Any]) -> dict[str, Any]:
-    """Await a raw (``_preload_content=False``) client call; the dict, or ApiException on non-2xx.
+async def read_json(call: Awaitable[Any], timeout_s: float = API_TIMEOUT_S) -> dict[str, Any]:
+    """Await a raw (``_preload_content=False``) client call; the dict, or ApiException on non-2xx,
+    or TimeoutError when the whole exchange takes longer than ``timeout_s``.
 
     Raw JSON keeps every field the apiserver returned, including ones the generated models lack.
     """
-    response = await call
-    try:
-        body = await response.read()
-        status = int(response.status)
-        reason = str(response.reason)
-    finally:
-        response.release()
+    async with asyncio.timeout(timeout_s):
+        response = await call
+        try:
+            body = await response.read()
+            status = int(response.status)
+            reason = str(response.reason)
+        finally:
+            response.release()
     if not 200 <= status < 300:
         error = ApiException(status=status, reason=reason)
         error.body = body.decode(errors="replace")
@@ -367,7 +370,8 @@ class SliceReconciler:
 
     async def _node_ref(self) -> NodeRef:
         try:
-            node = await self._core.read_node(self._node_name)
+            async with asyncio.timeout(API_TIMEOUT_S):  # past it: TimeoutError, retried by the caller
+                node = await self._core.read_node(self._node_name)
         except ApiException as exc:
             log.warning(
                 "cannot read Node %s (%s); slices get no owner reference", self._node_name, exc.status

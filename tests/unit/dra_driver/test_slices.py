@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,7 @@ from dra_driver.slices import (
     build_slices,
     chunk_devices,
     memory_quantity,
+    read_json,
     semver,
     slice_name,
     taint_value,
@@ -252,3 +254,9 @@ def test_taint_value_is_a_label_value() -> None:
 def test_memory_is_published_as_the_most_readable_exact_quantity(size: int, text: str) -> None:
     assert memory_quantity(size) == text
     assert parse_quantity(text) == size  # what the extender and the scheduler read back
+
+
+async def test_an_api_call_that_never_answers_is_bounded() -> None:
+    never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()  # an apiserver that hangs
+    with pytest.raises(TimeoutError):
+        await read_json(never, timeout_s=0.05)
