@@ -149,12 +149,13 @@ async def wait_for_free_socket(path: Path) -> None:
         await asyncio.to_thread(path.unlink, missing_ok=True)
 
 
-def _file_identity(path: Path) -> tuple[int, int] | None:
+def _file_identity(path: Path) -> tuple[int, int, int] | None:
+    """Which file is at ``path``: the inode alone is not enough, a new socket may reuse it."""
     try:
         st = path.lstat()
     except FileNotFoundError:
         return None
-    return (st.st_dev, st.st_ino)
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 class InstanceLock:
@@ -349,7 +350,7 @@ class DraPlugin:
         self._instance = InstanceLock(instance_lock)
         self._health_refresh_s = health_refresh_s
         self._servers: list[Any] = []
-        self._bound: dict[Path, tuple[int, int] | None] = {}  # socket path -> its file's identity
+        self._bound: dict[Path, tuple[int, int, int] | None] = {}  # socket path -> its file's identity
 
     @property
     def registered(self) -> asyncio.Event:

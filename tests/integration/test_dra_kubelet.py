@@ -74,6 +74,11 @@ async def node_with_driver(
         await delete_nodes(k8s, [node])
 
 
+def identity(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return (st.st_ino, st.st_ctime_ns)  # inode numbers are reused
+
+
 def registration_socket(config: DriverConfig) -> Path:
     return config.registry_dir / f"{config.driver_name}-reg.sock"
 
@@ -195,7 +200,7 @@ async def test_rolling_update_overlap_of_two_driver_processes(
         await pods.create("frac", f"fractional-{driver}", memory="20Gi")
         ref = await bound_claim(k8s, namespace, "frac")
         kubelet, endpoint = await registered(config)
-        old_socket = registration_socket(config).stat().st_ino
+        old_socket = identity(registration_socket(config))
         # The new DaemonSet pod starts while the old one runs: same node, same directories.
         new = DriverProcess(config, config.checkpoint_dir.parent / "new.log")
         new.start()
@@ -211,11 +216,11 @@ async def test_rolling_update_overlap_of_two_driver_processes(
             # The old one still serves, from its own sockets; a prepare now must not be lost.
             prepared = (await kubelet.prepare(endpoint, [ref]))[ref.uid]
             assert prepared.error == ""
-            assert registration_socket(config).stat().st_ino == old_socket
+            assert identity(registration_socket(config)) == old_socket
             assert old.stop() == 0  # SIGTERM: graceful
             _, endpoint_now = await registered(config)  # the new one serves the same paths
             assert endpoint_now == endpoint
-            assert registration_socket(config).stat().st_ino != old_socket
+            assert identity(registration_socket(config)) != old_socket
             # It read the checkpoint after the old one let go: same answer, then a full unprepare.
             assert (await kubelet.prepare(endpoint, [ref]))[ref.uid] == prepared
             assert await kubelet.unprepare(endpoint, [ref]) == {ref.uid: ""}
