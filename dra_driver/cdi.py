@@ -115,11 +115,10 @@ def write_claim_specs(specs: Mapping[Path, Mapping[str, Any]]) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
             staged.append((tmp_name, path))
-            with os.fdopen(fd, "w") as tmp:
-                json.dump(spec, tmp, indent=2, sort_keys=True)
-                tmp.write("\n")
             # World-readable: the container runtime, not only the driver's user, reads CDI specs.
-            os.chmod(tmp_name, 0o644)
+            os.fchmod(fd, 0o644)
+            with os.fdopen(fd, "w") as tmp:
+                tmp.write(json.dumps(spec, indent=2, sort_keys=True) + "\n")
         for tmp_name, path in staged:
             os.replace(tmp_name, path)
     except BaseException:

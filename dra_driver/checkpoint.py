@@ -93,8 +93,9 @@ class _CheckpointFile(BaseModel):
     body: _CheckpointBody
 
 
-def _checksum(body: _CheckpointBody) -> str:
-    document = body.model_dump(mode="json")
+def _checksum(body: _CheckpointBody, dumped: Mapping[str, object] | None = None) -> str:
+    """SHA-256 of the body's canonical JSON; ``dumped`` is ``body.model_dump(mode="json")``."""
+    document = dict(dumped if dumped is not None else body.model_dump(mode="json"))
     if not body.generation:
         del document["generation"]  # format 1 documents have none
     canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
@@ -150,8 +151,9 @@ class Checkpoint:
 
     def _save(self, claims: dict[str, ClaimRecord]) -> None:
         body = _CheckpointBody(generation=self._body.generation + 1, claims=claims)
-        document = _CheckpointFile(version=CHECKPOINT_VERSION, checksum=_checksum(body), body=body)
-        data = document.model_dump_json().encode()
+        dumped = body.model_dump(mode="json")  # once, for the checksum and the file
+        document = {"version": CHECKPOINT_VERSION, "checksum": _checksum(body, dumped), "body": dumped}
+        data = json.dumps(document, separators=(",", ":")).encode()
         path = self.directory / SLOT_FILES[body.generation % 2]
         self.directory.mkdir(parents=True, exist_ok=True)
         created = not path.exists()

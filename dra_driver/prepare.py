@@ -319,15 +319,13 @@ class ClaimLocks:
                 del self._entries[claim_uid]
 
 
-def _with_intact_specs(records: Mapping[str, ClaimRecord | None]) -> set[str]:
-    """The claims recorded ``completed`` whose CDI spec is still whole on disk (a power cut may
-    take a spec, which is written without a disk sync, or the reboot may empty a tmpfs)."""
+def _with_intact_specs(completed: Mapping[str, ClaimRecord]) -> set[str]:
+    """The completed claims whose CDI spec is still whole on disk (a power cut may take a spec,
+    which is written without a disk sync, or the reboot may empty a tmpfs)."""
     return {
         uid
-        for uid, record in records.items()
-        if record is not None
-        and record.state == "completed"
-        and (not record.cdi_spec or cdi.read_claim_spec(Path(record.cdi_spec)) is not None)
+        for uid, record in completed.items()
+        if not record.cdi_spec or cdi.read_claim_spec(Path(record.cdi_spec)) is not None
     }
 
 
@@ -401,7 +399,8 @@ class Preparer:
         outcomes: dict[str, PrepareOutcome] = {}
         async with self._claim_locks.hold(ref.uid for ref in refs):
             records = {ref.uid: self._checkpoint.get(ref.uid) for ref in refs}
-            done = await asyncio.to_thread(_with_intact_specs, records)
+            completed = {uid: r for uid, r in records.items() if r is not None and r.state == "completed"}
+            done = await asyncio.to_thread(_with_intact_specs, completed) if completed else set()
             to_plan: list[ClaimRef] = []
             for ref in refs:
                 record = records[ref.uid]
@@ -491,17 +490,15 @@ class Preparer:
                 outcomes[p.ref.uid] = PrepareOutcome(error=self._failed("prepare", p.ref, str(err)))
                 changes[p.ref.uid] = None
         acquired = [p for p in with_devices if p.ref.uid in edits]
+        answers = {p.ref.uid: self._answer(p) for p in acquired}
+        completed = {
+            uid: started[uid].model_copy(update={"state": "completed", "devices": devices})
+            for uid, devices in answers.items()
+        }
+        claim_specs = {specs[p.ref.uid]: self._claim_spec(p, edits[p.ref.uid]) for p in acquired}
         try:
-            await asyncio.to_thread(
-                cdi.write_claim_specs,
-                {specs[p.ref.uid]: self._claim_spec(p, edits[p.ref.uid]) for p in acquired},
-            )
-            answers = {p.ref.uid: self._answer(p) for p in acquired}
-            completed = {
-                uid: started[uid].model_copy(update={"state": "completed", "devices": devices})
-                for uid, devices in answers.items()
-            }
-            await self._save({**changes, **completed})
+            # One trip to a worker thread: the specs, then the records saying they exist.
+            await asyncio.to_thread(self._write_prepared, claim_specs, {**changes, **completed})
         except OSError as err:
             # Nothing of these claims is recorded as done: undo them (the disk may still say
             # "started", which the next prepare or unprepare rolls back).
@@ -546,6 +543,12 @@ class Preparer:
             )
             for d in planned.devices
         )
+
+    def _write_prepared(
+        self, specs: Mapping[Path, Mapping[str, Any]], changes: Mapping[str, ClaimRecord | None]
+    ) -> None:
+        cdi.write_claim_specs(specs)
+        self._checkpoint.update(changes)
 
     async def _save(self, changes: Mapping[str, ClaimRecord | None]) -> None:
         if changes:
