@@ -9,13 +9,15 @@ mounts.
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.checkpoint import write_atomically
+from dra_driver.checkpoint import TEMP_SUFFIX, remove_temp_files
 
 CDI_VERSION = "0.6.0"
 CDI_CLASS = "claim"
@@ -53,8 +55,24 @@ def cdi_device_id(driver_name: str, claim_uid: str, device_name: str) -> str:
     return f"{cdi_kind(driver_name)}={cdi_device_name(claim_uid, device_name)}"
 
 
+def _spec_prefix(driver_name: str) -> str:
+    return f"{cdi_vendor(driver_name)}-{CDI_CLASS}_"
+
+
 def spec_path(cdi_dir: Path, driver_name: str, claim_uid: str) -> Path:
-    return cdi_dir / f"{cdi_vendor(driver_name)}-{CDI_CLASS}_{claim_uid}.json"
+    return cdi_dir / f"{_spec_prefix(driver_name)}{claim_uid}.json"
+
+
+def claim_specs(cdi_dir: Path, driver_name: str) -> dict[str, Path]:
+    """Claim UID -> spec file, for every claim spec of this driver in ``cdi_dir``."""
+    prefix = _spec_prefix(driver_name)
+    return {path.name[len(prefix) : -len(".json")]: path for path in cdi_dir.glob(f"{prefix}*.json")}
+
+
+def remove_leftover_temp_files(cdi_dir: Path, driver_name: str) -> list[Path]:
+    """Temp files of this driver's specs that a crash in mid-write left behind (other drivers' are
+    theirs to clean)."""
+    return remove_temp_files(cdi_dir, _spec_prefix(driver_name))
 
 
 def build_claim_spec(
@@ -84,10 +102,40 @@ def build_claim_spec(
     }
 
 
-def write_claim_spec(path: Path, spec: Mapping[str, Any]) -> None:
-    # World-readable: the container runtime, not only the driver's user, reads CDI specs.
-    write_atomically(path, json.dumps(spec, indent=2, sort_keys=True) + "\n", mode=0o644)
+def write_claim_specs(specs: Mapping[Path, Mapping[str, Any]]) -> None:
+    """Write the spec files of several claims, each replaced atomically (temp file, rename).
+
+    Not synced to disk: a spec matters only to containers of this boot, the CDI directory is
+    usually tmpfs, and a spec lost or torn by a power cut is found (``read_claim_spec``) and
+    written again when the kubelet prepares the claim after the reboot.
+    """
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, spec in specs.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+            staged.append((tmp_name, path))
+            # World-readable: the container runtime, not only the driver's user, reads CDI specs.
+            os.fchmod(fd, 0o644)
+            with os.fdopen(fd, "w") as tmp:
+                tmp.write(json.dumps(spec, indent=2, sort_keys=True) + "\n")
+        for tmp_name, path in staged:
+            os.replace(tmp_name, path)
+    except BaseException:
+        for tmp_name, _ in staged:
+            Path(tmp_name).unlink(missing_ok=True)
+        raise
 
 
-def remove_claim_spec(path: Path) -> None:
-    path.unlink(missing_ok=True)
+def read_claim_spec(path: Path) -> dict[str, Any] | None:
+    """The spec at ``path``, or None when it is missing or not a whole JSON document."""
+    try:
+        spec = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return spec if isinstance(spec, dict) else None
+
+
+def remove_claim_specs(paths: Sequence[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)

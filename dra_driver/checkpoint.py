@@ -1,18 +1,24 @@
 """The driver's crash-safe memory of prepared claims.
 
-One JSON file, replaced atomically (write temp, fsync, rename, fsync dir) on every change, with a
-format version and a checksum so a torn or foreign file is detected instead of trusted. A claim is
-recorded as ``started`` before any side effect and ``completed`` once its CDI spec is written, so
-after a crash the driver knows exactly what to roll back, and Unprepare knows what to undo even
-when the ResourceClaim is gone from the API.
+Two slot files, ``checkpoint.0.json`` and ``checkpoint.1.json``, written in turn: each change
+overwrites the slot that does not hold the current state and syncs only that file's data (one
+``fdatasync``, no rename, no directory sync). Every document carries a format version, a
+generation number and a checksum; at start the valid slot with the highest generation wins, so a
+write torn by a crash costs only that unacknowledged change, and a corrupt or foreign file is
+detected instead of trusted. A claim is recorded as ``started`` before any command runs and
+``completed`` once its CDI spec is written, so after a crash the driver knows what to roll back,
+and Unprepare knows what to undo even when the ResourceClaim is gone from the API.
+
+A ``checkpoint.json`` of format 1 (one file, replaced by rename) is read when no slot exists yet.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -21,33 +27,33 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dra_driver.sharing import GpuShare
 
-CHECKPOINT_VERSION = 1
-CHECKPOINT_FILE = "checkpoint.json"
+log = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION = 2
+SLOT_FILES = ("checkpoint.0.json", "checkpoint.1.json")
+LEGACY_FILE = "checkpoint.json"  # format 1
+TEMP_SUFFIX = ".tmp"
 
 
 class CheckpointError(RuntimeError):
-    """The checkpoint file exists but cannot be trusted (corrupt, wrong version, bad checksum)."""
+    """No checkpoint file can be trusted (corrupt, wrong version, bad checksum)."""
 
 
-def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``text`` so readers see the old or the new content, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def sync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with os.fdopen(fd, "w") as tmp:
-            tmp.write(text)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.chmod(tmp_name, mode)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
+
+
+def remove_temp_files(directory: Path, name_prefix: str) -> list[Path]:
+    """Delete the temp files a crash left behind in ``directory`` (those of files named
+    ``name_prefix...``); the removed paths."""
+    leftovers = sorted(directory.glob(f".{name_prefix}*{TEMP_SUFFIX}"))
+    for path in leftovers:
+        path.unlink(missing_ok=True)
+    return leftovers
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class ClaimRecord(BaseModel):
 class _CheckpointBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    generation: int = 0  # one more on every write; format 1 files have none
     claims: dict[str, ClaimRecord] = Field(default_factory=dict)
 
 
@@ -86,39 +93,82 @@ class _CheckpointFile(BaseModel):
     body: _CheckpointBody
 
 
-def _checksum(body: _CheckpointBody) -> str:
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+def _checksum(body: _CheckpointBody, dumped: Mapping[str, object] | None = None) -> str:
+    """SHA-256 of the body's canonical JSON; ``dumped`` is ``body.model_dump(mode="json")``."""
+    document = dict(dumped if dumped is not None else body.model_dump(mode="json"))
+    if not body.generation:
+        del document["generation"]  # format 1 documents have none
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _parse(path: Path, raw: bytes, version: int) -> _CheckpointBody:
+    try:
+        parsed = _CheckpointFile.model_validate_json(raw)
+    except ValidationError as err:
+        raise CheckpointError(f"{path}: not a valid checkpoint: {err}") from None
+    if parsed.version != version:
+        raise CheckpointError(f"{path}: checkpoint version {parsed.version}, this driver reads {version}")
+    if parsed.checksum != _checksum(parsed.body):
+        raise CheckpointError(f"{path}: checksum mismatch, the file is corrupt")
+    return parsed.body
 
 
 class Checkpoint:
     """Claim UID -> ClaimRecord, persisted on every change."""
 
     def __init__(self, directory: Path) -> None:
-        self.path = directory / CHECKPOINT_FILE
+        self.directory = directory
         self._body = self._load()
 
+    @property
+    def path(self) -> Path:
+        """The slot holding the current state."""
+        return self.directory / SLOT_FILES[self._body.generation % 2]
+
     def _load(self) -> _CheckpointBody:
+        valid: list[_CheckpointBody] = []
+        problems: list[CheckpointError] = []
+        for name in SLOT_FILES:
+            path = self.directory / name
+            try:
+                valid.append(_parse(path, path.read_bytes(), CHECKPOINT_VERSION))
+            except FileNotFoundError:
+                continue
+            except CheckpointError as err:
+                problems.append(err)
+        if valid:
+            for problem in problems:  # a write a crash interrupted: it was never acknowledged
+                log.warning("ignoring a checkpoint slot: %s", problem)
+            return max(valid, key=lambda body: body.generation)
+        if problems:
+            raise problems[0]
+        legacy = self.directory / LEGACY_FILE
         try:
-            raw = self.path.read_text()
+            return _parse(legacy, legacy.read_bytes(), 1)
         except FileNotFoundError:
             return _CheckpointBody()
-        try:
-            parsed = _CheckpointFile.model_validate_json(raw)
-        except ValidationError as err:
-            raise CheckpointError(f"{self.path}: not a valid checkpoint: {err}") from None
-        if parsed.version != CHECKPOINT_VERSION:
-            raise CheckpointError(
-                f"{self.path}: checkpoint version {parsed.version}, this driver reads {CHECKPOINT_VERSION}"
-            )
-        if parsed.checksum != _checksum(parsed.body):
-            raise CheckpointError(f"{self.path}: checksum mismatch, the file is corrupt")
-        return parsed.body
 
-    def _save(self, body: _CheckpointBody) -> None:
+    def _save(self, claims: dict[str, ClaimRecord]) -> None:
+        body = _CheckpointBody(generation=self._body.generation + 1, claims=claims)
+        dumped = body.model_dump(mode="json")  # once, for the checksum and the file
+        document = {"version": CHECKPOINT_VERSION, "checksum": _checksum(body, dumped), "body": dumped}
+        data = json.dumps(document, separators=(",", ":")).encode()
+        path = self.directory / SLOT_FILES[body.generation % 2]
+        self.directory.mkdir(parents=True, exist_ok=True)
+        created = not path.exists()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            # Padded to the slot's size (JSON allows trailing blanks): a file whose size stays
+            # the same needs no metadata written, so fdatasync is one data flush.
+            size = os.fstat(fd).st_size
+            os.pwrite(fd, data + b" " * (size - len(data)), 0)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        if created:
+            sync_directory(self.directory)
         # Memory changes only after the disk did, so a failed write leaves both on the old state.
-        document = _CheckpointFile(version=CHECKPOINT_VERSION, checksum=_checksum(body), body=body)
-        write_atomically(self.path, document.model_dump_json(indent=1))
         self._body = body
 
     @property
@@ -128,10 +178,24 @@ class Checkpoint:
     def get(self, claim_uid: str) -> ClaimRecord | None:
         return self._body.claims.get(claim_uid)
 
-    def put(self, claim_uid: str, record: ClaimRecord) -> None:
-        self._save(_CheckpointBody(claims={**self._body.claims, claim_uid: record}))
+    def reload(self) -> None:
+        """Read the files again (another process may have written them until now)."""
+        self._body = self._load()
 
-    def remove(self, claim_uid: str) -> None:
-        if claim_uid in self._body.claims:
-            remaining = {uid: rec for uid, rec in self._body.claims.items() if uid != claim_uid}
-            self._save(_CheckpointBody(claims=remaining))
+    def remove_temp_files(self) -> list[Path]:
+        """Temp files of format 1 writes (``.checkpoint.json.*.tmp``) a crash left behind."""
+        return remove_temp_files(self.directory, LEGACY_FILE)
+
+    def update(self, changes: Mapping[str, ClaimRecord | None]) -> None:
+        """Store each record (None removes the claim) with one durable write, if anything changed."""
+        claims = dict(self._body.claims)
+        for claim_uid, record in changes.items():
+            if record is None:
+                claims.pop(claim_uid, None)
+            else:
+                claims[claim_uid] = record
+        if claims != self._body.claims:
+            self._save(claims)
+
+    def put(self, claim_uid: str, record: ClaimRecord) -> None:
+        self.update({claim_uid: record})

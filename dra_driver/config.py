@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contract.names import DRIVER_NAME
 
@@ -13,6 +13,8 @@ DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
 DEFAULT_CHECKPOINT_DIR = Path("/var/lib/tessera-dra")
+# Longest wait for one Kubernetes API call; past it the call fails (a per-claim error for prepare).
+API_TIMEOUT_S = 10.0
 
 BackendKind = Literal["nvml", "simulated"]
 # "auto" probes the apiserver for consumable capacity; the other two force a publishing mode.
@@ -35,3 +37,9 @@ class DriverConfig(BaseModel):
     checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR
     sharing_mode: SharingModeSetting = "auto"
     health_port: int = Field(default=0, ge=0, le=65535)
+
+    @field_validator("plugin_dir", "registry_dir", "cdi_dir", "checkpoint_dir")
+    @classmethod
+    def _absolute(cls, path: Path) -> Path:
+        # The kubelet dials the endpoint GetInfo names from its own working directory.
+        return path.absolute()

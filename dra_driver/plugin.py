@@ -5,9 +5,12 @@
 - DRAPlugin v1 and v1beta1 plus DRAResourceHealth v1 and v1alpha1, all on
   ``<plugin-dir>/<driver>/dra.sock``.
 
-Sockets are only reachable by the driver's user (0600, in 0750 directories); a stale socket from a
-previous run is removed before binding, and both are removed at shutdown (which the kubelet takes
-as deregistration).
+Sockets are only reachable by the driver's user (0600, in 0750 directories). One instance of a
+driver serves a node at a time: an instance holds ``<checkpoint-dir>/instance.lock`` while it
+serves, and a second one (a DaemonSet rolling update overlaps two pods) waits for it, and for any
+live socket at its paths, before it reads the checkpoint and binds. A dead socket is replaced,
+any other file refused. At shutdown an instance removes only the socket files it bound and that
+are still the ones it bound (which the kubelet takes as deregistration).
 
 Entry point for the driver process: ``serve_plugin``.
 """
@@ -16,12 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
 import logging
 import os
+import secrets
+import socket
 import stat
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -57,8 +65,14 @@ SUPPORTED_VERSIONS = (
     "v1.DRAResourceHealth",
     "v1alpha1.DRAResourceHealth",
 )
-# How long the kubelet should trust a health report without hearing again.
+# How long the kubelet should trust a health report without hearing again...
 HEALTH_CHECK_TIMEOUT_S = 60
+# ...and how often the full picture is sent again even when nothing changed: well within that
+# timeout, and within the fixed 30 s that kubelets ignoring the declared timeout apply.
+HEALTH_REFRESH_S = 10.0
+INSTANCE_LOCK_FILE = "instance.lock"
+# How often a waiting instance checks whether the previous one has gone.
+_TAKEOVER_POLL_S = 0.5
 _SOCKET_MODE = 0o600
 _DIR_MODE = 0o750
 # sun_path holds 108 bytes including the terminating NUL.
@@ -73,21 +87,110 @@ class PluginSockets:
 
     @classmethod
     def for_driver(cls, driver_name: str, plugin_dir: Path, registry_dir: Path) -> PluginSockets:
-        return cls(registry_dir / f"{driver_name}-reg.sock", plugin_dir / driver_name / "dra.sock")
+        # Absolute: GetInfo hands the DRA path to the kubelet, which resolves it from its own cwd.
+        return cls(
+            registry_dir.absolute() / f"{driver_name}-reg.sock",
+            plugin_dir.absolute() / driver_name / "dra.sock",
+        )
 
 
-def _prepare_socket_path(path: Path) -> None:
-    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+class SocketState(StrEnum):
+    ABSENT = "absent"
+    STALE = "stale"  # a socket file nobody listens on: left by a killed process
+    LIVE = "live"  # another process serves it
+
+
+def socket_state(path: Path) -> SocketState:
+    """What is at ``path``; FileExistsError for anything that is not a socket."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return SocketState.ABSENT
+    if not stat.S_ISSOCK(mode):
+        raise FileExistsError(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return SocketState.STALE
+    except TimeoutError:  # a full backlog: somebody is there
+        return SocketState.LIVE
+    finally:
+        probe.close()
+    return SocketState.LIVE
+
+
+def _binding_path(path: Path) -> Path:
+    """A private name next to ``path`` for gRPC to bind: gRPC unlinks the socket file at the
+    name it bound when it stops, whoever's it is by then, so it never gets the public name."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+
+
+def _check_socket_path(path: Path) -> None:
+    length = len(os.fsencode(_binding_path(path)))
+    if length > _MAX_SOCKET_PATH:
         raise ValueError(
-            f"socket path {path} is {len(os.fsencode(path))} bytes; unix sockets allow at most "
+            f"socket path {path} needs {length} bytes while binding; unix sockets allow at most "
             f"{_MAX_SOCKET_PATH}: choose a shorter plugin/registry directory"
         )
-    path.parent.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
-    with contextlib.suppress(FileNotFoundError):
-        if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise FileExistsError(f"{path} exists and is not a socket; refusing to replace it")
+
+
+async def wait_for_free_socket(path: Path) -> None:
+    """Return once nobody serves ``path`` (removing a stale socket file there)."""
+    waited = False
+    while (state := await asyncio.to_thread(socket_state, path)) is SocketState.LIVE:
+        if not waited:
+            log.info("%s is served by another live process; waiting for it to stop", path)
+            waited = True
+        await asyncio.sleep(_TAKEOVER_POLL_S)
+    if state is SocketState.STALE:
         log.info("removing stale socket %s", path)
-        path.unlink()
+        await asyncio.to_thread(path.unlink, missing_ok=True)
+
+
+def _file_identity(path: Path) -> tuple[int, int, int] | None:
+    """Which file is at ``path``: the inode alone is not enough, a new socket may reuse it."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+class InstanceLock:
+    """An exclusive lock on a file, held while this instance serves the node; the kernel drops it
+    when the process dies, however it dies."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def _try(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        self._fd = fd
+        return True
+
+    async def acquire(self) -> None:
+        waited = False
+        while not await asyncio.to_thread(self._try):
+            if not waited:
+                log.info("another instance of this driver holds %s; waiting for it to stop", self.path)
+                waited = True
+            await asyncio.sleep(_TAKEOVER_POLL_S)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the lock
+            self._fd = None
 
 
 # ---- device health ----
@@ -98,7 +201,6 @@ class DeviceHealthReport:
     device_name: str
     healthy: bool
     message: str
-    updated_at: int  # unix seconds
 
 
 class DeviceHealthBoard:
@@ -110,16 +212,12 @@ class DeviceHealthBoard:
         self._changed = asyncio.Event()
 
     def update(self, gpus: Sequence[Gpu]) -> None:
-        now = int(time.time())
-        reports: dict[str, DeviceHealthReport] = {}
-        for gpu in gpus:
-            # A device inherits its physical GPU's health (MIG devices included).
-            for name in node_devices([gpu]):
-                old = self._reports.get(name)
-                if old is not None and old.healthy == gpu.healthy and old.message == gpu.health_message:
-                    reports[name] = old
-                else:
-                    reports[name] = DeviceHealthReport(name, gpu.healthy, gpu.health_message, now)
+        # A device inherits its physical GPU's health (MIG devices included).
+        reports = {
+            name: DeviceHealthReport(name, gpu.healthy, gpu.health_message)
+            for gpu in gpus
+            for name in node_devices([gpu])
+        }
         if reports != self._reports:
             self._reports = reports
             changed, self._changed = self._changed, asyncio.Event()
@@ -128,12 +226,15 @@ class DeviceHealthBoard:
     def snapshot(self) -> list[DeviceHealthReport]:
         return [self._reports[name] for name in sorted(self._reports)]
 
-    async def watch(self) -> AsyncIterator[list[DeviceHealthReport]]:
-        """The current picture now, then again after every change, until the caller stops."""
+    async def watch(self, refresh_s: float) -> AsyncIterator[list[DeviceHealthReport]]:
+        """The current picture now, again after every change, and at least every ``refresh_s``
+        until the caller stops."""
         while True:
             changed = self._changed
             yield self.snapshot()
-            await changed.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(refresh_s):
+                    await changed.wait()
 
 
 # ---- gRPC services ----
@@ -203,19 +304,23 @@ class _DraService:
 class _HealthService:
     """DRAResourceHealth for one API version; ``messages`` is that version's generated module."""
 
-    def __init__(self, board: DeviceHealthBoard, messages: ModuleType) -> None:
+    def __init__(self, board: DeviceHealthBoard, messages: ModuleType, refresh_s: float) -> None:
         self._board = board
         self._messages = messages
+        self._refresh_s = refresh_s
 
     async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
         m = self._messages
-        async for reports in self._board.watch():
+        async for reports in self._board.watch(self._refresh_s):
+            # Every message carries every device: the kubelet keeps a device's health only as
+            # long as the timeout after it last heard of it. The time is when it was confirmed.
+            now = int(time.time())
             yield m.NodeWatchResourcesResponse(
                 devices=[
                     m.DeviceHealth(
                         device=m.DeviceIdentifier(pool_name=self._board.pool_name, device_name=r.device_name),
                         health=m.HEALTHY if r.healthy else m.UNHEALTHY,
-                        last_updated_time=r.updated_at,
+                        last_updated_time=now,
                         health_check_timeout_seconds=HEALTH_CHECK_TIMEOUT_S,
                         message=r.message,
                     )
@@ -225,16 +330,27 @@ class _HealthService:
 
 
 class DraPlugin:
-    """The two gRPC servers; ``start`` binds the sockets, ``stop`` shuts down and removes them."""
+    """The two gRPC servers; ``start`` takes over the node and binds the sockets, ``stop`` shuts
+    down and removes the sockets that are still its own."""
 
     def __init__(
-        self, *, driver_name: str, preparer: Preparer, health: DeviceHealthBoard, sockets: PluginSockets
+        self,
+        *,
+        driver_name: str,
+        preparer: Preparer,
+        health: DeviceHealthBoard,
+        sockets: PluginSockets,
+        instance_lock: Path,
+        health_refresh_s: float = HEALTH_REFRESH_S,
     ) -> None:
         self.sockets = sockets
         self.health = health
         self._registration = _RegistrationService(driver_name, sockets.dra)
         self._preparer = preparer
+        self._instance = InstanceLock(instance_lock)
+        self._health_refresh_s = health_refresh_s
         self._servers: list[Any] = []
+        self._bound: dict[Path, tuple[int, int, int] | None] = {}  # socket path -> its file's identity
 
     @property
     def registered(self) -> asyncio.Event:
@@ -246,6 +362,22 @@ class DraPlugin:
         return len(self._servers) == 2
 
     async def start(self) -> None:
+        """Wait until no other instance serves this driver here, then start from the checkpoint
+        and serve. Cancel it to give up waiting."""
+        for path in (self.sockets.dra, self.sockets.registration):
+            _check_socket_path(path)
+        try:
+            await self._instance.acquire()
+            for path in (self.sockets.dra, self.sockets.registration):
+                path.parent.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
+                await wait_for_free_socket(path)  # an instance that does not take the lock
+            await self._preparer.recover()
+            await self._serve()
+        except BaseException:
+            await self.stop(grace_s=0)
+            raise
+
+    async def _serve(self) -> None:
         dra_server = grpc.aio.server()
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
             _DraService(self._preparer, dra_v1_pb2, True), dra_server
@@ -254,35 +386,39 @@ class DraPlugin:
             _DraService(self._preparer, dra_v1beta1_pb2, False), dra_server
         )
         health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-            _HealthService(self.health, health_v1_pb2), dra_server
+            _HealthService(self.health, health_v1_pb2, self._health_refresh_s), dra_server
         )
         health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-            _HealthService(self.health, health_v1alpha1_pb2), dra_server
+            _HealthService(self.health, health_v1alpha1_pb2, self._health_refresh_s), dra_server
         )
         registration_server = grpc.aio.server()
         registration_pb2_grpc.add_RegistrationServicer_to_server(self._registration, registration_server)
         # The DRA socket first: once the registration socket appears the kubelet may call at once.
         bindings = ((dra_server, self.sockets.dra), (registration_server, self.sockets.registration))
-        try:
-            for server, path in bindings:
-                _prepare_socket_path(path)
-                server.add_insecure_port(f"unix:{path}")
-                await server.start()
-                self._servers.append(server)
-                path.chmod(_SOCKET_MODE)
-                log.info("serving %s", path)
-        except BaseException:
-            await self.stop(grace_s=0)
-            raise
+        for server, path in bindings:
+            private = _binding_path(path)
+            server.add_insecure_port(f"unix:{private}")
+            await server.start()
+            self._servers.append(server)
+            private.chmod(_SOCKET_MODE)
+            # Atomic: the socket appears at its public name serving, and replaces a stale one.
+            private.rename(path)
+            self._bound[path] = _file_identity(path)
+            log.info("serving %s", path)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         # Registration first, so the kubelet stops sending work before the DRA service goes away.
         for server in reversed(self._servers):
             await server.stop(grace_s)
         self._servers.clear()
-        for path in (self.sockets.registration, self.sockets.dra):
-            path.unlink(missing_ok=True)
-        log.info("plugin sockets removed")
+        for path, identity in reversed(self._bound.items()):
+            if identity is not None and _file_identity(path) == identity:
+                path.unlink(missing_ok=True)
+                log.info("removed socket %s", path)
+            else:
+                log.warning("%s is no longer the socket this instance bound; left in place", path)
+        self._bound.clear()
+        self._instance.release()
 
 
 class DeviceInventory:
@@ -316,6 +452,7 @@ def build_plugin(
     registry_dir: Path,
     cdi_dir: Path,
     checkpoint_dir: Path,
+    health_refresh_s: float = HEALTH_REFRESH_S,
 ) -> tuple[DraPlugin, DeviceInventory]:
     """Wire checkpoint, sharing, preparer and servers together (nothing is started yet)."""
     inventory = DeviceInventory(node_name, gpus)
@@ -329,7 +466,14 @@ def build_plugin(
         sharing=SharingManager(runner, mps_root=plugin_dir / driver_name / "mps"),
         cdi_dir=cdi_dir,
     )
-    plugin = DraPlugin(driver_name=driver_name, preparer=preparer, health=inventory.health, sockets=sockets)
+    plugin = DraPlugin(
+        driver_name=driver_name,
+        preparer=preparer,
+        health=inventory.health,
+        sockets=sockets,
+        instance_lock=checkpoint_dir / INSTANCE_LOCK_FILE,
+        health_refresh_s=health_refresh_s,
+    )
     return plugin, inventory
 
 
@@ -366,7 +510,17 @@ async def serve_plugin(
         cdi_dir=config.cdi_dir,
         checkpoint_dir=config.checkpoint_dir,
     )
-    await plugin.start()
+    # Starting may wait for a previous instance to go; a stop during that wait ends it.
+    starting = asyncio.create_task(plugin.start(), name="plugin-start")
+    stopping = asyncio.create_task(stop.wait(), name="plugin-stop")
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        return
+    starting.result()
     follower = asyncio.create_task(inventory.follow(backend), name="plugin-inventory")
     if started is not None:
         started.set()

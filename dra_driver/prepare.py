@@ -11,10 +11,11 @@ interrupted it) is rolled back and redone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,10 +36,17 @@ from dra_driver.claimconfig import (
     parse_gpu_config,
     parse_quantity,
 )
+from dra_driver.config import API_TIMEOUT_S
 from dra_driver.devices.model import Gpu
 from dra_driver.devices.naming import gpu_device_name, mig_device_name
-from dra_driver.sharing import GpuShare, SharingCommandError, SharingConflict, SharingManager
-from dra_driver.slices import published_memory
+from dra_driver.sharing import (
+    ContainerEdits,
+    GpuShare,
+    SharingCommandError,
+    SharingConflict,
+    SharingManager,
+)
+from dra_driver.slices import memory_quantity, published_memory, read_json
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +160,16 @@ class PlannedDevice:
     share_id: str | None
 
 
+def parent_request(request: str) -> str:
+    """The claim request a result belongs to. A result of a prioritized list's subrequest is named
+    "<request>/<subrequest>", but containers name "<request>", and the kubelet hands a container
+    the devices whose request names contain exactly that name."""
+    return request.split("/", 1)[0]
+
+
 def _configs_for(request: str, allocated: Sequence[_AllocatedConfig], driver: str) -> list[GpuConfig]:
-    # A result of a prioritized-list subrequest is named "<request>/<subrequest>"; configs may
-    # name either.
-    parent = request.split("/", 1)[0]
+    # Configs may name the subrequest or its parent request.
+    parent = parent_request(request)
     chosen = [
         c
         for c in allocated
@@ -199,6 +213,12 @@ def plan_claim(
             memory = parse_quantity(result.consumedCapacity.get(MEMORY_CAPACITY, device.memory_bytes))
         except ClaimConfigError as err:
             raise ClaimPrepareError(f"request {result.request}: {err}") from None
+        if memory > device.memory_bytes:
+            raise ClaimPrepareError(
+                f"request {result.request} consumes {memory_quantity(memory)} ({memory} bytes) of memory, "
+                f"more than device {device.name} has ({memory_quantity(device.memory_bytes)}, "
+                f"{device.memory_bytes} bytes)"
+            )
         fraction = memory < device.memory_bytes
         default = SharingStrategy.MPS if fraction else SharingStrategy.EXCLUSIVE
         strategy = sharing.strategy if sharing else default
@@ -237,21 +257,27 @@ class ClaimReader(Protocol):
 
 
 class ApiClaimReader:
-    def __init__(self, api: client.ApiClient) -> None:
-        self._api = api
-        self._resource = client.ResourceV1Api(api)
+    """Reads claims from the API server, each read bounded by ``timeout_s``."""
+
+    def __init__(self, api: client.ApiClient, timeout_s: float = API_TIMEOUT_S) -> None:
+        # Typed Any: the raw call (``_preload_content=False``) returns the response, not a model.
+        self._resource: Any = client.ResourceV1Api(api)
+        self._timeout_s = timeout_s
 
     async def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        what = f"reading ResourceClaim {namespace}/{name}"
         try:
-            claim = await self._resource.read_namespaced_resource_claim(name, namespace)
-        except ApiException as err:
+            # Raw JSON: every field the apiserver has, without a round trip through the models.
+            call = self._resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+            return await read_json(call, self._timeout_s)
+        except TimeoutError:
             raise ClaimPrepareError(
-                f"reading ResourceClaim {namespace}/{name}: {err.status} {err.reason}"
+                f"{what}: no answer from the API server within {self._timeout_s:g} s"
             ) from None
-        except (aiohttp.ClientError, TimeoutError) as err:
-            raise ClaimPrepareError(f"reading ResourceClaim {namespace}/{name}: {err!r}") from None
-        data: dict[str, Any] = self._api.sanitize_for_serialization(claim)
-        return data
+        except ApiException as err:
+            raise ClaimPrepareError(f"{what}: {err.status} {err.reason}") from None
+        except (aiohttp.ClientError, OSError, ValueError) as err:
+            raise ClaimPrepareError(f"{what}: {err!r}") from None
 
 
 @dataclass(frozen=True)
@@ -260,8 +286,64 @@ class PrepareOutcome:
     error: str = ""
 
 
+@dataclass
+class _LockEntry:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
+class ClaimLocks:
+    """One lock per claim UID, kept only while someone holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _LockEntry] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, claim_uids: Iterable[str]) -> AsyncIterator[None]:
+        # One order for every caller, so two requests sharing claims cannot deadlock.
+        async with contextlib.AsyncExitStack() as stack:
+            for claim_uid in sorted(set(claim_uids)):
+                await stack.enter_async_context(self._one(claim_uid))
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _one(self, claim_uid: str) -> AsyncIterator[None]:
+        entry = self._entries.setdefault(claim_uid, _LockEntry())
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0:
+                del self._entries[claim_uid]
+
+
+def _with_intact_specs(completed: Mapping[str, ClaimRecord]) -> set[str]:
+    """The completed claims whose CDI spec is still whole on disk (a power cut may take a spec,
+    which is written without a disk sync, or the reboot may empty a tmpfs)."""
+    return {
+        uid
+        for uid, record in completed.items()
+        if not record.cdi_spec or cdi.read_claim_spec(Path(record.cdi_spec)) is not None
+    }
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A claim of a prepare request whose plan is known (empty: no device of this driver)."""
+
+    ref: ClaimRef
+    devices: tuple[PlannedDevice, ...]
+
+
 class Preparer:
-    """Prepares and unprepares claims for one driver on one node; safe to call concurrently."""
+    """Prepares and unprepares claims for one driver on one node; safe to call concurrently.
+
+    Two kinds of locks: one per claim, held for the whole operation on that claim (API read
+    included), and one for the node's shared state (GPU sharing and the checkpoint), held only
+    for local work, never across an API call. So a hanging API read delays only its own claims.
+    """
 
     def __init__(
         self,
@@ -281,108 +363,251 @@ class Preparer:
         self._checkpoint = checkpoint
         self._sharing = sharing
         self._cdi_dir = cdi_dir
-        # One at a time: GPU sharing state and the checkpoint file are shared by all claims.
-        self._lock = asyncio.Lock()
-        completed = {uid: rec.shares for uid, rec in checkpoint.claims.items() if rec.state == "completed"}
-        sharing.restore(completed)
+        self._claim_locks = ClaimLocks()
+        self._state_lock = asyncio.Lock()
+        self._restore_sharing()
+
+    def _restore_sharing(self) -> None:
+        completed = {
+            uid: rec.shares for uid, rec in self._checkpoint.claims.items() if rec.state == "completed"
+        }
+        self._sharing.restore(completed)
+
+    async def recover(self) -> None:
+        """Start from the disk: read the checkpoint again (another instance may have written it
+        until it let go) and remove what a crash left behind: temp files, and CDI specs of claims
+        the checkpoint does not know (a prepare that ran no command records nothing before its
+        spec is written)."""
+        async with self._state_lock:
+            removed = await asyncio.to_thread(self._recover_files)
+            self._restore_sharing()
+        for path in removed:
+            log.info("removed %s, left behind by an interrupted prepare", path)
+
+    def _recover_files(self) -> list[Path]:
+        self._checkpoint.reload()
+        known = self._checkpoint.claims
+        specs = cdi.claim_specs(self._cdi_dir, self._driver)
+        orphans = [path for uid, path in specs.items() if uid not in known]
+        cdi.remove_claim_specs(orphans)
+        leftovers = self._checkpoint.remove_temp_files()
+        if self._cdi_dir.is_dir():
+            leftovers += cdi.remove_leftover_temp_files(self._cdi_dir, self._driver)
+        return [*orphans, *leftovers]
 
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
         outcomes: dict[str, PrepareOutcome] = {}
-        async with self._lock:
+        async with self._claim_locks.hold(ref.uid for ref in refs):
+            records = {ref.uid: self._checkpoint.get(ref.uid) for ref in refs}
+            completed = {uid: r for uid, r in records.items() if r is not None and r.state == "completed"}
+            done = await asyncio.to_thread(_with_intact_specs, completed) if completed else set()
+            to_plan: list[ClaimRef] = []
             for ref in refs:
-                try:
-                    outcomes[ref.uid] = PrepareOutcome(devices=await self._prepare_one(ref))
-                    CLAIM_OPERATIONS.labels("prepare", "ok").inc()
-                except (ClaimPrepareError, SharingConflict, SharingCommandError, OSError) as err:
-                    log.warning("prepare of claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid, err)
-                    outcomes[ref.uid] = PrepareOutcome(error=str(err))
-                    CLAIM_OPERATIONS.labels("prepare", "error").inc()
-                except Exception as err:
-                    # A bug must cost one claim (retried by the kubelet), not the whole batch.
-                    log.exception("prepare of claim %s (%s): unexpected error", ref.name, ref.uid)
-                    outcomes[ref.uid] = PrepareOutcome(error=f"internal error: {err!r}")
-                    CLAIM_OPERATIONS.labels("prepare", "error").inc()
+                record = records[ref.uid]
+                if record is not None and ref.uid in done:
+                    outcomes[ref.uid] = PrepareOutcome(devices=record.devices)
+                else:
+                    to_plan.append(ref)
+            # The API reads, concurrently and with no shared lock held.
+            planned: list[_Planned] = []
+            for ref, result in zip(to_plan, await asyncio.gather(*map(self._plan, to_plan)), strict=True):
+                if isinstance(result, str):
+                    outcomes[ref.uid] = PrepareOutcome(error=result)
+                else:
+                    planned.append(result)
+            if to_plan:
+                async with self._state_lock:
+                    outcomes.update(await self._prepare_planned(to_plan, planned))
+        for outcome in outcomes.values():
+            CLAIM_OPERATIONS.labels("prepare", "error" if outcome.error else "ok").inc()
         return outcomes
 
-    async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
-        """Claim UID -> error message ("" when done). Unknown claims succeed."""
-        errors: dict[str, str] = {}
-        async with self._lock:
-            for ref in refs:
-                try:
-                    await self._undo(ref.uid)
-                    errors[ref.uid] = ""
-                    CLAIM_OPERATIONS.labels("unprepare", "ok").inc()
-                except Exception as err:
-                    # Kept in the checkpoint, so the kubelet's retry starts over; other claims go on.
-                    log.exception("unprepare of claim %s (%s) failed", ref.name, ref.uid)
-                    errors[ref.uid] = f"{err!r}"
-                    CLAIM_OPERATIONS.labels("unprepare", "error").inc()
-        return errors
-
-    async def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
-        record = self._checkpoint.get(ref.uid)
-        if record is not None and record.state == "completed":
-            return record.devices
-        if record is not None:
-            log.info("claim %s was left half-prepared; rolling it back before preparing again", ref.uid)
-            await self._release(ref.uid, record)
+    async def _plan(self, ref: ClaimRef) -> _Planned | str:
+        """The claim's plan, or the error that costs this claim (and only it) its prepare."""
         try:
             claim = ResourceClaimView.model_validate(await self._claims.read_claim(ref.namespace, ref.name))
+            devices = plan_claim(claim, ref.uid, self._driver, self._pool, self._devices())
         except ValidationError as err:
-            raise ClaimPrepareError(f"unexpected ResourceClaim shape: {err}") from None
-        planned = plan_claim(claim, ref.uid, self._driver, self._pool, self._devices())
-        spec_file = cdi.spec_path(self._cdi_dir, self._driver, ref.uid)
-        started = ClaimRecord(
-            namespace=ref.namespace,
-            name=ref.name,
-            state="started",
-            shares=tuple(p.share for p in planned),
-            cdi_spec=str(spec_file),
-        )
-        self._checkpoint.put(ref.uid, started)
-        try:
-            devices = await self._apply(ref.uid, planned, spec_file)
-        except (SharingConflict, SharingCommandError, OSError):
-            await self._release(ref.uid, started)
-            raise
-        self._checkpoint.put(ref.uid, started.model_copy(update={"state": "completed", "devices": devices}))
-        names = [d.device_name for d in devices]
-        log.info("prepared claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid, names)
-        return devices
+            return self._failed("prepare", ref, f"unexpected ResourceClaim shape: {err}")
+        except ClaimPrepareError as err:
+            return self._failed("prepare", ref, str(err))
+        except Exception as err:  # a bug must cost one claim (retried by the kubelet), not the batch
+            log.exception("prepare of claim %s (%s): unexpected error", ref.name, ref.uid)
+            return f"internal error: {err!r}"
+        return _Planned(ref, tuple(devices))
 
-    async def _apply(
-        self, claim_uid: str, planned: Sequence[PlannedDevice], spec_file: Path
-    ) -> tuple[PreparedDevice, ...]:
-        env: dict[str, str] = {"NVIDIA_VISIBLE_DEVICES": ",".join(p.device.uuid for p in planned) or "void"}
-        cdi_devices: list[cdi.CdiDevice] = []
+    @staticmethod
+    def _failed(operation: str, ref: ClaimRef, error: str) -> str:
+        log.warning("%s of claim %s/%s (%s): %s", operation, ref.namespace, ref.name, ref.uid, error)
+        return error
+
+    async def _prepare_planned(
+        self, to_plan: Sequence[ClaimRef], planned: Sequence[_Planned]
+    ) -> dict[str, PrepareOutcome]:
+        """Roll back crash leftovers, set up sharing, write the CDI specs and record the claims
+        (under the state lock). Every checkpoint change of the request is written at once."""
+        outcomes: dict[str, PrepareOutcome] = {}
+        changes: dict[str, ClaimRecord | None] = {}
+        for ref in to_plan:
+            leftover = self._checkpoint.get(ref.uid)
+            if leftover is not None:  # "started" (a crash interrupted it), or its spec was lost
+                log.info("claim %s was left half-prepared; rolling it back before preparing again", ref.uid)
+                await self._release(ref.uid, leftover.shares)
+                if leftover.cdi_spec:
+                    await asyncio.to_thread(cdi.remove_claim_specs, [Path(leftover.cdi_spec)])
+                changes[ref.uid] = None
+        with_devices = [p for p in planned if p.devices]
         for p in planned:
-            edits = await self._sharing.acquire(claim_uid, p.share)
-            env.update(edits.env)
-            cdi_devices.append(cdi.CdiDevice(p.device.name, p.device.device_nodes, edits.mounts))
-        cdi.write_claim_spec(spec_file, cdi.build_claim_spec(self._driver, claim_uid, cdi_devices, env))
+            if not p.devices:  # allocated only to other drivers: nothing to prepare, no spec
+                outcomes[p.ref.uid] = PrepareOutcome()
+        specs = {p.ref.uid: cdi.spec_path(self._cdi_dir, self._driver, p.ref.uid) for p in with_devices}
+        started = {
+            p.ref.uid: ClaimRecord(
+                namespace=p.ref.namespace,
+                name=p.ref.name,
+                state="started",
+                shares=tuple(d.share for d in p.devices),
+                cdi_spec=str(specs[p.ref.uid]),
+            )
+            for p in with_devices
+        }
+        # "started" reaches the disk before any command runs, so a crash is rolled back later. A
+        # request that runs no command changes nothing but its specs, which recover() cleans.
+        if any(self._sharing.needs_setup(p.ref.uid, d.share) for p in with_devices for d in p.devices):
+            try:
+                await self._save({**changes, **started})
+            except OSError as err:  # nothing was set up: these claims fail, the kubelet retries
+                for p in with_devices:
+                    error = self._failed("prepare", p.ref, f"recording the claim before its setup: {err}")
+                    outcomes[p.ref.uid] = PrepareOutcome(error=error)
+                return outcomes
+            changes = {}
+        edits: dict[str, list[ContainerEdits]] = {}
+        for p in with_devices:
+            try:
+                edits[p.ref.uid] = await self._acquire(p.ref.uid, p.devices)
+            except (SharingConflict, SharingCommandError, OSError) as err:
+                outcomes[p.ref.uid] = PrepareOutcome(error=self._failed("prepare", p.ref, str(err)))
+                changes[p.ref.uid] = None
+        acquired = [p for p in with_devices if p.ref.uid in edits]
+        answers = {p.ref.uid: self._answer(p) for p in acquired}
+        completed = {
+            uid: started[uid].model_copy(update={"state": "completed", "devices": devices})
+            for uid, devices in answers.items()
+        }
+        claim_specs = {specs[p.ref.uid]: self._claim_spec(p, edits[p.ref.uid]) for p in acquired}
+        try:
+            # One trip to a worker thread: the specs, then the records saying they exist.
+            await asyncio.to_thread(self._write_prepared, claim_specs, {**changes, **completed})
+        except OSError as err:
+            # Nothing of these claims is recorded as done: undo them (the disk may still say
+            # "started", which the next prepare or unprepare rolls back).
+            for p in acquired:
+                await self._release(p.ref.uid, tuple(d.share for d in p.devices))
+                error = self._failed("prepare", p.ref, f"recording the prepared claim: {err}")
+                outcomes[p.ref.uid] = PrepareOutcome(error=error)
+            await asyncio.to_thread(cdi.remove_claim_specs, [specs[p.ref.uid] for p in acquired])
+            return outcomes
+        for uid, devices in answers.items():
+            outcomes[uid] = PrepareOutcome(devices=devices)
+            log.info("prepared claim %s: %s", uid, [d.device_name for d in devices])
+        return outcomes
+
+    async def _acquire(self, claim_uid: str, devices: Sequence[PlannedDevice]) -> list[ContainerEdits]:
+        """Sharing for every device of the claim, or for none of them."""
+        acquired: list[ContainerEdits] = []
+        try:
+            for device in devices:
+                acquired.append(await self._sharing.acquire(claim_uid, device.share))
+        except BaseException:
+            await self._release(claim_uid, tuple(d.share for d in devices[: len(acquired)]))
+            raise
+        return acquired
+
+    def _claim_spec(self, planned: _Planned, edits: Sequence[ContainerEdits]) -> dict[str, Any]:
+        env: dict[str, str] = {"NVIDIA_VISIBLE_DEVICES": ",".join(d.device.uuid for d in planned.devices)}
+        cdi_devices: list[cdi.CdiDevice] = []
+        for device, edit in zip(planned.devices, edits, strict=True):
+            env.update(edit.env)
+            cdi_devices.append(cdi.CdiDevice(device.device.name, device.device.device_nodes, edit.mounts))
+        return cdi.build_claim_spec(self._driver, planned.ref.uid, cdi_devices, env)
+
+    def _answer(self, planned: _Planned) -> tuple[PreparedDevice, ...]:
         return tuple(
             PreparedDevice(
-                request_names=(p.request,),
-                pool_name=p.pool,
-                device_name=p.device.name,
-                cdi_device_ids=(cdi.cdi_device_id(self._driver, claim_uid, p.device.name),),
-                share_id=p.share_id,
+                request_names=(parent_request(d.request),),
+                pool_name=d.pool,
+                device_name=d.device.name,
+                cdi_device_ids=(cdi.cdi_device_id(self._driver, planned.ref.uid, d.device.name),),
+                share_id=d.share_id,
             )
-            for p in planned
+            for d in planned.devices
         )
 
-    async def _undo(self, claim_uid: str) -> None:
-        record = self._checkpoint.get(claim_uid)
-        if record is None:
-            return
-        await self._release(claim_uid, record)
-        log.info("unprepared claim %s/%s (%s)", record.namespace, record.name, claim_uid)
+    def _write_prepared(
+        self, specs: Mapping[Path, Mapping[str, Any]], changes: Mapping[str, ClaimRecord | None]
+    ) -> None:
+        cdi.write_claim_specs(specs)
+        self._checkpoint.update(changes)
 
-    async def _release(self, claim_uid: str, record: ClaimRecord) -> None:
-        """Undo a prepared claim, or whatever part of an interrupted or failed prepare happened."""
-        for share in record.shares:
+    async def _save(self, changes: Mapping[str, ClaimRecord | None]) -> None:
+        if changes:
+            await asyncio.to_thread(self._checkpoint.update, changes)
+
+    async def _release(self, claim_uid: str, shares: Sequence[GpuShare]) -> None:
+        for share in shares:
             await self._sharing.release(claim_uid, share)
-        if record.cdi_spec:
-            cdi.remove_claim_spec(Path(record.cdi_spec))
-        self._checkpoint.remove(claim_uid)
+
+    async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
+        """Claim UID -> error message ("" when done). Unknown claims succeed; no API call is made."""
+        errors: dict[str, str] = {}
+        async with self._claim_locks.hold(ref.uid for ref in refs):
+            known: dict[str, tuple[ClaimRef, ClaimRecord]] = {}
+            for ref in refs:
+                record = self._checkpoint.get(ref.uid)
+                if record is None:
+                    errors[ref.uid] = ""
+                else:
+                    known[ref.uid] = (ref, record)
+            if known:
+                async with self._state_lock:
+                    errors.update(await self._unprepare_known(known))
+        for error in errors.values():
+            CLAIM_OPERATIONS.labels("unprepare", "error" if error else "ok").inc()
+        return errors
+
+    async def _unprepare_known(self, known: Mapping[str, tuple[ClaimRef, ClaimRecord]]) -> dict[str, str]:
+        errors: dict[str, str] = {}
+        released: dict[str, ClaimRecord] = {}
+        for uid, (ref, record) in known.items():
+            try:
+                await self._release(uid, record.shares)
+                released[uid] = record
+            except Exception as err:
+                # Kept in the checkpoint, so the kubelet's retry starts over; other claims go on.
+                log.exception("unprepare of claim %s (%s) failed", ref.name, uid)
+                errors[uid] = f"{err!r}"
+        try:
+            failed = await asyncio.to_thread(self._forget, released)
+        except OSError as err:  # the checkpoint write: every claim stays for the retry
+            failed = {uid: f"recording the unprepared claim: {err!r}" for uid in released}
+        for uid, record in released.items():
+            if uid in failed:
+                errors[uid] = self._failed("unprepare", known[uid][0], failed[uid])
+            else:
+                errors[uid] = ""
+                log.info("unprepared claim %s/%s (%s)", record.namespace, record.name, uid)
+        return errors
+
+    def _forget(self, released: Mapping[str, ClaimRecord]) -> dict[str, str]:
+        """Remove the claims' specs, then their records (one write); claim UID -> error, for the
+        claims whose spec could not be removed (they stay recorded)."""
+        failed: dict[str, str] = {}
+        for uid, record in released.items():
+            if record.cdi_spec:
+                try:
+                    cdi.remove_claim_specs([Path(record.cdi_spec)])
+                except OSError as err:
+                    failed[uid] = f"removing {record.cdi_spec}: {err!r}"
+        self._checkpoint.update({uid: None for uid in released if uid not in failed})
+        return failed

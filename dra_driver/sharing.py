@@ -232,6 +232,13 @@ class SharingManager:
         use = self._gpus.get(gpu_uuid)
         return frozenset(use.claims) if use else frozenset()
 
+    def needs_setup(self, claim_uid: str, share: GpuShare) -> bool:
+        """Whether acquiring ``share`` would run commands (the GPU is not yet used by other claims)."""
+        use = self._gpus.get(share.gpu_uuid)
+        if use is not None and use.claims - {claim_uid}:
+            return False
+        return bool(setup_commands(share, self._dirs))
+
     async def acquire(self, claim_uid: str, share: GpuShare) -> ContainerEdits:
         use = self._gpus.get(share.gpu_uuid)
         others = (use.claims - {claim_uid}) if use else set()
@@ -265,7 +272,7 @@ class SharingManager:
             except SharingCommandError as err:
                 log.warning("resetting GPU %s: %s", share.gpu_uuid, err)
         if share.strategy == SharingStrategy.MPS:
-            shutil.rmtree(self._dirs.root / share.gpu_uuid, ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, self._dirs.root / share.gpu_uuid, ignore_errors=True)
         self._gpus.pop(share.gpu_uuid, None)
 
     @staticmethod

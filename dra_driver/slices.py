@@ -7,8 +7,9 @@ Two halves:
   changes, and deletes this node's stale slices.
 
 Sharing modes. With consumable capacity (DRAConsumableCapacity) every whole GPU allows multiple
-allocations and carries two capacities: ``memory`` (bytes) whose request policy defaults to the
-whole memory, so a plain request takes the whole GPU and a request for 10Gi takes a slice; and
+allocations and carries two capacities: ``memory`` (a quantity such as ``80Gi``) whose request
+policy defaults to the whole memory, so a plain request takes the whole GPU and a request for 10Gi
+takes a slice; and
 ``compute`` (thousandths of the GPU) whose default is 0, so a memory-only request reserves no
 compute share and the node side derives the thread share from the memory share. Without the
 feature, GPUs are published as whole devices; sharing is then a ResourceClaim referenced by
@@ -32,6 +33,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter, Gauge
 
 from contract.names import COMPUTE_CAPACITY, GPU_MILLI, MEMORY_CAPACITY
+from dra_driver.config import API_TIMEOUT_S
 from dra_driver.devices.backend import Backend
 from dra_driver.devices.model import Gpu, MigDevice
 from dra_driver.devices.naming import gpu_device_name, mig_device_name
@@ -119,6 +121,15 @@ def _taints(gpu: Gpu, driver: str, effect: TaintEffect) -> list[dict[str, str]]:
     return [taint]
 
 
+def memory_quantity(size: int) -> str:
+    """Bytes as the Kubernetes quantity that reads best in ``kubectl describe``: whole GiB
+    ("80Gi"), else whole MiB ("15104Mi"), else plain bytes."""
+    for suffix, unit in (("Gi", 1 << 30), ("Mi", _MIB)):
+        if size >= unit and size % unit == 0:
+            return f"{size // unit}{suffix}"
+    return str(size)
+
+
 def published_memory(gpu: Gpu) -> int:
     """The memory capacity a whole GPU is published with: floored to whole MiB, so the memory
     request policy's default stays on its MiB step grid."""
@@ -126,14 +137,17 @@ def published_memory(gpu: Gpu) -> int:
 
 
 def _whole_gpu_device(gpu: Gpu, driver: str, mode: SharingMode, effect: TaintEffect) -> dict[str, Any]:
-    memory = str(published_memory(gpu))
+    memory = memory_quantity(published_memory(gpu))
     device: dict[str, Any] = {"name": gpu_device_name(gpu), "attributes": _gpu_attributes(gpu)}
     if mode is SharingMode.CONSUMABLE_CAPACITY:
         device["allowMultipleAllocations"] = True
         device["capacity"] = {
             MEMORY_CAPACITY: {
                 "value": memory,
-                "requestPolicy": {"default": memory, "validRange": {"min": str(_MIB), "step": str(_MIB)}},
+                "requestPolicy": {
+                    "default": memory,
+                    "validRange": {"min": memory_quantity(_MIB), "step": memory_quantity(_MIB)},
+                },
             },
             COMPUTE_CAPACITY: {
                 "value": str(GPU_MILLI),
@@ -166,7 +180,7 @@ def _mig_device(gpu: Gpu, mig: MigDevice, driver: str, effect: TaintEffect) -> d
     device: dict[str, Any] = {
         "name": mig_device_name(gpu, mig),
         "attributes": attributes,
-        "capacity": {MEMORY_CAPACITY: {"value": str(mig.memory_bytes)}},
+        "capacity": {MEMORY_CAPACITY: {"value": memory_quantity(mig.memory_bytes)}},
     }
     taints = _taints(gpu, driver, effect)
     if taints:
@@ -253,18 +267,20 @@ def build_slices(
     ]
 
 
-async def read_json(call: Awaitable[Any]) -> dict[str, Any]:
-    """Await a raw (``_preload_content=False``) client call; the dict, or ApiException on non-2xx.
+async def read_json(call: Awaitable[Any], timeout_s: float = API_TIMEOUT_S) -> dict[str, Any]:
+    """Await a raw (``_preload_content=False``) client call; the dict, or ApiException on non-2xx,
+    or TimeoutError when the whole exchange takes longer than ``timeout_s``.
 
     Raw JSON keeps every field the apiserver returned, including ones the generated models lack.
     """
-    response = await call
-    try:
-        body = await response.read()
-        status = int(response.status)
-        reason = str(response.reason)
-    finally:
-        response.release()
+    async with asyncio.timeout(timeout_s):
+        response = await call
+        try:
+            body = await response.read()
+            status = int(response.status)
+            reason = str(response.reason)
+        finally:
+            response.release()
     if not 200 <= status < 300:
         error = ApiException(status=status, reason=reason)
         error.body = body.decode(errors="replace")
@@ -274,7 +290,7 @@ async def read_json(call: Awaitable[Any]) -> dict[str, Any]:
 
 
 def _probe_slice(node: str, driver: str) -> dict[str, Any]:
-    memory = str(_MIB)
+    memory = memory_quantity(_MIB)
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -354,7 +370,8 @@ class SliceReconciler:
 
     async def _node_ref(self) -> NodeRef:
         try:
-            node = await self._core.read_node(self._node_name)
+            async with asyncio.timeout(API_TIMEOUT_S):  # past it: TimeoutError, retried by the caller
+                node = await self._core.read_node(self._node_name)
         except ApiException as exc:
             log.warning(
                 "cannot read Node %s (%s); slices get no owner reference", self._node_name, exc.status

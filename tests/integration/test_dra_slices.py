@@ -26,6 +26,7 @@ import yaml
 from kubernetes_asyncio.client import ApiClient, ResourceV1Api
 
 from contract.names import DRIVER_NAME
+from contract.quantity import parse_quantity
 from dra_driver.devices.simulated import SimulatedBackend
 from dra_driver.slices import SharingMode, SliceReconciler, read_json
 from tessera.dev.localcluster import (
@@ -118,12 +119,14 @@ async def test_slices_are_accepted_readable_and_kept_current(
     gpu = devices_of([published])["gpu-0"]
     # The apiserver kept the consumable-capacity fields: the feature is on in this cluster.
     assert gpu["allowMultipleAllocations"] is True
-    assert gpu["capacity"]["memory"]["requestPolicy"]["default"] == str(80 * GIB)
+    # Memory is a readable quantity, kept as such by the apiserver.
+    assert gpu["capacity"]["memory"]["value"] == "80Gi"
+    assert gpu["capacity"]["memory"]["requestPolicy"]["default"] == "80Gi"
     assert gpu["attributes"]["cudaComputeCapability"] == {"version": "9.0.0"}
     assert sorted(devices_of(await slices_of(k8s, pools.driver, pools.t4.name))) == ["gpu-0", "gpu-1"]
 
     described = local_cluster.kubectl("describe", "resourceslice", published["metadata"]["name"]).stdout
-    for text in ("gpu-0", "NVIDIA H100 80GB HBM3", "Allow Multiple Allocations", "Hopper", node.name):
+    for text in ("gpu-0", "NVIDIA H100 80GB HBM3", "Allow Multiple Allocations", "Hopper", "80Gi", node.name):
         assert text in described, f"{text!r} missing from kubectl describe:\n{described}"
 
     assert not await node.reconciler.publish(node.backend.inventory()), "nothing changed: no republish"
@@ -272,8 +275,8 @@ async def test_scheduler_allocates_whole_fractional_and_shared_gpus_from_publish
             cluster.apply(fraction_pod(namespace, name, pools.driver))
             assert await cluster.bound(name) == pools.h100.name
         halves = cluster.results_of("half-0") + cluster.results_of("half-1")
-        assert [(r["device"], r["consumedCapacity"]["memory"]) for r in halves] == [
-            ("gpu-0", str(40 * GIB))
+        assert [(r["device"], parse_quantity(r["consumedCapacity"]["memory"])) for r in halves] == [
+            ("gpu-0", 40 * GIB)
         ] * 2
         assert halves[0]["shareID"] != halves[1]["shareID"]
         cluster.apply(fraction_pod(namespace, "half-2", pools.driver))
@@ -284,7 +287,7 @@ async def test_scheduler_allocates_whole_fractional_and_shared_gpus_from_publish
         cluster.apply(manifest_documents(examples / "whole-gpu.yaml", pools.driver))
         assert await cluster.bound("whole-gpu-trainer") == pools.t4.name
         (whole,) = cluster.results_of("whole-gpu-trainer")
-        assert whole["consumedCapacity"]["memory"] == str(15360 * (1 << 20))
+        assert parse_quantity(whole["consumedCapacity"]["memory"]) == 15360 * (1 << 20)
 
         # One time-sliced claim shared by two pods: both on the other T4.
         cluster.apply(manifest_documents(examples / "timesliced-shared.yaml", pools.driver))

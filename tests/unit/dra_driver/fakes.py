@@ -8,8 +8,8 @@ from typing import Any
 
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.devices.model import Gpu
-from dra_driver.plugin import DeviceInventory, DraPlugin, build_plugin
-from dra_driver.prepare import ClaimPrepareError, Preparer, node_devices
+from dra_driver.plugin import HEALTH_REFRESH_S, DeviceInventory, DraPlugin, build_plugin
+from dra_driver.prepare import ClaimPrepareError, ClaimReader, Preparer, node_devices
 from dra_driver.sharing import RecordingRunner, SharingManager
 
 DRIVER = "gpu.tessera.dev"
@@ -132,9 +132,13 @@ def make_preparer(
 
 
 def make_plugin(
-    root: Path, claims: FakeClaims, gpus: list[Gpu] | None = None
+    root: Path,
+    claims: ClaimReader,
+    gpus: list[Gpu] | None = None,
+    health_refresh_s: float = HEALTH_REFRESH_S,
 ) -> tuple[DraPlugin, DeviceInventory]:
-    """A plugin (not started) with all its directories under ``root``, recording sharing commands."""
+    """A plugin (not started) with all its directories under ``root``, recording sharing commands;
+    a second one on the same ``root`` is a second instance of the driver on the same node."""
     return build_plugin(
         driver_name=DRIVER,
         node_name=NODE,
@@ -145,4 +149,5 @@ def make_plugin(
         registry_dir=root / "registry",
         cdi_dir=root / "cdi",
         checkpoint_dir=root / "state",
+        health_refresh_s=health_refresh_s,
     )

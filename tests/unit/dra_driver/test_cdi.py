@@ -40,11 +40,34 @@ def test_write_is_atomic_readable_and_removable(tmp_path: Path) -> None:
     path = cdi.spec_path(tmp_path / "cdi", "gpu.tessera.dev", "uid-1")
     assert path.name == "k8s.gpu.tessera.dev-claim_uid-1.json"
     spec = cdi.build_claim_spec("gpu.tessera.dev", "uid-1", [cdi.CdiDevice("gpu-0", ("/dev/nvidia0",))], {})
-    cdi.write_claim_spec(path, spec)
-    cdi.write_claim_spec(path, spec)  # replacing an existing spec works the same way
+    cdi.write_claim_specs({path: spec})
+    cdi.write_claim_specs({path: spec})  # replacing an existing spec works the same way
     assert json.loads(path.read_text()) == spec
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp files left behind
-    cdi.remove_claim_spec(path)
-    cdi.remove_claim_spec(path)  # idempotent
+    assert cdi.claim_specs(path.parent, "gpu.tessera.dev") == {"uid-1": path}
+    cdi.remove_claim_specs([path])
+    cdi.remove_claim_specs([path])  # idempotent
     assert not path.exists()
+
+
+def test_many_specs_in_one_write(tmp_path: Path) -> None:
+    specs = {
+        cdi.spec_path(tmp_path, "gpu.tessera.dev", f"uid-{i}"): cdi.build_claim_spec(
+            "gpu.tessera.dev", f"uid-{i}", [cdi.CdiDevice("gpu-0", ("/dev/nvidia0",))], {}
+        )
+        for i in range(20)
+    }
+    cdi.write_claim_specs(specs)
+    assert {path: json.loads(path.read_text()) for path in specs} == specs
+    assert sorted(cdi.claim_specs(tmp_path, "gpu.tessera.dev")) == sorted(f"uid-{i}" for i in range(20))
+
+
+def test_leftover_temp_files_of_this_driver_only_are_removed(tmp_path: Path) -> None:
+    ours = tmp_path / ".k8s.gpu.tessera.dev-claim_uid-1.json.x8k2.tmp"
+    theirs = tmp_path / ".k8s.other.example.com-claim_uid-2.json.a1b2.tmp"
+    spec = tmp_path / "k8s.gpu.tessera.dev-claim_uid-3.json"
+    for path in (ours, theirs, spec):
+        path.write_text("{")
+    assert cdi.remove_leftover_temp_files(tmp_path, "gpu.tessera.dev") == [ours]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([theirs.name, spec.name])

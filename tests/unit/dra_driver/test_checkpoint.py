@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import stat
 from pathlib import Path
 
 import pytest
 
-from dra_driver.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError, ClaimRecord, PreparedDevice
+from dra_driver.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice
 from dra_driver.claimconfig import SharingStrategy
 from dra_driver.prepare import ClaimRef
 from dra_driver.sharing import Command, GpuShare, RecordingRunner
@@ -29,9 +30,9 @@ def test_round_trip_through_a_new_instance(tmp_path: Path) -> None:
     Checkpoint(tmp_path).put("u", RECORD)
     reloaded = Checkpoint(tmp_path)
     assert reloaded.get("u") == RECORD
-    assert stat.S_IMODE((tmp_path / CHECKPOINT_FILE).stat().st_mode) == 0o600
-    reloaded.remove("u")
-    reloaded.remove("u")  # removing an unknown claim is a no-op
+    assert stat.S_IMODE(reloaded.path.stat().st_mode) == 0o600
+    reloaded.update({"u": None})
+    reloaded.update({"u": None})  # removing an unknown claim is a no-op
     assert Checkpoint(tmp_path).claims == {}
 
 
@@ -40,8 +41,9 @@ def test_missing_file_is_an_empty_checkpoint(tmp_path: Path) -> None:
 
 
 def test_tampered_file_is_refused(tmp_path: Path) -> None:
-    Checkpoint(tmp_path).put("u", RECORD)
-    path = tmp_path / CHECKPOINT_FILE
+    checkpoint = Checkpoint(tmp_path)
+    checkpoint.put("u", RECORD)
+    path = checkpoint.path
     document = json.loads(path.read_text())
     document["body"]["claims"]["u"]["name"] = "other"
     path.write_text(json.dumps(document))
@@ -50,8 +52,9 @@ def test_tampered_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_torn_file_and_unknown_version_are_refused(tmp_path: Path) -> None:
-    Checkpoint(tmp_path).put("u", RECORD)
-    path = tmp_path / CHECKPOINT_FILE
+    checkpoint = Checkpoint(tmp_path)
+    checkpoint.put("u", RECORD)
+    path = checkpoint.path
     text = path.read_text()
     path.write_text(text[: len(text) // 2])
     with pytest.raises(CheckpointError, match="not a valid checkpoint"):
@@ -61,6 +64,32 @@ def test_torn_file_and_unknown_version_are_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(document))
     with pytest.raises(CheckpointError, match="version 99"):
         Checkpoint(tmp_path)
+
+
+def test_writes_alternate_between_two_slots_and_a_torn_write_costs_only_itself(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(tmp_path)
+    checkpoint.put("a", RECORD)
+    first = checkpoint.path
+    checkpoint.put("b", RECORD)
+    second = checkpoint.path
+    assert first != second and {first.name, second.name} == {"checkpoint.0.json", "checkpoint.1.json"}
+    checkpoint.update({"a": None, "b": None})  # shorter than what the slot held: padded, still valid
+    assert checkpoint.path == first and Checkpoint(tmp_path).claims == {}
+    # A crash tears the next write (into the other slot): the last acknowledged state is read.
+    text = second.read_text()
+    second.write_text(text[: len(text) // 2])
+    assert Checkpoint(tmp_path).claims == {}
+
+
+def test_a_format_1_file_is_read_when_no_slot_exists(tmp_path: Path) -> None:
+    body = {"claims": {"u": RECORD.model_dump(mode="json")}}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    document = {"version": 1, "checksum": hashlib.sha256(canonical.encode()).hexdigest(), "body": body}
+    (tmp_path / "checkpoint.json").write_text(json.dumps(document, indent=1))
+    checkpoint = Checkpoint(tmp_path)
+    assert checkpoint.get("u") == RECORD
+    checkpoint.put("v", RECORD)  # from now on in the slots
+    assert set(Checkpoint(tmp_path).claims) == {"u", "v"}
 
 
 # ---- recovery, through the preparer ----
@@ -145,3 +174,16 @@ async def test_unprepare_of_unknown_claim_succeeds(tmp_path: Path) -> None:
     runner = RecordingRunner()
     assert await make_preparer(tmp_path, FakeClaims(), runner).unprepare([REF]) == {"uid-1": ""}
     assert runner.commands == []
+
+
+async def test_a_completed_claim_whose_spec_was_lost_is_prepared_again(tmp_path: Path) -> None:
+    claims = _fraction_claims()
+    preparer = make_preparer(tmp_path, claims, RecordingRunner())
+    first = await preparer.prepare([REF])
+    spec = tmp_path / "cdi" / "k8s.gpu.tessera.dev-claim_uid-1.json"
+    text = spec.read_text()
+    spec.write_text("")  # a power cut took the unsynced spec; the checkpoint still says completed
+    reads = claims.reads
+    again = await preparer.prepare([REF])
+    assert again == first and claims.reads == reads + 1
+    assert spec.read_text() == text

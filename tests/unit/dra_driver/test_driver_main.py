@@ -49,3 +49,11 @@ def test_missing_profile_exits_with_a_clear_error(caplog: pytest.LogCaptureFixtu
     code = main(["--node-name", "n", "--backend", "simulated", "--profile", str(tmp_path / "none.yaml")])
     assert code == 2
     assert "cannot read GPU profile" in caplog.text
+
+
+def test_relative_directories_become_absolute(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = parse_args(["--node-name", "n", "--plugin-dir", "plugins", "--cdi-dir", "./cdi"])
+    # GetInfo's endpoint is built from the plugin directory; the kubelet cannot resolve a relative one.
+    assert config.plugin_dir == tmp_path / "plugins"
+    assert config.cdi_dir == tmp_path / "cdi"

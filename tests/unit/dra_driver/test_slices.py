@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from contract.names import GPU_MILLI
+from contract.quantity import parse_quantity
 from dra_driver.devices import Gpu, load_backend
 from dra_driver.slices import (
     MAX_DEVICES_PER_SLICE,
@@ -19,6 +21,8 @@ from dra_driver.slices import (
     build_devices,
     build_slices,
     chunk_devices,
+    memory_quantity,
+    read_json,
     semver,
     slice_name,
     taint_value,
@@ -75,10 +79,11 @@ def test_h100_whole_gpu_attributes_and_consumable_capacities() -> None:
     assert attrs["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:10"}
     assert gpu["allowMultipleAllocations"] is True
     memory = gpu["capacity"]["memory"]
-    assert memory["value"] == str(80 * GIB)
+    # Quantities that read well in `kubectl describe resourceslice`, not raw bytes.
+    assert memory["value"] == "80Gi"
     # A plain request takes the whole memory: the whole GPU. A 10Gi request takes a slice.
-    assert memory["requestPolicy"]["default"] == str(80 * GIB)
-    assert memory["requestPolicy"]["validRange"] == {"min": str(MIB), "step": str(MIB)}
+    assert memory["requestPolicy"]["default"] == "80Gi"
+    assert memory["requestPolicy"]["validRange"] == {"min": "1Mi", "step": "1Mi"}
     compute = gpu["capacity"]["compute"]
     assert compute["value"] == str(GPU_MILLI)
     assert compute["requestPolicy"]["default"] == "0"
@@ -89,7 +94,7 @@ def test_h100_whole_gpu_attributes_and_consumable_capacities() -> None:
 def test_whole_device_mode_has_no_sharing_fields() -> None:
     for device in build_devices(inventory("t4x2"), DRIVER, SharingMode.WHOLE_DEVICE):
         assert "allowMultipleAllocations" not in device
-        assert device["capacity"] == {"memory": {"value": str(15360 * MIB)}}
+        assert device["capacity"] == {"memory": {"value": "15Gi"}}
 
 
 def test_t4_attributes_normalise_versions() -> None:
@@ -111,7 +116,7 @@ def test_mig_gpus_publish_their_instances_instead_of_the_parent() -> None:
     assert mig["attributes"]["parentUUID"] == {"string": gpus[2].uuid}
     assert mig["attributes"]["uuid"] == {"string": gpus[2].mig_devices[2].uuid}
     assert mig["attributes"]["gpuInstance"] == {"int": 3}
-    assert mig["capacity"] == {"memory": {"value": str(4864 * MIB)}}
+    assert mig["capacity"] == {"memory": {"value": "4864Mi"}}
     assert "allowMultipleAllocations" not in mig
 
 
@@ -120,8 +125,8 @@ def test_mixed_node_has_whole_gpus_mig_instances_and_an_l4() -> None:
     assert sorted(devices) == ["gpu-0", "gpu-1", "gpu-2-mig-1-0", "gpu-2-mig-2-0", "gpu-2-mig-3-0", "gpu-3"]
     l4 = devices["gpu-3"]
     assert l4["attributes"]["architecture"] == {"string": "Ada Lovelace"}
-    assert l4["capacity"]["memory"]["value"] == str(23034 * MIB)
-    assert devices["gpu-0"]["capacity"]["memory"]["value"] == str(80 * GIB)
+    assert l4["capacity"]["memory"]["value"] == "23034Mi"
+    assert devices["gpu-0"]["capacity"]["memory"]["value"] == "80Gi"
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -234,3 +239,24 @@ def test_taint_value_is_a_label_value() -> None:
     assert taint_value("  XID 79 (fell off the bus) ") == "XID-79-fell-off-the-bus"
     assert len(taint_value("x" * 200)) == 63
     assert taint_value("") == ""
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [
+        (80 * GIB, "80Gi"),
+        (MIB, "1Mi"),
+        (23034 * MIB, "23034Mi"),
+        (GIB + MIB, "1025Mi"),
+        (MIB + 1, str(MIB + 1)),
+    ],
+)
+def test_memory_is_published_as_the_most_readable_exact_quantity(size: int, text: str) -> None:
+    assert memory_quantity(size) == text
+    assert parse_quantity(text) == size  # what the extender and the scheduler read back
+
+
+async def test_an_api_call_that_never_answers_is_bounded() -> None:
+    never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()  # an apiserver that hangs
+    with pytest.raises(TimeoutError):
+        await read_json(never, timeout_s=0.05)

@@ -1,0 +1,327 @@
+"""Benchmark 5: the DRA driver's NodePrepareResources / NodeUnprepareResources, as the kubelet calls
+them, against a do-nothing gRPC server on the same socket.
+
+The driver runs in its own process (``python -m bench.prepare serve driver``): the real kubelet
+plugin (``dra_driver.plugin.build_plugin``: checkpoint, CDI specs, sharing, gRPC) for a simulated
+8x H100 node, reading claims through the real API client from a small stand-in API server in the
+benchmark process that answers each read at once. Its checkpoint and CDI directories are on the
+benchmark's temp directory (a disk, like ``/var/lib``; a node's ``/var/run/cdi`` is usually tmpfs).
+Every measured claim is new: a 1Gi fraction (MPS) of one of the GPUs, each of which already holds
+one resident fraction, as on a busy node (so no MPS daemon starts in the measured calls). Per
+request size (1, 10, 100 claims) the benchmark prepares, then unprepares, fresh claims, one request
+at a time; then the floor process (``serve floor``, same socket path) answers the same requests
+with one empty entry per claim: the cost of gRPC over a unix socket alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from aiohttp import web
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from dra_driver.devices import load_backend
+from dra_driver.plugin import build_plugin
+from dra_driver.prepare import ApiClaimReader
+from dra_driver.proto import dra_v1_pb2, dra_v1_pb2_grpc
+from dra_driver.sharing import RecordingRunner
+from tessera.simulate.report import format_table
+
+from .hotpath import _percentile
+
+DRIVER = "gpu.tessera.dev"
+NODE = "bench-node"
+PROFILE = "h100x8"
+GPUS = 8
+CLAIM_MEMORY = "1Gi"
+SIZES = (1, 10, 100)
+TARGET_P99_MS = 20.0
+TITLE = "DRA driver prepare/unprepare over its unix socket vs a do-nothing gRPC server (ms)"
+
+
+def claim_object(namespace: str, name: str) -> dict[str, Any]:
+    """The allocated ResourceClaim ``name`` (``r-<gpu>`` resident, ``c-<n>`` measured)."""
+    number = int(name.split("-", 1)[1])
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "pool": NODE,
+                            "device": f"gpu-{number % GPUS}",
+                            "consumedCapacity": {"memory": CLAIM_MEMORY},
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+async def _read_claim(request: web.Request) -> web.Response:
+    return web.json_response(claim_object(request.match_info["namespace"], request.match_info["name"]))
+
+
+# ---- the two server processes ----
+
+
+class _FloorService:
+    """Decodes each request and answers one empty entry per claim: gRPC alone."""
+
+    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        response = dra_v1_pb2.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            response.claims[claim.uid].error = ""
+        return response
+
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        response = dra_v1_pb2.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            response.claims[claim.uid].error = ""
+        return response
+
+
+async def _serve(kind: str, root: Path, api_url: str) -> None:
+    loop = asyncio.get_running_loop()
+    if kind == "floor":
+        server = grpc.aio.server()
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_FloorService(), server)
+        server.add_insecure_port(f"unix:{dra_socket(root)}")
+        await server.start()
+        print("READY", flush=True)
+        await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes our stdin
+        await server.stop(0)
+        return
+    api = ApiClient(Configuration(host=api_url))
+    plugin, _ = build_plugin(
+        driver_name=DRIVER,
+        node_name=NODE,
+        gpus=load_backend("simulated", Path(PROFILE), node_name=NODE).inventory(),
+        claims=ApiClaimReader(api),
+        runner=RecordingRunner(),
+        plugin_dir=root / "plugins",
+        registry_dir=root / "registry",
+        cdi_dir=root / "cdi",
+        checkpoint_dir=root / "state",
+    )
+    await plugin.start()
+    print("READY", flush=True)
+    await loop.run_in_executor(None, sys.stdin.read)
+    await plugin.stop(grace_s=0)
+    await api.close()
+
+
+def dra_socket(root: Path) -> Path:
+    return root / "plugins" / DRIVER / "dra.sock"
+
+
+class ServerProcess:
+    """A ``serve`` child process; closing its stdin stops it."""
+
+    def __init__(self, kind: str, root: Path, api_url: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.prepare", "serve", kind, str(root), api_url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        if self.process.stdout.readline().strip() != "READY":
+            self.stop()
+            raise RuntimeError(f"bench.prepare {kind} server failed to start (exit {self.process.poll()})")
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# ---- the kubelet side ----
+
+
+@dataclass(frozen=True)
+class Latency:
+    p50_ms: float
+    p99_ms: float
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Latency:
+        return cls(_percentile(list(samples), 50), _percentile(list(samples), 99))
+
+
+@dataclass(frozen=True)
+class PrepareRow:
+    claims: int
+    requests: int
+    prepare: Latency
+    unprepare: Latency
+    floor_prepare: Latency
+    floor_unprepare: Latency
+
+
+def _request(kind: str, names: Sequence[str]) -> Any:
+    claims = [dra_v1_pb2.Claim(namespace="bench", uid=f"uid-{name}", name=name) for name in names]
+    if kind == "prepare":
+        return dra_v1_pb2.NodePrepareResourcesRequest(claims=claims)
+    return dra_v1_pb2.NodeUnprepareResourcesRequest(claims=claims)
+
+
+async def _measure(socket: Path, size: int, requests: int, first: int) -> tuple[list[float], list[float]]:
+    """Prepare then unprepare ``requests`` requests of ``size`` new claims; each call's ms."""
+    prepared: list[float] = []
+    unprepared: list[float] = []
+    async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+        for index in range(requests):
+            start = first + index * size
+            names = [f"c-{n}" for n in range(start, start + size)]
+            began = time.perf_counter()
+            response = await stub.NodePrepareResources(_request("prepare", names))
+            prepared.append((time.perf_counter() - began) * 1000)
+            errors = [entry.error for entry in response.claims.values() if entry.error]
+            if len(response.claims) != size or errors:
+                raise RuntimeError(f"prepare of {size} claims answered {len(response.claims)}: {errors[:3]}")
+            began = time.perf_counter()
+            await stub.NodeUnprepareResources(_request("unprepare", names))
+            unprepared.append((time.perf_counter() - began) * 1000)
+    return prepared, unprepared
+
+
+async def _run(sizes: Sequence[int], calls: int) -> list[PrepareRow]:
+    app = web.Application()
+    app.router.add_get("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}", _read_claim)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    api_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    root = Path(tempfile.mkdtemp(prefix="tbp-", dir="/tmp"))  # short: unix socket paths
+    socket = dra_socket(root)
+    plan = [(size, max(20, calls // size)) for size in sizes]
+    try:
+        driver = await asyncio.to_thread(ServerProcess, "driver", root, api_url)
+        try:
+            async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
+                resident = [f"r-{gpu}" for gpu in range(GPUS)]  # one fraction per GPU, kept
+                await dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    _request("prepare", resident)
+                )
+            driver_times = []
+            first = 0
+            for size, requests in plan:
+                await _measure(socket, size, 2, first)  # warm-up, not counted
+                driver_times.append(await _measure(socket, size, requests, first + 2 * size))
+                first += (requests + 2) * size
+        finally:
+            await asyncio.to_thread(driver.stop)
+        floor = await asyncio.to_thread(ServerProcess, "floor", root, api_url)
+        try:
+            floor_times = []
+            for size, requests in plan:
+                await _measure(socket, size, 2, 0)
+                floor_times.append(await _measure(socket, size, requests, 0))
+        finally:
+            await asyncio.to_thread(floor.stop)
+    finally:
+        await runner.cleanup()
+        await asyncio.to_thread(shutil.rmtree, root, ignore_errors=True)
+    return [
+        PrepareRow(
+            claims=size,
+            requests=requests,
+            prepare=Latency.of(tessera[0]),
+            unprepare=Latency.of(tessera[1]),
+            floor_prepare=Latency.of(base[0]),
+            floor_unprepare=Latency.of(base[1]),
+        )
+        for (size, requests), tessera, base in zip(plan, driver_times, floor_times, strict=True)
+    ]
+
+
+def run_prepare(sizes: Sequence[int] = SIZES, calls: int = 400) -> list[PrepareRow]:
+    """About ``calls`` claims per size (at least 20 requests each)."""
+    return asyncio.run(_run(sizes, calls))
+
+
+def prepare_table(rows: Sequence[PrepareRow]) -> str:
+    headers = [
+        "claims/req",
+        "requests",
+        "prep p50",
+        "prep p99",
+        "floor p50",
+        "floor p99",
+        "p50 / floor",
+        "p99 / floor",
+        "unprep p50",
+        "unprep p99",
+        "floor p50",
+        "floor p99",
+        "p50 / floor",
+        "p99 / floor",
+    ]
+    body = []
+    for r in rows:
+        body.append(
+            [
+                str(r.claims),
+                str(r.requests),
+                *(f"{v:.2f}" for v in (r.prepare.p50_ms, r.prepare.p99_ms)),
+                *(f"{v:.2f}" for v in (r.floor_prepare.p50_ms, r.floor_prepare.p99_ms)),
+                f"{r.prepare.p50_ms / r.floor_prepare.p50_ms:.1f}x",
+                f"{r.prepare.p99_ms / r.floor_prepare.p99_ms:.1f}x",
+                *(f"{v:.2f}" for v in (r.unprepare.p50_ms, r.unprepare.p99_ms)),
+                *(f"{v:.2f}" for v in (r.floor_unprepare.p50_ms, r.floor_unprepare.p99_ms)),
+                f"{r.unprepare.p50_ms / r.floor_unprepare.p50_ms:.1f}x",
+                f"{r.unprepare.p99_ms / r.floor_unprepare.p99_ms:.1f}x",
+            ]
+        )
+    return format_table(headers, body)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.prepare", description=__doc__)
+    sub = parser.add_subparsers(dest="command")
+    serve = sub.add_parser("serve", help="(internal) a server process of the benchmark")
+    serve.add_argument("kind", choices=("driver", "floor"))
+    serve.add_argument("root", type=Path)
+    serve.add_argument("api_url")
+    parser.add_argument("--calls", type=int, default=400, help="claims per request size (default 400)")
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        asyncio.run(_serve(args.kind, args.root, args.api_url))
+        return 0
+    print(f"\n[5] {TITLE}")
+    rows = run_prepare(calls=args.calls)
+    print(prepare_table(rows))
+    single = next(r for r in rows if r.claims == 1)
+    verdict = "met" if single.prepare.p99_ms < TARGET_P99_MS else "NOT met"
+    p99 = single.prepare.p99_ms
+    print(f"prepare p99 for 1 claim/request: {p99:.2f} ms, target {TARGET_P99_MS:g} ms: {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# The DRA driver on a real NVIDIA GPU node, without Kubernetes: run as root on the node.
+#
+#   sudo hack/gpu-check.sh [MEMORY]      MEMORY: the fractional claim's memory, default 10Gi
+#
+# 1. NVML discovery: the ResourceSlices the driver would publish for this node (JSON).
+# 2. A fractional claim (MEMORY of GPU 0, through MPS) prepared by the driver's own preparer with
+#    the real command runner: compute mode EXCLUSIVE_PROCESS, an MPS control daemon, and the CDI
+#    spec with the claim's limits (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, thread percentage).
+# 3. CUDA allocations as that claim's client: half the limit must succeed, the limit plus 1 GiB
+#    must fail (CUDA_ERROR_OUT_OF_MEMORY); either other outcome fails the check.
+# 4. Unprepare: MPS stopped, compute mode back to DEFAULT, CDI spec removed (also on failure).
+#
+# Needs: the NVIDIA driver (libcuda.so.1, nvidia-smi, nvidia-cuda-mps-control), the project's
+# Python environment with nvidia-ml-py ($PYTHON, default .venv/bin/python), no other GPU work on
+# GPU 0 (its compute mode changes for the duration). Exit code 0 only when every step held.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+python=${PYTHON:-"$root/.venv/bin/python"}
+memory=${1:-10Gi}
+
+if [[ $EUID -ne 0 ]]; then
+  echo "gpu-check: run as root (compute modes and the MPS daemon need it)" >&2
+  exit 2
+fi
+for tool in nvidia-smi nvidia-cuda-mps-control; do
+  command -v "$tool" >/dev/null || { echo "gpu-check: $tool not found" >&2; exit 2; }
+done
+"$python" -c 'import pynvml' 2>/dev/null || {
+  echo "gpu-check: $python lacks pynvml (pip install nvidia-ml-py)" >&2
+  exit 2
+}
+
+work=$(mktemp -d /tmp/tgc-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+echo "== gpu-check on $(hostname), $(date -u +%FT%TZ), work dir $work"
+nvidia-smi --query-gpu=index,name,uuid,memory.total,compute_mode --format=csv
+
+cd "$root"
+PYTHONPATH="$root" "$python" - "$work" "$memory" <<'PYTHON'
+"""Steps 1-4 above, with the driver's own code (nothing here re-implements it)."""
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from contract.quantity import parse_quantity
+from dra_driver.checkpoint import Checkpoint
+from dra_driver.devices import load_backend
+from dra_driver.prepare import ClaimRef, Preparer, node_devices
+from dra_driver.sharing import ProcessRunner, SharingManager
+from dra_driver.slices import NodeRef, SharingMode, build_slices
+
+DRIVER = "gpu.tessera.dev"
+GIB = 1 << 30
+work, memory = Path(sys.argv[1]), sys.argv[2]
+node = socket.gethostname()
+
+# A CUDA client in its own process, so each allocation starts from a fresh context.
+ALLOCATE = r"""
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+def call(name, *args):
+    code = getattr(cuda, name)(*args)
+    if code:
+        text = ctypes.c_char_p()
+        cuda.cuGetErrorName(code, ctypes.byref(text))
+        print(f"{name}: {text.value.decode()}")
+        sys.exit(3 if text.value == b"CUDA_ERROR_OUT_OF_MEMORY" else 4)
+device, context, pointer = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+call("cuInit", 0)
+call("cuDeviceGet", ctypes.byref(device), 0)
+call("cuCtxCreate_v2", ctypes.byref(context), 0, device)
+call("cuMemAlloc_v2", ctypes.byref(pointer), ctypes.c_size_t(int(sys.argv[1])))
+print(f"allocated {int(sys.argv[1]) / (1 << 30):.2f} GiB")
+"""
+
+
+def step(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+class OneClaim:
+    """The API's answer for the one fractional claim of this check."""
+
+    def __init__(self, claim: dict[str, Any]) -> None:
+        self.claim = claim
+
+    async def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.claim
+
+
+def allocate(size: int, env: dict[str, str]) -> int:
+    command = [sys.executable, "-c", ALLOCATE, str(size)]
+    return subprocess.run(command, env={**os.environ, **env}, check=False).returncode
+
+
+def compute_mode(uuid: str) -> None:
+    query = ["nvidia-smi", "-i", uuid, "--query-gpu=uuid,compute_mode", "--format=csv,noheader"]
+    subprocess.run(query, check=False)
+
+
+async def main() -> int:
+    step("1. NVML discovery: the ResourceSlices this node would publish")
+    gpus = load_backend("nvml").inventory()
+    slices = build_slices(NodeRef(node), DRIVER, gpus, SharingMode.CONSUMABLE_CAPACITY, generation=1)
+    print(json.dumps(slices, indent=2))
+    if not gpus:
+        print("no GPU found")
+        return 1
+
+    step(f"2. prepare a {memory} fraction of gpu-0 with MPS (real commands)")
+    devices = node_devices(gpus)
+    gpu0 = next(d for d in devices.values() if not d.is_mig)
+    result = {"request": "gpu", "driver": DRIVER, "pool": node, "device": gpu0.name,
+              "consumedCapacity": {"memory": memory}}  # fmt: skip
+    claim = {
+        "metadata": {"namespace": "gpu-check", "name": "fraction", "uid": "gpu-check-fraction"},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+    preparer = Preparer(
+        driver_name=DRIVER,
+        node_name=node,
+        devices=lambda: devices,
+        claims=OneClaim(claim),
+        checkpoint=Checkpoint(work / "state"),
+        sharing=SharingManager(ProcessRunner(), mps_root=work / "mps"),
+        cdi_dir=work / "cdi",
+    )
+    ref = ClaimRef("gpu-check", "gpu-check-fraction", "fraction")
+    outcome = (await preparer.prepare([ref]))[ref.uid]
+    if outcome.error:
+        print(f"prepare failed: {outcome.error}")
+        return 1
+    spec_path = next((work / "cdi").iterdir())
+    spec = json.loads(spec_path.read_text())
+    print(json.dumps(spec, indent=2))
+    await asyncio.to_thread(compute_mode, gpu0.uuid)
+    env = dict(item.split("=", 1) for item in spec["containerEdits"]["env"])
+    limit = int(parse_quantity(memory))
+    try:
+        step("3. CUDA allocations as the claim's MPS client")
+        # In a container the CDI mounts put the pipe at the container path; here, the host path.
+        client = {
+            "CUDA_VISIBLE_DEVICES": gpu0.uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": str(work / "mps" / gpu0.uuid / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(work / "mps" / gpu0.uuid / "log"),
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"],
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"],
+        }
+        print(f"client environment: {client}")
+        below = await asyncio.to_thread(allocate, limit // 2, client)
+        print(f"below the limit ({limit // 2} bytes): exit {below} (expected 0)")
+        above = await asyncio.to_thread(allocate, limit + GIB, client)
+        print(f"above the limit ({limit + GIB} bytes): exit {above} (expected 3, out of memory)")
+        held = below == 0 and above == 3
+    finally:
+        step("4. unprepare: MPS stopped, compute mode back to DEFAULT")
+        print(await preparer.unprepare([ref]))
+        await asyncio.to_thread(compute_mode, gpu0.uuid)
+    print(f"\nRESULT: the {memory} MPS memory limit {'HOLDS' if held else 'DOES NOT HOLD'}")
+    return 0 if held else 1
+
+
+sys.exit(asyncio.run(main()))
+PYTHON
