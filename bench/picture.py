@@ -166,14 +166,17 @@ class Picture:
         return {kind: len(items) for kind, items in self.objects.items()}
 
 
-def build_picture(nodes: int, pods: int, seed: int = 0) -> Picture:
+def build_picture(
+    nodes: int, pods: int, seed: int = 0, fill: float = GPU_FILL, borrower: str | None = None
+) -> Picture:
+    """The picture; `fill` of the GPUs held, all by `borrower` when given (else alternating queues)."""
     rng = random.Random(seed)
     names = [node_name(i) for i in range(nodes)]
     pod_objs: list[JsonObject] = []
     claims: list[JsonObject] = []
     gpu_slots = [(name, f"gpu-{minor}") for name in names for minor in range(GPUS_PER_NODE)]
     rng.shuffle(gpu_slots)
-    used = gpu_slots[: int(len(gpu_slots) * GPU_FILL)]
+    used = gpu_slots[: int(len(gpu_slots) * fill)]
     for i, (node, device) in enumerate(used):
         if len(pod_objs) >= pods:
             break
@@ -182,7 +185,7 @@ def build_picture(nodes: int, pods: int, seed: int = 0) -> Picture:
             name = f"gpu-pod-{i:06d}-{part}"
             memory = HALF_GPU_MEMORY if shared else None
             claims.append(_claim_object(f"{name}-gpus", memory, node, device))
-            pod_objs.append(pod_object(name, QUEUES[i % 2], node, claim=f"{name}-gpus"))
+            pod_objs.append(pod_object(name, borrower or QUEUES[i % 2], node, claim=f"{name}-gpus"))
     for i in range(pods - len(pod_objs)):
         pod_objs.append(pod_object(f"cpu-pod-{i:06d}", QUEUES[i % 2], names[rng.randrange(nodes)]))
     templates = [

@@ -154,8 +154,12 @@ class ClusterPicture:
             # Which classic GPUs a pod holds is the device plugin's secret: the used ones are the
             # last of the node's list (see GpuInventory), handed out to its classic pods in turn.
             supply = nodes.get(node_name)
-            classic_used = [i for i, free in enumerate(supply.free_milli) if free == 0] if supply else []
-            classic_used = classic_used[len(classic_used) - self._classic_used(node_name) :]
+            classic_used: list[int] = []
+            if supply is not None and len(supply.free_milli) > len(
+                self.inventory.node_devices.get(node_name, ())
+            ):
+                classic_used = [i for i, free in enumerate(supply.free_milli) if free == 0]
+                classic_used = classic_used[len(classic_used) - self._classic_used(node_name) :]
             for key in sorted(keys):
                 pod = self.store.get("Pod", key)
                 demand = self.demands.of(pod) if pod is not None else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from contract.kube import ClaimRef, mapping, meta, object_key, pod_claim_refs
@@ -63,20 +64,20 @@ class PodDemand:
     # GPU demand per GPU memory size it is sized against (fractions are relative to it).
     _by_memory: dict[int, GpuDemand | None] = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    @cached_property
     def claim_names(self) -> list[str]:
         """The claims it uses that exist by name (a template's claim once it was generated)."""
         return [ref.claim for ref in self.claims if ref.claim]
 
-    @property
+    @cached_property
     def models(self) -> frozenset[str]:
         return frozenset().union(*(r.models for r in self.gpu_requests))
 
-    @property
+    @cached_property
     def wants_gpu(self) -> bool:
         return self.classic_gpus > 0 or any(r.count for r in self.gpu_requests)
 
-    @property
+    @cached_property
     def fractional(self) -> bool:
         """One slice of one GPU: its share depends on the size of the GPU it lands on."""
         return (

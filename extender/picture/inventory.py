@@ -107,6 +107,9 @@ class GpuInventory:
         self.gpu_memory: dict[str, int] = {}
         # Device -> claim key -> consumed memory (None: the whole device).
         self.device_holders: dict[DeviceKey, dict[str, int | None]] = {}
+        # Claim key -> (pods sharing it, its allocated devices with their consumed memory), read
+        # once per claim version: accounting and snapshots ask for it per pod.
+        self.claim_allocations: dict[str, tuple[int, list[tuple[DeviceKey, int | None]]]] = {}
         # Pods the binder bound before the watch showed it: pod key -> node.
         self.assumed_nodes: dict[str, str] = {}
         self.pods_by_node: dict[str, set[str]] = {}
@@ -193,26 +196,21 @@ class GpuInventory:
         """
         held: list[tuple[DeviceKey, GpuDevice, float]] = []
         for name in claims:
-            claim = self.store.get("ResourceClaim", f"{namespace}/{name}")
-            if claim is None:
+            allocation = self.claim_allocations.get(f"{namespace}/{name}")
+            if allocation is None:
                 continue
-            consumers = sum(
-                1
-                for ref in sequence(mapping(claim.get("status")).get("reservedFor"))
-                if mapping(ref).get("resource") == "pods"
-            )
-            for allocated in allocated_devices(claim):
-                key = (allocated.driver, allocated.pool, allocated.device)
+            consumers, devices = allocation
+            for key, consumed in devices:
                 device = self.devices.get(key) or self.partitions.get(key)
                 if device is None:
                     continue
                 if key in self.partitions:
                     milli = device.memory_bytes  # a partition's share, in thousandths
-                elif allocated.consumed_memory is None:
+                elif consumed is None:
                     milli = GPU_MILLI
                 else:
-                    milli = fraction_milli(allocated.consumed_memory, device.memory_bytes)
-                held.append((key, device, milli / max(1, consumers)))
+                    milli = fraction_milli(consumed, device.memory_bytes)
+                held.append((key, device, milli / consumers))
         return held
 
     def classic_model(self, node_name: str) -> str:
@@ -377,6 +375,16 @@ class GpuInventory:
             self._notify(None)
 
     def _claim_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        self.claim_allocations.pop(key, None)
+        if new is not None:
+            devices = [((d.driver, d.pool, d.device), d.consumed_memory) for d in allocated_devices(new)]
+            if devices:
+                consumers = sum(
+                    1
+                    for ref in sequence(mapping(new.get("status")).get("reservedFor"))
+                    if mapping(ref).get("resource") == "pods"
+                )
+                self.claim_allocations[key] = (max(1, consumers), devices)
         if old is not None:
             for held in allocated_devices(old):
                 device_key = (held.driver, held.pool, held.device)
