@@ -5,7 +5,9 @@
    without the extender (``bench.e2e``);
 3. fairness reaction: time for a second queue to reach its fair share, with and without the
    extender (``bench.reaction``);
-4. extender memory with a large cluster picture vs the same process holding none.
+4. extender memory with a large cluster picture vs the same process holding none;
+5. fair-share recompute for 1000 queues in three levels and 4000 siblings vs the quadratic
+   water-filling it replaced (``bench.fairshare``).
 
 Default sizes fit a 2-core machine in a few minutes; ``--full`` runs the sizes of the issue
 (hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; 500 nodes / 4000 pods end to end;
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 
 from tessera.simulate.report import format_table
 
-from . import e2e, reaction
+from . import e2e, fairshare, reaction
 from .hotpath import HotPathRow, run_hotpath
 from .memory import MemoryRow, run_memory
 
@@ -103,7 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--full", action="store_true", help="the issue's sizes (slower, more memory)")
-    parser.add_argument("--only", choices=("hotpath", "e2e", "reaction", "memory"), help="run one benchmark")
+    parser.add_argument(
+        "--only", choices=("hotpath", "e2e", "reaction", "memory", "fairshare"), help="run one benchmark"
+    )
     parser.add_argument("--no-cluster", action="store_true", help="skip 2 and 3 (local control plane)")
     parser.add_argument("--seconds", type=float, help="measuring time per hot-path case")
     parser.add_argument(
@@ -127,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only in (None, "memory"):
         print(f"\n[4] extender memory, {mem_nodes} nodes x 8 GPUs, {mem_pods} pods in the picture")
         print(memory_table(run_memory(mem_nodes, mem_pods)))
+    if args.only in (None, "fairshare"):
+        fairshare.main([])
     return 0
 
 
