@@ -291,7 +291,6 @@ NEEDS = {
         "list pods",
         "watch pods",
         "get pods ns",
-        "patch pods ns",
         "create pods/binding ns",
         "patch pods/status ns",
         "create events ns",
@@ -333,6 +332,8 @@ DENIED = {
     "extender": access_list(
         "delete pods ns",
         "update pods ns",
+        # The requeue nudge is a pods/status write: no write access to any pod's spec.
+        "patch pods ns",
         "update pods/status ns",
         f"update {QUEUES}",
         f"create {QUEUES}",
