@@ -1,6 +1,6 @@
 """Bind verifies what it is asked, and answers with an Error (never an HTTP error) when it may
 not bind or the apiserver fails. The apiserver here is a small aiohttp stand-in; the real one is
-in tests/integration/test_extender_bind.py."""
+in tests/integration/test_install.py."""
 
 from __future__ import annotations
 
