@@ -65,3 +65,18 @@ def test_many_siblings_with_extreme_weights_stay_finite_and_add_up() -> None:
     values = [per["gpu"] for per in shares.values()]
     assert all(math.isfinite(v) and v >= 0 for v in values)
     assert sum(values) == pytest.approx(20_000.0)
+
+
+def test_a_light_queue_among_thousands_of_heavy_ones_keeps_its_precise_share() -> None:
+    """Weights 1000 and 0.001 side by side: the weight left after the heavy queues are satisfied
+    is summed from the light end, not subtracted from the total (which lost 1e-7 here)."""
+    rng = random.Random(3)
+    specs = [QueueSpec(f"heavy{i}", over_quota_weight={"gpu": 1000.0}) for i in range(2000)]
+    specs += [QueueSpec(f"light{i}", over_quota_weight={"gpu": w}) for i, w in enumerate((0.001, 0.0013))]
+    usage = {s.name: QueueUsage(allocated={}, requested={"gpu": rng.uniform(0.3, 3.0)}) for s in specs}
+    usage |= {f"light{i}": QueueUsage(allocated={}, requested={"gpu": 1e6}) for i in range(2)}
+    shares = compute_fair_shares(specs, usage, {"gpu": 6000.0})
+    with water_filling(quadratic_water_fill):
+        expected = compute_fair_shares(specs, usage, {"gpu": 6000.0})
+    for queue in ("light0", "light1"):
+        assert shares[queue]["gpu"] == pytest.approx(expected[queue]["gpu"], rel=1e-10)
