@@ -7,7 +7,10 @@
    extender (``bench.reaction``);
 4. extender memory with a large cluster picture vs the same process holding none;
 5. DRA driver NodePrepareResources / NodeUnprepareResources (1, 10, 100 claims per request) vs a
-   do-nothing gRPC server on the same unix socket (``bench.prepare``).
+   do-nothing gRPC server on the same unix socket (``bench.prepare``);
+6. fair-share recompute for 1000 queues in three levels and 4000 siblings vs the quadratic
+   water-filling it replaced (``bench.fairshare``);
+7. one reclaim planning cycle on a large picture vs taking its snapshot alone (``bench.planning``).
 
 Default sizes fit a 2-core machine in a few minutes; ``--full`` runs the sizes of the issue
 (hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; 500 nodes / 4000 pods end to end;
@@ -26,7 +29,7 @@ from collections.abc import Sequence
 
 from tessera.simulate.report import format_table
 
-from . import e2e, prepare, reaction
+from . import e2e, fairshare, planning, prepare, reaction
 from .hotpath import HotPathRow, run_hotpath
 from .memory import MemoryRow, run_memory
 from .prepare import prepare_table, run_prepare
@@ -107,7 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--full", action="store_true", help="the issue's sizes (slower, more memory)")
     parser.add_argument(
-        "--only", choices=("hotpath", "e2e", "reaction", "memory", "prepare"), help="run one benchmark"
+        "--only",
+        choices=("hotpath", "e2e", "reaction", "memory", "prepare", "fairshare", "planning"),
+        help="run one benchmark",
     )
     parser.add_argument("--no-cluster", action="store_true", help="skip 2 and 3 (local control plane)")
     parser.add_argument("--seconds", type=float, help="measuring time per hot-path case")
@@ -135,6 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only in (None, "prepare"):
         print(f"\n[5] {prepare.TITLE}")
         print(prepare_table(run_prepare()))
+    if args.only in (None, "fairshare"):
+        fairshare.main([])
+    if args.only in (None, "planning"):
+        planning.main([] if args.full else ["--nodes", "1000", "--pods", "10000"])
     return 0
 
 

@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     snapshot_ms = _timed(picture.snapshot, args.cycles)
     cycle_ms = _timed(cycle, args.cycles)
     print(
-        f"[planning] {args.nodes} nodes x 8 GPUs, {len(built.objects['Pod'])} pods "
+        f"\n[7] planning: {args.nodes} nodes x 8 GPUs, {len(built.objects['Pod'])} pods "
         f"({args.waiting} waiting), {plans} plans per cycle, {args.cycles} cycles"
     )
     print("what                 p50 ms   p99 ms")

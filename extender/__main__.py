@@ -14,13 +14,14 @@ import signal
 import socket
 from collections.abc import Sequence
 
+from aiohttp import web
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient
 
 from contract.names import DRIVER_NAME, PREEMPTIBLE_LABEL
 from extender.controllers.reclaim import ReclaimOptions
 from extender.picture.cluster import ClusterPicture, PictureConfig
-from extender.server import DEFAULT_MAX_BODY_BYTES, server_ssl_context
+from extender.server import DEFAULT_MAX_BODY_BYTES, operations_app, server_ssl_context
 from extender.service import ExtenderService, ServiceOptions
 
 log = logging.getLogger("extender")
@@ -40,6 +41,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--listen-address", default=_env("LISTEN_ADDRESS", "0.0.0.0"))
     parser.add_argument(
         "--port", type=int, default=int(_env("PORT", "8888") or 8888), help="listen port (0: pick a free one)"
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("METRICS_PORT", "0") or 0),
+        help="also serve /metrics, /healthz and /readyz over plain HTTP on this port, for Prometheus "
+        "and kubelet probes that cannot present the scheduler's client certificate (0: off)",
     )
     parser.add_argument("--tls-cert-file", default=_env("TLS_CERT_FILE"))
     parser.add_argument("--tls-key-file", default=_env("TLS_KEY_FILE"))
@@ -102,6 +110,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--tls-cert-file and --tls-key-file go together")
     if args.tls_client_ca_file and not args.tls_cert_file:
         parser.error("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
+    if args.metrics_port and args.metrics_port == args.port:
+        parser.error("--metrics-port must differ from --port")
     return args
 
 
@@ -150,8 +160,16 @@ async def run(args: argparse.Namespace) -> None:
     async with await _api_client(args.kubeconfig) as api:
         service = ExtenderService(api, options)
         await service.start()
+        operations = web.AppRunner(
+            operations_app(service.picture, service.metrics, service.watcher.problem), access_log=None
+        )
+        if args.metrics_port:
+            await operations.setup()
+            await web.TCPSite(operations, args.listen_address, args.metrics_port).start()
+            log.info("metrics and health on %s:%d (plain HTTP)", args.listen_address, args.metrics_port)
         await stop.wait()
         log.info("shutting down")
+        await operations.cleanup()
         await service.stop()
 
 

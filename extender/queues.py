@@ -11,12 +11,28 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from contract.kube import validation_problems
 from contract.names import QUEUE_GROUP, QUEUE_KIND, QUEUE_VERSION
 from contract.quantity import parse_quantity
-from extender.policy.fairness import QueueSpec, QueueTree, QueueUsage, broken_ancestries, format_amount
+from extender.policy.fairness import (
+    MAX_OVER_QUOTA_WEIGHT,
+    MIN_OVER_QUOTA_WEIGHT,
+    QueueSpec,
+    QueueTree,
+    QueueUsage,
+    broken_ancestries,
+    format_amount,
+)
 
 # Same shape as the pattern in manifests/crds/queues.yaml: gpu, cpu, memory or gpu/<model>.
 RESOURCE_NAME = re.compile(r"^(gpu|cpu|memory|gpu/[A-Za-z0-9]([A-Za-z0-9._-]{0,62}))$")
@@ -34,7 +50,19 @@ class QueueResourceModel(BaseModel):
 
     quota: Quantity | None = None
     limit: Quantity | None = None
-    over_quota_weight: float | None = Field(default=None, alias="overQuotaWeight", ge=0, allow_inf_nan=False)
+    over_quota_weight: float | None = Field(
+        default=None, alias="overQuotaWeight", ge=0, le=MAX_OVER_QUOTA_WEIGHT, allow_inf_nan=False
+    )
+
+    @field_validator("over_quota_weight")
+    @classmethod
+    def _weight_zero_or_in_range(cls, weight: float | None) -> float | None:
+        if weight is not None and 0 < weight < MIN_OVER_QUOTA_WEIGHT:
+            raise ValueError(
+                f"overQuotaWeight {weight:g} is neither 0 (leftovers only) nor at least "
+                f"{MIN_OVER_QUOTA_WEIGHT:g}"
+            )
+        return weight
 
     @model_validator(mode="after")
     def _limit_not_below_quota(self) -> QueueResourceModel:

@@ -142,7 +142,16 @@ async def handle_filter(request: web.Request) -> web.StreamResponse:
         waiting.admitted(meta.namespace, meta.name, meta.uid, decision.message)
     if decision.reserve:
         picture.reserve(key, args.Pod.raw(), RESERVATION_TTL_S)
-    return _json(decision.result)
+    result = decision.result
+    passed = (
+        result.NodeNames
+        if result.NodeNames is not None
+        else [n.name for n in result.Nodes.items]
+        if result.Nodes
+        else []
+    )
+    app[BINDER_KEY].filtered.remember(meta.uid, passed)  # bind accepts only these nodes for the pod
+    return _json(result)
 
 
 async def handle_prioritize(request: web.Request) -> web.StreamResponse:
@@ -225,6 +234,18 @@ def build_app(
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_get("/metrics", handle_metrics)
+    return app
+
+
+def operations_app(picture: ClusterPicture, metrics: ExtenderMetrics, health: HealthCheck) -> web.Application:
+    """/metrics, /healthz and /readyz on their own port: no verb, so no client certificate needed."""
+    app = web.Application()
+    app[PICTURE_KEY] = picture
+    app[METRICS_KEY] = metrics
+    app[HEALTH_KEY] = health
+    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/healthz", handle_healthz)
+    app.router.add_get("/readyz", handle_readyz)
     return app
 
 

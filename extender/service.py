@@ -70,7 +70,7 @@ class ExtenderService:
         )
         self.app = build_app(
             self.picture,
-            Binder(api, self.picture),
+            Binder(api, self.picture, require_filtered=True),
             self.waiting,
             self.metrics,
             options.max_body_bytes,

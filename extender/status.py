@@ -8,8 +8,14 @@ calls in the background:
   pod is admitted;
 * requeue: kube-scheduler retries a pod an extender rejected only on a cluster event or after
   5 minutes. After every change of the picture the writer re-runs admission for the refused
-  pods; one that would now be admitted gets an annotation patch, which is a Pod update event
-  that moves it back into the scheduler's active queue at once;
+  pods; one that would now be admitted gets its condition set to True (`QueueHasRoom`). That
+  status write is a Pod update event, and it is enough: kube-scheduler v1.37 puts the plugin
+  name "Extender" on a pod an extender rejected, registers every event for it
+  (pkg/scheduler/framework/runtime/framework.go, defaultEnqueueExtension ->
+  UnrollWildCardResource), and its queue's Update (backend/queue/scheduling_queue.go) requeues
+  an unschedulable pod on any update that changes its resourceVersion, status included. So the
+  extender needs `patch pods/status` only, never `patch pods` (which could change any pod's
+  image or command);
 * Queue objects get `status` (allocated, requested, fairShare, conditions) when it changes.
 """
 
@@ -20,8 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes_asyncio.client import ApiClient
 
@@ -37,7 +42,8 @@ from extender.queues import queue_statuses, with_reclaim
 log = logging.getLogger(__name__)
 
 ADMITTED_CONDITION = f"{QUEUE_GROUP}/QueueAdmitted"
-REQUEUE_ANNOTATION = f"{QUEUE_GROUP}/requeued-at"
+# The condition reason of a nudge: the pod was refused, and its queue has room now.
+NUDGE_REASON = "QueueHasRoom"
 # One pod is nudged at most this often, so a disagreement between the requeue check and the
 # next filter call can never turn into a tight patch loop.
 MIN_NUDGE_INTERVAL_S = 1.0
@@ -55,29 +61,44 @@ class WaitingPod:
     last_nudge: float = 0.0  # monotonic time of the last nudge
 
 
+class PodReport(NamedTuple):
+    """A pod condition to write, and whether an Event goes with it."""
+
+    namespace: str
+    name: str
+    uid: str
+    admitted: bool
+    reason: str
+    post_event: bool
+
+
 @dataclass
 class WaitingPods:
     """Pods refused by admission, and condition reports still to write (filled by the hot path)."""
 
     waiting: dict[str, WaitingPod] = field(default_factory=dict)
-    # pod key -> (namespace, name, uid, admitted, reason) to write as Event/condition
-    reports: dict[str, tuple[str, str, str, bool, str]] = field(default_factory=dict)
+    reports: dict[str, PodReport] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def refused(self, namespace: str, name: str, uid: str, queue: str, reason: str) -> None:
         key = f"{namespace}/{name}"
         known = self.waiting.get(key)
         if known is not None and known.reason == reason:
-            known.nudged = False
+            if known.nudged:
+                # The nudge set the condition to True; it waits again (same reason: no new Event).
+                # Writing False now also makes the next nudge a real change of the pod.
+                known.nudged = False
+                self.reports[key] = PodReport(namespace, name, uid, False, reason, post_event=False)
+                self.wake.set()
             return
         self.waiting[key] = WaitingPod(namespace, name, uid, queue, reason)
-        self.reports[key] = (namespace, name, uid, False, reason)
+        self.reports[key] = PodReport(namespace, name, uid, False, reason, post_event=True)
         self.wake.set()
 
     def admitted(self, namespace: str, name: str, uid: str, reason: str) -> None:
         key = f"{namespace}/{name}"
         if self.waiting.pop(key, None) is not None:
-            self.reports[key] = (namespace, name, uid, True, reason)
+            self.reports[key] = PodReport(namespace, name, uid, True, reason, post_event=False)
             self.wake.set()
 
 
@@ -133,21 +154,23 @@ class StatusWriter:
 
     async def _report_once(self) -> None:
         while self.waiting.reports:
-            key, (namespace, name, uid, admitted, reason) = self.waiting.reports.popitem()
+            key, (namespace, name, uid, admitted, reason, post_event) = self.waiting.reports.popitem()
             try:
                 await self._write_condition(namespace, name, admitted, reason)
-                if not admitted:
+                if post_event:
                     await post_pod_event(self.api, namespace, name, uid, "WaitingForQueue", reason)
             except KubeError as exc:
                 # A pod deleted meanwhile is normal; anything else is worth a line.
                 if exc.status != 404:
                     log.warning("could not report wait reason of %s: %s", key, exc)
 
-    async def _write_condition(self, namespace: str, name: str, admitted: bool, reason: str) -> None:
+    async def _write_condition(
+        self, namespace: str, name: str, admitted: bool, reason: str, kind: str = ""
+    ) -> None:
         condition = {
             "type": ADMITTED_CONDITION,
             "status": "True" if admitted else "False",
-            "reason": "Admitted" if admitted else "WaitingForQueue",
+            "reason": kind or ("Admitted" if admitted else "WaitingForQueue"),
             "message": reason,
             "lastTransitionTime": now_rfc3339(),
         }
@@ -226,14 +249,14 @@ class StatusWriter:
                 continue
             entry.nudged = True
             entry.last_nudge = now
-            patch = {"metadata": {"annotations": {REQUEUE_ANNOTATION: datetime.now(UTC).isoformat()}}}
             try:
-                await request(
-                    self.api,
-                    "PATCH",
-                    f"/api/v1/namespaces/{entry.namespace}/pods/{entry.name}",
-                    body=patch,
-                    content_type=MERGE_PATCH,
+                # False -> True: always a change of the pod, so always an update event.
+                await self._write_condition(
+                    entry.namespace,
+                    entry.name,
+                    True,
+                    f"queue '{entry.queue}' can admit it now; the scheduler retries it",
+                    NUDGE_REASON,
                 )
                 self.metrics.requeue_nudges.inc()
                 log.info("pod %s/%s may be admitted now; nudged the scheduler", entry.namespace, entry.name)

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import accumulate
 from typing import Literal
 
 Resources = Mapping[str, float]
@@ -43,6 +44,14 @@ GPU_MODEL_PREFIX = "gpu/"
 
 # Float tolerance for comparisons of shares and amounts (GPU thousandths are far above it).
 EPSILON = 1e-9
+
+# overQuotaWeight is 0 (leftovers only) or within [1e-3, 1e3] (the Queue CRD and the parser
+# refuse anything else). Two weights then differ by at most 1e6, so the level of water-filling
+# (amount / total weight) stays finite for every finite amount, the lightest queue still gets a
+# visible part next to the heaviest, and no sum of weights can overflow to infinity (two siblings
+# weighing 1e308 made every share 0; a weight of 1e-320 made shares infinite).
+MIN_OVER_QUOTA_WEIGHT = 1e-3
+MAX_OVER_QUOTA_WEIGHT = 1e3
 
 
 @dataclass(frozen=True)
@@ -98,18 +107,23 @@ class _Claimant:
 
 
 def _divide(pool: float, claimants: Sequence[_Claimant]) -> dict[str, float]:
+    if not claimants:  # a leaf queue: nothing to divide
+        return {}
     shares = {c.key: 0.0 for c in claimants}
     remaining = max(pool, 0.0)
-    tiers = sorted({c.priority for c in claimants}, reverse=True)
-    for tier in tiers:
-        guaranteed = {c.key: min(c.quota, c.demand) for c in claimants if c.priority == tier}
+    by_priority: dict[int, list[_Claimant]] = {}
+    for claimant in claimants:
+        by_priority.setdefault(claimant.priority, []).append(claimant)
+    tiers = [by_priority[priority] for priority in sorted(by_priority, reverse=True)]
+    for members in tiers:
+        guaranteed = {c.key: min(c.quota, c.demand) for c in members}
         wanted = sum(guaranteed.values())
         scale = 1.0 if wanted <= remaining else remaining / wanted
         for key, amount in guaranteed.items():
             shares[key] = amount * scale
-        remaining -= wanted * scale
-    for tier in tiers:
-        members = [c for c in claimants if c.priority == tier]
+        # Never below 0: float error left a tier after a fully served one dividing by zero.
+        remaining = max(remaining - wanted * scale, 0.0)
+    for members in tiers:
         weighted = [(c, c.weight) for c in members if c.weight > 0]
         leftovers_only = [(c, 1.0) for c in members if c.weight <= 0]
         remaining = _water_fill(remaining, weighted, shares)
@@ -118,27 +132,39 @@ def _divide(pool: float, claimants: Sequence[_Claimant]) -> dict[str, float]:
 
 
 def _water_fill(amount: float, members: Sequence[tuple[_Claimant, float]], shares: dict[str, float]) -> float:
-    """Raise members' shares in proportion to weight until amount or their demand runs out."""
-    active = [(c, w) for c, w in members if shares[c.key] < c.demand]
-    while active and amount > EPSILON:
-        total_weight = sum(w for _, w in active)
-        level = amount / total_weight
-        # The level (per unit weight) at which the first member becomes satisfied.
-        saturating = min((c.demand - shares[c.key]) / w for c, w in active)
-        if level <= saturating:
-            for claimant, weight in active:
-                shares[claimant.key] += level * weight
-            return 0.0
-        for claimant, weight in active:
-            gap = claimant.demand - shares[claimant.key]
-            if gap / weight <= saturating:
-                # Set to the demand exactly, so float error cannot keep a satisfied member in.
-                shares[claimant.key] = claimant.demand
-                amount -= gap
-            else:
-                shares[claimant.key] += saturating * weight
-                amount -= saturating * weight
-        active = [(c, w) for c, w in active if shares[c.key] < c.demand]
+    """Raise members' shares in proportion to weight until amount or their demand runs out.
+
+    O(n log n): members sorted by the level (amount per unit weight) at which each becomes
+    satisfied; one pass then raises a common level, setting each member that it reaches to its
+    demand and taking it out of the weight that shares the rest. Returns what is left over.
+    """
+    # (level at which the member is satisfied, position as a tie-break, member, weight)
+    unsatisfied = sorted(
+        ((c.demand - shares[c.key]) / w, i, c, w)
+        for i, (c, w) in enumerate(members)
+        if shares[c.key] < c.demand
+    )
+    if not unsatisfied:
+        return amount
+    # weight_from[i]: the weight of the members not yet satisfied when the i-th one is reached.
+    weight_from = list(accumulate(entry[3] for entry in reversed(unsatisfied)))[::-1]
+    level = 0.0
+    satisfied = 0
+    for index, (saturation, _, claimant, _) in enumerate(unsatisfied):
+        if amount <= EPSILON:
+            break
+        weight = weight_from[index]
+        if amount / weight <= saturation - level:
+            level += amount / weight
+            amount = 0.0
+            break
+        amount -= (saturation - level) * weight
+        level = saturation
+        # Set to the demand exactly, so float error cannot keep a satisfied member in.
+        shares[claimant.key] = claimant.demand
+        satisfied = index + 1
+    for _, _, claimant, weight in unsatisfied[satisfied:]:
+        shares[claimant.key] += level * weight
     return amount
 
 

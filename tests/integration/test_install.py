@@ -11,7 +11,10 @@ Each test renders its own release into its own namespace, so cluster-scoped name
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -30,6 +33,7 @@ import yaml
 from kubernetes_asyncio.client import ApiClient
 
 from tessera.dev.localcluster import LocalCluster, create_fake_node, delete_nodes, free_port
+from tessera.dev.pki import CertificateAuthority
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +44,10 @@ INSTALL_YAML = REPO / "manifests" / "install.yaml"
 QUEUE_CRD_NAME = "queues.scheduling.tessera.dev"
 # Values that switch on every optional branch of the templates.
 NON_DEFAULT_VALUES = (
-    "extender.tls.enabled=true",
+    "extender.tls.source=cert-manager",
+    "extender.networkPolicy.metricsPeers[0].namespaceSelector.matchLabels.team=monitoring",
+    "extender.networkPolicy.schedulerPeers[0].ipBlock.cidr=10.0.0.0/24",
+    "draDriver.privileged=true",
     "extender.schedulerNames={tessera,other}",
     "draDriver.backend=simulated",
     "draDriver.runtimeClassName=nvidia",
@@ -107,6 +114,48 @@ def names_of(objects: list[dict[str, Any]], kind: str) -> list[str]:
     return [obj["metadata"]["name"] for obj in objects if obj["kind"] == kind]
 
 
+# cert-manager is not part of the local control plane: CRDs of the same group and kinds with an open
+# schema let the server dry run reach the API for the Issuer and Certificate objects. The fields
+# the chart sets are checked against cert-manager's documented API in
+# tests/unit/test_chart_rendered.py.
+CERT_MANAGER_STAND_IN: list[dict[str, Any]] = [
+    {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.cert-manager.io"},
+        "spec": {
+            "group": "cert-manager.io",
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                }
+            ],
+        },
+    }
+    for plural, kind in (("issuers", "Issuer"), ("certificates", "Certificate"))
+]
+
+
+def install_cert_manager_stand_in(cluster: LocalCluster) -> None:
+    kubectl_ok(
+        cluster,
+        "apply",
+        "--server-side",
+        "-f",
+        "-",
+        input_text=yaml.safe_dump_all(CERT_MANAGER_STAND_IN),
+    )
+    for crd in CERT_MANAGER_STAND_IN:
+        kubectl_ok(cluster, "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}")
+
+
 def test_chart_lints_and_the_plain_install_is_a_fresh_render(
     local_cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -149,26 +198,42 @@ def test_chart_lints_and_the_plain_install_is_a_fresh_render(
 
 
 # Only the extender (HTTPS, no client certificates) and the scheduler configuration for your own
-# kube-scheduler.
+# kube-scheduler, which the NetworkPolicy must then name.
 CONFIG_ONLY_VALUES = (
     "scheduler.deploy=false",
     "draDriver.enabled=false",
     "deviceClasses.create=false",
-    "extender.tls.enabled=true",
     "extender.tls.verifyClients=false",
+    "extender.networkPolicy.schedulerPeers[0].ipBlock.cidr=10.0.0.0/24",
 )
+# Certificates from an Issuer of your own; /metrics only behind the scheduler's mutual TLS.
+OWN_ISSUER_VALUES = (
+    "extender.tls.source=cert-manager",
+    "extender.tls.certManager.issuerRef.name=corp-ca",
+    "extender.tls.certManager.issuerRef.kind=ClusterIssuer",
+    "extender.metricsPort=0",
+)
+# Secrets made by hand (docs/install.md), and the documented insecure opt-out.
+OWN_SECRETS_VALUES = ("extender.tls.source=secrets",)
+PLAIN_HTTP_VALUES = ("extender.tls.enabled=false", "extender.networkPolicy.enabled=false")
+VALUE_SETS = {
+    "defaults": (),
+    "every-option": NON_DEFAULT_VALUES,
+    "config-only-server-tls": CONFIG_ONLY_VALUES,
+    "own-issuer-metrics-behind-tls": OWN_ISSUER_VALUES,
+    "own-secrets": OWN_SECRETS_VALUES,
+    "plain-http": PLAIN_HTTP_VALUES,
+}
 
 
-@pytest.mark.parametrize(
-    "values",
-    [(), NON_DEFAULT_VALUES, CONFIG_ONLY_VALUES],
-    ids=["defaults", "every-option", "config-only-server-tls"],
-)
+@pytest.mark.parametrize("values", list(VALUE_SETS.values()), ids=list(VALUE_SETS))
 def test_the_apiserver_accepts_every_rendered_object(
     local_cluster: LocalCluster, namespace: str, values: tuple[str, ...]
 ) -> None:
     release = f"it-{uuid.uuid4().hex[:6]}"
     objects = install_crds(local_cluster, render(local_cluster, release, namespace, *values))
+    if any(obj["apiVersion"].startswith("cert-manager.io/") for obj in objects):
+        install_cert_manager_stand_in(local_cluster)
     out = kubectl_ok(
         local_cluster, "apply", "--dry-run=server", "-f", "-", input_text=yaml.safe_dump_all(objects)
     )
@@ -191,13 +256,50 @@ def test_the_apiserver_accepts_every_rendered_object(
     if values == NON_DEFAULT_VALUES:
         assert_tls_wired(objects, release, namespace)
     if values == CONFIG_ONLY_VALUES:
-        # Server-side TLS only: the kubelet's HTTPS probes get through, the scheduler needs just the CA.
+        # Server-side TLS only: the scheduler needs just the CA; the probes use the metrics port.
         (extender,) = (o for o in objects if o["kind"] == "Deployment")
         probe = extender["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
-        assert probe["httpGet"] == {"path": "/readyz", "port": "extender", "scheme": "HTTPS"}
+        assert probe["httpGet"] == {"path": "/readyz", "port": "metrics"}
         config_map = next(o for o in objects if o["kind"] == "ConfigMap")
         (link,) = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])["extenders"]
         assert set(link["tlsConfig"]) == {"serverName", "caFile"}
+        (policy,) = (o for o in objects if o["kind"] == "NetworkPolicy")
+        assert policy["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    if values == OWN_ISSUER_VALUES:
+        issued = [o for o in objects if o["kind"] == "Certificate"]
+        assert {o["spec"]["issuerRef"]["name"] for o in issued} == {"corp-ca"}
+        assert not [o for o in objects if o["kind"] == "Issuer"]
+        (extender,) = (
+            o for o in objects if o["kind"] == "Deployment" and "extender" in o["metadata"]["name"]
+        )
+        container = extender["spec"]["template"]["spec"]["containers"][0]
+        assert "tcpSocket" in container["readinessProbe"]
+        assert not any(arg.startswith("--metrics-port") for arg in container["args"])
+    if values == PLAIN_HTTP_VALUES:
+        assert not {"Secret", "NetworkPolicy", "Certificate"} & kinds
+    else:
+        assert "NetworkPolicy" in kinds
+
+
+def test_a_chart_that_would_lock_out_your_own_scheduler_does_not_render(local_cluster: LocalCluster) -> None:
+    """scheduler.deploy=false with the NetworkPolicy on must name who runs the scheduler."""
+    result = subprocess.run(
+        [
+            str(local_cluster.bin_dir / "helm"),
+            "template",
+            "x",
+            str(CHART),
+            "--kube-version",
+            kube_version(),
+            "--set",
+            "scheduler.deploy=false",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "extender.networkPolicy.schedulerPeers must admit your own kube-scheduler" in result.stderr
 
 
 def mounted_secrets(pod: dict[str, Any]) -> dict[str, str]:
@@ -223,8 +325,9 @@ def assert_tls_wired(objects: list[dict[str, Any]], release: str, namespace: str
         ("--tls-client-ca-file", "ca.crt"),
     ):
         assert f"{flag}={serving}/{key}" in args
-    # Kubelet probes carry no client certificate: they only open the port.
-    assert "tcpSocket" in extender["containers"][0]["readinessProbe"]
+    # Kubelet probes carry no client certificate: they use the plain-HTTP metrics port.
+    assert "--metrics-port=9090" in args
+    assert extender["containers"][0]["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
 
     client = mounted_secrets(pod(f"{release}-tessera-scheduler"))["tessera-scheduler-client"]
     config_map = next(o for o in objects if o["kind"] == "ConfigMap")
@@ -284,14 +387,13 @@ NEVER = access_list(  # what no Tessera component has any business doing
     "escalate clusterroles.rbac.authorization.k8s.io",
 )
 NEEDS = {
-    # extender/state.py watches, binder.py, status.py
+    # extender/picture/watcher.py watches, binder.py, status.py
     "extender": access_list(
         "list nodes",
         "watch nodes",
         "list pods",
         "watch pods",
         "get pods ns",
-        "patch pods ns",
         "create pods/binding ns",
         "patch pods/status ns",
         "create events ns",
@@ -333,6 +435,8 @@ DENIED = {
     "extender": access_list(
         "delete pods ns",
         "update pods ns",
+        # The requeue nudge is a pods/status write: no write access to any pod's spec.
+        "patch pods ns",
         "update pods/status ns",
         f"update {QUEUES}",
         f"create {QUEUES}",
@@ -514,13 +618,46 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
+def secret_files(cluster: LocalCluster, namespace: str, name: str, directory: Path) -> Path:
+    """The Secret's keys as files in ``directory``, as the kubelet mounts them."""
+    secret = yaml.safe_load(
+        kubectl_ok(cluster, "get", "secret", name, f"--namespace={namespace}", "-o", "json")
+    )
+    directory.mkdir()
+    for key, value in secret["data"].items():
+        (directory / key).write_bytes(base64.b64decode(value))
+    return directory
+
+
+def tls_client(ca: Path, cert_dir: Path | None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(ca))
+    context.check_hostname = False  # the tests reach the extender at 127.0.0.1
+    if cert_dir is not None:
+        context.load_cert_chain(str(cert_dir / "tls.crt"), str(cert_dir / "tls.key"))
+    return context
+
+
+def call_bind(url: str, context: ssl.SSLContext, body: dict[str, str]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"{url}/bind", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10, context=context) as response:
+        assert response.status == 200
+        return dict(json.loads(response.read()))
+
+
 async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_accounts(
     release: Release, k8s: ApiClient, tmp_path: Path
 ) -> None:
+    """With the chart's own certificates: mutual TLS between the two, metrics and health on the
+    plain-HTTP port, and bind refusing what it must not do, on the real control plane."""
     cluster, namespace = release.cluster, release.namespace
-    extender_port, scheduler_port = free_port(), free_port()
+    extender_port, metrics_port, scheduler_port = free_port(), free_port(), free_port()
     extender_log, scheduler_log = tmp_path / "extender.log", tmp_path / "scheduler.log"
     extender_kubeconfig = release.token_kubeconfig("extender", tmp_path / "extender.kubeconfig")
+    # The certificates helm generated at install (extender.tls.source=helm, the default).
+    serving = secret_files(cluster, namespace, "tessera-extender-tls", tmp_path / "extender-tls")
+    client = secret_files(cluster, namespace, "tessera-scheduler-client", tmp_path / "scheduler-client")
     extender = start(
         [
             sys.executable,
@@ -529,6 +666,10 @@ async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_acc
             f"--kubeconfig={extender_kubeconfig}",
             "--listen-address=127.0.0.1",
             f"--port={extender_port}",
+            f"--metrics-port={metrics_port}",
+            f"--tls-cert-file={serving / 'tls.crt'}",
+            f"--tls-key-file={serving / 'tls.key'}",
+            f"--tls-client-ca-file={serving / 'ca.crt'}",
         ],
         extender_log,
     )
@@ -548,10 +689,15 @@ async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_acc
     config = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])
     kubeconfig = release.token_kubeconfig("scheduler", tmp_path / "scheduler.kubeconfig")
     config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
-    assert config["extenders"][0]["urlPrefix"] == (
-        f"http://{release.name}-tessera-extender.{namespace}.svc:8888"
-    )
-    config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{extender_port}"
+    (link,) = config["extenders"]
+    host = f"{release.name}-tessera-extender.{namespace}.svc"
+    assert link["urlPrefix"] == f"https://{host}:8888" and link["enableHTTPS"] is True
+    link["urlPrefix"] = f"https://127.0.0.1:{extender_port}"
+    # The serving certificate names the Service, which the configuration checks (serverName).
+    assert link["tlsConfig"]["serverName"] == host
+    for key, file in (("caFile", "ca.crt"), ("certFile", "tls.crt"), ("keyFile", "tls.key")):
+        assert link["tlsConfig"][key] == f"/etc/tessera/extender-client/{file}"
+        link["tlsConfig"][key] = str(client / file)
     (tmp_path / "scheduler.yaml").write_text(yaml.safe_dump(config))
     scheduler = start(
         [
@@ -568,11 +714,12 @@ async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_acc
     try:
         # Ready only once every watch (nodes ... queues) has listed: the list/watch RBAC works.
         wait_for(
-            lambda: http_ok(f"http://127.0.0.1:{extender_port}/readyz"),
+            lambda: http_ok(f"http://127.0.0.1:{metrics_port}/readyz"),
             "extender ready",
             extender,
             extender_log,
         )
+        assert http_ok(f"http://127.0.0.1:{metrics_port}/metrics")
 
         def holds_lease() -> bool:
             lease = cluster.kubectl(
@@ -616,9 +763,56 @@ async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_acc
                 == node
             )
 
-        # The extender is the binder (bindVerb): the Binding was created with its token.
+        # The extender is the binder (bindVerb): the Binding was created with its token, over the
+        # chart's mutual TLS.
         wait_for(bound, "pod bound by the extender", extender, extender_log)
         assert f"bound {namespace}/hello to {node}" in extender_log.read_text()
+
+        url = f"https://127.0.0.1:{extender_port}"
+        # Without the scheduler's certificate, or with one of another CA: no connection at all.
+        stranger = CertificateAuthority(tmp_path / "stranger-ca", name="stranger")
+        stranger_cert = stranger.issue("client", "kube-scheduler")
+        stranger_dir = tmp_path / "stranger-client"
+        stranger_dir.mkdir()
+        (stranger_dir / "tls.crt").write_bytes(stranger_cert.cert_pem)
+        (stranger_dir / "tls.key").write_bytes(stranger_cert.key_pem)
+        hello_uid = kubectl_ok(
+            cluster, "get", "pod", "hello", f"--namespace={namespace}", "-o", "jsonpath={.metadata.uid}"
+        )
+        rebind = {"PodName": "hello", "PodNamespace": namespace, "PodUID": hello_uid, "Node": "elsewhere"}
+        for credentials in (None, stranger_dir):
+            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+                call_bind(url, tls_client(client / "ca.crt", credentials), rebind)
+        scheduler_tls = tls_client(client / "ca.crt", client)
+        # With it: bind still refuses a pod already bound, and a node that does not exist.
+        assert "already bound to node" in call_bind(url, scheduler_tls, rebind)["Error"]
+        stray = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "stray", "namespace": namespace},
+            # No scheduler serves it: it stays pending unless someone binds it.
+            "spec": {"schedulerName": "nobody", "containers": [{"name": "main", "image": "pause"}]},
+        }
+        kubectl_ok(cluster, "apply", "-f", "-", input_text=yaml.safe_dump(stray))
+        stray_uid = kubectl_ok(
+            cluster, "get", "pod", "stray", f"--namespace={namespace}", "-o", "jsonpath={.metadata.uid}"
+        )
+        answer = call_bind(
+            url,
+            scheduler_tls,
+            {"PodName": "stray", "PodNamespace": namespace, "PodUID": stray_uid, "Node": "no-such-node"},
+        )
+        assert answer["Error"] == "node no-such-node does not exist"
+        answer = call_bind(
+            url,
+            scheduler_tls,
+            {"PodName": "stray", "PodNamespace": namespace, "PodUID": "not-its-uid", "Node": node},
+        )
+        assert "it was replaced" in answer["Error"]
+        stray_node = kubectl_ok(
+            cluster, "get", "pod", "stray", f"--namespace={namespace}", "-o", "jsonpath={.spec.nodeName}"
+        )
+        assert stray_node == ""
 
         kubectl_ok(
             cluster,

@@ -146,6 +146,12 @@ INVALID_SPECS = [
     ({"resources": {"gpu": {"quota": 4, "limit": 2}}}, "limit must not be below quota"),
     ({"resources": {"memory": {"quota": "64Gi", "limit": "1Gi"}}}, "limit must not be below quota"),
     ({"resources": {"gpu": {"overQuotaWeight": -1}}}, "spec.resources.gpu.overQuotaWeight"),
+    ({"resources": {"gpu": {"overQuotaWeight": 1e308}}}, "should be less than or equal to 1000"),
+    ({"resources": {"gpu": {"overQuotaWeight": 1e-9}}}, "overQuotaWeight is 0 or between 0.001 and 1000"),
+    ({"resources": {"cpu": {"quota": "1e400"}}}, "an amount is at most 4Ei"),
+    # Binary quantities past 2^63 - 1 are capped to it by the apiserver: still refused.
+    ({"resources": {"memory": {"limit": "10Ei"}}}, "an amount is at most 4Ei"),
+    ({"resources": {"gpu": {"quota": 4611686018427387905}}}, "an amount is at most 4Ei"),
     ({"resources": {"gpu": {"quotaa": 1}}}, "quotaa"),
     ({"resources": ["gpu"]}, "spec.resources"),
     ({"priority": "high"}, "spec.priority"),
@@ -194,3 +200,21 @@ def test_default_queue_manifest_is_accepted(queue_crd: LocalCluster) -> None:
         "apply", "--dry-run=server", "-f", str(REPO_ROOT / "manifests" / "default-queue.yaml")
     )
     assert "queue.scheduling.tessera.dev/default" in result.stdout
+
+
+def test_bounds_of_weights_and_amounts_are_accepted(queue_crd: LocalCluster, unique: str) -> None:
+    """The schema's maxima are inclusive, and what it accepts the extender's parser reads."""
+    names = [f"{unique}-{i}" for i in range(3)]
+    specs: list[dict[str, Any]] = [
+        {"resources": {"gpu": {"overQuotaWeight": 0}, "cpu": {"quota": 4611686018427387904}}},
+        {"resources": {"gpu": {"overQuotaWeight": 0.001}, "memory": {"limit": "4Ei"}}},
+        {"resources": {"gpu": {"overQuotaWeight": 1000, "quota": "4611686018427387904"}}},
+    ]
+    try:
+        for name, spec in zip(names, specs, strict=True):
+            assert create(queue_crd, queue_object(name, spec)) == (0, "")
+        stored = json.loads(queue_crd.kubectl("get", QUEUE_PLURAL, *names, "-o", "json").stdout)["items"]
+        weights = sorted(parse_queue(obj).over_quota_weight["gpu"] for obj in stored)
+        assert weights == [0, 0.001, 1000]
+    finally:
+        queue_crd.kubectl("delete", QUEUE_PLURAL, *names, "--ignore-not-found", check=False)

@@ -62,9 +62,18 @@ def test_the_scheduler_configuration_calls_the_extender_service(install: list[di
     service = one(install, "Service", "tessera-extender")
     port = service["spec"]["ports"][0]["port"]
     (extender,) = config["extenders"]
-    assert extender["urlPrefix"] == f"http://tessera-extender.{NAMESPACE}.svc:{port}"
+    host = f"tessera-extender.{NAMESPACE}.svc"
+    assert extender["urlPrefix"] == f"https://{host}:{port}"
     assert extender["bindVerb"] == "bind" and extender["nodeCacheCapable"] is True
     assert extender["ignorable"] is False
+    # Mutual TLS by default: the scheduler checks the extender's name and presents its certificate.
+    assert extender["enableHTTPS"] is True
+    assert extender["tlsConfig"] == {
+        "serverName": host,
+        "caFile": "/etc/tessera/extender-client/ca.crt",
+        "certFile": "/etc/tessera/extender-client/tls.crt",
+        "keyFile": "/etc/tessera/extender-client/tls.key",
+    }
 
     scheduler = one(install, "Deployment", "tessera-scheduler")["spec"]["template"]["spec"]
     assert scheduler["serviceAccountName"] == "tessera-scheduler"
@@ -81,9 +90,59 @@ def test_the_extender_service_selects_the_extender_pods(install: list[dict[str, 
     assert container["command"] == ["tessera-extender"]
     # Queue demand from the chart's scheduler only; GPUs of the chart's driver.
     assert {"--scheduler-name=tessera", "--gpu-driver=gpu.tessera.dev"} <= set(container["args"])
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    # The scheduler's client certificate is required; metrics and probes on their own port.
+    assert {
+        "--tls-cert-file=/etc/tessera/tls/tls.crt",
+        "--tls-key-file=/etc/tessera/tls/tls.key",
+        "--tls-client-ca-file=/etc/tessera/tls/ca.crt",
+        "--metrics-port=9090",
+    } <= set(container["args"])
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"https": 8888, "metrics": 9090}
+    assert service["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+
+
+def test_only_the_scheduler_reaches_the_extender_port(install: list[dict[str, Any]]) -> None:
+    policy = one(install, "NetworkPolicy", "tessera-extender")["spec"]
+    extender_pods = one(install, "Deployment", "tessera-extender")["spec"]["template"]["metadata"]["labels"]
+    scheduler_pods = one(install, "Deployment", "tessera-scheduler")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= extender_pods.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    verbs, metrics = policy["ingress"]
+    assert verbs["ports"] == [{"port": "extender", "protocol": "TCP"}]
+    (peer,) = verbs["from"]
+    assert peer["podSelector"]["matchLabels"].items() <= scheduler_pods.items()
+    assert not peer["podSelector"]["matchLabels"].items() <= extender_pods.items()
+    # Metrics from anywhere by default (extender.networkPolicy.metricsPeers narrows it).
+    assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}]}
+
+
+def test_cert_manager_issues_both_ends_of_the_link_from_one_ca(install: list[dict[str, Any]]) -> None:
+    """The fields are cert-manager.io/v1's (Issuer selfSigned and ca, Certificate spec)."""
+    assert one(install, "Issuer", "tessera-extender-selfsigned")["spec"] == {"selfSigned": {}}
+    root = one(install, "Certificate", "tessera-extender-ca")["spec"]
+    assert root["isCA"] is True and root["issuerRef"]["name"] == "tessera-extender-selfsigned"
+    assert one(install, "Issuer", "tessera-extender-ca")["spec"] == {"ca": {"secretName": root["secretName"]}}
+    serving = one(install, "Certificate", "tessera-extender")["spec"]
+    client = one(install, "Certificate", "tessera-scheduler-client")["spec"]
+    assert (
+        serving["issuerRef"]
+        == client["issuerRef"]
+        == {
+            "name": "tessera-extender-ca",
+            "kind": "Issuer",
+            "group": "cert-manager.io",
+        }
+    )
+    assert f"tessera-extender.{NAMESPACE}.svc" in serving["dnsNames"]
+    assert "server auth" in serving["usages"] and "client auth" in client["usages"]
+    # Each Secret lands where its side mounts it.
+    extender = one(install, "Deployment", "tessera-extender")["spec"]["template"]["spec"]
+    scheduler = one(install, "Deployment", "tessera-scheduler")["spec"]["template"]["spec"]
+    assert {"name": "tls", "secret": {"secretName": serving["secretName"]}} in extender["volumes"]
+    assert {"name": "extender-client", "secret": {"secretName": client["secretName"]}} in scheduler["volumes"]
 
 
 def test_the_driver_runs_on_every_node_with_the_kubelet_directories(install: list[dict[str, Any]]) -> None:
@@ -98,9 +157,12 @@ def test_the_driver_runs_on_every_node_with_the_kubelet_directories(install: lis
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     # Mounted at the same paths as on the host: the kubelet and CDI read what the driver writes.
     assert host_paths == mounts
+    # Its own plugin directory, not the kubelet's whole plugins directory with other drivers' sockets.
     assert set(host_paths.values()) == {
-        "/var/lib/kubelet/plugins",
+        "/var/lib/kubelet/plugins/gpu.tessera.dev",
         "/var/lib/kubelet/plugins_registry",
         "/var/run/cdi",
         "/var/lib/tessera-dra",
     }
+    # backend nvml changes GPU compute modes and runs MPS daemons: privileged (docs/install.md).
+    assert container["securityContext"] == {"runAsUser": 0, "runAsGroup": 0, "privileged": True}

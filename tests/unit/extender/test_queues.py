@@ -99,6 +99,14 @@ def test_parse_queue_empty_spec_means_no_guarantee_and_no_limit(obj: dict[str, A
         (queue_object("a", {"resources": {"gpu/": {"quota": 1}}}), "unknown resource names ['gpu/']"),
         (queue_object("a", {"resources": {"gpu": {"quota": "-1"}}}), "resources.gpu.quota"),
         (queue_object("a", {"resources": {"gpu": {"overQuotaWeight": -1}}}), "resources.gpu.overQuotaWeight"),
+        # Weights are 0 or within [1e-3, 1e3]: 1e308 on two siblings made every share 0.
+        (
+            queue_object("a", {"resources": {"gpu": {"overQuotaWeight": 1e308}}}),
+            "resources.gpu.overQuotaWeight",
+        ),
+        (queue_object("a", {"resources": {"gpu": {"overQuotaWeight": 1e-9}}}), "neither 0 (leftovers only)"),
+        (queue_object("a", {"resources": {"gpu": {"limit": "1e400"}}}), "larger than any real amount"),
+        (queue_object("a", {"resources": {"memory": {"quota": "8Ei"}}}), "larger than any real amount"),
         (queue_object("a", {"resources": {"gpu": {"quotaa": 1}}}), "resources.gpu.quotaa"),
         (queue_object("a", {"priority": "high"}), "queue 'a': priority"),
         (queue_object("a", {"parent": "a"}), "cannot be its own parent"),
@@ -300,3 +308,9 @@ def test_default_queue_manifest_parses() -> None:
     obj = yaml.safe_load((REPO / "manifests" / "default-queue.yaml").read_text())
     assert obj["apiVersion"] == f"{QUEUE_GROUP}/{QUEUE_VERSION}"
     assert parse_queue(obj) == QueueSpec(name=DEFAULT_QUEUE)
+
+
+@pytest.mark.parametrize("weight", [0, 0.001, 1, 1000])
+def test_over_quota_weight_bounds_are_inclusive(weight: float) -> None:
+    spec = parse_queue(queue_object("a", {"resources": {"gpu": {"overQuotaWeight": weight}}}))
+    assert spec.over_quota_weight == {"gpu": weight}

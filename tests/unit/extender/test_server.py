@@ -382,3 +382,18 @@ async def test_a_fraction_is_admitted_at_the_candidate_nodes_gpu_size(extender: 
     assert status == 200
     assert result["NodeNames"] == ["h"]
     assert "gpu allocated 0.6 + request 0.5 would exceed its limit (1)" in result["FailedNodes"]["s"]
+
+
+async def test_bind_accepts_only_a_node_the_filter_passed_for_the_pod() -> None:
+    state, api = ClusterPicture(), ApiClient()
+    pod = objects.pod("ns", "p", queue="team-b", template="two")
+    app = build_app(state, Binder(api, state, require_filtered=True), WaitingPods(), ExtenderMetrics(state))
+    async with TestClient(TestServer(app)) as client:
+        extender = Extender(client, state, WaitingPods(), api)
+        extender.sync(cluster(pod))
+        status, result = await extender.call("filter", args(pod, ["a", "b"]))
+        assert status == 200 and result["NodeNames"] == ["b"]  # a has 1 free GPU, p wants 2
+        bind = {"PodName": "p", "PodNamespace": "ns", "PodUID": "uid-ns-p", "Node": "a"}
+        status, answer = await extender.call("bind", bind)
+        assert status == 200 and "a" in answer["Error"] and "filter" in answer["Error"]
+    await api.close()

@@ -1,0 +1,164 @@
+"""Benchmark 5: fair-share recompute time, against the quadratic water-filling it replaced.
+
+``compute_fair_shares`` for (a) 1000 queues in three levels (10 roots x 9 children x 10
+grandchildren, every queue with its own demand, quota, weight and priority) and (b) 4000 sibling
+queues with distinct demands, each timed with today's O(n log n) water-filling and with the
+earlier quadratic one (``quadratic_water_fill``, kept here as the baseline and as the oracle of
+tests/unit/extender/test_fairness_differential.py) in the same run. Pure CPU, no cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from unittest import mock
+
+from extender.policy import fairness
+from extender.policy.fairness import EPSILON, QueueSpec, QueueUsage, _Claimant, compute_fair_shares
+from tessera.simulate.report import format_table
+
+WaterFill = Callable[[float, Sequence[tuple[_Claimant, float]], dict[str, float]], float]
+
+
+def quadratic_water_fill(
+    amount: float, members: Sequence[tuple[_Claimant, float]], shares: dict[str, float]
+) -> float:
+    """The water-filling Tessera used before: one round per member that becomes satisfied, each
+    round over every member still active, so O(n^2) for n siblings. Same contract as
+    ``fairness._water_fill``."""
+    active = [(c, w) for c, w in members if shares[c.key] < c.demand]
+    while active and amount > EPSILON:
+        total_weight = sum(w for _, w in active)
+        level = amount / total_weight
+        saturating = min((c.demand - shares[c.key]) / w for c, w in active)
+        if level <= saturating:
+            for claimant, weight in active:
+                shares[claimant.key] += level * weight
+            return 0.0
+        for claimant, weight in active:
+            gap = claimant.demand - shares[claimant.key]
+            if gap / weight <= saturating:
+                shares[claimant.key] = claimant.demand
+                amount -= gap
+            else:
+                shares[claimant.key] += saturating * weight
+                amount -= saturating * weight
+        active = [(c, w) for c, w in active if shares[c.key] < c.demand]
+    return amount
+
+
+def water_filling(fill: WaterFill) -> AbstractContextManager[object]:
+    """Run ``compute_fair_shares`` with another water-filling (the baseline, or the oracle)."""
+    return mock.patch.object(fairness, "_water_fill", fill)
+
+
+Picture = tuple[list[QueueSpec], dict[str, QueueUsage], dict[str, float]]
+
+
+def three_levels(rng: random.Random, roots: int = 10, children: int = 9, grandchildren: int = 10) -> Picture:
+    specs: list[QueueSpec] = []
+    usage: dict[str, QueueUsage] = {}
+
+    def add(name: str, parent: str | None) -> None:
+        specs.append(
+            QueueSpec(
+                name=name,
+                parent=parent,
+                priority=rng.choice((0, 0, 1)),
+                quota={"gpu": float(rng.randint(0, 4))},
+                over_quota_weight={"gpu": rng.choice((0.5, 1.0, 2.0))},
+            )
+        )
+        usage[name] = QueueUsage(
+            allocated={"gpu": float(rng.randint(0, 3))}, requested={"gpu": float(rng.randint(0, 40))}
+        )
+
+    for r in range(roots):
+        add(f"r{r}", None)
+        for c in range(children):
+            add(f"r{r}-c{c}", f"r{r}")
+            for g in range(grandchildren):
+                add(f"r{r}-c{c}-g{g}", f"r{r}-c{c}")
+    return specs, usage, {"gpu": 8.0 * len(specs)}
+
+
+def siblings(rng: random.Random, count: int = 4000) -> Picture:
+    specs = [
+        QueueSpec(name=f"q{i}", quota={"gpu": 1.0}, over_quota_weight={"gpu": rng.uniform(0.5, 2.0)})
+        for i in range(count)
+    ]
+    usage = {
+        spec.name: QueueUsage(allocated={}, requested={"gpu": float(rng.randint(1, 4 * count))})
+        for spec in specs
+    }
+    # Demand far above capacity, spread so that members saturate one by one.
+    return specs, usage, {"gpu": float(count * count)}
+
+
+@dataclass(frozen=True)
+class FairShareRow:
+    case: str
+    queues: int
+    fast_ms: float
+    quadratic_ms: float
+
+    @property
+    def speedup(self) -> float:
+        return self.quadratic_ms / self.fast_ms
+
+
+def _median_ms(picture: Picture, repeats: int) -> tuple[float, dict[str, dict[str, float]]]:
+    times = []
+    result: dict[str, dict[str, float]] = {}
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = compute_fair_shares(*picture)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times), result
+
+
+def run_fairshare(repeats: int = 3, seed: int = 7) -> list[FairShareRow]:
+    rng = random.Random(seed)
+    rows = []
+    for case, picture in (("3 levels", three_levels(rng)), ("siblings", siblings(rng))):
+        fast, fast_result = _median_ms(picture, repeats)
+        with water_filling(quadratic_water_fill):
+            slow, slow_result = _median_ms(picture, repeats)
+        worst = max(
+            abs(fast_result[q]["gpu"] - slow_result[q]["gpu"]) / max(1.0, slow_result[q]["gpu"])
+            for q in slow_result
+        )
+        if worst > 1e-9:
+            raise AssertionError(f"{case}: shares differ from the quadratic baseline by {worst:g}")
+        rows.append(FairShareRow(case, len(picture[0]), fast, slow))
+    return rows
+
+
+def fairshare_table(rows: Sequence[FairShareRow]) -> str:
+    headers = ["case", "queues", "O(n log n) ms", "quadratic ms", "quadratic / new"]
+    return format_table(
+        headers,
+        [
+            [r.case, str(r.queues), f"{r.fast_ms:.1f}", f"{r.quadratic_ms:.1f}", f"{r.speedup:.1f}x"]
+            for r in rows
+        ],
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.fairshare", description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="runs per case; the median is reported")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    print("\n[6] fair-share recompute (compute_fair_shares, one resource), median of", args.repeats)
+    print(fairshare_table(run_fairshare(args.repeats)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

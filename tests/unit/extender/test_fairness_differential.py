@@ -1,0 +1,82 @@
+"""The O(n log n) water-filling gives the shares of the quadratic one it replaced.
+
+The oracle is the earlier algorithm (bench/fairshare.py keeps it as the benchmark's baseline);
+both run through the same ``compute_fair_shares`` on seeded random hierarchies with ties,
+zero weights, priorities, limits, allocations above quota and scarce or plentiful capacity.
+Shares agree to 1e-9 (relative above 1): the two sum the same amounts in a different order.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from bench.fairshare import quadratic_water_fill, water_filling
+from extender.policy.fairness import QueueSpec, QueueUsage, compute_fair_shares
+
+RESOURCES = ("gpu", "cpu")
+
+
+def random_picture(
+    rng: random.Random,
+) -> tuple[list[QueueSpec], dict[str, QueueUsage], dict[str, float]]:
+    count = rng.randint(1, 40)
+    specs: list[QueueSpec] = []
+    usage: dict[str, QueueUsage] = {}
+    for index in range(count):
+        name = f"q{index}"
+        parent = f"q{rng.randrange(index)}" if index and rng.random() < 0.6 else None
+        # Few distinct values, so ties between demands, quotas and weights are common.
+        quota = {r: float(rng.choice((0, 1, 2, 4))) for r in RESOURCES if rng.random() < 0.7}
+        limit = {r: quota.get(r, 0.0) + rng.choice((0, 2, 8)) for r in RESOURCES if rng.random() < 0.3}
+        weight = {r: rng.choice((0.0, 0.001, 0.5, 1.0, 3.0, 1000.0)) for r in RESOURCES if rng.random() < 0.7}
+        specs.append(QueueSpec(name, parent, rng.choice((0, 0, 1, 2)), quota, limit, weight))
+        usage[name] = QueueUsage(
+            allocated={r: float(rng.choice((0, 0, 1, 3))) for r in RESOURCES},
+            requested={r: rng.choice((0.0, 0.5, 1.0, 2.0, 7.0, rng.uniform(0, 20))) for r in RESOURCES},
+        )
+    capacity = {r: rng.choice((0.0, 1.0, 5.0, 16.0, 1000.0, rng.uniform(0, 50))) for r in RESOURCES}
+    return specs, usage, capacity
+
+
+@pytest.mark.parametrize("seed", range(400))
+def test_shares_equal_the_quadratic_oracle(seed: int) -> None:
+    rng = random.Random(seed)
+    specs, usage, capacity = random_picture(rng)
+    shares = compute_fair_shares(specs, usage, capacity)
+    with water_filling(quadratic_water_fill):
+        expected = compute_fair_shares(specs, usage, capacity)
+    assert shares.keys() == expected.keys()
+    for queue, per_resource in expected.items():
+        for resource, amount in per_resource.items():
+            got = shares[queue][resource]
+            assert math.isfinite(got)
+            assert got == pytest.approx(amount, rel=1e-9, abs=1e-9), (queue, resource)
+
+
+def test_many_siblings_with_extreme_weights_stay_finite_and_add_up() -> None:
+    """Weights at both bounds of the parser and 4000 siblings: every share finite, the pool used."""
+    rng = random.Random(1)
+    specs = [QueueSpec(f"q{i}", over_quota_weight={"gpu": rng.choice((1e-3, 1e3))}) for i in range(4000)]
+    usage = {s.name: QueueUsage(allocated={}, requested={"gpu": float(rng.randint(1, 50))}) for s in specs}
+    shares = compute_fair_shares(specs, usage, {"gpu": 20_000.0})
+    values = [per["gpu"] for per in shares.values()]
+    assert all(math.isfinite(v) and v >= 0 for v in values)
+    assert sum(values) == pytest.approx(20_000.0)
+
+
+def test_a_light_queue_among_thousands_of_heavy_ones_keeps_its_precise_share() -> None:
+    """Weights 1000 and 0.001 side by side: the weight left after the heavy queues are satisfied
+    is summed from the light end, not subtracted from the total (which lost 1e-7 here)."""
+    rng = random.Random(3)
+    specs = [QueueSpec(f"heavy{i}", over_quota_weight={"gpu": 1000.0}) for i in range(2000)]
+    specs += [QueueSpec(f"light{i}", over_quota_weight={"gpu": w}) for i, w in enumerate((0.001, 0.0013))]
+    usage = {s.name: QueueUsage(allocated={}, requested={"gpu": rng.uniform(0.3, 3.0)}) for s in specs}
+    usage |= {f"light{i}": QueueUsage(allocated={}, requested={"gpu": 1e6}) for i in range(2)}
+    shares = compute_fair_shares(specs, usage, {"gpu": 6000.0})
+    with water_filling(quadratic_water_fill):
+        expected = compute_fair_shares(specs, usage, {"gpu": 6000.0})
+    for queue in ("light0", "light1"):
+        assert shares[queue]["gpu"] == pytest.approx(expected[queue]["gpu"], rel=1e-10)

@@ -1,0 +1,32 @@
+"""`tessera-extender` flags and the plain-HTTP operations port (--metrics-port)."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from kubernetes_asyncio.client import ApiClient
+
+from extender.__main__ import parse_args
+from extender.server import operations_app
+from extender.service import ExtenderService, ServiceOptions
+
+
+async def test_the_operations_port_serves_metrics_and_health_but_no_verb() -> None:
+    """What Prometheus and kubelet probes need, without the scheduler's client certificate."""
+    async with ApiClient() as api:
+        service = ExtenderService(api, ServiceOptions())
+        app = operations_app(service.picture, service.metrics, service.watcher.problem)
+        async with TestClient(TestServer(app)) as client:
+            assert (await client.get("/healthz")).status == 200
+            assert (await client.get("/readyz")).status == 503  # nothing synced yet
+            metrics = await client.get("/metrics")
+            assert metrics.status == 200 and "tessera_extender_decisions_total" in await metrics.text()
+            assert (await client.post("/bind", data="{}")).status == 404
+            assert (await client.post("/filter", data="{}")).status == 404
+
+
+def test_metrics_port_flag() -> None:
+    assert parse_args([]).metrics_port == 0
+    assert parse_args(["--metrics-port=9090"]).metrics_port == 9090
+    with pytest.raises(SystemExit):
+        parse_args(["--port=9090", "--metrics-port=9090"])
