@@ -1,7 +1,8 @@
 """Benchmark: one reclaim planning cycle on a large picture, in process (no HTTP, no API).
 
-The picture: `nodes` nodes x 8 GPUs, every GPU held by queue team-a (which borrowed team-b's
-half), `pods` pods in all, and `waiting` whole-GPU pods of team-b that fit nowhere. A cycle is
+The picture: `nodes` nodes x 8 GPUs, the GPUs held by queue team-a (which borrowed team-b's
+half; `pods` pods leave a few GPUs free, scattered), and `waiting` pods of team-b asking for a
+whole node's 8 GPUs, which fit nowhere until reclaim frees a node. A cycle is
 what the reclaim loop does each second: `picture.snapshot()`, `picture.waiting_pods()` and
 `extender.policy.reclaim.plan` (a fork, the evictions of at most 16 pods per cycle). The baseline
 measured in the same run is the snapshot alone (what any planner must pay to read the picture).
@@ -17,7 +18,15 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench.picture import QUEUES, build_picture, load_state, pod_object
+from bench.picture import (
+    DEVICE_CLASS,
+    GPUS_PER_NODE,
+    NAMESPACE,
+    QUEUES,
+    build_picture,
+    load_state,
+    pod_object,
+)
 from extender.policy.reclaim import Rules, plan
 
 
@@ -43,13 +52,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=15)
     args = parser.parse_args(argv)
     built = build_picture(args.nodes, args.pods, fill=1.0, borrower=QUEUES[0])
-    waiting = [
-        pod_object(f"waiting-{i:04d}", QUEUES[1], None, template="one-gpu") for i in range(args.waiting)
-    ]
-    built.objects["Pod"].extend(waiting)
+    exactly = {"deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": GPUS_PER_NODE}
+    built.objects["ResourceClaimTemplate"].append(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "eight-gpu", "namespace": NAMESPACE},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}},
+        }
+    )
+    built.objects["Pod"].extend(
+        pod_object(f"waiting-{i:04d}", QUEUES[1], None, template="eight-gpu") for i in range(args.waiting)
+    )
     picture = load_state(built)
     now = time.time()
     rules = Rules()
+    waiting_count = len(picture.waiting_pods())
 
     def cycle() -> int:
         return len(plan(picture.snapshot(), picture.waiting_pods(), now, rules))
@@ -59,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cycle_ms = _timed(cycle, args.cycles)
     print(
         f"\n[7] planning: {args.nodes} nodes x 8 GPUs, {len(built.objects['Pod'])} pods "
-        f"({args.waiting} waiting), {plans} plans per cycle, {args.cycles} cycles"
+        f"({waiting_count} of {args.waiting} waiting pods admissible), {plans} plans per cycle, "
+        f"{args.cycles} cycles"
     )
     print("what                 p50 ms   p99 ms")
     for what, times in (("snapshot (baseline)", snapshot_ms), ("planning cycle", cycle_ms)):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,8 @@ class QueueAccounting:
         self._dirty: set[str] = set()
         self._all_dirty = True
         self._view: QueueView | None = None
+        # Told which pods were recounted (None: all), so caches derived from pods follow.
+        self.recounted: list[Callable[[Iterable[str] | None], None]] = []
         store.subscribe("Pod", self._pod_changed, self._pods_relisted)
         store.subscribe("Queue", self._stale)
         store.subscribe("Node", self._stale)
@@ -160,6 +162,8 @@ class QueueAccounting:
             self.ledger.clear()
             self._dirty = set(self.store.kind("Pod")) | set(self.reserved)
             self._all_dirty = False
+            for listener in self.recounted:
+                listener(None)
         if self._dirty:
             for key in self._dirty:
                 try:
@@ -168,6 +172,8 @@ class QueueAccounting:
                     log.exception("pod %s is not counted", key)
                     contribution = None
                 self.ledger.put(key, contribution)
+            for listener in self.recounted:
+                listener(self._dirty)
             self._dirty.clear()
             self._view = None
         if self._view is None:

@@ -14,7 +14,7 @@ through the few questions below; planners read a `snapshot()`, which they may fo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +28,8 @@ from extender.picture.store import ObjectStore
 from extender.policy.placement import GpuDemand, NodeGpus
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
+
+_UNKNOWN = object()
 
 # kind -> collection path: what the picture is made of and where the watcher reads it.
 WATCHED_PATHS: dict[str, str] = {
@@ -61,6 +63,9 @@ class ClusterPicture:
         )
         # Called after every change (the status writer uses it to notice newly eligible pods).
         self.listeners: list[Callable[[], None]] = []
+        # Running pods as the planners see them, until the accounting recounts them.
+        self._running: dict[str, RunningPod | None] = {}
+        self.accounting.recounted.append(self._forget_running)
 
     # ---- updates -----------------------------------------------------------------------------
 
@@ -145,55 +150,73 @@ class ClusterPicture:
         return self.inventory.capacity()
 
     def snapshot(self) -> ClusterSnapshot:
-        """What the planners read: GPU nodes, the pods holding GPUs there, the queues' fairness."""
-        view = self.fairness()
+        """What the planners read: GPU nodes, the pods holding GPUs there, the queues' fairness.
+
+        A running pod's entry is kept until the accounting recounts that pod, so a snapshot costs
+        a dictionary lookup per pod, not a parse (pods with classic GPUs, numbered per node, are
+        the exception).
+        """
+        view = self.fairness()  # recounts what moved, which drops their cached entries
         nodes = {name: self.node_gpus(name) for name in self.store.kind("Node")}
         nodes.update((name, self.node_gpus(name)) for name in self.inventory.node_devices)
         running: dict[str, RunningPod] = {}
+        cache = self._running
         for node_name, keys in self.inventory.pods_by_node.items():
-            # Which classic GPUs a pod holds is the device plugin's secret: the used ones are the
-            # last of the node's list (see GpuInventory), handed out to its classic pods in turn.
-            supply = nodes.get(node_name)
-            classic_used: list[int] = []
-            if supply is not None and len(supply.free_milli) > len(
-                self.inventory.node_devices.get(node_name, ())
-            ):
-                classic_used = [i for i, free in enumerate(supply.free_milli) if free == 0]
-                classic_used = classic_used[len(classic_used) - self._classic_used(node_name) :]
-            for key in sorted(keys):
-                pod = self.store.get("Pod", key)
-                demand = self.demands.of(pod) if pod is not None else None
-                if (
-                    pod is None
-                    or demand is None
-                    or demand.problem
-                    or not demand.wants_gpu
-                    or is_terminal(pod)
-                ):
-                    continue
-                held = self.inventory.held_devices(
-                    demand.namespace, (r.claim for r in demand.claims if r.claim)
-                )
-                # Partitions (index -1) are no GPU of their own: evicting them frees no whole GPU.
-                gpus = [(device.index, round(milli)) for _, device, milli in held if device.index >= 0]
-                if demand.classic_gpus:
-                    taken, classic_used = (
-                        classic_used[: demand.classic_gpus],
-                        classic_used[demand.classic_gpus :],
-                    )
-                    gpus.extend((index, GPU_MILLI) for index in taken)
-                running[key] = RunningPod(
-                    key=key,
-                    queue=demand.queue,
-                    node=node_name,
-                    gpus=tuple(gpus),
-                    resources=self.accounting.resources(key, pod, demand),
-                    priority=demand.priority,
-                    preemptible=demand.preemptible,
-                    started=_start_time(pod),
-                    terminating=bool(meta(pod).get("deletionTimestamp")),
-                )
-        return ClusterSnapshot(nodes, running, view, view.mix, dict(self.inventory.gpu_memory))
+            classic: list[int] | None = None
+            for key in keys:
+                entry = cache.get(key, _UNKNOWN)
+                if entry is _UNKNOWN:
+                    entry, classic_gpus = self._running_pod(key, node_name)
+                    if classic_gpus:
+                        # Which classic GPUs a pod holds is the device plugin's secret: the used
+                        # ones are the last of the node's list, handed to its classic pods in turn.
+                        if classic is None:
+                            classic = self._classic_indexes(node_name, nodes.get(node_name))
+                        taken, classic = classic[:classic_gpus], classic[classic_gpus:]
+                        assert isinstance(entry, RunningPod)
+                        entry = replace(entry, gpus=entry.gpus + tuple((i, GPU_MILLI) for i in taken))
+                    else:
+                        cache[key] = entry
+                if isinstance(entry, RunningPod):
+                    running[key] = entry
+        return ClusterSnapshot(nodes, running, view, view.mix, self.inventory.gpu_memory)
+
+    def _forget_running(self, keys: Iterable[str] | None) -> None:
+        if keys is None:
+            self._running.clear()
+        else:
+            for key in keys:
+                self._running.pop(key, None)
+
+    def _running_pod(self, key: str, node: str) -> tuple[RunningPod | None, int]:
+        """The pod as planners see it (None: it holds no GPU), and its classic GPU count."""
+        pod = self.store.get("Pod", key)
+        if pod is None or is_terminal(pod):
+            return None, 0
+        demand = self.demands.of(pod)
+        if demand.problem or not demand.wants_gpu:
+            return None, 0
+        held = self.inventory.held_devices(demand.namespace, demand.claim_names)
+        # Partitions (index -1) are no GPU of their own: evicting them frees no whole GPU.
+        running = RunningPod(
+            key=key,
+            queue=demand.queue,
+            node=node,
+            gpus=tuple((device.index, round(milli)) for _, device, milli in held if device.index >= 0),
+            resources=self.accounting.resources(key, pod, demand),
+            priority=demand.priority,
+            preemptible=demand.preemptible,
+            started=_start_time(pod),
+            terminating=bool(meta(pod).get("deletionTimestamp")),
+        )
+        return running, demand.classic_gpus
+
+    def _classic_indexes(self, node: str, supply: NodeGpus | None) -> list[int]:
+        """The node's used classic GPUs (the last of its GPU list)."""
+        if supply is None:
+            return []
+        used = [i for i, free in enumerate(supply.free_milli) if free == 0]
+        return used[len(used) - self._classic_used(node) :]
 
     def waiting_pods(self) -> list[PendingPod]:
         """Pending GPU pods the planners may serve: admissible now, not already held for."""

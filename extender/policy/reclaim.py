@@ -71,6 +71,8 @@ class Rules:
     max_ratio: float = 1.1
     max_evictions: int = 16  # pods per cycle
     max_pending: int = 64  # pending pods considered per cycle (bounds the planning time)
+    # Nodes searched for victims per pending pod: those with possible victims, most free first.
+    node_trials: int = 16
 
 
 @dataclass(frozen=True)
@@ -237,8 +239,37 @@ def _goal_for(fairness: FairnessSnapshot, waiting: PendingPod) -> Goal | None:
     return "preempt" if may_preempt_within(fairness, waiting.queue, waiting.resources) else None
 
 
+class _Search:
+    """What one cycle's search reads often, computed once: node names, and nodes by the queues
+    of the preemptible pods running there (victims can only be on those)."""
+
+    def __init__(self, fork: ClusterSnapshot) -> None:
+        self.names = sorted(fork.nodes)
+        self.nodes_of_queue: dict[str, set[str]] = {}
+        for pod in fork.running.values():
+            if pod.preemptible and not pod.terminating and pod.gpus:
+                self.nodes_of_queue.setdefault(pod.queue, set()).add(pod.node)
+
+    def candidates(self, fork: ClusterSnapshot, waiting: PendingPod, goal: Goal, limit: int) -> list[str]:
+        """Nodes that hold possible victims, the most free GPU first, at most `limit`."""
+        if goal == "preempt":
+            found = set(self.nodes_of_queue.get(waiting.queue, ()))
+        else:
+            found = set().union(*(n for q, n in self.nodes_of_queue.items() if q != waiting.queue))
+        models = waiting.demand.models
+        nodes = fork.nodes
+        ranked = sorted(
+            (n for n in found if n in nodes and (not models or nodes[n].model in models)),
+            key=lambda n: (-sum(nodes[n].free_milli), n),
+        )
+        return ranked[:limit]
+
+    def fits_somewhere(self, fork: ClusterSnapshot, waiting: PendingPod) -> str | None:
+        return next((n for n in self.names if fork.fitting_nodes(_on(waiting, fork, n), [n])), None)
+
+
 def _plan_for(
-    fork: ClusterSnapshot, waiting: PendingPod, now: float, rules: Rules, budget: int
+    fork: ClusterSnapshot, search: _Search, waiting: PendingPod, now: float, rules: Rules, budget: int
 ) -> Plan | None:
     goal = _goal_for(fork.fairness, waiting)
     if goal is None:
@@ -247,7 +278,7 @@ def _plan_for(
     best: tuple[tuple[float, int, int, float], str, list[Eviction]] | None = None
     goals: list[Goal] = [goal, "preempt"] if goal == "reclaim" else [goal]
     for current in goals:
-        for node in sorted(fork.nodes):
+        for node in search.candidates(fork, waiting, current, rules.node_trials):
             found = _node_plan(fork, node, waiting, current, now, rules)
             if found is None:
                 continue
@@ -276,11 +307,12 @@ def _on(waiting: PendingPod, fork: ClusterSnapshot, node: str) -> GpuDemand:
 
 
 def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, rules: Rules) -> list[Plan]:
-    """This cycle's plans: most deserving queues first, each queue's head pod (highest priority,
+    """This cycle's plans: most deserving queues first, each queue's pods (highest priority, then
     oldest) tried; every plan applied to the fork before the next."""
     fork = snapshot.fork()
     for key in [k for k, pod in fork.running.items() if pod.terminating]:
         fork.evict(key)
+    search = _Search(fork)
     plans: list[Plan] = []
     evictions_left = rules.max_evictions
     by_queue: dict[str, list[PendingPod]] = {}
@@ -291,19 +323,16 @@ def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, r
             if evictions_left <= 0:
                 return plans
             arriving = RunningPod(waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority)
-            fitting = [n for n in sorted(fork.nodes) if fork.fitting_nodes(_on(waiting, fork, n), [n])]
-            if fitting:  # it fits already: the scheduler places it; later pods see the GPUs taken
-                fork.place(arriving, _on(waiting, fork, fitting[0]), fitting[0])
+            fitting = search.fits_somewhere(fork, waiting)
+            if fitting is not None:  # the scheduler places it; later pods see the GPUs taken
+                fork.place(arriving, _on(waiting, fork, fitting), fitting)
                 continue
-            found = _plan_for(fork, waiting, now, rules, evictions_left)
+            found = _plan_for(fork, search, waiting, now, rules, evictions_left)
             if found is None:
                 continue
             for eviction in found.evictions:
                 fork.evict(eviction.pod.key)
-            placed = RunningPod(
-                key=waiting.key, queue=waiting.queue, node="", gpus=(), resources=waiting.resources
-            )
-            fork.place(placed, waiting.demand_on(fork.gpu_memory.get(found.node, 0)), found.node)
+            fork.place(arriving, _on(waiting, fork, found.node), found.node)
             evictions_left -= len(found.evictions)
             plans.append(found)
     return plans

@@ -14,12 +14,15 @@ which depend on allocated plus requested, stay as they were.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from contract.names import GPU_MILLI
 from extender.policy.fairness import FairnessSnapshot, QueueUsage, Resources
 from extender.policy.placement import GpuDemand, NodeGpus, Strategy, WorkloadMix, choose_gpus, fits
+
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,38 @@ def _shift(usage: QueueUsage, amounts: Resources, sign: float) -> QueueUsage:
     return QueueUsage(allocated={r: a for r, a in allocated.items() if a > 1e-9}, requested=requested)
 
 
+class _Layered(Mapping[str, V]):
+    """A read view of `base` with this fork's changes on top (None in `changes`: removed)."""
+
+    def __init__(self, base: Mapping[str, V], changes: dict[str, V | None]) -> None:
+        self.base, self.changes = base, changes
+
+    def __getitem__(self, key: str) -> V:
+        if key in self.changes:
+            value = self.changes[key]
+            if value is None:
+                raise KeyError(key)
+            return value
+        return self.base[key]
+
+    def __contains__(self, key: object) -> bool:
+        if key in self.changes:
+            return self.changes[key] is not None
+        return key in self.base
+
+    def __iter__(self) -> Iterator[str]:
+        changes = self.changes
+        yield from (key for key in self.base if key not in changes or changes[key] is not None)
+        yield from (key for key, value in changes.items() if value is not None and key not in self.base)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 class ClusterSnapshot:
+    """The picture at one moment. A fork shares the (never changed) base maps of the snapshot it
+    came from and keeps only its own changes, so forking costs the size of those changes."""
+
     def __init__(
         self,
         nodes: Mapping[str, NodeGpus],
@@ -55,17 +89,30 @@ class ClusterSnapshot:
         mix: WorkloadMix,
         gpu_memory: Mapping[str, int] | None = None,
     ) -> None:
-        self.nodes = dict(nodes)
-        self.running = dict(running)
+        self._node_changes: dict[str, NodeGpus | None] = {}
+        self._pod_changes: dict[str, RunningPod | None] = {}
+        self.nodes: Mapping[str, NodeGpus] = _Layered(nodes, self._node_changes)
+        self.running: Mapping[str, RunningPod] = _Layered(running, self._pod_changes)
         # Bytes of memory of each node's GPUs, which sizes a fraction there (shared, read-only).
         self.gpu_memory: Mapping[str, int] = gpu_memory if gpu_memory is not None else {}
         self._usage = dict(fairness.usage)
         self._base = fairness
         self.mix = mix
         self._fairness: FairnessSnapshot | None = fairness
+        self._index = _NodeIndex(running)
 
     def fork(self) -> ClusterSnapshot:
-        return ClusterSnapshot(self.nodes, self.running, self.fairness, self.mix, self.gpu_memory)
+        child = ClusterSnapshot.__new__(ClusterSnapshot)
+        child._node_changes = dict(self._node_changes)
+        child._pod_changes = dict(self._pod_changes)
+        assert isinstance(self.nodes, _Layered) and isinstance(self.running, _Layered)
+        child.nodes = _Layered(self.nodes.base, child._node_changes)
+        child.running = _Layered(self.running.base, child._pod_changes)
+        child.gpu_memory = self.gpu_memory
+        child._base, child.mix, child._index = self._base, self.mix, self._index
+        child._usage = dict(self._usage)
+        child._fairness = self._fairness
+        return child
 
     @property
     def fairness(self) -> FairnessSnapshot:
@@ -76,22 +123,33 @@ class ClusterSnapshot:
         return self._fairness
 
     def pods_on(self, node: str) -> list[RunningPod]:
-        return [pod for pod in self.running.values() if pod.node == node]
+        running = self.running
+        pods = [running[key] for key in self._index.keys_on(node) if key in running]
+        pods = [pod for pod in pods if pod.node == node]
+        listed = {pod.key for pod in pods}
+        pods.extend(
+            pod
+            for key, pod in self._pod_changes.items()
+            if pod is not None and pod.node == node and key not in listed
+        )
+        return pods
 
     def evict(self, key: str) -> RunningPod:
         """Take a running pod off its node: its GPUs come free, its queue waits for it again."""
-        pod = self.running.pop(key)
+        pod = self.running[key]
+        self._pod_changes[key] = None
         node = self.nodes[pod.node]
         free = list(node.free_milli)
         for index, milli in pod.gpus:
             free[index] = min(GPU_MILLI, free[index] + milli)
-        self.nodes[pod.node] = _with_free(node, free)
+        self._node_changes[pod.node] = _with_free(node, free)
         self._move(pod.queue, pod.resources, -1.0)
         return pod
 
     def fitting_nodes(self, demand: GpuDemand, candidates: Iterable[str] | None = None) -> list[str]:
         names = self.nodes if candidates is None else candidates
-        return [name for name in names if name in self.nodes and fits(self.nodes[name], demand)]
+        nodes = self.nodes
+        return [name for name in names if name in nodes and fits(nodes[name], demand)]
 
     def place(
         self,
@@ -107,7 +165,7 @@ class ClusterSnapshot:
         occupied = occupy(supply, demand, self.mix, strategy)
         if occupied is None:
             return None
-        self.nodes[node], chosen = occupied
+        self._node_changes[node], chosen = occupied
         placed = RunningPod(
             key=pod.key,
             queue=pod.queue,
@@ -118,7 +176,7 @@ class ClusterSnapshot:
             preemptible=pod.preemptible,
             started=pod.started,
         )
-        self.running[pod.key] = placed
+        self._pod_changes[pod.key] = placed
         self._move(pod.queue, pod.resources, 1.0)
         return placed
 
@@ -126,6 +184,22 @@ class ClusterSnapshot:
         usage = self._usage.get(queue, QueueUsage(allocated={}, requested={}))
         self._usage[queue] = _shift(usage, amounts, sign)
         self._fairness = None
+
+
+class _NodeIndex:
+    """Pod keys per node of a snapshot's base running pods, built once, on first use, for all
+    its forks."""
+
+    def __init__(self, running: Mapping[str, RunningPod]) -> None:
+        self._running = running
+        self._by_node: dict[str, list[str]] | None = None
+
+    def keys_on(self, node: str) -> list[str]:
+        if self._by_node is None:
+            self._by_node = {}
+            for key, pod in self._running.items():
+                self._by_node.setdefault(pod.node, []).append(key)
+        return self._by_node.get(node, [])
 
 
 def occupy(
