@@ -294,3 +294,32 @@ def test_refusal_names_the_queue_and_the_numbers() -> None:
     )
     refusal = reclaim_refusal(snapshot.fairness, "a", {"gpu": 1}, "b", {"gpu": 1})
     assert refusal == "queue 'b' would fall below its fair share (gpu 2 - 1 < 2)"
+
+
+def test_a_node_that_tracks_cpu_gives_it_back_on_eviction() -> None:
+    # One node, 2 GPUs and 16 cores, the simulator's kind (CPU and memory tracked). a's two pods
+    # hold both GPUs and 8 cores each, so no core is free; b (quota 1) waits for 1 GPU + 8 cores.
+    # Evicting a1 frees its GPU *and* its 8 cores: b fits. (Before the fork gave back only GPUs,
+    # b never fitted and reclaim planned nothing.) The placement then takes b's cores again.
+    cores = 8000
+    node = NodeGpus("n1", "", (0, 0), cpu_free_milli=0, memory_free_mib=0, host_tracked=True)
+    running = {
+        key: RunningPod(
+            key, "a", "n1", ((i, GPU_MILLI),), {"gpu": 1.0}, started=NOW - 3600 + i, cpu_milli=cores
+        )
+        for i, key in enumerate(("a0", "a1"))
+    }
+    usage = {"a": QueueUsage({"gpu": 2.0}, {}), "b": QueueUsage({}, {"gpu": 1.0})}
+    fairness = FairnessSnapshot.build([q("a", quota=1), q("b", quota=1)], usage, {"gpu": 2.0})
+    snapshot = ClusterSnapshot({"n1": node}, running, fairness, WorkloadMix(demands=()))
+    waiting = PendingPod("b0", "b", GpuDemand(1, cpu_milli=cores), {"gpu": 1.0})
+
+    plans = plan(snapshot, [waiting], NOW, Rules())
+
+    assert [(p.pod.key, p.node, [e.pod.key for e in p.evictions]) for p in plans] == [("b0", "n1", ["a1"])]
+    fork = snapshot.fork()
+    fork.evict("a1")
+    assert fork.nodes["n1"].cpu_free_milli == cores
+    fork.place(RunningPod("b0", "b", "", (), {"gpu": 1.0}), GpuDemand(1, cpu_milli=cores), "n1")
+    assert fork.nodes["n1"].cpu_free_milli == 0
+    assert snapshot.nodes["n1"].cpu_free_milli == 0  # the snapshot itself is untouched
