@@ -290,7 +290,11 @@ def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, r
         for waiting in by_queue.get(queue, ()):
             if evictions_left <= 0:
                 return plans
-            arriving = RunningPod(waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority)
+            # Placed in the fork but not running yet: no victim for a later plan of this cycle
+            # (evicting a pod that is still pending would only delete it).
+            arriving = RunningPod(
+                waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority, preemptible=False
+            )
             fitting = [n for n in sorted(fork.nodes) if fork.fitting_nodes(_on(waiting, fork, n), [n])]
             if fitting:  # it fits already: the scheduler places it; later pods see the GPUs taken
                 fork.place(arriving, _on(waiting, fork, fitting[0]), fitting[0])
@@ -300,10 +304,7 @@ def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, r
                 continue
             for eviction in found.evictions:
                 fork.evict(eviction.pod.key)
-            placed = RunningPod(
-                key=waiting.key, queue=waiting.queue, node="", gpus=(), resources=waiting.resources
-            )
-            fork.place(placed, waiting.demand_on(fork.gpu_memory.get(found.node, 0)), found.node)
+            fork.place(arriving, waiting.demand_on(fork.gpu_memory.get(found.node, 0)), found.node)
             evictions_left -= len(found.evictions)
             plans.append(found)
     return plans

@@ -323,3 +323,24 @@ def test_a_node_that_tracks_cpu_gives_it_back_on_eviction() -> None:
     fork.place(RunningPod("b0", "b", "", (), {"gpu": 1.0}), GpuDemand(1, cpu_milli=cores), "n1")
     assert fork.nodes["n1"].cpu_free_milli == 0
     assert snapshot.nodes["n1"].cpu_free_milli == 0  # the snapshot itself is untouched
+
+
+def test_a_pod_presumed_placed_in_the_cycle_is_no_victim() -> None:
+    # n1 has 4 GPUs; x0 holds one and is protected by x's reclaimMinRuntime. Quotas a 1, b 1,
+    # x 1, demands a 3, b 1, x 1: shares a 2, b 1, x 1. a (below its share, first by name) has
+    # three pods that fit the 3 free GPUs: the planner presumes the scheduler places them, and a
+    # then holds 3 > 2. b0 fits nowhere and is owed 1 GPU - but a's pods are still pending: evicting
+    # one would only delete it. (Before, a0 was planned as b0's victim.) Nothing is planned; once
+    # a's pods run, a later cycle may reclaim one of them.
+    snapshot, pending = build(
+        Scenario(
+            "",
+            nodes={"n1": 4},
+            queues=[q("a", quota=1), q("b", quota=1), q("x", quota=1)],
+            running=[Run("x0", "x", "n1", age_s=10)],
+            pending=[Wait("a0", "a"), Wait("a1", "a"), Wait("a2", "a"), Wait("b0", "b")],
+            evicted=set(),
+            served={},
+        )
+    )
+    assert plan(snapshot, pending, NOW, Rules(reclaim_min_runtime_s={"x": 600})) == []
