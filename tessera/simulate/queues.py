@@ -44,9 +44,11 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -197,6 +199,7 @@ def load_workload(path: Path) -> QueueWorkload:
 
 
 PodState = Literal["waiting", "running", "terminating", "done"]
+_Signature = tuple[str, tuple[tuple[str, float], ...], bool]
 
 
 @dataclass
@@ -222,6 +225,11 @@ class _Pod:
     @property
     def key(self) -> str:
         return str(self.index)
+
+    @cached_property
+    def signature(self) -> _Signature:
+        """What admission reads of the pod: pods alike in it are admitted alike."""
+        return (self.queue, tuple(sorted(self.request.items())), self.preemptible)
 
     @property
     def order(self) -> tuple[int, float, int]:
@@ -291,7 +299,8 @@ class QueueRunResult:
     plans: int = 0
     gpus_needed: float = 0.0  # by the served pods, over all plans
     max_plan_ratio: float = 0.0  # GPUs evicted / GPUs needed, the worst plan
-    # Evictions from queue V for queue R after one from R for V: an earlier eviction undone.
+    # Evictions undone: a pod evicted for a queue whose own pod had been served by evicting
+    # from the first pod's queue (served by taking from V, later taken for V).
     ping_pong: int = 0
     refusals: dict[str, int] = field(default_factory=dict)  # reason -> pods refused at least once
 
@@ -418,7 +427,8 @@ class _Replay:
         # Reclaim cycles with nothing to do are skipped until the picture changes.
         self.version = 0
         self.fruitless: tuple[int, float] | None = None  # (version, time) of the last empty cycle
-        self.evicted_pairs: set[tuple[str, str]] = set()  # (victim queue, served queue)
+        # pod -> the queues whose pods were evicted to serve it (its run on those GPUs)
+        self.served_from: dict[int, set[str]] = {}
         self.level = _Level({}, {}, set(), 0.0)
         self.last_time = 0.0
         self.integrals: dict[str, dict[str, float]] = {
@@ -471,6 +481,7 @@ class _Replay:
             self._free(pod)
             pod.state = "done"
             self.ledger.put(pod.key, None)
+            self.served_from.pop(pod.index, None)
         elif kind is _Event.TERMINATED:
             self._free(pod)
             self._wait(pod, now)
@@ -478,6 +489,7 @@ class _Replay:
             hold = self.holds.get(pod.index)
             if hold is not None and hold.expires <= now:
                 del self.holds[pod.index]
+                self.served_from.pop(pod.index, None)  # it never got what was freed for it
 
     def _wait(self, pod: _Pod, now: float) -> None:
         pod.state, pod.waiting_since = "waiting", now
@@ -496,21 +508,27 @@ class _Replay:
             del self.holds[index]
         for index in self.holds:
             self._reserve(index)
-        refused: set[tuple[str, tuple[tuple[str, float], ...], bool]] = set()
+        # Within a pass usage only grows and free capacity only shrinks: a refusal, or a demand
+        # that fitted nowhere, stays so for the rest of it (admissions are kept until a start).
+        refused: dict[_Signature, str] = {}  # -> the reason
+        admitted: set[_Signature] = set()
         unfit: set[GpuDemand] = set()
         admission = self._fairness(shares={})
         for pod in sorted(self.waiting.values(), key=lambda p: p.order):
-            signature = (pod.queue, tuple(sorted(pod.request.items())), pod.preemptible)
-            if signature in refused:
-                continue
-            decision = admission.admit(pod.queue, pod.request, preemptible=pod.preemptible)
-            if not decision.admit:
-                refused.add(signature)  # usage only grows within a pass: refused it stays
-                self.refused.setdefault(decision.kind, set()).add(pod.index)
-                continue
             held = pod.index in self.holds
-            if not held and pod.demand in unfit:
+            if pod.signature in refused:
+                self.refused.setdefault(refused[pod.signature], set()).add(pod.index)
                 continue
+            if not held and pod.demand in unfit:
+                self.refused.setdefault("no_node_fits", set()).add(pod.index)
+                continue
+            if pod.signature not in admitted:
+                decision = admission.admit(pod.queue, pod.request, preemptible=pod.preemptible)
+                if not decision.admit:
+                    refused[pod.signature] = decision.kind
+                    self.refused.setdefault(decision.kind, set()).add(pod.index)
+                    continue
+                admitted.add(pod.signature)
             if held:
                 self._unreserve(pod.index)
             placement = self.placer.place(pod.demand)
@@ -524,6 +542,7 @@ class _Replay:
             self.holds.pop(pod.index, None)  # bound: what was held for it is its own now
             self._start(pod, now, placement)
             admission = self._fairness(shares={})
+            admitted.clear()
         for index in list(self.phantoms):
             self._unreserve(index)
         self.placer.forget_gone_states()
@@ -585,10 +604,8 @@ class _Replay:
         )
         pending = [
             PendingPod(pod.key, pod.queue, pod.demand, pod.request, pod.priority, pod.created)
-            for pod in self.waiting.values()
-            if pod.demand.count
-            and pod.index not in self.holds
-            and fairness.admit(pod.queue, pod.request, preemptible=pod.preemptible).admit
+            for pod in self._admissible(fairness)
+            if pod.index not in self.holds
         ]
         plans = plan(snapshot, pending, now, self.rules)
         if not plans:
@@ -645,10 +662,9 @@ class _Replay:
         for eviction in chosen.evictions:
             victim = self.pods[int(eviction.pod.key)]
             gpus = victim.demand.total_milli / GPU_MILLI
-            if (served.queue, victim.queue) in self.evicted_pairs:
+            if served.queue in self.served_from.pop(victim.index, set()):
                 self.result.ping_pong += 1
-            if victim.queue != served.queue:
-                self.evicted_pairs.add((victim.queue, served.queue))
+            self.served_from.setdefault(served.index, set()).add(victim.queue)
             self.result.evictions.append(
                 EvictionRecord(
                     now,
@@ -684,34 +700,40 @@ class _Replay:
         smallest: dict[str, float] = {}  # queue -> the smallest GPU request of its admissible pods
         fitting = False
         verdicts: dict[GpuDemand, bool] = {}
-        admitted: dict[tuple[str, tuple[tuple[str, float], ...], bool], bool] = {}
-        for pod in self.waiting.values():
-            if not pod.demand.count:
-                continue
-            signature = (pod.queue, tuple(sorted(pod.request.items())), pod.preemptible)
-            if signature not in admitted:
-                admitted[signature] = fairness.admit(
-                    pod.queue, pod.request, preemptible=pod.preemptible
-                ).admit
-            if not admitted[signature]:
-                continue
-            gpus = pod.request["gpu"]
-            for queue in tree.path_to_root(pod.queue):
-                smallest[queue] = min(gpus, smallest.get(queue, math.inf))
+        for pod in self._admissible(fairness):
+            smallest[pod.queue] = min(pod.request["gpu"], smallest.get(pod.queue, math.inf))
             if pod.demand not in verdicts:
                 verdicts[pod.demand] = any(
                     fits(self.cluster.states[state].as_node_gpus(), pod.demand)
                     for state, _ in self.cluster.groups()
                 )
             fitting = fitting or verdicts[pod.demand]
+        for leaf, gpus in list(smallest.items()):
+            for ancestor in tree.path_to_root(leaf)[1:]:
+                smallest[ancestor] = min(gpus, smallest.get(ancestor, math.inf))
         starved = {q for q, gpus in smallest.items() if allocated[q] + gpus <= shares[q] + EPSILON}
         idle = (self.cluster.capacity_milli - self.cluster.allocated_milli) / GPU_MILLI if fitting else 0.0
         self.level = _Level(allocated, shares, starved, idle)
+        pending = Counter(p.queue for p in self.waiting.values())
+        running = Counter(p.queue for p in self.running.values())
         for q in self.names:
             self.max_allocated[q] = max(self.max_allocated[q], allocated[q])
-            pending = sum(1 for p in self.waiting.values() if p.queue == q)
-            running = sum(1 for p in self.running.values() if p.queue == q)
-            self.result.timeline.append(QueueSample(now, q, allocated[q], shares[q], pending, running))
+            self.result.timeline.append(QueueSample(now, q, allocated[q], shares[q], pending[q], running[q]))
+
+    def _admissible(self, fairness: FairnessSnapshot) -> list[_Pod]:
+        """Waiting GPU pods that admission lets in now (pods alike in what it reads asked once)."""
+        verdicts: dict[_Signature, bool] = {}
+        admissible = []
+        for pod in self.waiting.values():
+            if not pod.demand.count:
+                continue
+            if pod.signature not in verdicts:
+                verdicts[pod.signature] = fairness.admit(
+                    pod.queue, pod.request, preemptible=pod.preemptible
+                ).admit
+            if verdicts[pod.signature]:
+                admissible.append(pod)
+        return admissible
 
     def _advance(self, now: float) -> None:
         """Integrate the current level from the last moment of change up to `now`."""
