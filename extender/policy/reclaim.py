@@ -322,7 +322,11 @@ def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, r
         for waiting in by_queue.get(queue, ()):
             if evictions_left <= 0:
                 return plans
-            arriving = RunningPod(waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority)
+            # Placed in the fork but not running yet: no victim for a later plan of this cycle
+            # (evicting a pod that is still pending would only delete it).
+            arriving = RunningPod(
+                waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority, preemptible=False
+            )
             fitting = search.fits_somewhere(fork, waiting)
             if fitting is not None:  # the scheduler places it; later pods see the GPUs taken
                 fork.place(arriving, _on(waiting, fork, fitting), fitting)

@@ -38,6 +38,9 @@ class RunningPod:
     preemptible: bool = True
     started: float = 0.0  # seconds since the epoch
     terminating: bool = False  # already being deleted: its GPUs are as good as free
+    # What it takes of the node's CPU and memory; given back on eviction where the node tracks them.
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
 
 def _shift(usage: QueueUsage, amounts: Resources, sign: float) -> QueueUsage:
@@ -142,7 +145,7 @@ class ClusterSnapshot:
         free = list(node.free_milli)
         for index, milli in pod.gpus:
             free[index] = min(GPU_MILLI, free[index] + milli)
-        self._node_changes[pod.node] = _with_free(node, free)
+        self._node_changes[pod.node] = _with_free(node, free, pod.cpu_milli, pod.memory_mib)
         self._move(pod.queue, pod.resources, -1.0)
         return pod
 
@@ -175,6 +178,8 @@ class ClusterSnapshot:
             priority=pod.priority,
             preemptible=pod.preemptible,
             started=pod.started,
+            cpu_milli=demand.cpu_milli,
+            memory_mib=demand.memory_mib,
         )
         self._pod_changes[pod.key] = placed
         self._move(pod.queue, pod.resources, 1.0)
@@ -205,22 +210,27 @@ class _NodeIndex:
 def occupy(
     node: NodeGpus, demand: GpuDemand, mix: WorkloadMix, strategy: Strategy = "binpack"
 ) -> tuple[NodeGpus, tuple[int, ...]] | None:
-    """The node after `demand` takes the GPUs the filter would choose, and which; None: no fit."""
+    """The node after `demand` takes the GPUs the filter would choose (and its CPU and memory,
+    where the node tracks them), and which GPUs; None: no fit."""
     chosen = choose_gpus(node, demand, mix, strategy)
     if chosen is None:
         return None
     free = list(node.free_milli)
     for index in chosen:
         free[index] -= demand.milli
-    return _with_free(node, free), chosen
+    return _with_free(node, free, -demand.cpu_milli, -demand.memory_mib), chosen
 
 
-def _with_free(node: NodeGpus, free: list[int]) -> NodeGpus:
+def _with_free(node: NodeGpus, free: list[int], cpu_milli: int = 0, memory_mib: int = 0) -> NodeGpus:
+    """`node` with GPUs' free shares `free`, and - only where it tracks CPU and memory (the
+    simulator's nodes do; the live picture leaves them to kube-scheduler) - `cpu_milli` and
+    `memory_mib` more of them free (negative: taken)."""
+    tracked = node.host_tracked
     return NodeGpus(
         name=node.name,
         model=node.model,
         free_milli=tuple(free),
-        cpu_free_milli=node.cpu_free_milli,
-        memory_free_mib=node.memory_free_mib,
-        host_tracked=node.host_tracked,
+        cpu_free_milli=node.cpu_free_milli + (cpu_milli if tracked else 0),
+        memory_free_mib=node.memory_free_mib + (memory_mib if tracked else 0),
+        host_tracked=tracked,
     )

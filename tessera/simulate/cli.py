@@ -1,7 +1,7 @@
 """``tessera simulate``: packing replays of the Alibaba trace and queue-fairness workloads.
 
     tessera simulate trace [--all | --pods FILE ...] [--policies fgd,tessera,...] [--seed N | --seeds 0,1,2]
-    tessera simulate queues WORKLOAD.yaml [--policy tessera]
+    tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
 
 Both print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
 """
@@ -114,10 +114,18 @@ def _run_queues(args: argparse.Namespace) -> int:
     try:
         workload = load_workload(args.workload)
         policy_names([args.policy])
+        if min(args.reclaim_interval or 0.0, args.termination_delay or 0.0) < 0:
+            raise ValueError("--reclaim-interval and --termination-delay cannot be negative")
     except (WorkloadError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    result = run_queue_workload(workload, args.policy, args.seed)
+    result = run_queue_workload(
+        workload,
+        args.policy,
+        args.seed,
+        reclaim_interval_s=args.reclaim_interval,
+        termination_delay_s=args.termination_delay,
+    )
     print(
         f"workload {result.name}: {len(workload.nodes)} nodes, policy {result.policy}, "
         f"makespan {result.makespan_s:.0f} s"
@@ -157,6 +165,16 @@ def build_parser() -> argparse.ArgumentParser:
     queues = sub.add_parser("queues", help="queue-fairness workload in the native YAML format")
     queues.add_argument("workload", type=Path, help="workload YAML (see docs/simulator.md)")
     queues.add_argument("--policy", default="tessera", help="placement policy (default tessera)")
+    queues.add_argument(
+        "--reclaim-interval",
+        type=float,
+        help="seconds between reclaim cycles, 0 for none (default: the workload's, else 1)",
+    )
+    queues.add_argument(
+        "--termination-delay",
+        type=float,
+        help="seconds an evicted pod takes to go (default: the workload's, else 0)",
+    )
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")
     queues.add_argument("--seed", type=int, default=None, help="random seed (default: the workload's)")

@@ -1,24 +1,42 @@
-"""Queue workloads: a native YAML format replayed through the fairness and placement code.
+"""Queue workloads: a native YAML format replayed through the extender's admission and reclaim.
 
 Format (quantities as in Kubernetes: ``64``, ``500m``, ``512Gi``)::
 
     name: two-teams                      # optional; names the output files
+    reclaimInterval: 1                   # s between reclaim cycles (default 1; 0: no reclaim)
+    terminationDelay: 10                 # s an evicted pod takes to go (default 0)
     nodes:
       - {name: h100, count: 4, model: H100, gpus: 8, cpu: 64, memory: 512Gi}
     queues:                              # spec exactly as in a Queue object (manifests/crds/queues.yaml)
       - name: team-a
-        spec: {resources: {gpu: {quota: 16, limit: 24}}}
+        spec: {resources: {gpu: {quota: 16, limit: 24}}, reclaimMinRuntime: 60}
       - name: team-b
         spec: {resources: {gpu: {quota: 16}}}
     jobs:                                # ``count`` pods, one every ``interval`` seconds from ``arrival``
       - {name: a-train, queue: team-a, count: 40, arrival: 0, interval: 1, duration: 600,
-         gpus: 1, gpuMilli: 1000, cpu: 4, memory: 32Gi, models: [H100]}
+         gpus: 1, gpuMilli: 1000, cpu: 4, memory: 32Gi, models: [H100], priority: 0, preemptible: true}
 
-Event-driven: pods arrive, and whenever something changes the scheduler loop runs as the extender
-would decide - queues in DRF order, each queue's oldest pending pod admitted by the same
-``FairnessSnapshot`` the extender asks and, if admitted, placed by the placement policy - until
-nothing more can start. Pods run for their duration and then free their GPUs. Queue usage is kept
-in the extender's own ``QueueLedger``, fed one contribution per pod as in the live picture.
+``gpus: 0`` is a pod without GPUs (CPU and memory only). ``preemptible`` unset means what it means
+to the extender: priority below 100 (its default ``--non-preemptible-priority``).
+
+The replay plays the three actors of a live cluster, each with the code it runs there:
+
+* **kube-scheduler + the extender's filter.** Whenever something changes, every waiting pod is
+  tried in the scheduler's order - priority, then creation time - and starts when
+  ``FairnessSnapshot.admit`` admits it (work-conserving: only a limit on its queue's path, or a
+  quota for a pod that is not preemptible, refuses) and the placement policy finds a node. GPUs
+  held for another pod (a reclaim hold) are not offered to it, as the filter's ``supply_for`` does.
+* **the reclaim loop.** Every ``reclaimInterval`` seconds, ``extender.policy.reclaim.plan`` runs on
+  a ``ClusterSnapshot`` of the simulated cluster with the waiting GPU pods the live loop would
+  hand it (admissible, not already held for); each plan's victims are evicted and the freed GPUs
+  held for the pod they were freed for.
+* **the pods' controller.** An evicted pod terminates for ``terminationDelay`` seconds, then its
+  GPUs are free and it waits again with its original creation time, at the head of its queue; its
+  runtime starts over.
+
+Queue usage is kept in the extender's own ``QueueLedger``, one contribution per pod as in the live
+picture. Everything measured is integrated exactly over the event timeline (the state is
+constant between events).
 """
 
 from __future__ import annotations
@@ -26,11 +44,13 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -39,8 +59,10 @@ from contract.kube import validation_problems
 from contract.names import GPU_MILLI
 from contract.quantity import parse_quantity
 from extender.picture.ledger import Contribution, QueueLedger
-from extender.policy.fairness import FairnessSnapshot, QueueSpec
-from extender.policy.placement import GpuDemand
+from extender.policy.fairness import EPSILON, FairnessSnapshot, QueueSpec
+from extender.policy.placement import GpuDemand, WorkloadMix, fits
+from extender.policy.reclaim import PendingPod, Plan, Rules, plan
+from extender.policy.snapshot import ClusterSnapshot, RunningPod, occupy
 from extender.queues import QueueSpecError, parse_queue, validate_hierarchy
 
 from .cluster import Cluster
@@ -49,6 +71,11 @@ from .policies import make_policy
 from .trace import SimNode, SimPod
 
 MIB = 2**20
+# The extender's defaults: pods at or above this priority are not preemptible unless they say so
+# (--non-preemptible-priority), and freed GPUs are held this long for the pod they were freed for.
+NON_PREEMPTIBLE_PRIORITY = 100
+HOLD_S = 90.0
+_NO_MIX = WorkloadMix(demands=())
 
 
 class WorkloadError(ValueError):
@@ -90,6 +117,8 @@ class JobModel(_Model):
     cpu: float = 1.0
     memory: float = float(MIB)
     models: list[str] = Field(default_factory=list)
+    priority: int = 0
+    preemptible: bool | None = None  # unset: priority below NON_PREEMPTIBLE_PRIORITY
 
     @field_validator("cpu", "memory", mode="before")
     @classmethod
@@ -100,6 +129,8 @@ class JobModel(_Model):
 class WorkloadModel(_Model):
     name: str = "queues"
     seed: int = 0
+    reclaim_interval: float = Field(default=1.0, alias="reclaimInterval", ge=0)
+    termination_delay: float = Field(default=0.0, alias="terminationDelay", ge=0)
     nodes: list[NodeGroupModel] = Field(min_length=1)
     queues: list[QueueModel] = Field(min_length=1)
     jobs: list[JobModel] = Field(min_length=1)
@@ -112,6 +143,8 @@ class QueueWorkload:
     nodes: tuple[SimNode, ...]
     queues: tuple[QueueSpec, ...]
     jobs: tuple[JobModel, ...]
+    reclaim_interval_s: float = 1.0  # 0: no reclaim loop
+    termination_delay_s: float = 0.0
 
 
 def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
@@ -146,7 +179,15 @@ def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
             raise WorkloadError(f"{source}: job '{job.name}' names unknown queue '{job.queue}'")
         if job.gpus > 1 and job.gpu_milli != GPU_MILLI:
             raise WorkloadError(f"{source}: job '{job.name}': a fraction of a GPU needs gpus: 1")
-    return QueueWorkload(model.name, model.seed, nodes, queues, tuple(model.jobs))
+    return QueueWorkload(
+        model.name,
+        model.seed,
+        nodes,
+        queues,
+        tuple(model.jobs),
+        model.reclaim_interval,
+        model.termination_delay,
+    )
 
 
 def load_workload(path: Path) -> QueueWorkload:
@@ -157,17 +198,43 @@ def load_workload(path: Path) -> QueueWorkload:
     return parse_workload(data, str(path))
 
 
+PodState = Literal["waiting", "running", "terminating", "done"]
+_Signature = tuple[str, tuple[tuple[str, float], ...], bool]
+
+
 @dataclass
 class _Pod:
     index: int
     job: str
     queue: str
     demand: GpuDemand
-    arrival: float
+    request: dict[str, float]  # its fairness vector before placement (what admission reads)
+    priority: int
+    preemptible: bool
+    created: float  # its place in the scheduler's order; a recreated pod keeps it
     duration: float
-    start: float | None = None
+    state: PodState = "waiting"
+    waiting_since: float = 0.0
+    waited_s: float = 0.0  # over all its waits (first arrival, and after each eviction)
+    started: float = 0.0  # start of the current run
+    ever_started: bool = False
+    runs: int = 0  # finish and termination events carry it: those of an earlier run are stale
     node: int = -1
     gpus: tuple[int, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return str(self.index)
+
+    @cached_property
+    def signature(self) -> _Signature:
+        """What admission reads of the pod: pods alike in it are admitted alike."""
+        return (self.queue, tuple(sorted(self.request.items())), self.preemptible)
+
+    @property
+    def order(self) -> tuple[int, float, int]:
+        """kube-scheduler's queue order: higher priority first, then earlier creation."""
+        return (-self.priority, self.created, self.index)
 
 
 @dataclass(frozen=True)
@@ -177,6 +244,23 @@ class QueueSample:
     allocated_gpu: float
     fair_share_gpu: float
     pending: int
+    running: int = 0  # pods holding resources (terminating ones too)
+
+
+@dataclass(frozen=True)
+class EvictionRecord:
+    time: float
+    goal: str  # reclaim or preempt
+    victim: str  # job/index of the evicted pod
+    victim_queue: str
+    served: str
+    served_queue: str
+    node: str
+    gpus: float
+    ran_s: float  # how long the victim had run: work lost
+    # The victim started while the pod it was evicted for already waited: the scheduler's order
+    # gave the borrower GPUs that reclaim then took back.
+    started_while_served_waited: bool = False
 
 
 @dataclass
@@ -184,23 +268,53 @@ class QueueSummary:
     name: str
     pods: int = 0
     started: int = 0
+    finished: int = 0
     mean_wait_s: float = 0.0
+    p50_wait_s: float = 0.0
     p95_wait_s: float = 0.0
     mean_allocated_gpu: float = 0.0
     mean_fair_share_gpu: float = 0.0
     max_allocated_gpu: float = 0.0
     limit_gpu: float | None = None
+    utilisation_pct: float = 0.0  # its time-weighted GPUs, % of the cluster's
+    below_fair_share_s: float = 0.0  # time a waiting pod of it would have kept it within its share
+    deficit_gpu_s: float = 0.0  # integral of max(0, fair share - allocated)
+    evicted: int = 0  # its pods evicted
+    evicted_for: int = 0  # pods evicted to serve its pods
 
 
 @dataclass
 class QueueRunResult:
     name: str
     policy: str
+    reclaim_interval_s: float = 0.0
+    termination_delay_s: float = 0.0
     makespan_s: float = 0.0
     utilisation_pct: float = 0.0
+    # GPU-seconds idle while a waiting GPU pod, admissible, fitted some node's free resources.
+    idle_gpu_s_while_fitting_pod_waits: float = 0.0
     queues: list[QueueSummary] = field(default_factory=list)
     timeline: list[QueueSample] = field(default_factory=list)
-    refusals: dict[str, int] = field(default_factory=dict)
+    evictions: list[EvictionRecord] = field(default_factory=list)
+    plans: int = 0
+    gpus_needed: float = 0.0  # by the served pods, over all plans
+    max_plan_ratio: float = 0.0  # GPUs evicted / GPUs needed, the worst plan
+    # Evictions undone: a pod evicted for a queue whose own pod had been served by evicting
+    # from the first pod's queue (served by taking from V, later taken for V).
+    ping_pong: int = 0
+    refusals: dict[str, int] = field(default_factory=dict)  # reason -> pods refused at least once
+
+    @property
+    def gpus_evicted(self) -> float:
+        return sum(e.gpus for e in self.evictions)
+
+    @property
+    def late_evictions(self) -> int:
+        return sum(1 for e in self.evictions if e.started_while_served_waited)
+
+    @property
+    def lost_gpu_s(self) -> float:
+        return sum(e.gpus * e.ran_s for e in self.evictions)
 
 
 def _pods(workload: QueueWorkload) -> list[_Pod]:
@@ -213,28 +327,31 @@ def _pods(workload: QueueWorkload) -> list[_Pod]:
             cpu_milli=round(job.cpu * 1000),
             memory_mib=int(job.memory // MIB),
         )
-        pods.extend(
-            _Pod(0, job.name, job.queue, demand, job.arrival + i * job.interval, job.duration)
-            for i in range(job.count)
-        )
-    pods.sort(key=lambda pod: pod.arrival)
+        preemptible = job.priority < NON_PREEMPTIBLE_PRIORITY if job.preemptible is None else job.preemptible
+        for i in range(job.count):
+            arrival = job.arrival + i * job.interval
+            pod = _Pod(0, job.name, job.queue, demand, {}, job.priority, preemptible, arrival, job.duration)
+            pod.request, pod.waiting_since = _request(demand, None), arrival
+            pods.append(pod)
+    pods.sort(key=lambda pod: pod.created)
     for index, pod in enumerate(pods):
         pod.index = index
     return pods
 
 
-def _request(pod: _Pod, node_model: str | None) -> dict[str, float]:
-    """The pod's resources in the fairness vocabulary (GPUs, cores, bytes)."""
-    gpus = pod.demand.total_milli / GPU_MILLI
-    request = {"gpu": gpus, "cpu": pod.demand.cpu_milli / 1000, "memory": float(pod.demand.memory_mib * MIB)}
+def _request(demand: GpuDemand, node_model: str | None) -> dict[str, float]:
+    """A pod's resources in the fairness vocabulary (GPUs, cores, bytes), as the extender counts
+    them: ``gpu/<model>`` once the node is known, or when the pod can land on one model only."""
+    gpus = demand.total_milli / GPU_MILLI
+    request = {"gpu": gpus, "cpu": demand.cpu_milli / 1000, "memory": float(demand.memory_mib * MIB)}
     model = (
         node_model
         if node_model is not None
-        else (next(iter(pod.demand.models)) if len(pod.demand.models) == 1 else None)
+        else (next(iter(demand.models)) if len(demand.models) == 1 else None)
     )
     if model and gpus:
         request[f"gpu/{model}"] = gpus
-    return request
+    return {resource: amount for resource, amount in request.items() if amount > 0}
 
 
 def _capacity(nodes: Sequence[SimNode]) -> dict[str, float]:
@@ -255,105 +372,428 @@ def _percentile(values: Sequence[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(pct / 100 * len(ordered)) - 1)]
 
 
-def run_queue_workload(
-    workload: QueueWorkload, policy_name: str = "tessera", seed: int | None = None
-) -> QueueRunResult:
-    pods = _pods(workload)
-    nodes = list(workload.nodes)
-    mix = workload_mix([SimPod(p.job, p.demand) for p in pods])
-    cluster = Cluster(nodes, mix)
-    rng = random.Random(workload.seed if seed is None else seed)
-    placer = Placer(cluster, make_policy(policy_name, mix), rng)
-    capacity = _capacity(nodes)
-    queues = list(workload.queues)
-    names = [q.name for q in queues]
-    ledger = QueueLedger()
-    pending: dict[str, deque[_Pod]] = {q.name: deque() for q in queues}
-    result = QueueRunResult(name=workload.name, policy=policy_name)
-    events: list[tuple[float, int, int]] = []  # (time, 0 = finish / 1 = arrival, pod index)
-    for index, pod in enumerate(pods):
-        heapq.heappush(events, (pod.arrival, 1, index))
+class _Event(IntEnum):
+    """Kinds of timed events; at equal times they are handled in this order."""
 
-    def schedule(now: float) -> Mapping[str, Mapping[str, float]]:
-        blocked: set[str] = set()
-        while True:
-            fairness = FairnessSnapshot.build(queues, ledger.usage(names), capacity)
-            order = [q for q in fairness.order() if pending[q] and q not in blocked]
-            if not order:
-                return fairness.fair_shares
-            queue = order[0]
-            pod = pending[queue][0]
-            decision = fairness.admit(queue, _request(pod, None))
-            placement = placer.place(pod.demand) if decision.admit else None
-            if placement is None:
-                reason = decision.kind if not decision.admit else "no_node_fits"
-                result.refusals[reason] = result.refusals.get(reason, 0) + 1
-                blocked.add(queue)  # its head waits; later pods of the queue wait behind it
+    FINISH = 0
+    TERMINATED = 1
+    HOLD_EXPIRES = 2
+    ARRIVAL = 3
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """Freed GPUs kept for one pod (the extender's `GpuInventory.hold`)."""
+
+    node: int
+    demand: GpuDemand
+    expires: float
+
+
+@dataclass
+class _Level:
+    """What the metrics integrate, constant from one moment of change to the next."""
+
+    allocated: dict[str, float]
+    shares: dict[str, float]
+    starved: set[str]
+    idle_gpus: float  # counted only while a waiting pod would fit
+
+
+class _Replay:
+    def __init__(self, workload: QueueWorkload, policy_name: str, seed: int, interval: float, delay: float):
+        self.pods = _pods(workload)
+        self.nodes = list(workload.nodes)
+        self.node_index = {node.name: i for i, node in enumerate(self.nodes)}
+        mix = workload_mix([SimPod(p.job, p.demand) for p in self.pods])
+        self.cluster = Cluster(self.nodes, mix)
+        self.placer = Placer(self.cluster, make_policy(policy_name, mix), random.Random(seed))
+        self.capacity = _capacity(self.nodes)
+        self.specs = list(workload.queues)
+        self.names = [q.name for q in self.specs]
+        self.interval, self.delay = interval, delay
+        self.rules = Rules(
+            reclaim_min_runtime_s={q.name: q.reclaim_min_runtime_s for q in self.specs},
+            preempt_min_runtime_s={q.name: q.preempt_min_runtime_s for q in self.specs},
+        )
+        self.ledger = QueueLedger()
+        self.waiting: dict[int, _Pod] = {}
+        self.running: dict[int, _Pod] = {}  # running and terminating
+        self.holds: dict[int, _Hold] = {}
+        self.phantoms: dict[int, list[tuple[int, GpuDemand, tuple[int, ...]]]] = {}
+        self.events: list[tuple[float, int, int, int]] = []  # (time, kind, pod, run)
+        self.result = QueueRunResult(workload.name, policy_name, interval, delay)
+        self.refused: dict[str, set[int]] = {}
+        # Reclaim cycles with nothing to do are skipped until the picture changes.
+        self.version = 0
+        self.fruitless: tuple[int, float] | None = None  # (version, time) of the last empty cycle
+        # pod -> the queues whose pods were evicted to serve it (its run on those GPUs)
+        self.served_from: dict[int, set[str]] = {}
+        self.level = _Level({}, {}, set(), 0.0)
+        self.last_time = 0.0
+        self.integrals: dict[str, dict[str, float]] = {
+            q: {"allocated": 0.0, "share": 0.0, "starved": 0.0, "deficit": 0.0} for q in self.names
+        }
+        self.max_allocated: dict[str, float] = dict.fromkeys(self.names, 0.0)
+        for pod in self.pods:
+            self._push(pod.created, _Event.ARRIVAL, pod)
+
+    # ---- the event loop ----------------------------------------------------------------------
+
+    def run(self) -> QueueRunResult:
+        tick = 1
+        while self.events:
+            now = self.events[0][0]
+            next_cycle = tick * self.interval
+            if self.interval and next_cycle < now:
+                quiet_until = self._quiet_until()
+                if quiet_until > next_cycle:  # every cycle before it would plan nothing: skip them
+                    tick = max(tick + 1, math.ceil(min(quiet_until, now) / self.interval))
+                    continue
+                self._advance(next_cycle)
+                tick += 1
+                if self._reclaim(next_cycle):
+                    self._observe(next_cycle)
                 continue
-            pending[queue].popleft()
-            pod.start, (pod.node, pod.gpus) = now, placement
-            ledger.put(str(pod.index), Contribution(queue, "allocated", _request(pod, nodes[pod.node].model)))
-            heapq.heappush(events, (now + pod.duration, 0, pod.index))
+            self._advance(now)
+            while self.events and self.events[0][0] == now:
+                _, kind, index, run = heapq.heappop(self.events)
+                self._handle(_Event(kind), self.pods[index], run, now)
+            self._schedule(now)
+            if self.interval and next_cycle == now:
+                tick += 1
+                self._reclaim(now)
+            self._observe(now)
+        self.result.makespan_s = self.last_time
+        self._summarise()
+        return self.result
 
-    now = 0.0
-    while events:
-        now = events[0][0]
-        while events and events[0][0] == now:
-            _, kind, index = heapq.heappop(events)
-            pod = pods[index]
-            if kind == 1:
-                pending[pod.queue].append(pod)
-                ledger.put(str(index), Contribution(pod.queue, "requested", _request(pod, None)))
-            else:
-                cluster.release(pod.node, pod.demand, pod.gpus)
-                ledger.put(str(index), None)
-        shares = schedule(now)
-        placer.forget_gone_states()
-        for q in queues:
-            result.timeline.append(
-                QueueSample(
+    def _push(self, time: float, kind: _Event, pod: _Pod) -> None:
+        heapq.heappush(self.events, (time, int(kind), pod.index, pod.runs))
+
+    def _handle(self, kind: _Event, pod: _Pod, run: int, now: float) -> None:
+        if run != pod.runs:
+            return  # an event of an earlier run (the pod was evicted since) or an older hold
+        self.version += 1
+        if kind is _Event.ARRIVAL:
+            self._wait(pod, now)
+        elif kind is _Event.FINISH:
+            self._free(pod)
+            pod.state = "done"
+            self.ledger.put(pod.key, None)
+            self.served_from.pop(pod.index, None)
+        elif kind is _Event.TERMINATED:
+            self._free(pod)
+            self._wait(pod, now)
+        else:
+            hold = self.holds.get(pod.index)
+            if hold is not None and hold.expires <= now:
+                del self.holds[pod.index]
+                self.served_from.pop(pod.index, None)  # it never got what was freed for it
+
+    def _wait(self, pod: _Pod, now: float) -> None:
+        pod.state, pod.waiting_since = "waiting", now
+        self.waiting[pod.index] = pod
+        self.ledger.put(pod.key, Contribution(pod.queue, "requested", pod.request))
+
+    def _free(self, pod: _Pod) -> None:
+        self.cluster.release(pod.node, pod.demand, pod.gpus)
+        del self.running[pod.index]
+
+    # ---- kube-scheduler with the extender's filter -------------------------------------------
+
+    def _schedule(self, now: float) -> None:
+        """Every waiting pod in the scheduler's order; each starts if admitted and it fits."""
+        for index in [i for i, hold in self.holds.items() if hold.expires <= now]:
+            del self.holds[index]
+        for index in self.holds:
+            self._reserve(index)
+        # Within a pass usage only grows and free capacity only shrinks: a refusal, or a demand
+        # that fitted nowhere, stays so for the rest of it (admissions are kept until a start).
+        refused: dict[_Signature, str] = {}  # -> the reason
+        admitted: set[_Signature] = set()
+        unfit: set[GpuDemand] = set()
+        admission = self._fairness(shares={})
+        for pod in sorted(self.waiting.values(), key=lambda p: p.order):
+            held = pod.index in self.holds
+            if pod.signature in refused:
+                self.refused.setdefault(refused[pod.signature], set()).add(pod.index)
+                continue
+            if not held and pod.demand in unfit:
+                self.refused.setdefault("no_node_fits", set()).add(pod.index)
+                continue
+            if pod.signature not in admitted:
+                decision = admission.admit(pod.queue, pod.request, preemptible=pod.preemptible)
+                if not decision.admit:
+                    refused[pod.signature] = decision.kind
+                    self.refused.setdefault(decision.kind, set()).add(pod.index)
+                    continue
+                admitted.add(pod.signature)
+            if held:
+                self._unreserve(pod.index)
+            placement = self.placer.place(pod.demand)
+            if placement is None:
+                if held:
+                    self._reserve(pod.index)
+                else:
+                    unfit.add(pod.demand)  # free capacity only shrinks within a pass
+                self.refused.setdefault("no_node_fits", set()).add(pod.index)
+                continue
+            self.holds.pop(pod.index, None)  # bound: what was held for it is its own now
+            self._start(pod, now, placement)
+            admission = self._fairness(shares={})
+            admitted.clear()
+        for index in list(self.phantoms):
+            self._unreserve(index)
+        self.placer.forget_gone_states()
+
+    def _start(self, pod: _Pod, now: float, placement: tuple[int, tuple[int, ...]]) -> None:
+        pod.node, pod.gpus = placement
+        pod.state, pod.started, pod.ever_started = "running", now, True
+        pod.waited_s += now - pod.waiting_since
+        pod.runs += 1
+        del self.waiting[pod.index]
+        self.running[pod.index] = pod
+        model = self.nodes[pod.node].model
+        self.ledger.put(pod.key, Contribution(pod.queue, "allocated", _request(pod.demand, model)))
+        self._push(now + pod.duration, _Event.FINISH, pod)
+        self.version += 1
+
+    def _reserve(self, index: int) -> None:
+        """Take what is held for pod `index` out of the cluster while others are placed: its GPUs
+        where they are free, else - its victims still terminating - every free GPU of the node."""
+        hold = self.holds[index]
+        supply = self.cluster.node_gpus(hold.node)
+        wanted = GpuDemand(hold.demand.count, hold.demand.milli, hold.demand.models)
+        occupied = occupy(supply, wanted, _NO_MIX)
+        taken: list[tuple[int, GpuDemand, tuple[int, ...]]]
+        if occupied is not None:
+            taken = [(hold.node, wanted, occupied[1])]
+        else:
+            taken = [
+                (hold.node, GpuDemand(1, free), (gpu,)) for gpu, free in enumerate(supply.free_milli) if free
+            ]
+        for node, demand, gpus in taken:
+            self.cluster.place(node, demand, gpus)
+        self.phantoms[index] = taken
+
+    def _unreserve(self, index: int) -> None:
+        for node, demand, gpus in self.phantoms.pop(index, []):
+            self.cluster.release(node, demand, gpus)
+
+    def _fairness(self, shares: dict[str, dict[str, float]] | None = None) -> FairnessSnapshot:
+        """Queues with the ledger's usage now; fair shares computed unless given (admission
+        reads none)."""
+        usage = self.ledger.usage(self.names)
+        if shares is None:
+            return FairnessSnapshot.build(self.specs, usage, self.capacity)
+        return FairnessSnapshot(tuple(self.specs), usage, self.capacity, shares)
+
+    # ---- the reclaim loop --------------------------------------------------------------------
+
+    def _reclaim(self, now: float) -> bool:
+        """One cycle of the extender's reclaim loop; True when it evicted something."""
+        if self._quiet_until() > now:
+            return False
+        fairness = self._fairness()
+        snapshot = ClusterSnapshot(
+            {node.name: self.cluster.node_gpus(i) for i, node in enumerate(self.nodes)},
+            {pod.key: self._running_pod(pod) for pod in self.running.values() if pod.demand.count},
+            fairness,
+            self.cluster.mix,
+        )
+        pending = [
+            PendingPod(pod.key, pod.queue, pod.demand, pod.request, pod.priority, pod.created)
+            for pod in self._admissible(fairness)
+            if pod.index not in self.holds
+        ]
+        plans = plan(snapshot, pending, now, self.rules)
+        if not plans:
+            self.fruitless = (self.version, now)
+            return False
+        for chosen in plans:
+            self._carry_out(chosen, now)
+        self.version += 1
+        if not self.delay:
+            self._schedule(now)
+        return True
+
+    def _running_pod(self, pod: _Pod) -> RunningPod:
+        return RunningPod(
+            key=pod.key,
+            queue=pod.queue,
+            node=self.nodes[pod.node].name,
+            gpus=tuple((gpu, pod.demand.milli) for gpu in pod.gpus),
+            resources=_request(pod.demand, self.nodes[pod.node].model),
+            priority=pod.priority,
+            preemptible=pod.preemptible,
+            started=pod.started,
+            terminating=pod.state == "terminating",
+            cpu_milli=pod.demand.cpu_milli,
+            memory_mib=pod.demand.memory_mib,
+        )
+
+    def _quiet_until(self) -> float:
+        """Until when reclaim cycles would find nothing to do, the picture staying as it is: no
+        GPU pod waits, or the last cycle planned nothing on this very picture and no running pod
+        gets past a min runtime before then. (A time not after the last cycle: no such promise.)"""
+        if not any(p.demand.count for p in self.waiting.values()):
+            return math.inf
+        if self.fruitless is None or self.fruitless[0] != self.version:
+            return -math.inf
+        return min(self._runtimes_ending_after(self.fruitless[1]), default=math.inf)
+
+    def _runtimes_ending_after(self, since: float) -> list[float]:
+        """When running preemptible pods pass their queues' min runtimes, for those after `since`."""
+        ends = []
+        for pod in self.running.values():
+            if pod.state == "running" and pod.preemptible:
+                for runtime in (self.rules.reclaim_min_runtime_s, self.rules.preempt_min_runtime_s):
+                    end = pod.started + runtime.get(pod.queue, 0.0)
+                    if end > since:
+                        ends.append(end)
+        return ends
+
+    def _carry_out(self, chosen: Plan, now: float) -> None:
+        served = self.pods[int(chosen.pod.key)]
+        self.result.plans += 1
+        self.result.gpus_needed += chosen.gpus_needed
+        self.result.max_plan_ratio = max(self.result.max_plan_ratio, chosen.ratio)
+        for eviction in chosen.evictions:
+            victim = self.pods[int(eviction.pod.key)]
+            gpus = victim.demand.total_milli / GPU_MILLI
+            if served.queue in self.served_from.pop(victim.index, set()):
+                self.result.ping_pong += 1
+            self.served_from.setdefault(served.index, set()).add(victim.queue)
+            self.result.evictions.append(
+                EvictionRecord(
                     now,
-                    q.name,
-                    ledger.allocated.get(q.name, {}).get("gpu", 0.0),
-                    shares[q.name].get("gpu", 0.0),
-                    len(pending[q.name]),
+                    chosen.goal,
+                    f"{victim.job}/{victim.index}",
+                    victim.queue,
+                    f"{served.job}/{served.index}",
+                    served.queue,
+                    chosen.node,
+                    gpus,
+                    now - victim.started,
+                    victim.started >= served.waiting_since,
                 )
             )
-    result.makespan_s = now
-    _summarise(result, pods, queues, capacity.get("gpu", 0.0))
-    return result
+            victim.state = "terminating"
+            victim.runs += 1  # its finish event is void
+            if self.delay:
+                self._push(now + self.delay, _Event.TERMINATED, victim)
+            else:
+                self._free(victim)
+                self._wait(victim, now)
+        self.holds[served.index] = _Hold(self.node_index[chosen.node], chosen.pod.demand, now + HOLD_S)
+        heapq.heappush(self.events, (now + HOLD_S, int(_Event.HOLD_EXPIRES), served.index, served.runs))
+
+    # ---- measuring ---------------------------------------------------------------------------
+
+    def _observe(self, now: float) -> None:
+        """Record the state after everything at `now` happened; it holds until the next change."""
+        fairness = self._fairness()
+        tree = fairness.tree
+        allocated = {q: tree.subtree(q, "allocated", "gpu") for q in self.names}
+        shares = {q: fairness.fair_shares.get(q, {}).get("gpu", 0.0) for q in self.names}
+        smallest: dict[str, float] = {}  # queue -> the smallest GPU request of its admissible pods
+        fitting = False
+        verdicts: dict[GpuDemand, bool] = {}
+        for pod in self._admissible(fairness):
+            smallest[pod.queue] = min(pod.request["gpu"], smallest.get(pod.queue, math.inf))
+            if pod.demand not in verdicts:
+                verdicts[pod.demand] = any(
+                    fits(self.cluster.states[state].as_node_gpus(), pod.demand)
+                    for state, _ in self.cluster.groups()
+                )
+            fitting = fitting or verdicts[pod.demand]
+        for leaf, gpus in list(smallest.items()):
+            for ancestor in tree.path_to_root(leaf)[1:]:
+                smallest[ancestor] = min(gpus, smallest.get(ancestor, math.inf))
+        starved = {q for q, gpus in smallest.items() if allocated[q] + gpus <= shares[q] + EPSILON}
+        idle = (self.cluster.capacity_milli - self.cluster.allocated_milli) / GPU_MILLI if fitting else 0.0
+        self.level = _Level(allocated, shares, starved, idle)
+        pending = Counter(p.queue for p in self.waiting.values())
+        running = Counter(p.queue for p in self.running.values())
+        for q in self.names:
+            self.max_allocated[q] = max(self.max_allocated[q], allocated[q])
+            self.result.timeline.append(QueueSample(now, q, allocated[q], shares[q], pending[q], running[q]))
+
+    def _admissible(self, fairness: FairnessSnapshot) -> list[_Pod]:
+        """Waiting GPU pods that admission lets in now (pods alike in what it reads asked once)."""
+        verdicts: dict[_Signature, bool] = {}
+        admissible = []
+        for pod in self.waiting.values():
+            if not pod.demand.count:
+                continue
+            if pod.signature not in verdicts:
+                verdicts[pod.signature] = fairness.admit(
+                    pod.queue, pod.request, preemptible=pod.preemptible
+                ).admit
+            if verdicts[pod.signature]:
+                admissible.append(pod)
+        return admissible
+
+    def _advance(self, now: float) -> None:
+        """Integrate the current level from the last moment of change up to `now`."""
+        span = now - self.last_time
+        if span <= 0:
+            return
+        level = self.level
+        for q, sums in self.integrals.items():
+            sums["allocated"] += level.allocated.get(q, 0.0) * span
+            sums["share"] += level.shares.get(q, 0.0) * span
+            sums["starved"] += span if q in level.starved else 0.0
+            sums["deficit"] += max(0.0, level.shares.get(q, 0.0) - level.allocated.get(q, 0.0)) * span
+        self.result.idle_gpu_s_while_fitting_pod_waits += level.idle_gpus * span
+        self.last_time = now
+
+    def _summarise(self) -> None:
+        result, end = self.result, self.result.makespan_s
+        gpu_capacity = self.capacity.get("gpu", 0.0)
+        result.refusals = {reason: len(pods) for reason, pods in sorted(self.refused.items())}
+        busy = 0.0
+        for q in self.specs:
+            mine = [p for p in self.pods if p.queue == q.name]
+            waits = [p.waited_s for p in mine if p.ever_started]
+            sums = self.integrals[q.name]
+            mean_allocated = sums["allocated"] / end if end > 0 else 0.0
+            busy += mean_allocated if q.parent is None else 0.0
+            result.queues.append(
+                QueueSummary(
+                    name=q.name,
+                    pods=len(mine),
+                    started=len(waits),
+                    finished=sum(1 for p in mine if p.state == "done"),
+                    mean_wait_s=sum(waits) / len(waits) if waits else 0.0,
+                    p50_wait_s=_percentile(waits, 50),
+                    p95_wait_s=_percentile(waits, 95),
+                    mean_allocated_gpu=mean_allocated,
+                    mean_fair_share_gpu=sums["share"] / end if end > 0 else 0.0,
+                    max_allocated_gpu=self.max_allocated[q.name],
+                    limit_gpu=q.limit.get("gpu"),
+                    utilisation_pct=100.0 * mean_allocated / gpu_capacity if gpu_capacity else 0.0,
+                    below_fair_share_s=sums["starved"],
+                    deficit_gpu_s=sums["deficit"],
+                    evicted=sum(1 for e in result.evictions if e.victim_queue == q.name),
+                    evicted_for=sum(1 for e in result.evictions if e.served_queue == q.name),
+                )
+            )
+        result.utilisation_pct = 100.0 * busy / gpu_capacity if gpu_capacity else 0.0
 
 
-def _time_weighted_mean(samples: Sequence[QueueSample], attribute: str, end: float) -> float:
-    if end <= 0 or not samples:
-        return 0.0
-    total = 0.0
-    for current, following in zip(samples, [*samples[1:], None], strict=True):
-        until = following.time if following is not None else end
-        total += float(getattr(current, attribute)) * (until - current.time)
-    return total / end
-
-
-def _summarise(
-    result: QueueRunResult, pods: Sequence[_Pod], queues: Sequence[QueueSpec], gpu_capacity: float
-) -> None:
-    end = result.makespan_s
-    busy = 0.0
-    for q in queues:
-        mine = [p for p in pods if p.queue == q.name]
-        waits = [p.start - p.arrival for p in mine if p.start is not None]
-        samples = [s for s in result.timeline if s.queue == q.name]
-        summary = QueueSummary(
-            name=q.name,
-            pods=len(mine),
-            started=len(waits),
-            mean_wait_s=sum(waits) / len(waits) if waits else 0.0,
-            p95_wait_s=_percentile(waits, 95),
-            mean_allocated_gpu=_time_weighted_mean(samples, "allocated_gpu", end),
-            mean_fair_share_gpu=_time_weighted_mean(samples, "fair_share_gpu", end),
-            max_allocated_gpu=max((s.allocated_gpu for s in samples), default=0.0),
-            limit_gpu=q.limit.get("gpu"),
-        )
-        busy += summary.mean_allocated_gpu
-        result.queues.append(summary)
-    result.utilisation_pct = 100.0 * busy / gpu_capacity if gpu_capacity else 0.0
+def run_queue_workload(
+    workload: QueueWorkload,
+    policy_name: str = "tessera",
+    seed: int | None = None,
+    *,
+    reclaim_interval_s: float | None = None,
+    termination_delay_s: float | None = None,
+) -> QueueRunResult:
+    """Replay `workload`; the interval and delay default to the workload's own."""
+    interval = workload.reclaim_interval_s if reclaim_interval_s is None else reclaim_interval_s
+    delay = workload.termination_delay_s if termination_delay_s is None else termination_delay_s
+    if interval < 0 or delay < 0:
+        raise ValueError("the reclaim interval and the termination delay cannot be negative")
+    return _Replay(workload, policy_name, workload.seed if seed is None else seed, interval, delay).run()

@@ -183,65 +183,84 @@ def queue_table(result: QueueRunResult) -> str:
     headers = [
         "queue",
         "pods",
-        "started",
-        "mean wait s",
-        "p95 wait s",
+        "done",
+        "wait p50 s",
+        "wait p95 s",
         "mean alloc GPU",
-        "mean fair share GPU",
-        "max alloc GPU",
-        "limit GPU",
+        "mean fair GPU",
+        "GPU util %",
+        "below fair s",
+        "deficit GPU-s",
+        "evicted",
+        "evicted for",
     ]
     rows = [
         [
             q.name,
             str(q.pods),
-            str(q.started),
-            f"{q.mean_wait_s:.1f}",
+            str(q.finished),
+            f"{q.p50_wait_s:.1f}",
             f"{q.p95_wait_s:.1f}",
             f"{q.mean_allocated_gpu:.2f}",
             f"{q.mean_fair_share_gpu:.2f}",
-            f"{q.max_allocated_gpu:.2f}",
-            "" if q.limit_gpu is None else f"{q.limit_gpu:g}",
+            f"{q.utilisation_pct:.1f}",
+            f"{q.below_fair_share_s:.0f}",
+            f"{q.deficit_gpu_s:.0f}",
+            str(q.evicted),
+            str(q.evicted_for),
         ]
         for q in result.queues
     ]
-    return format_table(headers, rows) + f"\nGPU utilisation (time-weighted): {result.utilisation_pct:.1f}%"
+    reclaim = (
+        f"reclaim every {result.reclaim_interval_s:g} s, termination {result.termination_delay_s:g} s: "
+        f"{len(result.evictions)} evictions in {result.plans} plans, GPUs evicted / needed "
+        f"{result.gpus_evicted:g} / {result.gpus_needed:g} (worst plan {result.max_plan_ratio:.2f}), "
+        f"ping-pong {result.ping_pong}, victims started while the served pod waited "
+        f"{result.late_evictions}, work lost {result.lost_gpu_s:.0f} GPU-s"
+        if result.reclaim_interval_s
+        else "reclaim off"
+    )
+    return "\n".join(
+        [
+            format_table(headers, rows),
+            f"GPU utilisation (time-weighted): {result.utilisation_pct:.1f}%",
+            f"GPU-s idle while a pod that fits waited: {result.idle_gpu_s_while_fitting_pod_waits:.1f}",
+            reclaim,
+        ]
+    )
 
 
 def write_queue_csv(result: QueueRunResult, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = out_dir / f"{result.name}-queues.csv"
+    columns = [
+        "pods",
+        "started",
+        "finished",
+        "mean_wait_s",
+        "p50_wait_s",
+        "p95_wait_s",
+        "mean_allocated_gpu",
+        "mean_fair_share_gpu",
+        "max_allocated_gpu",
+        "utilisation_pct",
+        "below_fair_share_s",
+        "deficit_gpu_s",
+        "evicted",
+        "evicted_for",
+    ]
     with summary.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(
-            [
-                "queue",
-                "pods",
-                "started",
-                "mean_wait_s",
-                "p95_wait_s",
-                "mean_allocated_gpu",
-                "mean_fair_share_gpu",
-                "max_allocated_gpu",
-            ]
-        )
+        writer.writerow(["queue", *columns])
         for q in result.queues:
-            writer.writerow(
-                [
-                    q.name,
-                    q.pods,
-                    q.started,
-                    f"{q.mean_wait_s:.3f}",
-                    f"{q.p95_wait_s:.3f}",
-                    f"{q.mean_allocated_gpu:.4f}",
-                    f"{q.mean_fair_share_gpu:.4f}",
-                    f"{q.max_allocated_gpu:.4f}",
-                ]
-            )
+            values = [getattr(q, column) for column in columns]
+            writer.writerow([q.name, *(f"{v:.4f}" if isinstance(v, float) else v for v in values)])
     timeline = out_dir / f"{result.name}-timeline.csv"
     with timeline.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["time_s", "queue", "allocated_gpu", "fair_share_gpu", "pending_jobs"])
+        writer.writerow(
+            ["time_s", "queue", "allocated_gpu", "fair_share_gpu", "pending_jobs", "running_jobs"]
+        )
         for sample in result.timeline:
             writer.writerow(
                 [
@@ -250,9 +269,42 @@ def write_queue_csv(result: QueueRunResult, out_dir: Path) -> list[Path]:
                     f"{sample.allocated_gpu:.4f}",
                     f"{sample.fair_share_gpu:.4f}",
                     sample.pending,
+                    sample.running,
                 ]
             )
-    return [summary, timeline]
+    evictions = out_dir / f"{result.name}-evictions.csv"
+    with evictions.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(
+            [
+                "time_s",
+                "goal",
+                "victim",
+                "victim_queue",
+                "served",
+                "served_queue",
+                "node",
+                "gpus",
+                "ran_s",
+                "started_while_served_waited",
+            ]
+        )
+        for e in result.evictions:
+            writer.writerow(
+                [
+                    f"{e.time:.3f}",
+                    e.goal,
+                    e.victim,
+                    e.victim_queue,
+                    e.served,
+                    e.served_queue,
+                    e.node,
+                    f"{e.gpus:g}",
+                    f"{e.ran_s:.3f}",
+                    int(e.started_while_served_waited),
+                ]
+            )
+    return [summary, timeline, evictions]
 
 
 def plot_queues(result: QueueRunResult, out_dir: Path) -> Path:

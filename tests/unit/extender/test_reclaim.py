@@ -294,3 +294,53 @@ def test_refusal_names_the_queue_and_the_numbers() -> None:
     )
     refusal = reclaim_refusal(snapshot.fairness, "a", {"gpu": 1}, "b", {"gpu": 1})
     assert refusal == "queue 'b' would fall below its fair share (gpu 2 - 1 < 2)"
+
+
+def test_a_node_that_tracks_cpu_gives_it_back_on_eviction() -> None:
+    # One node, 2 GPUs and 16 cores, the simulator's kind (CPU and memory tracked). a's two pods
+    # hold both GPUs and 8 cores each, so no core is free; b (quota 1) waits for 1 GPU + 8 cores.
+    # Evicting a1 frees its GPU *and* its 8 cores: b fits. (Before the fork gave back only GPUs,
+    # b never fitted and reclaim planned nothing.) The placement then takes b's cores again.
+    cores = 8000
+    node = NodeGpus("n1", "", (0, 0), cpu_free_milli=0, memory_free_mib=0, host_tracked=True)
+    running = {
+        key: RunningPod(
+            key, "a", "n1", ((i, GPU_MILLI),), {"gpu": 1.0}, started=NOW - 3600 + i, cpu_milli=cores
+        )
+        for i, key in enumerate(("a0", "a1"))
+    }
+    usage = {"a": QueueUsage({"gpu": 2.0}, {}), "b": QueueUsage({}, {"gpu": 1.0})}
+    fairness = FairnessSnapshot.build([q("a", quota=1), q("b", quota=1)], usage, {"gpu": 2.0})
+    snapshot = ClusterSnapshot({"n1": node}, running, fairness, WorkloadMix(demands=()))
+    waiting = PendingPod("b0", "b", GpuDemand(1, cpu_milli=cores), {"gpu": 1.0})
+
+    plans = plan(snapshot, [waiting], NOW, Rules())
+
+    assert [(p.pod.key, p.node, [e.pod.key for e in p.evictions]) for p in plans] == [("b0", "n1", ["a1"])]
+    fork = snapshot.fork()
+    fork.evict("a1")
+    assert fork.nodes["n1"].cpu_free_milli == cores
+    fork.place(RunningPod("b0", "b", "", (), {"gpu": 1.0}), GpuDemand(1, cpu_milli=cores), "n1")
+    assert fork.nodes["n1"].cpu_free_milli == 0
+    assert snapshot.nodes["n1"].cpu_free_milli == 0  # the snapshot itself is untouched
+
+
+def test_a_pod_presumed_placed_in_the_cycle_is_no_victim() -> None:
+    # n1 has 4 GPUs; x0 holds one and is protected by x's reclaimMinRuntime. Quotas a 1, b 1,
+    # x 1, demands a 3, b 1, x 1: shares a 2, b 1, x 1. a (below its share, first by name) has
+    # three pods that fit the 3 free GPUs: the planner presumes the scheduler places them, and a
+    # then holds 3 > 2. b0 fits nowhere and is owed 1 GPU - but a's pods are still pending: evicting
+    # one would only delete it. (Before, a0 was planned as b0's victim.) Nothing is planned; once
+    # a's pods run, a later cycle may reclaim one of them.
+    snapshot, pending = build(
+        Scenario(
+            "",
+            nodes={"n1": 4},
+            queues=[q("a", quota=1), q("b", quota=1), q("x", quota=1)],
+            running=[Run("x0", "x", "n1", age_s=10)],
+            pending=[Wait("a0", "a"), Wait("a1", "a"), Wait("a2", "a"), Wait("b0", "b")],
+            evicted=set(),
+            served={},
+        )
+    )
+    assert plan(snapshot, pending, NOW, Rules(reclaim_min_runtime_s={"x": 600})) == []
