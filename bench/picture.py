@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from contract.names import DRIVER_NAME, QUEUE_GROUP, QUEUE_LABEL, QUEUE_VERSION
 from extender.kubeapi import JsonObject
 from extender.picture.cluster import ClusterPicture
+from extender.picture.watcher import freeze_after_list
 
 GPUS_PER_NODE = 8
 GPU_MEMORY = "80Gi"
@@ -249,4 +250,5 @@ def load_state(picture: Picture) -> ClusterPicture:
     for label, pod in picture.pending_pods.items():
         if state.pod_demand(pod) is None:
             raise RuntimeError(f"the {label} pending pod has no GPU demand in the picture")
+    freeze_after_list()
     return state

@@ -47,7 +47,8 @@ def _p99(values: list[float]) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.planning", description=__doc__)
     parser.add_argument("--nodes", type=int, default=5000)
-    parser.add_argument("--pods", type=int, default=50_000)
+    # Enough pods that every GPU is held (a third of the GPUs hold two halves): about 53,400.
+    parser.add_argument("--pods", type=int, default=54_000)
     parser.add_argument("--waiting", type=int, default=200)
     parser.add_argument("--cycles", type=int, default=15)
     args = parser.parse_args(argv)

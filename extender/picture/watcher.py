@@ -26,6 +26,14 @@ from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 log = logging.getLogger(__name__)
 
 
+def freeze_after_list() -> None:
+    """Collect what a full list left as garbage, then exempt the survivors from later collections
+    (see the module docstring): done by the watcher after each list, and by benchmarks that load
+    a picture the same way."""
+    gc.collect()
+    gc.freeze()
+
+
 class ClusterWatcher:
     """Keeps a ClusterPicture current: list then watch every kind, relist on 410, retry on errors."""
 
@@ -65,8 +73,7 @@ class ClusterWatcher:
                 break
             query = {"limit": "500", "continue": token}
         self.picture.replace(kind, items)
-        gc.collect()
-        gc.freeze()
+        freeze_after_list()
         return str((page.get("metadata") or {}).get("resourceVersion", ""))
 
     async def _run(self, kind: str, path: str) -> None:

@@ -21,7 +21,10 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    any victim the pod does not need after all is given back. The node needing the fewest evicted
    GPUs wins (then fewer pods, then lower priorities).
 4. Never more than needed: GPUs evicted / GPUs needed <= `max_ratio` (1.1), unless a single
-   victim is evicted (no smaller eviction exists); and at most `max_evictions` pods per cycle.
+   victim no bigger than the whole GPUs the pod needs is evicted (a whole-GPU pod for a half-GPU
+   pod: no smaller eviction exists); and at most `max_evictions` pods per cycle.
+6. Bounded time: at most `max_pending` waiting pods per cycle, and for each the `node_trials`
+   nodes holding possible victims with the most free GPU; what is cut off waits for a later cycle.
 5. Every plan is applied to a fork of the snapshot (victims off, pod placed) before the next one
    is made, so one cycle's plans never count the same GPUs twice. The live picture is untouched.
 
@@ -249,23 +252,46 @@ class _Search:
         for pod in fork.running.values():
             if pod.preemptible and not pod.terminating and pod.gpus:
                 self.nodes_of_queue.setdefault(pod.queue, set()).add(pod.node)
+        # Nodes by free GPU share, most first (ranked once per cycle: a heuristic order).
+        self.by_free = sorted(self.names, key=lambda n: -sum(fork.nodes[n].free_milli))
+        # Demands known to fit nowhere, and the nodes changed since (only those need a look).
+        self._unfit: dict[tuple[GpuDemand, int | None], int] = {}
+        self.touched: list[str] = []
 
     def candidates(self, fork: ClusterSnapshot, waiting: PendingPod, goal: Goal, limit: int) -> list[str]:
         """Nodes that hold possible victims, the most free GPU first, at most `limit`."""
         if goal == "preempt":
-            found = set(self.nodes_of_queue.get(waiting.queue, ()))
+            holding = self.nodes_of_queue.get(waiting.queue, set())
         else:
-            found = set().union(*(n for q, n in self.nodes_of_queue.items() if q != waiting.queue))
+            # Only queues that could give at least a thousandth of a GPU by the rules.
+            least = {r: 1 / GPU_MILLI for r in gpu_amounts(waiting.resources)}
+            holding = set().union(
+                *(
+                    nodes
+                    for queue, nodes in self.nodes_of_queue.items()
+                    if queue != waiting.queue
+                    and not reclaim_refusal(fork.fairness, waiting.queue, waiting.resources, queue, least)
+                )
+            )
         models = waiting.demand.models
-        nodes = fork.nodes
-        ranked = sorted(
-            (n for n in found if n in nodes and (not models or nodes[n].model in models)),
-            key=lambda n: (-sum(nodes[n].free_milli), n),
-        )
-        return ranked[:limit]
+        found: list[str] = []
+        for name in self.by_free:
+            if name in holding and (not models or fork.nodes[name].model in models):
+                found.append(name)
+                if len(found) == limit:
+                    break
+        return found
 
     def fits_somewhere(self, fork: ClusterSnapshot, waiting: PendingPod) -> str | None:
-        return next((n for n in self.names if fork.fitting_nodes(_on(waiting, fork, n), [n])), None)
+        """A node where the pod fits now; a demand that fit nowhere is checked again only on the
+        nodes changed since."""
+        memo = (waiting.demand, waiting.fraction_memory)
+        seen = self._unfit.get(memo)
+        names = self.names if seen is None else self.touched[seen:]
+        found = next((n for n in names if fork.fitting_nodes(_on(waiting, fork, n), [n])), None)
+        if found is None:
+            self._unfit[memo] = len(self.touched)
+        return found
 
 
 def _plan_for(
@@ -286,7 +312,11 @@ def _plan_for(
             if not evictions or len(evictions) > budget:
                 continue
             evicted = sum(_gpus(e.pod) for e in evictions)
-            if evicted / max(needed, 1e-9) > rules.max_ratio + EPSILON and len(evictions) > 1:
+            if evicted / max(needed, 1e-9) > rules.max_ratio + EPSILON and not (
+                # One victim no bigger than the whole GPUs the pod needs is the least there is
+                # (a whole-GPU pod for a half-GPU pod); a big one for a small pod is not.
+                len(evictions) == 1 and evicted <= math.ceil(needed - EPSILON)
+            ):
                 continue
             # Fewest GPUs, then fewest pods, lowest priorities, and the newest pods.
             rank = (
@@ -336,6 +366,7 @@ def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, r
                 continue
             for eviction in found.evictions:
                 fork.evict(eviction.pod.key)
+            search.touched.append(found.node)
             fork.place(arriving, _on(waiting, fork, found.node), found.node)
             evictions_left -= len(found.evictions)
             plans.append(found)

@@ -204,6 +204,17 @@ SCENARIOS = [
         evicted=set(),
         served={},
     ),
+    # b wants a quarter GPU; a's only pod holds all 8 GPUs. One victim is allowed past the 1.1
+    # ratio only when it is no bigger than the whole GPUs needed (1 here): 8 for 0.25 is refused.
+    Scenario(
+        "a big pod is never evicted for a small one",
+        nodes={"n1": 8},
+        queues=[q("a", quota=4), q("b", quota=4)],
+        running=[Run("big", "a", "n1", gpus=8)],
+        pending=[Wait("b0", "b", milli=250)],
+        evicted=set(),
+        served={},
+    ),
     # The same with b wanting half a GPU: one half of a goes (ratio 1).
     Scenario(
         "a fraction takes a fraction",
