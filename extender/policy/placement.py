@@ -21,7 +21,7 @@ rounding loss of integer scores.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -36,6 +36,8 @@ _COST_DIGITS = 6
 _PACKING_LOSS_WEIGHT = 0.5
 # Bound on memoised placement costs per mix (a few MB); cleared wholesale when reached.
 _COST_CACHE_LIMIT = 50_000
+# Bound on memoised node measures per mix (~20 MB); cleared wholesale when reached.
+_MEASURE_CACHE_LIMIT = 200_000
 
 Strategy = Literal["binpack", "spread"]
 Cost = tuple[float, ...]
@@ -147,6 +149,12 @@ class WorkloadMix:
         _COST_CACHES[self] = cache  # most recently used last
         return cache
 
+    @cached_property
+    def _measure_cache(self) -> dict[tuple[str, str], float]:
+        """node_fragmentation / node_packing_loss by node shape: candidate placements of many pods
+        lead to the same few node states, and both measures walk every task type."""
+        return {}
+
 
 # Memoised placement costs of the last few mixes, by value.
 _COST_CACHES: dict[WorkloadMix, dict[tuple[object, ...], Cost | None]] = {}
@@ -175,7 +183,24 @@ def fits(node: NodeGpus, demand: GpuDemand) -> bool:
     return sum(1 for free in node.free_milli if free >= demand.milli) >= demand.count
 
 
-def node_fragmentation(node: NodeGpus, mix: WorkloadMix) -> float:
+def _memoised(
+    kind: str, compute: Callable[[NodeGpus, WorkloadMix], float]
+) -> Callable[[NodeGpus, WorkloadMix], float]:
+    def measure(node: NodeGpus, mix: WorkloadMix) -> float:
+        cache = mix._measure_cache
+        key = (kind, node.shape)
+        value = cache.get(key)
+        if value is None:
+            if len(cache) >= _MEASURE_CACHE_LIMIT:
+                cache.clear()
+            value = cache[key] = compute(node, mix)
+        return value
+
+    measure.__doc__ = compute.__doc__
+    return measure
+
+
+def _node_fragmentation(node: NodeGpus, mix: WorkloadMix) -> float:
     """Expected idle GPU milli on ``node`` that a task drawn from ``mix`` could not use.
 
     For one task type: all idle milli if the type does not fit the node at all (model, CPU,
@@ -210,7 +235,7 @@ def node_fragmentation(node: NodeGpus, mix: WorkloadMix) -> float:
     return expected / total_weight
 
 
-def node_packing_loss(node: NodeGpus, mix: WorkloadMix) -> float:
+def _node_packing_loss(node: NodeGpus, mix: WorkloadMix) -> float:
     """Expected idle GPU milli that tasks of one type from ``mix``, repeated, could not fill.
 
     ``node_fragmentation`` asks whether one more task of a type fits; this asks how many would:
@@ -244,6 +269,10 @@ def node_packing_loss(node: NodeGpus, mix: WorkloadMix) -> float:
                 tasks = min(tasks, node.memory_free_mib // memory)
             expected += weight * (idle - tasks * cls.count * cls.milli)
     return expected / total_weight
+
+
+node_fragmentation = _memoised("fragmentation", _node_fragmentation)
+node_packing_loss = _memoised("packing loss", _node_packing_loss)
 
 
 def _after(node: NodeGpus, demand: GpuDemand, gpus: Sequence[int]) -> NodeGpus:

@@ -40,6 +40,7 @@ ProgressCallback = Callable[[str, float], None]
 Replay = Literal["paper", "creation"]
 REPLAYS: tuple[Replay, ...] = ("paper", "creation")
 TieBreak = Literal["random", "first"]
+_UNKNOWN: Cost = (float("nan"),)  # marks a verdict not computed yet (None means "does not fit")
 
 
 @dataclass(frozen=True)
@@ -128,17 +129,9 @@ class Placer:
         self.policy = policy
         self.rng = rng
         self.random_ties = tie_break == "random" or policy.uniform_ties
-        self._demand_ids: dict[GpuDemand, int] = {}
-        # state id -> demand id -> cost; dropped when no node is in that state any more
-        self._costs: dict[int, dict[int, Cost | None]] = {}
-
-    def _cost(self, state_id: int, demand: GpuDemand, demand_id: int) -> Cost | None:
-        per_state = self._costs.setdefault(state_id, {})
-        if demand_id in per_state:
-            return per_state[demand_id]
-        cost = self.policy.cost(self.cluster.states[state_id], demand)
-        per_state[demand_id] = cost
-        return cost
+        # demand -> state id -> cost. A policy's verdict on a state never changes, so entries stay
+        # valid while a state is gone and when it comes back (an emptied node is idle again).
+        self._costs: dict[GpuDemand, dict[int, Cost | None]] = {}
 
     def _pick(self, tied: list[dict[int, None]]) -> int:
         if not self.random_ties:
@@ -152,11 +145,14 @@ class Placer:
 
     def place(self, demand: GpuDemand) -> tuple[int, tuple[int, ...]] | None:
         """Put ``demand`` where the policy ranks best; (node index, GPUs), or None if it fits nowhere."""
-        demand_id = self._demand_ids.setdefault(demand, len(self._demand_ids))
+        costs = self._costs.setdefault(demand, {})
+        states = self.cluster.states
         best: Cost | None = None
         tied: list[dict[int, None]] = []
-        for state_id, members in self.cluster.groups():
-            cost = self._cost(state_id, demand, demand_id)
+        for state_id, members in self.cluster.groups():  # the hot loop of a replay: kept lean
+            cost = costs.get(state_id, _UNKNOWN)
+            if cost is _UNKNOWN:
+                cost = costs[state_id] = self.policy.cost(states[state_id], demand)
             if cost is None:
                 continue
             if best is None or cost < best:
@@ -171,9 +167,11 @@ class Placer:
         return index, gpus
 
     def forget_gone_states(self) -> None:
+        """Drop verdicts on states no node is in (for long runs whose nodes also empty again)."""
         live = self.cluster.live_states()
-        for state_id in [s for s in self._costs if s not in live]:
-            del self._costs[state_id]
+        for costs in self._costs.values():
+            for state_id in [s for s in costs if s not in live]:
+                del costs[state_id]
 
 
 def _allocation_at(target_pct: float, samples: Sequence[tuple[float, float]], final: float) -> float:
@@ -227,7 +225,6 @@ def replay_packing(
                 PackingPoint(arrival_pct, allocation_pct, 100.0 * cluster.fragmentation_milli / capacity)
             )
             next_point += curve_step_pct
-            placer.forget_gone_states()
             if progress is not None:
                 progress(f"{policy_name} {replay} seed {seed}", arrival_pct / target_arrival_pct)
     result.arrival_pct = 100.0 * arrived_milli / capacity
