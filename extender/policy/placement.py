@@ -113,6 +113,9 @@ class _TaskClass:
     models: frozenset[str]
     host_needs: tuple[tuple[int, int, float], ...]  # (cpu milli, memory MiB, weight)
     weight: float
+    # The largest needs: a node that can give these can give every type of the class (fast path).
+    max_cpu_milli: int
+    max_memory_mib: int
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,15 @@ class WorkloadMix:
             shape = (demand.count, demand.milli, demand.models)
             grouped.setdefault(shape, []).append((demand.cpu_milli, demand.memory_mib, weight))
         classes = tuple(
-            _TaskClass(count, milli, models, tuple(needs), sum(w for _, _, w in needs))
+            _TaskClass(
+                count,
+                milli,
+                models,
+                tuple(needs),
+                sum(w for _, _, w in needs),
+                max(cpu for cpu, _, _ in needs),
+                max(memory for _, memory, _ in needs),
+            )
             for (count, milli, models), needs in grouped.items()
         )
         return classes, total
@@ -169,6 +180,8 @@ def _host_fits(node: NodeGpus, cpu_milli: int, memory_mib: int) -> bool:
 
 def _host_ok_weight(node: NodeGpus, cls: _TaskClass) -> float:
     """Popularity of the task types of ``cls`` whose CPU and memory the node can still give."""
+    if _host_fits(node, cls.max_cpu_milli, cls.max_memory_mib):
+        return cls.weight
     return sum(weight for cpu, memory, weight in cls.host_needs if _host_fits(node, cpu, memory))
 
 
@@ -261,6 +274,11 @@ def _node_packing_loss(node: NodeGpus, mix: WorkloadMix) -> float:
             expected += (cls.weight - host_ok_weight) * idle
             continue
         gpu_tasks = sum(free // cls.milli for free in node.free_milli) // cls.count
+        if (not cpu_tracked or node.cpu_free_milli >= gpu_tasks * cls.max_cpu_milli) and (
+            not memory_tracked or node.memory_free_mib >= gpu_tasks * cls.max_memory_mib
+        ):  # the host holds as many of every type as the GPUs do
+            expected += cls.weight * (idle - gpu_tasks * cls.count * cls.milli)
+            continue
         for cpu, memory, weight in cls.host_needs:
             tasks = gpu_tasks
             if cpu_tracked and cpu:
