@@ -181,6 +181,7 @@ def _pyplot() -> ModuleType:
 
 
 def plot_packing(results: Sequence[PackingResult], trace: str, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
     fig, (alloc_ax, frag_ax) = _pyplot().subplots(1, 2, figsize=(12, 4.5))
     first_seed = results[0].seed if results else 0
     for r in (r for r in results if r.seed == first_seed):

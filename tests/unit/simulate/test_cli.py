@@ -110,7 +110,7 @@ def test_both_replays_and_a_file_without_times(tmp_path: Path, capsys: pytest.Ca
     nodes, pods = write_trace(tmp_path)
     out = tmp_path / "out"
     args = ["trace", "--nodes", str(nodes), "--pods", str(pods), "--policies", "fgd,tessera"]
-    args += ["--jobs", "1", "--quiet", "--no-plots", "--out", str(out), "--replay", "paper,creation"]
+    args += ["--jobs", "1", "--quiet", "--out", str(out), "--replay", "paper,creation"]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "replay paper: pods shuffled per seed" in printed
@@ -123,6 +123,8 @@ def test_both_replays_and_a_file_without_times(tmp_path: Path, capsys: pytest.Ca
             ("creation", "fgd"),
             ("creation", "tessera"),
         ]
+    for replay in ("paper", "creation"):
+        assert (out / f"tiny-{replay}-packing.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_unknown_replay_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
