@@ -21,7 +21,7 @@ rounding loss of integer scores.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -36,6 +36,8 @@ _COST_DIGITS = 6
 _PACKING_LOSS_WEIGHT = 0.5
 # Bound on memoised placement costs per mix (a few MB); cleared wholesale when reached.
 _COST_CACHE_LIMIT = 50_000
+# Bound on memoised node measures per mix (~20 MB); cleared wholesale when reached.
+_MEASURE_CACHE_LIMIT = 200_000
 
 Strategy = Literal["binpack", "spread"]
 Cost = tuple[float, ...]
@@ -111,6 +113,9 @@ class _TaskClass:
     models: frozenset[str]
     host_needs: tuple[tuple[int, int, float], ...]  # (cpu milli, memory MiB, weight)
     weight: float
+    # The largest needs: a node that can give these can give every type of the class (fast path).
+    max_cpu_milli: int
+    max_memory_mib: int
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,15 @@ class WorkloadMix:
             shape = (demand.count, demand.milli, demand.models)
             grouped.setdefault(shape, []).append((demand.cpu_milli, demand.memory_mib, weight))
         classes = tuple(
-            _TaskClass(count, milli, models, tuple(needs), sum(w for _, _, w in needs))
+            _TaskClass(
+                count,
+                milli,
+                models,
+                tuple(needs),
+                sum(w for _, _, w in needs),
+                max(cpu for cpu, _, _ in needs),
+                max(memory for _, memory, _ in needs),
+            )
             for (count, milli, models), needs in grouped.items()
         )
         return classes, total
@@ -147,6 +160,12 @@ class WorkloadMix:
         _COST_CACHES[self] = cache  # most recently used last
         return cache
 
+    @cached_property
+    def _measure_cache(self) -> dict[tuple[str, str], float]:
+        """node_fragmentation / node_packing_loss by node shape: candidate placements of many pods
+        lead to the same few node states, and both measures walk every task type."""
+        return {}
+
 
 # Memoised placement costs of the last few mixes, by value.
 _COST_CACHES: dict[WorkloadMix, dict[tuple[object, ...], Cost | None]] = {}
@@ -161,6 +180,8 @@ def _host_fits(node: NodeGpus, cpu_milli: int, memory_mib: int) -> bool:
 
 def _host_ok_weight(node: NodeGpus, cls: _TaskClass) -> float:
     """Popularity of the task types of ``cls`` whose CPU and memory the node can still give."""
+    if _host_fits(node, cls.max_cpu_milli, cls.max_memory_mib):
+        return cls.weight
     return sum(weight for cpu, memory, weight in cls.host_needs if _host_fits(node, cpu, memory))
 
 
@@ -175,7 +196,24 @@ def fits(node: NodeGpus, demand: GpuDemand) -> bool:
     return sum(1 for free in node.free_milli if free >= demand.milli) >= demand.count
 
 
-def node_fragmentation(node: NodeGpus, mix: WorkloadMix) -> float:
+def _memoised(
+    kind: str, compute: Callable[[NodeGpus, WorkloadMix], float]
+) -> Callable[[NodeGpus, WorkloadMix], float]:
+    def measure(node: NodeGpus, mix: WorkloadMix) -> float:
+        cache = mix._measure_cache
+        key = (kind, node.shape)
+        value = cache.get(key)
+        if value is None:
+            if len(cache) >= _MEASURE_CACHE_LIMIT:
+                cache.clear()
+            value = cache[key] = compute(node, mix)
+        return value
+
+    measure.__doc__ = compute.__doc__
+    return measure
+
+
+def _node_fragmentation(node: NodeGpus, mix: WorkloadMix) -> float:
     """Expected idle GPU milli on ``node`` that a task drawn from ``mix`` could not use.
 
     For one task type: all idle milli if the type does not fit the node at all (model, CPU,
@@ -210,7 +248,7 @@ def node_fragmentation(node: NodeGpus, mix: WorkloadMix) -> float:
     return expected / total_weight
 
 
-def node_packing_loss(node: NodeGpus, mix: WorkloadMix) -> float:
+def _node_packing_loss(node: NodeGpus, mix: WorkloadMix) -> float:
     """Expected idle GPU milli that tasks of one type from ``mix``, repeated, could not fill.
 
     ``node_fragmentation`` asks whether one more task of a type fits; this asks how many would:
@@ -236,6 +274,11 @@ def node_packing_loss(node: NodeGpus, mix: WorkloadMix) -> float:
             expected += (cls.weight - host_ok_weight) * idle
             continue
         gpu_tasks = sum(free // cls.milli for free in node.free_milli) // cls.count
+        if (not cpu_tracked or node.cpu_free_milli >= gpu_tasks * cls.max_cpu_milli) and (
+            not memory_tracked or node.memory_free_mib >= gpu_tasks * cls.max_memory_mib
+        ):  # the host holds as many of every type as the GPUs do
+            expected += cls.weight * (idle - gpu_tasks * cls.count * cls.milli)
+            continue
         for cpu, memory, weight in cls.host_needs:
             tasks = gpu_tasks
             if cpu_tracked and cpu:
@@ -244,6 +287,10 @@ def node_packing_loss(node: NodeGpus, mix: WorkloadMix) -> float:
                 tasks = min(tasks, node.memory_free_mib // memory)
             expected += weight * (idle - tasks * cls.count * cls.milli)
     return expected / total_weight
+
+
+node_fragmentation = _memoised("fragmentation", _node_fragmentation)
+node_packing_loss = _memoised("packing loss", _node_packing_loss)
 
 
 def _after(node: NodeGpus, demand: GpuDemand, gpus: Sequence[int]) -> NodeGpus:

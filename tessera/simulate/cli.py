@@ -1,6 +1,7 @@
 """``tessera simulate``: packing replays of the Alibaba trace and queue-fairness workloads.
 
     tessera simulate trace [--all | --pods FILE ...] [--policies fgd,tessera,...] [--seed N | --seeds 0,1,2]
+                           [--replay paper,creation]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
 
 Both print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
@@ -14,11 +15,12 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from .packing import PackingResult, replay_packing
+from .packing import REPLAYS, PackingResult, Replay, replay_packing
 from .policies import DEFAULT_POLICIES, POLICY_NAMES, policy_names
 from .queues import WorkloadError, load_workload, run_queue_workload
 from .report import (
-    PAPER_DEFAULT_TRACE,
+    PUBLISHED_ALLOCATION,
+    margin_lines,
     packing_seeds_table,
     packing_table,
     plot_packing,
@@ -35,6 +37,8 @@ ALL_POD_FILES = (
     "openb_pod_list_multigpu20.csv",
 )
 DEFAULT_OUT = Path("out") / "simulate"  # out/ is git-ignored
+# Relative replay time per policy (measured on the default trace), to start the slow ones first.
+_EXPECTED_COST = {"tessera": 3, "tessera-spread": 2, "fgd": 2}
 
 _last_reported: dict[str, int] = {}
 
@@ -49,7 +53,7 @@ def _report_progress(policy: str, fraction: float) -> None:
 
 
 def _replay_task(
-    nodes_csv: Path, pods_csv: Path, policy: str, seed: int, arrival: float, quiet: bool
+    nodes_csv: Path, pods_csv: Path, policy: str, seed: int, replay: Replay, arrival: float, quiet: bool
 ) -> PackingResult:
     """One replay; runs in a worker process."""
     return replay_packing(
@@ -57,9 +61,22 @@ def _replay_task(
         load_pods(pods_csv),
         policy,
         seed=seed,
+        replay=replay,
         target_arrival_pct=arrival,
         progress=None if quiet else _report_progress,
     )
+
+
+def _replays(spec: str) -> list[Replay]:
+    chosen: list[Replay] = []
+    for name in (part.strip() for part in spec.split(",") if part.strip()):
+        replay = next((known for known in REPLAYS if known == name), None)
+        if replay is None:
+            raise ValueError(f"unknown replay {name!r}; choose from {', '.join(REPLAYS)}")
+        chosen.append(replay)
+    if not chosen:
+        raise ValueError(f"no replay given; choose from {', '.join(REPLAYS)}")
+    return chosen
 
 
 def _trace_name(pods_csv: Path) -> str:
@@ -79,33 +96,58 @@ def _run_trace(args: argparse.Namespace) -> int:
     try:
         policies = policy_names([name.strip() for name in args.policies.split(",") if name.strip()])
         seeds = [int(seed) for seed in args.seeds.split(",")] if args.seeds else [args.seed]
+        replays = _replays(args.replay)
         load_nodes(nodes_csv)  # fail fast on a bad file, before starting workers
-        for pods_csv in pod_files:
-            load_pods(pods_csv)
+        untimed = [p for p in pod_files if all(pod.creation_time is None for pod in load_pods(p))]
     except (TraceError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    tasks = [(pods_csv, policy, seed) for pods_csv in pod_files for policy in policies for seed in seeds]
+    # Longest replays first, so the last worker is not left alone with a slow one.
+    tasks = sorted(
+        (
+            (pods_csv, replay, policy, seed)
+            for pods_csv in pod_files
+            for replay in replays
+            for policy in policies
+            for seed in seeds
+        ),
+        key=lambda task: _EXPECTED_COST.get(task[2], 1),
+        reverse=True,
+    )
     print(
-        f"replaying {len(pod_files)} trace(s) x {len(policies)} policies x {len(seeds)} seed(s) to "
-        f"{args.arrival:g}% arrival, {args.jobs} worker(s)",
+        f"replaying {len(pod_files)} trace(s) x {len(replays)} replay(s) x {len(policies)} policies x "
+        f"{len(seeds)} seed(s) to {args.arrival:g}% arrival, {args.jobs} worker(s)",
         file=sys.stderr,
     )
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [
-            pool.submit(_replay_task, nodes_csv, pods_csv, policy, seed, args.arrival, args.quiet)
-            for pods_csv, policy, seed in tasks
-        ]
-        results = [future.result() for future in futures]
+        futures = {
+            task: pool.submit(
+                _replay_task, nodes_csv, task[0], task[2], task[3], task[1], args.arrival, args.quiet
+            )
+            for task in tasks
+        }
+        results = {task: future.result() for task, future in futures.items()}
     for pods_csv in pod_files:
         trace = _trace_name(pods_csv)
-        mine = [r for (p, _, _), r in zip(tasks, results, strict=True) if p == pods_csv]
-        paper = PAPER_DEFAULT_TRACE if trace == "default" and abs(args.arrival - 130) < 1e-9 else None
-        print(f"\ntrace {trace} ({pods_csv.name}), seed(s) {', '.join(map(str, seeds))}")
-        print(packing_table(mine, paper) if len(seeds) == 1 else packing_seeds_table(mine, paper))
-        written = write_packing_csv(mine, trace, args.out)
-        if not args.no_plots:
-            written.append(plot_packing(mine, trace, args.out))
+        mine_all: list[PackingResult] = []
+        for replay in replays:
+            mine = [results[(pods_csv, replay, policy, seed)] for policy in policies for seed in seeds]
+            mine_all += mine
+            published = PUBLISHED_ALLOCATION.get(trace) if replay == "paper" and args.arrival == 130 else None
+            order = (
+                "pods shuffled per seed"
+                if replay == "paper"
+                else "creation-time order"
+                + (" (no creation_time: file order)" if pods_csv in untimed else "")
+            )
+            seed_list = ", ".join(map(str, seeds))
+            print(f"\ntrace {trace} ({pods_csv.name}), replay {replay}: {order}; seed(s) {seed_list}")
+            print(packing_table(mine, published) if len(seeds) == 1 else packing_seeds_table(mine, published))
+            for line in margin_lines(mine, "tessera", "fgd"):
+                print(line)
+            if not args.no_plots:
+                print(f"wrote {plot_packing(mine, f'{trace}-{replay}', args.out)}")
+        written = write_packing_csv(mine_all, trace, args.out)
         print("wrote " + ", ".join(str(path) for path in written))
     return 0
 
@@ -158,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--policies",
         default=",".join(DEFAULT_POLICIES),
         help=f"comma-separated, from {', '.join(POLICY_NAMES)} (default: %(default)s)",
+    )
+    trace.add_argument(
+        "--replay",
+        default="paper",
+        help="comma-separated: paper (pods shuffled per seed, the FGD paper's experiment; default) "
+        "and/or creation (creation-time order)",
     )
     trace.add_argument("--arrival", type=float, default=130.0, help="stop at this arrival %% (default 130)")
     trace.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")

@@ -1,19 +1,15 @@
 """Placement policies compared by the simulator.
 
 Each policy ranks a node *state* for a pod (lower cost is better, ``None`` = does not fit) and
-picks the GPUs on the chosen node. Ties between equally ranked nodes are broken at random by the
-replay (seeded), as kube-scheduler does between equal scores.
+picks the GPUs on the chosen node. The replay breaks ties between equally ranked nodes (see
+``packing.Placer``).
 
 * ``k8s-spread`` - what a stock kube-scheduler does with GPUs as a counted resource: the
   LeastAllocated score (mean free share of CPU, memory and GPU after placement), devices handed
   out in index order.
-* ``random`` - any node that fits, any GPUs that fit.
-* ``bestfit`` - the node left with the least free GPU and CPU share; the fullest GPU that fits.
-* ``fgd`` - Fragmentation Gradient Descent (Weng et al., ATC'23) from the paper's definition: the
-  node and GPU whose placement grows node fragmentation for the workload mix the least, every
-  GPU that fits tried, no tie-break beyond the random one. Node fragmentation is the shared
-  ``node_fragmentation`` (the metric itself; the unit tests check it against a literal
-  transcription of the definition).
+* ``random``, ``bestfit``, ``fgd`` - the FGD paper's baselines as its public simulator scores
+  them, integer scores included (``baselines``): a random fitting node; the node left with the
+  least weighted CPU + GPU; Fragmentation Gradient Descent over the typical task types.
 * ``tessera`` / ``tessera-spread`` - ``extender.policy.placement``, the code the extender serves.
 """
 
@@ -21,7 +17,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from contract.names import GPU_MILLI
 from extender.policy.placement import (
@@ -32,10 +29,17 @@ from extender.policy.placement import (
     WorkloadMix,
     choose_gpus,
     fits,
-    node_fragmentation,
     placement_cost,
 )
 
+from .baselines import (
+    TypicalTasks,
+    best_fit_score,
+    paper_fragmentation,
+    sigmoid_score,
+    typical_tasks,
+    whole_gpus_after,
+)
 from .cluster import NodeState
 
 
@@ -69,36 +73,7 @@ def _least_allocated_cost(state: NodeState, demand: GpuDemand) -> Cost:
 
 
 def _best_fit_cost(state: NodeState, demand: GpuDemand) -> Cost:
-    shape = state.shape
-    cpu = (state.cpu_free_milli - demand.cpu_milli) / shape.cpu_milli if shape.cpu_milli else 0.0
-    return (_gpu_share_after(state, demand) + cpu,)
-
-
-def _fgd_options(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix) -> list[tuple[float, tuple[int, ...]]]:
-    """(fragmentation growth, GPUs) for every way to place ``demand`` on ``node``."""
-    before = node_fragmentation(node, mix)
-    usable = _usable_gpus(node, demand)
-    if demand.count == 0:
-        choices: list[tuple[int, ...]] = [()]
-    elif demand.milli == GPU_MILLI:
-        choices = [tuple(usable[: demand.count])]
-    else:
-        choices = [(i,) for i in usable]
-    options = []
-    for gpus in choices:
-        free = list(node.free_milli)
-        for gpu in gpus:
-            free[gpu] -= demand.milli
-        after = NodeGpus(
-            node.name,
-            node.model,
-            tuple(free),
-            node.cpu_free_milli - demand.cpu_milli,
-            node.memory_free_mib - demand.memory_mib,
-            host_tracked=True,
-        )
-        options.append((round(node_fragmentation(after, mix) - before, 6), gpus))
-    return options
+    return (-best_fit_score(state.cpu_free_milli, sum(state.free_sorted), demand),)
 
 
 GpuPicker = Callable[[NodeGpus, GpuDemand, random.Random], tuple[int, ...]]
@@ -108,6 +83,7 @@ GpuPicker = Callable[[NodeGpus, GpuDemand, random.Random], tuple[int, ...]]
 class Policy:
     name: str
     mix: WorkloadMix
+    uniform_ties: ClassVar[bool] = False  # True: any fitting node equally likely, ignoring the tie rule
 
     def cost(self, state: NodeState, demand: GpuDemand) -> Cost | None:
         raise NotImplementedError
@@ -131,15 +107,54 @@ class ScoredPolicy(Policy):
 
 
 @dataclass(frozen=True)
+class RandomPolicy(ScoredPolicy):
+    """Every fitting node equally likely, whatever the replay's tie rule."""
+
+    uniform_ties: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
 class FgdPolicy(Policy):
+    """FGD with the paper simulator's integer sigmoid score (``baselines``)."""
+
+    tasks: TypicalTasks
+    # (model, sorted free milli, free CPU) -> fragmentation; grows with the distinct states seen.
+    _memo: dict[tuple[str, tuple[int, ...], int], float] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
+
+    def _fragmentation(self, model: str, free: Sequence[int], cpu_free_milli: int) -> float:
+        key = (model, tuple(sorted(free)), cpu_free_milli)
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = paper_fragmentation(model, key[1], cpu_free_milli, self.tasks)
+        return value
+
+    def _scores(self, model: str, free: Sequence[int], cpu_free_milli: int, demand: GpuDemand) -> list[int]:
+        """Score per GPU a fraction could take (-1 where it does not fit), or [node score]."""
+        before = self._fragmentation(model, free, cpu_free_milli)
+        cpu_after = cpu_free_milli - demand.cpu_milli
+        if demand.count == 1 and demand.milli < GPU_MILLI:
+            by_free: dict[int, int] = {}
+            for milli in set(free):
+                if milli >= demand.milli:
+                    after = list(free)
+                    after[after.index(milli)] -= demand.milli
+                    by_free[milli] = sigmoid_score(before, self._fragmentation(model, after, cpu_after))
+            return [by_free.get(milli, -1) for milli in free]
+        after_whole = whole_gpus_after(free, demand)
+        return [sigmoid_score(before, self._fragmentation(model, after_whole, cpu_after))]
+
     def cost(self, state: NodeState, demand: GpuDemand) -> Cost | None:
-        node = state.as_node_gpus()
-        if not fits(node, demand):
+        if not fits(state.as_node_gpus(), demand):
             return None
-        return (min(growth for growth, _ in _fgd_options(node, demand, self.mix)),)
+        return (-max(self._scores(state.shape.model, state.free_sorted, state.cpu_free_milli, demand)),)
 
     def gpus(self, node: NodeGpus, demand: GpuDemand, rng: random.Random) -> tuple[int, ...]:
-        return min(_fgd_options(node, demand, self.mix), key=lambda option: option[0])[1]
+        if demand.count == 1 and demand.milli < GPU_MILLI:
+            scores = self._scores(node.model, node.free_milli, node.cpu_free_milli, demand)
+            return (scores.index(max(scores)),)  # the lowest device index among the best
+        return _lowest_index_gpus(node, demand, rng)
 
 
 @dataclass(frozen=True)
@@ -168,11 +183,11 @@ def make_policy(name: str, mix: WorkloadMix) -> Policy:
     if name == "k8s-spread":
         return ScoredPolicy(name, mix, _least_allocated_cost, _lowest_index_gpus)
     if name == "random":
-        return ScoredPolicy(name, mix, _constant, _random_gpus)
+        return RandomPolicy(name, mix, _constant, _random_gpus)
     if name == "bestfit":
         return ScoredPolicy(name, mix, _best_fit_cost, _fullest_gpus)
     if name == "fgd":
-        return FgdPolicy(name, mix)
+        return FgdPolicy(name, mix, typical_tasks(mix.demands))
     if name in ("tessera", "tessera-spread"):
         return TesseraPolicy(name, mix, "spread" if name == "tessera-spread" else "binpack")
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")

@@ -1,8 +1,9 @@
 """Loading workloads: the Alibaba GPU trace (openb, 2023) CSV format.
 
 Nodes CSV: ``sn,cpu_milli,memory_mib,gpu,model``. Pods CSV: ``name,cpu_milli,memory_mib,num_gpu,
-gpu_milli[,gpu_spec,qos,pod_phase,creation_time,...]``. Pods are returned in arrival order
-(creation time when the file has it, file order otherwise; the sort is stable).
+gpu_milli[,gpu_spec,qos,pod_phase,creation_time,...]``. Pods are returned in file order; the replay
+decides the arrival order (``packing.arrival_order``), so a file with time columns and the same file
+without them give the same shuffled replay.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class SimNode:
 class SimPod:
     name: str
     demand: GpuDemand
-    creation_time: int = 0
+    creation_time: int | None = None  # None: the file has no creation_time (or this row leaves it empty)
 
     @property
     def gpu_milli(self) -> int:
@@ -67,10 +68,8 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, Mapping[
         yield from enumerate(reader, start=2)
 
 
-def _int(path: Path, line: int, row: Mapping[str, str], column: str, default: int | None = None) -> int:
+def _int(path: Path, line: int, row: Mapping[str, str], column: str) -> int:
     raw = (row.get(column) or "").strip()
-    if not raw and default is not None:
-        return default
     try:
         value = int(raw)
     except ValueError:
@@ -116,15 +115,20 @@ def _demand(path: Path, line: int, row: Mapping[str, str]) -> GpuDemand:
     )
 
 
+def _optional_int(path: Path, line: int, row: Mapping[str, str], column: str) -> int | None:
+    return _int(path, line, row, column) if (row.get(column) or "").strip() else None
+
+
 def load_pods(path: Path) -> list[SimPod]:
+    """Pods in file order (see the module docstring for why not in arrival order)."""
     pods = [
         SimPod(
             name=row["name"],
             demand=_demand(path, line, row),
-            creation_time=_int(path, line, row, "creation_time", default=0),
+            creation_time=_optional_int(path, line, row, "creation_time"),
         )
         for line, row in _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"))
     ]
     if not pods:
         raise TraceError(f"{path}: no pods")
-    return sorted(pods, key=lambda pod: pod.creation_time)
+    return pods

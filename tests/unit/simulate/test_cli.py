@@ -104,3 +104,30 @@ def test_several_seeds_give_mean_min_max(tmp_path: Path, capsys: pytest.CaptureF
     assert "mean alloc %" in capsys.readouterr().out
     with (out / "tiny-summary.csv").open() as handle:
         assert [row["seed"] for row in csv.DictReader(handle)] == ["1", "2"]
+
+
+def test_both_replays_and_a_file_without_times(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, pods = write_trace(tmp_path)
+    out = tmp_path / "out"
+    args = ["trace", "--nodes", str(nodes), "--pods", str(pods), "--policies", "fgd,tessera"]
+    args += ["--jobs", "1", "--quiet", "--out", str(out), "--replay", "paper,creation"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "replay paper: pods shuffled per seed" in printed
+    assert "replay creation: creation-time order (no creation_time: file order)" in printed
+    assert "tessera - fgd (points): seed 0" in printed
+    with (out / "tiny-summary.csv").open() as handle:
+        assert [(row["replay"], row["policy"]) for row in csv.DictReader(handle)] == [
+            ("paper", "fgd"),
+            ("paper", "tessera"),
+            ("creation", "fgd"),
+            ("creation", "tessera"),
+        ]
+    for replay in ("paper", "creation"):
+        assert (out / f"tiny-{replay}-packing.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unknown_replay_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, pods = write_trace(tmp_path)
+    assert main(["trace", "--nodes", str(nodes), "--pods", str(pods), "--replay", "fifo"]) == 2
+    assert "unknown replay 'fifo'" in capsys.readouterr().err
