@@ -15,7 +15,7 @@ which depend on allocated plus requested, stay as they were.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from contract.names import GPU_MILLI
 from extender.policy.fairness import FairnessSnapshot, QueueUsage, Resources
@@ -35,6 +35,9 @@ class RunningPod:
     preemptible: bool = True
     started: float = 0.0  # seconds since the epoch
     terminating: bool = False  # already being deleted: its GPUs are as good as free
+    # Owned by a controller that recreates it elsewhere when it is evicted, and not opted out:
+    # consolidation may move it (extender.policy.consolidation).
+    movable: bool = False
 
 
 def _shift(usage: QueueUsage, amounts: Resources, sign: float) -> QueueUsage:
@@ -108,15 +111,8 @@ class ClusterSnapshot:
         if occupied is None:
             return None
         self.nodes[node], chosen = occupied
-        placed = RunningPod(
-            key=pod.key,
-            queue=pod.queue,
-            node=node,
-            gpus=tuple((index, demand.milli) for index in chosen),
-            resources=pod.resources,
-            priority=pod.priority,
-            preemptible=pod.preemptible,
-            started=pod.started,
+        placed = replace(
+            pod, node=node, gpus=tuple((index, demand.milli) for index in chosen), terminating=False
         )
         self.running[pod.key] = placed
         self._move(pod.queue, pod.resources, 1.0)
