@@ -221,7 +221,7 @@ class ClusterPicture:
                     demand=contribution.demand,
                     resources=contribution.amounts,
                     priority=demand.priority,
-                    created=_timestamp(meta(pod).get("creationTimestamp")),
+                    created=pod_created(pod),
                     fraction_memory=fraction,
                     preemptible=demand.preemptible,
                 )
@@ -248,6 +248,11 @@ def _timestamp(text: object) -> float:
         return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return 0.0
+
+
+def pod_created(pod: Mapping[str, Any]) -> float:
+    """Seconds since the epoch of a pod's creation (whole seconds; 0 when unknown)."""
+    return _timestamp(meta(pod).get("creationTimestamp"))
 
 
 def _start_time(pod: Mapping[str, Any]) -> float:
