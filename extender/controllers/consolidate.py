@@ -51,6 +51,7 @@ class ConsolidationOptions:
     replace_timeout_s: float = 120.0  # a mover's successor is bound within this, or reported
     drain_nodes: int = 0  # scale-down: GPU nodes emptied per cycle while nothing waits; 0 = off
     drain_hold_s: float = 600.0  # an emptied node is kept empty this long (for the autoscaler)
+    blocked_retry_s: float = 60.0  # a pod whose move a budget blocked is not tried again sooner
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class Consolidator:
         )
         self.moved: list[_Moved] = []  # awaiting their successors
         self._successors: set[str] = set()  # pod uids already matched to a move
+        self._blocked: dict[str, float] = {}  # pod key -> monotonic time its move may be retried
 
     async def run_once(
         self, snapshot: ClusterSnapshot, waiting: Sequence[PendingPod], served: Sequence[Plan]
@@ -94,11 +96,18 @@ class Consolidator:
         started = time.perf_counter()
         now = time.time()
         draining = self._draining()
-        plans = plan_moves(snapshot, waiting, now, self.rules, served, draining)
+        pinned = self._pinned()
+        plans = plan_moves(snapshot, waiting, now, self.rules, served, draining, pinned)
         if self.options.drain_nodes and not waiting and not served and not plans:
-            plans = plan_drain(snapshot, now, self.rules, self.options.drain_nodes, draining)
+            plans = plan_drain(snapshot, now, self.rules, self.options.drain_nodes, draining, pinned)
         self.metrics.consolidation_cycle.observe(time.perf_counter() - started)
         return [each for each in plans if await self._execute(each)]
+
+    def _pinned(self) -> frozenset[str]:
+        """Pods whose move was blocked lately: not tried again until their retry time."""
+        now = time.monotonic()
+        self._blocked = {key: until for key, until in self._blocked.items() if until > now}
+        return frozenset(self._blocked)
 
     def _draining(self) -> frozenset[str]:
         return frozenset(
@@ -130,11 +139,15 @@ class Consolidator:
                 why = "failed"
                 if outcome == "blocked":
                     why = "is blocked by a PodDisruptionBudget; not bypassed"
-                text = f"{chosen.goal}: moving {move.pod.key} for {target} {why}; the plan is dropped"
+                text = (
+                    f"{chosen.goal}: moving {move.pod.key} for {target} {why}; the plan is dropped "
+                    f"and this pod not tried again for {self.options.blocked_retry_s:.0f}s"
+                )
                 await self._event(move.pod.key, "MoveBlocked", text, "Warning")
                 if chosen.pod is not None:
                     await self._event(chosen.pod.key, "MoveBlocked", text, "Warning")
                 self.picture.inventory.release_hold(hold_key)
+                self._blocked[move.pod.key] = time.monotonic() + self.options.blocked_retry_s
                 self.metrics.move_plans.labels(chosen.goal, outcome).inc()
                 log.warning("%s", text)
                 return False

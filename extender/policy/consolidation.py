@@ -173,12 +173,13 @@ def _moves_for(
     rules: ConsolidationRules,
     budget: int,
     avoid: Collection[str],
+    pinned: Collection[str],
 ) -> tuple[MovePlan, ClusterSnapshot] | None:
     """Rule 3: the fewest moves after which `waiting` and every mover fit, with the fork after
     them; or None."""
     movers: dict[str, list[RunningPod]] = {}
     for pod in fork.running.values():
-        if pod.node not in avoid and is_mover(pod, now, rules):
+        if pod.node not in avoid and pod.key not in pinned and is_mover(pod, now, rules):
             movers.setdefault(pod.node, []).append(pod)
     nodes: list[tuple[str, GpuDemand, list[RunningPod]]] = []
     for node in sorted(movers):
@@ -226,9 +227,11 @@ def plan_moves(
     rules: ConsolidationRules,
     served: Sequence[Plan] = (),
     avoid: Collection[str] = frozenset(),
+    pinned: Collection[str] = frozenset(),
 ) -> list[MovePlan]:
     """This cycle's move plans for waiting pods that reclaim (`served`: its plans of the cycle) did
-    not serve, in reclaim's order; nothing is moved off or onto the nodes in `avoid`."""
+    not serve, in reclaim's order; nothing is moved off or onto the nodes in `avoid`, and the pods
+    in `pinned` (e.g. a budget blocked their move lately) stay."""
     fork = planning_fork(snapshot)
     for done in served:
         apply_plan(fork, done)
@@ -243,7 +246,7 @@ def plan_moves(
         if consolidation_refusal(fork.fairness, waiting):
             continue
         budget = min(moves_left, rules.max_moves_per_pod)
-        outcome = _moves_for(fork, waiting, now, rules, budget, avoid)
+        outcome = _moves_for(fork, waiting, now, rules, budget, avoid, pinned)
         if outcome is None:
             continue
         found, fork = outcome
@@ -258,16 +261,18 @@ def plan_drain(
     rules: ConsolidationRules,
     nodes: int,
     avoid: Collection[str] = frozenset(),
+    pinned: Collection[str] = frozenset(),
 ) -> list[MovePlan]:
     """Up to `nodes` GPU nodes to empty (for a node autoscaler to remove), the ones holding the
-    fewest GPUs first: every pod on them moved elsewhere, none onto a node in `avoid` or emptied."""
+    fewest GPUs first: every pod on them moved elsewhere, none onto a node in `avoid` or emptied;
+    a node with a pod in `pinned` stays."""
     fork = planning_fork(snapshot)
     ranked: list[tuple[float, int, str]] = []
     for node, supply in fork.nodes.items():
         on_node = fork.pods_on(node)
         if node in avoid or not supply.free_milli or not on_node:
             continue
-        if all(is_mover(pod, now, rules) for pod in on_node):
+        if all(pod.key not in pinned and is_mover(pod, now, rules) for pod in on_node):
             ranked.append((sum(_gpus(pod) for pod in on_node), len(on_node), node))
     emptied = set(avoid)
     plans: list[MovePlan] = []

@@ -46,6 +46,7 @@ from tests.integration.test_dra_prepare import (  # noqa: F401
 )
 
 NODES = 4
+HALVES = "app=halves"  # the Deployment's pods
 MERGE_PATCH = "application/merge-patch+json"
 HALF = "40Gi"  # of an 80Gi H100
 
@@ -197,6 +198,7 @@ async def consolidation_cluster(
         if service is not None:
             await service.stop()
             await service.watcher.api.close()
+        await ignore_missing(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/halves", api)
         await ignore_missing(f"/apis/apps/v1/namespaces/{namespace}/deployments/halves", api)
         await ignore_missing(f"/api/v1/namespaces/{namespace}/pods", api)
         await ignore_missing(f"{QUEUES_PATH}/{queue}", api)
@@ -208,6 +210,39 @@ def gpu_of(pod: JsonObject) -> str:
     return str(pod["spec"].get("nodeName"))
 
 
+async def spread_halves(env: Env) -> dict[str, str]:
+    """The Deployment's halves one per GPU (binpack would pair them): only node i is schedulable
+    while replica i is placed. Returns pod name -> node."""
+    deployments = f"/apis/apps/v1/namespaces/{env.namespace}/deployments"
+    for count in range(1, NODES + 1):
+        await env.cordon(set(env.nodes) - {env.nodes[count - 1]})
+        if count == 1:
+            await request(env.api, "POST", deployments, body=deployment(env, "halves", 1))
+        else:
+            scale = {"spec": {"replicas": count}}
+            await request(env.api, "PATCH", f"{deployments}/halves", body=scale, content_type=MERGE_PATCH)
+        await wait_until(partial(_count_is, env, HALVES, count), timeout=90, what=f"{count} halves running")
+    await env.cordon(set())
+    spread = {p["metadata"]["name"]: gpu_of(p) for p in await env.running(HALVES)}
+    assert sorted(spread.values()) == sorted(env.nodes), "one half per GPU"
+    return spread
+
+
+async def submit_whole(env: Env) -> None:
+    """A whole-GPU pod: two GPUs are free, in halves; it fits nowhere until one half moves."""
+    whole = {"metadata": {"name": "whole", "labels": {QUEUE_LABEL: env.queue}}, "spec": env.pod_spec("whole")}
+    await request(env.api, "POST", env.pods_path(), body=whole)
+
+
+def sample(env: Env, name: str, **labels: str) -> float:
+    return env.service.metrics.registry.get_sample_value(f"tessera_consolidation_{name}", labels) or 0.0
+
+
+async def event_reasons(env: Env) -> set[tuple[str, str]]:
+    events = await request(env.api, "GET", f"/api/v1/namespaces/{env.namespace}/events")
+    return {(e["involvedObject"]["name"], e["reason"]) for e in events.get("items") or []}
+
+
 async def test_one_half_moves_and_the_whole_gpu_pod_runs(
     local_cluster: LocalCluster,
     k8s: ApiClient,
@@ -217,36 +252,9 @@ async def test_one_half_moves_and_the_whole_gpu_pod_runs(
     short_dir: Path,  # noqa: F811
 ) -> None:
     async with consolidation_cluster(local_cluster, k8s, namespace, driver, short_dir) as env:
-        halves = "app=halves"
-        deployments = f"/apis/apps/v1/namespaces/{namespace}/deployments"
-        # Spread the halves one per GPU: only node i is schedulable while replica i is placed
-        # (binpack would otherwise pair them).
-        for count in range(1, NODES + 1):
-            await env.cordon(set(env.nodes) - {env.nodes[count - 1]})
-            if count == 1:
-                await request(k8s, "POST", deployments, body=deployment(env, "halves", 1))
-            else:
-                await request(
-                    k8s,
-                    "PATCH",
-                    f"{deployments}/halves",
-                    body={"spec": {"replicas": count}},
-                    content_type=MERGE_PATCH,
-                )
-            await wait_until(
-                partial(_count_is, env, halves, count), timeout=90, what=f"{count} halves running"
-            )
-        await env.cordon(set())
-        before = {p["metadata"]["name"]: gpu_of(p) for p in await env.running(halves)}
-        assert sorted(before.values()) == sorted(env.nodes), "one half per GPU"
-
-        # A whole-GPU pod: two GPUs are free, in halves; it fits nowhere until one half moves.
-        whole: JsonObject = {
-            "metadata": {"name": "whole", "labels": {QUEUE_LABEL: env.queue}},
-            "spec": env.pod_spec("whole"),
-        }
+        before = await spread_halves(env)
         started = time.monotonic()
-        await request(k8s, "POST", env.pods_path(), body=whole)
+        await submit_whole(env)
         node = await wait_until(
             partial(_running_node, env, "whole"), timeout=120, what="the whole-GPU pod Running"
         )
@@ -254,33 +262,67 @@ async def test_one_half_moves_and_the_whole_gpu_pod_runs(
 
         # The Deployment is whole again, its four halves packed on the three other GPUs.
         after = await wait_until(
-            partial(_count_is, env, halves, NODES), timeout=60, what="four halves running"
+            partial(_count_is, env, HALVES, NODES), timeout=60, what="four halves running"
         )
         placed = [gpu_of(p) for p in after]
         assert node not in placed
         assert sorted(placed.count(n) for n in set(placed)) == [1, 1, 2]
         moved = sorted(set(before) - {p["metadata"]["name"] for p in after})
-        metrics = env.service.metrics.registry
-
-        def sample(name: str, **labels: str) -> float:
-            return metrics.get_sample_value(f"tessera_consolidation_{name}", labels) or 0.0
 
         async def successor_reported() -> bool:
-            return sample("replacements_total", outcome="replaced") == 1
+            return sample(env, "replacements_total", outcome="replaced") == 1
 
         await wait_until(successor_reported, timeout=30, what="the move's successor reported")
-        moves = sample("moves_total", goal="consolidate", outcome="evicted")
+        moves = sample(env, "moves_total", goal="consolidate", outcome="evicted")
         assert moves == 1 and len(moved) == 1
-        assert sample("plans_total", goal="consolidate", result="carried_out") == 1
-        assert sample("gpus_freed_total", goal="consolidate") == 1.0
-        events = await request(k8s, "GET", f"/api/v1/namespaces/{namespace}/events")
-        reasons = {(e["involvedObject"]["name"], e["reason"]) for e in events.get("items") or []}
+        assert sample(env, "plans_total", goal="consolidate", result="carried_out") == 1
+        assert sample(env, "gpus_freed_total", goal="consolidate") == 1.0
+        reasons = await event_reasons(env)
         assert (moved[0], "Moved") in reasons
         assert ("whole", "ConsolidationPlanned") in reasons
         print(
             f"\nconsolidation: {moves:.0f} move(s) ({moved[0]} off {before[moved[0]]}); the whole-GPU pod "
             f"ran on {node} {seconds:.1f}s after it was created; halves now on {sorted(placed)}"
         )
+
+
+async def test_a_move_a_disruption_budget_blocks_is_reported_not_forced(
+    local_cluster: LocalCluster,
+    k8s: ApiClient,
+    namespace: str,
+    driver: str,  # noqa: F811
+    device_classes: None,  # noqa: F811
+    short_dir: Path,  # noqa: F811
+) -> None:
+    async with consolidation_cluster(local_cluster, k8s, namespace, driver, short_dir) as env:
+        before = await spread_halves(env)
+        # All four halves must stay available: the disruption controller allows no eviction.
+        budget = {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "halves"},
+            "spec": {"minAvailable": NODES, "selector": {"matchLabels": {"app": "halves"}}},
+        }
+        budgets = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
+        await request(k8s, "POST", budgets, body=budget)
+
+        async def budget_counted() -> bool:
+            status = (await request(k8s, "GET", f"{budgets}/halves")).get("status") or {}
+            return status.get("currentHealthy") == NODES and status.get("disruptionsAllowed") == 0
+
+        await wait_until(budget_counted, timeout=60, what="the budget's status")
+        await submit_whole(env)
+
+        async def blocked() -> bool:
+            return sample(env, "plans_total", goal="consolidate", result="blocked") >= 1
+
+        await wait_until(blocked, timeout=60, what="a blocked move plan")
+        reasons = await event_reasons(env)
+        assert ("whole", "MoveBlocked") in reasons
+        assert sample(env, "moves_total", goal="consolidate", outcome="evicted") == 0
+        # Nothing was forced: the same four halves run where they ran; the hold was released.
+        assert {p["metadata"]["name"]: gpu_of(p) for p in await env.running(HALVES)} == before
+        assert env.service.picture.inventory.held_for(f"{namespace}/whole") is None
 
 
 async def _count_is(env: Env, selector: str, count: int) -> list[JsonObject] | None:

@@ -290,6 +290,13 @@ def test_a_pod_that_may_not_move_stays(extra: dict[str, Any]) -> None:
     assert plan_moves(snapshot, pending, NOW, RULES) == []
 
 
+def test_a_pinned_pod_stays_and_the_next_best_moves() -> None:
+    # h3 (the newest) would move, but its last move was blocked (a PodDisruptionBudget): h2 goes.
+    snapshot, pending = build(Scenario("", {"n1": 4}, halves(4, "n1"), [Wait("w")], set(), {}))
+    plans = plan_moves(snapshot, pending, NOW, RULES, pinned={"h3"})
+    assert [m.pod.key for p in plans for m in p.moves] == ["h2"]
+
+
 def test_a_terminating_pod_counts_as_gone() -> None:
     # h3 is already being deleted: its GPU is whole again once it goes, so nothing moves.
     running = [*halves(3, "n1"), Run("h3", "n1", gpu=3, milli=500, terminating=True)]
