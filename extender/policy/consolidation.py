@@ -189,35 +189,40 @@ def _moves_for(
             nodes.append((node, demand, candidates))
     arriving = RunningPod(waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority)
     for count in range(1, budget + 1):
-        best: tuple[tuple[float, int, float, str], MovePlan, ClusterSnapshot] | None = None
-        for node, demand, candidates in nodes:
-            for group in combinations(candidates, count):
-                if not _fits_without(fork, node, demand, group):
-                    continue
-                trial = fork.fork()
-                for pod in group:
-                    trial.evict(pod.key)
-                trial.place(arriving, demand, node)
-                moves: list[Move] = []
-                for pod in sorted(group, key=_mover_order, reverse=True):
-                    landed = _land(trial, pod, node, avoid)
-                    if landed is None:
-                        break
-                    moves.append(Move(pod, landed, _move_message(pod, landed, waiting, node)))
-                else:
-                    needed = demand.total_milli / GPU_MILLI
-                    found = MovePlan("consolidate", node, tuple(moves), needed, waiting)
-                    rank = (
-                        found.gpus_moved,
-                        sum(p.priority for p in group),
-                        -sum(p.started for p in group),
-                        node,
-                    )
-                    if best is None or rank < best[0]:
-                        best = (rank, found, trial)
-        if best is not None:
-            return best[1], best[2]
+        # Every set of `count` movers that makes room, best first; the first whose movers all
+        # land elsewhere is the best plan of this size (landing is the costly test).
+        groups = sorted(
+            (_group_rank(group, node), node, demand, group)
+            for node, demand, candidates in nodes
+            for group in combinations(candidates, count)
+            if _fits_without(fork, node, demand, group)
+        )
+        for _, node, demand, group in groups:
+            trial = fork.fork()
+            for pod in group:
+                trial.evict(pod.key)
+            trial.place(arriving, demand, node)
+            moves: list[Move] = []
+            for pod in sorted(group, key=_mover_order, reverse=True):
+                landed = _land(trial, pod, node, avoid)
+                if landed is None:
+                    break
+                moves.append(Move(pod, landed, _move_message(pod, landed, waiting, node)))
+            else:
+                needed = demand.total_milli / GPU_MILLI
+                return MovePlan("consolidate", node, tuple(moves), needed, waiting), trial
     return None
+
+
+def _group_rank(group: Sequence[RunningPod], node: str) -> tuple[float, int, float, str, tuple[str, ...]]:
+    """Fewest GPUs moved, then lowest priorities, then the newest pods (then names, for order)."""
+    return (
+        sum(_gpus(pod) for pod in group),
+        sum(pod.priority for pod in group),
+        -sum(pod.started for pod in group),
+        node,
+        tuple(pod.key for pod in group),
+    )
 
 
 def plan_moves(
