@@ -95,7 +95,7 @@ class Consolidator:
         await self._check_replaced()
         started = time.perf_counter()
         now = time.time()
-        draining = self._draining()
+        draining = self.draining_nodes()
         pinned = self._pinned()
         plans = plan_moves(snapshot, waiting, now, self.rules, served, draining, pinned)
         if self.options.drain_nodes and not waiting and not served and not plans:
@@ -109,11 +109,13 @@ class Consolidator:
         self._blocked = {key: until for key, until in self._blocked.items() if until > now}
         return frozenset(self._blocked)
 
-    def _draining(self) -> frozenset[str]:
+    def draining_nodes(self) -> frozenset[str]:
+        """Nodes being emptied: held whole, neither emptied again nor a destination of moves."""
+        now = time.monotonic()
         return frozenset(
             node
             for node, on_node in self.picture.inventory.holds.items()
-            if any(key.startswith(DRAIN_HOLD_PREFIX) for key in on_node)
+            if any(key.startswith(DRAIN_HOLD_PREFIX) and hold.expires > now for key, hold in on_node.items())
         )
 
     def _hold(self, chosen: MovePlan) -> str:
@@ -178,12 +180,12 @@ class Consolidator:
                 "Normal",
             )
         log.info(
-            "%s for %s on %s: moved %s (%.3g GPUs freed)",
+            "%s for %s: moved %s (%.3g GPUs freed on %s)",
             chosen.goal,
             target,
-            chosen.node,
             movers,
             chosen.gpus_freed,
+            chosen.node,
         )
         return True
 

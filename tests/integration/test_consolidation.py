@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -323,6 +323,43 @@ async def test_a_move_a_disruption_budget_blocks_is_reported_not_forced(
         # Nothing was forced: the same four halves run where they ran; the hold was released.
         assert {p["metadata"]["name"]: gpu_of(p) for p in await env.running(HALVES)} == before
         assert env.service.picture.inventory.held_for(f"{namespace}/whole") is None
+
+
+async def test_scale_down_empties_gpu_nodes_whose_pods_fit_elsewhere(
+    local_cluster: LocalCluster,
+    k8s: ApiClient,
+    namespace: str,
+    driver: str,  # noqa: F811
+    device_classes: None,  # noqa: F811
+    short_dir: Path,  # noqa: F811
+) -> None:
+    async with consolidation_cluster(local_cluster, k8s, namespace, driver, short_dir) as env:
+        await spread_halves(env)
+        # Scale-down is off by default; turned on once the halves are spread, with nothing waiting:
+        # the four halves fit on two GPUs, so two nodes empty, one per cycle.
+        consolidator = env.service.consolidator
+        assert consolidator is not None
+        consolidator.options = replace(consolidator.options, drain_nodes=1)
+        started = time.monotonic()
+
+        async def two_nodes_empty() -> list[str] | None:
+            running = await env.running(HALVES)
+            used = {gpu_of(p) for p in running}
+            return sorted(used) if len(running) == NODES and len(used) == 2 else None
+
+        used = await wait_until(two_nodes_empty, timeout=90, what="four halves on two nodes")
+        seconds = time.monotonic() - started
+
+        async def successors_reported() -> bool:
+            return sample(env, "replacements_total", outcome="replaced") == 2
+
+        await wait_until(successors_reported, timeout=30, what="both moves' successors reported")
+        moves = sample(env, "moves_total", goal="drain", outcome="evicted")
+        assert moves == 2
+        assert sample(env, "gpus_freed_total", goal="drain") == 2.0
+        emptied = sorted(set(env.nodes) - set(used))
+        assert set(emptied) <= consolidator.draining_nodes()  # held whole, for the autoscaler
+        print(f"\nscale-down: {moves:.0f} move(s) emptied {emptied} in {seconds:.1f}s; halves on {used}")
 
 
 async def _count_is(env: Env, selector: str, count: int) -> list[JsonObject] | None:
