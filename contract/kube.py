@@ -31,6 +31,14 @@ def object_key(obj: Mapping[str, Any]) -> str:
     return f"{namespace}/{metadata.get('name')}" if namespace else str(metadata.get("name"))
 
 
+def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The owner reference marked `controller: true` (empty when there is none)."""
+    for owner in sequence(meta(obj).get("ownerReferences")):
+        if mapping(owner).get("controller") is True:
+            return mapping(owner)
+    return {}
+
+
 def validation_problems(error: ValidationError, root: str, limit: int | None = None) -> str:
     """`field.path: message; ...` for each problem (at most `limit`), `root` for the object itself."""
     return "; ".join(

@@ -30,3 +30,8 @@ DEFAULT_QUEUE: Final = "default"
 # A pod label that says whether reclaim may evict the pod ("true"/"false"); without it, pods whose
 # priority is below the extender's --non-preemptible-priority (default 100) are preemptible.
 PREEMPTIBLE_LABEL: Final = "scheduling.tessera.dev/preemptible"
+# A pod annotation that opts it out of consolidation ("false"): it is never moved to defragment GPUs.
+MOVABLE_ANNOTATION: Final = "scheduling.tessera.dev/movable"
+# Controllers that recreate a pod evicted from under them: only their pods may be moved. A
+# DaemonSet recreates its pod on the same node, so moving one frees nothing.
+RECREATING_OWNER_KINDS: Final = frozenset({"ReplicaSet", "StatefulSet", "Job", "ReplicationController"})

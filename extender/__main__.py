@@ -19,6 +19,7 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient
 
 from contract.names import DRIVER_NAME, PREEMPTIBLE_LABEL
+from extender.controllers.consolidate import ConsolidationOptions
 from extender.controllers.reclaim import ReclaimOptions
 from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.server import DEFAULT_MAX_BODY_BYTES, operations_app, server_ssl_context
@@ -88,6 +89,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--max-evictions-per-cycle", type=int, default=16, help="pods evicted per reclaim cycle at most"
     )
     parser.add_argument(
+        "--max-moves-per-cycle",
+        type=int,
+        default=4,
+        help="consolidation: running pods moved per cycle at most so waiting pods fit; 0 turns "
+        "consolidation off (default 4)",
+    )
+    parser.add_argument(
+        "--max-moves-per-pod", type=int, default=2, help="consolidation: moves to serve one pod at most"
+    )
+    parser.add_argument(
+        "--move-min-runtime",
+        type=float,
+        default=300.0,
+        help="consolidation: seconds a pod has run before it may be moved (default 300)",
+    )
+    parser.add_argument(
+        "--move-replace-timeout",
+        type=float,
+        default=120.0,
+        help="consolidation: seconds within which a moved pod's successor must be bound, else reported",
+    )
+    parser.add_argument(
+        "--drain-gpu-nodes",
+        type=int,
+        default=0,
+        help="scale-down: GPU nodes to empty per cycle while nothing waits, by moving their pods, "
+        "for a node autoscaler to remove (default 0: off)",
+    )
+    parser.add_argument(
+        "--drain-hold", type=float, default=600.0, help="seconds an emptied GPU node is kept empty"
+    )
+    parser.add_argument(
         "--leader-elect",
         action="store_true",
         help="several replicas: only the holder of a Lease runs reclaim (see --lease-namespace)",
@@ -145,6 +178,19 @@ async def run(args: argparse.Namespace) -> None:
         reclaim=(
             ReclaimOptions(args.reclaim_interval, args.reclaim_hold, args.max_evictions_per_cycle)
             if args.reclaim_interval > 0
+            else None
+        ),
+        consolidation=(
+            ConsolidationOptions(
+                min_runtime_s=args.move_min_runtime,
+                max_moves_per_pod=args.max_moves_per_pod,
+                max_moves_per_cycle=args.max_moves_per_cycle,
+                hold_s=args.reclaim_hold,
+                replace_timeout_s=args.move_replace_timeout,
+                drain_nodes=args.drain_gpu_nodes,
+                drain_hold_s=args.drain_hold,
+            )
+            if args.max_moves_per_cycle > 0
             else None
         ),
         lease=(

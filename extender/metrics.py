@@ -103,6 +103,48 @@ class ExtenderMetrics:
             buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
             registry=self.registry,
         )
+        self.moves = Counter(
+            "tessera_consolidation_moves_total",
+            "Pods the consolidation loop asked the Eviction API to evict so they are recreated "
+            "elsewhere, by goal (consolidate, drain) and outcome (evicted, blocked by a "
+            "PodDisruptionBudget, gone, failed).",
+            ["goal", "outcome"],
+            registry=self.registry,
+        )
+        self.move_plans = Counter(
+            "tessera_consolidation_plans_total",
+            "Consolidation plans by goal and result (carried_out; blocked or failed: a move could "
+            "not be made, the plan was dropped).",
+            ["goal", "result"],
+            registry=self.registry,
+        )
+        self.gpus_freed = Counter(
+            "tessera_consolidation_gpus_freed_total",
+            "GPUs made usable by carried-out consolidation plans: the served pod's GPUs on its node "
+            "(consolidate), or the GPUs of an emptied node (drain).",
+            ["goal"],
+            registry=self.registry,
+        )
+        self.replacements = Counter(
+            "tessera_consolidation_replacements_total",
+            "Moved pods whose controller's new pod was bound within the timeout (replaced) or not "
+            "(not_replaced).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.replace_seconds = Histogram(
+            "tessera_consolidation_replace_seconds",
+            "From a pod's eviction by a move to its successor (a new pod of the same controller) "
+            "being bound.",
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+            registry=self.registry,
+        )
+        self.consolidation_cycle = Histogram(
+            "tessera_consolidation_cycle_duration_seconds",
+            "Time to plan consolidation in one cycle, excluding the API calls.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_QueueCollector(state))
 
     def render(self) -> bytes:

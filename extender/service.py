@@ -13,6 +13,7 @@ from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
 from extender.binder import Binder
+from extender.controllers.consolidate import ConsolidationOptions, Consolidator
 from extender.controllers.lease import LeaderLease
 from extender.controllers.reclaim import ReclaimLoop, ReclaimOptions
 from extender.metrics import ExtenderMetrics
@@ -34,6 +35,9 @@ class ServiceOptions:
     picture: ClusterPicture = field(default_factory=ClusterPicture)
     # Reclaim and preemption of running pods; None turns the loop off (admission alone).
     reclaim: ReclaimOptions | None = field(default_factory=ReclaimOptions)
+    # Moves of running pods to defragment GPUs, in the reclaim loop's cycle after reclaim; None
+    # turns them off (and so does a reclaim loop that is off).
+    consolidation: ConsolidationOptions | None = field(default_factory=ConsolidationOptions)
     # Leader election among replicas: (namespace, lease name, this replica's identity); None when
     # this is the only instance.
     lease: tuple[str, str, str] | None = None
@@ -60,6 +64,13 @@ class ExtenderService:
             if options.reclaim
             else None
         )
+        self.consolidator = (
+            Consolidator(api, self.picture, self.metrics, options.consolidation)
+            if self.reclaimer and options.consolidation
+            else None
+        )
+        if self.reclaimer and self.consolidator:
+            self.reclaimer.follow_ups.append(self.consolidator.run_once)
         self.writer = StatusWriter(
             api,
             self.picture,

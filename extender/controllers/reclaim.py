@@ -14,20 +14,24 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from kubernetes_asyncio.client import ApiClient
 
-from extender.events import post_pod_event
-from extender.kubeapi import KubeError, request
+from extender.controllers.evictions import evict, pod_event
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import EPSILON
-from extender.policy.reclaim import Plan, Rules, gpu_amounts, plan
+from extender.policy.reclaim import PendingPod, Plan, Rules, gpu_amounts, plan
+from extender.policy.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
+
+# Another goal of the same cycle (consolidation), run after reclaim on the cycle's snapshot and
+# waiting pods, with the reclaim plans carried out.
+FollowUp = Callable[[ClusterSnapshot, Sequence[PendingPod], Sequence[Plan]], Awaitable[object]]
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class ReclaimLoop:
         self.is_leader = is_leader
         self.counts = ReclaimCounts()
         self._starved_since: dict[str, float] = {}
+        self.follow_ups: list[FollowUp] = []
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -99,7 +104,8 @@ class ReclaimLoop:
         """One cycle: plan on a snapshot, then evict and hold. Returns the plans carried out."""
         started = time.perf_counter()
         snapshot = self.picture.snapshot()
-        plans = plan(snapshot, self.picture.waiting_pods(), time.time(), self.rules())
+        waiting = self.picture.waiting_pods()
+        plans = plan(snapshot, waiting, time.time(), self.rules())
         self.metrics.reclaim_cycle.observe(time.perf_counter() - started)
         self._track_starvation()
         done = []
@@ -109,6 +115,8 @@ class ReclaimLoop:
         self.counts.reclaiming = {
             q for q in self.counts.reclaiming | {p.pod.queue for p in done} if self._holds_for(q)
         }
+        for follow_up in self.follow_ups:
+            await follow_up(snapshot, waiting, done)
         return done
 
     def _holds_for(self, queue: str) -> bool:
@@ -167,34 +175,10 @@ class ReclaimLoop:
         return True
 
     async def _evict(self, key: str) -> str:
-        namespace, name = key.split("/", 1)
-        body = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": namespace},
-        }
-        try:
-            await request(self.api, "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=body)
-        except KubeError as exc:
-            if exc.status == 429:
-                return "blocked"
-            if exc.status == 404:
-                return "gone"
-            log.warning("evicting %s failed: %s", key, exc)
-            return "failed"
-        return "evicted"
+        return await evict(self.api, key)
 
     async def _event(self, key: str, reason: str, message: str, kind: Literal["Normal", "Warning"]) -> None:
-        pod = self.picture.kind("Pod").get(key)
-        if pod is None:
-            return
-        namespace, name = key.split("/", 1)
-        uid = str((pod.get("metadata") or {}).get("uid", ""))
-        try:
-            await post_pod_event(self.api, namespace, name, uid, reason, message, kind)
-        except KubeError as exc:
-            if exc.status != 404:
-                log.warning("could not record %s on %s: %s", reason, key, exc)
+        await pod_event(self.api, self.picture, key, reason, message, kind)
 
     def _track_starvation(self) -> None:
         """Time from a queue falling below its fair share with GPU pods waiting to holding it."""

@@ -18,8 +18,16 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from contract.kube import mapping, meta
-from contract.names import DRIVER_NAME, GPU_MILLI, QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
+from contract.kube import controller_of, mapping, meta
+from contract.names import (
+    DRIVER_NAME,
+    GPU_MILLI,
+    MOVABLE_ANNOTATION,
+    QUEUE_GROUP,
+    QUEUE_PLURAL,
+    QUEUE_VERSION,
+    RECREATING_OWNER_KINDS,
+)
 from extender.kubeapi import JsonObject
 from extender.picture.accounting import QueueAccounting, QueueView
 from extender.picture.demands import PodDemand, PodDemands, is_terminal
@@ -208,6 +216,7 @@ class ClusterPicture:
             preemptible=demand.preemptible,
             started=_start_time(pod),
             terminating=bool(meta(pod).get("deletionTimestamp")),
+            movable=is_movable(pod),
         )
         return running, demand.classic_gpus
 
@@ -239,14 +248,23 @@ class ClusterPicture:
                     demand=contribution.demand,
                     resources=contribution.amounts,
                     priority=demand.priority,
-                    created=_timestamp(meta(pod).get("creationTimestamp")),
+                    created=pod_created(pod),
                     fraction_memory=fraction,
+                    preemptible=demand.preemptible,
                 )
             )
         return waiting
 
     def _classic_used(self, node: str) -> int:
         return sum(self.demands.of(pod).classic_gpus for pod in self.inventory.pods_on_node(node))
+
+
+def is_movable(pod: Mapping[str, Any]) -> bool:
+    """Owned by a controller that recreates it when evicted, and not opted out by annotation."""
+    annotations = mapping(meta(pod).get("annotations"))
+    if str(annotations.get(MOVABLE_ANNOTATION, "")).lower() == "false":
+        return False
+    return controller_of(pod).get("kind") in RECREATING_OWNER_KINDS
 
 
 def _timestamp(text: object) -> float:
@@ -257,6 +275,11 @@ def _timestamp(text: object) -> float:
         return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return 0.0
+
+
+def pod_created(pod: Mapping[str, Any]) -> float:
+    """Seconds since the epoch of a pod's creation (whole seconds; 0 when unknown)."""
+    return _timestamp(meta(pod).get("creationTimestamp"))
 
 
 def _start_time(pod: Mapping[str, Any]) -> float:

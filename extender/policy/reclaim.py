@@ -59,6 +59,7 @@ class PendingPod:
     created: float = 0.0  # seconds since the epoch
     # A fraction asks for bytes of a GPU's memory: its share depends on the node's GPU size.
     fraction_memory: int | None = None
+    preemptible: bool = True  # admission lets it use more than its queue's quota
 
     def demand_on(self, gpu_memory: int) -> GpuDemand:
         if self.fraction_memory is None or gpu_memory <= 0:
@@ -242,7 +243,7 @@ def _goal_for(fairness: FairnessSnapshot, waiting: PendingPod) -> Goal | None:
     return "preempt" if may_preempt_within(fairness, waiting.queue, waiting.resources) else None
 
 
-class _Search:
+class Search:
     """What one cycle's search reads often, computed once: node names, and nodes by the queues
     of the preemptible pods running there (victims can only be on those)."""
 
@@ -295,7 +296,7 @@ class _Search:
 
 
 def _plan_for(
-    fork: ClusterSnapshot, search: _Search, waiting: PendingPod, now: float, rules: Rules, budget: int
+    fork: ClusterSnapshot, search: Search, waiting: PendingPod, now: float, rules: Rules, budget: int
 ) -> Plan | None:
     goal = _goal_for(fork.fairness, waiting)
     if goal is None:
@@ -336,38 +337,65 @@ def _on(waiting: PendingPod, fork: ClusterSnapshot, node: str) -> GpuDemand:
     return waiting.demand_on(fork.gpu_memory.get(node, 0))
 
 
-def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, rules: Rules) -> list[Plan]:
-    """This cycle's plans: most deserving queues first, each queue's pods (highest priority, then
-    oldest) tried; every plan applied to the fork before the next."""
+def planning_fork(snapshot: ClusterSnapshot) -> ClusterSnapshot:
+    """A fork to plan on: pods already terminating are gone in it (their GPUs are coming free)."""
     fork = snapshot.fork()
     for key in [k for k, pod in fork.running.items() if pod.terminating]:
         fork.evict(key)
-    search = _Search(fork)
+    return fork
+
+
+def serving_order(fairness: FairnessSnapshot, pending: Sequence[PendingPod], limit: int) -> list[PendingPod]:
+    """Waiting pods in the order plans serve them: most deserving queue first, then within a queue
+    highest priority, then oldest; at most `limit` pods (bounds the planning time)."""
+    by_queue: dict[str, list[PendingPod]] = {}
+    for pod in sorted(pending, key=lambda p: (-p.priority, p.created, p.key))[:limit]:
+        by_queue.setdefault(pod.queue, []).append(pod)
+    return [pod for queue in fairness.order() for pod in by_queue.get(queue, ())]
+
+
+def place_if_it_fits(fork: ClusterSnapshot, waiting: PendingPod, search: Search | None = None) -> bool:
+    """A pod that fits already needs no plan: the scheduler places it, and later pods of the cycle
+    see its GPUs taken (placed in the fork on the first fitting node)."""
+    fitting = (search or Search(fork)).fits_somewhere(fork, waiting)
+    if fitting is not None:
+        fork.place(_arriving(waiting), _on(waiting, fork, fitting), fitting)
+    return fitting is not None
+
+
+def apply_plan(fork: ClusterSnapshot, done: Plan, search: Search | None = None) -> None:
+    """The fork after a plan: its victims off, its pod on the node it was made room on."""
+    for eviction in done.evictions:
+        fork.evict(eviction.pod.key)
+    if search is not None:
+        search.touched.append(done.node)
+    fork.place(_arriving(done.pod), _on(done.pod, fork, done.node), done.node)
+
+
+def _arriving(waiting: PendingPod) -> RunningPod:
+    """The pod placed in the fork but not running yet: no victim for a later plan of the cycle
+    (evicting a pod that is still pending would only delete it)."""
+    return RunningPod(
+        waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority, preemptible=False
+    )
+
+
+def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, rules: Rules) -> list[Plan]:
+    """This cycle's plans: most deserving queues first, each queue's head pod (highest priority,
+    oldest) tried; every plan applied to the fork before the next."""
+    fork = planning_fork(snapshot)
+    search = Search(fork)
     plans: list[Plan] = []
     evictions_left = rules.max_evictions
-    by_queue: dict[str, list[PendingPod]] = {}
-    for pod in sorted(pending, key=lambda p: (-p.priority, p.created, p.key))[: rules.max_pending]:
-        by_queue.setdefault(pod.queue, []).append(pod)
-    for queue in fork.fairness.order():
-        for waiting in by_queue.get(queue, ()):
-            if evictions_left <= 0:
-                return plans
-            # Placed in the fork but not running yet: no victim for a later plan of this cycle
-            # (evicting a pod that is still pending would only delete it).
-            arriving = RunningPod(
-                waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority, preemptible=False
-            )
-            fitting = search.fits_somewhere(fork, waiting)
-            if fitting is not None:  # the scheduler places it; later pods see the GPUs taken
-                fork.place(arriving, _on(waiting, fork, fitting), fitting)
-                continue
-            found = _plan_for(fork, search, waiting, now, rules, evictions_left)
-            if found is None:
-                continue
-            for eviction in found.evictions:
-                fork.evict(eviction.pod.key)
-            search.touched.append(found.node)
-            fork.place(arriving, _on(waiting, fork, found.node), found.node)
-            evictions_left -= len(found.evictions)
-            plans.append(found)
+    for waiting in serving_order(fork.fairness, pending, rules.max_pending):
+        if evictions_left <= 0:
+            break
+        if place_if_it_fits(fork, waiting, search):
+            continue
+        found = _plan_for(fork, search, waiting, now, rules, evictions_left)
+        if found is None:
+            continue
+        apply_plan(fork, found, search)
+        evictions_left -= len(found.evictions)
+        plans.append(found)
     return plans

@@ -15,7 +15,7 @@ which depend on allocated plus requested, stay as they were.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from contract.names import GPU_MILLI
@@ -41,6 +41,9 @@ class RunningPod:
     # What it takes of the node's CPU and memory; given back on eviction where the node tracks them.
     cpu_milli: int = 0
     memory_mib: int = 0
+    # Owned by a controller that recreates it elsewhere when it is evicted, and not opted out:
+    # consolidation may move it (extender.policy.consolidation).
+    movable: bool = False
 
 
 def _shift(usage: QueueUsage, amounts: Resources, sign: float) -> QueueUsage:
@@ -169,15 +172,11 @@ class ClusterSnapshot:
         if occupied is None:
             return None
         self._node_changes[node], chosen = occupied
-        placed = RunningPod(
-            key=pod.key,
-            queue=pod.queue,
+        placed = replace(
+            pod,
             node=node,
             gpus=tuple((index, demand.milli) for index in chosen),
-            resources=pod.resources,
-            priority=pod.priority,
-            preemptible=pod.preemptible,
-            started=pod.started,
+            terminating=False,
             cpu_milli=demand.cpu_milli,
             memory_mib=demand.memory_mib,
         )

@@ -1,0 +1,58 @@
+"""What the loops that act on running pods share: evicting a pod through the Eviction API (so
+PodDisruptionBudgets hold) and recording an event on a pod."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from kubernetes_asyncio.client import ApiClient
+
+from contract.kube import meta
+from extender.events import post_pod_event
+from extender.kubeapi import KubeError, request
+from extender.picture.cluster import ClusterPicture
+
+log = logging.getLogger(__name__)
+
+# evicted; blocked by a PodDisruptionBudget (429); gone already (404); failed otherwise.
+EvictionOutcome = Literal["evicted", "blocked", "gone", "failed"]
+
+
+async def evict(api: ApiClient, key: str) -> EvictionOutcome:
+    namespace, name = key.split("/", 1)
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+    }
+    try:
+        await request(api, "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=body)
+    except KubeError as exc:
+        if exc.status == 429:
+            return "blocked"
+        if exc.status == 404:
+            return "gone"
+        log.warning("evicting %s failed: %s", key, exc)
+        return "failed"
+    return "evicted"
+
+
+async def pod_event(
+    api: ApiClient,
+    picture: ClusterPicture,
+    key: str,
+    reason: str,
+    message: str,
+    kind: Literal["Normal", "Warning"],
+) -> None:
+    """An event on the pod `key` as the picture knows it (nothing when it is gone)."""
+    pod = picture.kind("Pod").get(key)
+    if pod is None:
+        return
+    namespace, name = key.split("/", 1)
+    try:
+        await post_pod_event(api, namespace, name, str(meta(pod).get("uid", "")), reason, message, kind)
+    except KubeError as exc:
+        if exc.status != 404:
+            log.warning("could not record %s on %s: %s", reason, key, exc)

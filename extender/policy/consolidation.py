@@ -1,0 +1,308 @@
+"""Consolidation: which running pods to move so a waiting pod fits, or so whole GPU nodes empty. Pure.
+
+The third goal of the planner (design-next.md, "one planner, three goals"). A cluster that is
+fragmented has GPU capacity free in pieces: a whole-GPU pod waits while four GPUs are each half
+used. Moving one half next to another frees a whole GPU. A move is an eviction of a pod whose
+controller recreates it; the recreated pod is placed by the scheduler like any other.
+
+Rules (each a test in tests/unit/extender/test_consolidation.py):
+
+1. A waiting pod is served only when it fits no node now and its queue admits it (limits; quota
+   for a pod that is not preemptible). When it would borrow beyond its queue's fair share, it is
+   served only while no other queue below its fair share waits for GPUs: reclaim would take the
+   GPUs back, and the moves would have been for nothing.
+2. Movers are pods that are `movable` (a controller that recreates them owns them, and they are
+   not opted out), preemptible, not terminating, and have run at least `min_runtime_s` - so a pod
+   just recreated by a move is not moved again soon.
+3. Fewest moves first: for k = 1, 2, ... up to `max_moves_per_pod`, on every node every set of k
+   of its movers (the `max_candidates` smallest) is tried on a fork: the movers off, the waiting
+   pod placed on the node, then each mover - largest first - placed on the node the filter ranks
+   best among nodes with GPUs of the same model and size (its own node included, on another GPU).
+   The smallest k with any set where all of that fits wins; among its sets, fewest GPUs moved
+   (small fractions before big pods), then lowest priorities, then the newest pods.
+4. Bounded: at most `max_moves_per_pod` moves serve one pod, `max_moves_per_cycle` per cycle,
+   `max_pending` waiting pods are tried.
+5. Consolidation serves what reclaim did not: the fork has the cycle's reclaim plans applied first,
+   and each move plan is applied before the next, so no GPU is counted twice.
+
+Scale-down (`plan_drain`, off unless asked for): while nothing waits, empty whole GPU nodes - the
+ones holding the fewest GPUs first - by moving every pod on them elsewhere, with the same movers
+(rule 2) and the same placement (rule 3); a node with a pod that may not move stays.
+
+The planner ignores PodDisruptionBudgets: the Eviction API enforces them when the moves are
+carried out, and the executor reports a blocked move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, replace
+from itertools import combinations
+from typing import Literal
+
+from contract.names import GPU_MILLI
+from extender.policy.fairness import EPSILON, FairnessSnapshot
+from extender.policy.placement import GpuDemand, fits, placement_cost
+from extender.policy.reclaim import (
+    PendingPod,
+    Plan,
+    apply_plan,
+    gpu_amounts,
+    place_if_it_fits,
+    planning_fork,
+    serving_order,
+)
+from extender.policy.snapshot import ClusterSnapshot, RunningPod
+
+Goal = Literal["consolidate", "drain"]
+
+
+@dataclass(frozen=True)
+class ConsolidationRules:
+    min_runtime_s: float = 300.0  # a mover has run at least this long
+    max_moves_per_pod: int = 2  # moves to serve one waiting pod
+    max_moves_per_cycle: int = 4
+    max_candidates: int = 8  # movers tried per node, smallest first (bounds the search)
+    max_pending: int = 64  # waiting pods tried per cycle
+
+
+@dataclass(frozen=True)
+class Move:
+    pod: RunningPod  # as it runs now
+    to_node: str  # where it fits once moved (the scheduler decides where its successor lands)
+    message: str  # for the mover's event
+
+
+@dataclass(frozen=True)
+class MovePlan:
+    goal: Goal
+    node: str  # the node made room on (consolidate) or emptied (drain)
+    moves: tuple[Move, ...]
+    gpus_freed: float  # GPUs made usable on `node`: the served pod's demand, or the whole node
+    pod: PendingPod | None = None  # the pod served (consolidate)
+
+    @property
+    def gpus_moved(self) -> float:
+        return sum(_gpus(move.pod) for move in self.moves)
+
+
+def _gpus(pod: RunningPod) -> float:
+    return sum(milli for _, milli in pod.gpus) / GPU_MILLI
+
+
+def is_mover(pod: RunningPod, now: float, rules: ConsolidationRules) -> bool:
+    """Rule 2: may this pod be moved?"""
+    return (
+        pod.movable
+        and pod.preemptible
+        and not pod.terminating
+        and bool(pod.gpus)
+        and now - pod.started >= rules.min_runtime_s
+    )
+
+
+def _demand_of(pod: RunningPod) -> GpuDemand:
+    """What a running pod asks for again once recreated: its GPUs, of the share it holds."""
+    return GpuDemand(len(pod.gpus), max(milli for _, milli in pod.gpus))
+
+
+def _mover_order(pod: RunningPod) -> tuple[float, int, float, str]:
+    return (_gpus(pod), pod.priority, -pod.started, pod.key)  # small, low priority, new first
+
+
+def consolidation_refusal(fairness: FairnessSnapshot, waiting: PendingPod) -> str:
+    """Why no pod may be moved for `waiting` ('' when they may): rule 1."""
+    decision = fairness.admit(waiting.queue, waiting.resources, preemptible=waiting.preemptible)
+    if not decision.admit:
+        return decision.reason
+    if decision.kind != "borrowing":
+        return ""
+    tree, shares = fairness.tree, fairness.fair_shares
+    for queue, usage in sorted(fairness.usage.items()):
+        if queue == waiting.queue or queue not in tree.specs:
+            continue
+        for resource in gpu_amounts(usage.requested):
+            held, fair = tree.subtree(queue, "allocated", resource), shares.get(queue, {}).get(resource, 0.0)
+            if held < fair - EPSILON:
+                return (
+                    f"queue '{waiting.queue}' would borrow beyond its fair share while queue "
+                    f"'{queue}' waits below its own: reclaim would take the GPUs back"
+                )
+    return ""
+
+
+def _land(fork: ClusterSnapshot, pod: RunningPod, like: str, avoid: Collection[str]) -> str | None:
+    """Place a moved pod in the fork where the filter ranks best among nodes with GPUs like those of
+    node `like`; the node, or None when it fits nowhere. A moved pod is not moved again this cycle."""
+    demand = _demand_of(pod)
+    model, memory = fork.nodes[like].model, fork.gpu_memory.get(like, 0)
+    best: tuple[tuple[float, ...], str] | None = None
+    for name in fork.fitting_nodes(demand):
+        if name in avoid or fork.nodes[name].model != model or fork.gpu_memory.get(name, 0) != memory:
+            continue
+        cost = placement_cost(fork.nodes[name], demand, fork.mix)
+        if cost is not None and (best is None or (cost, name) < best):
+            best = (cost, name)
+    if best is None or fork.place(replace(pod, movable=False), demand, best[1]) is None:
+        return None
+    return best[1]
+
+
+def _fits_without(fork: ClusterSnapshot, node: str, demand: GpuDemand, gone: Iterable[RunningPod]) -> bool:
+    """Would `demand` fit on `node` with these pods off it? (cheap: no fork)"""
+    supply = fork.nodes[node]
+    free = list(supply.free_milli)
+    for pod in gone:
+        for index, milli in pod.gpus:
+            free[index] = min(GPU_MILLI, free[index] + milli)
+    return fits(replace(supply, free_milli=tuple(free)), demand)
+
+
+def _move_message(pod: RunningPod, to_node: str, waiting: PendingPod, node: str) -> str:
+    return (
+        f"moved to defragment GPUs: pod {waiting.key} of queue '{waiting.queue}' fits no node as the "
+        f"GPUs are used; with this pod ({_gpus(pod):.3g} GPUs) moved off node {node} it fits there, "
+        f"and this pod's successor fits on node {to_node}"
+    )
+
+
+def _moves_for(
+    fork: ClusterSnapshot,
+    waiting: PendingPod,
+    now: float,
+    rules: ConsolidationRules,
+    budget: int,
+    avoid: Collection[str],
+    pinned: Collection[str],
+) -> tuple[MovePlan, ClusterSnapshot] | None:
+    """Rule 3: the fewest moves after which `waiting` and every mover fit, with the fork after
+    them; or None."""
+    movers: dict[str, list[RunningPod]] = {}
+    for pod in fork.running.values():
+        if pod.node not in avoid and pod.key not in pinned and is_mover(pod, now, rules):
+            movers.setdefault(pod.node, []).append(pod)
+    nodes: list[tuple[str, GpuDemand, list[RunningPod]]] = []
+    for node in sorted(movers):
+        demand = waiting.demand_on(fork.gpu_memory.get(node, 0))
+        candidates = sorted(movers[node], key=_mover_order)[: rules.max_candidates]
+        if _fits_without(fork, node, demand, candidates):  # else no subset can make room
+            nodes.append((node, demand, candidates))
+    arriving = RunningPod(waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority)
+    for count in range(1, budget + 1):
+        # Every set of `count` movers that makes room, best first; the first whose movers all
+        # land elsewhere is the best plan of this size (landing is the costly test).
+        groups = sorted(
+            (_group_rank(group, node), node, demand, group)
+            for node, demand, candidates in nodes
+            for group in combinations(candidates, count)
+            if _fits_without(fork, node, demand, group)
+        )
+        for _, node, demand, group in groups:
+            trial = fork.fork()
+            for pod in group:
+                trial.evict(pod.key)
+            trial.place(arriving, demand, node)
+            moves: list[Move] = []
+            for pod in sorted(group, key=_mover_order, reverse=True):
+                landed = _land(trial, pod, node, avoid)
+                if landed is None:
+                    break
+                moves.append(Move(pod, landed, _move_message(pod, landed, waiting, node)))
+            else:
+                needed = demand.total_milli / GPU_MILLI
+                return MovePlan("consolidate", node, tuple(moves), needed, waiting), trial
+    return None
+
+
+def _group_rank(group: Sequence[RunningPod], node: str) -> tuple[float, int, float, str, tuple[str, ...]]:
+    """Fewest GPUs moved, then lowest priorities, then the newest pods (then names, for order)."""
+    return (
+        sum(_gpus(pod) for pod in group),
+        sum(pod.priority for pod in group),
+        -sum(pod.started for pod in group),
+        node,
+        tuple(pod.key for pod in group),
+    )
+
+
+def plan_moves(
+    snapshot: ClusterSnapshot,
+    pending: Sequence[PendingPod],
+    now: float,
+    rules: ConsolidationRules,
+    served: Sequence[Plan] = (),
+    avoid: Collection[str] = frozenset(),
+    pinned: Collection[str] = frozenset(),
+) -> list[MovePlan]:
+    """This cycle's move plans for waiting pods that reclaim (`served`: its plans of the cycle) did
+    not serve, in reclaim's order; nothing is moved off or onto the nodes in `avoid`, and the pods
+    in `pinned` (e.g. a budget blocked their move lately) stay."""
+    fork = planning_fork(snapshot)
+    for done in served:
+        apply_plan(fork, done)
+    served_keys = {done.pod.key for done in served}
+    plans: list[MovePlan] = []
+    moves_left = rules.max_moves_per_cycle
+    for waiting in serving_order(fork.fairness, pending, rules.max_pending):
+        if moves_left <= 0:
+            break
+        if waiting.key in served_keys or place_if_it_fits(fork, waiting):
+            continue
+        if consolidation_refusal(fork.fairness, waiting):
+            continue
+        budget = min(moves_left, rules.max_moves_per_pod)
+        outcome = _moves_for(fork, waiting, now, rules, budget, avoid, pinned)
+        if outcome is None:
+            continue
+        found, fork = outcome
+        moves_left -= len(found.moves)
+        plans.append(found)
+    return plans
+
+
+def plan_drain(
+    snapshot: ClusterSnapshot,
+    now: float,
+    rules: ConsolidationRules,
+    nodes: int,
+    avoid: Collection[str] = frozenset(),
+    pinned: Collection[str] = frozenset(),
+) -> list[MovePlan]:
+    """Up to `nodes` GPU nodes to empty (for a node autoscaler to remove), the ones holding the
+    fewest GPUs first: every pod on them moved elsewhere, none onto a node in `avoid` or emptied;
+    a node with a pod in `pinned` stays."""
+    fork = planning_fork(snapshot)
+    ranked: list[tuple[float, int, str]] = []
+    for node, supply in fork.nodes.items():
+        on_node = fork.pods_on(node)
+        if node in avoid or not supply.free_milli or not on_node:
+            continue
+        if all(pod.key not in pinned and is_mover(pod, now, rules) for pod in on_node):
+            ranked.append((sum(_gpus(pod) for pod in on_node), len(on_node), node))
+    emptied = set(avoid)
+    plans: list[MovePlan] = []
+    moves_left = rules.max_moves_per_cycle
+    for _, count, node in sorted(ranked):
+        if len(plans) >= nodes:
+            break
+        if count > moves_left:
+            continue
+        trial = fork.fork()
+        pods = sorted(trial.pods_on(node), key=_mover_order, reverse=True)
+        for pod in pods:
+            trial.evict(pod.key)
+        moves: list[Move] = []
+        for pod in pods:
+            landed = _land(trial, pod, node, emptied | {node})
+            if landed is None:
+                break
+            message = (
+                f"moved to empty GPU node {node} for scale-down; this pod's successor fits on node {landed}"
+            )
+            moves.append(Move(pod, landed, message))
+        else:
+            fork = trial
+            emptied.add(node)
+            moves_left -= len(moves)
+            plans.append(MovePlan("drain", node, tuple(moves), float(len(fork.nodes[node].free_milli))))
+    return plans
