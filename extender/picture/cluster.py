@@ -187,7 +187,9 @@ class ClusterPicture:
                         cache[key] = entry
                 if isinstance(entry, RunningPod):
                     running[key] = entry
-        return ClusterSnapshot(nodes, running, view, view.mix, self.inventory.gpu_memory)
+        return ClusterSnapshot(
+            nodes, running, view, view.mix, self.inventory.gpu_memory, self.inventory.pods_by_node
+        )
 
     def _forget_running(self, keys: Iterable[str] | None) -> None:
         if keys is None:

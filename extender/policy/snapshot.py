@@ -14,7 +14,7 @@ which depend on allocated plus requested, stay as they were.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -76,8 +76,20 @@ class _Layered(Mapping[str, V]):
 
     def __iter__(self) -> Iterator[str]:
         changes = self.changes
+        if not changes:
+            return iter(self.base)
+        return self._merged(changes)
+
+    def _merged(self, changes: dict[str, V | None]) -> Iterator[str]:
         yield from (key for key in self.base if key not in changes or changes[key] is not None)
         yield from (key for key, value in changes.items() if value is not None and key not in self.base)
+
+    def values(self) -> ValuesView[V]:
+        # Without changes, the base's own view: planners walk every running pod once per cycle.
+        return self.base.values() if not self.changes else super().values()
+
+    def items(self) -> ItemsView[str, V]:
+        return self.base.items() if not self.changes else super().items()
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -94,6 +106,7 @@ class ClusterSnapshot:
         fairness: FairnessSnapshot,
         mix: WorkloadMix,
         gpu_memory: Mapping[str, int] | None = None,
+        pods_by_node: Mapping[str, Iterable[str]] | None = None,
     ) -> None:
         self._node_changes: dict[str, NodeGpus | None] = {}
         self._pod_changes: dict[str, RunningPod | None] = {}
@@ -105,7 +118,7 @@ class ClusterSnapshot:
         self._base = fairness
         self.mix = mix
         self._fairness: FairnessSnapshot | None = fairness
-        self._index = _NodeIndex(running)
+        self._index = _NodeIndex(running, pods_by_node)
 
     def fork(self) -> ClusterSnapshot:
         child = ClusterSnapshot.__new__(ClusterSnapshot)
@@ -194,16 +207,21 @@ class _NodeIndex:
     """Pod keys per node of a snapshot's base running pods, built once, on first use, for all
     its forks."""
 
-    def __init__(self, running: Mapping[str, RunningPod]) -> None:
+    def __init__(
+        self, running: Mapping[str, RunningPod], pods_by_node: Mapping[str, Iterable[str]] | None
+    ) -> None:
         self._running = running
-        self._by_node: dict[str, list[str]] | None = None
+        # The live picture keeps this index anyway (it may list pods that hold no GPU: they are
+        # not in `running` and are skipped).
+        self._by_node: Mapping[str, Iterable[str]] | None = pods_by_node
 
-    def keys_on(self, node: str) -> list[str]:
+    def keys_on(self, node: str) -> Iterable[str]:
         if self._by_node is None:
-            self._by_node = {}
+            by_node: dict[str, list[str]] = {}
             for key, pod in self._running.items():
-                self._by_node.setdefault(pod.node, []).append(key)
-        return self._by_node.get(node, [])
+                by_node.setdefault(pod.node, []).append(key)
+            self._by_node = by_node
+        return self._by_node.get(node, ())
 
 
 def occupy(
