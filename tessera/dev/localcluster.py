@@ -43,10 +43,18 @@ T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-k8s.sh"
 DEFAULT_SCHEDULER = "default-scheduler"
-# Controllers a cluster without kubelets needs: claims from templates, namespace deletion and
-# owner-reference garbage collection. Never the node-lifecycle controller: fake nodes send no
-# heartbeats, so it would taint them unreachable.
-CONTROLLERS = ("resourceclaim-controller", "namespace-controller", "garbage-collector-controller")
+# Controllers a cluster without kubelets needs: claims from templates, namespace deletion,
+# owner-reference garbage collection, and the workload controllers the examples and the demo use
+# (Jobs, Deployments). Never the node-lifecycle controller: fake nodes send no heartbeats, so it
+# would taint them unreachable.
+CONTROLLERS = (
+    "resourceclaim-controller",
+    "namespace-controller",
+    "garbage-collector-controller",
+    "job-controller",
+    "deployment-controller",
+    "replicaset-controller",
+)
 _PR_SET_PDEATHSIG = 1
 
 
