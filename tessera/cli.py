@@ -139,7 +139,7 @@ def _usage(cluster: LocalCluster, nodes: list[str]) -> str:
             "  kubectl get queues",
             "  kubectl get pods,resourceclaims -o wide",
             "  kubectl apply -f manifests/examples/quarter-gpu.yaml     # a fractional GPU",
-            "  kubectl apply -f manifests/examples/whole-gpu-job.yaml   # a Job on whole GPUs",
+            "  kubectl apply -f manifests/examples/training-job.yaml    # a Job on whole GPUs",
             "",
             "Press Ctrl-C to stop and remove everything.",
         ]
