@@ -13,7 +13,9 @@ import yaml
 from contract.names import DEFAULT_QUEUE, QUEUE_KIND, QUEUE_LABEL
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART_SCHEDULER = yaml.safe_load((ROOT / "charts/tessera/values.yaml").read_text())["scheduler"]["schedulerName"]
+CHART_SCHEDULER = yaml.safe_load((ROOT / "charts/tessera/values.yaml").read_text())["scheduler"][
+    "schedulerName"
+]
 WORKLOAD_DIRS = ("manifests/examples", "manifests/demo")
 POD_TEMPLATE_KINDS = {"Job", "Deployment", "StatefulSet", "ReplicaSet", "DaemonSet"}
 
