@@ -177,19 +177,25 @@ def _amount(value: float | None) -> str:
 
 
 def queue_letters(queues: Sequence[QueueRow]) -> dict[str, str]:
-    """One capital letter per queue for the GPU map: the last letter of its name when free."""
+    """One capital letter per queue for the GPU map: team-a is A, default is D, when still free."""
     letters: dict[str, str] = {}
     for row in queues:
-        candidates = [c.upper() for c in reversed(row.name) if c.isalpha()] + list("XYZWVUTSRQ")
-        letters[row.name] = next((c for c in candidates if c not in letters.values()), "?")
+        team, _, suffix = row.name.rpartition("-")
+        preferred = suffix[-1:] if team else row.name[:1]
+        candidates = [preferred.upper(), *(c.upper() for c in row.name if c.isalpha()), *"XYZWVUTSRQ"]
+        letters[row.name] = next((c for c in candidates if c.isalpha() and c not in letters.values()), "?")
     return letters
+
+
+def _cells(gpus: float) -> int:
+    return int(gpus + 0.5)  # half a GPU or more draws a cell
 
 
 def _bar(row: QueueRow, width: int) -> str:
     """Allocated within quota, allocated beyond it, and fair share not yet held; one cell a GPU."""
-    held = round(row.allocated)
-    within = min(held, round(row.quota or 0))
-    owed = max(0, round(row.fair_share) - held)
+    held = _cells(row.allocated)
+    within = min(held, _cells(row.quota or 0))
+    owed = max(0, _cells(row.fair_share) - held)
     bar = WITHIN_QUOTA * within + BEYOND_QUOTA * (held - within) + OWED * owed
     return bar[:width].ljust(width)
 
