@@ -1,5 +1,6 @@
 # The two commands a newcomer needs:
-#   make up     bring up a local Kubernetes control plane with simulated GPU nodes
+#   make up     a local Kubernetes control plane with simulated GPU nodes, and three teams sharing
+#               its GPUs live (tessera up --demo); the cluster stays up until Ctrl-C
 #   make test   install everything needed, lint, and run the whole test suite
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -7,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint unit integration bench k8s-binaries proto manifests clean
+.PHONY: up up-quiet test lint unit integration bench k8s-binaries proto manifests lock clean
 
 $(STAMP): pyproject.toml
 	@echo "[make] creating $(VENV) and installing Python dependencies"
@@ -21,6 +22,10 @@ k8s-binaries:
 	@bash hack/build-k8s.sh >/dev/null
 
 up: $(STAMP) k8s-binaries
+	@$(PY) -m tessera up --demo
+
+# The same cluster without the demo's workloads.
+up-quiet: $(STAMP) k8s-binaries
 	@$(PY) -m tessera up
 
 lint: $(STAMP)
@@ -55,3 +60,7 @@ manifests: k8s-binaries
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+lock: $(STAMP)
+	@echo "[make] pinning the image's runtime packages into requirements-runtime.txt"
+	@$(PY) hack/lock_runtime.py > requirements-runtime.txt

@@ -20,6 +20,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from contract.names import DRIVER_NAME, PREEMPTIBLE_LABEL
 from extender.controllers.consolidate import ConsolidationOptions
+from extender.controllers.endpoint import Advertise
 from extender.controllers.reclaim import ReclaimOptions
 from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.server import DEFAULT_MAX_BODY_BYTES, operations_app, server_ssl_context
@@ -131,6 +132,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="namespace of the leader Lease (default $POD_NAMESPACE, else tessera-system)",
     )
     parser.add_argument("--lease-name", default="tessera-extender")
+    parser.add_argument(
+        "--lease-duration",
+        type=float,
+        default=15.0,
+        help="seconds a leader's Lease holds without renewal; a standby takes over after it (default 15)",
+    )
+    parser.add_argument(
+        "--advertise-service",
+        default=_env("ADVERTISE_SERVICE"),
+        help="with --leader-elect: the (selector-less) Service whose EndpointSlice the leader points "
+        "at itself, so that the scheduler reaches only the leader",
+    )
+    parser.add_argument(
+        "--advertise-address",
+        default=os.environ.get("POD_IP"),
+        help="this replica's address in that EndpointSlice (default $POD_IP)",
+    )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument(
         "--queue-status-interval", type=float, default=2.0, help="seconds between Queue status updates"
@@ -145,6 +163,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
     if args.metrics_port and args.metrics_port == args.port:
         parser.error("--metrics-port must differ from --port")
+    if args.advertise_service and not (args.leader_elect and args.advertise_address):
+        parser.error("--advertise-service needs --leader-elect and --advertise-address (or $POD_IP)")
     return args
 
 
@@ -196,6 +216,12 @@ async def run(args: argparse.Namespace) -> None:
         lease=(
             (args.lease_namespace, args.lease_name, f"{socket.gethostname()}-{os.getpid()}")
             if args.leader_elect
+            else None
+        ),
+        lease_duration_s=args.lease_duration,
+        advertise=(
+            Advertise(args.lease_namespace, args.advertise_service, args.advertise_address)
+            if args.advertise_service
             else None
         ),
     )

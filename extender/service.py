@@ -14,6 +14,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from extender.binder import Binder
 from extender.controllers.consolidate import ConsolidationOptions, Consolidator
+from extender.controllers.endpoint import Advertise, LeaderEndpoint
 from extender.controllers.lease import LeaderLease
 from extender.controllers.reclaim import ReclaimLoop, ReclaimOptions
 from extender.metrics import ExtenderMetrics
@@ -41,6 +42,10 @@ class ServiceOptions:
     # Leader election among replicas: (namespace, lease name, this replica's identity); None when
     # this is the only instance.
     lease: tuple[str, str, str] | None = None
+    lease_duration_s: float = 15.0
+    # With a lease: the Service the leader points at itself (its EndpointSlice); None: the
+    # scheduler reaches every replica some other way.
+    advertise: Advertise | None = None
 
 
 class ExtenderService:
@@ -52,7 +57,14 @@ class ExtenderService:
         self.metrics = ExtenderMetrics(self.picture)
         self.waiting = WaitingPods()
         self.watcher = ClusterWatcher(api, self.picture)
-        self.lease = LeaderLease(api, *options.lease) if options.lease else None
+        self.lease = LeaderLease(api, *options.lease, options.lease_duration_s) if options.lease else None
+        if options.advertise and not self.lease:
+            raise ValueError("advertising the leader's endpoint needs leader election (a lease)")
+        self.endpoint = (
+            LeaderEndpoint(api, options.advertise, lambda: self.port, self.lease.is_leader)
+            if options.advertise and self.lease
+            else None
+        )
         self.reclaimer = (
             ReclaimLoop(
                 api,
@@ -105,6 +117,8 @@ class ExtenderService:
         sockets = self._runner.addresses
         if sockets:
             self.port = int(sockets[0][1])
+        if self.endpoint:  # only once the port is known
+            self.endpoint.start()
         log.info(
             "extender listening on %s:%d (TLS %s)",
             self.options.host,
@@ -120,10 +134,12 @@ class ExtenderService:
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
+        if self.endpoint:
+            await self.endpoint.stop()
         if self.reclaimer:
             await self.reclaimer.stop()
         if self.lease:
-            await self.lease.stop()
+            await self.lease.stop(release=True)
         await self._runner.cleanup()
         await self.writer.stop()
         await self.watcher.stop()

@@ -11,9 +11,13 @@ import time
 from pathlib import Path
 
 from dra_driver.devices.simulated import PROFILE_DIR
+from tessera.dev.demo import DEMO_DIR, DemoError, run_demo, summary
 from tessera.dev.localcluster import REPO_ROOT, ClusterError, LocalCluster, free_port
 
 DEFAULT_STATE_DIR = REPO_ROOT / ".tessera" / "cluster"
+# The scheduler profile that calls the extender, named as the chart names it
+# (charts/tessera values scheduler.schedulerName): the examples work here and after a Helm install.
+TESSERA_SCHEDULER = "tessera"
 # What `tessera up` installs before starting the components, in order.
 INSTALL_FIRST = ("manifests/crds/queues.yaml", "manifests/deviceclasses.yaml", "manifests/default-queue.yaml")
 
@@ -23,8 +27,15 @@ def _up_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
         "up",
         help="run a local cluster with simulated GPU nodes, the DRA driver and the extender until Ctrl-C",
         description="Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler as local "
-        "processes, the Tessera extender (wired into the scheduler) and the DRA driver on fake GPU "
-        "nodes, then prints how to use the cluster. Ctrl-C tears everything down.",
+        "processes, a second kube-scheduler (profile 'tessera') that calls the Tessera extender, and "
+        "the DRA driver on fake GPU nodes, then prints how to use the cluster. Ctrl-C tears "
+        "everything down.",
+    )
+    up.add_argument(
+        "--demo",
+        action="store_true",
+        help="show three teams sharing the GPUs (a burst, borrowing, reclaim) live, then a summary; "
+        "the cluster stays up afterwards",
     )
     up.add_argument("--nodes", type=int, default=2, help="number of fake GPU nodes (default 2)")
     up.add_argument(
@@ -46,10 +57,24 @@ def _profile_path(profile: str) -> Path:
     return shipped if shipped.exists() else Path(profile)
 
 
-def _start_tessera(cluster: LocalCluster, extender_port: int, nodes: list[str], profile: Path) -> None:
+def _extender_config(port: int) -> dict[str, object]:
+    return {
+        "urlPrefix": f"http://127.0.0.1:{port}",
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "preemptVerb": "preempt",
+        "bindVerb": "bind",
+        "weight": 5,
+        "nodeCacheCapable": True,
+        "enableHTTPS": False,
+    }
+
+
+def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> None:
     for manifest in INSTALL_FIRST:
         cluster.apply(REPO_ROOT / manifest)
     python = sys.executable
+    extender_port = free_port()
     extender = cluster.spawn(
         "tessera-extender",
         [
@@ -59,9 +84,12 @@ def _start_tessera(cluster: LocalCluster, extender_port: int, nodes: list[str], 
             f"--kubeconfig={cluster.kubeconfig}",
             "--listen-address=127.0.0.1",
             f"--port={extender_port}",
+            f"--scheduler-name={TESSERA_SCHEDULER}",
+            "--queue-status-interval=1",
         ],
     )
     cluster.wait_healthy(extender, f"http://127.0.0.1:{extender_port}/readyz", tls=False)
+    cluster.start_scheduler(TESSERA_SCHEDULER, [_extender_config(extender_port)])
     cluster.spawn(
         "tessera-node-agent",
         [
@@ -99,17 +127,19 @@ def _usage(cluster: LocalCluster, nodes: list[str]) -> str:
             f"Tessera is up on a local Kubernetes {_server_version(cluster)} control plane"
             f" at {cluster.server}",
             f"  fake GPU nodes: {', '.join(nodes)} (DRA driver: simulated GPUs, kubelet stand-in)",
-            "  scheduler:      default-scheduler calls the Tessera extender (filter, prioritize, bind)",
+            f"  scheduler:      profile '{TESSERA_SCHEDULER}' calls the Tessera extender (filter, prioritize,"
+            " preempt, bind); pods opt in with schedulerName: tessera and name their queue with the"
+            " label scheduling.tessera.dev/queue",
             f"  logs:           {cluster.workdir / 'logs'}",
             "",
             "Use it from another shell:",
             f"  export KUBECONFIG={cluster.kubeconfig} PATH={cluster.bin_dir}:$PATH",
             "  kubectl get nodes,resourceslices",
             "  kubectl describe resourceslice",
-            "  kubectl apply -f manifests/examples/quarter-gpu.yaml     # a fractional GPU",
-            "  kubectl apply -f manifests/examples/whole-gpu.yaml       # a whole GPU",
-            "  kubectl get pods,resourceclaims -o wide",
             "  kubectl get queues",
+            "  kubectl get pods,resourceclaims -o wide",
+            "  kubectl apply -f manifests/examples/quarter-gpu.yaml     # a fractional GPU",
+            "  kubectl apply -f manifests/examples/training-job.yaml    # a Job on whole GPUs",
             "",
             "Press Ctrl-C to stop and remove everything.",
         ]
@@ -120,30 +150,27 @@ def run_up(args: argparse.Namespace) -> int:
     state_dir: Path = args.state_dir
     shutil.rmtree(state_dir, ignore_errors=True)
     nodes = [f"gpu-node-{index}" for index in range(args.nodes)]
-    extender_port = free_port()
-    extender = {
-        "urlPrefix": f"http://127.0.0.1:{extender_port}",
-        "filterVerb": "filter",
-        "prioritizeVerb": "prioritize",
-        "preemptVerb": "preempt",
-        "bindVerb": "bind",
-        "weight": 5,
-        "nodeCacheCapable": True,
-        "enableHTTPS": False,
-    }
     print("[tessera] starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler", flush=True)
-    with LocalCluster(workdir=state_dir, scheduler_extenders=[extender]) as cluster:
+    with LocalCluster(workdir=state_dir) as cluster:
         print(
-            "[tessera] installing the Queue CRD and DeviceClasses; starting extender and DRA driver",
+            "[tessera] installing the Queue CRD and DeviceClasses; starting the extender, its "
+            f"scheduler profile '{TESSERA_SCHEDULER}' and the DRA driver",
             flush=True,
         )
-        _start_tessera(cluster, extender_port, nodes, _profile_path(args.profile))
-        print(_usage(cluster, nodes), flush=True)
         try:
+            _start_tessera(cluster, nodes, _profile_path(args.profile))
+            if args.demo:
+                print(f"[tessera] demo: the workloads of {DEMO_DIR.relative_to(REPO_ROOT)}/, step by step\n")
+                result = run_demo(cluster, sys.stdout)
+                print("\n".join(summary(result)), flush=True)
+            print(_usage(cluster, nodes), flush=True)
             while all(c.process.poll() is None for c in cluster.components):
                 time.sleep(1)
             print("[tessera] a component exited; the tails of the logs follow", file=sys.stderr)
             print(cluster.logs(), file=sys.stderr)
+            return 1
+        except DemoError as error:
+            print(f"[tessera] the demo failed: {error}\n{cluster.logs()}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             print("\n[tessera] stopping", flush=True)

@@ -52,11 +52,35 @@ class LeaderLease:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="leader-lease")
 
-    async def stop(self) -> None:
+    async def stop(self, release: bool = False) -> None:
+        """Stop acting; with ``release``, a leader also hands the Lease over at once (a graceful
+        shutdown), so a standby takes over on its next try instead of after the Lease duration."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        was_leader = self.is_leader()
         self._valid_until = 0.0
+        if release and was_leader:
+            try:
+                await self._release()
+            except Exception as exc:  # it expires on its own
+                log.warning("lease %s/%s: not released: %r", self.namespace, self.name, exc)
+
+    async def _release(self) -> None:
+        lease = await request(self.api, "GET", f"{self.path}/{self.name}")
+        spec = lease.get("spec") or {}
+        if spec.get("holderIdentity") != self.identity:
+            return
+        body = self._lease(datetime.now(UTC), int(spec.get("leaseTransitions") or 0))
+        body["metadata"]["resourceVersion"] = (lease.get("metadata") or {}).get("resourceVersion")
+        # An expired Lease held by nobody: the next try of any replica takes it.
+        body["spec"].update(
+            holderIdentity=None,
+            leaseDurationSeconds=1,
+            renewTime=_micro_time(datetime(1970, 1, 1, tzinfo=UTC)),
+        )
+        await request(self.api, "PUT", f"{self.path}/{self.name}", body=body)
+        log.info("lease %s/%s released by %s", self.namespace, self.name, self.identity)
 
     async def _run(self) -> None:
         while True:

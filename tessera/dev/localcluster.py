@@ -44,13 +44,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-k8s.sh"
 DEFAULT_SCHEDULER = "default-scheduler"
 # Controllers a cluster without kubelets needs: claims from templates, namespace deletion,
-# owner-reference garbage collection, Deployments' ReplicaSets and pods (what consolidation moves
-# is recreated by them) and PodDisruptionBudgets' status (which the Eviction API enforces). Never
-# the node-lifecycle controller: fake nodes send no heartbeats, so it would taint them unreachable.
+# owner-reference garbage collection, the workload controllers the examples, the demo and
+# consolidation use (Jobs, Deployments and their ReplicaSets recreate what is evicted) and
+# PodDisruptionBudgets' status (which the Eviction API enforces). Never the node-lifecycle
+# controller: fake nodes send no heartbeats, so it would taint them unreachable.
 CONTROLLERS = (
     "resourceclaim-controller",
     "namespace-controller",
     "garbage-collector-controller",
+    "job-controller",
     "deployment-controller",
     "replicaset-controller",
     "disruption-controller",
