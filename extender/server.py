@@ -138,6 +138,8 @@ async def handle_filter(request: web.Request) -> web.StreamResponse:
     app[METRICS_KEY].decisions.labels("filter", decision.outcome, decision.reason).inc()
     if decision.admitted is False:
         waiting.refused(meta.namespace, meta.name, meta.uid, decision.queue, decision.message)
+        # GPUs reclaim held for it would sit idle while admission refuses it: let them go.
+        picture.inventory.release_hold(key)
     elif decision.admitted:
         waiting.admitted(meta.namespace, meta.name, meta.uid, decision.message)
     if decision.reserve:

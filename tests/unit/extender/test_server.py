@@ -14,6 +14,7 @@ from extender.__main__ import parse_args
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
+from extender.policy.placement import GpuDemand
 from extender.server import build_app
 from extender.status import ADMITTED_CONDITION, StatusWriter, WaitingPods
 from tests import extender_objects as objects
@@ -397,3 +398,17 @@ async def test_bind_accepts_only_a_node_the_filter_passed_for_the_pod() -> None:
         status, answer = await extender.call("bind", bind)
         assert status == 200 and "a" in answer["Error"] and "filter" in answer["Error"]
     await api.close()
+
+
+async def test_a_refused_pod_gives_up_the_gpus_held_for_it(extender: Extender) -> None:
+    # team-a is at its limit of 2 (held + one more bound below): a hold made for its next pod
+    # would keep a GPU idle while admission refuses that pod, so the refusal releases it.
+    pod = objects.pod("ns", "p", queue="team-a", template="one")
+    second = objects.pod("ns", "second", queue="team-a", template="one", node_name="b")
+    second["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "second-gpus"}]
+    claim = objects.claim("ns", "second-gpus", objects.claim_spec(CLASS), allocated=[("b", "gpu-0", None)])
+    extender.sync(cluster(pod, second, claim))
+    extender.state.inventory.hold("ns/p", "b", GpuDemand(count=1), ttl_s=60)
+    status, result = await extender.call("filter", args(pod, ["a", "b"]))
+    assert status == 200 and "its limit (2)" in next(iter(result["FailedAndUnresolvableNodes"].values()))
+    assert extender.state.inventory.held_for("ns/p") is None
