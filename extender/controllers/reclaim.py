@@ -15,7 +15,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kubernetes_asyncio.client import ApiClient
@@ -26,6 +26,7 @@ from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import EPSILON
 from extender.policy.reclaim import Plan, Rules, gpu_amounts, plan
+from extender.policy.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,9 @@ class ReclaimOptions:
     # scheduling cycle. A bind releases the hold earlier.
     hold_s: float = 90.0
     max_evictions_per_cycle: int = 16
+    # A victim whose eviction a PodDisruptionBudget refused is left alone this long: the planner
+    # looks for other victims meanwhile, and the block is reported once, not every second.
+    blocked_retry_s: float = 30.0
 
 
 @dataclass
@@ -65,6 +69,7 @@ class ReclaimLoop:
         self.is_leader = is_leader
         self.counts = ReclaimCounts()
         self._starved_since: dict[str, float] = {}
+        self._blocked: dict[str, float] = {}  # pod key -> monotonic time it may be tried again
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -99,6 +104,7 @@ class ReclaimLoop:
         """One cycle: plan on a snapshot, then evict and hold. Returns the plans carried out."""
         started = time.perf_counter()
         snapshot = self.picture.snapshot()
+        self._spare_blocked(snapshot)
         plans = plan(snapshot, self.picture.waiting_pods(), time.time(), self.rules())
         self.metrics.reclaim_cycle.observe(time.perf_counter() - started)
         self._track_starvation()
@@ -110,6 +116,13 @@ class ReclaimLoop:
             q for q in self.counts.reclaiming | {p.pod.queue for p in done} if self._holds_for(q)
         }
         return done
+
+    def _spare_blocked(self, snapshot: ClusterSnapshot) -> None:
+        """Victims a budget blocked recently are not candidates this cycle."""
+        now = time.monotonic()
+        self._blocked = {key: until for key, until in self._blocked.items() if until > now}
+        for key in self._blocked.keys() & snapshot.running.keys():
+            snapshot.running[key] = replace(snapshot.running[key], preemptible=False)
 
     def _holds_for(self, queue: str) -> bool:
         pods = self.picture.kind("Pod")
@@ -123,23 +136,26 @@ class ReclaimLoop:
     async def _execute(self, chosen: Plan) -> bool:
         served = chosen.pod
         self.metrics.plans.labels(chosen.goal, served.queue).inc()
+        # Read now: an evicted pod may leave the picture before its event is written.
+        uids = {key: self._uid(key) for key in (served.key, *(e.pod.key for e in chosen.evictions))}
         for eviction in chosen.evictions:
             victim = eviction.pod
             outcome = await self._evict(victim.key)
             self.metrics.evictions.labels(chosen.goal, victim.queue, outcome).inc()
             if outcome == "blocked":
+                self._blocked[victim.key] = time.monotonic() + self.options.blocked_retry_s
                 text = (
                     f"{chosen.goal}: evicting {victim.key} for {served.key} is blocked by a "
                     "PodDisruptionBudget; not bypassed"
                 )
-                await self._event(victim.key, "EvictionBlocked", text, "Warning")
-                await self._event(served.key, "EvictionBlocked", text, "Warning")
+                await self._event(victim.key, uids[victim.key], "EvictionBlocked", text, "Warning")
+                await self._event(served.key, uids[served.key], "EvictionBlocked", text, "Warning")
                 return False  # what it already freed stays with whoever the scheduler picks
             if outcome == "evicted":
                 self.counts.evicted_from[victim.queue] += 1
                 self.counts.reclaimed_for[served.queue] += chosen.goal == "reclaim"
                 reason = "Reclaimed" if chosen.goal == "reclaim" else "Preempted"
-                await self._event(victim.key, reason, eviction.message, "Normal")
+                await self._event(victim.key, uids[victim.key], reason, eviction.message, "Normal")
         self.picture.inventory.hold(
             served.key,
             chosen.node,
@@ -149,6 +165,7 @@ class ReclaimLoop:
         victims = ", ".join(e.pod.key for e in chosen.evictions)
         await self._event(
             served.key,
+            uids[served.key],
             "ReclaimPlanned" if chosen.goal == "reclaim" else "PreemptionPlanned",
             f"evicted {len(chosen.evictions)} pod(s) ({chosen.gpus_evicted:.3g} GPUs for "
             f"{chosen.gpus_needed:.3g} needed) on node {chosen.node} for this pod of queue "
@@ -184,12 +201,16 @@ class ReclaimLoop:
             return "failed"
         return "evicted"
 
-    async def _event(self, key: str, reason: str, message: str, kind: Literal["Normal", "Warning"]) -> None:
+    def _uid(self, key: str) -> str | None:
         pod = self.picture.kind("Pod").get(key)
-        if pod is None:
+        return None if pod is None else str((pod.get("metadata") or {}).get("uid", ""))
+
+    async def _event(
+        self, key: str, uid: str | None, reason: str, message: str, kind: Literal["Normal", "Warning"]
+    ) -> None:
+        if uid is None:  # the pod was gone before the plan was carried out
             return
         namespace, name = key.split("/", 1)
-        uid = str((pod.get("metadata") or {}).get("uid", ""))
         try:
             await post_pod_event(self.api, namespace, name, uid, reason, message, kind)
         except KubeError as exc:

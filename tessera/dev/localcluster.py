@@ -44,9 +44,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-k8s.sh"
 DEFAULT_SCHEDULER = "default-scheduler"
 # Controllers a cluster without kubelets needs: claims from templates, namespace deletion and
-# owner-reference garbage collection. Never the node-lifecycle controller: fake nodes send no
+# owner-reference garbage collection; ReplicaSets recreate evicted pods, and the disruption
+# controller keeps PodDisruptionBudgets' status current (the Eviction API refuses every eviction
+# a budget covers until it does). Never the node-lifecycle controller: fake nodes send no
 # heartbeats, so it would taint them unreachable.
-CONTROLLERS = ("resourceclaim-controller", "namespace-controller", "garbage-collector-controller")
+CONTROLLERS = (
+    "resourceclaim-controller",
+    "namespace-controller",
+    "garbage-collector-controller",
+    "replicaset-controller",
+    "disruption-controller",
+)
 _PR_SET_PDEATHSIG = 1
 
 

@@ -159,7 +159,7 @@ SCENARIOS = [
         "the reclaiming queue does not go above its own fair share",
         nodes={"n1": 8},
         queues=[q("a", quota=6), q("b", quota=2)],
-        running=a_runs(6, "n1") + [Run("b0", "b", "n1"), Run("b1", "b", "n1")],
+        running=[*a_runs(6, "n1"), Run("b0", "b", "n1"), Run("b1", "b", "n1")],
         pending=[Wait("b2", "b")],
         evicted=set(),
         served={},
@@ -175,8 +175,8 @@ SCENARIOS = [
             q("a1", "org-a", quota=2),
             q("a2", "org-a", quota=2),
             q("org-b", quota=4),
-        ]
-        + [q("b1", "org-b", quota=4)],
+            q("b1", "org-b", quota=4),
+        ],
         running=[Run(f"x{i}", "a2", "n1", age_s=100 + i) for i in range(6)]
         + [Run("y0", "b1", "n1", age_s=1), Run("y1", "b1", "n1", age_s=2)],
         pending=[Wait("w0", "a1"), Wait("w1", "a1")],
@@ -220,7 +220,7 @@ SCENARIOS = [
         "nothing is evicted for GPUs already coming free",
         nodes={"n1": 4},
         queues=[q("a", quota=2), q("b", quota=2)],
-        running=a_runs(3, "n1") + [Run("a3", "a", "n1", age_s=1, terminating=True)],
+        running=[*a_runs(3, "n1"), Run("a3", "a", "n1", age_s=1, terminating=True)],
         pending=[Wait("b0", "b")],
         evicted=set(),
         served={},
@@ -286,7 +286,7 @@ def test_refusal_names_the_queue_and_the_numbers() -> None:
             "",
             nodes={"n1": 8},
             queues=[q("a", quota=6), q("b", quota=2)],
-            running=a_runs(5, "n1") + [Run("b0", "b", "n1"), Run("b1", "b", "n1")],
+            running=[*a_runs(5, "n1"), Run("b0", "b", "n1"), Run("b1", "b", "n1")],
             pending=[Wait("a9", "a")],
             evicted=set(),
             served={},
@@ -294,3 +294,20 @@ def test_refusal_names_the_queue_and_the_numbers() -> None:
     )
     refusal = reclaim_refusal(snapshot.fairness, "a", {"gpu": 1}, "b", {"gpu": 1})
     assert refusal == "queue 'b' would fall below its fair share (gpu 2 - 1 < 2)"
+
+
+def test_a_victims_model_resource_does_not_block_a_pod_that_takes_any_model() -> None:
+    # Running pods hold gpu and gpu/<model>; b's pending pod asks for gpu only. a holds 8 of the
+    # model and is the only queue using it, so its fair share of the model is 8: checking a
+    # against that would refuse every reclaim. Only the resources b's pod asks for count.
+    model = "gpu/NVIDIA H100 80GB HBM3"
+    usage = {
+        "a": QueueUsage({"gpu": 8.0, model: 8.0}, {}),
+        "b": QueueUsage({}, {"gpu": 4.0}),
+    }
+    fairness = FairnessSnapshot.build([q("a", quota=4), q("b", quota=4)], usage, {"gpu": 8.0, model: 8.0})
+    assert fairness.fair_shares["a"][model] == 8.0
+    assert reclaim_refusal(fairness, "b", {"gpu": 1.0}, "a", {"gpu": 1.0, model: 1.0}) == ""
+    # A pod that asks for the model is checked on it too.
+    refusal = reclaim_refusal(fairness, "b", {"gpu": 1.0, model: 1.0}, "a", {"gpu": 1.0, model: 1.0})
+    assert refusal.startswith(f"queue 'b' would go above its fair share ({model}")
