@@ -5,12 +5,15 @@
    without the extender (``bench.e2e``);
 3. fairness reaction: time for a second queue to reach its fair share, with and without the
    extender (``bench.reaction``);
-4. extender memory with a large cluster picture vs the same process holding none.
+4. extender memory with a large cluster picture vs the same process holding none;
+5. reclaim: time for a queue to get back its lent fair share, Tessera's reclaim beside
+   kube-scheduler's priority preemption, then churn counting evictions later undone
+   (``bench.reclaim``).
 
 Default sizes fit a 2-core machine in a few minutes; ``--full`` runs the sizes of the issue
 (hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; 500 nodes / 4000 pods end to end;
-memory: 5000 nodes, 100,000 pods). 2 and 3 need the control-plane binaries (``make bench``
-builds them); ``--no-cluster`` skips them.
+memory: 5000 nodes, 100,000 pods; reclaim: 16 nodes and a 10-minute churn). 2, 3 and 5 need
+the control-plane binaries (``make bench`` builds them); ``--no-cluster`` skips them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Sequence
 
 from tessera.simulate.report import format_table
 
-from . import e2e, reaction
+from . import e2e, reaction, reclaim
 from .hotpath import HotPathRow, run_hotpath
 from .memory import MemoryRow, run_memory
 
@@ -103,14 +106,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--full", action="store_true", help="the issue's sizes (slower, more memory)")
-    parser.add_argument("--only", choices=("hotpath", "e2e", "reaction", "memory"), help="run one benchmark")
-    parser.add_argument("--no-cluster", action="store_true", help="skip 2 and 3 (local control plane)")
+    parser.add_argument(
+        "--only", choices=("hotpath", "e2e", "reaction", "memory", "reclaim"), help="run one benchmark"
+    )
+    parser.add_argument("--no-cluster", action="store_true", help="skip 2, 3 and 5 (local control plane)")
     parser.add_argument("--seconds", type=float, help="measuring time per hot-path case")
     parser.add_argument(
         "--rounds",
         type=int,
         default=3,
-        help="runs of each scheduler in 2 and 3; the median is reported (default 3)",
+        help="runs of each scheduler in 2, 3 and 5; the median is reported (default 3)",
     )
     args = parser.parse_args(list(argv) if argv is not None else None)
 
@@ -127,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only in (None, "memory"):
         print(f"\n[4] extender memory, {mem_nodes} nodes x 8 GPUs, {mem_pods} pods in the picture")
         print(memory_table(run_memory(mem_nodes, mem_pods)))
+    if args.only in (None, "reclaim") and not (args.no_cluster and args.only is None):
+        reclaim.main([f"--rounds={args.rounds}", *(["--full"] if args.full else [])])
     return 0
 
 

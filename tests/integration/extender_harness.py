@@ -3,7 +3,7 @@
 Every name is unique to the test (driver, DeviceClass, nodes, queues, scheduler), so leftovers of
 other tests never enter the extender's picture, and everything cluster-scoped is deleted at the end.
 With `agent`, every node runs the node agent (the DRA driver on a simulated profile and the kubelet
-stand-in) in this process: pods become Running, and evicted or deleted pods really go away after
+stand-in): pods become Running, and evicted or deleted pods really go away after
 their graceful termination, as on a node with a kubelet.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
@@ -34,7 +35,6 @@ from tessera.dev.localcluster import (
     delete_nodes,
     wait_until,
 )
-from tessera.dev.nodeagent import node_driver_config, run_simulated_node
 from tests import extender_objects as objects
 
 REPO = Path(__file__).resolve().parents[2]
@@ -214,27 +214,25 @@ async def stop_service(service: ExtenderService) -> None:
 async def node_agents(
     cluster: LocalCluster, api: ApiClient, driver: str, nodes: list[str], gpus: int
 ) -> AsyncIterator[None]:
-    """The node agent for each node: the DRA driver publishing `gpus` simulated H100s, and the
-    kubelet stand-in. Returns once every node's slices are published; stops the agents after."""
-    stop = asyncio.Event()
+    """`tessera-node-agent` for the nodes, in its own process (gRPC in this one would break the
+    fork of every later control-plane process): the DRA driver publishing `gpus` simulated H100s
+    per node, and the kubelet stand-in. Returns once every node's slices are published."""
     # Unix socket paths are short: a directory straight under /tmp.
     with tempfile.TemporaryDirectory(prefix="tsr-", dir="/tmp") as state:
         profile = Path(state) / "profile.yaml"
         profile.write_text(h100_profile(gpus))
-        tasks = [
-            asyncio.create_task(
-                run_simulated_node(
-                    node_driver_config(node, Path(state), profile, cluster.kubeconfig, driver), api, stop
-                ),
-                name=f"agent-{node}",
-            )
-            for node in nodes
-        ]
+        agent = cluster.spawn(
+            f"node-agent-{driver}",
+            [
+                sys.executable, "-m", "tessera.dev.nodeagent", f"--kubeconfig={cluster.kubeconfig}",
+                f"--profile={profile}", f"--driver-name={driver}", f"--state-dir={state}",
+                *(f"--node-name={node}" for node in nodes),
+            ],
+        )  # fmt: skip
 
         async def published() -> bool:
-            for task in tasks:
-                if task.done():
-                    task.result()  # a dead agent fails the setup with its own error
+            if agent.process.poll() is not None:
+                raise RuntimeError(f"the node agent exited:\n{agent.log_tail()}")
             listing = await request(api, "GET", SLICES_PATH, query={"fieldSelector": f"spec.driver={driver}"})
             return {item["spec"]["nodeName"] for item in listing.get("items") or []} == set(nodes)
 
@@ -242,8 +240,8 @@ async def node_agents(
             await wait_until(published, timeout=60, what=f"slices of {driver} on {nodes}")
             yield
         finally:
-            stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            agent.stop()
+            cluster.components.remove(agent)
             with contextlib.suppress(KubeError):
                 await request(api, "DELETE", SLICES_PATH, query={"fieldSelector": f"spec.driver={driver}"})
 
