@@ -65,6 +65,7 @@ def build(case: Scenario) -> tuple[ClusterSnapshot, list[PendingPod]]:
     allocated: dict[str, float] = {}
     requested: dict[str, float] = {}
     for run in case.running:
+        held: tuple[tuple[int, int], ...]
         if run.milli:
             held = ((run.gpu, run.milli),)
         else:
