@@ -137,14 +137,22 @@ class Eviction:
     victim_queue: str
     served: str
     for_queue: str
+    message: str = ""  # the event's, with the victim queue's fair share and holdings then
+
+
+def undone_pairs(evictions: Sequence[Eviction]) -> list[tuple[Eviction, Eviction]]:
+    """Evictions undone, each with the one that undid it: the pod served by the first was evicted
+    later for the queue it took from."""
+    return [
+        (first, later)
+        for first in evictions
+        for later in evictions
+        if later.victim == first.served and later.for_queue == first.victim_queue
+    ]
 
 
 def undone(evictions: Sequence[Eviction]) -> int:
-    """Evictions undone: the pod served by one was evicted later for the queue it took from."""
-    return sum(
-        any(later.victim == first.served and later.for_queue == first.victim_queue for later in evictions)
-        for first in evictions
-    )
+    return len({id(first) for first, _ in undone_pairs(evictions)})
 
 
 def reverse_reclaims(evictions: Sequence[Eviction]) -> int:
@@ -170,6 +178,7 @@ class ChurnResult:
     undone: int
     reverse: int
     max_ratio: float  # the largest GPUs evicted / GPUs needed of one plan (from its event)
+    undone_pairs: tuple[tuple[Eviction, Eviction], ...] = ()
 
 
 def reclaim_table(result: ReclaimResult) -> str:
@@ -234,7 +243,12 @@ def churn_table(result: ChurnResult) -> str:
         str(result.reverse),
         f"{result.max_ratio:.2f}",
     ]
-    return format_table(headers, [row])
+    pairs = [
+        f"  undone: {first.victim} at {first.at:.0f} ({first.message})\n"
+        f"     by: {later.victim} at {later.at:.0f} ({later.message})"
+        for first, later in result.undone_pairs
+    ]
+    return "\n".join([format_table(headers, [row]), *pairs])
 
 
 # -- the cluster -------------------------------------------------------------------------------
@@ -508,7 +522,11 @@ async def _churn(
             continue
         stamp = event.get("firstTimestamp") or event.get("eventTime") or ""
         victim = event["involvedObject"]["name"]
-        evictions.append(Eviction(_epoch(stamp), victim, queue_of[victim], served.group(2), served.group(1)))
+        evictions.append(
+            Eviction(
+                _epoch(stamp), victim, queue_of[victim], served.group(2), served.group(1), event["message"]
+            )
+        )
     planned = await request(
         bench.api,
         "GET",
@@ -529,6 +547,7 @@ async def _churn(
         undone(evictions),
         reverse_reclaims(evictions),
         max_ratio,
+        tuple(undone_pairs(evictions)),
     )
 
 
