@@ -10,12 +10,15 @@
    do-nothing gRPC server on the same unix socket (``bench.prepare``);
 6. fair-share recompute for 1000 queues in three levels and 4000 siblings vs the quadratic
    water-filling it replaced (``bench.fairshare``);
-7. one reclaim planning cycle on a large picture vs taking its snapshot alone (``bench.planning``).
+7. one reclaim planning cycle on a large picture vs taking its snapshot alone (``bench.planning``);
+8. reclaim: time for a queue to get back its lent fair share, Tessera's reclaim beside
+   kube-scheduler's priority preemption, then churn counting evictions later undone
+   (``bench.reclaim``).
 
 Default sizes fit a 2-core machine in a few minutes; ``--full`` runs the sizes of the issue
 (hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; 500 nodes / 4000 pods end to end;
-memory: 5000 nodes, 100,000 pods). 2 and 3 need the control-plane binaries (``make bench``
-builds them); ``--no-cluster`` skips them.
+memory: 5000 nodes, 100,000 pods; reclaim: 16 nodes and a 10-minute churn). 2, 3 and 8 need
+the control-plane binaries (``make bench`` builds them); ``--no-cluster`` skips them.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from collections.abc import Sequence
 
 from tessera.simulate.report import format_table
 
-from . import e2e, fairshare, planning, prepare, reaction
+from . import e2e, fairshare, planning, prepare, reaction, reclaim
 from .hotpath import HotPathRow, run_hotpath
 from .memory import MemoryRow, run_memory
 from .prepare import prepare_table, run_prepare
@@ -111,16 +114,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="the issue's sizes (slower, more memory)")
     parser.add_argument(
         "--only",
-        choices=("hotpath", "e2e", "reaction", "memory", "prepare", "fairshare", "planning"),
+        choices=("hotpath", "e2e", "reaction", "memory", "prepare", "fairshare", "planning", "reclaim"),
         help="run one benchmark",
     )
-    parser.add_argument("--no-cluster", action="store_true", help="skip 2 and 3 (local control plane)")
+    parser.add_argument("--no-cluster", action="store_true", help="skip 2, 3 and 8 (local control plane)")
     parser.add_argument("--seconds", type=float, help="measuring time per hot-path case")
     parser.add_argument(
         "--rounds",
         type=int,
         default=3,
-        help="runs of each scheduler in 2 and 3; the median is reported (default 3)",
+        help="runs of each scheduler in 2, 3 and 5; the median is reported (default 3)",
     )
     args = parser.parse_args(list(argv) if argv is not None else None)
 
@@ -144,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         fairshare.main([])
     if args.only in (None, "planning"):
         planning.main([] if args.full else ["--nodes", "1000", "--pods", "10000"])
+    if args.only in (None, "reclaim") and not (args.no_cluster and args.only is None):
+        reclaim.main([f"--rounds={args.rounds}", *(["--full"] if args.full else [])])
     return 0
 
 

@@ -303,7 +303,8 @@ class BenchCluster:
         self.extender_port = free_port()
         self.schedulers: dict[str, SchedulerHandle] = {}
 
-    async def install(self, nodes: int) -> None:
+    async def install(self, nodes: int, publish_slices: bool = True) -> None:
+        """The manifests, and `nodes` fake GPU nodes; their slices too unless node agents publish them."""
         for manifest in INSTALL_FIRST:
             await asyncio.to_thread(self.cluster.apply, REPO_ROOT / manifest)
         await asyncio.to_thread(
@@ -317,7 +318,7 @@ class BenchCluster:
 
         async def add_node(node: str) -> None:
             await create_fake_node(self.api, node)
-            for resource_slice in gpu_slices(node):
+            for resource_slice in gpu_slices(node) if publish_slices else ():
                 await request(self.api, "POST", SLICES_PATH, body=resource_slice)
 
         await bounded(16, (functools.partial(add_node, node) for node in self.nodes))

@@ -28,7 +28,7 @@ from typing import Literal
 from kubernetes_asyncio.client import ApiClient
 
 from contract.kube import controller_of, mapping, meta
-from extender.controllers.evictions import evict, pod_event
+from extender.controllers.evictions import evict, pod_event, uid_of
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture, pod_created
 from extender.policy.consolidation import ConsolidationRules, MovePlan, plan_drain, plan_moves
@@ -172,8 +172,8 @@ class Consolidator:
         if chosen.pod is not None:
             await pod_event(
                 self.api,
-                self.picture,
                 chosen.pod.key,
+                uid_of(self.picture, chosen.pod.key),
                 "ConsolidationPlanned",
                 f"moved {len(chosen.moves)} pod(s) ({chosen.gpus_moved:.3g} GPUs) so this pod fits on "
                 f"node {chosen.node}: {movers}; the GPUs are held for it for {self.options.hold_s:.0f}s",
@@ -228,7 +228,7 @@ class Consolidator:
             self._successors.clear()
 
     async def _event(self, key: str, reason: str, message: str, kind: Literal["Normal", "Warning"]) -> None:
-        await pod_event(self.api, self.picture, key, reason, message, kind)
+        await pod_event(self.api, key, uid_of(self.picture, key), reason, message, kind)
 
     async def _replaced(self, moved: _Moved, successor: str) -> None:
         pod = self.picture.kind("Pod").get(successor) or {}

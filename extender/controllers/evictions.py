@@ -38,21 +38,27 @@ async def evict(api: ApiClient, key: str) -> EvictionOutcome:
     return "evicted"
 
 
+def uid_of(picture: ClusterPicture, key: str) -> str | None:
+    """The pod's uid as the picture knows it (None when it is gone): read it before evicting, as
+    an evicted pod may leave the picture before its event is written."""
+    pod = picture.kind("Pod").get(key)
+    return None if pod is None else str(meta(pod).get("uid", ""))
+
+
 async def pod_event(
     api: ApiClient,
-    picture: ClusterPicture,
     key: str,
+    uid: str | None,
     reason: str,
     message: str,
     kind: Literal["Normal", "Warning"],
 ) -> None:
-    """An event on the pod `key` as the picture knows it (nothing when it is gone)."""
-    pod = picture.kind("Pod").get(key)
-    if pod is None:
+    """An event on the pod `key` (nothing when its uid is unknown: it was gone already)."""
+    if uid is None:
         return
     namespace, name = key.split("/", 1)
     try:
-        await post_pod_event(api, namespace, name, str(meta(pod).get("uid", "")), reason, message, kind)
+        await post_pod_event(api, namespace, name, uid, reason, message, kind)
     except KubeError as exc:
         if exc.status != 404:
             log.warning("could not record %s on %s: %s", reason, key, exc)

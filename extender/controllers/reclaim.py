@@ -16,11 +16,10 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from kubernetes_asyncio.client import ApiClient
 
-from extender.controllers.evictions import evict, pod_event
+from extender.controllers.evictions import evict, pod_event, uid_of
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import EPSILON
@@ -41,6 +40,8 @@ class ReclaimOptions:
     # scheduling cycle. A bind releases the hold earlier.
     hold_s: float = 90.0
     max_evictions_per_cycle: int = 16
+    # A victim whose eviction a PodDisruptionBudget refused is left alone this long.
+    blocked_retry_s: float = 30.0
 
 
 @dataclass
@@ -70,6 +71,7 @@ class ReclaimLoop:
         self.counts = ReclaimCounts()
         self._starved_since: dict[str, float] = {}
         self.follow_ups: list[FollowUp] = []
+        self._blocked: dict[str, float] = {}  # pod key -> monotonic time it may be tried again
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -104,6 +106,7 @@ class ReclaimLoop:
         """One cycle: plan on a snapshot, then evict and hold. Returns the plans carried out."""
         started = time.perf_counter()
         snapshot = self.picture.snapshot()
+        self._spare_blocked(snapshot)
         waiting = self.picture.waiting_pods()
         plans = plan(snapshot, waiting, time.time(), self.rules())
         self.metrics.reclaim_cycle.observe(time.perf_counter() - started)
@@ -119,6 +122,13 @@ class ReclaimLoop:
             await follow_up(snapshot, waiting, done)
         return done
 
+    def _spare_blocked(self, snapshot: ClusterSnapshot) -> None:
+        """Victims a budget blocked recently are no candidates this cycle (the block is reported
+        once, not every second)."""
+        now = time.monotonic()
+        self._blocked = {key: until for key, until in self._blocked.items() if until > now}
+        snapshot.spare(self._blocked.keys())
+
     def _holds_for(self, queue: str) -> bool:
         pods = self.picture.kind("Pod")
         for on_node in self.picture.inventory.holds.values():
@@ -131,23 +141,29 @@ class ReclaimLoop:
     async def _execute(self, chosen: Plan) -> bool:
         served = chosen.pod
         self.metrics.plans.labels(chosen.goal, served.queue).inc()
+        # Read now: an evicted pod may leave the picture before its event is written.
+        uids = {
+            key: uid_of(self.picture, key) for key in (served.key, *(e.pod.key for e in chosen.evictions))
+        }
         for eviction in chosen.evictions:
             victim = eviction.pod
-            outcome = await self._evict(victim.key)
+            outcome = await evict(self.api, victim.key)
             self.metrics.evictions.labels(chosen.goal, victim.queue, outcome).inc()
             if outcome == "blocked":
+                self._blocked[victim.key] = time.monotonic() + self.options.blocked_retry_s
                 text = (
                     f"{chosen.goal}: evicting {victim.key} for {served.key} is blocked by a "
-                    "PodDisruptionBudget; not bypassed"
+                    "PodDisruptionBudget; not bypassed (not tried again for "
+                    f"{self.options.blocked_retry_s:.0f}s)"
                 )
-                await self._event(victim.key, "EvictionBlocked", text, "Warning")
-                await self._event(served.key, "EvictionBlocked", text, "Warning")
+                await pod_event(self.api, victim.key, uids[victim.key], "EvictionBlocked", text, "Warning")
+                await pod_event(self.api, served.key, uids[served.key], "EvictionBlocked", text, "Warning")
                 return False  # what it already freed stays with whoever the scheduler picks
             if outcome == "evicted":
                 self.counts.evicted_from[victim.queue] += 1
                 self.counts.reclaimed_for[served.queue] += chosen.goal == "reclaim"
                 reason = "Reclaimed" if chosen.goal == "reclaim" else "Preempted"
-                await self._event(victim.key, reason, eviction.message, "Normal")
+                await pod_event(self.api, victim.key, uids[victim.key], reason, eviction.message, "Normal")
         self.picture.inventory.hold(
             served.key,
             chosen.node,
@@ -155,8 +171,10 @@ class ReclaimLoop:
             self.options.hold_s,
         )
         victims = ", ".join(e.pod.key for e in chosen.evictions)
-        await self._event(
+        await pod_event(
+            self.api,
             served.key,
+            uids[served.key],
             "ReclaimPlanned" if chosen.goal == "reclaim" else "PreemptionPlanned",
             f"evicted {len(chosen.evictions)} pod(s) ({chosen.gpus_evicted:.3g} GPUs for "
             f"{chosen.gpus_needed:.3g} needed) on node {chosen.node} for this pod of queue "
@@ -173,12 +191,6 @@ class ReclaimLoop:
             chosen.gpus_needed,
         )
         return True
-
-    async def _evict(self, key: str) -> str:
-        return await evict(self.api, key)
-
-    async def _event(self, key: str, reason: str, message: str, kind: Literal["Normal", "Warning"]) -> None:
-        await pod_event(self.api, self.picture, key, reason, message, kind)
 
     def _track_starvation(self) -> None:
         """Time from a queue falling below its fair share with GPU pods waiting to holding it."""

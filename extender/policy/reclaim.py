@@ -119,8 +119,12 @@ def reclaim_refusal(
     fairness: FairnessSnapshot, reclaimer: str, request: Resources, victim: str, taken: Resources
 ) -> str:
     """Why a pod of `reclaimer` asking `request` may not take `taken` from a pod of `victim`
-    ('' when it may): rule 1 of the module docstring, on the GPU resources the request asks for
-    (a pod asking for any GPU is judged on "gpu", one pinned to a model on that model too)."""
+    ('' when it may): rule 1 of the module docstring, on the GPU resources the pod asks for.
+
+    A running pod also holds its GPU model's resource (`gpu/<model>`), which a pending pod that
+    takes any model does not ask for; the victim's share of that resource is no reason to keep
+    GPUs from such a pod (the victim queue may be the only one holding the model, so its share
+    of it is all it holds)."""
     wanted = gpu_amounts(request)
     freed = {r: a for r, a in gpu_amounts(taken).items() if r in wanted}
     if reclaimer == victim or reclaimer not in fairness.tree.specs or victim not in fairness.tree.specs:

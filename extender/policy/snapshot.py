@@ -153,6 +153,13 @@ class ClusterSnapshot:
         )
         return pods
 
+    def spare(self, keys: Iterable[str]) -> None:
+        """Running pods that no plan of this snapshot may evict (e.g. a budget blocked them)."""
+        running = self.running
+        for key in keys:
+            if key in running:
+                self._pod_changes[key] = replace(running[key], preemptible=False)
+
     def evict(self, key: str) -> RunningPod:
         """Take a running pod off its node: its GPUs come free, its queue waits for it again."""
         pod = self.running[key]

@@ -10,7 +10,8 @@ of DRA over the real sockets:
   drivers, and once every claim is prepared marks the pod Running through the status subresource
   (a per-claim error is logged and retried, like the kubelet's FailedPrepareDynamicResources);
 - pods being deleted: calls NodeUnprepareResources for claims no other pod on the node still
-  uses, then finishes the deletion (grace period 0), as the kubelet does.
+  uses, then finishes the deletion (grace period 0), as the kubelet does; pods force-deleted
+  (gone without a graceful termination) get their claims unprepared on the next pass.
 
 Usage: ``tessera-node-agent --kubeconfig KC --profile dra_driver/devices/profiles/h100x8.yaml
 --node-name sim-1 --node-name sim-2 --state-dir /tmp/tessera-nodes --create-nodes``.
@@ -205,9 +206,14 @@ class KubeletStandIn:
                     log.warning("pod %s/%s: %s", pod["metadata"]["namespace"], pod["metadata"]["name"], err)
                 self.last_errors[uid] = str(err)
         live = {p["metadata"]["uid"] for p in pods}
-        for uid in list(self.prepared):
-            if uid not in live:
+        for uid in [uid for uid in self.prepared if uid not in live]:
+            # Deleted without a graceful termination (force): the kubelet's cleanup unprepares
+            # the claims of pods it no longer has, or their devices would stay taken.
+            try:
+                await self._unprepare(self.prepared[uid], active)
                 del self.prepared[uid]
+            except AgentError as err:
+                log.warning("claims of a force-deleted pod (uid %s): %s", uid, err)
 
     async def _list_pods(self) -> list[dict[str, Any]]:
         listing = await self._core.list_pod_for_all_namespaces(
@@ -260,14 +266,7 @@ class KubeletStandIn:
                     claims.append(
                         _claim_from_api(await self._claims.read_claim(pod["metadata"]["namespace"], name))
                     )
-        # A claim shared with another pod on this node stays prepared until its last pod goes.
-        still_used = {(p["metadata"]["namespace"], n) for p in active for n in pod_claim_names(p) or []}
-        unused = [c for c in claims if (c.namespace, c.name) not in still_used]
-        for driver, refs in self._by_driver(unused).items():
-            response = await self._call(driver, "NodeUnprepareResources", refs)
-            failures = {u: r.error for u, r in response.claims.items() if r.error}
-            if failures:
-                raise AgentError(f"unprepare by {driver} failed: {failures}")
+        await self._unprepare(claims, active)
         meta = pod["metadata"]
         try:
             await self._core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0)
@@ -276,6 +275,16 @@ class KubeletStandIn:
                 raise AgentError(f"deleting the pod: {err.status} {err.reason}") from None
         self.prepared.pop(uid, None)
         log.info("pod %s/%s removed from %s", meta["namespace"], meta["name"], self.node_name)
+
+    async def _unprepare(self, claims: Sequence[PodClaim], active: Sequence[Mapping[str, Any]]) -> None:
+        # A claim shared with another pod on this node stays prepared until its last pod goes.
+        still_used = {(p["metadata"]["namespace"], n) for p in active for n in pod_claim_names(p) or []}
+        unused = [c for c in claims if (c.namespace, c.name) not in still_used]
+        for driver, refs in self._by_driver(unused).items():
+            response = await self._call(driver, "NodeUnprepareResources", refs)
+            failures = {u: r.error for u, r in response.claims.items() if r.error}
+            if failures:
+                raise AgentError(f"unprepare by {driver} failed: {failures}")
 
     def _by_driver(self, claims: Iterable[PodClaim]) -> dict[str, list[PodClaim]]:
         grouped: dict[str, list[PodClaim]] = {}

@@ -2,11 +2,17 @@
 
 Every name is unique to the test (driver, DeviceClass, nodes, queues, scheduler), so leftovers of
 other tests never enter the extender's picture, and everything cluster-scoped is deleted at the end.
+With `agent`, every node runs the node agent (the DRA driver on a simulated profile and the kubelet
+stand-in): pods become Running, and evicted or deleted pods really go away after
+their graceful termination, as on a node with a kubelet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,10 +23,18 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 
 from contract.names import QUEUE_GROUP, QUEUE_LABEL, QUEUE_PLURAL, QUEUE_VERSION
+from extender.controllers.reclaim import ReclaimOptions
 from extender.kubeapi import JsonObject, KubeError, request
 from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.service import ExtenderService, ServiceOptions
-from tessera.dev.localcluster import LocalCluster, SchedulerHandle, api_client, create_fake_node, delete_nodes
+from tessera.dev.localcluster import (
+    LocalCluster,
+    SchedulerHandle,
+    api_client,
+    create_fake_node,
+    delete_nodes,
+    wait_until,
+)
 from tests import extender_objects as objects
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,6 +42,22 @@ QUEUE_CRD = REPO / "manifests" / "crds" / "queues.yaml"
 QUEUES_PATH = f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/{QUEUE_PLURAL}"
 TEMPLATE = "one-gpu"
 QUARTER_TEMPLATE = "quarter-gpu"  # 20Gi of an 80Gi GPU, on shareable slices only
+SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+def h100_profile(gpus: int) -> str:
+    """A simulated node profile with `gpus` H100 80GB (the node agent's YAML format)."""
+    return (
+        f"description: {gpus}x NVIDIA H100 80GB HBM3, for tests\n"
+        'driverVersion: "570.124.06"\n'
+        'cudaDriverVersion: "12.8"\n'
+        "gpus:\n"
+        f"  - count: {gpus}\n"
+        "    productName: NVIDIA H100 80GB HBM3\n"
+        "    architecture: Hopper\n"
+        '    cudaComputeCapability: "9.0"\n'
+        "    memory: 80Gi\n"
+    )
 
 
 @dataclass
@@ -64,20 +94,34 @@ class GpuCluster:
     async def get_queue(self, name: str) -> JsonObject:
         return await request(self.api, "GET", f"{QUEUES_PATH}/{name}")
 
+    def pod(self, queue: str, name: str, template: str = TEMPLATE) -> JsonObject:
+        pod = objects.pod(self.namespace, name, queue=queue, template=template, scheduler=self.scheduler_name)
+        del pod["metadata"]["uid"], pod["status"]
+        return pod
+
     async def submit(self, queue: str, count: int, prefix: str, template: str = TEMPLATE) -> list[str]:
         names = []
         for index in range(count):
-            pod = objects.pod(
-                self.namespace,
-                f"{prefix}-{index}",
-                queue=queue,
-                template=template,
-                scheduler=self.scheduler_name,
-            )
-            del pod["metadata"]["uid"]
+            pod = self.pod(queue, f"{prefix}-{index}", template)
             await request(self.api, "POST", f"/api/v1/namespaces/{self.namespace}/pods", body=pod)
             names.append(pod["metadata"]["name"])
         return names
+
+    async def create_replicaset(self, queue: str, name: str, replicas: int, template: str = TEMPLATE) -> None:
+        """A ReplicaSet of GPU pods (label app=`name`): the controller replaces evicted pods."""
+        pod = self.pod(queue, name, template)
+        pod_labels = {**pod["metadata"]["labels"], "app": name}
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": pod_labels}, "spec": pod["spec"]},
+            },
+        }
+        await request(self.api, "POST", f"/apis/apps/v1/namespaces/{self.namespace}/replicasets", body=body)
 
     async def pods(self) -> list[JsonObject]:
         listing = await request(self.api, "GET", f"/api/v1/namespaces/{self.namespace}/pods")
@@ -101,7 +145,13 @@ class GpuCluster:
                 query={"gracePeriodSeconds": "0"},
             )
 
-    async def start_extender(self, port: int = 0) -> ExtenderService:
+    async def new_extender(
+        self,
+        port: int = 0,
+        reclaim: ReclaimOptions | None = None,
+        lease: tuple[str, str, str] | None = None,
+    ) -> ExtenderService:
+        """An extender service of this cluster, started and synced (the caller stops it)."""
         state = ClusterPicture(
             PictureConfig(
                 gpu_drivers=frozenset({self.driver}), scheduler_names=frozenset({self.scheduler_name})
@@ -110,17 +160,29 @@ class GpuCluster:
         extender_api = await api_client(self.cluster.kubeconfig)
         service = ExtenderService(
             extender_api,
-            ServiceOptions(host="127.0.0.1", port=port, picture=state, queue_status_interval_s=0.5),
+            ServiceOptions(
+                host="127.0.0.1",
+                port=port,
+                picture=state,
+                queue_status_interval_s=0.5,
+                reclaim=reclaim or ReclaimOptions(),
+                lease=lease,
+            ),
         )
         await service.start()
         await service.wait_ready()
-        self.service = service
         return service
+
+    async def start_extender(
+        self, port: int = 0, lease: tuple[str, str, str] | None = None
+    ) -> ExtenderService:
+        """The extender the scheduler calls."""
+        self.service = await self.new_extender(port, lease=lease)
+        return self.service
 
     async def stop_extender(self) -> None:
         if self.service is not None:
-            await self.service.stop()
-            await self.service.watcher.api.close()
+            await stop_service(self.service)
             self.service = None
 
     @property
@@ -144,6 +206,47 @@ class GpuCluster:
         self.scheduler = await asyncio.to_thread(self.cluster.start_scheduler, self.scheduler_name, [config])
 
 
+async def stop_service(service: ExtenderService) -> None:
+    await service.stop()
+    await service.watcher.api.close()
+
+
+@asynccontextmanager
+async def node_agents(
+    cluster: LocalCluster, api: ApiClient, driver: str, nodes: list[str], gpus: int
+) -> AsyncIterator[None]:
+    """`tessera-node-agent` for the nodes, in its own process (gRPC in this one would break the
+    fork of every later control-plane process): the DRA driver publishing `gpus` simulated H100s
+    per node, and the kubelet stand-in. Returns once every node's slices are published."""
+    # Unix socket paths are short: a directory straight under /tmp.
+    with tempfile.TemporaryDirectory(prefix="tsr-", dir="/tmp") as state:
+        profile = Path(state) / "profile.yaml"
+        profile.write_text(h100_profile(gpus))
+        agent = cluster.spawn(
+            f"node-agent-{driver}",
+            [
+                sys.executable, "-m", "tessera.dev.nodeagent", f"--kubeconfig={cluster.kubeconfig}",
+                f"--profile={profile}", f"--driver-name={driver}", f"--state-dir={state}",
+                *(f"--node-name={node}" for node in nodes),
+            ],
+        )  # fmt: skip
+
+        async def published() -> bool:
+            if agent.process.poll() is not None:
+                raise RuntimeError(f"the node agent exited:\n{agent.log_tail()}")
+            listing = await request(api, "GET", SLICES_PATH, query={"fieldSelector": f"spec.driver={driver}"})
+            return {item["spec"]["nodeName"] for item in listing.get("items") or []} == set(nodes)
+
+        try:
+            await wait_until(published, timeout=60, what=f"slices of {driver} on {nodes}")
+            yield
+        finally:
+            agent.stop()
+            cluster.components.remove(agent)
+            with contextlib.suppress(KubeError):
+                await request(api, "DELETE", SLICES_PATH, query={"fieldSelector": f"spec.driver={driver}"})
+
+
 async def _ignore_missing(path: str, api: ApiClient) -> None:
     try:
         await request(api, "DELETE", path, query={"gracePeriodSeconds": "0"})
@@ -161,9 +264,11 @@ async def gpu_cluster(
     gpus_per_node: int = 4,
     in_process: bool = True,
     shareable: bool = False,
+    agent: bool = False,
 ) -> AsyncIterator[GpuCluster]:
     """GPU nodes, slices, a DeviceClass and claim templates; with `in_process`, also the extender
-    in this process and a scheduler calling it. `shareable` GPUs take fractional claims."""
+    in this process and a scheduler calling it. `shareable` GPUs take fractional claims. With
+    `agent`, the node agent publishes the slices and plays the kubelet (see the module docstring)."""
     suffix = uuid.uuid4().hex[:6]
     driver = f"gpu-{suffix}.tessera.dev"
     env = GpuCluster(
@@ -184,32 +289,39 @@ async def gpu_cluster(
         "crd/queues.scheduling.tessera.dev",
     )
     try:
-        await request(
-            api,
-            "POST",
-            "/apis/resource.k8s.io/v1/deviceclasses",
-            body=objects.device_class(driver, driver=driver),
-        )
-        for node in env.nodes:
-            await create_fake_node(api, node)
+        async with contextlib.AsyncExitStack() as stack:
             await request(
                 api,
                 "POST",
-                "/apis/resource.k8s.io/v1/resourceslices",
-                body=objects.gpu_slice(
-                    node, gpus_per_node, driver=driver, name=f"{node}-gpus", shareable=shareable
-                ),
+                "/apis/resource.k8s.io/v1/deviceclasses",
+                body=objects.device_class(driver, driver=driver),
             )
-        templates = {TEMPLATE: objects.claim_spec(driver)}
-        if shareable:
-            templates[QUARTER_TEMPLATE] = objects.claim_spec(driver, memory="20Gi")
-        templates_path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
-        for name, spec in templates.items():
-            await request(api, "POST", templates_path, body=objects.claim_template(namespace, name, spec))
-        if in_process:
-            await env.start_extender()
-            await env.start_scheduler(env.url)
-        yield env
+            for node in env.nodes:
+                await create_fake_node(api, node)
+                if not agent:
+                    await request(
+                        api,
+                        "POST",
+                        SLICES_PATH,
+                        body=objects.gpu_slice(
+                            node, gpus_per_node, driver=driver, name=f"{node}-gpus", shareable=shareable
+                        ),
+                    )
+            if agent:
+                await stack.enter_async_context(node_agents(cluster, api, driver, env.nodes, gpus_per_node))
+            templates = {TEMPLATE: objects.claim_spec(driver)}
+            if shareable:
+                templates[QUARTER_TEMPLATE] = objects.claim_spec(driver, memory="20Gi")
+            templates_path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+            for name, spec in templates.items():
+                await request(api, "POST", templates_path, body=objects.claim_template(namespace, name, spec))
+            if in_process:
+                await env.start_extender()
+                await env.start_scheduler(env.url)
+            try:
+                yield env
+            finally:  # no controller may recreate pods while the rest is torn down
+                await _ignore_missing(f"/apis/apps/v1/namespaces/{namespace}/replicasets", api)
     finally:
         if env.scheduler is not None:
             env.scheduler.stop()

@@ -490,6 +490,17 @@ async def test_node_agent_command_runs_fake_nodes_end_to_end(
         await pods.delete("whole")
         await wait_until(partial(pods.gone, "whole"), timeout=60, what="pod unprepared and deleted")
         assert list(config.cdi_dir.iterdir()) == []
+
+        # A force-deleted pod never shows a graceful termination: its claim is unprepared anyway.
+        await pods.create("forced", driver)
+        assert await pods.running_on("forced") == node
+        assert list(config.cdi_dir.iterdir()) != []
+        await pods.core.delete_namespaced_pod("forced", namespace, grace_period_seconds=0)
+
+        async def unprepared() -> bool:
+            return list(config.cdi_dir.iterdir()) == []
+
+        await wait_until(unprepared, timeout=30, what="the force-deleted pod's claim unprepared")
     finally:
         exit_code = agent.stop()
         await delete_nodes(k8s, [node])

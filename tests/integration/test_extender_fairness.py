@@ -1,4 +1,5 @@
-"""The extender behind a real kube-scheduler: fair shares, lending, limits, wait reasons, restarts."""
+"""The extender behind a real kube-scheduler: fair shares, lending and reclaim, limits, wait reasons,
+restarts."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import aiohttp
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
+from extender.kubeapi import request
 from extender.status import ADMITTED_CONDITION
 from tessera.dev.localcluster import LocalCluster, wait_until
 from tests.integration.extender_harness import GpuCluster, gpu_cluster
@@ -74,13 +76,22 @@ async def refused(env: GpuCluster, count: int, fragment: str) -> None:
             c is not None and c.get("status") == "False" and fragment in c["message"] for c in conditions
         )
 
-    await wait_until(all_refused, timeout=30, what=f"{count} pods refused for {fragment!r}")
+    try:
+        await wait_until(all_refused, timeout=30, what=f"{count} pods refused for {fragment!r}")
+    except TimeoutError as exc:
+        unbound = {
+            p["metadata"]["name"]: waiting_condition(p)
+            for p in await env.pods()
+            if not p["spec"].get("nodeName")
+        }
+        raise AssertionError(f"{exc}; unbound pods and their conditions: {unbound}") from exc
 
 
 async def test_queues_converge_to_fair_shares_with_lending_limits_and_wait_reasons(
     local_cluster: LocalCluster, k8s: ApiClient, namespace: str
 ) -> None:
-    async with gpu_cluster(local_cluster, k8s, namespace, nodes=2, gpus_per_node=4) as env:
+    # The node agent runs the pods, so the ones reclaim evicts really go (graceful termination).
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=2, gpus_per_node=4, agent=True) as env:
         team_a = await env.create_queue("a", resources={"gpu": {"quota": 4, "limit": 6}})
         team_b = await env.create_queue("b", resources={"gpu": {"quota": 4}})
         limits = {team_a: 6}
@@ -109,17 +120,23 @@ async def test_queues_converge_to_fair_shares_with_lending_limits_and_wait_reaso
         )
         assert any("limit (6)" in e["message"] for e in json.loads(events.stdout)["items"])
 
-        # team-b arrives: it gets the idle GPUs at once, and the GPUs team-a frees go to team-b
-        # (below its fair share) rather than back to team-a, until both hold their fair share.
+        # team-b arrives: it takes the 2 idle GPUs at once, and reclaim takes back the 2 GPUs
+        # team-a borrowed beyond its fair share of 4 (team-a's pods are preemptible: priority 0).
+        # Exactly 2 are evicted, and team-a's waiting pods do not get the freed GPUs.
         await env.submit(team_b, 4, "b")
-        await converge(env, {team_a: 6, team_b: 2}, limits)
-        bound_a = [
-            p["metadata"]["name"]
-            for p in await env.pods()
-            if p["spec"].get("nodeName") and p["metadata"]["name"] in a_pods
-        ]
-        await env.delete_pods(bound_a[:2])
         await converge(env, {team_a: 4, team_b: 4}, limits)
+        reclaimed = [
+            e["involvedObject"]["name"]
+            for e in (
+                await request(
+                    k8s,
+                    "GET",
+                    f"/api/v1/namespaces/{namespace}/events",
+                    query={"fieldSelector": "reason=Reclaimed"},
+                )
+            )["items"]
+        ]
+        assert len(reclaimed) == 2 and set(reclaimed) <= set(a_pods), reclaimed
         await queue_status_equals(env, team_a, allocated="4", fair="4")
         await queue_status_equals(env, team_b, allocated="4", fair="4")
 
@@ -161,8 +178,10 @@ async def test_refused_pod_is_scheduled_promptly_once_eligible(
     local_cluster: LocalCluster, k8s: ApiClient, namespace: str
 ) -> None:
     """Raising a limit is no cluster event kube-scheduler watches: only the extender's nudge requeues
-    the pod (else it would wait up to 5 minutes). Freeing capacity is measured too."""
-    async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=4) as env:
+    the pod (else it would wait up to 5 minutes). Freeing capacity is measured too. The node has a
+    fifth GPU: kube-scheduler calls the extender only for nodes its own DRA filter passed, so the
+    limit (not a full node) must be what holds the last pod back."""
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=5) as env:
         team = await env.create_queue("c", resources={"gpu": {"limit": 1}})
         first = await env.submit(team, 1, "first")
         await converge(env, {team: 1}, {team: 1})

@@ -65,8 +65,9 @@ def build(case: Scenario) -> tuple[ClusterSnapshot, list[PendingPod]]:
     allocated: dict[str, float] = {}
     requested: dict[str, float] = {}
     for run in case.running:
+        held: tuple[tuple[int, int], ...]
         if run.milli:
-            held: tuple[tuple[int, int], ...] = ((run.gpu, run.milli),)
+            held = ((run.gpu, run.milli),)
         else:
             whole = [i for i, f in enumerate(free[run.node]) if f == GPU_MILLI][: run.gpus]
             held = tuple((i, GPU_MILLI) for i in whole)
@@ -355,3 +356,20 @@ def test_a_pod_presumed_placed_in_the_cycle_is_no_victim() -> None:
         )
     )
     assert plan(snapshot, pending, NOW, Rules(reclaim_min_runtime_s={"x": 600})) == []
+
+
+def test_a_victims_model_resource_does_not_block_a_pod_that_takes_any_model() -> None:
+    # Running pods hold gpu and gpu/<model>; b's pending pod asks for gpu only. a holds 8 of the
+    # model and is the only queue using it, so its fair share of the model is 8: checking a
+    # against that would refuse every reclaim. Only the resources b's pod asks for count.
+    model = "gpu/NVIDIA H100 80GB HBM3"
+    usage = {
+        "a": QueueUsage({"gpu": 8.0, model: 8.0}, {}),
+        "b": QueueUsage({}, {"gpu": 4.0}),
+    }
+    fairness = FairnessSnapshot.build([q("a", quota=4), q("b", quota=4)], usage, {"gpu": 8.0, model: 8.0})
+    assert fairness.fair_shares["a"][model] == 8.0
+    assert reclaim_refusal(fairness, "b", {"gpu": 1.0}, "a", {"gpu": 1.0, model: 1.0}) == ""
+    # A pod that asks for the model is checked on it too.
+    refusal = reclaim_refusal(fairness, "b", {"gpu": 1.0, model: 1.0}, "a", {"gpu": 1.0, model: 1.0})
+    assert refusal.startswith(f"queue 'b' would go above its fair share ({model}")

@@ -1,0 +1,632 @@
+"""Benchmark 5: reclaim on the real local control plane, beside kube-scheduler's own preemption.
+
+N fake nodes, run by the node agent (``tessera-node-agent`` in its own process: the DRA driver on
+the ``h100x8`` profile publishing each node's slices, and the kubelet stand-in running pods and
+finishing their deletions).
+Queues A and B have equal GPU quotas (half the GPUs each). Queue A fills every GPU with
+long-running single-GPU pods; once all of them run, queue B submits as many pods as its fair
+share (half the GPUs). The clock runs from B's submission until B holds its fair share (pods
+bound). Two setups take turns on the same nodes (``--rounds``: a, b, b, a, ...; medians):
+
+(a) plain kube-scheduler with priority preemption: A's pods in a PriorityClass of value 10, B's in
+    one of value 1000, no extender: the stock DefaultPreemption picks and deletes the victims.
+    It cannot do so for GPUs taken through DRA claims (its DynamicResources filter reports "cannot
+    allocate all claims" as unresolvable, so preemption "is not helpful"; a probe shows it), so
+    these rounds run on as many nodes with 8 classic device-plugin GPUs (``nvidia.com/gpu``),
+    which exist only during them, their pods run by the kubelet stand-in;
+(b) kube-scheduler + Tessera (``python -m extender``, reclaim on, 1-second cycle), all pods at
+    priority 0 (preemptible): the reclaim loop evicts through the Eviction API and holds the
+    freed GPUs for B's pods.
+
+Reported per setup: seconds until B holds its share, seconds per reclaimed GPU (that time over
+the GPUs B needed), and GPUs evicted / GPUs needed (A's pods gone once B holds its share and every
+victim's deletion is finished).
+
+Then a churn phase with the extender only (``--churn-seconds``, ``--churn-queues``): every queue
+alternates between busy spells (keeping a backlog of pending pods whose runtimes are random) and
+idle spells, so queues keep borrowing and reclaiming from each other. Counted: evictions;
+evictions undone - the pod a reclaim served later evicted in its turn for the queue the GPUs were
+taken from (ping-pong; target 0); and reverse reclaims - a queue X that lost a pod to Y later
+reclaiming from Y at all, which is also right whenever the queues' demands changed in between (in
+this churn they change all the time), so it is reported, not targeted.
+
+Anchors: KAI Scheduler averages 13.9 s per reclaimed GPU at 500 nodes, and once evicted 376 GPUs
+to serve a 48-GPU request (ratio 7.8). Targets: under 2 s per GPU, ratio <= 1.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import contextlib
+import functools
+import json
+import logging
+import random
+import re
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
+from extender.kubeapi import JsonObject, request
+from extender.queues import queue_object
+from tessera.dev.localcluster import LocalCluster, create_fake_node, wait_until
+from tessera.dev.nodeagent import (
+    KubeletStandIn,
+    Registrar,
+    run_kubelet_stand_in,
+)
+from tessera.simulate.report import format_table
+
+from .e2e import (
+    CLIENT_BURST,
+    CLIENT_QPS,
+    CREATE_CONCURRENCY,
+    GPUS_PER_NODE,
+    PLAIN_SCHEDULER,
+    PROFILE,
+    SLICES_PATH,
+    TESSERA_SCHEDULER,
+    BenchCluster,
+    BoundPods,
+    Rounds,
+    _admin_client,
+    bench_parser,
+    bounded,
+    gpu_pod,
+    seconds_list,
+    watching,
+)
+
+log = logging.getLogger(__name__)
+
+QUEUES_PATH = f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/{QUEUE_PLURAL}"
+PRIORITY_PATH = "/apis/scheduling.k8s.io/v1/priorityclasses"
+LOW, HIGH = "bench-low", "bench-high"  # for the plain scheduler's preemption only
+QUEUE_A, QUEUE_B = "bench-reclaim-a", "bench-reclaim-b"
+KAI_PER_GPU_S = 13.9
+KAI_WORST = (376, 48)
+RECLAIMED_FOR = re.compile(r"reclaimed for queue '([^']+)' \(pod [^/]+/([^)]+)\)")
+CLASSIC_GPU = "nvidia.com/gpu"
+DRA_PROBE_S = 30.0
+
+
+# -- pure helpers ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReclaimRun:
+    """One round: seconds from B's submission until B held `needed` GPUs; A's pods evicted."""
+
+    setup: str
+    needed: int
+    seconds: float
+    evicted: int
+
+    @property
+    def per_gpu_s(self) -> float:
+        return self.seconds / self.needed if self.needed else 0.0
+
+    @property
+    def ratio(self) -> float:
+        return self.evicted / self.needed if self.needed else 0.0
+
+
+@dataclass(frozen=True)
+class ReclaimResult(Rounds[ReclaimRun]):
+    nodes: int
+    dra_probe: str  # what plain priority preemption did for a pod whose GPU comes from a DRA claim
+
+    @property
+    def time_ratio(self) -> float:
+        """Tessera's time over plain preemption's (median rounds): below 1 is faster."""
+        return self.tessera.seconds / self.plain.seconds if self.plain.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """A reclaim eviction as its event tells it: when, which pod of which queue, for which pod of
+    which queue."""
+
+    at: float
+    victim: str
+    victim_queue: str
+    served: str
+    for_queue: str
+    message: str = ""  # the event's, with the victim queue's fair share and holdings then
+
+
+def undone_pairs(evictions: Sequence[Eviction]) -> list[tuple[Eviction, Eviction]]:
+    """Evictions undone, each with the one that undid it: the pod served by the first was evicted
+    later for the queue it took from."""
+    return [
+        (first, later)
+        for first in evictions
+        for later in evictions
+        if later.victim == first.served and later.for_queue == first.victim_queue
+    ]
+
+
+def undone(evictions: Sequence[Eviction]) -> int:
+    return len({id(first) for first, _ in undone_pairs(evictions)})
+
+
+def reverse_reclaims(evictions: Sequence[Eviction]) -> int:
+    """Evictions from X for Y followed, at any later time, by a reclaim from Y for X."""
+    return sum(
+        any(
+            later.at >= first.at
+            and later.victim_queue == first.for_queue
+            and later.for_queue == first.victim_queue
+            for later in evictions
+        )
+        for first in evictions
+    )
+
+
+@dataclass(frozen=True)
+class ChurnResult:
+    seconds: float
+    queues: int
+    submitted: int
+    completed: int
+    evictions: int
+    undone: int
+    reverse: int
+    max_ratio: float  # the largest GPUs evicted / GPUs needed of one plan (from its event)
+    undone_pairs: tuple[tuple[Eviction, Eviction], ...] = ()
+
+
+def reclaim_table(result: ReclaimResult) -> str:
+    headers = [
+        "setup",
+        "GPUs",
+        "B needs",
+        "B holds its share after s",
+        "each round s",
+        "s per reclaimed GPU",
+        "GPUs evicted / needed",
+        "time / plain's",
+    ]
+    rows = [
+        [
+            label,
+            str(result.nodes * GPUS_PER_NODE),
+            str(run.needed),
+            f"{run.seconds:.1f}",
+            seconds_list(r.seconds for r in runs),
+            f"{run.per_gpu_s:.2f}",
+            f"{run.evicted} / {run.needed} = {run.ratio:.2f}",
+            ratio,
+        ]
+        for label, run, runs, ratio in (
+            ("kube-scheduler priority preemption (classic GPUs)", result.plain, result.plain_runs, "1.00x"),
+            (
+                "kube-scheduler + Tessera reclaim (DRA claims)",
+                result.tessera,
+                result.tessera_runs,
+                f"{result.time_ratio:.2f}x",
+            ),
+        )
+    ]
+    anchor = (
+        f"anchors: KAI Scheduler {KAI_PER_GPU_S} s per reclaimed GPU at 500 nodes; worst case "
+        f"{KAI_WORST[0]} GPUs evicted for a {KAI_WORST[1]}-GPU request ({KAI_WORST[0] / KAI_WORST[1]:.1f}). "
+        "Targets: < 2 s per GPU, ratio <= 1.1"
+    )
+    probe = f"plain priority preemption with DRA claims: {result.dra_probe}"
+    return f"{format_table(headers, rows)}\n{probe}\n{anchor}"
+
+
+def churn_table(result: ChurnResult) -> str:
+    headers = [
+        "queues",
+        "seconds",
+        "pods submitted",
+        "pods completed",
+        "evictions",
+        "undone (ping-pong)",
+        "reverse reclaims",
+        "max plan ratio",
+    ]
+    row = [
+        str(result.queues),
+        f"{result.seconds:.0f}",
+        str(result.submitted),
+        str(result.completed),
+        str(result.evictions),
+        str(result.undone),
+        str(result.reverse),
+        f"{result.max_ratio:.2f}",
+    ]
+    pairs = [
+        f"  undone: {first.victim} at {first.at:.0f} ({first.message})\n"
+        f"     by: {later.victim} at {later.at:.0f} ({later.message})"
+        for first, later in result.undone_pairs
+    ]
+    return "\n".join([format_table(headers, [row]), *pairs])
+
+
+# -- the cluster -------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def reclaim_cluster(nodes: int) -> AsyncIterator[BenchCluster]:
+    """A fresh local control plane whose `nodes` GPU nodes run the node agent (one process for
+    all); torn down on exit."""
+    cluster = LocalCluster(controller_manager_qps=CLIENT_QPS, controller_manager_burst=CLIENT_BURST)
+    await asyncio.to_thread(cluster.start)
+    try:
+        api = await _admin_client(cluster.kubeconfig, CREATE_CONCURRENCY + 8)
+        async with api:
+            bench = BenchCluster(cluster, api)
+            await bench.install(nodes, publish_slices=False)
+            with tempfile.TemporaryDirectory(prefix="tbr-", dir="/tmp") as state:
+                agent = cluster.spawn(
+                    "node-agent",
+                    [
+                        sys.executable, "-m", "tessera.dev.nodeagent", f"--kubeconfig={cluster.kubeconfig}",
+                        f"--profile={PROFILE}", f"--state-dir={state}", "--log-level=WARNING",
+                        *(f"--node-name={node}" for node in bench.nodes),
+                    ],
+                )  # fmt: skip
+
+                async def published() -> bool:
+                    if agent.process.poll() is not None:
+                        raise RuntimeError(f"the node agent exited:\n{agent.log_tail()}")
+                    listing = await request(api, "GET", SLICES_PATH)
+                    return len({s["spec"]["nodeName"] for s in listing.get("items") or []}) == nodes
+
+                try:
+                    await wait_until(published, timeout=120, what="every node agent's slices")
+                    yield bench
+                finally:  # before its state directory goes
+                    agent.stop()
+                    cluster.components.remove(agent)
+    finally:
+        await asyncio.to_thread(cluster.stop)
+
+
+async def _create_queues(bench: BenchCluster, names: Sequence[str], quota: int) -> None:
+    for name in names:
+        body = queue_object(name, {"resources": {"gpu": {"quota": quota}}})
+        await request(bench.api, "POST", QUEUES_PATH, body=body)
+
+
+async def _submit(
+    bench: BenchCluster,
+    namespace: str,
+    scheduler: str,
+    names: Sequence[str],
+    queue: str,
+    priority_class: str | None,
+    classic: bool = False,
+) -> None:
+    """Single-GPU pods: a DRA claim from the template, or one classic GPU with `classic`."""
+    path = f"/api/v1/namespaces/{namespace}/pods"
+
+    async def create(name: str) -> None:
+        body = gpu_pod(namespace, name, scheduler, queue)
+        spec = body["spec"]
+        # The default graceful termination (30 s), which the node agent finishes as a kubelet does.
+        del spec["terminationGracePeriodSeconds"]
+        if classic:
+            del spec["resourceClaims"]
+            resources = spec["containers"][0]["resources"]
+            del resources["claims"]
+            resources["limits"] = {CLASSIC_GPU: "1"}
+        if priority_class:
+            spec["priorityClassName"] = priority_class
+        await request(bench.api, "POST", path, body=body)
+
+    await bounded(CREATE_CONCURRENCY, (functools.partial(create, name) for name in names))
+
+
+async def _all_running(bench: BenchCluster, namespace: str, count: int) -> bool:
+    pods = await request(bench.api, "GET", f"/api/v1/namespaces/{namespace}/pods", timeout=60.0)
+    running = [p for p in pods.get("items") or [] if (p.get("status") or {}).get("phase") == "Running"]
+    return len(running) >= count
+
+
+@contextlib.asynccontextmanager
+async def classic_nodes(bench: BenchCluster, count: int) -> AsyncIterator[None]:
+    """`count` nodes with 8 classic GPUs each, run by the kubelet stand-in, for as long as the block."""
+    names = [f"classic-{index:04d}" for index in range(count)]
+    stop = asyncio.Event()
+    with tempfile.TemporaryDirectory(prefix="tbc-", dir="/tmp") as registry:
+        for name in names:
+            await create_fake_node(bench.api, name)
+            capacity = {CLASSIC_GPU: str(GPUS_PER_NODE)}
+            await request(
+                bench.api,
+                "PATCH",
+                f"/api/v1/nodes/{name}/status",
+                body={"status": {"capacity": capacity, "allocatable": capacity}},
+                content_type="application/merge-patch+json",
+            )
+        stand_ins = [
+            asyncio.create_task(
+                run_kubelet_stand_in(KubeletStandIn(bench.api, name, Registrar(Path(registry))), stop)
+            )
+            for name in names
+        ]
+        try:
+            yield
+        finally:
+            stop.set()
+            await asyncio.gather(*stand_ins, return_exceptions=True)
+            for name in names:
+                await request(bench.api, "DELETE", f"/api/v1/nodes/{name}")
+
+
+# -- borrow then reclaim -----------------------------------------------------------------------
+
+
+async def _reclaim_round(
+    bench: BenchCluster, namespace: str, scheduler: str, plain: bool, timeout: float
+) -> ReclaimRun:
+    gpus = len(bench.nodes) * GPUS_PER_NODE
+    needed = gpus // 2
+    a_names = [f"a-{index:05d}" for index in range(gpus)]
+    async with watching(bench.api, namespace) as tracker:
+        await _submit(bench, namespace, scheduler, a_names, QUEUE_A, LOW if plain else None, classic=plain)
+        await tracker.wait_for(lambda t: t.per_queue().get(QUEUE_A, 0) >= gpus, timeout, "A to fill the GPUs")
+        await wait_until(
+            lambda: _all_running(bench, namespace, gpus), timeout=timeout, what="A's pods running"
+        )
+        started = time.monotonic()
+        b_names = [f"b-{index:05d}" for index in range(needed)]
+        await _submit(bench, namespace, scheduler, b_names, QUEUE_B, HIGH if plain else None, classic=plain)
+        reached = await tracker.wait_for(
+            lambda t: t.per_queue().get(QUEUE_B, 0) >= needed, timeout, f"B to hold {needed} GPUs"
+        )
+
+        def settled(t: BoundPods) -> bool:  # every victim's deletion finished
+            return sum(t.per_queue().values()) <= gpus
+
+        await tracker.wait_for(settled, timeout, "the victims to be gone")
+        evicted = gpus - tracker.per_queue().get(QUEUE_A, 0)
+    setup = "plain" if plain else "tessera"
+    run = ReclaimRun(setup, needed, reached - started, evicted)
+    log.info("%s: B held %d GPUs after %.1fs, %d of A's pods evicted", setup, needed, run.seconds, evicted)
+    return run
+
+
+async def _rounds(
+    bench: BenchCluster, rounds: int, timeout: float
+) -> tuple[list[ReclaimRun], list[ReclaimRun]]:
+    plain: list[ReclaimRun] = []
+    tessera: list[ReclaimRun] = []
+    for round_index in range(rounds):
+        order = (False, True) if round_index % 2 == 0 else (True, False)
+        for with_extender in order:
+            if with_extender:
+                await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
+            namespace = await bench.new_namespace("tessera" if with_extender else "plain")
+            try:
+                if with_extender:
+                    tessera.append(await _reclaim_round(bench, namespace, TESSERA_SCHEDULER, False, timeout))
+                else:
+                    async with classic_nodes(bench, len(bench.nodes)):
+                        plain.append(await _reclaim_round(bench, namespace, PLAIN_SCHEDULER, True, timeout))
+                        await bench.clear(namespace)
+            finally:
+                if with_extender:
+                    await asyncio.to_thread(bench.stop_extender)
+            if with_extender:
+                await bench.clear(namespace)
+    return plain, tessera
+
+
+async def _dra_preemption_probe(bench: BenchCluster) -> str:
+    """Plain priority preemption with DRA claims: A (low priority) fills the GPUs, one pod of B
+    (high priority) comes; what the scheduler said about it after DRA_PROBE_S seconds, or that it
+    was bound."""
+    gpus = len(bench.nodes) * GPUS_PER_NODE
+    namespace = await bench.new_namespace("probe")
+    try:
+        async with watching(bench.api, namespace) as tracker:
+            names = [f"a-{index:05d}" for index in range(gpus)]
+            await _submit(bench, namespace, PLAIN_SCHEDULER, names, QUEUE_A, LOW)
+            await tracker.wait_for(lambda t: len(t.bound) >= gpus, 300, "A to fill the GPUs")
+            await _submit(bench, namespace, PLAIN_SCHEDULER, ["b-00000"], QUEUE_B, HIGH)
+            try:
+                await tracker.wait_for(lambda t: "b-00000" in t.bound, DRA_PROBE_S, "B's pod")
+                return "bound: preemption worked"
+            except TimeoutError:
+                pass
+        listing = await request(
+            bench.api,
+            "GET",
+            f"/api/v1/namespaces/{namespace}/events",
+            query={"fieldSelector": "reason=FailedScheduling,involvedObject.name=b-00000"},
+        )
+        messages = [e["message"] for e in listing.get("items") or []]
+        return f"not bound after {DRA_PROBE_S:.0f} s: {messages[-1] if messages else 'no event'}"
+    finally:
+        await bench.clear(namespace)
+
+
+# -- churn -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Spells:
+    """A queue's busy and idle spells: busy 20-45 s, idle 5-20 s."""
+
+    rng: random.Random
+    busy: bool = True
+    until: float = 0.0
+
+    def update(self, now: float) -> bool:
+        if now >= self.until:
+            if self.until:
+                self.busy = not self.busy
+            self.until = now + (self.rng.uniform(20, 45) if self.busy else self.rng.uniform(5, 20))
+        return self.busy
+
+
+async def _reclaim_events(bench: BenchCluster, namespace: str, queue_of: dict[str, str]) -> list[JsonObject]:
+    listing = await request(
+        bench.api,
+        "GET",
+        f"/api/v1/namespaces/{namespace}/events",
+        query={"fieldSelector": "reason=Reclaimed"},
+        timeout=60.0,
+    )
+    return [e for e in listing.get("items") or [] if e["involvedObject"]["name"] in queue_of]
+
+
+async def _churn(
+    bench: BenchCluster, namespace: str, queues: Sequence[str], seconds: float, backlog: int, seed: int
+) -> ChurnResult:
+    rng = random.Random(seed)
+    spells = {queue: Spells(random.Random(rng.random())) for queue in queues}
+    queue_of: dict[str, str] = {}
+    runtime: dict[str, float] = {}
+    first_bound: dict[str, float] = {}
+    finished: set[str] = set()
+    async with watching(bench.api, namespace) as tracker:
+        deadline = time.monotonic() + seconds
+        while (now := time.monotonic()) < deadline:
+            for name in list(tracker.bound):
+                first_bound.setdefault(name, now)
+            for queue, spell in spells.items():
+                if not spell.update(now):
+                    continue
+                pending = [n for n, q in queue_of.items() if q == queue and n not in first_bound]
+                fresh = [f"{queue[-1]}-{len(queue_of) + i:05d}" for i in range(backlog - len(pending))]
+                for name in fresh:
+                    queue_of[name] = queue
+                    runtime[name] = rng.uniform(10, 40)
+                if fresh:
+                    await _submit(bench, namespace, TESSERA_SCHEDULER, fresh, queue, None)
+            done = [
+                n
+                for n, at in first_bound.items()
+                if n in tracker.bound and n not in finished and now - at >= runtime[n]
+            ]
+            finished.update(done)
+            await bench.delete_pods(namespace, done)  # jobs completing
+            await asyncio.sleep(0.5)
+    events = await _reclaim_events(bench, namespace, queue_of)
+    evictions = []
+    max_ratio = 0.0
+    for event in events:
+        served = RECLAIMED_FOR.search(event["message"])
+        if served is None:
+            continue
+        stamp = event.get("firstTimestamp") or event.get("eventTime") or ""
+        victim = event["involvedObject"]["name"]
+        evictions.append(
+            Eviction(
+                _epoch(stamp), victim, queue_of[victim], served.group(2), served.group(1), event["message"]
+            )
+        )
+    planned = await request(
+        bench.api,
+        "GET",
+        f"/api/v1/namespaces/{namespace}/events",
+        query={"fieldSelector": "reason=ReclaimPlanned"},
+        timeout=60.0,
+    )
+    for event in planned.get("items") or []:
+        match = re.search(r"\(([\d.]+) GPUs for ([\d.]+) needed\)", event["message"])
+        if match:
+            max_ratio = max(max_ratio, float(match.group(1)) / float(match.group(2)))
+    return ChurnResult(
+        seconds,
+        len(queues),
+        len(queue_of),
+        len(finished),
+        len(evictions),
+        undone(evictions),
+        reverse_reclaims(evictions),
+        max_ratio,
+        tuple(undone_pairs(evictions)),
+    )
+
+
+def _epoch(stamp: str) -> float:
+    return calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) if stamp else 0.0
+
+
+# -- the benchmark -----------------------------------------------------------------------------
+
+
+async def run_reclaim_async(
+    nodes: int, rounds: int, churn_seconds: float, churn_queues: int, timeout: float = 300.0
+) -> tuple[ReclaimResult, ChurnResult | None]:
+    gpus = nodes * GPUS_PER_NODE
+    async with reclaim_cluster(nodes) as bench:
+        for name, value in ((LOW, 10), (HIGH, 1000)):
+            await request(bench.api, "POST", PRIORITY_PATH, body={"metadata": {"name": name}, "value": value})
+        await _create_queues(bench, (QUEUE_A, QUEUE_B), gpus // 2)
+        await asyncio.to_thread(bench.start_scheduler, PLAIN_SCHEDULER)
+        await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, bench.extender_url)
+        probe = await _dra_preemption_probe(bench)
+        log.info("plain priority preemption with DRA claims: %s", probe)
+        plain, tessera = await _rounds(bench, rounds, timeout)
+        churn = None
+        if churn_seconds > 0:
+            names = [f"bench-churn-{chr(ord('a') + i)}" for i in range(churn_queues)]
+            await _create_queues(bench, names, gpus // churn_queues)
+            await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
+            namespace = await bench.new_namespace("churn")
+            try:
+                churn = await _churn(
+                    bench, namespace, names, churn_seconds, backlog=gpus // churn_queues, seed=1
+                )
+            finally:
+                await asyncio.to_thread(bench.stop_extender)
+    return ReclaimResult(tuple(plain), tuple(tessera), nodes=nodes, dra_probe=probe), churn
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = bench_parser(
+        "python -m bench.reclaim",
+        __doc__,
+        full="a larger cluster (16 nodes, 128 GPUs) and the issue's 10-minute churn with 3 queues",
+        nodes="default 4",
+        pods="unused (A fills every GPU, B asks for half)",
+    )
+    parser.add_argument(
+        "--churn-seconds", type=float, help="length of the churn phase (default 60; --full 600)"
+    )
+    parser.add_argument(
+        "--churn-queues", type=int, default=3, choices=(2, 3), help="queues in the churn (default 3)"
+    )
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for noisy in ("dra_driver", "tessera.dev.nodeagent"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    nodes = args.nodes or (16 if args.full else 4)
+    churn_seconds = args.churn_seconds if args.churn_seconds is not None else (600.0 if args.full else 60.0)
+    result, churn = asyncio.run(run_reclaim_async(nodes, args.rounds, churn_seconds, args.churn_queues))
+    print(
+        f"\n[5] reclaim on the local control plane with the node agent: {nodes} nodes x {GPUS_PER_NODE} GPUs"
+    )
+    print(reclaim_table(result))
+    figures: dict[str, float | int] = {
+        "plain_s": round(result.plain.seconds, 2),
+        "tessera_s": round(result.tessera.seconds, 2),
+        "tessera_s_per_gpu": round(result.tessera.per_gpu_s, 3),
+        "tessera_evicted_ratio": round(result.tessera.ratio, 3),
+        "plain_evicted_ratio": round(result.plain.ratio, 3),
+    }
+    if churn is not None:
+        print(f"\nchurn, Tessera only: {churn.queues} queues with equal quotas, {churn.seconds:.0f} s")
+        print(churn_table(churn))
+        figures.update(
+            churn_evictions=churn.evictions, churn_undone=churn.undone, churn_reverse=churn.reverse
+        )
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

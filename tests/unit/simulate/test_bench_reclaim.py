@@ -1,0 +1,28 @@
+"""The reclaim benchmark's pure helpers: what counts as an eviction undone."""
+
+from __future__ import annotations
+
+from bench.reclaim import Eviction, ReclaimRun, reverse_reclaims, undone
+
+
+def test_an_eviction_is_undone_when_the_pod_it_served_is_evicted_back() -> None:
+    # a-1 (queue a) was evicted for b-1 (queue b); later b-1 itself is evicted for queue a.
+    first = Eviction(10.0, "a-1", "a", "b-1", "b")
+    back = Eviction(20.0, "b-1", "b", "a-7", "a")
+    assert undone([first, back]) == 1
+    assert reverse_reclaims([first, back]) == 1
+
+
+def test_a_later_reclaim_between_the_same_queues_is_a_reverse_reclaim_only() -> None:
+    # b later gives back another pod to a (demand changed): reported, but not ping-pong.
+    first = Eviction(10.0, "a-1", "a", "b-1", "b")
+    other = Eviction(30.0, "b-9", "b", "a-8", "a")
+    unrelated = Eviction(40.0, "c-1", "c", "a-9", "a")
+    assert undone([first, other, unrelated]) == 0
+    assert reverse_reclaims([first, other, unrelated]) == 1
+
+
+def test_figures_of_a_round() -> None:
+    run = ReclaimRun("tessera", needed=16, seconds=8.0, evicted=16)
+    assert run.per_gpu_s == 0.5
+    assert run.ratio == 1.0
