@@ -97,7 +97,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         memory: view.admit(
             demand.queue, picture.pod_resources(key, pod, memory), preemptible=demand.preemptible
         )
-        for memory in sorted({gpu_memory.get(name, 0) for name in names} or {0})
+        for memory in (sorted({gpu_memory.get(name, 0) for name in names}) if gpu_memory else [0])
     }
     admitted = [d for d in by_size.values() if d.admit]
     decision = admitted[0] if admitted else next(iter(by_size.values()))
@@ -116,12 +116,12 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     # Nodes of one shape and GPU size get one verdict: a large cluster has few distinct ones.
     verdicts: dict[tuple[int, str], str] = {}
     reference = picture.inventory.reference_memory(demand.models)
-    for name in names:
-        memory = gpu_memory.get(name, 0)
+    supplies = picture.inventory.supplies_for(key, names)
+    for name, supply in zip(names, supplies, strict=True):
+        memory = gpu_memory.get(name, 0) if gpu_memory else 0
         if not by_size[memory].admit:
             failed[name] = by_size[memory].reason
             continue
-        supply = picture.inventory.supply_for(key, name)
         reason = verdicts.get((memory, supply.shape))
         if reason is None:
             at_node = demand.gpus_at(memory or reference)
@@ -200,6 +200,6 @@ def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDe
     if gpus is None:
         return PriorityDecision(dict.fromkeys(names, 0), "neutral", "no_gpu")
     key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
-    supplies = [picture.inventory.supply_for(key, name) for name in names]
+    supplies = picture.inventory.supplies_for(key, names)
     strategy = queue_strategy(picture, demand.queue)
     return PriorityDecision(score_nodes(supplies, gpus, picture.fairness().mix, strategy), "scored", strategy)

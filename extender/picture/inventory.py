@@ -140,6 +140,17 @@ class GpuInventory:
                 self._node_gpus[name] = cached
         return cached
 
+    def supplies_for(self, key: str, names: Iterable[str]) -> list[NodeGpus]:
+        """`supply_for` of many nodes: the hot path's form (one lookup per node without holds)."""
+        cached = self._node_gpus.get
+        supplies = [cached(name) or self.node_gpus(name) for name in names]
+        if self.holds:
+            supplies = [
+                self.supply_for(key, supply.name) if supply.name in self.holds else supply
+                for supply in supplies
+            ]
+        return supplies
+
     def supply_for(self, key: str, name: str) -> NodeGpus:
         """A node's free GPUs as pod `key` may use them: minus what is held for other pods.
 

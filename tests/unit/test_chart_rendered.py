@@ -82,14 +82,23 @@ def test_the_scheduler_configuration_calls_the_extender_service(install: list[di
 
 
 def test_the_extender_service_selects_the_extender_pods(install: list[dict[str, Any]]) -> None:
+    # The scheduler's Service has no selector: the Lease holder writes its EndpointSlice. The
+    # metrics Service selects every replica.
     service = one(install, "Service", "tessera-extender")
+    assert "selector" not in service["spec"]
+    metrics = one(install, "Service", "tessera-extender-metrics")
     deployment = one(install, "Deployment", "tessera-extender")
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert metrics["spec"]["selector"].items() <= pod_labels.items()
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+    budget = one(install, "PodDisruptionBudget", "tessera-extender")
+    assert budget["spec"]["minAvailable"] == 1
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["tessera-extender"]
     # Queue demand from the chart's scheduler only; GPUs of the chart's driver.
     assert {"--scheduler-name=tessera", "--gpu-driver=gpu.tessera.dev"} <= set(container["args"])
+    assert {"--leader-elect", "--advertise-service=tessera-extender"} <= set(container["args"])
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -100,8 +109,9 @@ def test_the_extender_service_selects_the_extender_pods(install: list[dict[str, 
         "--tls-client-ca-file=/etc/tessera/tls/ca.crt",
         "--metrics-port=9090",
     } <= set(container["args"])
-    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"https": 8888, "metrics": 9090}
-    assert service["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"https": 8888}
+    assert {p["name"]: p["port"] for p in metrics["spec"]["ports"]} == {"https": 8888, "metrics": 9090}
+    assert metrics["metadata"]["annotations"]["prometheus.io/port"] == "9090"
 
 
 def test_only_the_scheduler_reaches_the_extender_port(install: list[dict[str, Any]]) -> None:

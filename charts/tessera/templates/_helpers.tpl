@@ -89,6 +89,15 @@ extenders:
     # A filter error (e.g. while the extender restarts) retries the pod instead of scheduling it
     # without queue fairness.
     ignorable: false
+    {{- if not .Values.scheduler.deploy }}
+    # In the cluster's own scheduler: only pods asking for these call the extender (and wait
+    # while it is down); every other pod is scheduled without it.
+    managedResources:
+      {{- range .Values.scheduler.managedResources }}
+      - name: {{ .name }}
+        ignoredByScheduler: {{ .ignoredByScheduler | default false }}
+      {{- end }}
+    {{- end }}
     enableHTTPS: {{ .Values.extender.tls.enabled }}
     {{- if .Values.extender.tls.enabled }}
     tlsConfig:
