@@ -37,8 +37,10 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20  # a NodeList of thousands of nodes still fits
 # kube-scheduler gives up on an extender after 5 s: a body still arriving after this is not its.
 BODY_TIMEOUT_S = 5.0
-# Bodies above this are decoded in a worker thread (a NodeList of a few hundred nodes is ~1 MB).
-OFF_LOOP_BYTES = 1 * 2**20
+# Bodies above this are decoded in a worker thread, so an absurd body never stalls the requests
+# beside it. A thread costs a third more than decoding inline, so the NodeLists of real clusters
+# (5000 nodes: 5.6 MB, ~0.2 s) stay on the loop.
+OFF_LOOP_BYTES = 8 * 2**20
 # How long an admitted pod counts against its queue while the scheduler binds it; a pod that
 # is not bound by then (its cycle failed after filter) stops counting.
 RESERVATION_TTL_S = 15.0
