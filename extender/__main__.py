@@ -151,6 +151,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=15.0,
+        help="seconds a connection may go without completing a request (idle or half-sent) before "
+        "it is closed (default 15)",
+    )
+    parser.add_argument(
         "--queue-status-interval", type=float, default=2.0, help="seconds between Queue status updates"
     )
     parser.add_argument(
@@ -194,6 +201,7 @@ async def run(args: argparse.Namespace) -> None:
             else None
         ),
         queue_status_interval_s=args.queue_status_interval,
+        idle_timeout_s=args.idle_timeout,
         picture=picture,
         reclaim=(
             ReclaimOptions(args.reclaim_interval, args.reclaim_hold, args.max_evictions_per_cycle)

@@ -33,6 +33,8 @@ class ServiceOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     ssl_context: ssl.SSLContext | None = None
     queue_status_interval_s: float = 2.0
+    # Seconds a connection may sit without completing a request (kube-scheduler reconnects).
+    idle_timeout_s: float = 15.0
     picture: ClusterPicture = field(default_factory=ClusterPicture)
     # Reclaim and preemption of running pods; None turns the loop off (admission alone).
     reclaim: ReclaimOptions | None = field(default_factory=ReclaimOptions)
@@ -99,7 +101,9 @@ class ExtenderService:
             options.max_body_bytes,
             health=self.watcher.problem,
         )
-        self._runner = web.AppRunner(self.app, access_log=None)
+        # A connection that completes no request within this long - idle, or still sending its
+        # headers (a half-sent request) - is closed: nothing holds a connection for long.
+        self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=options.idle_timeout_s)
         self.port = options.port
 
     async def start(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio.client import ApiClient
@@ -30,3 +32,19 @@ def test_metrics_port_flag() -> None:
     assert parse_args(["--metrics-port=9090"]).metrics_port == 9090
     with pytest.raises(SystemExit):
         parse_args(["--port=9090", "--metrics-port=9090"])
+
+
+async def test_a_half_sent_request_does_not_hold_its_connection() -> None:
+    """Headers that never end (a slow client, or an attack) cost a connection for idle_timeout_s."""
+    async with ApiClient() as api:
+        service = ExtenderService(api, ServiceOptions(host="127.0.0.1", port=0, idle_timeout_s=0.5))
+        await service.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", service.port)
+            writer.write(b"POST /filter HTTP/1.1\r\nHost: tessera\r\nContent-Type: application/json\r\n")
+            await writer.drain()
+            # The server closes the connection: the read ends (EOF) instead of waiting for ever.
+            assert await asyncio.wait_for(reader.read(), timeout=30) == b""
+            writer.close()
+        finally:
+            await service.stop()
