@@ -158,8 +158,15 @@ def test_quiet_up_runs_every_example() -> None:
                 break
             time.sleep(0.5)
         assert len(phases) == expected and set(phases.values()) == {"Running"}, phases
-        queues = up.kubectl("get", "queues", "team-vision", "team-speech", "-o", "json")
-        allocated = {
-            q["metadata"]["name"]: q["status"]["allocated"]["gpu"] for q in json.loads(queues)["items"]
-        }
+        # The extender writes Queue status every few seconds: wait for it to count the running pods.
+        allocated: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            queues = json.loads(up.kubectl("get", "queues", "team-vision", "team-speech", "-o", "json"))
+            allocated = {
+                q["metadata"]["name"]: (q.get("status") or {}).get("allocated", {}).get("gpu", "")
+                for q in queues["items"]
+            }
+            if allocated == {"team-vision": "3", "team-speech": "2"}:
+                break
+            time.sleep(0.5)
         assert allocated == {"team-vision": "3", "team-speech": "2"}
