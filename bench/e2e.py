@@ -34,7 +34,7 @@ import pstats
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
@@ -485,6 +485,13 @@ async def bench_cluster(nodes: int, extender_profile: Path | None = None) -> Asy
         await asyncio.to_thread(cluster.stop)
 
 
+def alternating(rounds: int) -> Iterator[bool]:
+    """Whether each run has the extender: plain, Tessera, Tessera, plain, ... so a change in
+    background load hits both alike."""
+    for round_index in range(rounds):
+        yield from ((False, True) if round_index % 2 == 0 else (True, False))
+
+
 async def compare(
     bench: BenchCluster, scenario: Callable[[str, str], Awaitable[R]], rounds: int = 1
 ) -> tuple[list[R], list[R]]:
@@ -495,21 +502,19 @@ async def compare(
     await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, bench.extender_url)
     plain: list[R] = []
     tessera: list[R] = []
-    for round_index in range(rounds):
-        order = (False, True) if round_index % 2 == 0 else (True, False)
-        for with_extender in order:
+    for with_extender in alternating(rounds):
+        if with_extender:
+            await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
+        namespace = await bench.new_namespace("tessera" if with_extender else "plain")
+        try:
             if with_extender:
-                await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
-            namespace = await bench.new_namespace("tessera" if with_extender else "plain")
-            try:
-                if with_extender:
-                    tessera.append(await scenario(namespace, TESSERA_SCHEDULER))
-                else:
-                    plain.append(await scenario(namespace, PLAIN_SCHEDULER))
-            finally:
-                if with_extender:
-                    await asyncio.to_thread(bench.stop_extender)
-            await bench.clear(namespace)
+                tessera.append(await scenario(namespace, TESSERA_SCHEDULER))
+            else:
+                plain.append(await scenario(namespace, PLAIN_SCHEDULER))
+        finally:
+            if with_extender:
+                await asyncio.to_thread(bench.stop_extender)
+        await bench.clear(namespace)
     return plain, tessera
 
 

@@ -75,6 +75,7 @@ from .e2e import (
     BoundPods,
     Rounds,
     _admin_client,
+    alternating,
     bench_parser,
     bounded,
     gpu_pod,
@@ -401,24 +402,22 @@ async def _rounds(
 ) -> tuple[list[ReclaimRun], list[ReclaimRun]]:
     plain: list[ReclaimRun] = []
     tessera: list[ReclaimRun] = []
-    for round_index in range(rounds):
-        order = (False, True) if round_index % 2 == 0 else (True, False)
-        for with_extender in order:
+    for with_extender in alternating(rounds):
+        if with_extender:
+            await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
+        namespace = await bench.new_namespace("tessera" if with_extender else "plain")
+        try:
             if with_extender:
-                await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
-            namespace = await bench.new_namespace("tessera" if with_extender else "plain")
-            try:
-                if with_extender:
-                    tessera.append(await _reclaim_round(bench, namespace, TESSERA_SCHEDULER, False, timeout))
-                else:
-                    async with classic_nodes(bench, len(bench.nodes)):
-                        plain.append(await _reclaim_round(bench, namespace, PLAIN_SCHEDULER, True, timeout))
-                        await bench.clear(namespace)
-            finally:
-                if with_extender:
-                    await asyncio.to_thread(bench.stop_extender)
+                tessera.append(await _reclaim_round(bench, namespace, TESSERA_SCHEDULER, False, timeout))
+            else:
+                async with classic_nodes(bench, len(bench.nodes)):
+                    plain.append(await _reclaim_round(bench, namespace, PLAIN_SCHEDULER, True, timeout))
+                    await bench.clear(namespace)
+        finally:
             if with_extender:
-                await bench.clear(namespace)
+                await asyncio.to_thread(bench.stop_extender)
+        if with_extender:
+            await bench.clear(namespace)
     return plain, tessera
 
 

@@ -221,13 +221,11 @@ class StatusWriter:
                 continue
             if entry.nudged:
                 continue
-            try:
-                demand = self.state.demand(pod)
-                decision = view.admit(
-                    entry.queue, self.state.pod_resources(key, pod), preemptible=demand.preemptible
-                )
-            except ValueError:  # an unreadable pod is never eligible
+            demand = self.state.demand(pod)
+            if demand.problem:  # an unreadable pod is never eligible
                 continue
+            resources = self.state.accounting.resources(key, pod, demand)
+            decision = view.admit(entry.queue, resources, preemptible=demand.preemptible)
             if decision.admit:
                 eligible.append(entry)
         return eligible

@@ -95,7 +95,9 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
     by_size = {
         memory: view.admit(
-            demand.queue, picture.pod_resources(key, pod, memory), preemptible=demand.preemptible
+            demand.queue,
+            picture.accounting.resources(key, pod, demand, memory),
+            preemptible=demand.preemptible,
         )
         for memory in (sorted({gpu_memory.get(name, 0) for name in names}) if gpu_memory else [0])
     }
@@ -157,7 +159,7 @@ def decide_preemption(picture: ClusterPicture, args: ExtenderPreemptionArgs) -> 
     if demand.problem:
         raise UnreadablePod(f"unreadable pod: {demand.problem}")
     key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
-    request = picture.pod_resources(key, pod)
+    request = picture.accounting.resources(key, pod, demand)
     keys_by_uid = {str((p.get("metadata") or {}).get("uid")): k for k, p in picture.kind("Pod").items()}
     snapshot = picture.snapshot()
     kept: dict[str, MetaVictims] = {}
