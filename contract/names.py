@@ -35,3 +35,7 @@ MOVABLE_ANNOTATION: Final = "scheduling.tessera.dev/movable"
 # Controllers that recreate a pod evicted from under them: only their pods may be moved. A
 # DaemonSet recreates its pod on the same node, so moving one frees nothing.
 RECREATING_OWNER_KINDS: Final = frozenset({"ReplicaSet", "StatefulSet", "Job", "ReplicationController"})
+# Workloads (gangs): a pod annotation setting its workload's minimum member count, and a pod label
+# grouping pods that no controller groups (bare pods) into one workload of that name.
+MIN_MEMBERS_ANNOTATION: Final = "scheduling.tessera.dev/min-members"
+WORKLOAD_LABEL: Final = "scheduling.tessera.dev/workload"

@@ -142,8 +142,12 @@ async def handle_filter(request: web.Request) -> web.StreamResponse:
         waiting.refused(meta.namespace, meta.name, meta.uid, decision.queue, decision.message)
         # GPUs reclaim held for it would sit idle while admission refuses it: let them go.
         picture.inventory.release_hold(key)
+    elif decision.gang is not None:
+        waiting.admitted_whole(meta.namespace, meta.name, meta.uid, decision.message)
     elif decision.admitted:
         waiting.admitted(meta.namespace, meta.name, meta.uid, decision.message)
+    if decision.gang is not None:
+        picture.reserve_gang(decision.gang)
     if decision.reserve:
         picture.reserve(key, args.Pod.raw(), RESERVATION_TTL_S)
     result = decision.result

@@ -5,7 +5,9 @@ calls in the background:
 
 * a refused pod gets an Event and a pod condition (`scheduling.tessera.dev/QueueAdmitted`,
   False, with the reason naming the queue and the numbers); the condition turns True when the
-  pod is admitted;
+  pod is admitted. A pod of a gang says so: the workload, its minimum, how many are placed, and
+  what held the whole gang back; the pod whose filter admitted its gang as a unit gets the
+  condition True and a `WorkloadAdmitted` Event with the numbers;
 * requeue: kube-scheduler retries a pod an extender rejected only on a cluster event or after
   5 minutes. After every change of the picture the writer re-runs admission for the refused
   pods; one that would now be admitted gets its condition set to True (`QueueHasRoom`). That
@@ -38,6 +40,7 @@ from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import pod_queue
 from extender.queues import queue_statuses, with_reclaim
+from extender.verbs import admit_gang
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,13 @@ class WaitingPods:
             return
         self.waiting[key] = WaitingPod(namespace, name, uid, queue, reason)
         self.reports[key] = PodReport(namespace, name, uid, False, reason, post_event=True)
+        self.wake.set()
+
+    def admitted_whole(self, namespace: str, name: str, uid: str, reason: str) -> None:
+        """The pod's filter admitted its workload's minimum as a unit: condition and Event."""
+        key = f"{namespace}/{name}"
+        self.waiting.pop(key, None)
+        self.reports[key] = PodReport(namespace, name, uid, True, reason, post_event=True)
         self.wake.set()
 
     def admitted(self, namespace: str, name: str, uid: str, reason: str) -> None:
@@ -158,7 +168,8 @@ class StatusWriter:
             try:
                 await self._write_condition(namespace, name, admitted, reason)
                 if post_event:
-                    await post_pod_event(self.api, namespace, name, uid, "WaitingForQueue", reason)
+                    event = "WorkloadAdmitted" if admitted else "WaitingForQueue"
+                    await post_pod_event(self.api, namespace, name, uid, event, reason)
             except KubeError as exc:
                 # A pod deleted meanwhile is normal; anything else is worth a line.
                 if exc.status != 404:
@@ -224,9 +235,14 @@ class StatusWriter:
             demand = self.state.demand(pod)
             if demand.problem:  # an unreadable pod is never eligible
                 continue
-            resources = self.state.accounting.resources(key, pod, demand)
-            decision = view.admit(entry.queue, resources, preemptible=demand.preemptible)
-            if decision.admit:
+            gang = self.state.gang(pod)
+            if not gang.admitted:  # a gang goes whole: its queue and the GPUs must take all it misses
+                nodes = list(self.state.kind("Node"))
+                admissible = admit_gang(self.state, nodes, key, pod, demand, gang)[0].admit
+            else:
+                resources = self.state.accounting.resources(key, pod, demand)
+                admissible = view.admit(entry.queue, resources, preemptible=demand.preemptible).admit
+            if admissible:
                 eligible.append(entry)
         return eligible
 

@@ -8,6 +8,13 @@ Filter first asks the queue's fairness snapshot whether the pod may take what it
 refusal fails every node with the reason (FailedAndUnresolvableNodes: preempting pods on a node
 cannot fix a queue's share). An admitted pod then keeps only the nodes whose free GPUs fit it.
 
+A pod of a gang whose minimum is neither placed nor admitted is admitted with its whole gang or
+not at all: the queue is asked for the members still missing at once (their summed demand against
+limits and quotas), and their GPUs must all fit among the candidates, not counting GPUs held for
+other pods and gangs (`extender.policy.workloads.plan_gang`). Admitted, the decision carries a
+gang reservation (slots counted against the queue, GPUs held on the planned nodes) which the
+members that follow pass through; refused, every node fails with the numbers.
+
 Preempt sees the victims kube-scheduler's own priority preemption proposes per node - blind to
 queues - and keeps a node only if every victim there may go by the reclaim rules
 (`extender.policy.reclaim.reclaim_refusal`): no GPUs taken from a queue at or below its fair
@@ -20,9 +27,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.names import GPU_MILLI
+from extender.kubeapi import JsonObject
 from extender.picture.cluster import ClusterPicture
+from extender.picture.demands import PodDemand
+from extender.picture.workloads import GangReservation, GangState
+from extender.policy.fairness import AdmissionDecision
 from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, score_nodes
 from extender.policy.reclaim import reclaim_refusal
+from extender.policy.workloads import plan_gang
 from extender.wire import (
     ExtenderArgs,
     ExtenderFilterResult,
@@ -50,6 +62,7 @@ class FilterDecision:
     admitted: bool | None = None
     message: str = ""
     reserve: bool = False  # count the pod against its queue until it is bound
+    gang: GangReservation | None = None  # its workload's minimum, admitted as a unit
 
 
 @dataclass(frozen=True)
@@ -91,16 +104,27 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         return FilterDecision(filter_result(args, names, {}), "passed", "no_gpu")
     key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
     view = picture.fairness()
+    gang = picture.gang(pod)
+    owner = "" if gang.workload.single else gang.workload.key
+    reservation: GangReservation | None = None
     # A fraction is a larger share of a smaller GPU: admit it per GPU size among the candidates.
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
-    by_size = {
-        memory: view.admit(
-            demand.queue,
-            picture.accounting.resources(key, pod, demand, memory),
-            preemptible=demand.preemptible,
-        )
-        for memory in (sorted({gpu_memory.get(name, 0) for name in names}) if gpu_memory else [0])
-    }
+    sizes = sorted({gpu_memory.get(name, 0) for name in names}) if gpu_memory else [0]
+    if not gang.admitted:
+        unit, reservation = admit_gang(picture, names, key, pod, demand, gang)
+        by_size = dict.fromkeys(sizes, unit)
+    elif gang.reservation is not None:  # a member of a gang admitted whole: the unit was judged
+        unit = AdmissionDecision(True, _gang_text(gang, "is being placed"), "gang")
+        by_size = dict.fromkeys(sizes, unit)
+    else:
+        by_size = {
+            memory: view.admit(
+                demand.queue,
+                picture.accounting.resources(key, pod, demand, memory),
+                preemptible=demand.preemptible,
+            )
+            for memory in sizes
+        }
     admitted = [d for d in by_size.values() if d.admit]
     decision = admitted[0] if admitted else next(iter(by_size.values()))
     if not decision.admit:
@@ -111,14 +135,20 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         )
     if not demand.wants_gpu:
         return FilterDecision(
-            filter_result(args, names, {}), "admitted", "no_gpu", demand.queue, True, decision.reason
+            filter_result(args, names, {}),
+            "admitted",
+            "no_gpu",
+            demand.queue,
+            True,
+            decision.reason,
+            gang=reservation,
         )
     passed: list[str] = []
     failed: dict[str, str] = {}
     # Nodes of one shape and GPU size get one verdict: a large cluster has few distinct ones.
     verdicts: dict[tuple[int, str], str] = {}
     reference = picture.inventory.reference_memory(demand.models)
-    supplies = picture.inventory.supplies_for(key, names)
+    supplies = picture.inventory.supplies_for(key, names, owner)
     for name, supply in zip(names, supplies, strict=True):
         memory = gpu_memory.get(name, 0) if gpu_memory else 0
         if not by_size[memory].admit:
@@ -140,7 +170,54 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         True,
         decision.reason,
         reserve=bool(passed),
+        gang=reservation,
     )
+
+
+def _gang_text(gang: GangState, what: str) -> str:
+    return (
+        f"workload {gang.workload.key} (minimum {gang.minimum} pods, {gang.placed} placed, "
+        f"{gang.members} present) {what}"
+    )
+
+
+def admit_gang(
+    picture: ClusterPicture, names: list[str], key: str, pod: JsonObject, demand: PodDemand, gang: GangState
+) -> tuple[AdmissionDecision, GangReservation | None]:
+    """Admit the members a gang still misses, all at once: its queue must take their summed
+    demand, and all of them must fit the candidates' GPUs not held for others."""
+    missing = gang.minimum - gang.placed
+    amounts = picture.accounting.resources(key, pod, demand)
+    total = {resource: amount * missing for resource, amount in amounts.items()}
+    queued = picture.fairness().admit(demand.queue, total, preemptible=demand.preemptible)
+    if not queued.admit:
+        text = _gang_text(
+            gang, f"starts whole or not at all; its {missing} missing pods together: {queued.reason}"
+        )
+        return AdmissionDecision(False, text, queued.kind), None
+    gpus = demand.gpus_at(picture.inventory.reference_memory(demand.models))
+    nodes = [""] * missing
+    if gpus is not None:
+        supplies = picture.inventory.supplies_for(key, names, gang.workload.key)
+        planned = plan_gang(supplies, gpus, missing)
+        if len(planned) < missing:
+            text = _gang_text(
+                gang,
+                f"starts whole or not at all: GPUs free for {len(planned)} of its {missing} missing pods "
+                f"({describe(gpus)} each)",
+            )
+            return AdmissionDecision(False, text, "gang_no_fit"), None
+        nodes = planned
+    reservation = GangReservation(
+        workload=gang.workload,
+        queue=demand.queue,
+        amounts=amounts,
+        demand=gpus,
+        nodes=nodes,
+        target=gang.minimum,
+    )
+    text = _gang_text(gang, f"admitted whole: {missing} pods held for; {queued.reason}")
+    return AdmissionDecision(True, text, "gang"), reservation
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ devices did - are recounted; the fair shares are recomputed only when something 
 
 Reservations: the scheduler runs the next pod's filter while the previous one is still binding,
 so an admission in flight counts against its queue until the bind or `ttl_s`, or a burst could
-pass a limit.
+pass a limit. A gang admitted as a unit (`reserve_gang`) counts its members still to place as
+allocated slots, and its pending members count nothing of their own meanwhile (the slots stand for
+them); the slots follow the members as they are placed (see `extender.picture.workloads`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from extender.picture.demands import PodDemand, PodDemands, is_terminal
 from extender.picture.inventory import GpuInventory, add_amounts, gpu_amounts
 from extender.picture.ledger import Bucket, Contribution, QueueLedger
 from extender.picture.store import ObjectStore
+from extender.picture.workloads import GangReservation, WorkloadMap, remaining_slots
 from extender.policy.fairness import FairnessSnapshot, QueueSpec
 from extender.policy.placement import WorkloadMix
 from extender.queues import QueueSpecError, parse_queue
@@ -48,11 +51,13 @@ class QueueAccounting:
         store: ObjectStore,
         demands: PodDemands,
         inventory: GpuInventory,
+        workloads: WorkloadMap,
         scheduler_names: frozenset[str] = frozenset(),
     ) -> None:
         self.store = store
         self.demands = demands
         self.inventory = inventory
+        self.workloads = workloads
         # Pending pods count as queue demand only when addressed to one of these (empty: any).
         self.scheduler_names = scheduler_names
         self.ledger = QueueLedger()
@@ -61,6 +66,7 @@ class QueueAccounting:
         self.reserved: dict[str, float] = {}
         self.reserved_pods: dict[str, Mapping[str, Any]] = {}
         self._dirty: set[str] = set()
+        self._gangs: set[str] = set()  # workloads whose reservation may have to follow its members
         self._all_dirty = True
         self._view: QueueView | None = None
         # Told which pods were recounted (None: all), so caches derived from pods follow.
@@ -114,6 +120,49 @@ class QueueAccounting:
         self.reserved.pop(key, None)
         self.reserved_pods.pop(key, None)
 
+    def reserve_gang(self, reservation: GangReservation) -> None:
+        """A workload's minimum admitted as a unit: hold its slots until its members are placed."""
+        self.workloads.reserve(reservation)
+        self._gangs.add(reservation.workload.key)
+        self._dirty.update(self.workloads.members.get(reservation.workload.key, ()))
+
+    def _sync_gang(self, workload: str, end: bool = False) -> None:
+        """Bring a gang reservation's slots (ledger entries and GPU holds) in line with its members."""
+        reservation = self.workloads.reservations.get(workload)
+        if reservation is None:
+            return
+        members = self.workloads.members.get(workload, set())
+        landed: list[str] = []
+        admitted = 0  # admitted by a filter, bind still to come: counted by themselves, GPUs still held
+        for key in members:
+            pod = self.store.get("Pod", key)
+            node = self.inventory.pod_node(key, pod) if pod is not None else ""
+            if node:
+                landed.append(node)
+            elif key in self.reserved:
+                admitted += 1
+        now = time.monotonic()
+        placed = len(landed) + admitted
+        if placed > reservation.placed:  # progress: the scheduler is completing the gang
+            reservation.expires = now + self.workloads.hold_s
+        reservation.placed = placed
+        slots = [] if end else remaining_slots(reservation.nodes, landed, reservation.target - len(landed))
+        counted = max(reservation.target - placed, 0)  # slots not standing for an admitted member
+        for index in range(len(reservation.slots)):
+            self.ledger.put(reservation.slot_key(index), None)
+            self.inventory.release_hold(reservation.slot_key(index))
+        reservation.slots = slots
+        if not slots:
+            del self.workloads.reservations[workload]
+            self._dirty.update(members)  # pending members count as waiting again
+            return
+        for index, node in enumerate(slots):
+            key = reservation.slot_key(index)
+            if index < counted:
+                self.ledger.put(key, Contribution(reservation.queue, "allocated", reservation.amounts))
+            if node and reservation.demand is not None:
+                self.inventory.hold(key, node, reservation.demand, reservation.expires - now, owner=workload)
+
     # ---- questions ---------------------------------------------------------------------------
 
     def is_pending(self, key: str, pod: Mapping[str, Any]) -> bool:
@@ -158,12 +207,20 @@ class QueueAccounting:
             for key in [k for k, expiry in self.reserved.items() if expiry < now]:
                 self._drop_reservation(key)
                 self._dirty.add(key)
+        for workload in self.workloads.expired():
+            self._sync_gang(workload, end=True)
         if self._all_dirty:
             self.ledger.clear()
             self._dirty = set(self.store.kind("Pod")) | set(self.reserved)
+            self._gangs.update(self.workloads.reservations)
             self._all_dirty = False
             for listener in self.recounted:
                 listener(None)
+        of_pod = self.workloads.of_pod
+        self._gangs.update(of_pod[key] for key in self._dirty if key in of_pod)
+        for workload in self._gangs:
+            self._sync_gang(workload)
+        self._gangs.clear()
         if self._dirty:
             for key in self._dirty:
                 try:
@@ -192,8 +249,10 @@ class QueueAccounting:
         bucket: Bucket = "none"
         if self.inventory.pod_node(key, pod) or key in self.reserved:
             bucket = "allocated"
-        elif self.is_pending(key, pod):
-            bucket = "requested"
+        elif (
+            self.is_pending(key, pod) and self.workloads.workload_key(key) not in self.workloads.reservations
+        ):
+            bucket = "requested"  # (a member of a gang being placed is counted by its slots)
         gpus = demand.gpus_at(self.inventory.reference_memory(demand.models)) if "gpu" in amounts else None
         return Contribution(queue=demand.queue, bucket=bucket, amounts=amounts, demand=gpus)
 

@@ -33,6 +33,7 @@ from extender.picture.accounting import QueueAccounting, QueueView
 from extender.picture.demands import PodDemand, PodDemands, is_terminal
 from extender.picture.inventory import GpuInventory
 from extender.picture.store import ObjectStore
+from extender.picture.workloads import GangReservation, GangState, WorkloadMap
 from extender.policy.placement import GpuDemand, NodeGpus
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
@@ -48,6 +49,7 @@ WATCHED_PATHS: dict[str, str] = {
     "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/resourceclaimtemplates",
     "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
     "Queue": f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/{QUEUE_PLURAL}",
+    "Job": "/apis/batch/v1/jobs",  # an indexed Job's parallelism is its workload's minimum
 }
 
 
@@ -66,8 +68,9 @@ class ClusterPicture:
         self.store = ObjectStore(WATCHED_PATHS)
         self.demands = PodDemands(self.store, self.config.gpu_drivers, self.config.non_preemptible_priority)
         self.inventory = GpuInventory(self.store, self.demands, self.config.gpu_drivers)
+        self.workloads = WorkloadMap(self.store)
         self.accounting = QueueAccounting(
-            self.store, self.demands, self.inventory, self.config.scheduler_names
+            self.store, self.demands, self.inventory, self.workloads, self.config.scheduler_names
         )
         # Called after every change (the status writer uses it to notice newly eligible pods).
         self.listeners: list[Callable[[], None]] = []
@@ -105,6 +108,9 @@ class ClusterPicture:
 
     def release(self, key: str) -> None:
         self.accounting.release(key)
+
+    def reserve_gang(self, reservation: GangReservation) -> None:
+        self.accounting.reserve_gang(reservation)
 
     def _changed(self) -> None:
         for listener in self.listeners:
@@ -147,6 +153,28 @@ class ClusterPicture:
 
     def pod_node(self, key: str, pod: Mapping[str, Any]) -> str:
         return self.inventory.pod_node(key, pod)
+
+    def gang(self, pod: Mapping[str, Any]) -> GangState:
+        """The pod's workload: its minimum, members, how many are placed, its reservation."""
+        self.fairness()  # brings reservations in line with the members
+        workload = self.workloads.workload(pod)
+        if workload.single:
+            return GangState(workload, 1, 1, 0, None)
+        members = self.workloads.members.get(workload.key, set())
+        placed = 0
+        for key in members:
+            member = self.store.get("Pod", key)
+            if (
+                member is not None and self.inventory.pod_node(key, member)
+            ) or key in self.accounting.reserved:
+                placed += 1
+        return GangState(
+            workload,
+            self.workloads.minimum(workload),
+            len(members),
+            placed,
+            self.workloads.reservations.get(workload.key),
+        )
 
     def is_pending(self, key: str, pod: Mapping[str, Any]) -> bool:
         return self.accounting.is_pending(key, pod)

@@ -50,6 +50,7 @@ class Hold:
     node: str
     demand: GpuDemand
     expires: float  # time.monotonic()
+    owner: str = ""  # a workload whose members may all use it ("": only the pod it is held for)
 
 
 _NO_MIX = WorkloadMix(demands=())
@@ -140,19 +141,20 @@ class GpuInventory:
                 self._node_gpus[name] = cached
         return cached
 
-    def supplies_for(self, key: str, names: Iterable[str]) -> list[NodeGpus]:
+    def supplies_for(self, key: str, names: Iterable[str], owner: str = "") -> list[NodeGpus]:
         """`supply_for` of many nodes: the hot path's form (one lookup per node without holds)."""
         cached = self._node_gpus.get
         supplies = [cached(name) or self.node_gpus(name) for name in names]
         if self.holds:
             supplies = [
-                self.supply_for(key, supply.name) if supply.name in self.holds else supply
+                self.supply_for(key, supply.name, owner) if supply.name in self.holds else supply
                 for supply in supplies
             ]
         return supplies
 
-    def supply_for(self, key: str, name: str) -> NodeGpus:
-        """A node's free GPUs as pod `key` may use them: minus what is held for other pods.
+    def supply_for(self, key: str, name: str, owner: str = "") -> NodeGpus:
+        """A node's free GPUs as pod `key` (of workload `owner`) may use them: minus what is held
+        for other pods and workloads.
 
         A hold that cannot be placed yet (its victims are still terminating) keeps the whole node:
         nothing else may take GPUs there until the pod it is for has them.
@@ -165,16 +167,16 @@ class GpuInventory:
         for holder, hold in list(on_node.items()):
             if hold.expires < now:
                 self.release_hold(holder)
-            elif holder != key:
+            elif holder != key and not (owner and hold.owner == owner):
                 occupied = occupy(supply, hold.demand, _NO_MIX)
                 if occupied is None:
                     return replace(supply, free_milli=(0,) * len(supply.free_milli))
                 supply = occupied[0]
         return supply
 
-    def hold(self, key: str, node: str, demand: GpuDemand, ttl_s: float) -> None:
+    def hold(self, key: str, node: str, demand: GpuDemand, ttl_s: float, owner: str = "") -> None:
         self.release_hold(key)
-        self.holds.setdefault(node, {})[key] = Hold(node, demand, time.monotonic() + ttl_s)
+        self.holds.setdefault(node, {})[key] = Hold(node, demand, time.monotonic() + ttl_s, owner)
 
     def release_hold(self, key: str) -> None:
         for node, on_node in list(self.holds.items()):

@@ -409,6 +409,8 @@ NEEDS = {
         f"list {QUEUES}",
         f"watch {QUEUES}",
         f"patch {QUEUES}/status",
+        "list jobs.batch",
+        "watch jobs.batch",
     ),
     # dra_driver/slices.py and prepare.py
     "dra-driver": access_list(

@@ -1,0 +1,146 @@
+"""Workloads in the picture: which pods belong together, and the reservations of admitted gangs.
+
+`WorkloadMap` keeps, per workload (`extender.policy.workloads.workload_of`), the pods that belong
+to it, so a filter call learns in O(members) how many of a gang are placed. Batch Jobs are
+watched, so an indexed Job's minimum is its spec's; other owners' minimums come from the pod (see
+the table in `extender.policy.workloads`).
+
+A **gang reservation** is what admitting a workload's minimum as a unit leaves behind: one slot per
+member still to place, each counted as allocated to the queue (in the ledger, under the key
+`<workload>#<i>`) and holding GPUs on the node the admission planned for it (an inventory hold
+owned by the workload, which its own members see as free and every other pod as taken). As
+members are placed (bound, assumed bound, or admitted by a filter whose bind is coming) slots go:
+first those on the nodes the members landed on. The reservation ends when the minimum is placed,
+or when no member was placed for `hold_s` (a gang the scheduler cannot complete gives back
+everything it holds; its placed members stay, it is admitted again from there).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from contract.kube import mapping, meta
+from extender.kubeapi import JsonObject
+from extender.picture.demands import is_terminal
+from extender.picture.store import ObjectStore
+from extender.policy.placement import GpuDemand
+from extender.policy.workloads import JOBSET_LABEL, Workload, workload_of
+
+# How long an admitted gang keeps its reservation without any member being placed.
+GANG_HOLD_S = 60.0
+# Owner kinds the picture watches (the others' specs are unknown: see the table's "members").
+WATCHED_OWNERS = frozenset({"Job"})
+
+
+@dataclass
+class GangReservation:
+    """A workload admitted whole: slots for the members still to place."""
+
+    workload: Workload
+    queue: str
+    amounts: Mapping[str, float]  # one member's fairness vector
+    demand: GpuDemand | None  # one member's GPU shape (None: no GPU)
+    nodes: Sequence[str]  # the node planned for each member still to place when admitted
+    target: int  # placed members at which the reservation is complete (the minimum)
+    expires: float = 0.0  # monotonic; renewed whenever a member is placed
+    placed: int = 0
+    slots: list[str] = field(default_factory=list)  # nodes of the slots held now
+
+    def slot_key(self, index: int) -> str:
+        return f"{self.workload.key}#{index}"
+
+
+@dataclass(frozen=True)
+class GangState:
+    """What a filter needs to know of a pod's workload."""
+
+    workload: Workload
+    minimum: int
+    members: int
+    placed: int
+    reservation: GangReservation | None
+
+    @property
+    def admitted(self) -> bool:
+        """Its minimum is placed, or admitted as a unit and being placed: members go pod by pod."""
+        return self.workload.single or self.placed >= self.minimum or self.reservation is not None
+
+
+class WorkloadMap:
+    def __init__(self, store: ObjectStore, hold_s: float = GANG_HOLD_S) -> None:
+        self.store = store
+        self.hold_s = hold_s
+        self.of_pod: dict[str, str] = {}  # pod key -> workload key (pods of gangs only)
+        self.members: dict[str, set[str]] = {}
+        self.reservations: dict[str, GangReservation] = {}
+        store.subscribe("Pod", self._pod_changed, self._relisted)
+
+    def workload(self, pod: Mapping[str, Any]) -> Workload:
+        return workload_of(pod, self._lookup, self._owned)
+
+    def minimum(self, workload: Workload) -> int:
+        if workload.minimum is not None:
+            return workload.minimum
+        return max(len(self.members.get(workload.key, ())), 1)
+
+    def workload_key(self, pod_key: str) -> str:
+        return self.of_pod.get(pod_key, "")
+
+    def reserve(self, reservation: GangReservation) -> None:
+        reservation.expires = time.monotonic() + self.hold_s
+        self.reservations[reservation.workload.key] = reservation
+
+    def expired(self) -> list[str]:
+        now = time.monotonic()
+        return [key for key, r in self.reservations.items() if r.expires < now]
+
+    def _lookup(self, kind: str, key: str) -> Mapping[str, Any] | None:
+        return self.store.get(kind, key) if kind in WATCHED_OWNERS else None
+
+    def _owned(self, kind: str, key: str) -> Sequence[Mapping[str, Any]]:
+        """A JobSet's Jobs (they carry its name as a label, like its pods)."""
+        if kind != "JobSet":
+            return ()
+        namespace, _, name = key.partition("/")
+        return [
+            job
+            for job in self.store.kind("Job").values()
+            if meta(job).get("namespace") == namespace
+            and mapping(meta(job).get("labels")).get(JOBSET_LABEL) == name
+        ]
+
+    def _pod_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        previous = self.of_pod.pop(key, "")
+        if previous:
+            members = self.members.get(previous)
+            if members is not None:
+                members.discard(key)
+                if not members:
+                    del self.members[previous]
+        if new is None or is_terminal(new):
+            return
+        workload = self.workload(new)
+        if not workload.single:
+            self.of_pod[key] = workload.key
+            self.members.setdefault(workload.key, set()).add(key)
+
+    def _relisted(self, keys: set[str]) -> None:
+        for key in [k for k in self.of_pod if k not in keys]:
+            self._pod_changed(key, None, None)
+
+
+def remaining_slots(planned: Iterable[str], landed: Iterable[str], count: int) -> list[str]:
+    """The planned nodes still held once members landed on `landed`: a member that landed on a
+    planned node takes that slot; the rest are cut from the end, down to `count`."""
+    taken = Counter(landed)
+    left: list[str] = []
+    for node in planned:
+        if taken[node] > 0:
+            taken[node] -= 1
+        else:
+            left.append(node)
+    return left[: max(count, 0)]

@@ -1,0 +1,238 @@
+"""The workload map: which workload a pod belongs to, and that workload's minimum member count.
+
+A workload is the group of pods admitted, placed and reclaimed together. Its **minimum** is how
+many members must run for any of them to be useful (a gang); members beyond it are elastic. One
+table, first matching row wins, read from the pod (labels, annotations, owner references,
+`spec.schedulingGroup`) and, where the caller has them, from its owners' objects:
+
+Rows (the pod → its workload key → the minimum):
+
+- **podgroup**: `spec.schedulingGroup.podGroupName` (KEP-4671) → `PodGroup/ns/name` → the
+  PodGroup's gang `minCount` (basic policy: 1); the object unknown: members.
+- **label**: label `scheduling.tessera.dev/workload` → `Workload/ns/<value>` → members.
+- **lws**: labels `leaderworkerset.sigs.k8s.io/name` and `.../group-index` →
+  `LeaderWorkerSet/ns/<name>-<index>` → annotation `leaderworkerset.sigs.k8s.io/size` (leader
+  and workers), else members.
+- **jobset**: label `jobset.sigs.k8s.io/jobset-name` (JobSet pods, and TrainJob pods, which run
+  in a JobSet of the TrainJob's name) → `JobSet/ns/name` → the JobSet's replicated jobs'
+  replicas x parallelism; the JobSet unknown: its Jobs' parallelism; none known: members.
+- **indexed job**: controller a batch Job, annotation `batch.kubernetes.io/job-completion-index`
+  → `Job/ns/name` → the Job's min(parallelism, completions); the Job unknown: members.
+- **kubeflow**: controller a `kubeflow.org` PyTorchJob, TFJob, MPIJob, XGBoostJob, JAXJob or
+  PaddleJob → `Kind/ns/name` → `runPolicy.schedulingPolicy.minAvailable`, else the sum of the
+  replica specs' replicas; the object unknown: members.
+- **ray**: controller a `ray.io` RayCluster (RayJob and RayService make one) →
+  `RayCluster/ns/name` → 1 head + each worker group's minReplicas x numOfHosts; unknown: members.
+- **pod**: anything else - a non-indexed Job's pods, ReplicaSet/Deployment, StatefulSet, bare
+  pods → `Pod/ns/name` → 1.
+
+The annotation `scheduling.tessera.dev/min-members: N` on the pod (its template) overrides the
+minimum of any row; on a pod of the last row it groups the pods of its controller
+(`ReplicaSet/ns/name`, `StatefulSet/ns/name`, `Job/ns/name`) into one workload of minimum N.
+
+"members" means the members that exist now: for an owner whose spec the caller does not have (a
+custom resource the extender does not watch), the pods its controller created. Those controllers
+create all their pods in one reconcile, so the count is complete moments after the first pod;
+where that matters, the annotation states it exactly.
+
+Why these minimums: a non-indexed Job is a pool of independent work items (completions beyond
+parallelism; any pod is useful alone); an indexed Job is how distributed training runs on plain
+Jobs (one rank per index), so its parallel pods are a gang. Ray's autoscaled workers above
+minReplicas and StatefulSet/Deployment replicas are elastic by nature. A StatefulSet with the
+default `OrderedReady` policy creates pod n+1 only when pod n is ready, so it must never be a gang
+unless the user says so (and uses `podManagementPolicy: Parallel`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contract.kube import controller_of, mapping, meta, sequence
+from contract.names import MIN_MEMBERS_ANNOTATION, WORKLOAD_LABEL
+from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
+from extender.policy.snapshot import occupy
+
+JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
+KUBEFLOW_KINDS = frozenset({"PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "JAXJob", "PaddleJob"})
+# Owners the annotation groups pods by when no row of their own does.
+GROUPING_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "Job", "ReplicationController"})
+
+# (kind, "namespace/name") -> the object, when the caller has it (None: unknown).
+Lookup = Callable[[str, str], Mapping[str, Any] | None]
+_MIX = WorkloadMix(demands=())  # placement without a target mix: plain binpack
+# (owner kind, "namespace/name") -> objects it controls that the caller has (e.g. a JobSet's Jobs).
+Owned = Callable[[str, str], Sequence[Mapping[str, Any]]]
+
+
+def _nothing(kind: str, key: str) -> Mapping[str, Any] | None:
+    return None
+
+
+def _none_owned(kind: str, key: str) -> Sequence[Mapping[str, Any]]:
+    return ()
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A pod's workload. `minimum` None: the members that exist (the owner's spec is unknown)."""
+
+    key: str  # Kind/namespace/name: unique in the cluster
+    kind: str
+    name: str
+    minimum: int | None
+    rule: str  # the row that decided (docs, events, tests)
+
+    @property
+    def single(self) -> bool:
+        """A workload of one pod: admitted and placed as today, pod by pod."""
+        return self.kind == "Pod"
+
+
+def _count(value: object) -> int | None:
+    """A member count from JSON: a positive integer (or its string), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 1 else None
+    if isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip())
+        return number if number >= 1 else None
+    return None
+
+
+def _int(value: object, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def job_minimum(job: Mapping[str, Any]) -> int:
+    """An indexed Job's gang: all the pods that run in parallel (never more than there are indexes)."""
+    spec = mapping(job.get("spec"))
+    parallelism = _int(spec.get("parallelism"), 1)
+    completions = spec.get("completions")
+    if isinstance(completions, int) and not isinstance(completions, bool):
+        parallelism = min(parallelism, completions)
+    return max(parallelism, 1)
+
+
+def jobset_minimum(jobset: Mapping[str, Any]) -> int:
+    total = 0
+    for replicated in sequence(mapping(jobset.get("spec")).get("replicatedJobs")):
+        replicated = mapping(replicated)
+        job_spec = mapping(mapping(replicated.get("template")).get("spec"))
+        total += _int(replicated.get("replicas"), 1) * job_minimum({"spec": job_spec})
+    return max(total, 1)
+
+
+def kubeflow_minimum(job: Mapping[str, Any]) -> int:
+    spec = mapping(job.get("spec"))
+    stated = _count(mapping(mapping(spec.get("runPolicy")).get("schedulingPolicy")).get("minAvailable"))
+    if stated is not None:
+        return stated
+    total = 0
+    for field, replica_specs in spec.items():
+        if field.endswith("ReplicaSpecs"):
+            total += sum(_int(mapping(r).get("replicas"), 1) for r in mapping(replica_specs).values())
+    return max(total, 1)
+
+
+def ray_minimum(cluster: Mapping[str, Any]) -> int:
+    spec = mapping(cluster.get("spec"))
+    workers = sum(
+        _int(mapping(g).get("minReplicas"), 0) * max(_int(mapping(g).get("numOfHosts"), 1), 1)
+        for g in sequence(spec.get("workerGroupSpecs"))
+    )
+    return 1 + workers
+
+
+def podgroup_minimum(group: Mapping[str, Any]) -> int:
+    policy = mapping(mapping(group.get("spec")).get("schedulingPolicy"))
+    return _count(mapping(policy.get("gang")).get("minCount")) or 1
+
+
+def workload_of(pod: Mapping[str, Any], lookup: Lookup = _nothing, owned: Owned = _none_owned) -> Workload:
+    """The pod's workload by the table above (the annotation's override applied)."""
+    found = _by_table(pod, lookup, owned)
+    stated = mapping(meta(pod).get("annotations")).get(MIN_MEMBERS_ANNOTATION)
+    minimum = _count(stated)
+    if minimum is None:
+        return found
+    if found.single:
+        owner = controller_of(pod)
+        kind, name = str(owner.get("kind") or ""), str(owner.get("name") or "")
+        if kind not in GROUPING_OWNERS or not name:
+            return found  # a pod alone: a minimum above 1 could never be met
+        namespace = str(meta(pod).get("namespace") or "")
+        return Workload(f"{kind}/{namespace}/{name}", kind, name, minimum, "annotation")
+    return Workload(found.key, found.kind, found.name, minimum, "annotation")
+
+
+def _by_table(pod: Mapping[str, Any], lookup: Lookup, owned: Owned) -> Workload:
+    metadata = meta(pod)
+    namespace = str(metadata.get("namespace") or "")
+    labels = mapping(metadata.get("labels"))
+    annotations = mapping(metadata.get("annotations"))
+
+    def workload(kind: str, name: str, minimum: int | None, rule: str) -> Workload:
+        return Workload(f"{kind}/{namespace}/{name}", kind, name, minimum, rule)
+
+    group = mapping(mapping(pod.get("spec")).get("schedulingGroup")).get("podGroupName")
+    if isinstance(group, str) and group:
+        obj = lookup("PodGroup", f"{namespace}/{group}")
+        return workload("PodGroup", group, podgroup_minimum(obj) if obj else None, "podgroup")
+    named = labels.get(WORKLOAD_LABEL)
+    if isinstance(named, str) and named:
+        return workload("Workload", named, None, "label")
+    lws, index = labels.get(LWS_NAME_LABEL), labels.get(LWS_GROUP_LABEL)
+    if isinstance(lws, str) and lws and isinstance(index, str):
+        return workload(
+            "LeaderWorkerSet", f"{lws}-{index}", _count(annotations.get(LWS_SIZE_ANNOTATION)), "lws"
+        )
+    jobset = labels.get(JOBSET_LABEL)
+    if isinstance(jobset, str) and jobset:
+        key = f"{namespace}/{jobset}"
+        obj = lookup("JobSet", key)
+        if obj is not None:
+            return workload("JobSet", jobset, jobset_minimum(obj), "jobset")
+        jobs = owned("JobSet", key)
+        return workload("JobSet", jobset, sum(job_minimum(j) for j in jobs) if jobs else None, "jobset")
+    owner = controller_of(pod)
+    kind, name = str(owner.get("kind") or ""), str(owner.get("name") or "")
+    group_of_api = str(owner.get("apiVersion") or "").split("/")[0]
+    if kind == "Job" and group_of_api == "batch" and JOB_INDEX_ANNOTATION in annotations:
+        job = lookup("Job", f"{namespace}/{name}")
+        return workload("Job", name, job_minimum(job) if job else None, "indexed job")
+    if kind in KUBEFLOW_KINDS and group_of_api == "kubeflow.org":
+        obj = lookup(kind, f"{namespace}/{name}")
+        return workload(kind, name, kubeflow_minimum(obj) if obj else None, "kubeflow")
+    if kind == "RayCluster" and group_of_api == "ray.io":
+        obj = lookup(kind, f"{namespace}/{name}")
+        return workload(kind, name, ray_minimum(obj) if obj else None, "ray")
+    return workload("Pod", str(metadata.get("name") or ""), 1, "pod")
+
+
+def plan_gang(supplies: Sequence[NodeGpus], demand: GpuDemand, count: int) -> list[str]:
+    """Nodes for up to `count` members of one GPU shape (fewer: only that many fit).
+
+    Greedy binpack: each member goes to the node with the least free GPU where it fits, so a
+    gang fills nodes rather than spreading a little over many, leaving whole nodes for others.
+    """
+    free = {supply.name: supply for supply in supplies}
+    chosen: list[str] = []
+    for _ in range(count):
+        fitting = [
+            (sum(node.free_milli), name, after)
+            for name, node in free.items()
+            if (after := occupy(node, demand, _MIX)) is not None
+        ]
+        if not fitting:
+            break
+        _, name, (after_node, _gpus) = min(fitting, key=lambda entry: (entry[0], entry[1]))
+        free[name] = after_node
+        chosen.append(name)
+    return chosen

@@ -1,0 +1,174 @@
+"""Gang admission through the filter verb: a workload's minimum is admitted whole or not at all.
+
+The cluster: nodes a and b with 2 GPUs each (4 GPUs), indexed Jobs whose pods ask one GPU each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from kubernetes_asyncio.client import ApiClient
+
+from contract.names import MIN_MEMBERS_ANNOTATION
+from extender.binder import Binder
+from extender.metrics import ExtenderMetrics
+from extender.picture.cluster import ClusterPicture
+from extender.server import build_app
+from extender.status import WaitingPods
+from tests import extender_objects as objects
+from tests.unit.extender.test_server import CLASS, Extender, args
+
+
+@pytest.fixture
+async def extender() -> AsyncIterator[Extender]:
+    state, waiting, api = ClusterPicture(), WaitingPods(), ApiClient()
+    app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state))
+    async with TestClient(TestServer(app)) as client:
+        yield Extender(client, state, waiting, api)
+    await api.close()
+
+
+NODES = ["a", "b"]
+
+
+def job(name: str, parallelism: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+        "spec": {"parallelism": parallelism, "completions": parallelism, "completionMode": "Indexed"},
+    }
+
+
+def member(job_name: str, index: int, queue: str = "team", min_members: int | None = None) -> dict[str, Any]:
+    pod = objects.pod("ns", f"{job_name}-{index}", queue=queue, template="one")
+    pod["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": job_name,
+            "uid": f"uid-{job_name}",
+            "controller": True,
+        }
+    ]
+    pod["metadata"]["annotations"] = {"batch.kubernetes.io/job-completion-index": str(index)}
+    if min_members is not None:
+        pod["metadata"]["annotations"][MIN_MEMBERS_ANNOTATION] = str(min_members)
+    return pod
+
+
+def cluster(*extra: dict[str, Any], limit: int | None = None) -> list[dict[str, Any]]:
+    gpu: dict[str, Any] = {"limit": limit} if limit is not None else {}
+    return [
+        objects.node("a"),
+        objects.node("b"),
+        objects.gpu_slice("a", 2),
+        objects.gpu_slice("b", 2),
+        objects.device_class(CLASS),
+        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        objects.queue("team", resources={"gpu": gpu}),
+        *extra,
+    ]
+
+
+def bound(pod: dict[str, Any], node: str, version: int) -> dict[str, Any]:
+    pod = {**pod, "spec": {**pod["spec"], "nodeName": node}}
+    pod["metadata"] = {**pod["metadata"], "resourceVersion": str(version)}
+    return pod
+
+
+async def test_two_gangs_of_four_on_four_gpus_never_split(extender: Extender) -> None:
+    first = [member("ja", i) for i in range(4)]
+    second = [member("jb", i) for i in range(4)]
+    extender.sync(cluster(job("ja", 4), job("jb", 4), *first, *second))
+
+    # ja-0 comes first: ja's 4 pods fit the 4 free GPUs and are admitted as one.
+    _, result = await extender.call("filter", args(first[0], NODES))
+    assert result["NodeNames"] == NODES
+    reservation = extender.state.workloads.reservations["Job/ns/ja"]
+    assert (reservation.target, sorted(reservation.nodes)) == (4, ["a", "a", "b", "b"])
+    report = extender.waiting.reports["ns/ja-0"]
+    assert report.admitted and report.post_event  # condition True and a WorkloadAdmitted Event
+    assert "workload Job/ns/ja (minimum 4 pods, 0 placed, 4 present) admitted whole: 4 pods held for" in (
+        report.reason
+    )
+
+    # jb-0, interleaved by the scheduler: the 4 GPUs are ja's, so jb waits whole; no pod of jb takes one.
+    for pod in second:
+        _, result = await extender.call("filter", args(pod, NODES))
+        assert result["NodeNames"] == []
+        reason = result["FailedAndUnresolvableNodes"]["a"]
+        assert "workload Job/ns/jb (minimum 4 pods, 0 placed, 4 present) starts whole or not at all" in reason
+        assert "GPUs free for 0 of its 4 missing pods (1 GPU each)" in reason
+
+    # ja's other pods pass on both nodes: the GPUs held for their gang are theirs.
+    for pod in first[1:]:
+        _, result = await extender.call("filter", args(pod, NODES))
+        assert result["NodeNames"] == NODES
+
+    # They bind (2 per node); each bind takes a slot, and the reservation ends with the 4th.
+    for version, (pod, node) in enumerate(zip(first, ["a", "a", "b", "b"], strict=True), start=10):
+        extender.state.apply("Pod", "MODIFIED", bound(pod, node, version))
+        extender.state.fairness()
+    assert "Job/ns/ja" not in extender.state.workloads.reservations
+    assert extender.state.inventory.holds == {}
+
+
+async def test_the_queue_admits_the_whole_minimum_or_nothing(extender: Extender) -> None:
+    # Limit 3 GPUs, a gang of 4: 3 would fit the limit and the GPUs, but the gang needs 4.
+    pods = [member("ja", i) for i in range(4)]
+    extender.sync(cluster(job("ja", 4), *pods, limit=3))
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    assert result["NodeNames"] == []
+    reason = result["FailedAndUnresolvableNodes"]["a"]
+    assert (
+        "its 4 missing pods together: queue 'team': gpu allocated 0 + request 4 would exceed its limit (3)"
+        in (reason)
+    )
+    assert extender.state.workloads.reservations == {}
+
+
+async def test_a_gang_counts_its_reserved_members_against_the_queue(extender: Extender) -> None:
+    # Limit 4: ja's minimum of 2 is admitted and counts 2 at once; a gang of 3 then exceeds the limit.
+    ja = [member("ja", i) for i in range(2)]
+    jb = [member("jb", i) for i in range(3)]
+    extender.sync(cluster(job("ja", 2), job("jb", 3), *ja, *jb, limit=4))
+    _, result = await extender.call("filter", args(ja[0], NODES))
+    assert result["NodeNames"] == NODES
+    assert extender.state.fairness().usage["team"].allocated["gpu"] == 2  # ja-0 + one slot
+    _, result = await extender.call("filter", args(jb[0], NODES))
+    assert (
+        "gpu allocated 2 + request 3 would exceed its limit (4)" in result["FailedAndUnresolvableNodes"]["a"]
+    )
+
+
+async def test_min_two_of_four_starts_with_two_and_grows(extender: Extender) -> None:
+    pods = [member("ja", i, min_members=2) for i in range(4)]
+    extender.sync(cluster(job("ja", 4), *pods))
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    assert result["NodeNames"] == NODES
+    assert extender.state.workloads.reservations["Job/ns/ja"].target == 2
+    extender.state.apply("Pod", "MODIFIED", bound(pods[0], "a", 10))
+    extender.state.apply("Pod", "MODIFIED", bound(pods[1], "a", 11))
+    extender.state.fairness()
+    assert extender.state.workloads.reservations == {}
+    # The minimum runs: pods 3 and 4 are elastic and go one by one, as any pod.
+    _, result = await extender.call("filter", args(pods[2], NODES))
+    assert result["NodeNames"] == NODES
+    assert "ns/ja-2" not in extender.waiting.reports  # admitted pod by pod, as any pod
+
+
+async def test_a_gang_that_is_not_completed_in_time_gives_back_everything(extender: Extender) -> None:
+    first = [member("ja", i) for i in range(4)]
+    second = [member("jb", i) for i in range(4)]
+    extender.sync(cluster(job("ja", 4), job("jb", 4), *first, *second))
+    extender.state.workloads.hold_s = 0.0  # ja's reservation lapses at once: no member is placed
+    _, result = await extender.call("filter", args(first[0], NODES))
+    assert result["NodeNames"] == NODES
+    extender.state.release("ns/ja-0")  # its bind did not come either
+    _, result = await extender.call("filter", args(second[0], NODES))
+    assert result["NodeNames"] == NODES
+    assert list(extender.state.workloads.reservations) == ["Job/ns/jb"]
