@@ -242,6 +242,7 @@ def load_state(picture: Picture) -> ClusterPicture:
         "ResourceClaimTemplate",
         "ResourceClaim",
         "Queue",
+        "Job",
         "Pod",
     ):
         state.replace(kind, picture.objects.get(kind, []))

@@ -18,7 +18,9 @@ members that follow pass through; refused, every node fails with the numbers.
 Preempt sees the victims kube-scheduler's own priority preemption proposes per node - blind to
 queues - and keeps a node only if every victim there may go by the reclaim rules
 (`extender.policy.reclaim.reclaim_refusal`): no GPUs taken from a queue at or below its fair
-share on behalf of one above it, and never a pod that is not preemptible. A node is dropped whole
+share on behalf of one above it, never a pod that is not preemptible, and never a gang's member
+that its workload needs to keep its minimum (the scheduler proposes victims per node; a gang
+spans nodes, so only Tessera's reclaim loop takes gangs, whole). A node is dropped whole
 rather than thinned: the scheduler does not re-check that fewer victims still make room.
 """
 
@@ -113,7 +115,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     if not gang.admitted:
         unit, reservation = admit_gang(picture, names, key, pod, demand, gang)
         by_size = dict.fromkeys(sizes, unit)
-    elif gang.reservation is not None:  # a member of a gang admitted whole: the unit was judged
+    elif gang.reservation is not None and gang.placed < gang.minimum:  # the unit it is in was judged
         unit = AdmissionDecision(True, _gang_text(gang, "is being placed"), "gang")
         by_size = dict.fromkeys(sizes, unit)
     else:
@@ -250,6 +252,11 @@ def decide_preemption(picture: ClusterPicture, args: ExtenderPreemptionArgs) -> 
                 continue  # holds no GPU (or is unknown): nothing of Tessera's to guard
             if not victim.preemptible:
                 why = f"pod {victim.key} is not preemptible"
+            elif victim.workload and not fork.elastic(victim):
+                why = (
+                    f"pod {victim.key} is one of the {len(fork.members(victim.workload))} running pods of "
+                    f"workload {victim.workload}, its minimum: evicting it would break the gang"
+                )
             elif victim.queue != demand.queue:
                 why = reclaim_refusal(fork.fairness, demand.queue, request, victim.queue, victim.resources)
             if why:

@@ -216,8 +216,24 @@ class ClusterPicture:
                 if isinstance(entry, RunningPod):
                     running[key] = entry
         return ClusterSnapshot(
-            nodes, running, view, view.mix, self.inventory.gpu_memory, self.inventory.pods_by_node
+            nodes,
+            running,
+            view,
+            view.mix,
+            self.inventory.gpu_memory,
+            self.inventory.pods_by_node,
+            self._minimums(running.values()),
         )
+
+    def _minimums(self, running: Iterable[RunningPod]) -> dict[str, int]:
+        """The minimum of each gang workload with running members."""
+        minimums: dict[str, int] = {}
+        for pod in running:
+            if pod.workload and pod.workload not in minimums:
+                obj = self.store.get("Pod", pod.key)
+                if obj is not None:
+                    minimums[pod.workload] = self.workloads.minimum(self.workloads.workload(obj))
+        return minimums
 
     def _forget_running(self, keys: Iterable[str] | None) -> None:
         if keys is None:
@@ -246,7 +262,9 @@ class ClusterPicture:
             preemptible=demand.preemptible,
             started=_start_time(pod),
             terminating=bool(meta(pod).get("deletionTimestamp")),
-            movable=is_movable(pod),
+            # A gang's member is never moved: its workload would run below its minimum meanwhile.
+            movable=is_movable(pod) and not self.workloads.workload_key(key),
+            workload=self.workloads.workload_key(key),
         )
         return running, demand.classic_gpus
 
@@ -270,6 +288,8 @@ class ClusterPicture:
             demand = self.demands.of(pod)
             if not view.admit(demand.queue, contribution.amounts, preemptible=demand.preemptible).admit:
                 continue  # a limit or quota holds it back: evicting others would not help
+            if not self.gang(pod).admitted:
+                continue  # a gang goes whole: GPUs for one of its pods would serve nothing
             fraction = demand.gpu_requests[0].memory_bytes if demand.fractional else None
             waiting.append(
                 PendingPod(

@@ -30,6 +30,13 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
 
 Pods with a `terminating` flag are evicted in the fork first: their GPUs are already coming free,
 so nothing is evicted for a pod that will fit once they are gone.
+
+Workloads are the unit (extender.policy.workloads). A running member of a gang beyond its
+workload's minimum is elastic: it goes alone, and before any other candidate on the node. A member
+at the minimum goes only with its whole gang, on every node (`ClusterSnapshot.unit_of`): rules 1
+and 2 are checked for the gang as one victim (all members eligible; its queue at or above its
+fair share without all of them), and rule 4 counts all the GPUs it frees. So no plan leaves a
+gang below its minimum, and a gang is broken up for nobody whose need is much smaller.
 """
 
 from __future__ import annotations
@@ -161,8 +168,9 @@ def may_preempt_within(fairness: FairnessSnapshot, queue: str, request: Resource
     )
 
 
-def _victim_order(pod: RunningPod) -> tuple[int, float, str]:
-    return (pod.priority, -pod.started, pod.key)  # lowest priority first, then newest
+def _victim_order(fork: ClusterSnapshot, pod: RunningPod) -> tuple[bool, int, float, str]:
+    # Elastic members first, then lowest priority, then newest.
+    return (not fork.elastic(pod), pod.priority, -pod.started, pod.key)
 
 
 def _eligible(pod: RunningPod, goal: Goal, waiting: PendingPod, now: float, rules: Rules) -> bool:
@@ -188,19 +196,27 @@ def _node_plan(
     if supply is None or (demand.models and supply.model not in demand.models):
         return None
     candidates = sorted(
-        (p for p in fork.pods_on(node) if _eligible(p, goal, waiting, now, rules)), key=_victim_order
+        (p for p in fork.pods_on(node) if _eligible(p, goal, waiting, now, rules)),
+        key=lambda pod: _victim_order(fork, pod),
     )
     if not candidates:
         return None
     trial = fork.fork()
-    chosen: list[Eviction] = []
+    chosen: list[list[Eviction]] = []  # victims in units: a pod, or a gang at its minimum
     for pod in candidates:
         if trial.fitting_nodes(demand, [node]):
             break
+        if pod.key not in trial.running:
+            continue  # gone with its gang
+        unit = trial.unit_of(pod)
+        if any(not _eligible(member, goal, waiting, now, rules) for member in unit):
+            continue
+        taken: dict[str, float] = {}
+        for member in unit:
+            for resource, amount in member.resources.items():
+                taken[resource] = taken.get(resource, 0.0) + amount
         if goal == "reclaim":
-            refusal = reclaim_refusal(
-                trial.fairness, waiting.queue, waiting.resources, pod.queue, pod.resources
-            )
+            refusal = reclaim_refusal(trial.fairness, waiting.queue, waiting.resources, pod.queue, taken)
             if refusal:
                 continue
             message = (
@@ -212,19 +228,26 @@ def _node_plan(
                 f"preempted in queue '{pod.queue}' by pod {waiting.key} of higher priority "
                 f"({waiting.priority} > {pod.priority})"
             )
-        trial.evict(pod.key)
-        chosen.append(Eviction(pod, message))
+        if len(unit) > 1:
+            message += (
+                f"; with all {len(unit)} running pods of its workload {pod.workload}, which runs whole "
+                f"or not at all (minimum {trial.minimums.get(pod.workload, 1)})"
+            )
+        for member in unit:
+            trial.evict(member.key)
+        chosen.append([Eviction(member, message) for member in unit])
     if not trial.fitting_nodes(demand, [node]):
         return None
     # Give back victims the pod does not need after all, the last taken first.
-    for eviction in reversed(list(chosen)):
+    for group in reversed(list(chosen)):
         without = fork.fork()
         for other in chosen:
-            if other is not eviction:
-                without.evict(other.pod.key)
+            if other is not group:
+                for eviction in other:
+                    without.evict(eviction.pod.key)
         if without.fitting_nodes(demand, [node]):
-            chosen.remove(eviction)
-    return chosen, demand
+            chosen.remove(group)
+    return [eviction for group in chosen for eviction in group], demand
 
 
 def _gpu_share_text(fairness: FairnessSnapshot, queue: str) -> str:

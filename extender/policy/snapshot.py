@@ -44,6 +44,9 @@ class RunningPod:
     # Owned by a controller that recreates it elsewhere when it is evicted, and not opted out:
     # consolidation may move it (extender.policy.consolidation).
     movable: bool = False
+    # Its workload when that is a gang (extender.policy.workloads; "" for a pod alone): evicting
+    # a member below the workload's minimum breaks it, so planners take the whole gang or none.
+    workload: str = ""
 
 
 def _shift(usage: QueueUsage, amounts: Resources, sign: float) -> QueueUsage:
@@ -107,6 +110,7 @@ class ClusterSnapshot:
         mix: WorkloadMix,
         gpu_memory: Mapping[str, int] | None = None,
         pods_by_node: Mapping[str, Iterable[str]] | None = None,
+        minimums: Mapping[str, int] | None = None,
     ) -> None:
         self._node_changes: dict[str, NodeGpus | None] = {}
         self._pod_changes: dict[str, RunningPod | None] = {}
@@ -119,6 +123,35 @@ class ClusterSnapshot:
         self.mix = mix
         self._fairness: FairnessSnapshot | None = fairness
         self._index = _NodeIndex(running, pods_by_node)
+        # Minimum member count of each gang workload of the running pods (shared, read-only).
+        self.minimums: Mapping[str, int] = minimums if minimums is not None else {}
+        self._gangs: dict[str, tuple[str, ...]] | None = None  # workload -> base member keys
+
+    def members(self, workload: str) -> list[RunningPod]:
+        """The running members of a gang workload in this snapshot, terminating ones aside."""
+        if self._gangs is None:
+            gangs: dict[str, list[str]] = {}
+            assert isinstance(self.running, _Layered)
+            for key, pod in self.running.base.items():  # the base: the same for every fork
+                if pod.workload:
+                    gangs.setdefault(pod.workload, []).append(key)
+            self._gangs = {w: tuple(keys) for w, keys in gangs.items()}
+        running = self.running
+        return [
+            running[key]
+            for key in self._gangs.get(workload, ())
+            if key in running and not running[key].terminating
+        ]
+
+    def elastic(self, pod: RunningPod) -> bool:
+        """A member its workload can lose and still run: one of those beyond its minimum."""
+        return bool(pod.workload) and len(self.members(pod.workload)) > self.minimums.get(pod.workload, 1)
+
+    def unit_of(self, pod: RunningPod) -> list[RunningPod]:
+        """What evicting `pod` takes: the pod, or - a gang member at its minimum - the whole gang."""
+        if not pod.workload or self.elastic(pod):
+            return [pod]
+        return self.members(pod.workload) or [pod]
 
     def fork(self) -> ClusterSnapshot:
         child = ClusterSnapshot.__new__(ClusterSnapshot)
@@ -131,6 +164,8 @@ class ClusterSnapshot:
         child._base, child.mix, child._index = self._base, self.mix, self._index
         child._usage = dict(self._usage)
         child._fairness = self._fairness
+        child.minimums = self.minimums
+        child._gangs = self._gangs  # members in the base; `members` leaves out what a fork evicted
         return child
 
     @property

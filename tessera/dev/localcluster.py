@@ -44,8 +44,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-k8s.sh"
 DEFAULT_SCHEDULER = "default-scheduler"
 # Controllers a cluster without kubelets needs: claims from templates, namespace deletion,
-# owner-reference garbage collection, the workload controllers the examples, the demo and
-# consolidation use (Jobs, Deployments and their ReplicaSets recreate what is evicted) and
+# owner-reference garbage collection, the workload controllers real workloads run on (Jobs,
+# Deployments and their ReplicaSets, StatefulSets - which LeaderWorkerSets are made of - recreate
+# what is evicted; finished Jobs go after their ttlSecondsAfterFinished) and
 # PodDisruptionBudgets' status (which the Eviction API enforces). Never the node-lifecycle
 # controller: fake nodes send no heartbeats, so it would taint them unreachable.
 CONTROLLERS = (
@@ -55,6 +56,8 @@ CONTROLLERS = (
     "job-controller",
     "deployment-controller",
     "replicaset-controller",
+    "statefulset-controller",
+    "ttl-after-finished-controller",
     "disruption-controller",
 )
 _PR_SET_PDEATHSIG = 1

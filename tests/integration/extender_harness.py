@@ -22,7 +22,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
-from contract.names import QUEUE_GROUP, QUEUE_LABEL, QUEUE_PLURAL, QUEUE_VERSION
+from contract.names import MIN_MEMBERS_ANNOTATION, QUEUE_GROUP, QUEUE_LABEL, QUEUE_PLURAL, QUEUE_VERSION
 from extender.controllers.reclaim import ReclaimOptions
 from extender.kubeapi import JsonObject, KubeError, request
 from extender.picture.cluster import ClusterPicture, PictureConfig
@@ -122,6 +122,35 @@ class GpuCluster:
             },
         }
         await request(self.api, "POST", f"/apis/apps/v1/namespaces/{self.namespace}/replicasets", body=body)
+
+    async def create_job(
+        self,
+        queue: str,
+        name: str,
+        parallelism: int,
+        min_members: int | None = None,
+        template: str = TEMPLATE,
+    ) -> None:
+        """An indexed Job of `parallelism` GPU pods (a gang of that many, or of `min_members`)."""
+        pod = self.pod(queue, name, template)
+        pod["spec"]["restartPolicy"] = "Never"
+        annotations = {MIN_MEMBERS_ANNOTATION: str(min_members)} if min_members is not None else {}
+        body = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "parallelism": parallelism,
+                "completions": parallelism,
+                "completionMode": "Indexed",
+                "backoffLimit": 0,
+                "template": {
+                    "metadata": {"labels": pod["metadata"]["labels"], "annotations": annotations},
+                    "spec": pod["spec"],
+                },
+            },
+        }
+        await request(self.api, "POST", f"/apis/batch/v1/namespaces/{self.namespace}/jobs", body=body)
 
     async def pods(self) -> list[JsonObject]:
         listing = await request(self.api, "GET", f"/api/v1/namespaces/{self.namespace}/pods")
@@ -322,6 +351,7 @@ async def gpu_cluster(
                 yield env
             finally:  # no controller may recreate pods while the rest is torn down
                 await _ignore_missing(f"/apis/apps/v1/namespaces/{namespace}/replicasets", api)
+                await _ignore_missing(f"/apis/batch/v1/namespaces/{namespace}/jobs", api)
     finally:
         if env.scheduler is not None:
             env.scheduler.stop()

@@ -1,0 +1,192 @@
+"""Gangs on the real control plane: indexed Jobs (the job controller makes their pods), the node
+agent runs what binds, and the extender admits each Job's minimum whole or not at all.
+
+A Job "finishes" here by its pods being marked Succeeded through the status subresource (the node
+agent plays a kubelet whose containers never exit); the job controller then completes the Job and
+the resourceclaim controller frees the pods' claims, as on a real cluster.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+from contract.names import QUEUE_LABEL
+from extender.kubeapi import JsonObject, request
+from extender.status import ADMITTED_CONDITION
+from tessera.dev.localcluster import LocalCluster, wait_until
+from tests.integration.extender_harness import GpuCluster, gpu_cluster
+
+pytestmark = pytest.mark.integration
+
+JOB_LABEL = "batch.kubernetes.io/job-name"
+
+
+def live(pod: JsonObject) -> bool:
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+async def bound_by_job(env: GpuCluster) -> Counter[str]:
+    """Pods bound and not finished, per Job."""
+    return Counter(
+        p["metadata"]["labels"].get(JOB_LABEL, "")
+        for p in await env.pods()
+        if p["spec"].get("nodeName") and live(p)
+    )
+
+
+async def running_by_job(env: GpuCluster) -> Counter[str]:
+    return Counter(
+        p["metadata"]["labels"].get(JOB_LABEL, "")
+        for p in await env.pods()
+        if (p.get("status") or {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    )
+
+
+async def finish(env: GpuCluster, job: str) -> None:
+    """The Job's running pods exit 0."""
+    for pod in await env.pods():
+        if pod["metadata"]["labels"].get(JOB_LABEL) == job and live(pod):
+            name = pod["metadata"]["name"]
+            status = {
+                "phase": "Succeeded",
+                "containerStatuses": [
+                    {
+                        "name": "main",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                    }
+                ],
+            }
+            await request(
+                env.api,
+                "PATCH",
+                f"/api/v1/namespaces/{env.namespace}/pods/{name}/status",
+                body={"status": status},
+                content_type="application/merge-patch+json",
+            )
+
+
+def condition(pod: JsonObject) -> JsonObject:
+    return next(
+        (c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == ADMITTED_CONDITION),
+        {},
+    )
+
+
+async def test_two_eight_worker_jobs_on_eight_gpus_run_one_after_the_other(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=2, gpus_per_node=4, agent=True) as env:
+        # Two queues with quota 4 each, one 8-worker job each: per-pod admission gave 4 + 4.
+        team_a = await env.create_queue("a", resources={"gpu": {"quota": 4}})
+        team_b = await env.create_queue("b", resources={"gpu": {"quota": 4}})
+        await env.create_job(team_a, "ja", 8)
+        await env.create_job(team_b, "jb", 8)
+        seen: list[Counter[str]] = []
+
+        async def one_job_runs() -> str | None:
+            bound = await bound_by_job(env)
+            seen.append(bound)
+            running = await running_by_job(env)
+            return next((job for job, count in running.items() if count == 8), None)
+
+        first = await wait_until(one_job_runs, timeout=90, interval=0.2, what="one job with 8 running pods")
+        second = "jb" if first == "ja" else "ja"
+        # Never both at once: while the first was placed, no pod of the second was bound.
+        assert all(counts[second] == 0 for counts in seen), seen
+        waiting = [p for p in await env.pods() if p["metadata"]["labels"][JOB_LABEL] == second]
+        assert len(waiting) == 8 and not any(p["spec"].get("nodeName") for p in waiting)
+        reason = condition(waiting[0]).get("message", "")
+        assert f"workload Job/{namespace}/{second} (minimum 8 pods" in reason, reason
+        assert "starts whole or not at all" in reason, reason
+
+        # The first job finishes; the second gets all 8 GPUs (no deadlock, no split).
+        seen.clear()
+        await finish(env, first)
+
+        async def second_runs() -> bool:
+            bound = await bound_by_job(env)
+            seen.append(bound)
+            return (await running_by_job(env))[second] == 8
+
+        await wait_until(second_runs, timeout=90, interval=0.2, what=f"job {second} with 8 running pods")
+        assert all(counts[first] in (0, 8) for counts in seen), seen
+        admitted = [
+            e
+            for e in (await request(env.api, "GET", f"/api/v1/namespaces/{namespace}/events"))["items"]
+            if e["reason"] == "WorkloadAdmitted"
+        ]
+        assert {e["message"].split(" ")[1] for e in admitted} == {
+            f"Job/{namespace}/ja",
+            f"Job/{namespace}/jb",
+        }, [e["message"] for e in admitted]
+
+
+async def test_an_eight_pod_job_is_admitted_whole_or_not_at_all(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=2, gpus_per_node=4, agent=True) as env:
+        # Limit 6: six pods would fit the limit and the GPUs, but the job needs 8.
+        team = await env.create_queue("t", resources={"gpu": {"limit": 6}})
+        await env.create_job(team, "big", 8)
+
+        async def all_refused() -> list[JsonObject] | None:
+            pods = await env.pods()
+            refused = [p for p in pods if condition(p).get("status") == "False"]
+            return pods if len(pods) == 8 and len(refused) == 8 else None
+
+        pods = await wait_until(all_refused, timeout=60, interval=0.2, what="8 pods refused whole")
+        assert not any(p["spec"].get("nodeName") for p in pods)
+        message = condition(pods[0])["message"]
+        assert "its 8 missing pods together" in message and "limit (6)" in message, message
+
+        # Room for the whole job: all 8 run.
+        await env.patch_queue(team, {"resources": {"gpu": {"limit": 8}}})
+
+        async def all_run() -> bool:
+            return (await running_by_job(env))["big"] == 8
+
+        await wait_until(all_run, timeout=90, interval=0.2, what="8 running pods")
+        assert (await env.bound_by_queue()) == {team: 8}
+
+
+async def test_a_workload_of_min_two_of_four_starts_with_two_and_grows(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=4, agent=True) as env:
+        team = await env.create_queue("t")
+        # Two GPUs are taken by another workload of the same queue.
+        await env.create_replicaset(team, "other", 2)
+
+        async def other_runs() -> bool:
+            pods = await env.pods()
+            return sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running") == 2
+
+        await wait_until(other_runs, timeout=60, interval=0.2, what="2 pods of the ReplicaSet running")
+        await env.create_job(team, "elastic", 4, min_members=2)
+
+        async def two_run() -> bool:
+            return (await running_by_job(env))["elastic"] == 2
+
+        await wait_until(two_run, timeout=60, interval=0.2, what="the minimum of 2 running")
+        # The ReplicaSet goes: the 2 elastic members take its GPUs.
+        await request(
+            env.api,
+            "PATCH",
+            f"/apis/apps/v1/namespaces/{namespace}/replicasets/other",
+            body={"spec": {"replicas": 0}},
+            content_type="application/merge-patch+json",
+        )
+
+        async def four_run() -> bool:
+            return (await running_by_job(env))["elastic"] == 4
+
+        await wait_until(four_run, timeout=90, interval=0.2, what="all 4 running")
+        queue = [p["metadata"]["labels"][QUEUE_LABEL] for p in await env.pods() if live(p)]
+        assert Counter(queue) == {team: 4}
