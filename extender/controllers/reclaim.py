@@ -169,6 +169,7 @@ class ReclaimLoop:
             chosen.node,
             served.demand_on(self.picture.gpu_memory.get(chosen.node, 0)),
             self.options.hold_s,
+            owner=served.workload,  # a gang's: any of its members may take it
         )
         victims = ", ".join(e.pod.key for e in chosen.evictions)
         await pod_event(

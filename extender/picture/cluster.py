@@ -276,9 +276,13 @@ class ClusterPicture:
         return used[len(used) - self._classic_used(node) :]
 
     def waiting_pods(self) -> list[PendingPod]:
-        """Pending GPU pods the planners may serve: admissible now, not already held for."""
+        """Pending GPU pods the planners may serve: admissible now, not already held for.
+
+        Of a gang not admitted yet, as many waiting members as it misses, marked with their
+        workload (the planner serves them all or none), and none while GPUs are held for it."""
         view = self.fairness()
         waiting: list[PendingPod] = []
+        missing: dict[str, int] = {}  # gang workload -> members still to list (0: skip it)
         for key, contribution in self.accounting.ledger.contributions.items():
             if contribution.bucket != "requested" or contribution.demand is None:
                 continue
@@ -286,10 +290,25 @@ class ClusterPicture:
             if pod is None or meta(pod).get("deletionTimestamp") or self.inventory.held_for(key):
                 continue
             demand = self.demands.of(pod)
-            if not view.admit(demand.queue, contribution.amounts, preemptible=demand.preemptible).admit:
+            request = contribution.amounts
+            gang = self.gang(pod)
+            workload = "" if gang.admitted else gang.workload.key
+            if workload:
+                if workload not in missing:
+                    held = any(self.inventory.held_for(k) for k in self.workloads.members.get(workload, ()))
+                    missing[workload] = 0 if held else gang.minimum - gang.placed
+                    request = {r: a * missing[workload] for r, a in request.items()}
+                elif missing[workload] <= 0:
+                    continue
+                else:
+                    request = {}  # the gang's queue was asked for all of its members already
+                if missing[workload] <= 0:
+                    continue
+                missing[workload] -= 1
+            if request and not view.admit(demand.queue, request, preemptible=demand.preemptible).admit:
+                if workload:
+                    missing[workload] = 0
                 continue  # a limit or quota holds it back: evicting others would not help
-            if not self.gang(pod).admitted:
-                continue  # a gang goes whole: GPUs for one of its pods would serve nothing
             fraction = demand.gpu_requests[0].memory_bytes if demand.fractional else None
             waiting.append(
                 PendingPod(
@@ -301,6 +320,7 @@ class ClusterPicture:
                     created=pod_created(pod),
                     fraction_memory=fraction,
                     preemptible=demand.preemptible,
+                    workload=workload,
                 )
             )
         return waiting

@@ -36,7 +36,10 @@ workload's minimum is elastic: it goes alone, and before any other candidate on 
 at the minimum goes only with its whole gang, on every node (`ClusterSnapshot.unit_of`): rules 1
 and 2 are checked for the gang as one victim (all members eligible; its queue at or above its
 fair share without all of them), and rule 4 counts all the GPUs it frees. So no plan leaves a
-gang below its minimum, and a gang is broken up for nobody whose need is much smaller.
+gang below its minimum, and a gang is broken up for nobody whose need is much smaller. A waiting
+gang is served as one: its missing members are planned one after the other on a trial fork (each
+within its queue's fair share with the ones before), and the plans stand only if every member
+fits; otherwise nothing is evicted for any of them.
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ class PendingPod:
     # A fraction asks for bytes of a GPU's memory: its share depends on the node's GPU size.
     fraction_memory: int | None = None
     preemptible: bool = True  # admission lets it use more than its queue's quota
+    # A member of a gang still to be admitted: served with the workload's other waiting members,
+    # all of them or none ("": a pod served alone).
+    workload: str = ""
 
     def demand_on(self, gpu_memory: int) -> GpuDemand:
         if self.fraction_memory is None or gpu_memory <= 0:
@@ -391,12 +397,40 @@ def place_if_it_fits(fork: ClusterSnapshot, waiting: PendingPod, search: Search 
 
 
 def apply_plan(fork: ClusterSnapshot, done: Plan, search: Search | None = None) -> None:
-    """The fork after a plan: its victims off, its pod on the node it was made room on."""
+    """The fork after a plan: its victims off (a gang's on other nodes too), its pod on the node
+    it was made room on."""
     for eviction in done.evictions:
         fork.evict(eviction.pod.key)
     if search is not None:
-        search.touched.append(done.node)
+        search.touched.extend(sorted({e.pod.node for e in done.evictions} | {done.node}))
     fork.place(_arriving(done.pod), _on(done.pod, fork, done.node), done.node)
+
+
+def _plan_gang(
+    fork: ClusterSnapshot,
+    search: Search,
+    members: Sequence[PendingPod],
+    now: float,
+    rules: Rules,
+    budget: int,
+) -> list[Plan] | None:
+    """Plans making room for every waiting member of a gang, or None (and the fork untouched)."""
+    trial = fork.fork()
+    trial_search = Search(trial)
+    plans: list[Plan] = []
+    for member in members:
+        if place_if_it_fits(trial, member, trial_search):
+            continue
+        found = _plan_for(
+            trial, trial_search, member, now, rules, budget - sum(len(p.evictions) for p in plans)
+        )
+        if found is None:
+            return None
+        apply_plan(trial, found, trial_search)
+        plans.append(found)
+    fork.adopt(trial)
+    search.touched.extend(trial_search.touched)
+    return plans
 
 
 def _arriving(waiting: PendingPod) -> RunningPod:
@@ -414,9 +448,19 @@ def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, r
     search = Search(fork)
     plans: list[Plan] = []
     evictions_left = rules.max_evictions
-    for waiting in serving_order(fork.fairness, pending, rules.max_pending):
+    order = serving_order(fork.fairness, pending, rules.max_pending)
+    served_gangs: set[str] = set()
+    for waiting in order:
         if evictions_left <= 0:
             break
+        if waiting.workload:
+            if waiting.workload not in served_gangs:
+                served_gangs.add(waiting.workload)
+                members = [p for p in order if p.workload == waiting.workload]
+                for done in _plan_gang(fork, search, members, now, rules, evictions_left) or ():
+                    evictions_left -= len(done.evictions)
+                    plans.append(done)
+            continue
         if place_if_it_fits(fork, waiting, search):
             continue
         found = _plan_for(fork, search, waiting, now, rules, evictions_left)

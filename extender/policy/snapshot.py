@@ -153,6 +153,13 @@ class ClusterSnapshot:
             return [pod]
         return self.members(pod.workload) or [pod]
 
+    def adopt(self, child: ClusterSnapshot) -> None:
+        """Take the changes of a fork of this snapshot as its own (what was tried there holds)."""
+        self._node_changes.update(child._node_changes)
+        self._pod_changes.update(child._pod_changes)
+        self._usage = dict(child._usage)
+        self._fairness = None
+
     def fork(self) -> ClusterSnapshot:
         child = ClusterSnapshot.__new__(ClusterSnapshot)
         child._node_changes = dict(self._node_changes)

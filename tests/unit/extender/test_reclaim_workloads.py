@@ -22,7 +22,7 @@ class Case:
     quotas: dict[str, float]
     running: list[tuple[str, str, str, str]]  # (pod, queue, node, workload or "")
     minimums: dict[str, int]
-    pending: list[tuple[str, str, int]]  # (pod, queue, GPUs)
+    pending: list[tuple[str, str, int, str]]  # (pod, queue, GPUs, workload of a gang waiting whole)
     evicted: set[str]
     served: dict[str, str]
 
@@ -41,9 +41,13 @@ def build(case: Case) -> tuple[ClusterSnapshot, list[PendingPod]]:
         )
     requested: dict[str, float] = {}
     pending = []
-    for key, queue, gpus in case.pending:
+    for age, (key, queue, gpus, workload) in enumerate(case.pending):
         requested[queue] = requested.get(queue, 0.0) + gpus
-        pending.append(PendingPod(key, queue, GpuDemand(gpus), {"gpu": float(gpus)}))
+        pending.append(
+            PendingPod(
+                key, queue, GpuDemand(gpus), {"gpu": float(gpus)}, created=NOW + age, workload=workload
+            )
+        )
     specs = [QueueSpec(name, quota={"gpu": quota}) for name, quota in case.quotas.items()]
     usage = {
         s.name: QueueUsage({"gpu": allocated.get(s.name, 0.0)}, {"gpu": requested.get(s.name, 0.0)})
@@ -67,7 +71,7 @@ CASES = [
         {"a": 4, "b": 4},
         gang("g", "a", "Job/ns/ja", *["n1"] * 4, *["n2"] * 4),
         {"Job/ns/ja": 8},
-        [("b0", "b", 1)],
+        [("b0", "b", 1, "")],
         set(),
         {},
     ),
@@ -80,7 +84,7 @@ CASES = [
         {"a": 4, "b": 4},
         [*gang("g", "a", "Job/ns/ja", "n1", "n1", "n1", "n2", "n2", "n2", "n2"), ("s", "a", "n1", "")],
         {"Job/ns/ja": 6},
-        [("b0", "b", 1)],
+        [("b0", "b", 1, "")],
         {"g6"},
         {"b0": "n2"},
     ),
@@ -92,9 +96,31 @@ CASES = [
         {"a": 0, "b": 8},
         gang("g", "a", "Job/ns/ja", "n1", "n1", "n2", "n2"),
         {"Job/ns/ja": 4},
-        [("b0", "b", 4), ("b1", "b", 4)],
+        [("b0", "b", 4, ""), ("b1", "b", 4, "")],
         {"g0", "g1", "g2", "g3"},
         {"b0": "n1"},
+    ),
+    Case(
+        # a borrowed all 8 GPUs with 8 lone pods; b (quota 4) waits with a gang of 4 (shares 4 and
+        # 4). Every member is planned: a's 4 newest pods go (all on n2), one per member.
+        "a waiting gang is served whole",
+        {"a": 4, "b": 4},
+        [(f"a{i}", "a", "n1" if i < 4 else "n2", "") for i in range(8)],
+        {},
+        [(f"b{i}", "b", 1, "Job/ns/jb") for i in range(4)],
+        {"a4", "a5", "a6", "a7"},
+        {"b0": "n2", "b1": "n2", "b2": "n2", "b3": "n2"},
+    ),
+    Case(
+        # The same with a gang of 5: b's share is 4, so its fifth member could not be served; pod
+        # by pod, 4 of a's pods would go for a gang that still could not start. Nothing goes.
+        "a gang that cannot be served whole evicts nothing",
+        {"a": 4, "b": 4},
+        [(f"a{i}", "a", "n1" if i < 4 else "n2", "") for i in range(8)],
+        {},
+        [(f"b{i}", "b", 1, "Job/ns/jb") for i in range(5)],
+        set(),
+        {},
     ),
 ]
 
@@ -107,5 +133,5 @@ def test_reclaim_takes_whole_workloads(case: Case) -> None:
     assert {p.pod.key: p.node for p in plans} == case.served
     for p in plans:
         for eviction in p.evictions:
-            if len(case.evicted) > 1:
+            if eviction.pod.workload and not snapshot.elastic(eviction.pod):
                 assert "runs whole or not at all (minimum 4)" in eviction.message
