@@ -11,7 +11,8 @@ of DRA over the real sockets:
   (a per-claim error is logged and retried, like the kubelet's FailedPrepareDynamicResources);
 - pods being deleted: calls NodeUnprepareResources for claims no other pod on the node still
   uses, then finishes the deletion (grace period 0), as the kubelet does; pods force-deleted
-  (gone without a graceful termination) get their claims unprepared on the next pass.
+  (gone without a graceful termination) get their claims unprepared on the next pass, and so do
+  pods marked Succeeded or Failed (tests finish a Job's pods that way: containers never exit here).
 
 Usage: ``tessera-node-agent --kubeconfig KC --profile dra_driver/devices/profiles/h100x8.yaml
 --node-name sim-1 --node-name sim-2 --state-dir /tmp/tessera-nodes --create-nodes``.
@@ -46,6 +47,7 @@ from dra_driver.proto import dra_v1_pb2, dra_v1_pb2_grpc, registration_pb2, regi
 log = logging.getLogger(__name__)
 
 RPC_TIMEOUT_S = 45.0  # what the kubelet allows a plugin call
+FINISHED = ("Succeeded", "Failed")
 
 
 class AgentError(RuntimeError):
@@ -192,14 +194,23 @@ class KubeletStandIn:
     async def sync_once(self) -> None:
         await self.registrar.refresh()
         pods = await self._list_pods()
-        active = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        active = [
+            p
+            for p in pods
+            if not p["metadata"].get("deletionTimestamp") and p.get("status", {}).get("phase") not in FINISHED
+        ]
         for pod in pods:
             uid = pod["metadata"]["uid"]
+            phase = pod.get("status", {}).get("phase", "Pending")
             try:
                 if pod["metadata"].get("deletionTimestamp"):
                     await self._finish_deletion(pod, active)
-                elif pod.get("status", {}).get("phase", "Pending") == "Pending":
+                elif phase == "Pending":
                     await self._start(pod)
+                elif phase in FINISHED and uid in self.prepared:
+                    # Its containers exited: the kubelet unprepares the claims of a finished pod.
+                    await self._unprepare(self.prepared[uid], active)
+                    del self.prepared[uid]
                 self.last_errors.pop(uid, None)
             except AgentError as err:
                 if self.last_errors.get(uid) != str(err):
