@@ -283,6 +283,11 @@ def queue_status(
     }
 
 
+def with_workloads(status: dict[str, Any], admitted: int, waiting: int) -> dict[str, Any]:
+    """Add how many of a queue's workloads are admitted and how many wait (docs/workloads.md)."""
+    return {**status, "admittedWorkloads": admitted, "waitingWorkloads": waiting}
+
+
 def with_reclaim(
     status: dict[str, Any],
     reclaimed: int,

@@ -18,7 +18,8 @@ calls in the background:
   an unschedulable pod on any update that changes its resourceVersion, status included. So the
   extender needs `patch pods/status` only, never `patch pods` (which could change any pod's
   image or command);
-* Queue objects get `status` (allocated, requested, fairShare, conditions) when it changes.
+* Queue objects get `status` (allocated, requested, fairShare, admitted and waiting workloads,
+  conditions) when it changes.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, requ
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import pod_queue
-from extender.queues import queue_statuses, with_reclaim
+from extender.queues import queue_statuses, with_reclaim, with_workloads
 from extender.verbs import admit_gang
 
 log = logging.getLogger(__name__)
@@ -299,8 +300,11 @@ class StatusWriter:
             key: (obj.get("status") or {}).get("conditions") or [] for key, obj in queues.items()
         }
         statuses = queue_statuses(view.specs, view.usage, view.fair_shares, previous)
+        workloads = self.state.workload_counts()
         for key, obj in queues.items():
             status = statuses.get(key) or self._invalid_status(view.invalid.get(key, "not parsed"))
+            if key in statuses:
+                status = with_workloads(status, *workloads.get(key, (0, 0)))
             if self.reclaim is not None and key in statuses:
                 counts = self.reclaim
                 status = with_reclaim(

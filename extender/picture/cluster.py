@@ -13,6 +13,7 @@ through the few questions below; planners read a `snapshot()`, which they may fo
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -324,6 +325,41 @@ class ClusterPicture:
                 )
             )
         return waiting
+
+    def workload_counts(self) -> dict[str, tuple[int, int]]:
+        """Per queue: workloads admitted (a pod alone that holds its GPUs, or a gang with its
+        minimum placed or reserved) and workloads waiting (pods pending, not admitted)."""
+        self.fairness()
+        placed: Counter[str] = Counter()
+        pending: set[str] = set()
+        queue_of: dict[str, str] = {}
+        sample: dict[str, JsonObject] = {}
+        for key, contribution in self.accounting.ledger.contributions.items():
+            pod = self.store.get("Pod", key)
+            if pod is None:
+                continue  # a gang's slot
+            workload = self.workloads.workload_key(key) or key
+            queue_of[workload] = contribution.queue
+            sample[workload] = pod
+            if contribution.bucket == "allocated":
+                placed[workload] += 1
+            elif contribution.bucket == "requested" or workload in self.workloads.reservations:
+                pending.add(workload)
+        counts: dict[str, tuple[int, int]] = {}
+        for workload, queue in queue_of.items():
+            if workload in self.workloads.reservations:
+                admitted = True
+            elif workload in self.workloads.members:  # a gang: its minimum placed?
+                admitted = placed[workload] >= self.workloads.minimum(
+                    self.workloads.workload(sample[workload])
+                )
+            else:
+                admitted = placed[workload] > 0
+            if not admitted and workload not in pending:
+                continue
+            done, waiting = counts.get(queue, (0, 0))
+            counts[queue] = (done + admitted, waiting + (not admitted))
+        return counts
 
     def _classic_used(self, node: str) -> int:
         return sum(self.demands.of(pod).classic_gpus for pod in self.inventory.pods_on_node(node))

@@ -106,6 +106,16 @@ async def test_two_eight_worker_jobs_on_eight_gpus_run_one_after_the_other(
         assert f"workload Job/{namespace}/{second} (minimum 8 pods" in reason, reason
         assert "starts whole or not at all" in reason, reason
 
+        # The Queue status counts the admitted and the waiting workload.
+        queue_of = {"ja": team_a, "jb": team_b}
+
+        async def counted() -> bool:
+            first_status = (await env.get_queue(queue_of[first])).get("status") or {}
+            second_status = (await env.get_queue(queue_of[second])).get("status") or {}
+            return (first_status.get("admittedWorkloads"), second_status.get("waitingWorkloads")) == (1, 1)
+
+        await wait_until(counted, timeout=15, what="admittedWorkloads/waitingWorkloads in the Queue status")
+
         # The first job finishes; the second gets all 8 GPUs (no deadlock, no split).
         seen.clear()
         await finish(env, first)

@@ -104,6 +104,9 @@ async def test_two_gangs_of_four_on_four_gpus_never_split(extender: Extender) ->
         assert "workload Job/ns/jb (minimum 4 pods, 0 placed, 4 present) starts whole or not at all" in reason
         assert "GPUs free for 0 of its 4 missing pods (1 GPU each)" in reason
 
+    # The queue counts one workload admitted (ja, held for) and one waiting (jb).
+    assert extender.state.workload_counts() == {"team": (1, 1)}
+
     # ja's other pods pass on both nodes: the GPUs held for their gang are theirs.
     for pod in first[1:]:
         _, result = await extender.call("filter", args(pod, NODES))
@@ -115,6 +118,7 @@ async def test_two_gangs_of_four_on_four_gpus_never_split(extender: Extender) ->
         extender.state.fairness()
     assert "Job/ns/ja" not in extender.state.workloads.reservations
     assert extender.state.inventory.holds == {}
+    assert extender.state.workload_counts() == {"team": (1, 1)}  # ja's minimum runs; jb waits
 
 
 async def test_the_queue_admits_the_whole_minimum_or_nothing(extender: Extender) -> None:

@@ -22,6 +22,7 @@ from extender.queues import (
     queue_status,
     queue_statuses,
     validate_hierarchy,
+    with_workloads,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -269,7 +270,7 @@ def test_printer_columns_point_at_fields_the_code_writes() -> None:
     obj = {
         "metadata": {"name": "a", "creationTimestamp": "2026-01-02T03:04:05Z"},
         "spec": {"parent": "org", "priority": 1, "resources": {"gpu": {"quota": 2, "limit": 4}}},
-        "status": queue_status(spec, {"gpu": 1.5}, {"gpu": 1}, {"gpu": 3}, [], now=NOW),
+        "status": with_workloads(queue_status(spec, {"gpu": 1.5}, {"gpu": 1}, {"gpu": 3}, [], now=NOW), 2, 1),
     }
     printed = {
         column["name"]: _value_at(obj, column["jsonPath"]) for column in version["additionalPrinterColumns"]
@@ -282,6 +283,8 @@ def test_printer_columns_point_at_fields_the_code_writes() -> None:
         "GPU Allocated": "1.5",
         "GPU Fair Share": "3",
         "GPU Pending": "1",
+        "Admitted": 2,
+        "Waiting": 1,
         "Age": "2026-01-02T03:04:05Z",
     }
 
