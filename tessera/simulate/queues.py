@@ -19,6 +19,13 @@ Format (quantities as in Kubernetes: ``64``, ``500m``, ``512Gi``)::
 ``gpus: 0`` is a pod without GPUs (CPU and memory only). ``preemptible`` unset means what it means
 to the extender: priority below 100 (its default ``--non-preemptible-priority``).
 
+``minMembers: m`` (default 1: the pods are independent) makes a job's ``count`` pods one workload
+of minimum ``m``, a gang (docs/workloads.md): while fewer than ``m`` of them run, they start
+together or not at all - the queue must admit the missing members' summed request, and all of them
+must fit, else none starts - and members beyond ``m`` start one by one. Reclaim sees the gang as
+the extender does: a member at the minimum is evicted only with all the running members, elastic
+ones go first, and a waiting gang is served whole.
+
 The replay plays the three actors of a live cluster, each with the code it runs there:
 
 * **kube-scheduler + the extender's filter.** Whenever something changes, every waiting pod is
@@ -119,6 +126,7 @@ class JobModel(_Model):
     models: list[str] = Field(default_factory=list)
     priority: int = 0
     preemptible: bool | None = None  # unset: priority below NON_PREEMPTIBLE_PRIORITY
+    min_members: int = Field(default=1, alias="minMembers", ge=1)  # above 1: the pods are a gang
 
     @field_validator("cpu", "memory", mode="before")
     @classmethod
@@ -179,6 +187,10 @@ def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
             raise WorkloadError(f"{source}: job '{job.name}' names unknown queue '{job.queue}'")
         if job.gpus > 1 and job.gpu_milli != GPU_MILLI:
             raise WorkloadError(f"{source}: job '{job.name}': a fraction of a GPU needs gpus: 1")
+        if job.min_members > job.count:
+            raise WorkloadError(
+                f"{source}: job '{job.name}': minMembers {job.min_members} is more than its {job.count} pods"
+            )
     return QueueWorkload(
         model.name,
         model.seed,
@@ -221,6 +233,7 @@ class _Pod:
     runs: int = 0  # finish and termination events carry it: those of an earlier run are stale
     node: int = -1
     gpus: tuple[int, ...] = ()
+    gang: str = ""  # its job's workload when that is a gang ("": the pod alone)
 
     @property
     def key(self) -> str:
@@ -319,7 +332,7 @@ class QueueRunResult:
 
 def _pods(workload: QueueWorkload) -> list[_Pod]:
     pods: list[_Pod] = []
-    for job in workload.jobs:
+    for number, job in enumerate(workload.jobs):
         demand = GpuDemand(
             count=job.gpus,
             milli=job.gpu_milli if job.gpus == 1 else GPU_MILLI,
@@ -332,6 +345,7 @@ def _pods(workload: QueueWorkload) -> list[_Pod]:
             arrival = job.arrival + i * job.interval
             pod = _Pod(0, job.name, job.queue, demand, {}, job.priority, preemptible, arrival, job.duration)
             pod.request, pod.waiting_since = _request(demand, None), arrival
+            pod.gang = f"{number}/{job.name}" if job.min_members > 1 else ""
             pods.append(pod)
     pods.sort(key=lambda pod: pod.created)
     for index, pod in enumerate(pods):
@@ -417,6 +431,12 @@ class _Replay:
             preempt_min_runtime_s={q.name: q.preempt_min_runtime_s for q in self.specs},
         )
         self.ledger = QueueLedger()
+        # Gang workload -> its minimum (docs/workloads.md).
+        self.minimums = {
+            f"{number}/{job.name}": job.min_members
+            for number, job in enumerate(workload.jobs)
+            if job.min_members > 1
+        }
         self.waiting: dict[int, _Pod] = {}
         self.running: dict[int, _Pod] = {}  # running and terminating
         self.holds: dict[int, _Hold] = {}
@@ -514,7 +534,17 @@ class _Replay:
         admitted: set[_Signature] = set()
         unfit: set[GpuDemand] = set()
         admission = self._fairness(shares={})
+        tried: set[str] = set()  # gangs judged in this pass
         for pod in sorted(self.waiting.values(), key=lambda p: p.order):
+            if pod.index not in self.waiting:
+                continue  # started with its gang
+            if pod.gang and self._missing(pod.gang):
+                if pod.gang not in tried:
+                    tried.add(pod.gang)
+                    if self._start_gang(pod.gang, admission, now):
+                        admission = self._fairness(shares={})
+                        admitted.clear()
+                continue
             held = pod.index in self.holds
             if pod.signature in refused:
                 self.refused.setdefault(refused[pod.signature], set()).add(pod.index)
@@ -546,6 +576,48 @@ class _Replay:
         for index in list(self.phantoms):
             self._unreserve(index)
         self.placer.forget_gone_states()
+
+    def _missing(self, gang: str) -> int:
+        """Members the gang misses to reach its minimum (terminating ones do not run)."""
+        running = sum(1 for p in self.running.values() if p.gang == gang and p.state == "running")
+        return max(self.minimums[gang] - running, 0)
+
+    def _start_gang(self, gang: str, admission: FairnessSnapshot, now: float) -> bool:
+        """Start the members a gang misses, all of them or none (the extender's `admit_gang`)."""
+        missing = self._missing(gang)
+        members = sorted((p for p in self.waiting.values() if p.gang == gang), key=lambda p: p.order)
+        if len(members) < missing:
+            self.refused.setdefault("gang_incomplete", set()).update(p.index for p in members)
+            return False
+        chosen = members[:missing]
+        total: dict[str, float] = {}
+        for member in chosen:
+            for resource, amount in member.request.items():
+                total[resource] = total.get(resource, 0.0) + amount
+        decision = admission.admit(chosen[0].queue, total, preemptible=chosen[0].preemptible)
+        if not decision.admit:
+            self.refused.setdefault(decision.kind, set()).update(p.index for p in members)
+            return False
+        held = [member.index for member in chosen if member.index in self.holds]
+        for index in held:
+            self._unreserve(index)
+        placements: list[tuple[int, tuple[int, ...]]] = []
+        for member in chosen:
+            placement = self.placer.place(member.demand)
+            if placement is None:
+                break
+            placements.append(placement)
+        if len(placements) < len(chosen):  # all or nothing: give back what was placed
+            for member, (node, gpus) in zip(chosen, placements, strict=False):
+                self.cluster.release(node, member.demand, gpus)
+            for index in held:
+                self._reserve(index)
+            self.refused.setdefault("gang_no_fit", set()).update(p.index for p in members)
+            return False
+        for member, placement in zip(chosen, placements, strict=True):
+            self.holds.pop(member.index, None)
+            self._start(member, now, placement)
+        return True
 
     def _start(self, pod: _Pod, now: float, placement: tuple[int, tuple[int, ...]]) -> None:
         pod.node, pod.gpus = placement
@@ -601,12 +673,9 @@ class _Replay:
             {pod.key: self._running_pod(pod) for pod in self.running.values() if pod.demand.count},
             fairness,
             self.cluster.mix,
+            minimums=self.minimums,
         )
-        pending = [
-            PendingPod(pod.key, pod.queue, pod.demand, pod.request, pod.priority, pod.created)
-            for pod in self._admissible(fairness)
-            if pod.index not in self.holds
-        ]
+        pending = self._pending(fairness)
         plans = plan(snapshot, pending, now, self.rules)
         if not plans:
             self.fruitless = (self.version, now)
@@ -617,6 +686,36 @@ class _Replay:
         if not self.delay:
             self._schedule(now)
         return True
+
+    def _pending(self, fairness: FairnessSnapshot) -> list[PendingPod]:
+        """What the live loop hands the planner: admissible waiting pods not held for; of a gang
+        that misses members, as many as it misses, marked with the gang (served whole), and none
+        while GPUs are held for one of them."""
+        pending: list[PendingPod] = []
+        listed: Counter[str] = Counter()
+        for pod in sorted(self._admissible(fairness), key=lambda p: p.order):
+            if pod.index in self.holds:
+                continue
+            workload = ""
+            if pod.gang:
+                missing = self._missing(pod.gang)
+                if missing:
+                    held = any(i in self.holds for i, p in self.waiting.items() if p.gang == pod.gang)
+                    whole = {r: a * missing for r, a in pod.request.items()}
+                    if (
+                        held
+                        or listed[pod.gang] >= missing
+                        or not fairness.admit(pod.queue, whole, preemptible=pod.preemptible).admit
+                    ):
+                        continue
+                    listed[pod.gang] += 1
+                    workload = pod.gang
+            pending.append(
+                PendingPod(
+                    pod.key, pod.queue, pod.demand, pod.request, pod.priority, pod.created, workload=workload
+                )
+            )
+        return pending
 
     def _running_pod(self, pod: _Pod) -> RunningPod:
         return RunningPod(
@@ -631,6 +730,7 @@ class _Replay:
             terminating=pod.state == "terminating",
             cpu_milli=pod.demand.cpu_milli,
             memory_mib=pod.demand.memory_mib,
+            workload=pod.gang,
         )
 
     def _quiet_until(self) -> float:

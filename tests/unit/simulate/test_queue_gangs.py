@@ -1,0 +1,99 @@
+"""Gangs in `tessera simulate queues`: jobs with `minMembers` start whole or not at all, grow
+beyond their minimum, and are reclaimed whole (docs/workloads.md). The arithmetic is in the
+comments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tessera.simulate.queues import WorkloadError, parse_workload
+from tests.unit.simulate.test_queue_reclaim import queue, run, state_at
+
+EIGHT = [{"name": "n", "count": 1, "gpus": 8}]
+
+
+def job(name: str, queue_name: str, count: int, duration: float, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "queue": queue_name, "count": count, "duration": duration, **fields}
+
+
+@pytest.mark.parametrize(("min_members", "split"), [(1, True), (8, False)])
+def test_two_eight_pod_jobs_on_eight_gpus(min_members: int, split: bool) -> None:
+    # Two queues of quota 4, an 8-pod job each; their pods arrive in turn (a at 0, 1, ..., 7; b at
+    # 0.5, 1.5, ..., 7.5). Pod by pod, admission lets each start as it comes: 4 + 4 by t=3.5,
+    # and both jobs hold half of what they need. As gangs, ja starts whole when its 8th pod comes
+    # (t=7); jb waits whole and starts when ja ends (t=107): makespan 207, nothing evicted.
+    result = run(
+        EIGHT,
+        [queue("a", 4), queue("b", 4)],
+        [
+            job("ja", "a", 8, 100, minMembers=min_members, interval=1),
+            job("jb", "b", 8, 100, minMembers=min_members, interval=1, arrival=0.5),
+        ],
+    )
+    at_eight = state_at(result, 8)
+    if split:
+        assert (at_eight["a"].allocated_gpu, at_eight["b"].allocated_gpu) == (4, 4)
+        return
+    assert (at_eight["a"].allocated_gpu, at_eight["b"].allocated_gpu) == (8, 0)
+    assert (state_at(result, 107)["a"].allocated_gpu, state_at(result, 107)["b"].allocated_gpu) == (0, 8)
+    assert result.makespan_s == 207 and result.evictions == []
+    assert all(q.finished == 8 for q in result.queues)
+
+
+def test_a_gang_of_min_two_of_four_starts_with_two_and_grows() -> None:
+    # 4 GPUs; another job holds 2 until t=50. The gang (4 pods, minimum 2) arrives at t=1: its
+    # minimum fits the 2 free GPUs and starts; its 2 elastic pods start at t=50 (1 + 100 = 101 and
+    # 50 + 100 = 150: makespan 150).
+    result = run(
+        [{"name": "n", "count": 1, "gpus": 4}],
+        [queue("t")],
+        [job("other", "t", 2, 50, interval=0), job("g", "t", 4, 100, arrival=1, minMembers=2, interval=0)],
+    )
+    assert state_at(result, 1)["t"].allocated_gpu == 4 and state_at(result, 1)["t"].running == 4
+    assert state_at(result, 50)["t"].allocated_gpu == 4
+    assert result.makespan_s == 150 and result.evictions == []
+
+
+def test_a_gang_is_not_started_when_its_minimum_does_not_fit() -> None:
+    # 8 GPUs, 5 taken until t=30; a gang of 4 (minimum 4) arriving at t=0 does not start with 3
+    # free: it waits whole and starts at 30.
+    result = run(
+        EIGHT,
+        [queue("t")],
+        [job("other", "t", 5, 30, interval=0), job("g", "t", 4, 100, minMembers=4, interval=0)],
+    )
+    assert state_at(result, 0)["t"].allocated_gpu == 5
+    assert state_at(result, 30)["t"].allocated_gpu == 4
+    assert result.refusals.get("gang_no_fit") == 4
+
+
+def test_a_gang_at_its_minimum_is_not_broken_for_a_small_pod() -> None:
+    # a (quota 4) runs a gang of 8 (minimum 8) on all 8 GPUs; b (quota 4) submits one pod at
+    # t=10: shares a 7, b 1. Evicting the gang whole would leave a at 0 < 7: nothing is evicted,
+    # b's pod starts when the gang ends at 100.
+    result = run(
+        EIGHT,
+        [queue("a", 4), queue("b", 4)],
+        [job("ja", "a", 8, 100, minMembers=8, interval=0), job("pb", "b", 1, 10, arrival=10)],
+    )
+    assert result.evictions == []
+    assert state_at(result, 100)["b"].allocated_gpu == 1
+
+
+def test_a_waiting_gang_reclaims_whole() -> None:
+    # a (quota 4) borrowed all 8 GPUs with 8 lone pods; b (quota 4) submits a gang of 4 at t=10.
+    # b's share is 4: reclaim serves the 4 members together, evicting 4 of a's pods.
+    result = run(
+        EIGHT,
+        [queue("a", 4), queue("b", 4)],
+        [job("pa", "a", 8, 1000, interval=0), job("jb", "b", 4, 100, arrival=10, minMembers=4, interval=0)],
+    )
+    assert len(result.evictions) == 4
+    assert state_at(result, 10)["b"].allocated_gpu == 4
+
+
+def test_min_members_above_the_count_is_refused() -> None:
+    with pytest.raises(WorkloadError, match="minMembers 5 is more than its 4 pods"):
+        parse_workload({"nodes": EIGHT, "queues": [queue("t")], "jobs": [job("g", "t", 4, 10, minMembers=5)]})
