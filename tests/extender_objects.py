@@ -188,3 +188,16 @@ def queue(
         "metadata": {"name": name, "annotations": annotations or {}},
         "spec": spec,
     }
+
+
+def two_nodes_of_two_gpus(class_name: str) -> list[JsonObject]:
+    """Nodes a and b with 2 GPUs each, the GPU DeviceClass, and a one-GPU claim template `one` in
+    namespace `ns`: the small cluster of the verb tests."""
+    return [
+        node("a"),
+        node("b"),
+        gpu_slice("a", 2),
+        gpu_slice("b", 2),
+        device_class(class_name),
+        claim_template("ns", "one", claim_spec(class_name)),
+    ]

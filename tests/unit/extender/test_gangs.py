@@ -62,16 +62,7 @@ def member(job_name: str, index: int, queue: str = "team", min_members: int | No
 
 def cluster(*extra: dict[str, Any], limit: int | None = None) -> list[dict[str, Any]]:
     gpu: dict[str, Any] = {"limit": limit} if limit is not None else {}
-    return [
-        objects.node("a"),
-        objects.node("b"),
-        objects.gpu_slice("a", 2),
-        objects.gpu_slice("b", 2),
-        objects.device_class(CLASS),
-        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
-        objects.queue("team", resources={"gpu": gpu}),
-        *extra,
-    ]
+    return [*objects.two_nodes_of_two_gpus(CLASS), objects.queue("team", resources={"gpu": gpu}), *extra]
 
 
 def bound(pod: dict[str, Any], node: str, version: int) -> dict[str, Any]:
