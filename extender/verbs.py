@@ -48,6 +48,8 @@ from extender.wire import (
 )
 
 NOT_READY = "tessera extender is still syncing its cluster picture; retry"
+# A gang whose missing members do not all fit yet: GPUs reclaim freed for it are still coming.
+GANG_NO_FIT = "gang_no_fit"
 
 
 class UnreadablePod(ValueError):
@@ -208,7 +210,7 @@ def admit_gang(
                 f"starts whole or not at all: GPUs free for {len(planned)} of its {missing} missing pods "
                 f"({describe(gpus)} each)",
             )
-            return AdmissionDecision(False, text, "gang_no_fit"), None
+            return AdmissionDecision(False, text, GANG_NO_FIT), None
         nodes = planned
     reservation = GangReservation(
         workload=gang.workload,

@@ -200,3 +200,34 @@ async def test_a_workload_of_min_two_of_four_starts_with_two_and_grows(
         await wait_until(four_run, timeout=90, interval=0.2, what="all 4 running")
         queue = [p["metadata"]["labels"][QUEUE_LABEL] for p in await env.pods() if live(p)]
         assert Counter(queue) == {team: 4}
+
+
+async def test_a_waiting_gang_reclaims_borrowed_gpus_whole(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=2, gpus_per_node=4, agent=True) as env:
+        team_a = await env.create_queue("a", resources={"gpu": {"quota": 4}})
+        team_b = await env.create_queue("b", resources={"gpu": {"quota": 4}})
+        # B is idle: A's lone pods (a ReplicaSet) borrow all 8 GPUs.
+        await env.create_replicaset(team_a, "a", 8)
+
+        async def a_runs() -> bool:
+            pods = await env.pods()
+            return sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running") == 8
+
+        await wait_until(a_runs, timeout=90, interval=0.2, what="A's 8 pods running")
+        # B's 4-worker job: its fair share is 4, so reclaim serves the 4 workers together.
+        await env.create_job(team_b, "jb", 4)
+
+        async def b_runs() -> bool:
+            return (await running_by_job(env))["jb"] == 4
+
+        await wait_until(b_runs, timeout=90, interval=0.2, what="B's job with 4 running pods")
+        listing = await request(env.api, "GET", f"/api/v1/namespaces/{namespace}/events")
+        reclaimed = [e for e in listing["items"] if e["reason"] == "Reclaimed"]
+        assert len(reclaimed) == 4, [e["message"] for e in reclaimed]
+        assert Counter(
+            p["metadata"]["labels"][QUEUE_LABEL]
+            for p in await env.pods()
+            if p["spec"].get("nodeName") and live(p)
+        ) == {team_a: 4, team_b: 4}

@@ -16,6 +16,7 @@ from contract.names import MIN_MEMBERS_ANNOTATION
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
+from extender.policy.placement import GpuDemand
 from extender.server import build_app
 from extender.status import WaitingPods
 from tests import extender_objects as objects
@@ -167,3 +168,17 @@ async def test_a_gang_that_is_not_completed_in_time_gives_back_everything(extend
     _, result = await extender.call("filter", args(second[0], NODES))
     assert result["NodeNames"] == NODES
     assert list(extender.state.workloads.reservations) == ["Job/ns/jb"]
+
+
+async def test_a_gang_waiting_for_gpus_keeps_what_reclaim_holds_for_it(extender: Extender) -> None:
+    first = [member("ja", i) for i in range(4)]
+    second = [member("jb", i) for i in range(4)]
+    extender.sync(cluster(job("ja", 4), job("jb", 4), *first, *second))
+    _, result = await extender.call("filter", args(second[0], NODES))  # jb holds all 4 GPUs
+    assert result["NodeNames"] == NODES
+    # Reclaim freed a GPU for ja's members (its victims still terminating, say): ja-0 is refused
+    # for want of GPUs, not by its queue, so the hold stays for it.
+    extender.state.inventory.hold("ns/ja-0", "a", GpuDemand(1), 90.0, owner="Job/ns/ja")
+    _, result = await extender.call("filter", args(first[0], NODES))
+    assert "GPUs free for 0 of its 4 missing pods" in result["FailedAndUnresolvableNodes"]["a"]
+    assert extender.state.inventory.held_for("ns/ja-0") is not None
