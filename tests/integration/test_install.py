@@ -215,7 +215,11 @@ OWN_ISSUER_VALUES = (
 )
 # Secrets made by hand (docs/install.md), and the documented insecure opt-out.
 OWN_SECRETS_VALUES = ("extender.tls.source=secrets",)
-PLAIN_HTTP_VALUES = ("extender.tls.enabled=false", "extender.networkPolicy.enabled=false")
+PLAIN_HTTP_VALUES = (
+    "extender.tls.enabled=false",
+    "extender.networkPolicy.enabled=false",
+    "extender.webhooks.enabled=false",  # the API server calls webhooks over HTTPS only
+)
 VALUE_SETS = {
     "defaults": (),
     "every-option": NON_DEFAULT_VALUES,
@@ -409,6 +413,18 @@ NEEDS = {
         f"list {QUEUES}",
         f"watch {QUEUES}",
         f"patch {QUEUES}/status",
+        # the Namespace default queue (picture) and the pod webhook's owner walk
+        "list namespaces",
+        "watch namespaces",
+        "get namespaces",
+        "get replicasets.apps ns",
+        "get deployments.apps ns",
+        "get jobs.batch ns",
+        "get cronjobs.batch ns",
+        "get jobsets.jobset.x-k8s.io ns",
+        # the gate controller lifts the admission gate (a ValidatingAdmissionPolicy allows
+        # nothing else)
+        "patch pods ns",
     ),
     # dra_driver/slices.py and prepare.py
     "dra-driver": access_list(
@@ -435,9 +451,9 @@ DENIED = {
     "extender": access_list(
         "delete pods ns",
         "update pods ns",
-        # The requeue nudge is a pods/status write: no write access to any pod's spec.
-        "patch pods ns",
         "update pods/status ns",
+        "list replicasets.apps",
+        "update namespaces",
         f"update {QUEUES}",
         f"create {QUEUES}",
         f"update {QUEUES}/status",
