@@ -123,6 +123,14 @@ async def test_pods_get_their_queue_from_the_namespace_default_or_their_job(
             body={"metadata": {"labels": {NAMESPACE_QUEUE_LABEL: team, NAMESPACE_SCHEDULER_LABEL: "true"}}},
             content_type="application/merge-patch+json",
         )
+        assert env.service is not None
+        picture = env.service.picture
+
+        async def picture_has_labels() -> bool:
+            stored = picture.store.get("Namespace", namespace) or {}
+            return bool(stored.get("metadata", {}).get("labels", {}).get(NAMESPACE_QUEUE_LABEL) == team)
+
+        await wait_until(picture_has_labels, timeout=10, what="the picture seeing the Namespace's labels")
         # A pod that names neither queue nor scheduler.
         bare = objects.pod(namespace, "bare", template=TEMPLATE)
         del bare["metadata"]["uid"], bare["status"]
@@ -170,21 +178,18 @@ async def test_a_bad_gpu_config_is_refused_by_kubectl_apply_naming_the_field(
     local_cluster: LocalCluster, k8s: ApiClient, namespace: str
 ) -> None:
     async with webhooked(local_cluster, k8s, namespace) as env:
-        devices = {
-            **objects.claim_spec(env.driver),
-            "config": [{"opaque": {"driver": env.driver, "parameters": BAD_CONFIG}}],
-        }
-        template = objects.claim_template(namespace, "bad", devices)
-        claim = objects.claim(namespace, "bad", devices, driver=env.driver)
-        claim.pop("status", None)
+        spec = objects.claim_spec(env.driver)
+        spec["devices"]["config"] = [{"opaque": {"driver": env.driver, "parameters": BAD_CONFIG}}]
+        template = objects.claim_template(namespace, "bad", spec)
+        claim = objects.claim(namespace, "bad", spec)
         for obj, field in ((template, "spec.spec.devices.config[0]"), (claim, "spec.devices.config[0]")):
             result = local_cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(obj), check=False)
             assert result.returncode != 0
             assert "denied the request" in result.stderr
             assert f"{field}.opaque.parameters: sharing.strategy" in result.stderr, result.stderr
         # The same config with a valid strategy is applied.
-        devices["config"][0]["opaque"]["parameters"] = {**BAD_CONFIG, "sharing": {"strategy": "MPS"}}
-        local_cluster.apply(objects.claim_template(namespace, "good", devices))
+        spec["devices"]["config"][0]["opaque"]["parameters"] = {**BAD_CONFIG, "sharing": {"strategy": "MPS"}}
+        local_cluster.apply(objects.claim_template(namespace, "good", spec))
 
 
 async def test_invalid_queues_are_refused_by_the_api_and_a_malformed_review_costs_only_itself(

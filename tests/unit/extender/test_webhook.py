@@ -201,11 +201,9 @@ async def test_claim_validation_names_the_field(webhooks: Webhooks) -> None:
         "kind": "GpuConfig",
         "sharing": {"strategy": "Magic"},
     }
-    spec = {
-        **objects.claim_spec(CLASS),
-        "config": [{"opaque": {"driver": "gpu.tessera.dev", "parameters": parameters}}],
-    }
-    template = objects.claim_template("ns", "bad", {"devices": spec})
+    spec = objects.claim_spec(CLASS)
+    spec["devices"]["config"] = [{"opaque": {"driver": "gpu.tessera.dev", "parameters": parameters}}]
+    template = objects.claim_template("ns", "bad", spec)
     answer = await webhooks.review(VALIDATE_CLAIMS_PATH, template)
     assert answer["allowed"] is False
     assert "spec.spec.devices.config[0].opaque.parameters: sharing.strategy" in answer["status"]["message"]
