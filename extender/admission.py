@@ -134,28 +134,33 @@ def gate_removal(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
 def queue_problems(queue: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> list[str]:
     """Why a Queue being created or updated must be refused ([]: admit it).
 
-    `others`: the Queues already stored (the old version of this one is skipped). Refused: a spec
-    that does not parse (a limit below its quota, unknown resources, its own parent), and any
-    hierarchy problem of this queue after the write (unknown parent, a cycle, children's quotas
-    above its own), or of another queue that had none before (a cycle closed through it, its
-    children's quotas pushed above its quota). Problems that other queues had already stay
-    reported in their status, not refused here: a write need not fix what it did not break.
+    `others`: the Queues already stored (with the old version of this one, on an update). Refused:
+    a spec that does not parse (a limit below its quota, unknown resources, its own parent), and a
+    hierarchy problem the write brings: of this queue (unknown parent, a cycle, children's quotas
+    above its own) unless it had the very same one before, or of another queue that had none
+    before (a cycle closed through it, its children's quotas pushed above its quota). Problems
+    that were there already stay reported in the Queues' status, not refused here: a write need
+    not fix what it did not break (a label on a queue whose parent was deleted is still allowed).
     """
     try:
         spec = parse_queue(queue)
     except QueueSpecError as exc:
         return [str(exc)]
     existing: list[QueueSpec] = []
+    previous: list[QueueSpec] = []
     for other in others:
-        if meta(other).get("name") == spec.name:
-            continue
         try:
-            existing.append(parse_queue(other))
+            parsed = parse_queue(other)
         except QueueSpecError:
             continue  # an invalid stored queue takes no part in the hierarchy
-    before = validate_hierarchy(existing)
+        (previous if parsed.name == spec.name else existing).append(parsed)
+    before = validate_hierarchy([*existing, *previous[:1]])
     after = validate_hierarchy([*existing, spec])
-    found = [f"queue '{spec.name}': {problem}" for problem in after[spec.name]]
+    found = [
+        f"queue '{spec.name}': {problem}"
+        for problem in after[spec.name]
+        if problem not in before.get(spec.name, [])
+    ]
     for name, problems in after.items():
         if name != spec.name and problems and not before.get(name):
             found.extend(f"queue '{name}' (because of this change): {problem}" for problem in problems)

@@ -140,9 +140,15 @@ def test_valid_queues_and_old_problems_of_others_are_admitted() -> None:
     assert (
         queue_problems(objects.queue("team-a", parent="org", resources={"gpu": {"quota": 2}}), STORED) == []
     )
-    # "lost" already had an unknown parent: a write elsewhere does not have to fix it.
+    # "lost" already had an unknown parent: a write elsewhere does not have to fix it, and
+    # neither does a write of "lost" that leaves its parent as it was (a new label, a priority).
     broken = [*STORED, objects.queue("lost", parent="gone")]
     assert queue_problems(objects.queue("y"), broken) == []
+    assert queue_problems(objects.queue("lost", parent="gone", priority=3), broken) == []
+    # Pointing it at another missing parent is a new problem.
+    assert queue_problems(objects.queue("lost", parent="elsewhere"), broken) == [
+        "queue 'lost': parent queue 'elsewhere' of 'lost' does not exist"
+    ]
 
 
 def _claim(parameters: Any, driver: str = "gpu.tessera.dev", template: bool = False) -> dict[str, Any]:
