@@ -6,8 +6,10 @@ so the other tests on the shared control plane never reach them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -61,6 +63,11 @@ async def webhooked(
         finally:
             for configuration in configurations:
                 local_cluster.kubectl("delete", configuration["kind"], name, "--ignore-not-found")
+
+
+async def kubectl(cluster: LocalCluster, *args: str, input_text: str) -> subprocess.CompletedProcess[str]:
+    """kubectl off the event loop: the extender answering its admission runs on this loop."""
+    return await asyncio.to_thread(cluster.kubectl, *args, check=False, input_text=input_text)
 
 
 async def create_pod(env: GpuCluster, pod: JsonObject) -> JsonObject:
@@ -183,13 +190,20 @@ async def test_a_bad_gpu_config_is_refused_by_kubectl_apply_naming_the_field(
         template = objects.claim_template(namespace, "bad", spec)
         claim = objects.claim(namespace, "bad", spec)
         for obj, field in ((template, "spec.spec.devices.config[0]"), (claim, "spec.devices.config[0]")):
-            result = local_cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(obj), check=False)
+            result = await kubectl(local_cluster, "apply", "-f", "-", input_text=yaml.safe_dump(obj))
             assert result.returncode != 0
             assert "denied the request" in result.stderr
             assert f"{field}.opaque.parameters: sharing.strategy" in result.stderr, result.stderr
         # The same config with a valid strategy is applied.
         spec["devices"]["config"][0]["opaque"]["parameters"] = {**BAD_CONFIG, "sharing": {"strategy": "MPS"}}
-        local_cluster.apply(objects.claim_template(namespace, "good", spec))
+        result = await kubectl(
+            local_cluster,
+            "apply",
+            "-f",
+            "-",
+            input_text=json.dumps(objects.claim_template(namespace, "good", spec)),
+        )
+        assert result.returncode == 0, result.stderr
 
 
 async def test_invalid_queues_are_refused_by_the_api_and_a_malformed_review_costs_only_itself(
@@ -203,24 +217,25 @@ async def test_invalid_queues_are_refused_by_the_api_and_a_malformed_review_cost
             objects.queue(parent, resources={"gpu": {"quota": 4}}),
             objects.queue(child, parent=parent, resources={"gpu": {"quota": 2}}),
         ]
-        local_cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(both))
+        applied = await kubectl(local_cluster, "apply", "-f", "-", input_text=yaml.safe_dump_all(both))
+        assert applied.returncode == 0, applied.stderr
 
-        def refused(obj: dict[str, Any]) -> str:
-            result = local_cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(obj), check=False)
+        async def refused(obj: dict[str, Any]) -> str:
+            result = await kubectl(local_cluster, "apply", "-f", "-", input_text=yaml.safe_dump(obj))
             assert result.returncode != 0, f"{obj['metadata']['name']} was admitted"
             return result.stderr
 
         stray = env.queue_name("stray")
-        assert f"parent queue 'nowhere' of '{stray}' does not exist" in refused(
+        assert f"parent queue 'nowhere' of '{stray}' does not exist" in await refused(
             objects.queue(stray, parent="nowhere")
         )
         # org -> team -> org.
-        assert "parents form a cycle" in refused(objects.queue(parent, parent=child))
-        assert "limit must not be below quota" in refused(
+        assert "parents form a cycle" in await refused(objects.queue(parent, parent=child))
+        assert "limit must not be below quota" in await refused(
             objects.queue(stray, resources={"gpu": {"quota": 2, "limit": 1}})
         )
         # team's quota 6 above org's 4 is caused by this write: refused with org named.
-        assert f"queue '{parent}' (because of this change)" in refused(
+        assert f"queue '{parent}' (because of this change)" in await refused(
             objects.queue(child, parent=parent, resources={"gpu": {"quota": 6}})
         )
         listing = await request(env.api, "GET", QUEUES_PATH)
