@@ -170,3 +170,26 @@ def test_quiet_up_runs_every_example() -> None:
                 break
             time.sleep(0.5)
         assert allocated == {"team-vision": "3", "team-speech": "2"}
+        # The admission webhooks are registered against the extender: an invalid Queue is refused.
+        refused = subprocess.run(
+            [
+                str(up.bin_dir / "kubectl"),
+                f"--kubeconfig={up.state_dir / 'admin.kubeconfig'}",
+                "apply",
+                "-f",
+                "-",
+            ],
+            input=json.dumps(
+                {
+                    "apiVersion": "scheduling.tessera.dev/v1alpha1",
+                    "kind": "Queue",
+                    "metadata": {"name": "orphan"},
+                    "spec": {"parent": "no-such-queue"},
+                }
+            ),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert refused.returncode != 0
+        assert "parent queue 'no-such-queue' of 'orphan' does not exist" in refused.stderr
