@@ -178,6 +178,35 @@ async def test_pods_get_their_queue_from_the_namespace_default_or_their_job(
         await request(env.api, "DELETE", f"/apis/batch/v1/namespaces/{namespace}/jobs/train")
 
 
+async def test_a_pod_the_webhook_missed_is_counted_in_its_namespace_default_queue(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    """The webhooks of this test cover only `namespace`: a pod elsewhere gets no label, and the
+    picture applies its Namespace's default queue itself."""
+    async with webhooked(local_cluster, k8s, namespace) as env:
+        team = await env.create_queue("team", resources={"cpu": {"quota": 1}})
+        elsewhere = f"{namespace}-x"
+        labels = {NAMESPACE_QUEUE_LABEL: team}
+        await request(
+            env.api, "POST", "/api/v1/namespaces", body={"metadata": {"name": elsewhere, "labels": labels}}
+        )
+        try:
+            pod = objects.pod(elsewhere, "missed", cpu="250m", scheduler=env.scheduler_name)
+            del pod["metadata"]["uid"], pod["status"]
+            created = await request(env.api, "POST", f"/api/v1/namespaces/{elsewhere}/pods", body=pod)
+            assert QUEUE_LABEL not in created["metadata"].get("labels", {})
+
+            async def counted() -> bool:
+                status = (await env.get_queue(team)).get("status") or {}
+                return bool(status.get("allocated", {}).get("cpu") == "250m")
+
+            await wait_until(counted, timeout=30, what=f"{team} counting the unlabelled pod's cpu")
+        finally:  # no kubelet finishes a graceful deletion: force it
+            pods = f"/api/v1/namespaces/{elsewhere}/pods"
+            await request(env.api, "DELETE", pods, query={"gracePeriodSeconds": "0"})
+            await request(env.api, "DELETE", f"/api/v1/namespaces/{elsewhere}")
+
+
 BAD_CONFIG = {"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "Magic"}}
 
 
