@@ -166,6 +166,8 @@ class PodAdmission:
         return chain
 
     async def namespace_labels(self, namespace: str) -> Mapping[str, Any]:
+        if not _NAME.match(namespace):
+            return {}  # not a namespace name: nothing to read (and no path to build from it)
         stored = self.picture.store.get("Namespace", namespace)
         if stored is None:  # created a moment ago: the watch has not delivered it yet
             stored = await kubeapi.request(

@@ -250,3 +250,29 @@ async def test_the_picture_counts_an_unlabelled_pod_in_its_namespace_default_que
     picture.apply("Namespace", "MODIFIED", namespace("ml", {NAMESPACE_QUEUE_LABEL: "team-a"}))
     assert picture.fairness().pending_pods.get("team-a") == 1
     assert not picture.fairness().pending_pods.get("team-b")
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"metadata": 5, "spec": "x"},
+        {"metadata": {"labels": ["a"], "ownerReferences": "me"}, "spec": {"containers": "zz"}},
+        {"metadata": {"ownerReferences": [{"controller": True, "apiVersion": 3, "kind": {}, "name": None}]}},
+        {"spec": {"containers": [{"resources": {"requests": {"cpu": "lots"}}}], "schedulingGates": 7}},
+    ],
+)
+async def test_an_odd_pod_is_admitted_unchanged_and_costs_only_itself(
+    webhooks: Webhooks, odd: dict[str, Any]
+) -> None:
+    webhooks.sync(cluster())
+    pod = {"apiVersion": "v1", "kind": "Pod", **odd}
+    for namespace in ("../x", "plain", "ml"):  # no namespace name; no default; a default queue
+        request = {"uid": "u", "kind": {"version": "v1", "kind": "Pod"}, "namespace": namespace}
+        body = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {**request, "operation": "CREATE", "object": pod},
+        }
+        response = await webhooks.client.post(MUTATE_PODS_PATH, data=json.dumps(body))
+        assert response.status == 200, await response.text()
+        assert (await response.json())["response"]["allowed"] is True
