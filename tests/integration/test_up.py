@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from contract.quantity import parse_quantity
 from tessera.dev.localcluster import REPO_ROOT, find_binaries
@@ -170,6 +171,15 @@ def test_quiet_up_runs_every_example() -> None:
                 break
             time.sleep(0.5)
         assert allocated == {"team-vision": "3", "team-speech": "2"}
+        # namespace-defaults.yaml: the Job names neither queue nor scheduler; its Namespace does.
+        nlp: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            nlp = json.loads(up.kubectl("get", "pods", "-n", "team-nlp", "-o", "json"))["items"]
+            if nlp and nlp[0].get("status", {}).get("phase") == "Running":
+                break
+            time.sleep(0.5)
+        assert [p["metadata"]["labels"].get("scheduling.tessera.dev/queue") for p in nlp] == ["team-nlp"]
+        assert nlp[0]["spec"]["schedulerName"] == "tessera" and nlp[0]["status"]["phase"] == "Running"
         # The admission webhooks are registered against the extender: an invalid Queue is refused.
         refused = subprocess.run(
             [
