@@ -12,7 +12,6 @@ pods of 1, 1 and 1 GPU: the first two are lifted (2 + 1, 2 + 1 + 1), the third w
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
@@ -20,6 +19,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from contract.kube import meta
 from extender.admission import gate_reason, gate_removal, is_gated
+from extender.controllers.periodic import PeriodicPass
 from extender.kubeapi import JsonObject, KubeError, request
 from extender.picture.cluster import ClusterPicture, pod_created
 
@@ -55,29 +55,13 @@ class GateController:
     ) -> None:
         self.api = api
         self.picture = picture
-        self.interval_s = interval_s
-        self.is_leader = is_leader
-        self._task: asyncio.Task[None] | None = None
+        self._loop = PeriodicPass("gates", interval_s, lambda: is_leader() and picture.ready(), self.run_once)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="gates")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            if not (self.is_leader() and self.picture.ready()):
-                continue
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("gate pass failed")
+        await self._loop.stop()
 
     def admissible(self) -> list[tuple[str, JsonObject]]:
         """Gated pods that may be scheduled now, oldest first, each counted before the next."""
