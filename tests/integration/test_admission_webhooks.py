@@ -116,7 +116,7 @@ async def test_a_pod_of_a_queue_at_its_limit_waits_gated_until_the_queue_has_roo
         assert not (await get_pod(env, "second"))["spec"].get("schedulingGates")
 
 
-async def test_pods_get_their_queue_from_the_namespace_default_or_their_job(
+async def test_pods_get_their_queue_from_their_top_owner_or_the_namespace_default(
     local_cluster: LocalCluster, k8s: ApiClient, namespace: str
 ) -> None:
     async with webhooked(local_cluster, k8s, namespace) as env:
@@ -167,6 +167,33 @@ async def test_pods_get_their_queue_from_the_namespace_default_or_their_job(
             return pods[0]["metadata"]["labels"].get(QUEUE_LABEL) if pods else None
 
         assert await wait_until(job_pod_queue, timeout=30, what="the Job's pod") == batch
+
+        # Two owners up: the Deployment's label reaches the pod through its ReplicaSet (which
+        # carries only the template's labels).
+        serving = objects.pod(namespace, "serving", scheduler=env.scheduler_name)
+        deployment = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "serving", "namespace": namespace, "labels": {QUEUE_LABEL: batch}},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "serving"}},
+                "template": {"metadata": {"labels": {"app": "serving"}}, "spec": serving["spec"]},
+            },
+        }
+        deployments = f"/apis/apps/v1/namespaces/{namespace}/deployments"
+        await request(env.api, "POST", deployments, body=deployment)
+
+        async def serving_pod_queue() -> str | None:
+            pods = [p for p in await env.pods() if p["metadata"]["name"].startswith("serving-")]
+            return pods[0]["metadata"]["labels"].get(QUEUE_LABEL) if pods else None
+
+        try:
+            assert await wait_until(serving_pod_queue, timeout=30, what="the Deployment's pod") == batch
+        finally:
+            await request(
+                env.api, "DELETE", f"{deployments}/serving", body={"propagationPolicy": "Background"}
+            )
 
         # The Queue status counts each where it belongs (1 GPU each, once bound).
         async def allocated(queue: str) -> bool:
