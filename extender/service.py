@@ -120,6 +120,7 @@ class ExtenderService:
             GateController(
                 api,
                 self.picture,
+                self.metrics,
                 webhooks.gate_interval_s,
                 self.lease.is_leader if self.lease else (lambda: True),
             )

@@ -21,6 +21,7 @@ from contract.kube import meta
 from extender.admission import gate_reason, gate_removal, is_gated
 from extender.controllers.periodic import PeriodicPass
 from extender.kubeapi import JsonObject, KubeError, request
+from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture, pod_created
 
 log = logging.getLogger(__name__)
@@ -50,11 +51,13 @@ class GateController:
         self,
         api: ApiClient,
         picture: ClusterPicture,
+        metrics: ExtenderMetrics,
         interval_s: float = 1.0,
         is_leader: Callable[[], bool] = lambda: True,
     ) -> None:
         self.api = api
         self.picture = picture
+        self.metrics = metrics
         self._loop = PeriodicPass("gates", interval_s, lambda: is_leader() and picture.ready(), self.run_once)
 
     def start(self) -> None:
@@ -102,6 +105,7 @@ class GateController:
                     content_type=JSON_PATCH,
                 )
                 lifted += 1
+                self.metrics.decisions.labels("gates", "lifted", "").inc()
                 log.info("pod %s: admission gate lifted, its queue has room", key)
             except KubeError as exc:  # gone, or its gates changed: the next pass reads it again
                 log.info("pod %s: gate not lifted: %s", key, exc)

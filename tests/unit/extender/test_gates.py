@@ -8,6 +8,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from contract.names import ADMISSION_GATE
 from extender.controllers.gates import GateController, waiting_ungated
+from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from tests import extender_objects as objects
 from tests.unit.extender.test_webhook import cluster
@@ -35,6 +36,6 @@ async def test_gated_pods_are_lifted_oldest_first_while_the_limit_has_room() -> 
         picture.replace(kind, [o for o in objs if o["kind"] == kind])
     assert waiting_ungated(picture)["team-a"]["gpu"] == 1  # "waiting"; the gated pods are not ahead
     async with ApiClient() as api:
-        controller = GateController(api, picture)
+        controller = GateController(api, picture, ExtenderMetrics(picture))
         # early: 1 + 1 + 1 = 3 <= 3, lifted; late: 1 + 2 + 1 = 4 > 3, stays; team-b has no limit.
         assert [key for key, _ in controller.admissible()] == ["plain/early", "plain/other"]
