@@ -246,6 +246,8 @@ def plan_moves(
     for waiting in serving_order(fork.fairness, pending, rules.max_pending):
         if moves_left <= 0:
             break
+        if waiting.workload:
+            continue  # a member of a gang waiting whole: moves for one member would not start it
         if waiting.key in served_keys or place_if_it_fits(fork, waiting):
             continue
         if consolidation_refusal(fork.fairness, waiting):

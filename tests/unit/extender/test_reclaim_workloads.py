@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from contract.names import GPU_MILLI
+from extender.policy.consolidation import ConsolidationRules, plan_moves
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod, Rules, plan
@@ -27,7 +28,7 @@ class Case:
     served: dict[str, str]
 
 
-def build(case: Case) -> tuple[ClusterSnapshot, list[PendingPod]]:
+def build(case: Case, movable: bool = False) -> tuple[ClusterSnapshot, list[PendingPod]]:
     free = {node: [GPU_MILLI] * 4 for node in ("n1", "n2")}
     running: dict[str, RunningPod] = {}
     allocated: dict[str, float] = {}
@@ -37,7 +38,14 @@ def build(case: Case) -> tuple[ClusterSnapshot, list[PendingPod]]:
         allocated[queue] = allocated.get(queue, 0.0) + 1
         # Listed first = oldest.
         running[key] = RunningPod(
-            key, queue, node, ((index, GPU_MILLI),), {"gpu": 1.0}, started=NOW - 3600 + age, workload=workload
+            key,
+            queue,
+            node,
+            ((index, GPU_MILLI),),
+            {"gpu": 1.0},
+            started=NOW - 3600 + age,
+            workload=workload,
+            movable=movable,
         )
     requested: dict[str, float] = {}
     pending = []
@@ -135,3 +143,15 @@ def test_reclaim_takes_whole_workloads(case: Case) -> None:
         for eviction in p.evictions:
             if eviction.pod.workload and not snapshot.elastic(eviction.pod):
                 assert "runs whole or not at all (minimum 4)" in eviction.message
+
+
+@pytest.mark.parametrize("workload", ["", "Job/ns/jb"])
+def test_consolidation_makes_room_for_pods_alone_not_for_a_gang_member(workload: str) -> None:
+    # Two nodes with 2 of 4 GPUs free each (movable pods of a, run long enough); b waits for a
+    # 4-GPU pod: moving n2's 2 pods onto n1 makes room. For a member of a gang waiting whole,
+    # moves for one member would not start the gang: none.
+    running = [(f"a{i}", "a", "n1" if i < 2 else "n2", "") for i in range(4)]
+    snapshot, _ = build(Case("", {"a": 4, "b": 4}, running, {}, [], set(), {}), movable=True)
+    waiting = [PendingPod("b0", "b", GpuDemand(4), {"gpu": 4.0}, workload=workload)]
+    moved = plan_moves(snapshot, waiting, NOW, ConsolidationRules())
+    assert bool(moved) == (workload == "")
