@@ -12,10 +12,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio.client import ApiClient
 
-from contract.names import MIN_MEMBERS_ANNOTATION
+from contract.names import MIN_MEMBERS_ANNOTATION, WORKLOAD_LABEL
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
-from extender.picture.cluster import ClusterPicture
+from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.placement import GpuDemand
 from extender.server import build_app
 from extender.status import WaitingPods
@@ -182,3 +182,31 @@ async def test_a_gang_waiting_for_gpus_keeps_what_reclaim_holds_for_it(extender:
     _, result = await extender.call("filter", args(first[0], NODES))
     assert "GPUs free for 0 of its 4 missing pods" in result["FailedAndUnresolvableNodes"]["a"]
     assert extender.state.inventory.held_for("ns/ja-0") is not None
+
+
+def test_members_follow_the_pods_and_make_the_minimum_of_an_unread_owner() -> None:
+    # Bare pods grouped by label: their minimum is the members that exist and have not finished.
+    pods = []
+    for i in range(3):
+        pod = objects.pod("ns", f"w-{i}", queue="team", template="one")
+        pod["metadata"]["labels"][WORKLOAD_LABEL] = "sweep"
+        pods.append(pod)
+    state = ClusterPicture()
+    for kind in WATCHED_PATHS:
+        state.replace(kind, [o for o in [*cluster(), *pods] if o["kind"] == kind])
+    gang = state.gang(pods[0])
+    assert (gang.workload.key, gang.minimum, gang.members, gang.admitted) == (
+        "Workload/ns/sweep",
+        3,
+        3,
+        False,
+    )
+    done = {
+        **pods[2],
+        "status": {"phase": "Succeeded"},
+        "metadata": {**pods[2]["metadata"], "resourceVersion": "9"},
+    }
+    state.apply("Pod", "MODIFIED", done)
+    assert (state.gang(pods[0]).minimum, state.gang(pods[0]).members) == (2, 2)
+    state.apply("Pod", "DELETED", pods[1])
+    assert state.workloads.members == {"Workload/ns/sweep": {"ns/w-0"}}
