@@ -225,6 +225,7 @@ class StatusWriter:
         view = self.state.fairness()
         pods = self.state.kind("Pod")
         eligible: list[WaitingPod] = []
+        gangs: dict[str, bool] = {}  # gang workload -> admissible whole now
         for key, entry in list(self.waiting.waiting.items()):
             pod = pods.get(key)
             if pod is None or not self.state.is_pending(key, pod):
@@ -237,8 +238,11 @@ class StatusWriter:
                 continue
             gang = self.state.gang(pod)
             if not gang.admitted:  # a gang goes whole: its queue and the GPUs must take all it misses
-                nodes = list(self.state.kind("Node"))
-                admissible = admit_gang(self.state, nodes, key, pod, demand, gang)[0].admit
+                workload = gang.workload.key
+                if workload not in gangs:  # judged once for all its waiting members
+                    nodes = list(self.state.kind("Node"))
+                    gangs[workload] = admit_gang(self.state, nodes, key, pod, demand, gang)[0].admit
+                admissible = gangs[workload]
             else:
                 resources = self.state.accounting.resources(key, pod, demand)
                 admissible = view.admit(entry.queue, resources, preemptible=demand.preemptible).admit

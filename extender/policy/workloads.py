@@ -219,20 +219,22 @@ def _by_table(pod: Mapping[str, Any], lookup: Lookup, owned: Owned) -> Workload:
 def plan_gang(supplies: Sequence[NodeGpus], demand: GpuDemand, count: int) -> list[str]:
     """Nodes for up to `count` members of one GPU shape (fewer: only that many fit).
 
-    Greedy binpack: each member goes to the node with the least free GPU where it fits, so a
-    gang fills nodes rather than spreading a little over many, leaving whole nodes for others.
+    Binpack: the fullest nodes first, each filled with as many members as fit, so a gang takes
+    few nodes and leaves whole ones to others. Nodes of one shape take as many members alike, so
+    the cost is a sort of the nodes plus `count` placements per distinct shape at most - a filter
+    call on thousands of nodes stays fast.
     """
-    free = {supply.name: supply for supply in supplies}
     chosen: list[str] = []
-    for _ in range(count):
-        fitting = [
-            (sum(node.free_milli), name, after)
-            for name, node in free.items()
-            if (after := occupy(node, demand, _MIX)) is not None
-        ]
-        if not fitting:
+    fitting_by_shape: dict[str, int] = {}
+    for node in sorted(supplies, key=lambda n: (sum(n.free_milli), n.name)):
+        missing = count - len(chosen)
+        if missing <= 0:
             break
-        _, name, (after_node, _gpus) = min(fitting, key=lambda entry: (entry[0], entry[1]))
-        free[name] = after_node
-        chosen.append(name)
+        fitting = fitting_by_shape.get(node.shape)
+        if fitting is None:
+            fitting, current = 0, node
+            while fitting < count and (after := occupy(current, demand, _MIX)) is not None:
+                current, fitting = after[0], fitting + 1
+            fitting_by_shape[node.shape] = fitting
+        chosen.extend([node.name] * min(fitting, missing))
     return chosen
