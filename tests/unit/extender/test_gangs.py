@@ -19,6 +19,8 @@ from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.placement import GpuDemand
 from extender.server import build_app
 from extender.status import WaitingPods
+from extender.verbs import decide_preemption
+from extender.wire import ExtenderPreemptionArgs
 from tests import extender_objects as objects
 from tests.unit.extender.test_server import CLASS, Extender, args
 
@@ -210,3 +212,52 @@ def test_members_follow_the_pods_and_make_the_minimum_of_an_unread_owner() -> No
     assert (state.gang(pods[0]).minimum, state.gang(pods[0]).members) == (2, 2)
     state.apply("Pod", "DELETED", pods[1])
     assert state.workloads.members == {"Workload/ns/sweep": {"ns/w-0"}}
+
+
+def running_member(job_name: str, index: int, queue: str, node: str, device: str) -> list[dict[str, Any]]:
+    """A member of an indexed Job running on `node` with its claim allocated to `device`."""
+    pod = member(job_name, index, queue)
+    pod["spec"]["nodeName"] = node
+    name = pod["metadata"]["name"]
+    pod["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": f"{name}-gpus"}]
+    claim = objects.claim("ns", f"{name}-gpus", objects.claim_spec(CLASS), allocated=[(node, device, None)])
+    return [pod, claim]
+
+
+async def test_the_schedulers_preemption_never_breaks_a_gang(extender: Extender) -> None:
+    # Queue hog (quota 0) runs a gang of 2 (minimum 2) on node a and a lone pod on node b; urgent
+    # (quota 4) waits with 4 pods: its fair share is 4, hog's 0. The scheduler proposes one victim
+    # per node: on a, a gang member (evicting it would leave the gang below its minimum): dropped;
+    # on b, the lone pod: kept.
+    waiting = [objects.pod("ns", f"u-{i}", queue="urgent", template="one") for i in range(4)]
+    pending = waiting[0]
+    lone = objects.pod("ns", "lone", queue="hog", template="one", node_name="b")
+    lone["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "lone-gpus"}]
+    extender.sync(
+        [
+            *objects.two_nodes_of_two_gpus(CLASS),
+            objects.queue("hog", resources={"gpu": {"quota": 0}}),
+            objects.queue("urgent", resources={"gpu": {"quota": 4}}),
+            job("jh", 2),
+            *running_member("jh", 0, "hog", "a", "gpu-0"),
+            *running_member("jh", 1, "hog", "a", "gpu-1"),
+            lone,
+            objects.claim("ns", "lone-gpus", objects.claim_spec(CLASS), allocated=[("b", "gpu-0", None)]),
+            *waiting,
+        ]
+    )
+    body = {
+        "Pod": pending,
+        "NodeNameToMetaVictims": {
+            "a": {"Pods": [{"UID": "uid-ns-jh-0"}], "NumPDBViolations": 0},
+            "b": {"Pods": [{"UID": "uid-ns-lone"}], "NumPDBViolations": 0},
+        },
+    }
+    status, result = await extender.call("preempt", body)
+    assert status == 200
+    assert list(result["NodeNameToMetaVictims"]) == ["b"]
+    dropped = decide_preemption(extender.state, ExtenderPreemptionArgs.model_validate(body)).dropped
+    assert dropped == {
+        "a": "pod ns/jh-0 is one of the 2 running pods of workload Job/ns/jh, its minimum: evicting it "
+        "would break the gang"
+    }
