@@ -132,15 +132,7 @@ class QueueAccounting:
         if reservation is None:
             return
         members = self.workloads.members.get(workload, set())
-        landed: list[str] = []
-        admitted = 0  # admitted by a filter, bind still to come: counted by themselves, GPUs still held
-        for key in members:
-            pod = self.store.get("Pod", key)
-            node = self.inventory.pod_node(key, pod) if pod is not None else ""
-            if node:
-                landed.append(node)
-            elif key in self.reserved:
-                admitted += 1
+        landed, admitted = self.placement(members)
         now = time.monotonic()
         placed = len(landed) + admitted
         if placed > reservation.placed:  # progress: the scheduler is completing the gang
@@ -164,6 +156,20 @@ class QueueAccounting:
                 self.inventory.hold(key, node, reservation.demand, reservation.expires - now, owner=workload)
 
     # ---- questions ---------------------------------------------------------------------------
+
+    def placement(self, members: Iterable[str]) -> tuple[list[str], int]:
+        """Where a gang's members are: the nodes of those bound (or assumed bound), and how many
+        more a filter admitted whose bind is still to come (they count by themselves already)."""
+        landed: list[str] = []
+        admitted = 0
+        for key in members:
+            pod = self.store.get("Pod", key)
+            node = self.inventory.pod_node(key, pod) if pod is not None else ""
+            if node:
+                landed.append(node)
+            elif key in self.reserved:
+                admitted += 1
+        return landed, admitted
 
     def is_pending(self, key: str, pod: Mapping[str, Any]) -> bool:
         """Waits for scheduling by a scheduler whose demand counts."""

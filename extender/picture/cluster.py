@@ -164,18 +164,12 @@ class ClusterPicture:
         if workload.single:
             return GangState(workload, 1, 1, 0, None)
         members = self.workloads.members.get(workload.key, set())
-        placed = 0
-        for key in members:
-            member = self.store.get("Pod", key)
-            if (
-                member is not None and self.inventory.pod_node(key, member)
-            ) or key in self.accounting.reserved:
-                placed += 1
+        landed, admitted = self.accounting.placement(members)
         return GangState(
             workload,
             self.workloads.minimum(workload),
             len(members),
-            placed,
+            len(landed) + admitted,
             self.workloads.reservations.get(workload.key),
         )
 
