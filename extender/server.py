@@ -23,7 +23,7 @@ from extender.binder import Binder
 from extender.metrics import CONTENT_TYPE, ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.status import WaitingPods
-from extender.verbs import GANG_NO_FIT, UnreadablePod, decide_filter, decide_preemption, decide_priorities
+from extender.verbs import KEEPS_HOLDS, UnreadablePod, decide_filter, decide_preemption, decide_priorities
 from extender.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -140,7 +140,7 @@ async def handle_filter(request: web.Request) -> web.StreamResponse:
     app[METRICS_KEY].decisions.labels("filter", decision.outcome, decision.reason).inc()
     if decision.admitted is False:
         waiting.refused(meta.namespace, meta.name, meta.uid, decision.queue, decision.message)
-        if decision.reason != GANG_NO_FIT:
+        if decision.reason not in KEEPS_HOLDS:
             # GPUs reclaim held for it would sit idle while admission refuses it: let them go. (Not
             # for a gang waiting for GPUs to come free: those held for it are what it waits for.)
             picture.inventory.release_hold(key)

@@ -17,6 +17,7 @@ from extender.controllers.consolidate import ConsolidationOptions, Consolidator
 from extender.controllers.endpoint import Advertise, LeaderEndpoint
 from extender.controllers.gates import GateController
 from extender.controllers.lease import LeaderLease
+from extender.controllers.owners import OwnerReader
 from extender.controllers.reclaim import ReclaimLoop, ReclaimOptions
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
@@ -66,6 +67,8 @@ class ExtenderService:
         self.metrics = ExtenderMetrics(self.picture)
         self.waiting = WaitingPods()
         self.watcher = ClusterWatcher(api, self.picture)
+        # Reads the custom resources whose spec states a gang's minimum (every replica).
+        self.owners = OwnerReader(api, self.picture)
         self.lease = LeaderLease(api, *options.lease, options.lease_duration_s) if options.lease else None
         if options.advertise and not self.lease:
             raise ValueError("advertising the leader's endpoint needs leader election (a lease)")
@@ -134,6 +137,7 @@ class ExtenderService:
 
     async def start(self) -> None:
         self.watcher.start()
+        self.owners.start()
         self.writer.start()
         if self.lease:
             self.lease.start()
@@ -189,4 +193,5 @@ class ExtenderService:
             await self.lease.stop(release=True)
         await self._runner.cleanup()
         await self.writer.stop()
+        await self.owners.stop()
         await self.watcher.stop()

@@ -9,7 +9,8 @@ refusal fails every node with the reason (FailedAndUnresolvableNodes: preempting
 cannot fix a queue's share). An admitted pod then keeps only the nodes whose free GPUs fit it.
 
 A pod of a gang whose minimum is neither placed nor admitted is admitted with its whole gang or
-not at all: the queue is asked for the members still missing at once (their summed demand against
+not at all, once its controller has created at least the minimum: the queue is asked for the
+members still missing at once (their summed demand against
 limits and quotas), and their GPUs must all fit among the candidates, not counting GPUs held for
 other pods and gangs (`extender.policy.workloads.plan_gang`). Admitted, the decision carries a
 gang reservation (slots counted against the queue, GPUs held on the planned nodes) which the
@@ -48,8 +49,11 @@ from extender.wire import (
 )
 
 NOT_READY = "tessera extender is still syncing its cluster picture; retry"
-# A gang whose missing members do not all fit yet: GPUs reclaim freed for it are still coming.
+# A gang whose missing members do not all fit yet (GPUs reclaim freed for it are still coming), or
+# whose minimum is still being read from its owner: refusals that keep what reclaim holds for it.
 GANG_NO_FIT = "gang_no_fit"
+GANG_READING = "gang_reading"
+KEEPS_HOLDS = frozenset({GANG_NO_FIT, GANG_READING})
 
 
 class UnreadablePod(ValueError):
@@ -190,6 +194,14 @@ def admit_gang(
 ) -> tuple[AdmissionDecision, GangReservation | None]:
     """Admit the members a gang still misses, all at once: its queue must take their summed
     demand, and all of them must fit the candidates' GPUs not held for others."""
+    if gang.reading:
+        spec = gang.workload.spec
+        owner = f"{spec[1]} {spec[2]}" if spec else "owner"
+        text = f"workload {gang.workload.key} waits for its minimum: reading the spec of its {owner}"
+        return AdmissionDecision(False, text, GANG_READING), None
+    if gang.members < gang.minimum:  # its controller has not created all of them yet
+        text = _gang_text(gang, f"waits for its pods: {gang.members} of its minimum {gang.minimum} exist")
+        return AdmissionDecision(False, text, "gang_incomplete"), None
     missing = gang.minimum - gang.placed
     amounts = picture.accounting.resources(key, pod, demand)
     total = {resource: amount * missing for resource, amount in amounts.items()}

@@ -158,18 +158,28 @@ class QueueAccounting:
     # ---- questions ---------------------------------------------------------------------------
 
     def placement(self, members: Iterable[str]) -> tuple[list[str], int]:
-        """Where a gang's members are: the nodes of those bound (or assumed bound), and how many
-        more a filter admitted whose bind is still to come (they count by themselves already)."""
+        """Where a gang's members are: the nodes of those bound (or assumed bound) whose GPUs the
+        picture sees taken, and how many more are admitted - by a filter whose bind is still to
+        come, or bound before their claims' devices show - (they count by themselves already, but
+        their slots keep holding GPUs until the picture sees theirs: a gang's GPUs are never free
+        to others in between)."""
         landed: list[str] = []
         admitted = 0
         for key in members:
             pod = self.store.get("Pod", key)
             node = self.inventory.pod_node(key, pod) if pod is not None else ""
-            if node:
+            if node and pod is not None and self._holds_its_gpus(pod):
                 landed.append(node)
-            elif key in self.reserved:
-                admitted += 1
+            elif node or key in self.reserved:
+                admitted += 1  # bound, but the picture has not seen its claims' devices yet
         return landed, admitted
+
+    def _holds_its_gpus(self, pod: Mapping[str, Any]) -> bool:
+        """The picture counts the GPUs of a bound pod on its node (its claims' devices are known)."""
+        demand = self.demands.of(pod)
+        if demand.classic_gpus or not demand.gpu_requests:
+            return True
+        return bool(self.inventory.held_devices(demand.namespace, demand.claim_names))
 
     def is_pending(self, key: str, pod: Mapping[str, Any]) -> bool:
         """Waits for scheduling by a scheduler whose demand counts."""

@@ -34,7 +34,7 @@ from extender.picture.accounting import QueueAccounting, QueueView
 from extender.picture.demands import PodDemand, PodDemands, is_terminal
 from extender.picture.inventory import GpuInventory
 from extender.picture.store import ObjectStore
-from extender.picture.workloads import GangReservation, GangState, WorkloadMap
+from extender.picture.workloads import GangReservation, GangState, OwnerRef, WorkloadMap
 from extender.policy.placement import GpuDemand, NodeGpus
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
@@ -171,7 +171,13 @@ class ClusterPicture:
             len(members),
             len(landed) + admitted,
             self.workloads.reservations.get(workload.key),
+            self.workloads.reading(pod, workload),
         )
+
+    def read_owner(self, ref: OwnerRef, obj: Mapping[str, Any] | None) -> None:
+        """What the owner reader got (None: unreadable); gangs waiting for it may go now."""
+        self.workloads.read(ref, obj)
+        self._changed()
 
     def is_pending(self, key: str, pod: Mapping[str, Any]) -> bool:
         return self.accounting.is_pending(key, pod)
@@ -289,6 +295,8 @@ class ClusterPicture:
             demand = self.demands.of(pod)
             request = contribution.amounts
             gang = self.gang(pod)
+            if gang.reading or gang.members < gang.minimum:
+                continue  # its minimum is not known yet, or its pods are not all there
             workload = "" if gang.admitted else gang.workload.key
             if workload:
                 if workload not in missing:

@@ -2,8 +2,11 @@
 
 `WorkloadMap` keeps, per workload (`extender.policy.workloads.workload_of`), the pods that belong
 to it, so a filter call learns in O(members) how many of a gang are placed. Batch Jobs are
-watched, so an indexed Job's minimum is its spec's; other owners' minimums come from the pod (see
-the table in `extender.policy.workloads`).
+watched, so an indexed Job's minimum is its spec's. The other owners whose spec states a minimum
+(PodGroup, JobSet, the Kubeflow jobs, RayCluster) are custom resources that may not be installed:
+the map lists those its gangs name (`wanted`), `extender.controllers.owners` reads each once, and
+they are kept while the workload has members. Until one is read - or where it cannot be: CRD not
+installed, no permission - the minimum comes from the pod, as the table says.
 
 A **gang reservation** is what admitting a workload's minimum as a unit leaves behind: one slot per
 member still to place, each counted as allocated to the queue (in the ledger, under the key
@@ -32,8 +35,11 @@ from extender.policy.workloads import JOBSET_LABEL, Workload, workload_of
 
 # How long an admitted gang keeps its reservation without any member being placed.
 GANG_HOLD_S = 60.0
-# Owner kinds the picture watches (the others' specs are unknown: see the table's "members").
+# Owner kinds the picture watches (the others are read one by one: `wanted`, `owners`).
 WATCHED_OWNERS = frozenset({"Job"})
+# An owner that could not be read is asked for again after this long.
+UNREADABLE_RETRY_S = 60.0
+OwnerRef = tuple[str, str, str]  # (apiVersion, kind, namespace/name)
 
 
 @dataclass
@@ -63,6 +69,7 @@ class GangState:
     members: int
     placed: int
     reservation: GangReservation | None
+    reading: bool = False  # its minimum is about to be read from its owner's spec
 
     @property
     def admitted(self) -> bool:
@@ -77,6 +84,12 @@ class WorkloadMap:
         self.of_pod: dict[str, str] = {}  # pod key -> workload key (pods of gangs only)
         self.members: dict[str, set[str]] = {}
         self.reservations: dict[str, GangReservation] = {}
+        # Owner objects read for their spec, by (kind, namespace/name); those to read; those that
+        # could not be read, until when; the owner of each gang workload that names one.
+        self.owners: dict[tuple[str, str], Mapping[str, Any]] = {}
+        self.wanted: set[OwnerRef] = set()
+        self.unreadable: dict[OwnerRef, float] = {}
+        self._owner_of: dict[str, OwnerRef] = {}
         store.subscribe("Pod", self._pod_changed, self._relisted)
 
     def workload(self, pod: Mapping[str, Any]) -> Workload:
@@ -98,8 +111,29 @@ class WorkloadMap:
         now = time.monotonic()
         return [key for key, r in self.reservations.items() if r.expires < now]
 
+    def owner_ref(self, pod: Mapping[str, Any], workload: Workload) -> OwnerRef | None:
+        """The custom resource to read for the workload's minimum (None: none, or it is watched)."""
+        if workload.spec is None or workload.kind in WATCHED_OWNERS or workload.rule == "annotation":
+            return None
+        api_version, kind, name = workload.spec
+        return (api_version, kind, f"{meta(pod).get('namespace')}/{name}")
+
+    def reading(self, pod: Mapping[str, Any], workload: Workload) -> bool:
+        """The workload's minimum is about to come from its owner's spec, not read yet."""
+        ref = self.owner_ref(pod, workload) if workload.minimum is None else None
+        return ref is not None and ref in self.wanted
+
+    def read(self, ref: OwnerRef, obj: Mapping[str, Any] | None) -> None:
+        """What reading an owner gave (None: it could not be read; asked for again later)."""
+        self.wanted.discard(ref)
+        if obj is None:
+            self.unreadable[ref] = time.monotonic() + UNREADABLE_RETRY_S
+        elif ref in self._owner_of.values():  # a gang still names it
+            self.unreadable.pop(ref, None)
+            self.owners[ref[1], ref[2]] = obj
+
     def _lookup(self, kind: str, key: str) -> Mapping[str, Any] | None:
-        return self.store.get(kind, key) if kind in WATCHED_OWNERS else None
+        return self.store.get(kind, key) if kind in WATCHED_OWNERS else self.owners.get((kind, key))
 
     def _owned(self, kind: str, key: str) -> Sequence[Mapping[str, Any]]:
         """A JobSet's Jobs (they carry its name as a label, like its pods)."""
@@ -121,12 +155,21 @@ class WorkloadMap:
                 members.discard(key)
                 if not members:
                     del self.members[previous]
+                    owner = self._owner_of.pop(previous, None)
+                    if owner is not None:  # no member left: its owner's spec is not needed
+                        self.owners.pop((owner[1], owner[2]), None)
+                        self.wanted.discard(owner)
         if new is None or is_terminal(new):
             return
         workload = self.workload(new)
         if not workload.single:
             self.of_pod[key] = workload.key
             self.members.setdefault(workload.key, set()).add(key)
+            ref = self.owner_ref(new, workload)
+            if ref is not None:
+                self._owner_of[workload.key] = ref
+                if (ref[1], ref[2]) not in self.owners and self.unreadable.get(ref, 0.0) <= time.monotonic():
+                    self.wanted.add(ref)
 
     def _relisted(self, keys: set[str]) -> None:
         for key in [k for k in self.of_pod if k not in keys]:

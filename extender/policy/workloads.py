@@ -55,6 +55,9 @@ from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.snapshot import occupy
 
 JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# API versions of owners a pod does not name with its own ownerReferences.
+PODGROUP_API_VERSION = "scheduling.k8s.io/v1beta1"
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
@@ -87,6 +90,8 @@ class Workload:
     name: str
     minimum: int | None
     rule: str  # the row that decided (docs, events, tests)
+    # The object whose spec states the minimum, in the pod's namespace: (apiVersion, kind, name).
+    spec: tuple[str, str, str] | None = None
 
     @property
     def single(self) -> bool:
@@ -169,7 +174,7 @@ def workload_of(pod: Mapping[str, Any], lookup: Lookup = _nothing, owned: Owned 
             return found  # a pod alone: a minimum above 1 could never be met
         namespace = str(meta(pod).get("namespace") or "")
         return Workload(f"{kind}/{namespace}/{name}", kind, name, minimum, "annotation")
-    return Workload(found.key, found.kind, found.name, minimum, "annotation")
+    return Workload(found.key, found.kind, found.name, minimum, "annotation", found.spec)
 
 
 def _by_table(pod: Mapping[str, Any], lookup: Lookup, owned: Owned) -> Workload:
@@ -178,13 +183,17 @@ def _by_table(pod: Mapping[str, Any], lookup: Lookup, owned: Owned) -> Workload:
     labels = mapping(metadata.get("labels"))
     annotations = mapping(metadata.get("annotations"))
 
-    def workload(kind: str, name: str, minimum: int | None, rule: str) -> Workload:
-        return Workload(f"{kind}/{namespace}/{name}", kind, name, minimum, rule)
+    def workload(
+        kind: str, name: str, minimum: int | None, rule: str, api_version: str = "", owner: str = ""
+    ) -> Workload:
+        spec = (api_version, kind, owner or name) if api_version else None
+        return Workload(f"{kind}/{namespace}/{name}", kind, name, minimum, rule, spec)
 
     group = mapping(mapping(pod.get("spec")).get("schedulingGroup")).get("podGroupName")
     if isinstance(group, str) and group:
         obj = lookup("PodGroup", f"{namespace}/{group}")
-        return workload("PodGroup", group, podgroup_minimum(obj) if obj else None, "podgroup")
+        minimum = podgroup_minimum(obj) if obj else None
+        return workload("PodGroup", group, minimum, "podgroup", PODGROUP_API_VERSION)
     named = labels.get(WORKLOAD_LABEL)
     if isinstance(named, str) and named:
         return workload("Workload", named, None, "label")
@@ -198,21 +207,23 @@ def _by_table(pod: Mapping[str, Any], lookup: Lookup, owned: Owned) -> Workload:
         key = f"{namespace}/{jobset}"
         obj = lookup("JobSet", key)
         if obj is not None:
-            return workload("JobSet", jobset, jobset_minimum(obj), "jobset")
+            return workload("JobSet", jobset, jobset_minimum(obj), "jobset", JOBSET_API_VERSION)
         jobs = owned("JobSet", key)
-        return workload("JobSet", jobset, sum(job_minimum(j) for j in jobs) if jobs else None, "jobset")
+        minimum = sum(job_minimum(j) for j in jobs) if jobs else None
+        return workload("JobSet", jobset, minimum, "jobset", JOBSET_API_VERSION)
     owner = controller_of(pod)
     kind, name = str(owner.get("kind") or ""), str(owner.get("name") or "")
-    group_of_api = str(owner.get("apiVersion") or "").split("/")[0]
+    api_version = str(owner.get("apiVersion") or "")
+    group_of_api = api_version.split("/")[0]
     if kind == "Job" and group_of_api == "batch" and JOB_INDEX_ANNOTATION in annotations:
         job = lookup("Job", f"{namespace}/{name}")
-        return workload("Job", name, job_minimum(job) if job else None, "indexed job")
+        return workload("Job", name, job_minimum(job) if job else None, "indexed job", api_version)
     if kind in KUBEFLOW_KINDS and group_of_api == "kubeflow.org":
         obj = lookup(kind, f"{namespace}/{name}")
-        return workload(kind, name, kubeflow_minimum(obj) if obj else None, "kubeflow")
+        return workload(kind, name, kubeflow_minimum(obj) if obj else None, "kubeflow", api_version)
     if kind == "RayCluster" and group_of_api == "ray.io":
         obj = lookup(kind, f"{namespace}/{name}")
-        return workload(kind, name, ray_minimum(obj) if obj else None, "ray")
+        return workload(kind, name, ray_minimum(obj) if obj else None, "ray", api_version)
     return workload("Pod", str(metadata.get("name") or ""), 1, "pod")
 
 

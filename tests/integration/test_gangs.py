@@ -8,6 +8,7 @@ the resourceclaim controller frees the pods' claims, as on a real cluster.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
@@ -231,3 +232,91 @@ async def test_a_waiting_gang_reclaims_borrowed_gpus_whole(
             for p in await env.pods()
             if p["spec"].get("nodeName") and live(p)
         ) == {team_a: 4, team_b: 4}
+
+
+PYTORCHJOB_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "pytorchjobs.kubeflow.org"},
+    "spec": {
+        "group": "kubeflow.org",
+        "names": {"kind": "PyTorchJob", "plural": "pytorchjobs", "singular": "pytorchjob"},
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
+    },
+}
+
+
+async def test_a_pytorchjobs_minimum_comes_from_its_spec(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    # Only the CRD, no operator: the test makes the pods the operator would. The PyTorchJob says
+    # 1 master + 3 workers; with 2 of its pods created, the gang is still incomplete (minimum 4
+    # from the spec, which the extender reads, not the 2 pods present): none binds.
+    await asyncio.to_thread(local_cluster.apply, PYTORCHJOB_CRD)
+    await asyncio.to_thread(
+        local_cluster.kubectl,
+        "wait",
+        "--for=condition=established",
+        "--timeout=30s",
+        "crd/pytorchjobs.kubeflow.org",
+    )
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=4, agent=True) as env:
+        team = await env.create_queue("t")
+        job = await request(
+            env.api,
+            "POST",
+            f"/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs",
+            body={
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "PyTorchJob",
+                "metadata": {"name": "pt"},
+                "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {"replicas": 3}}},
+            },
+        )
+        owner = {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "name": "pt",
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+        }
+
+        async def create(names: list[str]) -> None:
+            for name in names:
+                pod = env.pod(team, name)
+                pod["metadata"]["ownerReferences"] = [owner]
+                await request(env.api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
+
+        await create(["pt-master-0", "pt-worker-0"])
+        assert env.service is not None
+        workloads = env.service.picture.workloads
+
+        async def read_and_refused() -> bool:
+            pods = await env.pods()
+            refused = [p for p in pods if condition(p).get("status") == "False"]
+            return ("PyTorchJob", f"{namespace}/pt") in workloads.owners and len(refused) == 2
+
+        await wait_until(read_and_refused, timeout=60, interval=0.2, what="the spec read, both pods refused")
+        assert not any(p["spec"].get("nodeName") for p in await env.pods())
+        pod = (await env.pods())[0]
+        gang = env.service.picture.gang(pod)
+        assert (gang.minimum, gang.members, gang.admitted) == (4, 2, False)
+
+        await create(["pt-worker-1", "pt-worker-2"])
+
+        async def all_run() -> bool:
+            pods = await env.pods()
+            return sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running") == 4
+
+        await wait_until(all_run, timeout=90, interval=0.2, what="the 4 pods of the PyTorchJob running")
+    await asyncio.to_thread(local_cluster.kubectl, "delete", "crd/pytorchjobs.kubeflow.org", "--wait=false")

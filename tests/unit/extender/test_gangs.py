@@ -68,10 +68,20 @@ def cluster(*extra: dict[str, Any], limit: int | None = None) -> list[dict[str, 
     return [*objects.two_nodes_of_two_gpus(CLASS), objects.queue("team", resources={"gpu": gpu}), *extra]
 
 
-def bound(pod: dict[str, Any], node: str, version: int) -> dict[str, Any]:
+def bind(extender: Extender, pod: dict[str, Any], node: str, device: str, version: int) -> None:
+    """The pod bound to `node` with its claim (from the template) allocated to `device` there."""
+    name = pod["metadata"]["name"]
+    claim = objects.claim("ns", f"{name}-gpus", objects.claim_spec(CLASS), allocated=[(node, device, None)])
+    extender.state.apply(
+        "ResourceClaim", "ADDED", {**claim, "metadata": {**claim["metadata"], "resourceVersion": "1"}}
+    )
     pod = {**pod, "spec": {**pod["spec"], "nodeName": node}}
     pod["metadata"] = {**pod["metadata"], "resourceVersion": str(version)}
-    return pod
+    pod["status"] = {
+        **pod["status"],
+        "resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": f"{name}-gpus"}],
+    }
+    extender.state.apply("Pod", "MODIFIED", pod)
 
 
 async def test_two_gangs_of_four_on_four_gpus_never_split(extender: Extender) -> None:
@@ -106,9 +116,11 @@ async def test_two_gangs_of_four_on_four_gpus_never_split(extender: Extender) ->
         _, result = await extender.call("filter", args(pod, NODES))
         assert result["NodeNames"] == NODES
 
-    # They bind (2 per node); each bind takes a slot, and the reservation ends with the 4th.
-    for version, (pod, node) in enumerate(zip(first, ["a", "a", "b", "b"], strict=True), start=10):
-        extender.state.apply("Pod", "MODIFIED", bound(pod, node, version))
+    # They bind (2 per node); each bind takes a slot once the picture sees its GPU taken, and the
+    # reservation ends with the 4th.
+    places = [("a", "gpu-0"), ("a", "gpu-1"), ("b", "gpu-0"), ("b", "gpu-1")]
+    for version, (pod, (node, device)) in enumerate(zip(first, places, strict=True), start=10):
+        bind(extender, pod, node, device, version)
         extender.state.fairness()
     assert "Job/ns/ja" not in extender.state.workloads.reservations
     assert extender.state.inventory.holds == {}
@@ -149,13 +161,13 @@ async def test_min_two_of_four_starts_with_two_and_grows(extender: Extender) -> 
     _, result = await extender.call("filter", args(pods[0], NODES))
     assert result["NodeNames"] == NODES
     assert extender.state.workloads.reservations["Job/ns/ja"].target == 2
-    extender.state.apply("Pod", "MODIFIED", bound(pods[0], "a", 10))
-    extender.state.apply("Pod", "MODIFIED", bound(pods[1], "a", 11))
+    bind(extender, pods[0], "a", "gpu-0", 10)
+    bind(extender, pods[1], "a", "gpu-1", 11)
     extender.state.fairness()
     assert extender.state.workloads.reservations == {}
-    # The minimum runs: pods 3 and 4 are elastic and go one by one, as any pod.
+    # The minimum runs (node a full): pods 3 and 4 are elastic and go one by one, as any pod.
     _, result = await extender.call("filter", args(pods[2], NODES))
-    assert result["NodeNames"] == NODES
+    assert result["NodeNames"] == ["b"]
     assert "ns/ja-2" not in extender.waiting.reports  # admitted pod by pod, as any pod
 
 
@@ -261,3 +273,46 @@ async def test_the_schedulers_preemption_never_breaks_a_gang(extender: Extender)
         "a": "pod ns/jh-0 is one of the 2 running pods of workload Job/ns/jh, its minimum: evicting it "
         "would break the gang"
     }
+
+
+def pytorch_pod(name: str) -> dict[str, Any]:
+    pod = objects.pod("ns", name, queue="team", template="one")
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "pt", "uid": "u", "controller": True}
+    ]
+    return pod
+
+
+PYTORCHJOB = {"spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {"replicas": 3}}}}
+PT_REF = ("kubeflow.org/v1", "PyTorchJob", "ns/pt")
+
+
+async def test_a_gang_waits_for_its_owners_spec_then_takes_its_minimum_from_it(extender: Extender) -> None:
+    # The operator created 2 of the PyTorchJob's 4 pods so far. Until the extender has read the
+    # PyTorchJob, its pods wait; then the minimum is 4 (1 master + 3 workers), not the 2 present.
+    pods = [pytorch_pod("pt-master-0"), pytorch_pod("pt-worker-0")]
+    extender.sync(cluster(*pods))
+    assert extender.state.workloads.wanted == {PT_REF}
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    reason = result["FailedAndUnresolvableNodes"]["a"]
+    assert "waits for its minimum: reading the spec of its PyTorchJob pt" in reason
+    extender.state.read_owner(PT_REF, PYTORCHJOB)
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    reason = result["FailedAndUnresolvableNodes"]["a"]
+    assert "workload PyTorchJob/ns/pt (minimum 4 pods, 0 placed, 2 present) waits for its pods" in reason
+    # The last pods come: the 4 fit the 4 GPUs and are admitted whole.
+    extender.state.apply("Pod", "ADDED", pytorch_pod("pt-worker-1"))
+    extender.state.apply("Pod", "ADDED", pytorch_pod("pt-worker-2"))
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    assert result["NodeNames"] == NODES
+    assert extender.state.workloads.reservations["PyTorchJob/ns/pt"].target == 4
+
+
+async def test_an_owner_that_cannot_be_read_leaves_the_minimum_to_the_pods(extender: Extender) -> None:
+    pods = [pytorch_pod("pt-master-0"), pytorch_pod("pt-worker-0")]
+    extender.sync(cluster(*pods))
+    extender.state.read_owner(PT_REF, None)  # e.g. the CRD is not installed: 404
+    assert extender.state.workloads.wanted == set()
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    assert result["NodeNames"] == NODES  # the 2 present are the gang
+    assert extender.state.workloads.reservations["PyTorchJob/ns/pt"].target == 2
