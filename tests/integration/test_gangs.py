@@ -103,9 +103,19 @@ async def test_two_eight_worker_jobs_on_eight_gpus_run_one_after_the_other(
         assert all(counts[second] == 0 for counts in seen), seen
         waiting = [p for p in await env.pods() if p["metadata"]["labels"][JOB_LABEL] == second]
         assert len(waiting) == 8 and not any(p["spec"].get("nodeName") for p in waiting)
-        reason = condition(waiting[0]).get("message", "")
-        assert f"workload Job/{namespace}/{second} (minimum 8 pods" in reason, reason
-        assert "starts whole or not at all" in reason, reason
+
+        async def refused_whole() -> str | None:
+            # (A pod filtered while its Job was still creating pods says it waits for its pods.)
+            messages = [
+                condition(p).get("message", "")
+                for p in await env.pods()
+                if p["metadata"]["labels"][JOB_LABEL] == second
+            ]
+            return next((m for m in messages if "starts whole or not at all" in m), None)
+
+        reason = await wait_until(refused_whole, timeout=30, interval=0.2, what=f"{second} refused whole")
+        assert f"workload Job/{namespace}/{second} (minimum 8 pods, 0 placed, 8 present)" in reason, reason
+        assert "GPUs free for 0 of its 8 missing pods" in reason, reason
 
         # The Queue status counts the admitted and the waiting workload.
         queue_of = {"ja": team_a, "jb": team_b}
@@ -152,10 +162,17 @@ async def test_an_eight_pod_job_is_admitted_whole_or_not_at_all(
             refused = [p for p in pods if condition(p).get("status") == "False"]
             return pods if len(pods) == 8 and len(refused) == 8 else None
 
-        pods = await wait_until(all_refused, timeout=60, interval=0.2, what="8 pods refused whole")
+        pods = await wait_until(all_refused, timeout=60, interval=0.2, what="8 pods refused")
         assert not any(p["spec"].get("nodeName") for p in pods)
-        message = condition(pods[0])["message"]
-        assert "its 8 missing pods together" in message and "limit (6)" in message, message
+
+        async def by_the_limit() -> str | None:
+            # (A pod filtered while the Job was still creating pods says it waits for its pods.)
+            messages = [condition(p).get("message", "") for p in await env.pods()]
+            return next((m for m in messages if "its 8 missing pods together" in m), None)
+
+        message = await wait_until(by_the_limit, timeout=30, interval=0.2, what="the refusal by the limit")
+        assert "gpu allocated 0 + request 8 would exceed its limit (6)" in message, message
+        assert not any(p["spec"].get("nodeName") for p in await env.pods())
 
         # Room for the whole job: all 8 run.
         await env.patch_queue(team, {"resources": {"gpu": {"limit": 8}}})
