@@ -250,10 +250,11 @@ def component_args(name: str, config: Path, ports: Mapping[str, int]) -> list[st
 
 
 def health_url(name: str, ports: Mapping[str, int]) -> str:
-    """What answers 200 once the component is up: a probe, or the metrics of those without one."""
-    if name in ("scheduler", "queuecontroller"):
-        return f"http://127.0.0.1:{ports['metrics']}/metrics"
-    return f"http://127.0.0.1:{ports['probe']}/readyz"
+    """What answers once a component runs: its readiness probe where it has one, else its metrics
+    (the podgroupcontroller serves its metrics on :8080 whatever its flag says)."""
+    if name in ("podgrouper", "podgroupcontroller"):
+        return f"http://127.0.0.1:{ports['probe']}/readyz"
+    return f"http://127.0.0.1:{ports['metrics']}/metrics"
 
 
 # -- the build and the processes ---------------------------------------------------------------
@@ -331,7 +332,7 @@ class Kai:
             await _create(api, KAI_QUEUES_PATH, queue)
 
     def start(self, variant: KaiVariant) -> None:
-        """KAI's five processes, each waited for until it answers."""
+        """KAI's five processes, each waited for until it serves its metrics."""
         config = (
             self.cluster.workdir / f"kai-scheduler-{'default' if variant.consolidation else 'noconsol'}.yaml"
         )
