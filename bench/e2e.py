@@ -70,6 +70,9 @@ RESOURCE_API = "/apis/resource.k8s.io/v1"
 SLICES_PATH = f"{RESOURCE_API}/resourceslices"
 CLIENT_QPS = 500
 CLIENT_BURST = 1000
+SAME_CLIENT = KaiVariant(
+    f"KAI Scheduler, client QPS/burst {CLIENT_QPS}/{CLIENT_BURST}", client=(CLIENT_QPS, CLIENT_BURST)
+)
 CREATE_CONCURRENCY = 48
 PLAIN_SCHEDULER = "bench-plain"
 TESSERA_SCHEDULER = "bench-tessera"
@@ -611,12 +614,14 @@ async def run_e2e_async(
     timeout: float = 900.0,
     extender_profile: Path | None = None,
     kai: bool = True,
+    kai_extra: Sequence[KaiVariant] = (),
 ) -> E2EResult:
     if pods > nodes * GPUS_PER_NODE:
         raise ValueError(f"{pods} pods do not fit {nodes} nodes x {GPUS_PER_NODE} GPUs")
     async with bench_cluster(nodes, extender_profile) as bench:
         # The pods have no queue label: Tessera's default queue, mirrored for KAI.
-        variants = [DEFAULT_ACTIONS] if kai and await bench.enable_kai([QueueSpec(DEFAULT_QUEUE)]) else []
+        installed = kai and await bench.enable_kai([QueueSpec(DEFAULT_QUEUE)])
+        variants = [DEFAULT_ACTIONS, *kai_extra] if installed else []
         plain, tessera, kai_runs = await compare(
             bench,
             lambda namespace, scheduler: _bind_all(bench, namespace, scheduler, pods, timeout),
@@ -641,11 +646,12 @@ def run_e2e(
     timeout: float = 900.0,
     extender_profile: Path | None = None,
     kai: bool = True,
+    kai_extra: Sequence[KaiVariant] = (),
 ) -> E2EResult:
     """Benchmark 2 on a fresh local control plane (started and stopped here); with several
     ``rounds`` the figures are those of the median round of each scheduler. KAI races too when
-    hack/build-kai.sh built it (and ``kai``)."""
-    return asyncio.run(run_e2e_async(nodes, pods, rounds, timeout, extender_profile, kai))
+    hack/build-kai.sh built it (and ``kai``), with its defaults and in the ``kai_extra`` variants."""
+    return asyncio.run(run_e2e_async(nodes, pods, rounds, timeout, extender_profile, kai, kai_extra))
 
 
 def profile_path(argument: str | None) -> Path | None:
@@ -683,12 +689,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile-extender", metavar="FILE", help=f"cProfile the extender (or ${PROFILE_ENV})"
     )
+    parser.add_argument(
+        "--kai-client-qps",
+        action="store_true",
+        help=f"also race KAI with the kube-schedulers' client QPS/burst ({CLIENT_QPS}/{CLIENT_BURST})",
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     nodes = args.nodes or (500 if args.full else 100)
     pods = args.pods or (4000 if args.full else 800)
     profile = profile_path(args.profile_extender)
-    result = run_e2e(nodes, pods, args.rounds, extender_profile=profile, kai=not args.no_kai)
+    extra = [SAME_CLIENT] if args.kai_client_qps else []
+    result = run_e2e(nodes, pods, args.rounds, extender_profile=profile, kai=not args.no_kai, kai_extra=extra)
     print(
         f"\n[2] end to end on the local control plane: {nodes} nodes x {GPUS_PER_NODE} GPUs, "
         f"{pods} single-GPU pods"

@@ -103,10 +103,12 @@ UNITS = {"gpu": 1.0, "cpu": 1000.0, "memory": 1e-6}
 
 @dataclass(frozen=True)
 class KaiVariant:
-    """One way of running KAI: with its default actions, or without consolidation."""
+    """One way of running KAI: with its default actions or without consolidation; with its
+    operator's client QPS/burst, or with `client` (QPS, burst) for all five processes."""
 
     label: str
     consolidation: bool = True
+    client: tuple[int, int] | None = None
 
 
 DEFAULT_ACTIONS = KaiVariant("KAI Scheduler, default actions")
@@ -203,8 +205,11 @@ def kai_pod(pod: JsonObject, queue: str) -> JsonObject:
     return {**pod, "metadata": metadata, "spec": {**pod["spec"], "schedulerName": KAI_SCHEDULER}}
 
 
-def component_args(name: str, config: Path, ports: Mapping[str, int]) -> list[str]:
-    """The flags of one component: its operator's, plus the loopback addresses of ``ports``."""
+def component_args(
+    name: str, config: Path, ports: Mapping[str, int], client: tuple[int, int] | None = None
+) -> list[str]:
+    """The flags of one component: its operator's, plus the loopback addresses of ``ports``; with
+    ``client``, that QPS and burst instead of the operator's (or the built-in) ones."""
     common = ["--scheduler-name", KAI_SCHEDULER]
     probes = [
         f"--metrics-bind-address=127.0.0.1:{ports['metrics']}",
@@ -232,7 +237,7 @@ def component_args(name: str, config: Path, ports: Mapping[str, int]) -> list[st
             *("--scale-adjust-namespace", "kai-scale-adjust"),
             *probes,
             "--cdi-enabled=false",
-            *("--qps", "20", "--burst", "100"),
+            *(() if client else ("--qps", "20", "--burst", "100")),
         ],
         "podgrouper": [
             *common,
@@ -246,7 +251,8 @@ def component_args(name: str, config: Path, ports: Mapping[str, int]) -> list[st
             "--enable-webhook=false",
         ],
     }
-    return by_name[name]
+    qps = [f"--qps={client[0]}", f"--burst={client[1]}"] if client else []
+    return [*by_name[name], *qps]
 
 
 def health_url(name: str, ports: Mapping[str, int]) -> str:
@@ -341,7 +347,8 @@ class Kai:
         try:
             for name in COMPONENTS:
                 ports = {"metrics": free_port(), "probe": free_port()}
-                command = [str(self.install_.directory / "bin" / name), *component_args(name, config, ports)]
+                args = component_args(name, config, ports, variant.client)
+                command = [str(self.install_.directory / "bin" / name), *args]
                 log.info("starting %s", shlex.join(command))
                 component = self.cluster.spawn(f"kai-{name}", command, env)
                 self.components.append(component)

@@ -17,6 +17,7 @@ from bench.kai import (
     KAI_SCHEDULER,
     NO_CONSOLIDATION,
     PIN_FILE,
+    component_args,
     find_kai,
     install_dir,
     kai_pod,
@@ -89,6 +90,21 @@ def test_scheduler_config_is_the_operators_default_with_or_without_consolidation
     assert names[:3] == ["predicates", "proportion", "priority"]
     assert "gpupack" in names and "gpuspread" not in names  # GPU placement binpack
     assert {"name": "nodeplacement", "arguments": {"cpu": "binpack", "gpu": "binpack"}} in plugins
+
+
+def test_flags_are_the_operators_on_loopback_and_a_variant_may_set_every_clients_qps() -> None:
+    ports = {"metrics": 9001, "probe": 9002}
+    binder = component_args("binder", Path("/c.yaml"), ports)
+    assert binder[binder.index("--qps") + 1] == "20" and binder[binder.index("--burst") + 1] == "100"
+    assert "--metrics-bind-address=127.0.0.1:9001" in binder
+    assert "--health-probe-bind-address=127.0.0.1:9002" in binder
+    scheduler = component_args("scheduler", Path("/c.yaml"), ports)
+    assert "--scheduler-conf=/c.yaml" in scheduler and "--listen-address=127.0.0.1:9001" in scheduler
+    assert not any(flag.startswith("--qps") for flag in scheduler)  # its built-in 50 / 300
+    assert "--enable-webhook=false" in component_args("queuecontroller", Path("/c.yaml"), ports)
+    for name in COMPONENTS:
+        flags = component_args(name, Path("/c.yaml"), ports, client=(500, 1000))
+        assert flags[-2:] == ["--qps=500", "--burst=1000"] and "--qps" not in flags
 
 
 def test_kais_pod_is_the_same_pod_with_its_scheduler_name_and_queue_label() -> None:
