@@ -10,7 +10,9 @@ filter, prioritize and bind, nodeCacheCapable; it runs only during (b)). Between
 pod is force-deleted and the run waits until its claims are gone, so (b) finds the same free
 capacity (a) did. ``--rounds N`` alternates a, b, b, a, ... and reports each scheduler's median
 round, so a change in background load hits both alike; the CPU seconds the scheduler and the
-extender spent during each run are reported too.
+extender spent during each run are reported too. When ``hack/build-kai.sh`` built it, KAI
+Scheduler races as a third contender on the same nodes with the same pods (``bench.kai``; its
+pods in Tessera's default queue, mirrored), its processes running only during its rounds.
 
 The local kube-controller-manager runs with the same client QPS/burst: with its default 20 QPS,
 creating the claims from the templates would pace both runs alike and hide the schedulers.

@@ -8,6 +8,8 @@ holds its fair share (``extender.policy.fairness.compute_fair_shares`` over the 
 and demands: half the GPUs here). Baseline: the plain kube-scheduler, which hands freed GPUs to
 pending pods by priority and age, so A's older backlog goes first. Both runs use the same nodes,
 queues, rates and client QPS (see ``bench.e2e``); the extender runs only during its own run.
+KAI Scheduler races too when ``hack/build-kai.sh`` built it (``bench.kai``: the two queues
+mirrored as KAI Queues, its processes running only during its rounds).
 """
 
 from __future__ import annotations
