@@ -282,9 +282,11 @@ async def bounded(concurrency: int, calls: Iterable[Callable[[], Awaitable[objec
 
 @dataclass
 class BoundPods:
-    """Bound pods of one namespace, from a watch of pods with spec.nodeName set."""
+    """Bound pods of one namespace, from a watch of pods with spec.nodeName set; and the bound
+    pods that were deleted since the watch began."""
 
     bound: dict[str, str] = field(default_factory=dict)  # pod name -> queue label ("" without)
+    deleted: dict[str, str] = field(default_factory=dict)  # likewise, once gone
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     def per_queue(self) -> dict[str, int]:
@@ -306,10 +308,12 @@ class BoundPods:
                     continue
                 name = pod["metadata"]["name"]
                 async with self.changed:
+                    queue = (pod["metadata"].get("labels") or {}).get(QUEUE_LABEL, "")
                     if event["type"] == "DELETED":
                         self.bound.pop(name, None)
+                        self.deleted[name] = queue
                     else:
-                        self.bound[name] = (pod["metadata"].get("labels") or {}).get(QUEUE_LABEL, "")
+                        self.bound[name] = queue
                     self.changed.notify_all()
 
     async def wait_for(self, condition: Callable[[BoundPods], bool], timeout: float, what: str) -> float:

@@ -28,7 +28,9 @@ the GPUs B needed), GPUs evicted / GPUs needed (pods deleted by the scheduler on
 share and every victim's deletion is finished), and evictions undone (B's own pods evicted:
 placements the scheduler made for B and took back). ``--slices`` picks how the node agent's
 driver publishes the GPUs (consumable capacity or whole devices; default: what the apiserver
-supports); the table says which layout the run used.
+supports); the table says which layout the run used. ``--jobs`` submits every pod as the template
+of a one-pod Job instead, so an evicted pod comes back as a pending pod of its queue (as a user's
+training jobs do); the figures count the deleted pods either way.
 
 Then a churn phase with the extender only (``--churn-seconds``, ``--churn-queues``): every queue
 alternates between busy spells (keeping a backlog of pending pods whose runtimes are random) and
@@ -59,7 +61,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract.names import QUEUE_GROUP, QUEUE_LABEL, QUEUE_PLURAL, QUEUE_VERSION
+from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
 from dra_driver.config import SharingModeSetting
 from extender.kubeapi import JsonObject, request
 from extender.policy.fairness import QueueSpec
@@ -107,6 +109,7 @@ KAI_WORST = (376, 48)
 RECLAIMED_FOR = re.compile(r"reclaimed for queue '([^']+)' \(pod [^/]+/([^)]+)\)")
 CLASSIC_GPU = "nvidia.com/gpu"
 DRA_PROBE_S = 30.0
+JOB_BACKOFF_LIMIT = 1000
 KAI_B_TIMEOUT_S = 120.0  # a KAI round whose B is not served by then is reported as such
 
 
@@ -139,6 +142,7 @@ class ReclaimResult(Rounds[ReclaimRun]):
     nodes: int
     dra_probe: str  # what plain priority preemption did for a pod whose GPU comes from a DRA claim
     slices: str = "consumable capacity"  # how the driver published the GPUs (bench.e2e.slice_layout)
+    workload: str = "bare pods"  # or "one-pod Jobs"
 
 
 @dataclass(frozen=True)
@@ -231,7 +235,7 @@ def reclaim_table(result: ReclaimResult) -> str:
         "Targets: < 2 s per GPU, ratio <= 1.1"
     )
     probe = f"plain priority preemption with DRA claims: {result.dra_probe}"
-    slices = f"DRA slices: {result.slices}"
+    slices = f"DRA slices: {result.slices}; workload: {result.workload}"
     return f"{format_table(headers, rows)}\n{slices}\n{probe}\n{anchor}"
 
 
@@ -321,9 +325,11 @@ async def _submit(
     queue: str,
     priority_class: str | None,
     classic: bool = False,
+    jobs: bool = False,
 ) -> None:
-    """Single-GPU pods: a DRA claim from the template, or one classic GPU with `classic`."""
-    path = f"/api/v1/namespaces/{namespace}/pods"
+    """Single-GPU pods: a DRA claim from the template, or one classic GPU with `classic`; with
+    `jobs`, each pod the template of a Job of the same name (an evicted pod comes back pending)."""
+    path = f"/apis/batch/v1/namespaces/{namespace}/jobs" if jobs else f"/api/v1/namespaces/{namespace}/pods"
 
     async def create(name: str) -> None:
         body = gpu_pod(namespace, name, scheduler, queue)
@@ -337,9 +343,34 @@ async def _submit(
             resources["limits"] = {CLASSIC_GPU: "1"}
         if priority_class:
             spec["priorityClassName"] = priority_class
-        await request(bench.api, "POST", path, body=body)
+        await request(bench.api, "POST", path, body=as_job(body) if jobs else body)
 
     await bounded(CREATE_CONCURRENCY, (functools.partial(create, name) for name in names))
+
+
+def as_job(pod: JsonObject) -> JsonObject:
+    """A Job running `pod` once: the pod as its template (restartPolicy Never), its labels on the
+    Job too (KAI reads the queue from the top owner), retried whatever evictions it suffers."""
+    metadata = pod["metadata"]
+    labels = metadata.get("labels") or {}
+    template = {"metadata": {"labels": labels}, "spec": {**pod["spec"], "restartPolicy": "Never"}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": metadata["name"], "namespace": metadata["namespace"], "labels": labels},
+        "spec": {"backoffLimit": JOB_BACKOFF_LIMIT, "template": template},
+    }
+
+
+async def _clear(bench: BenchCluster, namespace: str) -> None:
+    """The round's Jobs (their pods left behind), then every pod and claim (BenchCluster.clear)."""
+    await request(
+        bench.api,
+        "DELETE",
+        f"/apis/batch/v1/namespaces/{namespace}/jobs",
+        query={"propagationPolicy": "Orphan"},
+    )
+    await bench.clear(namespace)
 
 
 async def _all_running(bench: BenchCluster, namespace: str, count: int) -> bool:
@@ -382,19 +413,13 @@ async def classic_nodes(bench: BenchCluster, count: int) -> AsyncIterator[None]:
 # -- borrow then reclaim -----------------------------------------------------------------------
 
 
-async def _pods_left(bench: BenchCluster, namespace: str) -> dict[str, int]:
-    """Pods per queue that exist and are not being deleted."""
-    pods = await request(bench.api, "GET", f"/api/v1/namespaces/{namespace}/pods", timeout=60.0)
-    left: dict[str, int] = {}
-    for pod in pods.get("items") or []:
-        if not pod["metadata"].get("deletionTimestamp"):
-            queue = (pod["metadata"].get("labels") or {}).get(QUEUE_LABEL, "")
-            left[queue] = left.get(queue, 0) + 1
-    return left
-
-
 async def _reclaim_round(
-    bench: BenchCluster, namespace: str, scheduler: str, timeout: float, b_timeout: float | None = None
+    bench: BenchCluster,
+    namespace: str,
+    scheduler: str,
+    timeout: float,
+    b_timeout: float | None = None,
+    jobs: bool = False,
 ) -> ReclaimRun:
     """One round; B's wait ends after `b_timeout` (default `timeout`) with the run marked not
     reached instead of failing (KAI's rounds: a contender that never gets there is a figure)."""
@@ -403,14 +428,14 @@ async def _reclaim_round(
     needed = gpus // 2
     a_names = [f"a-{index:05d}" for index in range(gpus)]
     async with watching(bench.api, namespace) as tracker:
-        await _submit(bench, namespace, scheduler, a_names, QUEUE_A, LOW if plain else None, classic=plain)
+        await _submit(bench, namespace, scheduler, a_names, QUEUE_A, LOW if plain else None, plain, jobs)
         await tracker.wait_for(lambda t: t.per_queue().get(QUEUE_A, 0) >= gpus, timeout, "A to fill the GPUs")
         await wait_until(
             lambda: _all_running(bench, namespace, gpus), timeout=timeout, what="A's pods running"
         )
         started = time.monotonic()
         b_names = [f"b-{index:05d}" for index in range(needed)]
-        await _submit(bench, namespace, scheduler, b_names, QUEUE_B, HIGH if plain else None, classic=plain)
+        await _submit(bench, namespace, scheduler, b_names, QUEUE_B, HIGH if plain else None, plain, jobs)
         try:
             reached = await tracker.wait_for(
                 lambda t: t.per_queue().get(QUEUE_B, 0) >= needed,
@@ -426,8 +451,8 @@ async def _reclaim_round(
             return sum(t.per_queue().values()) <= gpus
 
         await tracker.wait_for(settled, timeout, "the victims to be gone")
-    left = await _pods_left(bench, namespace)
-    evicted_a, evicted_b = gpus - left.get(QUEUE_A, 0), needed - left.get(QUEUE_B, 0)
+        gone = list(tracker.deleted.values())  # nothing else deletes pods during the round
+    evicted_a, evicted_b = gone.count(QUEUE_A), gone.count(QUEUE_B)
     seconds = reached - started if reached else float(b_timeout or timeout)
     run = ReclaimRun(scheduler, needed, seconds, evicted_a + evicted_b, evicted_b, reached=bool(reached))
     log.info(
@@ -443,7 +468,7 @@ async def _reclaim_round(
 
 
 async def _rounds(
-    bench: BenchCluster, rounds: int, timeout: float, kai: Sequence[KaiVariant]
+    bench: BenchCluster, rounds: int, timeout: float, kai: Sequence[KaiVariant], jobs: bool = False
 ) -> tuple[list[ReclaimRun], list[ReclaimRun], dict[str, list[ReclaimRun]]]:
     """The rounds of every contender, alternating (``bench.e2e.alternating``); the plain
     scheduler's on classic-GPU nodes that exist only during them."""
@@ -456,20 +481,20 @@ async def _rounds(
         if isinstance(contender, KaiVariant):
             async with kai_running(bench, contender):
                 kai_runs[contender.label].append(
-                    await _reclaim_round(bench, namespace, KAI_SCHEDULER, timeout, b_timeout=KAI_B_TIMEOUT_S)
+                    await _reclaim_round(bench, namespace, KAI_SCHEDULER, timeout, KAI_B_TIMEOUT_S, jobs)
                 )
-            await bench.clear(namespace)
+            await _clear(bench, namespace)
         elif contender == TESSERA_SCHEDULER:
             await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
             try:
-                tessera.append(await _reclaim_round(bench, namespace, TESSERA_SCHEDULER, timeout))
+                tessera.append(await _reclaim_round(bench, namespace, TESSERA_SCHEDULER, timeout, jobs=jobs))
             finally:
                 await asyncio.to_thread(bench.stop_extender)
-            await bench.clear(namespace)
+            await _clear(bench, namespace)
         else:
             async with classic_nodes(bench, len(bench.nodes)):
-                plain.append(await _reclaim_round(bench, namespace, PLAIN_SCHEDULER, timeout))
-                await bench.clear(namespace)
+                plain.append(await _reclaim_round(bench, namespace, PLAIN_SCHEDULER, timeout, jobs=jobs))
+                await _clear(bench, namespace)
     return plain, tessera, kai_runs
 
 
@@ -617,6 +642,7 @@ async def run_reclaim_async(
     timeout: float = 300.0,
     kai: bool = True,
     slices: SharingModeSetting = "auto",
+    jobs: bool = False,
 ) -> tuple[ReclaimResult, ChurnResult | None]:
     gpus = nodes * GPUS_PER_NODE
     async with reclaim_cluster(nodes, slices) as bench:
@@ -629,7 +655,7 @@ async def run_reclaim_async(
         await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, bench.extender_url)
         probe = await _dra_preemption_probe(bench)
         log.info("plain priority preemption with DRA claims: %s", probe)
-        plain, tessera, kai_runs = await _rounds(bench, rounds, timeout, variants)
+        plain, tessera, kai_runs = await _rounds(bench, rounds, timeout, variants, jobs)
         churn = None
         if churn_seconds > 0:
             names = [f"bench-churn-{chr(ord('a') + i)}" for i in range(churn_queues)]
@@ -648,6 +674,7 @@ async def run_reclaim_async(
         nodes=nodes,
         dra_probe=probe,
         slices=layout,
+        workload="one-pod Jobs" if jobs else "bare pods",
         kai_runs={label: tuple(runs) for label, runs in kai_runs.items()},
     )
     return result, churn
@@ -673,6 +700,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("auto", "consumable-capacity", "whole-device"),
         help="how the node agent's driver publishes the GPUs (default: what the apiserver supports)",
     )
+    parser.add_argument(
+        "--jobs",
+        action="store_true",
+        help="A's and B's pods as one-pod Jobs (evicted pods come back pending)",
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for noisy in ("dra_driver", "tessera.dev.nodeagent"):
@@ -681,7 +713,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     churn_seconds = args.churn_seconds if args.churn_seconds is not None else (600.0 if args.full else 60.0)
     result, churn = asyncio.run(
         run_reclaim_async(
-            nodes, args.rounds, churn_seconds, args.churn_queues, kai=not args.no_kai, slices=args.slices
+            nodes,
+            args.rounds,
+            churn_seconds,
+            args.churn_queues,
+            kai=not args.no_kai,
+            slices=args.slices,
+            jobs=args.jobs,
         )
     )
     print(

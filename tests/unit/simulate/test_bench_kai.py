@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.e2e import alternating, gpu_pod, slice_layout
+from bench.e2e import BoundPods, alternating, gpu_pod, slice_layout
 from bench.kai import (
     COMPONENTS,
     DEFAULT_ACTIONS,
@@ -28,7 +28,7 @@ from bench.kai import (
     skip_message,
     skip_reason,
 )
-from bench.reclaim import ReclaimResult, ReclaimRun, reclaim_table
+from bench.reclaim import ReclaimResult, ReclaimRun, as_job, reclaim_table
 from contract.names import DEFAULT_QUEUE, QUEUE_LABEL
 from extender.policy.fairness import QueueSpec
 
@@ -188,3 +188,22 @@ def test_reclaim_table_has_kais_rows_and_a_round_that_never_got_there() -> None:
     assert "0.60x" in table  # KAI's 6.0 s over plain's 10.0 s
     assert "DRA slices: whole devices" in table
     assert "not in 120" in reclaim_table(ReclaimResult((plain,), (kai[1],), nodes=4, dra_probe=""))
+
+
+def test_a_job_runs_the_benchmarks_pod_once_and_carries_its_queue_labels() -> None:
+    pod = gpu_pod("ns", "a-00001", KAI_SCHEDULER, queue="a")
+    job = as_job(pod)
+    assert (job["kind"], job["metadata"]["name"], job["metadata"]["namespace"]) == ("Job", "a-00001", "ns")
+    assert (
+        job["metadata"]["labels"]
+        == job["spec"]["template"]["metadata"]["labels"]
+        == pod["metadata"]["labels"]
+    )
+    assert job["spec"]["template"]["spec"] == {**pod["spec"], "restartPolicy": "Never"}
+    assert job["spec"]["backoffLimit"] >= 100  # evictions count as failures; never give up in a round
+
+
+async def test_bound_pods_remembers_the_deleted_ones_by_queue() -> None:
+    tracker = BoundPods(bound={"a-1": "a", "b-1": "b"})
+    tracker.deleted["a-1"] = tracker.bound.pop("a-1")  # what a DELETED event does
+    assert tracker.per_queue() == {"b": 1} and list(tracker.deleted.values()).count("a") == 1
