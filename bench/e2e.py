@@ -561,7 +561,7 @@ async def compare(
     scenario: Callable[[str, str], Awaitable[R]],
     rounds: int = 1,
     kai: Sequence[KaiVariant] = (),
-) -> tuple[list[R], list[R], dict[str, list[R]]]:
+) -> tuple[tuple[R, ...], tuple[R, ...], dict[str, tuple[R, ...]]]:
     """Runs ``scenario(namespace, scheduler)`` ``rounds`` times with each contender, in the order
     plain, Tessera, KAI variants, then backwards (so a change in background load hits all alike),
     clearing up after every run. The extender runs (and is profiled) only during the Tessera runs,
@@ -588,7 +588,7 @@ async def compare(
             if contender == TESSERA_SCHEDULER:
                 await asyncio.to_thread(bench.stop_extender)
         await bench.clear(namespace)
-    return plain, tessera, kai_runs
+    return tuple(plain), tuple(tessera), {label: tuple(runs) for label, runs in kai_runs.items()}
 
 
 # -- benchmark 2 -------------------------------------------------------------------------------
@@ -635,13 +635,7 @@ async def run_e2e_async(
             variants,
         )
     return E2EResult(
-        tuple(plain),
-        tuple(tessera),
-        nodes=nodes,
-        pods=pods,
-        qps=CLIENT_QPS,
-        burst=CLIENT_BURST,
-        kai_runs={label: tuple(runs) for label, runs in kai_runs.items()},
+        plain, tessera, nodes=nodes, pods=pods, qps=CLIENT_QPS, burst=CLIENT_BURST, kai_runs=kai_runs
     )
 
 

@@ -92,6 +92,13 @@ def fair_share_of_b(gpus: int, a_pods: int, b_pods: int) -> int:
     return int(compute_fair_shares(queues, usage, {"gpu": gpus})[QUEUE_B]["gpu"] + 1e-9)
 
 
+def vs_plain(plain: ReactionRun, run: ReactionRun) -> str:
+    """How many times sooner (or later) than the plain scheduler `run` got B its share."""
+    if plain.seconds >= run.seconds:
+        return f"{plain.seconds / run.seconds:.2f}x faster" if run.seconds > 0 else "-"
+    return f"{run.seconds / plain.seconds:.2f}x slower"
+
+
 def reaction_table(result: ReactionResult) -> str:
     headers = [
         "scheduler",
@@ -116,16 +123,13 @@ def reaction_table(result: ReactionResult) -> str:
         ]
         for label, run, runs, ratio in (
             ("plain kube-scheduler", result.plain, result.plain_runs, "1.00x"),
-            ("kube-scheduler + Tessera", result.tessera, result.tessera_runs, f"{result.ratio:.2f}x faster"),
-            *(
-                (
-                    label,
-                    run,
-                    runs,
-                    f"{result.plain.seconds / run.seconds:.2f}x faster" if run.seconds else "-",
-                )
-                for label, (run, runs) in result.kai.items()
+            (
+                "kube-scheduler + Tessera",
+                result.tessera,
+                result.tessera_runs,
+                vs_plain(result.plain, result.tessera),
             ),
+            *((label, run, runs, vs_plain(result.plain, run)) for label, (run, runs) in result.kai.items()),
         )
     ]
     note = (
@@ -214,13 +218,7 @@ async def run_reaction_async(
             variants,
         )
     return ReactionResult(
-        tuple(plain),
-        tuple(tessera),
-        nodes=nodes,
-        a_pods=a_pods,
-        b_pods=b_pods,
-        finish_rate=rate,
-        kai_runs={label: tuple(runs) for label, runs in kai_runs.items()},
+        plain, tessera, nodes=nodes, a_pods=a_pods, b_pods=b_pods, finish_rate=rate, kai_runs=kai_runs
     )
 
 

@@ -28,6 +28,7 @@ from bench.kai import (
     skip_message,
     skip_reason,
 )
+from bench.reaction import ReactionRun, vs_plain
 from bench.reclaim import ReclaimResult, ReclaimRun, as_job, reclaim_table
 from contract.names import DEFAULT_QUEUE, QUEUE_LABEL
 from extender.policy.fairness import QueueSpec
@@ -207,3 +208,9 @@ async def test_bound_pods_remembers_the_deleted_ones_by_queue() -> None:
     tracker = BoundPods(bound={"a-1": "a", "b-1": "b"})
     tracker.deleted["a-1"] = tracker.bound.pop("a-1")  # what a DELETED event does
     assert tracker.per_queue() == {"b": 1} and list(tracker.deleted.values()).count("a") == 1
+
+
+def test_reaction_says_faster_or_slower_than_plain() -> None:
+    plain = ReactionRun("plain", 4, 0.9, 4, 4, 4)
+    assert vs_plain(plain, ReactionRun("kai", 4, 2.25, 8, 3, 4)) == "2.50x slower"  # 2.25 / 0.9
+    assert vs_plain(plain, ReactionRun("tessera", 4, 0.45, 3, 4, 4)) == "2.00x faster"  # 0.9 / 0.45
