@@ -5,7 +5,7 @@ plane, the same nodes, GPUs, pods, claim templates, node agent and grace periods
 they use is narrow:
 
 - ``find_kai()``: the build of ``hack/build-kai.sh`` (binaries, CRDs, PriorityClasses), or None;
-  ``skip_message()`` says why the KAI contender is skipped then;
+  ``skip_reason()`` says why the KAI contender is skipped then;
 - ``Kai(cluster, install)``: ``await kai.install(api, queues)`` once per cluster, then
   ``kai.start(variant)`` / ``kai.stop()`` around each of KAI's rounds, so KAI's processes run only
   during its own rounds (as the extender runs only during Tessera's);
@@ -21,8 +21,10 @@ scheduler's configuration file as the operator renders it for the default Schedu
 (``scheduler_config``: actions allocate, consolidation, reclaim, preempt, stalegangeviction; GPU
 and CPU placement binpack). Differences, all needed to run outside a cluster: metrics and probe
 addresses are free loopback ports, the queue and podgroup validating webhooks are off (they
-validate objects; no webhook configuration is installed), and no CPU or memory limits apply.
-The variant without consolidation drops that one action (``KaiVariant.consolidation``).
+validate objects; no webhook configuration is installed), and no CPU or memory limits apply
+(the podgroupcontroller serves its metrics on :8080 whatever its flag says: a clash there stops
+it). The variant without consolidation drops that one action (``KaiVariant.consolidation``); a
+variant may also give all five processes another client QPS/burst (``KaiVariant.client``).
 
 Queue mirroring (``kai_queues``, pure). KAI schedules only into leaf queues, and its queues form a
 tree, so the benchmark's Tessera queues become KAI Queues (``scheduling.run.ai/v2``) of the same
@@ -338,7 +340,7 @@ class Kai:
             await _create(api, KAI_QUEUES_PATH, queue)
 
     def start(self, variant: KaiVariant) -> None:
-        """KAI's five processes, each waited for until it serves its metrics."""
+        """KAI's five processes, each waited for until it answers (``health_url``)."""
         config = (
             self.cluster.workdir / f"kai-scheduler-{'default' if variant.consolidation else 'noconsol'}.yaml"
         )
