@@ -18,7 +18,9 @@
 Default sizes fit a 2-core machine in a few minutes; ``--full`` runs the sizes of the issue
 (hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; 500 nodes / 4000 pods end to end;
 memory: 5000 nodes, 100,000 pods; reclaim: 16 nodes and a 10-minute churn). 2, 3 and 8 need
-the control-plane binaries (``make bench`` builds them); ``--no-cluster`` skips them.
+the control-plane binaries (``make bench`` builds them); ``--no-cluster`` skips them. 2, 3 and 8
+race KAI Scheduler too when ``hack/build-kai.sh`` built it (``bench.kai``; ``--no-kai`` leaves it
+out); without that build they say so and run without it.
 """
 
 from __future__ import annotations
@@ -125,7 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=3,
         help="runs of each scheduler in 2, 3 and 5; the median is reported (default 3)",
     )
+    parser.add_argument("--no-kai", action="store_true", help="leave KAI Scheduler out of 2, 3 and 8")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    cluster_args = [
+        f"--rounds={args.rounds}",
+        *(["--full"] if args.full else []),
+        *(["--no-kai"] if args.no_kai else []),
+    ]
 
     hot_nodes, hot_pods = ([500, 5000], 50_000) if args.full else ([500, 5000], 20_000)
     mem_nodes, mem_pods = (5000, 100_000) if args.full else (1000, 20_000)
@@ -136,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(hotpath_table(run_hotpath(hot_nodes, hot_pods, seconds)))
     for name, runner in (("e2e", e2e.main), ("reaction", reaction.main)):
         if args.only in (None, name) and not (args.no_cluster and args.only is None):
-            runner([f"--rounds={args.rounds}", *(["--full"] if args.full else [])])
+            runner(cluster_args)
     if args.only in (None, "memory"):
         print(f"\n[4] extender memory, {mem_nodes} nodes x 8 GPUs, {mem_pods} pods in the picture")
         print(memory_table(run_memory(mem_nodes, mem_pods)))
@@ -148,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only in (None, "planning"):
         planning.main([] if args.full else ["--nodes", "1000", "--pods", "10000"])
     if args.only in (None, "reclaim") and not (args.no_cluster and args.only is None):
-        reclaim.main([f"--rounds={args.rounds}", *(["--full"] if args.full else [])])
+        reclaim.main(cluster_args)
     return 0
 
 

@@ -10,7 +10,9 @@ filter, prioritize and bind, nodeCacheCapable; it runs only during (b)). Between
 pod is force-deleted and the run waits until its claims are gone, so (b) finds the same free
 capacity (a) did. ``--rounds N`` alternates a, b, b, a, ... and reports each scheduler's median
 round, so a change in background load hits both alike; the CPU seconds the scheduler and the
-extender spent during each run are reported too.
+extender spent during each run are reported too. When ``hack/build-kai.sh`` built it, KAI
+Scheduler races as a third contender on the same nodes with the same pods (``bench.kai``; its
+pods in Tessera's default queue, mirrored), its processes running only during its rounds.
 
 The local kube-controller-manager runs with the same client QPS/burst: with its default 20 QPS,
 creating the claims from the templates would pace both runs alike and hide the schedulers.
@@ -34,7 +36,7 @@ import pstats
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
@@ -42,10 +44,11 @@ from typing import Generic, Protocol, TypeVar
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import kube_config
 
-from contract.names import DRIVER_NAME, QUEUE_LABEL
+from contract.names import DEFAULT_QUEUE, DRIVER_NAME, QUEUE_LABEL
 from dra_driver.devices.simulated import PROFILE_DIR, SimulatedBackend
 from dra_driver.slices import NodeRef, SharingMode, build_slices
 from extender.kubeapi import JsonObject, KubeError, request, watch_lines
+from extender.policy.fairness import QueueSpec
 from tessera.cli import INSTALL_FIRST
 from tessera.dev.localcluster import (
     REPO_ROOT,
@@ -57,6 +60,8 @@ from tessera.dev.localcluster import (
 )
 from tessera.simulate.report import format_table
 
+from .kai import DEFAULT_ACTIONS, KAI_SCHEDULER, Kai, KaiVariant, find_kai, kai_pod, skip_reason
+
 log = logging.getLogger(__name__)
 
 PROFILE = PROFILE_DIR / "h100x8.yaml"
@@ -67,6 +72,9 @@ RESOURCE_API = "/apis/resource.k8s.io/v1"
 SLICES_PATH = f"{RESOURCE_API}/resourceslices"
 CLIENT_QPS = 500
 CLIENT_BURST = 1000
+SAME_CLIENT = KaiVariant(
+    f"KAI Scheduler, client QPS/burst {CLIENT_QPS}/{CLIENT_BURST}", client=(CLIENT_QPS, CLIENT_BURST)
+)
 CREATE_CONCURRENCY = 48
 PLAIN_SCHEDULER = "bench-plain"
 TESSERA_SCHEDULER = "bench-tessera"
@@ -113,6 +121,7 @@ class Timed(Protocol):
 
 R = TypeVar("R")
 T = TypeVar("T", bound=Timed)
+C = TypeVar("C")
 
 
 def median_run(runs: Sequence[T]) -> T:
@@ -122,10 +131,12 @@ def median_run(runs: Sequence[T]) -> T:
 
 @dataclass(frozen=True)
 class Rounds(Generic[T]):
-    """Every run of both schedulers; the figures are those of each one's median round."""
+    """Every run of each contender; the figures are those of each one's median round. KAI's runs
+    are keyed by the label of the way it ran (``bench.kai.KaiVariant``); none when it was not built."""
 
     plain_runs: tuple[T, ...]
     tessera_runs: tuple[T, ...]
+    kai_runs: Mapping[str, tuple[T, ...]] = field(default_factory=dict, kw_only=True)
 
     @property
     def plain(self) -> T:
@@ -134,6 +145,11 @@ class Rounds(Generic[T]):
     @property
     def tessera(self) -> T:
         return median_run(self.tessera_runs)
+
+    @property
+    def kai(self) -> dict[str, tuple[T, tuple[T, ...]]]:
+        """Per KAI variant: its median run and all of its runs."""
+        return {label: (median_run(runs), runs) for label, runs in self.kai_runs.items() if runs}
 
 
 def seconds_list(values: Iterable[float]) -> str:
@@ -184,24 +200,29 @@ def e2e_table(result: E2EResult) -> str:
         for label, run, runs, ratio in (
             ("plain kube-scheduler", result.plain, result.plain_runs, "1.00x"),
             ("kube-scheduler + Tessera", result.tessera, result.tessera_runs, f"{result.ratio:.2f}x"),
+            *(
+                (label, run, runs, f"{run.pods_per_s / result.plain.pods_per_s:.2f}x")
+                for label, (run, runs) in result.kai.items()
+            ),
         )
     ]
     anchor = (
-        f"anchor: {KAI_ANCHOR}; client QPS/burst {result.qps}/{result.burst} for both schedulers "
-        f"and the controller-manager"
+        f"anchor: {KAI_ANCHOR}; client QPS/burst {result.qps}/{result.burst} for both kube-schedulers "
+        f"and the controller-manager; KAI with its operator's (scheduler CPU: its five processes)"
     )
     return f"{format_table(headers, rows)}\n{anchor}"
 
 
 def gpu_pod(namespace: str, name: str, scheduler: str, queue: str | None = None) -> JsonObject:
-    """A pause pod holding one whole GPU through a claim made from TEMPLATE."""
+    """A pause pod holding one whole GPU through a claim made from TEMPLATE; for KAI the same pod
+    with KAI's scheduler name and queue label (a pod without a queue is in the default queue)."""
     labels = {QUEUE_LABEL: queue} if queue else {}
     container = {
         "name": "main",
         "image": "registry.k8s.io/pause:3.10",
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "claims": [{"name": "gpu"}]},
     }
-    return {
+    pod: JsonObject = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
@@ -212,6 +233,17 @@ def gpu_pod(namespace: str, name: str, scheduler: str, queue: str | None = None)
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}],
         },
     }
+    return kai_pod(pod, queue or DEFAULT_QUEUE) if scheduler == KAI_SCHEDULER else pod
+
+
+SLICE_LAYOUT = "consumable capacity (h100x8 profile, written as the driver publishes it)"
+
+
+def slice_layout(slices: Iterable[JsonObject]) -> str:
+    """How the driver published its GPUs: shareable by capacity, or whole devices only."""
+    devices = [device for s in slices for device in (s.get("spec") or {}).get("devices") or []]
+    shared = any(device.get("allowMultipleAllocations") for device in devices)
+    return "consumable capacity" if shared else "whole devices"
 
 
 def gpu_slices(node: str) -> list[JsonObject]:
@@ -250,9 +282,11 @@ async def bounded(concurrency: int, calls: Iterable[Callable[[], Awaitable[objec
 
 @dataclass
 class BoundPods:
-    """Bound pods of one namespace, from a watch of pods with spec.nodeName set."""
+    """Bound pods of one namespace, from a watch of pods with spec.nodeName set; and the bound
+    pods that were deleted since the watch began."""
 
     bound: dict[str, str] = field(default_factory=dict)  # pod name -> queue label ("" without)
+    deleted: dict[str, str] = field(default_factory=dict)  # likewise, once gone
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     def per_queue(self) -> dict[str, int]:
@@ -274,10 +308,12 @@ class BoundPods:
                     continue
                 name = pod["metadata"]["name"]
                 async with self.changed:
+                    queue = (pod["metadata"].get("labels") or {}).get(QUEUE_LABEL, "")
                     if event["type"] == "DELETED":
                         self.bound.pop(name, None)
+                        self.deleted[name] = queue
                     else:
-                        self.bound[name] = (pod["metadata"].get("labels") or {}).get(QUEUE_LABEL, "")
+                        self.bound[name] = queue
                     self.changed.notify_all()
 
     async def wait_for(self, condition: Callable[[BoundPods], bool], timeout: float, what: str) -> float:
@@ -302,6 +338,7 @@ class BenchCluster:
         self.extender_profile: Path | None = None
         self.extender_port = free_port()
         self.schedulers: dict[str, SchedulerHandle] = {}
+        self.kai: Kai | None = None
 
     async def install(self, nodes: int, publish_slices: bool = True) -> None:
         """The manifests, and `nodes` fake GPU nodes; their slices too unless node agents publish them."""
@@ -367,8 +404,23 @@ class BenchCluster:
         )
         self.cluster.wait_healthy(extender, f"{self.extender_url}/readyz", tls=False)
 
+    async def enable_kai(self, queues: Sequence[QueueSpec]) -> bool:
+        """Installs KAI (its objects, ``queues`` mirrored) when it was built; else says why not."""
+        install = find_kai()
+        if install is None:
+            print(skip_reason(), flush=True)
+            return False
+        self.kai = Kai(self.cluster, install)
+        await self.kai.install(self.api, queues)
+        log.info("KAI Scheduler %s installed from %s", install.version, install.directory)
+        return True
+
     def cpu_seconds(self, scheduler: str) -> CpuUse:
-        """CPU time used so far by the scheduler ``scheduler`` and by the extender, if running."""
+        """CPU time used so far by the scheduler ``scheduler`` (KAI: its processes together) and by
+        the extender, if running."""
+        if scheduler == KAI_SCHEDULER:
+            kai = self.kai.components if self.kai else []
+            return CpuUse(sum(process_cpu_seconds(c.process.pid) for c in kai))
         extenders = [c.process.pid for c in self.cluster.components if c.name == "tessera-extender"]
         return CpuUse(
             process_cpu_seconds(self.schedulers[scheduler].component.process.pid),
@@ -485,37 +537,58 @@ async def bench_cluster(nodes: int, extender_profile: Path | None = None) -> Asy
         await asyncio.to_thread(cluster.stop)
 
 
-def alternating(rounds: int) -> Iterator[bool]:
-    """Whether each run has the extender: plain, Tessera, Tessera, plain, ... so a change in
-    background load hits both alike."""
+def alternating(rounds: int, contenders: Sequence[C]) -> Iterator[C]:
+    """Each contender once per round, forwards in even rounds and backwards in odd ones
+    (a, b, c, c, b, a, a, ...), so a change in background load hits all alike."""
     for round_index in range(rounds):
-        yield from ((False, True) if round_index % 2 == 0 else (True, False))
+        yield from (contenders if round_index % 2 == 0 else reversed(contenders))
+
+
+@contextlib.asynccontextmanager
+async def kai_running(bench: BenchCluster, variant: KaiVariant) -> AsyncIterator[None]:
+    """KAI's processes (``bench.enable_kai`` first), for as long as the block: one contender's round."""
+    if bench.kai is None:
+        raise RuntimeError("KAI is not installed on this cluster (BenchCluster.enable_kai)")
+    await asyncio.to_thread(bench.kai.start, variant)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(bench.kai.stop)
 
 
 async def compare(
-    bench: BenchCluster, scenario: Callable[[str, str], Awaitable[R]], rounds: int = 1
-) -> tuple[list[R], list[R]]:
-    """Runs ``scenario(namespace, scheduler)`` ``rounds`` times with each scheduler, in the order
-    plain, Tessera, Tessera, plain, ... (so a change in background load hits both alike), clearing
-    up after every run. The extender runs (and is profiled) only during the Tessera runs."""
+    bench: BenchCluster,
+    scenario: Callable[[str, str], Awaitable[R]],
+    rounds: int = 1,
+    kai: Sequence[KaiVariant] = (),
+) -> tuple[tuple[R, ...], tuple[R, ...], dict[str, tuple[R, ...]]]:
+    """Runs ``scenario(namespace, scheduler)`` ``rounds`` times with each contender, in the order
+    plain, Tessera, KAI variants, then backwards (so a change in background load hits all alike),
+    clearing up after every run. The extender runs (and is profiled) only during the Tessera runs,
+    KAI's processes only during KAI's (``kai``: its variants, when ``bench.enable_kai`` found it)."""
     await asyncio.to_thread(bench.start_scheduler, PLAIN_SCHEDULER)
     await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, bench.extender_url)
     plain: list[R] = []
     tessera: list[R] = []
-    for with_extender in alternating(rounds):
-        if with_extender:
+    kai_runs: dict[str, list[R]] = {variant.label: [] for variant in kai}
+    contenders: list[KaiVariant | str] = [PLAIN_SCHEDULER, TESSERA_SCHEDULER, *kai]
+    for contender in alternating(rounds, contenders):
+        if contender == TESSERA_SCHEDULER:
             await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
-        namespace = await bench.new_namespace("tessera" if with_extender else "plain")
+        namespace = await bench.new_namespace("kai" if isinstance(contender, KaiVariant) else contender)
         try:
-            if with_extender:
+            if isinstance(contender, KaiVariant):
+                async with kai_running(bench, contender):
+                    kai_runs[contender.label].append(await scenario(namespace, KAI_SCHEDULER))
+            elif contender == TESSERA_SCHEDULER:
                 tessera.append(await scenario(namespace, TESSERA_SCHEDULER))
             else:
                 plain.append(await scenario(namespace, PLAIN_SCHEDULER))
         finally:
-            if with_extender:
+            if contender == TESSERA_SCHEDULER:
                 await asyncio.to_thread(bench.stop_extender)
         await bench.clear(namespace)
-    return plain, tessera
+    return tuple(plain), tuple(tessera), {label: tuple(runs) for label, runs in kai_runs.items()}
 
 
 # -- benchmark 2 -------------------------------------------------------------------------------
@@ -541,23 +614,44 @@ async def _bind_all(
 
 
 async def run_e2e_async(
-    nodes: int, pods: int, rounds: int = 1, timeout: float = 900.0, extender_profile: Path | None = None
+    nodes: int,
+    pods: int,
+    rounds: int = 1,
+    timeout: float = 900.0,
+    extender_profile: Path | None = None,
+    kai: bool = True,
+    kai_extra: Sequence[KaiVariant] = (),
 ) -> E2EResult:
     if pods > nodes * GPUS_PER_NODE:
         raise ValueError(f"{pods} pods do not fit {nodes} nodes x {GPUS_PER_NODE} GPUs")
     async with bench_cluster(nodes, extender_profile) as bench:
-        plain, tessera = await compare(
-            bench, lambda namespace, scheduler: _bind_all(bench, namespace, scheduler, pods, timeout), rounds
+        # The pods have no queue label: Tessera's default queue, mirrored for KAI.
+        installed = kai and await bench.enable_kai([QueueSpec(DEFAULT_QUEUE)])
+        variants = [DEFAULT_ACTIONS, *kai_extra] if installed else []
+        plain, tessera, kai_runs = await compare(
+            bench,
+            lambda namespace, scheduler: _bind_all(bench, namespace, scheduler, pods, timeout),
+            rounds,
+            variants,
         )
-    return E2EResult(tuple(plain), tuple(tessera), nodes=nodes, pods=pods, qps=CLIENT_QPS, burst=CLIENT_BURST)
+    return E2EResult(
+        plain, tessera, nodes=nodes, pods=pods, qps=CLIENT_QPS, burst=CLIENT_BURST, kai_runs=kai_runs
+    )
 
 
 def run_e2e(
-    nodes: int, pods: int, rounds: int = 1, timeout: float = 900.0, extender_profile: Path | None = None
+    nodes: int,
+    pods: int,
+    rounds: int = 1,
+    timeout: float = 900.0,
+    extender_profile: Path | None = None,
+    kai: bool = True,
+    kai_extra: Sequence[KaiVariant] = (),
 ) -> E2EResult:
     """Benchmark 2 on a fresh local control plane (started and stopped here); with several
-    ``rounds`` the figures are those of the median round of each scheduler."""
-    return asyncio.run(run_e2e_async(nodes, pods, rounds, timeout, extender_profile))
+    ``rounds`` the figures are those of the median round of each scheduler. KAI races too when
+    hack/build-kai.sh built it (and ``kai``), with its defaults and in the ``kai_extra`` variants."""
+    return asyncio.run(run_e2e_async(nodes, pods, rounds, timeout, extender_profile, kai, kai_extra))
 
 
 def profile_path(argument: str | None) -> Path | None:
@@ -568,7 +662,7 @@ def profile_path(argument: str | None) -> Path | None:
 def bench_parser(
     prog: str, description: str | None, full: str, nodes: str, pods: str
 ) -> argparse.ArgumentParser:
-    """The options benchmarks 2 and 3 share: sizes and rounds."""
+    """The options the cluster benchmarks share: sizes, rounds, whether KAI races."""
     parser = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -577,6 +671,9 @@ def bench_parser(
     parser.add_argument("--pods", type=int, help=pods)
     parser.add_argument(
         "--rounds", type=int, default=1, help="runs per scheduler, alternating; the median counts (default 1)"
+    )
+    parser.add_argument(
+        "--no-kai", action="store_true", help="leave out KAI Scheduler even when hack/build-kai.sh built it"
     )
     return parser
 
@@ -592,17 +689,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile-extender", metavar="FILE", help=f"cProfile the extender (or ${PROFILE_ENV})"
     )
+    parser.add_argument(
+        "--kai-client-qps",
+        action="store_true",
+        help=f"also race KAI with the kube-schedulers' client QPS/burst ({CLIENT_QPS}/{CLIENT_BURST})",
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     nodes = args.nodes or (500 if args.full else 100)
     pods = args.pods or (4000 if args.full else 800)
     profile = profile_path(args.profile_extender)
-    result = run_e2e(nodes, pods, args.rounds, extender_profile=profile)
+    extra = [SAME_CLIENT] if args.kai_client_qps else []
+    result = run_e2e(nodes, pods, args.rounds, extender_profile=profile, kai=not args.no_kai, kai_extra=extra)
     print(
         f"\n[2] end to end on the local control plane: {nodes} nodes x {GPUS_PER_NODE} GPUs, "
         f"{pods} single-GPU pods"
     )
     print(e2e_table(result))
+    print(f"DRA slices: {SLICE_LAYOUT}")
     if profile is not None and profile.exists():
         print(f"\nextender profile, last Tessera round ({profile}):\n{profile_summary(profile)}")
     print(
@@ -611,6 +715,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "plain_pods_per_s": round(result.plain.pods_per_s, 2),
                 "tessera_pods_per_s": round(result.tessera.pods_per_s, 2),
                 "ratio": round(result.ratio, 3),
+                **{
+                    f"kai_pods_per_s ({label})": round(run.pods_per_s, 2)
+                    for label, (run, _) in result.kai.items()
+                },
             }
         )
     )

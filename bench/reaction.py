@@ -8,6 +8,8 @@ holds its fair share (``extender.policy.fairness.compute_fair_shares`` over the 
 and demands: half the GPUs here). Baseline: the plain kube-scheduler, which hands freed GPUs to
 pending pods by priority and age, so A's older backlog goes first. Both runs use the same nodes,
 queues, rates and client QPS (see ``bench.e2e``); the extender runs only during its own run.
+KAI Scheduler races too when ``hack/build-kai.sh`` built it (``bench.kai``: the two queues
+mirrored as KAI Queues, its processes running only during its rounds).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .e2e import (
     CLIENT_BURST,
     CLIENT_QPS,
     GPUS_PER_NODE,
+    SLICE_LAYOUT,
     BenchCluster,
     BoundPods,
     Rounds,
@@ -40,6 +43,7 @@ from .e2e import (
     seconds_list,
     watching,
 )
+from .kai import DEFAULT_ACTIONS
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,13 @@ def fair_share_of_b(gpus: int, a_pods: int, b_pods: int) -> int:
     return int(compute_fair_shares(queues, usage, {"gpu": gpus})[QUEUE_B]["gpu"] + 1e-9)
 
 
+def vs_plain(plain: ReactionRun, run: ReactionRun) -> str:
+    """How many times sooner (or later) than the plain scheduler `run` got B its share."""
+    if plain.seconds >= run.seconds:
+        return f"{plain.seconds / run.seconds:.2f}x faster" if run.seconds > 0 else "-"
+    return f"{run.seconds / plain.seconds:.2f}x slower"
+
+
 def reaction_table(result: ReactionResult) -> str:
     headers = [
         "scheduler",
@@ -112,13 +123,19 @@ def reaction_table(result: ReactionResult) -> str:
         ]
         for label, run, runs, ratio in (
             ("plain kube-scheduler", result.plain, result.plain_runs, "1.00x"),
-            ("kube-scheduler + Tessera", result.tessera, result.tessera_runs, f"{result.ratio:.2f}x faster"),
+            (
+                "kube-scheduler + Tessera",
+                result.tessera,
+                result.tessera_runs,
+                vs_plain(result.plain, result.tessera),
+            ),
+            *((label, run, runs, vs_plain(result.plain, run)) for label, (run, runs) in result.kai.items()),
         )
     ]
     note = (
         f"queue A: {result.a_pods} pods, queue B: {result.b_pods} pods, equal GPU quotas; "
         f"A's running pods finish at {result.finish_rate:g}/s; "
-        f"client QPS/burst {CLIENT_QPS}/{CLIENT_BURST}"
+        f"client QPS/burst {CLIENT_QPS}/{CLIENT_BURST} (KAI: its operator's); DRA slices: {SLICE_LAYOUT}"
     )
     return f"{format_table(headers, rows)}\n{note}"
 
@@ -177,37 +194,47 @@ async def _react(
 
 
 async def run_reaction_async(
-    nodes: int, a_pods: int | None = None, rate: float = 4.0, rounds: int = 1, timeout: float = 300.0
+    nodes: int,
+    a_pods: int | None = None,
+    rate: float = 4.0,
+    rounds: int = 1,
+    timeout: float = 300.0,
+    kai: bool = True,
 ) -> ReactionResult:
     gpus = nodes * GPUS_PER_NODE
     a_pods, b_pods = a_pods or 2 * gpus, gpus
     if a_pods <= gpus:
         raise ValueError(f"queue A needs more than the {gpus} GPUs in pods to saturate the cluster")
     async with bench_cluster(nodes) as bench:
-        for queue in (QUEUE_A, QUEUE_B):
-            await request(
-                bench.api,
-                "POST",
-                QUEUES_PATH,
-                body=queue_object(queue, {"resources": {"gpu": {"quota": gpus // 2}}}),
-            )
-        plain, tessera = await compare(
+        queues = [QueueSpec(name, quota={"gpu": gpus // 2}) for name in (QUEUE_A, QUEUE_B)]
+        for queue in queues:
+            body = queue_object(queue.name, {"resources": {"gpu": {"quota": queue.quota["gpu"]}}})
+            await request(bench.api, "POST", QUEUES_PATH, body=body)
+        variants = [DEFAULT_ACTIONS] if kai and await bench.enable_kai(queues) else []
+        plain, tessera, kai_runs = await compare(
             bench,
             lambda namespace, scheduler: _react(bench, namespace, scheduler, a_pods, b_pods, rate, timeout),
             rounds,
+            variants,
         )
     return ReactionResult(
-        tuple(plain), tuple(tessera), nodes=nodes, a_pods=a_pods, b_pods=b_pods, finish_rate=rate
+        plain, tessera, nodes=nodes, a_pods=a_pods, b_pods=b_pods, finish_rate=rate, kai_runs=kai_runs
     )
 
 
 def run_reaction(
-    nodes: int = 4, a_pods: int | None = None, rate: float = 4.0, rounds: int = 1, timeout: float = 300.0
+    nodes: int = 4,
+    a_pods: int | None = None,
+    rate: float = 4.0,
+    rounds: int = 1,
+    timeout: float = 300.0,
+    kai: bool = True,
 ) -> ReactionResult:
     """Benchmark 3 on a fresh local control plane (started and stopped here); queue A submits
     ``a_pods`` (default twice the GPUs), queue B as many pods as there are GPUs. With several
-    ``rounds`` the figures are those of the median round of each scheduler."""
-    return asyncio.run(run_reaction_async(nodes, a_pods, rate, rounds, timeout))
+    ``rounds`` the figures are those of the median round of each scheduler; KAI races too when
+    hack/build-kai.sh built it (and ``kai``)."""
+    return asyncio.run(run_reaction_async(nodes, a_pods, rate, rounds, timeout, kai))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -222,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     nodes = args.nodes or (32 if args.full else 4)
-    result = run_reaction(nodes, args.pods, args.rate, args.rounds)
+    result = run_reaction(nodes, args.pods, args.rate, args.rounds, kai=not args.no_kai)
     print(f"\n[3] fairness reaction on the local control plane: {nodes} nodes x {GPUS_PER_NODE} GPUs")
     print(reaction_table(result))
     print(
@@ -231,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "plain_s": round(result.plain.seconds, 2),
                 "tessera_s": round(result.tessera.seconds, 2),
                 "ratio": round(result.ratio, 2),
+                **{f"kai_s ({label})": round(run.seconds, 2) for label, (run, _) in result.kai.items()},
             }
         )
     )

@@ -18,9 +18,19 @@ bound). Two setups take turns on the same nodes (``--rounds``: a, b, b, a, ...; 
     priority 0 (preemptible): the reclaim loop evicts through the Eviction API and holds the
     freed GPUs for B's pods.
 
+(c) KAI Scheduler (``bench.kai``), when ``hack/build-kai.sh`` built it: its own processes, the
+    same queues mirrored as KAI Queues, the same pods with its scheduler name and queue label (no
+    PriorityClass: KAI gives bare pods its preemptible ``train`` class), run twice per round:
+    with its default actions and without consolidation.
+
 Reported per setup: seconds until B holds its share, seconds per reclaimed GPU (that time over
-the GPUs B needed), and GPUs evicted / GPUs needed (A's pods gone once B holds its share and every
-victim's deletion is finished).
+the GPUs B needed), GPUs evicted / GPUs needed (pods deleted by the scheduler once B holds its
+share and every victim's deletion is finished), and evictions undone (B's own pods evicted:
+placements the scheduler made for B and took back). ``--slices`` picks how the node agent's
+driver publishes the GPUs (consumable capacity or whole devices; default: what the apiserver
+supports); the table says which layout the run used. ``--jobs`` submits every pod as the template
+of a one-pod Job instead, so an evicted pod comes back as a pending pod of its queue (as a user's
+training jobs do); the figures count the deleted pods either way.
 
 Then a churn phase with the extender only (``--churn-seconds``, ``--churn-queues``): every queue
 alternates between busy spells (keeping a backlog of pending pods whose runtimes are random) and
@@ -52,7 +62,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
+from dra_driver.config import SharingModeSetting
 from extender.kubeapi import JsonObject, request
+from extender.policy.fairness import QueueSpec
 from extender.queues import queue_object
 from tessera.dev.localcluster import LocalCluster, create_fake_node, wait_until
 from tessera.dev.nodeagent import (
@@ -79,9 +91,12 @@ from .e2e import (
     bench_parser,
     bounded,
     gpu_pod,
+    kai_running,
     seconds_list,
+    slice_layout,
     watching,
 )
+from .kai import DEFAULT_ACTIONS, KAI_SCHEDULER, NO_CONSOLIDATION, KaiVariant
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +109,8 @@ KAI_WORST = (376, 48)
 RECLAIMED_FOR = re.compile(r"reclaimed for queue '([^']+)' \(pod [^/]+/([^)]+)\)")
 CLASSIC_GPU = "nvidia.com/gpu"
 DRA_PROBE_S = 30.0
+JOB_BACKOFF_LIMIT = 1000
+KAI_B_TIMEOUT_S = 120.0  # a KAI round whose B is not served by then is reported as such
 
 
 # -- pure helpers ------------------------------------------------------------------------------
@@ -101,12 +118,15 @@ DRA_PROBE_S = 30.0
 
 @dataclass(frozen=True)
 class ReclaimRun:
-    """One round: seconds from B's submission until B held `needed` GPUs; A's pods evicted."""
+    """One round: seconds from B's submission until B held `needed` GPUs (or the timeout, with
+    `reached` false); pods the scheduler deleted, and how many of those were B's own."""
 
     setup: str
     needed: int
     seconds: float
     evicted: int
+    undone: int = 0
+    reached: bool = True
 
     @property
     def per_gpu_s(self) -> float:
@@ -121,11 +141,8 @@ class ReclaimRun:
 class ReclaimResult(Rounds[ReclaimRun]):
     nodes: int
     dra_probe: str  # what plain priority preemption did for a pod whose GPU comes from a DRA claim
-
-    @property
-    def time_ratio(self) -> float:
-        """Tessera's time over plain preemption's (median rounds): below 1 is faster."""
-        return self.tessera.seconds / self.plain.seconds if self.plain.seconds > 0 else 0.0
+    slices: str = "consumable capacity"  # how the driver published the GPUs (bench.e2e.slice_layout)
+    workload: str = "bare pods"  # or "one-pod Jobs"
 
 
 @dataclass(frozen=True)
@@ -191,6 +208,7 @@ def reclaim_table(result: ReclaimResult) -> str:
         "each round s",
         "s per reclaimed GPU",
         "GPUs evicted / needed",
+        "evictions undone",
         "time / plain's",
     ]
     rows = [
@@ -198,20 +216,17 @@ def reclaim_table(result: ReclaimResult) -> str:
             label,
             str(result.nodes * GPUS_PER_NODE),
             str(run.needed),
-            f"{run.seconds:.1f}",
+            f"{run.seconds:.1f}" if run.reached else f"not in {run.seconds:.0f}",
             seconds_list(r.seconds for r in runs),
             f"{run.per_gpu_s:.2f}",
             f"{run.evicted} / {run.needed} = {run.ratio:.2f}",
-            ratio,
+            f"{run.undone} (each round {', '.join(str(r.undone) for r in runs)})",
+            f"{run.seconds / result.plain.seconds:.2f}x" if result.plain.seconds > 0 else "-",
         ]
-        for label, run, runs, ratio in (
-            ("kube-scheduler priority preemption (classic GPUs)", result.plain, result.plain_runs, "1.00x"),
-            (
-                "kube-scheduler + Tessera reclaim (DRA claims)",
-                result.tessera,
-                result.tessera_runs,
-                f"{result.time_ratio:.2f}x",
-            ),
+        for label, run, runs in (
+            ("kube-scheduler priority preemption (classic GPUs)", result.plain, result.plain_runs),
+            ("kube-scheduler + Tessera reclaim (DRA claims)", result.tessera, result.tessera_runs),
+            *((f"{label} (DRA claims)", run, runs) for label, (run, runs) in result.kai.items()),
         )
     ]
     anchor = (
@@ -220,7 +235,8 @@ def reclaim_table(result: ReclaimResult) -> str:
         "Targets: < 2 s per GPU, ratio <= 1.1"
     )
     probe = f"plain priority preemption with DRA claims: {result.dra_probe}"
-    return f"{format_table(headers, rows)}\n{probe}\n{anchor}"
+    slices = f"DRA slices: {result.slices}; workload: {result.workload}"
+    return f"{format_table(headers, rows)}\n{slices}\n{probe}\n{anchor}"
 
 
 def churn_table(result: ChurnResult) -> str:
@@ -256,9 +272,9 @@ def churn_table(result: ChurnResult) -> str:
 
 
 @contextlib.asynccontextmanager
-async def reclaim_cluster(nodes: int) -> AsyncIterator[BenchCluster]:
+async def reclaim_cluster(nodes: int, slices: SharingModeSetting = "auto") -> AsyncIterator[BenchCluster]:
     """A fresh local control plane whose `nodes` GPU nodes run the node agent (one process for
-    all); torn down on exit."""
+    all; its driver publishes `slices`); torn down on exit."""
     cluster = LocalCluster(controller_manager_qps=CLIENT_QPS, controller_manager_burst=CLIENT_BURST)
     await asyncio.to_thread(cluster.start)
     try:
@@ -272,6 +288,7 @@ async def reclaim_cluster(nodes: int) -> AsyncIterator[BenchCluster]:
                     [
                         sys.executable, "-m", "tessera.dev.nodeagent", f"--kubeconfig={cluster.kubeconfig}",
                         f"--profile={PROFILE}", f"--state-dir={state}", "--log-level=WARNING",
+                        f"--sharing-mode={slices}",
                         *(f"--node-name={node}" for node in bench.nodes),
                     ],
                 )  # fmt: skip
@@ -292,10 +309,12 @@ async def reclaim_cluster(nodes: int) -> AsyncIterator[BenchCluster]:
         await asyncio.to_thread(cluster.stop)
 
 
-async def _create_queues(bench: BenchCluster, names: Sequence[str], quota: int) -> None:
+async def _create_queues(bench: BenchCluster, names: Sequence[str], quota: int) -> list[QueueSpec]:
+    """Tessera queues with a GPU quota each; their specs, for KAI's mirror."""
     for name in names:
         body = queue_object(name, {"resources": {"gpu": {"quota": quota}}})
         await request(bench.api, "POST", QUEUES_PATH, body=body)
+    return [QueueSpec(name, quota={"gpu": quota}) for name in names]
 
 
 async def _submit(
@@ -306,9 +325,11 @@ async def _submit(
     queue: str,
     priority_class: str | None,
     classic: bool = False,
+    jobs: bool = False,
 ) -> None:
-    """Single-GPU pods: a DRA claim from the template, or one classic GPU with `classic`."""
-    path = f"/api/v1/namespaces/{namespace}/pods"
+    """Single-GPU pods: a DRA claim from the template, or one classic GPU with `classic`; with
+    `jobs`, each pod the template of a Job of the same name (an evicted pod comes back pending)."""
+    path = f"/apis/batch/v1/namespaces/{namespace}/jobs" if jobs else f"/api/v1/namespaces/{namespace}/pods"
 
     async def create(name: str) -> None:
         body = gpu_pod(namespace, name, scheduler, queue)
@@ -322,9 +343,34 @@ async def _submit(
             resources["limits"] = {CLASSIC_GPU: "1"}
         if priority_class:
             spec["priorityClassName"] = priority_class
-        await request(bench.api, "POST", path, body=body)
+        await request(bench.api, "POST", path, body=as_job(body) if jobs else body)
 
     await bounded(CREATE_CONCURRENCY, (functools.partial(create, name) for name in names))
+
+
+def as_job(pod: JsonObject) -> JsonObject:
+    """A Job running `pod` once: the pod as its template (restartPolicy Never), its labels on the
+    Job too (KAI reads the queue from the top owner), retried whatever evictions it suffers."""
+    metadata = pod["metadata"]
+    labels = metadata.get("labels") or {}
+    template = {"metadata": {"labels": labels}, "spec": {**pod["spec"], "restartPolicy": "Never"}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": metadata["name"], "namespace": metadata["namespace"], "labels": labels},
+        "spec": {"backoffLimit": JOB_BACKOFF_LIMIT, "template": template},
+    }
+
+
+async def _clear(bench: BenchCluster, namespace: str) -> None:
+    """The round's Jobs (their pods left behind), then every pod and claim (BenchCluster.clear)."""
+    await request(
+        bench.api,
+        "DELETE",
+        f"/apis/batch/v1/namespaces/{namespace}/jobs",
+        query={"propagationPolicy": "Orphan"},
+    )
+    await bench.clear(namespace)
 
 
 async def _all_running(bench: BenchCluster, namespace: str, count: int) -> bool:
@@ -368,57 +414,88 @@ async def classic_nodes(bench: BenchCluster, count: int) -> AsyncIterator[None]:
 
 
 async def _reclaim_round(
-    bench: BenchCluster, namespace: str, scheduler: str, plain: bool, timeout: float
+    bench: BenchCluster,
+    namespace: str,
+    scheduler: str,
+    timeout: float,
+    b_timeout: float | None = None,
+    jobs: bool = False,
 ) -> ReclaimRun:
+    """One round; B's wait ends after `b_timeout` (default `timeout`) with the run marked not
+    reached instead of failing (KAI's rounds: a contender that never gets there is a figure)."""
+    plain = scheduler == PLAIN_SCHEDULER
     gpus = len(bench.nodes) * GPUS_PER_NODE
     needed = gpus // 2
     a_names = [f"a-{index:05d}" for index in range(gpus)]
     async with watching(bench.api, namespace) as tracker:
-        await _submit(bench, namespace, scheduler, a_names, QUEUE_A, LOW if plain else None, classic=plain)
+        await _submit(bench, namespace, scheduler, a_names, QUEUE_A, LOW if plain else None, plain, jobs)
         await tracker.wait_for(lambda t: t.per_queue().get(QUEUE_A, 0) >= gpus, timeout, "A to fill the GPUs")
         await wait_until(
             lambda: _all_running(bench, namespace, gpus), timeout=timeout, what="A's pods running"
         )
         started = time.monotonic()
         b_names = [f"b-{index:05d}" for index in range(needed)]
-        await _submit(bench, namespace, scheduler, b_names, QUEUE_B, HIGH if plain else None, classic=plain)
-        reached = await tracker.wait_for(
-            lambda t: t.per_queue().get(QUEUE_B, 0) >= needed, timeout, f"B to hold {needed} GPUs"
-        )
+        await _submit(bench, namespace, scheduler, b_names, QUEUE_B, HIGH if plain else None, plain, jobs)
+        try:
+            reached = await tracker.wait_for(
+                lambda t: t.per_queue().get(QUEUE_B, 0) >= needed,
+                b_timeout or timeout,
+                f"B to hold {needed} GPUs",
+            )
+        except TimeoutError:
+            if b_timeout is None:
+                raise
+            reached = 0.0
 
         def settled(t: BoundPods) -> bool:  # every victim's deletion finished
             return sum(t.per_queue().values()) <= gpus
 
         await tracker.wait_for(settled, timeout, "the victims to be gone")
-        evicted = gpus - tracker.per_queue().get(QUEUE_A, 0)
-    setup = "plain" if plain else "tessera"
-    run = ReclaimRun(setup, needed, reached - started, evicted)
-    log.info("%s: B held %d GPUs after %.1fs, %d of A's pods evicted", setup, needed, run.seconds, evicted)
+        gone = list(tracker.deleted.values())  # nothing else deletes pods during the round
+    evicted_a, evicted_b = gone.count(QUEUE_A), gone.count(QUEUE_B)
+    seconds = reached - started if reached else float(b_timeout or timeout)
+    run = ReclaimRun(scheduler, needed, seconds, evicted_a + evicted_b, evicted_b, reached=bool(reached))
+    log.info(
+        "%s: B held %d GPUs after %.1fs (%s), %d pods evicted, %d of them B's",
+        scheduler,
+        needed,
+        run.seconds,
+        "reached" if run.reached else "NOT reached",
+        run.evicted,
+        run.undone,
+    )
     return run
 
 
 async def _rounds(
-    bench: BenchCluster, rounds: int, timeout: float
-) -> tuple[list[ReclaimRun], list[ReclaimRun]]:
+    bench: BenchCluster, rounds: int, timeout: float, kai: Sequence[KaiVariant], jobs: bool = False
+) -> tuple[list[ReclaimRun], list[ReclaimRun], dict[str, list[ReclaimRun]]]:
+    """The rounds of every contender, alternating (``bench.e2e.alternating``); the plain
+    scheduler's on classic-GPU nodes that exist only during them."""
     plain: list[ReclaimRun] = []
     tessera: list[ReclaimRun] = []
-    for with_extender in alternating(rounds):
-        if with_extender:
+    kai_runs: dict[str, list[ReclaimRun]] = {variant.label: [] for variant in kai}
+    contenders: list[KaiVariant | str] = [PLAIN_SCHEDULER, TESSERA_SCHEDULER, *kai]
+    for contender in alternating(rounds, contenders):
+        namespace = await bench.new_namespace("kai" if isinstance(contender, KaiVariant) else contender)
+        if isinstance(contender, KaiVariant):
+            async with kai_running(bench, contender):
+                kai_runs[contender.label].append(
+                    await _reclaim_round(bench, namespace, KAI_SCHEDULER, timeout, KAI_B_TIMEOUT_S, jobs)
+                )
+            await _clear(bench, namespace)
+        elif contender == TESSERA_SCHEDULER:
             await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
-        namespace = await bench.new_namespace("tessera" if with_extender else "plain")
-        try:
-            if with_extender:
-                tessera.append(await _reclaim_round(bench, namespace, TESSERA_SCHEDULER, False, timeout))
-            else:
-                async with classic_nodes(bench, len(bench.nodes)):
-                    plain.append(await _reclaim_round(bench, namespace, PLAIN_SCHEDULER, True, timeout))
-                    await bench.clear(namespace)
-        finally:
-            if with_extender:
+            try:
+                tessera.append(await _reclaim_round(bench, namespace, TESSERA_SCHEDULER, timeout, jobs=jobs))
+            finally:
                 await asyncio.to_thread(bench.stop_extender)
-        if with_extender:
-            await bench.clear(namespace)
-    return plain, tessera
+            await _clear(bench, namespace)
+        else:
+            async with classic_nodes(bench, len(bench.nodes)):
+                plain.append(await _reclaim_round(bench, namespace, PLAIN_SCHEDULER, timeout, jobs=jobs))
+                await _clear(bench, namespace)
+    return plain, tessera, kai_runs
 
 
 async def _dra_preemption_probe(bench: BenchCluster) -> str:
@@ -558,18 +635,27 @@ def _epoch(stamp: str) -> float:
 
 
 async def run_reclaim_async(
-    nodes: int, rounds: int, churn_seconds: float, churn_queues: int, timeout: float = 300.0
+    nodes: int,
+    rounds: int,
+    churn_seconds: float,
+    churn_queues: int,
+    timeout: float = 300.0,
+    kai: bool = True,
+    slices: SharingModeSetting = "auto",
+    jobs: bool = False,
 ) -> tuple[ReclaimResult, ChurnResult | None]:
     gpus = nodes * GPUS_PER_NODE
-    async with reclaim_cluster(nodes) as bench:
+    async with reclaim_cluster(nodes, slices) as bench:
+        layout = slice_layout((await request(bench.api, "GET", SLICES_PATH)).get("items") or [])
         for name, value in ((LOW, 10), (HIGH, 1000)):
             await request(bench.api, "POST", PRIORITY_PATH, body={"metadata": {"name": name}, "value": value})
-        await _create_queues(bench, (QUEUE_A, QUEUE_B), gpus // 2)
+        queues = await _create_queues(bench, (QUEUE_A, QUEUE_B), gpus // 2)
+        variants = [DEFAULT_ACTIONS, NO_CONSOLIDATION] if kai and await bench.enable_kai(queues) else []
         await asyncio.to_thread(bench.start_scheduler, PLAIN_SCHEDULER)
         await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, bench.extender_url)
         probe = await _dra_preemption_probe(bench)
         log.info("plain priority preemption with DRA claims: %s", probe)
-        plain, tessera = await _rounds(bench, rounds, timeout)
+        plain, tessera, kai_runs = await _rounds(bench, rounds, timeout, variants, jobs)
         churn = None
         if churn_seconds > 0:
             names = [f"bench-churn-{chr(ord('a') + i)}" for i in range(churn_queues)]
@@ -582,7 +668,16 @@ async def run_reclaim_async(
                 )
             finally:
                 await asyncio.to_thread(bench.stop_extender)
-    return ReclaimResult(tuple(plain), tuple(tessera), nodes=nodes, dra_probe=probe), churn
+    result = ReclaimResult(
+        tuple(plain),
+        tuple(tessera),
+        nodes=nodes,
+        dra_probe=probe,
+        slices=layout,
+        workload="one-pod Jobs" if jobs else "bare pods",
+        kai_runs={label: tuple(runs) for label, runs in kai_runs.items()},
+    )
+    return result, churn
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -599,13 +694,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--churn-queues", type=int, default=3, choices=(2, 3), help="queues in the churn (default 3)"
     )
+    parser.add_argument(
+        "--slices",
+        default="auto",
+        choices=("auto", "consumable-capacity", "whole-device"),
+        help="how the node agent's driver publishes the GPUs (default: what the apiserver supports)",
+    )
+    parser.add_argument(
+        "--jobs",
+        action="store_true",
+        help="A's and B's pods as one-pod Jobs (evicted pods come back pending)",
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for noisy in ("dra_driver", "tessera.dev.nodeagent"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     nodes = args.nodes or (16 if args.full else 4)
     churn_seconds = args.churn_seconds if args.churn_seconds is not None else (600.0 if args.full else 60.0)
-    result, churn = asyncio.run(run_reclaim_async(nodes, args.rounds, churn_seconds, args.churn_queues))
+    result, churn = asyncio.run(
+        run_reclaim_async(
+            nodes,
+            args.rounds,
+            churn_seconds,
+            args.churn_queues,
+            kai=not args.no_kai,
+            slices=args.slices,
+            jobs=args.jobs,
+        )
+    )
     print(
         f"\n[5] reclaim on the local control plane with the node agent: {nodes} nodes x {GPUS_PER_NODE} GPUs"
     )
@@ -617,6 +733,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tessera_evicted_ratio": round(result.tessera.ratio, 3),
         "plain_evicted_ratio": round(result.plain.ratio, 3),
     }
+    for label, (run, _) in result.kai.items():
+        figures[f"kai_s ({label})"] = round(run.seconds, 2)
+        figures[f"kai_evicted_ratio ({label})"] = round(run.ratio, 3)
     if churn is not None:
         print(f"\nchurn, Tessera only: {churn.queues} queues with equal quotas, {churn.seconds:.0f} s")
         print(churn_table(churn))

@@ -40,7 +40,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from contract.kube import pod_claim_refs
 from contract.names import DRIVER_NAME
 from dra_driver.__main__ import run_driver
-from dra_driver.config import DriverConfig
+from dra_driver.config import DriverConfig, SharingModeSetting
 from dra_driver.prepare import ApiClaimReader, ClaimPrepareError
 from dra_driver.proto import dra_v1_pb2, dra_v1_pb2_grpc, registration_pb2, registration_pb2_grpc
 
@@ -341,7 +341,12 @@ async def run_kubelet_stand_in(
 
 
 def node_driver_config(
-    node_name: str, state_dir: Path, profile: Path, kubeconfig: Path, driver_name: str = DRIVER_NAME
+    node_name: str,
+    state_dir: Path,
+    profile: Path,
+    kubeconfig: Path,
+    driver_name: str = DRIVER_NAME,
+    sharing_mode: SharingModeSetting = "auto",
 ) -> DriverConfig:
     """Driver settings for a simulated node: all of its directories live under ``state_dir/node``."""
     root = state_dir / node_name
@@ -355,6 +360,7 @@ def node_driver_config(
         registry_dir=root / "plugins_registry",
         cdi_dir=root / "cdi",
         checkpoint_dir=root / "state",
+        sharing_mode=sharing_mode,
     )
 
 
@@ -377,6 +383,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--node-name", action="append", required=True, help="fake node to serve (repeatable)")
     parser.add_argument("--state-dir", type=Path, default=Path("/tmp/tessera-nodes"))
     parser.add_argument("--driver-name", default=DRIVER_NAME)
+    parser.add_argument(
+        "--sharing-mode",
+        default="auto",
+        choices=["auto", "consumable-capacity", "whole-device"],
+        help="how the driver publishes the GPUs (auto: consumable capacity where the apiserver has it)",
+    )
     parser.add_argument("--create-nodes", action="store_true", help="create the fake Node objects first")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser.parse_args(argv)
@@ -399,7 +411,7 @@ async def _main(args: argparse.Namespace) -> None:
         async with asyncio.TaskGroup() as group:
             for name in args.node_name:
                 config = node_driver_config(
-                    name, args.state_dir, args.profile, args.kubeconfig, args.driver_name
+                    name, args.state_dir, args.profile, args.kubeconfig, args.driver_name, args.sharing_mode
                 )
                 group.create_task(run_simulated_node(config, api, stop), name=name)
     finally:

@@ -1,0 +1,367 @@
+"""KAI Scheduler as a contender in the cluster benchmarks (reclaim, end to end, reaction).
+
+The benchmarks race it against the plain kube-scheduler and Tessera on the same local control
+plane, the same nodes, GPUs, pods, claim templates, node agent and grace periods. The interface
+they use is narrow:
+
+- ``find_kai()``: the build of ``hack/build-kai.sh`` (binaries, CRDs, PriorityClasses), or None;
+  ``skip_reason()`` says why the KAI contender is skipped then;
+- ``Kai(cluster, install)``: ``await kai.install(api, queues)`` once per cluster, then
+  ``kai.start(variant)`` / ``kai.stop()`` around each of KAI's rounds, so KAI's processes run only
+  during its own rounds (as the extender runs only during Tessera's);
+- ``kai_pod(pod, queue)``: the benchmark's pod for KAI (``schedulerName: kai-scheduler`` and
+  KAI's queue label; everything else unchanged).
+
+How KAI runs. Its five processes (scheduler, binder, podgrouper, podgroupcontroller,
+queuecontroller) run as local processes with the cluster's admin kubeconfig (``KUBECONFIG``) and
+the flags KAI's operator gives its Deployments with the chart's default values: scheduler name
+``kai-scheduler``, queue label ``kai.scheduler/queue``, node-pool label
+``kai.scheduler/node-pool``, leader election off, the binder's client at 20 QPS / burst 100, the
+scheduler's configuration file as the operator renders it for the default SchedulingShard
+(``scheduler_config``: actions allocate, consolidation, reclaim, preempt, stalegangeviction; GPU
+and CPU placement binpack). Differences, all needed to run outside a cluster: metrics and probe
+addresses are free loopback ports, the queue and podgroup validating webhooks are off (they
+validate objects; no webhook configuration is installed), and no CPU or memory limits apply
+(the podgroupcontroller serves its metrics on :8080 whatever its flag says: a clash there stops
+it). The variant without consolidation drops that one action (``KaiVariant.consolidation``); a
+variant may also give all five processes another client QPS/burst (``KaiVariant.client``).
+
+Queue mirroring (``kai_queues``, pure). KAI schedules only into leaf queues, and its queues form a
+tree, so the benchmark's Tessera queues become KAI Queues (``scheduling.run.ai/v2``) of the same
+names under one added parent, ``KAI_PARENT_QUEUE``, whose quota is the sum of its children's:
+
+    Tessera              KAI
+    quota (missing: 0)   quota                  gpu in GPUs; cpu in millicores (x1000);
+    limit (missing: no)  limit (-1: unlimited)  memory in megabytes (bytes / 10^6)
+    overQuotaWeight      overQuotaWeight        missing: 1 (both)
+    priority p           priority 100 + p       100 is KAI's default, 0 Tessera's
+    min runtimes (s)     "<s>s" strings         only when set
+    parent               parentQueue            top-level queues: KAI_PARENT_QUEUE
+
+Resources KAI has no field for (``gpu/<model>``) are left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from kubernetes_asyncio.client import ApiClient
+
+from extender.kubeapi import JsonObject, KubeError, request
+from extender.policy.fairness import QueueSpec
+from tessera.dev.localcluster import REPO_ROOT, Component, LocalCluster, free_port
+
+log = logging.getLogger(__name__)
+
+PIN_FILE = REPO_ROOT / "hack" / "kai" / "pin.env"
+BUILD_SCRIPT = "hack/build-kai.sh"
+DIR_ENV = "TESSERA_KAI_DIR"
+COMPONENTS = ("scheduler", "binder", "podgrouper", "podgroupcontroller", "queuecontroller")
+KAI_SCHEDULER = "kai-scheduler"
+KAI_QUEUE_LABEL = "kai.scheduler/queue"
+NODE_POOL_LABEL = "kai.scheduler/node-pool"
+KAI_PARENT_QUEUE = "tessera-bench-parent"
+KAI_DEFAULT_PRIORITY = 100
+KAI_QUEUES_PATH = "/apis/scheduling.run.ai/v2/queues"
+NAMESPACES = ("kai-scheduler", "kai-resource-reservation", "kai-scale-adjust")
+RESERVATION = "kai-resource-reservation"
+# The operator's defaults: plugins and actions by priority, highest first (GPU placement binpack,
+# so gpupack and gpusharingorder are on and gpuspread off).
+PLUGINS = (
+    "predicates",
+    "proportion",
+    "priority",
+    "nodeavailability",
+    "resourcetype",
+    "podaffinity",
+    "elastic",
+    "kubeflow",
+    "ray",
+    "subgrouporder",
+    "taskorder",
+    "nominatednode",
+    "dynamicresources",
+    "minruntime",
+    "topology",
+    "snapshot",
+    "gpupack",
+    "nodeplacement",
+    "gpusharingorder",
+)
+ACTIONS = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
+# KAI's units per Tessera unit: cores -> millicores, bytes -> megabytes.
+UNITS = {"gpu": 1.0, "cpu": 1000.0, "memory": 1e-6}
+
+
+# -- pure parts --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KaiVariant:
+    """One way of running KAI: with its default actions or without consolidation; with its
+    operator's client QPS/burst, or with `client` (QPS, burst) for all five processes."""
+
+    label: str
+    consolidation: bool = True
+    client: tuple[int, int] | None = None
+
+
+DEFAULT_ACTIONS = KaiVariant("KAI Scheduler, default actions")
+NO_CONSOLIDATION = KaiVariant("KAI Scheduler, no consolidation", consolidation=False)
+
+
+def read_pin(text: str) -> dict[str, str]:
+    """KEY=VALUE lines of hack/kai/pin.env (comments and blank lines skipped)."""
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def install_dir(pin: Mapping[str, str], env: Mapping[str, str], home: Path) -> Path:
+    """Where hack/build-kai.sh puts its build (the same rule as the script), or $TESSERA_KAI_DIR."""
+    if env.get(DIR_ENV):
+        return Path(env[DIR_ENV])
+    cache_root = env.get("TESSERA_CACHE") or str(
+        Path(env.get("XDG_CACHE_HOME") or home / ".cache") / "tessera"
+    )
+    return Path(cache_root) / f"kai-{pin['KAI_REVISION']}"
+
+
+def missing_parts(directory: Path) -> list[str]:
+    """What the KAI contender needs from the build directory and does not find there."""
+    wanted = [f"bin/{name}" for name in COMPONENTS] + ["crds", "priorityclasses", "version"]
+    return [part for part in wanted if not (directory / part).exists()]
+
+
+def skip_message(directory: Path, missing: Sequence[str]) -> str:
+    """Why the KAI contender does not run, and how to get it."""
+    return (
+        f"KAI Scheduler contender skipped: {directory} lacks {', '.join(missing)}. "
+        f"Build it with `bash {BUILD_SCRIPT}` (or point {DIR_ENV} at a build), then rerun."
+    )
+
+
+def kai_queues(specs: Sequence[QueueSpec], parent: str = KAI_PARENT_QUEUE) -> list[JsonObject]:
+    """Tessera queue specs as KAI Queue objects under one added parent (see the module doc)."""
+    names = {spec.name for spec in specs}
+
+    def resources(
+        quota: Mapping[str, float], limit: Mapping[str, float], weight: Mapping[str, float]
+    ) -> JsonObject:
+        return {
+            resource: {
+                "quota": quota.get(resource, 0.0) * unit,
+                "limit": limit[resource] * unit if resource in limit else -1,
+                "overQuotaWeight": weight.get(resource, 1.0),
+            }
+            for resource, unit in UNITS.items()
+        }
+
+    def queue(name: str, spec: JsonObject) -> JsonObject:
+        return {
+            "apiVersion": "scheduling.run.ai/v2",
+            "kind": "Queue",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+
+    top = [spec for spec in specs if spec.parent is None or spec.parent not in names]
+    parent_quota = {resource: sum(spec.quota.get(resource, 0.0) for spec in top) for resource in UNITS}
+    mirrored = [queue(parent, {"resources": resources(parent_quota, {}, {})})]
+    for spec in specs:
+        body: JsonObject = {
+            "parentQueue": spec.parent if spec.parent in names else parent,
+            "priority": KAI_DEFAULT_PRIORITY + spec.priority,
+            "resources": resources(spec.quota, spec.limit, spec.over_quota_weight),
+        }
+        if spec.reclaim_min_runtime_s:
+            body["reclaimMinRuntime"] = f"{spec.reclaim_min_runtime_s:g}s"
+        if spec.preempt_min_runtime_s:
+            body["preemptMinRuntime"] = f"{spec.preempt_min_runtime_s:g}s"
+        mirrored.append(queue(spec.name, body))
+    return mirrored
+
+
+def scheduler_config(consolidation: bool) -> JsonObject:
+    """The scheduler's configuration file, as the operator renders it for the default shard."""
+    plugins: list[JsonObject] = [
+        {"name": name, "arguments": {"cpu": "binpack", "gpu": "binpack"}}
+        if name == "nodeplacement"
+        else {"name": name}
+        for name in PLUGINS
+    ]
+    actions = [action for action in ACTIONS if consolidation or action != "consolidation"]
+    return {"actions": ", ".join(actions), "tiers": [{"plugins": plugins}]}
+
+
+def kai_pod(pod: JsonObject, queue: str) -> JsonObject:
+    """The same pod for KAI: its scheduler name and queue label added, nothing else changed."""
+    metadata = dict(pod["metadata"])
+    metadata["labels"] = {**(metadata.get("labels") or {}), KAI_QUEUE_LABEL: queue}
+    return {**pod, "metadata": metadata, "spec": {**pod["spec"], "schedulerName": KAI_SCHEDULER}}
+
+
+def component_args(
+    name: str, config: Path, ports: Mapping[str, int], client: tuple[int, int] | None = None
+) -> list[str]:
+    """The flags of one component: its operator's, plus the loopback addresses of ``ports``; with
+    ``client``, that QPS and burst instead of the operator's (or the built-in) ones."""
+    common = ["--scheduler-name", KAI_SCHEDULER]
+    probes = [
+        f"--metrics-bind-address=127.0.0.1:{ports['metrics']}",
+        f"--health-probe-bind-address=127.0.0.1:{ports['probe']}",
+    ]
+    by_name = {
+        "scheduler": [
+            f"--scheduler-conf={config}",
+            f"--scheduler-name={KAI_SCHEDULER}",
+            "--namespace=kai-scheduler",
+            f"--nodepool-label-key={NODE_POOL_LABEL}",
+            "--partition-label-value=",
+            f"--resource-reservation-app-label={RESERVATION}",
+            f"--queue-label-key={KAI_QUEUE_LABEL}",
+            f"--listen-address=127.0.0.1:{ports['metrics']}",
+            "--metrics-namespace=kai",
+            f"--plugin-server-port={ports['probe']}",
+        ],
+        "binder": [
+            *common,
+            *("--resource-reservation-namespace", RESERVATION),
+            *("--resource-reservation-service-account", RESERVATION),
+            *("--resource-reservation-app-label", RESERVATION),
+            *("--resource-reservation-pod-image", "registry/local/kai-scheduler/resource-reservation"),
+            *("--scale-adjust-namespace", "kai-scale-adjust"),
+            *probes,
+            "--cdi-enabled=false",
+            *(() if client else ("--qps", "20", "--burst", "100")),
+        ],
+        "podgrouper": [
+            *common,
+            *("--queue-label-key", KAI_QUEUE_LABEL, "--nodepool-label-key", NODE_POOL_LABEL),
+            *probes,
+        ],
+        "podgroupcontroller": [*common, *probes, "--enable-podgroup-webhook=false"],
+        "queuecontroller": [
+            f"--metrics-listen-address=127.0.0.1:{ports['metrics']}",
+            "--metrics-namespace=kai",
+            "--enable-webhook=false",
+        ],
+    }
+    qps = [f"--qps={client[0]}", f"--burst={client[1]}"] if client else []
+    return [*by_name[name], *qps]
+
+
+def health_url(name: str, ports: Mapping[str, int]) -> str:
+    """What answers once a component runs: its readiness probe where it has one, else its metrics
+    (the podgroupcontroller serves its metrics on :8080 whatever its flag says)."""
+    if name in ("podgrouper", "podgroupcontroller"):
+        return f"http://127.0.0.1:{ports['probe']}/readyz"
+    return f"http://127.0.0.1:{ports['metrics']}/metrics"
+
+
+# -- the build and the processes ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KaiInstall:
+    """A build of hack/build-kai.sh: bin/, crds/, priorityclasses/ and the module version."""
+
+    directory: Path
+
+    @property
+    def version(self) -> str:
+        return (self.directory / "version").read_text().strip()
+
+    def manifests(self, kind: str) -> list[JsonObject]:
+        documents: list[JsonObject] = []
+        for path in sorted((self.directory / kind).glob("*.yaml")):
+            documents.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
+        return documents
+
+
+def kai_directory() -> Path:
+    return install_dir(read_pin(PIN_FILE.read_text()), os.environ, Path.home())
+
+
+def find_kai() -> KaiInstall | None:
+    """The KAI build the benchmarks use, or None when it is absent (see ``skip_message``)."""
+    directory = kai_directory()
+    return None if missing_parts(directory) else KaiInstall(directory)
+
+
+def skip_reason() -> str:
+    directory = kai_directory()
+    return skip_message(directory, missing_parts(directory))
+
+
+async def _create(api: ApiClient, path: str, body: JsonObject) -> None:
+    try:
+        await request(api, "POST", path, body=body)
+    except KubeError as exc:
+        if exc.status != 409:  # already there (a second install on the same cluster)
+            raise
+
+
+class Kai:
+    """KAI Scheduler on one LocalCluster: its objects installed once, its processes per round."""
+
+    def __init__(self, cluster: LocalCluster, install: KaiInstall) -> None:
+        self.cluster = cluster
+        self.install_ = install
+        self.components: list[Component] = []
+
+    @property
+    def version(self) -> str:
+        return self.install_.version
+
+    async def install(self, api: ApiClient, queues: Sequence[QueueSpec]) -> None:
+        """KAI's CRDs and PriorityClasses from the build, its namespaces, and ``queues`` mirrored."""
+        crds = self.install_.manifests("crds")
+        for crd in crds:
+            await _create(api, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        await asyncio.to_thread(
+            self.cluster.kubectl,
+            "wait",
+            "--for=condition=established",
+            "--timeout=60s",
+            *(f"crd/{crd['metadata']['name']}" for crd in crds),
+        )
+        for priority_class in self.install_.manifests("priorityclasses"):
+            await _create(api, "/apis/scheduling.k8s.io/v1/priorityclasses", priority_class)
+        for namespace in NAMESPACES:
+            await _create(api, "/api/v1/namespaces", {"metadata": {"name": namespace}})
+        for queue in kai_queues(queues):
+            await _create(api, KAI_QUEUES_PATH, queue)
+
+    def start(self, variant: KaiVariant) -> None:
+        """KAI's five processes, each waited for until it answers (``health_url``)."""
+        config = (
+            self.cluster.workdir / f"kai-scheduler-{'default' if variant.consolidation else 'noconsol'}.yaml"
+        )
+        config.write_text(yaml.safe_dump(scheduler_config(variant.consolidation), sort_keys=False))
+        env = {"KUBECONFIG": str(self.cluster.kubeconfig)}
+        try:
+            for name in COMPONENTS:
+                ports = {"metrics": free_port(), "probe": free_port()}
+                args = component_args(name, config, ports, variant.client)
+                command = [str(self.install_.directory / "bin" / name), *args]
+                log.info("starting %s", shlex.join(command))
+                component = self.cluster.spawn(f"kai-{name}", command, env)
+                self.components.append(component)
+                self.cluster.wait_healthy(component, health_url(name, ports), tls=False)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for component in self.components:
+            component.stop(timeout=30)
+            if component in self.cluster.components:
+                self.cluster.components.remove(component)
+        self.components = []
