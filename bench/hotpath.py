@@ -3,9 +3,10 @@
 Each scheduling cycle is a filter then a prioritize request for a new pending GPU pod
 (alternately a whole GPU and half a GPU), sent one after the other on a keep-alive connection,
 the way kube-scheduler calls an extender; cycles/s is 1 / mean cycle time. Both
-nodeCacheCapable modes: node names only, or the full NodeList. The same payloads go to a
-do-nothing aiohttp extender (decode JSON, pass every node) started in the same run: the ratio to
-it is what the extender itself costs.
+nodeCacheCapable modes: node names only, or the full NodeList. The same payloads go to two
+do-nothing aiohttp extenders (decode JSON, pass every node) started in the same run, one with the
+standard library's JSON codec (`floor`), one with the codec the extender uses (`fast floor`,
+msgspec): the ratio to the fast floor is what the extender's own work costs.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class HotPathRow:
     pods: int
     mode: str  # "names" (nodeCacheCapable: true) or "nodelist"
     tessera: LatencyStats
-    floor: LatencyStats
+    floor: LatencyStats  # do-nothing extender, stdlib json
+    fast_floor: LatencyStats  # do-nothing extender, msgspec
 
     @property
     def p50_ratio(self) -> float:
@@ -53,6 +55,14 @@ class HotPathRow:
     @property
     def throughput_ratio(self) -> float:
         return self.tessera.cycles_per_s / self.floor.cycles_per_s
+
+    @property
+    def fast_p50_ratio(self) -> float:
+        return self.tessera.p50_ms / self.fast_floor.p50_ms
+
+    @property
+    def fast_p99_ratio(self) -> float:
+        return self.tessera.p99_ms / self.fast_floor.p99_ms
 
 
 def _percentile(values: list[float], pct: float) -> float:
@@ -164,6 +174,7 @@ def run_hotpath(
 ) -> list[HotPathRow]:
     rows = []
     floor = ServerProcess("floor", 0, 0)
+    fast_floor = ServerProcess("fast-floor", 0, 0)
     try:
         for nodes in node_counts:
             if log:
@@ -178,11 +189,12 @@ def run_hotpath(
                     bodies = Payloads(nodes, mode)
                     ours = asyncio.run(_measure(tessera.url, bodies, seconds, max_cycles))
                     base = asyncio.run(_measure(floor.url, bodies, seconds, max_cycles))
-                    rows.append(HotPathRow(nodes, pods, mode, ours, base))
+                    fast = asyncio.run(_measure(fast_floor.url, bodies, seconds, max_cycles))
+                    rows.append(HotPathRow(nodes, pods, mode, ours, base, fast))
                     if log:
                         print(
                             f"  hot path: {nodes} nodes, {mode}: p99 {ours.p99_ms:.2f} ms "
-                            f"(floor {base.p99_ms:.2f} ms)",
+                            f"(floor {base.p99_ms:.2f} ms, fast floor {fast.p99_ms:.2f} ms)",
                             file=sys.stderr,
                             flush=True,
                         )
@@ -190,4 +202,5 @@ def run_hotpath(
                 tessera.stop()
     finally:
         floor.stop()
+        fast_floor.stop()
     return rows

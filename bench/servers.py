@@ -1,6 +1,6 @@
 """Benchmark server processes: the real extender app over a synthetic picture, or the HTTP floor.
 
-Run as ``python -m bench.servers {tessera|floor} --nodes N --pods P``. It builds what it serves,
+Run as ``python -m bench.servers {tessera|floor|fast-floor} --nodes N --pods P``. It builds what it serves,
 listens on a free local port and prints ``READY <port> <rss_mib> <objects held>`` on stdout, then serves until
 its stdin closes (so it never outlives the benchmark that started it).
 """
@@ -13,7 +13,10 @@ import gc
 import json
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
+import msgspec
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
@@ -46,36 +49,48 @@ def tessera_app(nodes: int, pods: int, api: ApiClient) -> tuple[web.Application,
     return app, sum(picture.count().values())
 
 
-async def _floor_filter(request: web.Request) -> web.Response:
-    # Decode the body like any extender must, then pass every candidate node.
-    args = json.loads(await request.read())
-    if args.get("NodeNames") is not None:
-        answer = {"NodeNames": args["NodeNames"], "FailedNodes": {}, "Error": ""}
-    else:
-        answer = {"Nodes": args.get("Nodes"), "FailedNodes": {}, "Error": ""}
-    return web.json_response(answer)
+Codec = tuple[Callable[[bytes], Any], Callable[[Any], bytes]]  # decode, encode
+# The floors' codecs: the standard library's, and the one the extender uses (msgspec).
+CODECS: dict[str, Codec] = {
+    "floor": (json.loads, lambda answer: json.dumps(answer).encode()),
+    "fast-floor": (msgspec.json.decode, msgspec.json.encode),
+}
 
 
-async def _floor_prioritize(request: web.Request) -> web.Response:
-    args = json.loads(await request.read())
-    names = args.get("NodeNames")
-    if names is None:
-        names = [node["metadata"]["name"] for node in (args.get("Nodes") or {}).get("items", [])]
-    return web.json_response([{"Host": name, "Score": 0} for name in names])
+def floor_app(kind: str = "floor") -> web.Application:
+    """A do-nothing extender: the cost of HTTP and JSON alone, with the codec of `kind`.
 
+    Filter decodes the body like any extender must, then passes every candidate node; prioritize
+    scores every node 0.
+    """
+    loads, dumps = CODECS[kind]
 
-def floor_app() -> web.Application:
-    """A do-nothing extender: the cost of HTTP and JSON alone."""
+    def answer(value: object) -> web.Response:
+        return web.Response(body=dumps(value), content_type="application/json")
+
+    async def filter_(request: web.Request) -> web.Response:
+        args = loads(await request.read())
+        if args.get("NodeNames") is not None:
+            return answer({"NodeNames": args["NodeNames"], "FailedNodes": {}, "Error": ""})
+        return answer({"Nodes": args.get("Nodes"), "FailedNodes": {}, "Error": ""})
+
+    async def prioritize(request: web.Request) -> web.Response:
+        args = loads(await request.read())
+        names = args.get("NodeNames")
+        if names is None:
+            names = [node["metadata"]["name"] for node in (args.get("Nodes") or {}).get("items", [])]
+        return answer([{"Host": name, "Score": 0} for name in names])
+
     app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app.router.add_post("/filter", _floor_filter)
-    app.router.add_post("/prioritize", _floor_prioritize)
+    app.router.add_post("/filter", filter_)
+    app.router.add_post("/prioritize", prioritize)
     return app
 
 
 async def _serve(kind: str, nodes: int, pods: int) -> None:
     # Built inside the running loop: the extender's API client wants one.
     api = ApiClient()
-    app, objects = tessera_app(nodes, pods, api) if kind == "tessera" else (floor_app(), 0)
+    app, objects = tessera_app(nodes, pods, api) if kind == "tessera" else (floor_app(kind), 0)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -90,7 +105,7 @@ async def _serve(kind: str, nodes: int, pods: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.servers")
-    parser.add_argument("kind", choices=("tessera", "floor"))
+    parser.add_argument("kind", choices=("tessera", *CODECS))
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--pods", type=int, default=50_000)
     args = parser.parse_args()

@@ -82,14 +82,14 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     names = args.candidate_names()
     if not picture.ready():
         return FilterDecision(ExtenderFilterResult(Error=NOT_READY), "error", "not_ready")
-    pod = args.Pod.raw()
+    pod = args.Pod
     demand = picture.demand(pod)
     if demand.problem:
         raise UnreadablePod(f"unreadable pod: {demand.problem}")
     if not demand.wants_gpu and not demand.labelled:
         # Neither a GPU pod nor one that names a queue: not ours to hold back.
         return FilterDecision(filter_result(args, names, {}), "passed", "no_gpu")
-    key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
+    key = args.pod.key
     view = picture.fairness()
     # A fraction is a larger share of a smaller GPU: admit it per GPU size among the candidates.
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
@@ -154,11 +154,11 @@ def decide_preemption(picture: ClusterPicture, args: ExtenderPreemptionArgs) -> 
     proposals = args.victim_uids()
     if not picture.ready():
         return PreemptionDecision(ExtenderPreemptionResult(), dict.fromkeys(proposals, NOT_READY))
-    pod = args.Pod.raw()
+    pod = args.Pod
     demand = picture.demand(pod)
     if demand.problem:
         raise UnreadablePod(f"unreadable pod: {demand.problem}")
-    key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
+    key = args.pod.key
     request = picture.accounting.resources(key, pod, demand)
     keys_by_uid = {str((p.get("metadata") or {}).get("uid")): k for k, p in picture.kind("Pod").items()}
     snapshot = picture.snapshot()
@@ -195,13 +195,13 @@ def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDe
     names = args.candidate_names()
     if not picture.ready():
         return PriorityDecision(dict.fromkeys(names, 0), "neutral", "not_ready")
-    demand = picture.demand(args.Pod.raw())
+    demand = picture.demand(args.Pod)
     if demand.problem:  # filter refused it with the reason; nothing to rank
         return PriorityDecision(dict.fromkeys(names, 0), "neutral", "unreadable")
     gpus = demand.gpus_at(picture.inventory.reference_memory(demand.models))
     if gpus is None:
         return PriorityDecision(dict.fromkeys(names, 0), "neutral", "no_gpu")
-    key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
+    key = args.pod.key
     supplies = picture.inventory.supplies_for(key, names)
     strategy = queue_strategy(picture, demand.queue)
     return PriorityDecision(score_nodes(supplies, gpus, picture.fairness().mix, strategy), "scored", strategy)
