@@ -232,8 +232,9 @@ def build_picture(
     )
 
 
-def load_state(picture: Picture) -> ClusterPicture:
-    """A ClusterPicture holding the picture, synced as after the watcher's first list."""
+def load_state(picture: Picture, projected: bool = False) -> ClusterPicture:
+    """A ClusterPicture holding the picture, synced as after the watcher's first list
+    (`projected`: the objects are the store's projections already)."""
     state = ClusterPicture()
     for kind in (
         "DeviceClass",
@@ -244,7 +245,7 @@ def load_state(picture: Picture) -> ClusterPicture:
         "Queue",
         "Pod",
     ):
-        state.replace(kind, picture.objects.get(kind, []))
+        state.replace(kind, picture.objects.get(kind, []), projected)
     if not state.ready():
         raise RuntimeError("the synthetic picture did not sync every watched kind")
     for label, pod in picture.pending_pods.items():

@@ -6,6 +6,9 @@ bind has not come yet) and as `requested` while it waits for one of the schedule
 counts. Contributions are kept in a ledger and only pods that changed - or whose claims, nodes or
 devices did - are recounted; the fair shares are recomputed only when something moved.
 
+Contributions are shared: pods with the same queue, bucket, amounts and GPU shape (most pods of
+a large cluster repeat a few) hold one `Contribution` object, not one each.
+
 Reservations: the scheduler runs the next pod's filter while the previous one is still binding,
 so an admission in flight counts against its queue until the bind or `ttl_s`, or a burst could
 pass a limit.
@@ -31,6 +34,10 @@ from extender.policy.placement import WorkloadMix
 from extender.queues import QueueSpecError, parse_queue
 
 log = logging.getLogger(__name__)
+
+# Distinct contributions shared between pods; past this many the table starts over (a cluster
+# whose pods are all different shares little anyway).
+_SHARED_LIMIT = 4096
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +70,7 @@ class QueueAccounting:
         self._dirty: set[str] = set()
         self._all_dirty = True
         self._view: QueueView | None = None
+        self._shared: dict[tuple[object, ...], Contribution] = {}
         # Told which pods were recounted (None: all), so caches derived from pods follow.
         self.recounted: list[Callable[[Iterable[str] | None], None]] = []
         store.subscribe("Pod", self._pod_changed, self._pods_relisted)
@@ -195,7 +203,13 @@ class QueueAccounting:
         elif self.is_pending(key, pod):
             bucket = "requested"
         gpus = demand.gpus_at(self.inventory.reference_memory(demand.models)) if "gpu" in amounts else None
-        return Contribution(queue=demand.queue, bucket=bucket, amounts=amounts, demand=gpus)
+        identity = (demand.queue, bucket, gpus, *amounts.items())
+        shared = self._shared.get(identity)
+        if shared is None:
+            if len(self._shared) >= _SHARED_LIMIT:
+                self._shared.clear()
+            shared = self._shared[identity] = Contribution(demand.queue, bucket, amounts, gpus)
+        return shared
 
     def _compute_view(self) -> QueueView:
         specs: dict[str, QueueSpec] = {}

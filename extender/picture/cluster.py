@@ -82,9 +82,9 @@ class ClusterPicture:
         if self.store.apply(kind, event_type, obj):
             self._changed()
 
-    def replace(self, kind: str, items: Iterable[JsonObject]) -> None:
+    def replace(self, kind: str, items: Iterable[JsonObject], projected: bool = False) -> None:
         """A fresh list of a kind (first sync or relist after 410): what is gone is dropped."""
-        self.store.replace(kind, items)
+        self.store.replace(kind, items, projected)
         if self.ready():
             # Count every pod and every node's free GPUs (and their shapes) now, while
             # (re)listing, rather than in the first request after it.
