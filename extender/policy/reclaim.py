@@ -24,7 +24,10 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    victim no bigger than the whole GPUs the pod needs is evicted (a whole-GPU pod for a half-GPU
    pod: no smaller eviction exists); and at most `max_evictions` pods per cycle.
 6. Bounded time: at most `max_pending` waiting pods per cycle, and for each the `node_trials`
-   nodes holding possible victims with the most free GPU; what is cut off waits for a later cycle.
+   nodes holding possible victims with the most free GPU; and a work budget per cycle
+   (`Budget`: `max_trials` node searches in all), after which the remaining waiting pods are
+   not tried. What is cut off waits for a later cycle and is counted in the budget, which the
+   controller reports (metric and log).
 5. Every plan is applied to a fork of the snapshot (victims off, pod placed) before the next one
    is made, so one cycle's plans never count the same GPUs twice. The live picture is untouched.
 
@@ -77,6 +80,29 @@ class Rules:
     max_pending: int = 64  # pending pods considered per cycle (bounds the planning time)
     # Nodes searched for victims per pending pod: those with possible victims, most free first.
     node_trials: int = 16
+    # Node searches per cycle, all pending pods together (the cycle's work budget, see `Budget`).
+    max_trials: int = 128
+
+
+@dataclass
+class Budget:
+    """The work one planning cycle may still do, in trials (a node searched for victims, a set of
+    movers tried), and the waiting pods it left untried when it ran out.
+
+    A work budget rather than a clock, so a plan is the same on a fast and on a busy machine; the
+    defaults keep a cycle well under 100 ms at 5000 nodes (docs/benchmarks.md, section 8)."""
+
+    trials: int
+    cut_off: int = 0  # waiting pods not tried (or not tried to the end) for lack of budget
+    refused: int = 0  # trials asked for when none was left
+
+    def spend(self) -> bool:
+        """Take one trial; False when none is left."""
+        if self.trials <= 0:
+            self.refused += 1
+            return False
+        self.trials -= 1
+        return True
 
 
 @dataclass(frozen=True)
@@ -218,11 +244,7 @@ def _node_plan(
         return None
     # Give back victims the pod does not need after all, the last taken first.
     for eviction in reversed(list(chosen)):
-        without = fork.fork()
-        for other in chosen:
-            if other is not eviction:
-                without.evict(other.pod.key)
-        if without.fitting_nodes(demand, [node]):
+        if fork.fits_without(node, demand, (other.pod for other in chosen if other is not eviction)):
             chosen.remove(eviction)
     return chosen, demand
 
@@ -300,7 +322,13 @@ class Search:
 
 
 def _plan_for(
-    fork: ClusterSnapshot, search: Search, waiting: PendingPod, now: float, rules: Rules, budget: int
+    fork: ClusterSnapshot,
+    search: Search,
+    waiting: PendingPod,
+    now: float,
+    rules: Rules,
+    evictions_left: int,
+    work: Budget,
 ) -> Plan | None:
     goal = _goal_for(fork.fairness, waiting)
     if goal is None:
@@ -310,11 +338,13 @@ def _plan_for(
     goals: list[Goal] = [goal, "preempt"] if goal == "reclaim" else [goal]
     for current in goals:
         for node in search.candidates(fork, waiting, current, rules.node_trials):
+            if not work.spend():
+                break
             found = _node_plan(fork, node, waiting, current, now, rules)
             if found is None:
                 continue
             evictions, _ = found
-            if not evictions or len(evictions) > budget:
+            if not evictions or len(evictions) > evictions_left:
                 continue
             evicted = sum(_gpus(e.pod) for e in evictions)
             if evicted / max(needed, 1e-9) > rules.max_ratio + EPSILON and not (
@@ -384,9 +414,17 @@ def _arriving(waiting: PendingPod) -> RunningPod:
     )
 
 
-def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, rules: Rules) -> list[Plan]:
+def plan(
+    snapshot: ClusterSnapshot,
+    pending: Sequence[PendingPod],
+    now: float,
+    rules: Rules,
+    work: Budget | None = None,
+) -> list[Plan]:
     """This cycle's plans: most deserving queues first, each queue's head pod (highest priority,
-    oldest) tried; every plan applied to the fork before the next."""
+    oldest) tried; every plan applied to the fork before the next. `work`: the cycle's budget
+    (`rules.max_trials` when not given), which tells afterwards what was cut off."""
+    work = work if work is not None else Budget(rules.max_trials)
     fork = planning_fork(snapshot)
     search = Search(fork)
     plans: list[Plan] = []
@@ -394,9 +432,15 @@ def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, r
     for waiting in serving_order(fork.fairness, pending, rules.max_pending):
         if evictions_left <= 0:
             break
+        if work.trials <= 0:
+            work.cut_off += 1
+            continue
         if place_if_it_fits(fork, waiting, search):
             continue
-        found = _plan_for(fork, search, waiting, now, rules, evictions_left)
+        refused = work.refused
+        found = _plan_for(fork, search, waiting, now, rules, evictions_left, work)
+        if found is None and work.refused > refused:
+            work.cut_off += 1  # its search stopped short
         if found is None:
             continue
         apply_plan(fork, found, search)

@@ -172,6 +172,18 @@ class ClusterSnapshot:
         self._move(pod.queue, pod.resources, -1.0)
         return pod
 
+    def fits_without(self, node: str, demand: GpuDemand, gone: Iterable[RunningPod]) -> bool:
+        """Would `demand` fit on `node` with these of its pods off it? (cheap: no fork)"""
+        supply = self.nodes[node]
+        free = list(supply.free_milli)
+        cpu_milli = memory_mib = 0
+        for pod in gone:
+            for index, milli in pod.gpus:
+                free[index] = min(GPU_MILLI, free[index] + milli)
+            cpu_milli += pod.cpu_milli
+            memory_mib += pod.memory_mib
+        return fits(_with_free(supply, free, cpu_milli, memory_mib), demand)
+
     def fitting_nodes(self, demand: GpuDemand, candidates: Iterable[str] | None = None) -> list[str]:
         names = self.nodes if candidates is None else candidates
         nodes = self.nodes
