@@ -270,20 +270,37 @@ def _goal_for(fairness: FairnessSnapshot, waiting: PendingPod) -> Goal | None:
 
 
 class Search:
-    """What one cycle's search reads often, computed once: node names, and nodes by the queues
-    of the preemptible pods running there (victims can only be on those)."""
+    """What one cycle's search reads often, computed once and only when first needed: node names,
+    nodes by free GPU, and nodes by the queues of the preemptible pods running there (victims can
+    only be on those)."""
 
     def __init__(self, fork: ClusterSnapshot) -> None:
         self.names = sorted(fork.nodes)
-        self.nodes_of_queue: dict[str, set[str]] = {}
-        for pod in fork.running.values():
-            if pod.preemptible and not pod.terminating and pod.gpus:
-                self.nodes_of_queue.setdefault(pod.queue, set()).add(pod.node)
-        # Nodes by free GPU share, most first (ranked once per cycle: a heuristic order).
-        self.by_free = sorted(self.names, key=lambda n: -sum(fork.nodes[n].free_milli))
+        self._fork = fork
+        self._by_free: list[str] | None = None
+        self._nodes_of_queue: dict[str, set[str]] | None = None
         # Demands known to fit nowhere, and the nodes changed since (only those need a look).
         self._unfit: dict[tuple[GpuDemand, int | None], int] = {}
         self.touched: list[str] = []
+
+    @property
+    def by_free(self) -> list[str]:
+        """Nodes by free GPU share, most first (ranked once per cycle: a heuristic order)."""
+        if self._by_free is None:
+            nodes = self._fork.nodes
+            free = {name: sum(nodes[name].free_milli) for name in self.names}
+            self._by_free = sorted(self.names, key=lambda name: -free[name])
+        return self._by_free
+
+    @property
+    def nodes_of_queue(self) -> dict[str, set[str]]:
+        """Nodes by the queues of the preemptible GPU pods running there as the cycle began."""
+        if self._nodes_of_queue is None:
+            self._nodes_of_queue = {}
+            for pod in self._fork.running.values():
+                if pod.preemptible and not pod.terminating and pod.gpus:
+                    self._nodes_of_queue.setdefault(pod.queue, set()).add(pod.node)
+        return self._nodes_of_queue
 
     def candidates(self, fork: ClusterSnapshot, waiting: PendingPod, goal: Goal, limit: int) -> list[str]:
         """Nodes that hold possible victims, the most free GPU first, at most `limit`."""
@@ -300,6 +317,8 @@ class Search:
                     and not reclaim_refusal(fork.fairness, waiting.queue, waiting.resources, queue, least)
                 )
             )
+        if not holding:
+            return []
         models = waiting.demand.models
         found: list[str] = []
         for name in self.by_free:
