@@ -18,6 +18,7 @@ rather than thinned: the scheduler does not re-check that fewer victims still ma
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 
 from contract.names import GPU_MILLI
 from extender.picture.cluster import ClusterPicture
@@ -99,7 +100,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
             picture.accounting.resources(key, pod, demand, memory),
             preemptible=demand.preemptible,
         )
-        for memory in (sorted({gpu_memory.get(name, 0) for name in names}) if gpu_memory else [0])
+        for memory in (sorted({size or 0 for size in map(gpu_memory.get, names)}) if gpu_memory else [0])
     }
     admitted = [d for d in by_size.values() if d.admit]
     decision = admitted[0] if admitted else next(iter(by_size.values()))
@@ -113,25 +114,26 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         return FilterDecision(
             filter_result(args, names, {}), "admitted", "no_gpu", demand.queue, True, decision.reason
         )
-    passed: list[str] = []
-    failed: dict[str, str] = {}
     # Nodes of one shape and GPU size get one verdict: a large cluster has few distinct ones.
-    verdicts: dict[tuple[int, str], str] = {}
+    # The per-node part is two comprehensions over dictionary hits (thousands of nodes per call).
     reference = picture.inventory.reference_memory(demand.models)
     supplies = picture.inventory.supplies_for(key, names)
-    for name, supply in zip(names, supplies, strict=True):
-        memory = gpu_memory.get(name, 0) if gpu_memory else 0
+    sizes = map(gpu_memory.get, names) if gpu_memory else repeat(0)
+    verdicts: dict[int, dict[str, str]] = {memory: {} for memory in by_size}
+
+    def verdict(memory: int, supply: NodeGpus) -> str:
         if not by_size[memory].admit:
-            failed[name] = by_size[memory].reason
-            continue
-        reason = verdicts.get((memory, supply.shape))
-        if reason is None:
-            at_node = demand.gpus_at(memory or reference)
-            reason = verdicts[memory, supply.shape] = _misfit(supply, at_node) if at_node else ""
-        if reason:
-            failed[name] = reason
-        else:
-            passed.append(name)
+            return by_size[memory].reason
+        at_node = demand.gpus_at(memory or reference)
+        reason = verdicts[memory][supply.shape] = _misfit(supply, at_node) if at_node else ""
+        return reason
+
+    reasons = [
+        known if (known := verdicts[memory].get(supply.shape)) is not None else verdict(memory, supply)
+        for memory, supply in zip((size or 0 for size in sizes), supplies, strict=False)  # sizes may repeat
+    ]
+    passed = [name for name, reason in zip(names, reasons, strict=True) if not reason]
+    failed = {name: reason for name, reason in zip(names, reasons, strict=True) if reason}
     return FilterDecision(
         filter_result(args, passed, failed),
         "admitted",
