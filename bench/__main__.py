@@ -131,6 +131,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--hot-nodes", help="hot-path cluster sizes, comma-separated (default 500,5000)", default="500,5000"
     )
     parser.add_argument(
+        "--queue-tree",
+        action="store_true",
+        help="hot path with 1000 queues in three levels (node names only) instead of two queues",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=3,
@@ -145,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"Tessera benchmarks, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {_machine()}")
     if args.only in (None, "hotpath"):
         print(f"\n[1] extender hot path over HTTP, {seconds:g} s per case (cycle = filter + prioritize)")
-        print(hotpath_table(run_hotpath(hot_nodes, hot_pods, seconds)))
+        modes = ("names",) if args.queue_tree else ("names", "nodelist")
+        rows = run_hotpath(hot_nodes, hot_pods, seconds, tree=args.queue_tree, modes=modes)
+        print(hotpath_table(rows))
     for name, runner in (("e2e", e2e.main), ("reaction", reaction.main)):
         if args.only in (None, name) and not (args.no_cluster and args.only is None):
             runner([f"--rounds={args.rounds}", *(["--full"] if args.full else [])])

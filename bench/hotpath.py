@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from .picture import QUEUES, build_picture, pod_object
+from .picture import build_picture, leaf_queues, pod_object, queue_tree
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,19 @@ def _percentile(values: list[float], pct: float) -> float:
 class ServerProcess:
     """A ``bench.servers`` child process; closing its stdin stops it."""
 
-    def __init__(self, kind: str, nodes: int, pods: int) -> None:
+    def __init__(self, kind: str, nodes: int, pods: int, tree: bool = False) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.servers", kind, "--nodes", str(nodes), "--pods", str(pods)],
+            [
+                sys.executable,
+                "-m",
+                "bench.servers",
+                kind,
+                "--nodes",
+                str(nodes),
+                "--pods",
+                str(pods),
+                *(["--queue-tree"] if tree else []),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -106,7 +116,8 @@ class Payloads:
     (alternately asking for a whole GPU and for half of one); the node part is serialised once.
     """
 
-    def __init__(self, nodes: int, mode: str) -> None:
+    def __init__(self, nodes: int, mode: str, tree: bool = False) -> None:
+        self.queues = leaf_queues(queue_tree() if tree else None)
         picture = build_picture(nodes, pods=0)
         self.templates = [
             pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
@@ -120,7 +131,9 @@ class Payloads:
 
     def body(self, cycle: int) -> bytes:
         template = self.templates[cycle % len(self.templates)]
-        pod = pod_object(f"pending-{cycle:07d}", QUEUES[cycle % len(QUEUES)], None, template=template)
+        pod = pod_object(
+            f"pending-{cycle:07d}", self.queues[cycle % len(self.queues)], None, template=template
+        )
         return b'{"Pod": ' + json.dumps(pod).encode() + b", " + self.node_part + b"}"
 
 
@@ -170,8 +183,16 @@ async def _measure(url: str, payloads: Payloads, seconds: float, max_cycles: int
 
 
 def run_hotpath(
-    node_counts: list[int], pods: int, seconds: float, max_cycles: int = 5000, log: bool = True
+    node_counts: list[int],
+    pods: int,
+    seconds: float,
+    max_cycles: int = 5000,
+    log: bool = True,
+    tree: bool = False,
+    modes: tuple[str, ...] = ("names", "nodelist"),
 ) -> list[HotPathRow]:
+    """`tree`: the extender's picture has 1000 queues in three levels (pods in the 900 leaves)
+    instead of two."""
     rows = []
     floor = ServerProcess("floor", 0, 0)
     fast_floor = ServerProcess("fast-floor", 0, 0)
@@ -183,10 +204,10 @@ def run_hotpath(
                     file=sys.stderr,
                     flush=True,
                 )
-            tessera = ServerProcess("tessera", nodes, pods)
+            tessera = ServerProcess("tessera", nodes, pods, tree)
             try:
-                for mode in ("names", "nodelist"):
-                    bodies = Payloads(nodes, mode)
+                for mode in modes:
+                    bodies = Payloads(nodes, mode, tree)
                     ours = asyncio.run(_measure(tessera.url, bodies, seconds, max_cycles))
                     base = asyncio.run(_measure(floor.url, bodies, seconds, max_cycles))
                     fast = asyncio.run(_measure(fast_floor.url, bodies, seconds, max_cycles))

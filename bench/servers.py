@@ -26,7 +26,7 @@ from extender.picture.store import project
 from extender.server import build_app
 from extender.status import WaitingPods
 
-from .picture import build_picture, load_state
+from .picture import build_picture, load_state, queue_tree
 
 MAX_BODY_BYTES = 256 * 2**20  # a NodeList of 5000 nodes is ~8 MB; leave room
 
@@ -39,13 +39,13 @@ def rss_mib() -> float:
     return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def tessera_app(nodes: int, pods: int, api: ApiClient) -> tuple[web.Application, int]:
+def tessera_app(nodes: int, pods: int, api: ApiClient, tree: bool = False) -> tuple[web.Application, int]:
     """The extender app over a synthetic picture, and how many objects the picture holds.
 
     The objects reach the picture decoded from JSON, as the watcher's do (built in Python they
     would share strings a real list never shares, and the memory benchmark would flatter).
     """
-    picture = build_picture(nodes, pods)
+    picture = build_picture(nodes, pods, tree=queue_tree() if tree else None)
     objects = sum(picture.count().values())
     # Lists of 500 objects as the API server pages them, projected page by page as the watcher does.
     pages = {
@@ -106,10 +106,10 @@ def floor_app(kind: str = "floor") -> web.Application:
     return app
 
 
-async def _serve(kind: str, nodes: int, pods: int) -> None:
+async def _serve(kind: str, nodes: int, pods: int, tree: bool) -> None:
     # Built inside the running loop: the extender's API client wants one.
     api = ApiClient()
-    app, objects = tessera_app(nodes, pods, api) if kind == "tessera" else (floor_app(kind), 0)
+    app, objects = tessera_app(nodes, pods, api, tree) if kind == "tessera" else (floor_app(kind), 0)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -127,8 +127,9 @@ def main() -> None:
     parser.add_argument("kind", choices=("tessera", *CODECS))
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--pods", type=int, default=50_000)
+    parser.add_argument("--queue-tree", action="store_true", help="1000 queues in three levels")
     args = parser.parse_args()
-    asyncio.run(_serve(args.kind, args.nodes, args.pods))
+    asyncio.run(_serve(args.kind, args.nodes, args.pods, args.queue_tree))
 
 
 if __name__ == "__main__":
