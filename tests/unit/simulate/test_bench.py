@@ -9,8 +9,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio.client import ApiClient
 
 from bench.hotpath import Payloads
-from bench.picture import GPUS_PER_NODE, build_picture, load_state
+from bench.picture import GPUS_PER_NODE, build_picture, leaf_queues, load_state, queue_tree
 from bench.servers import CODECS, floor_app, tessera_app
+from contract.names import QUEUE_LABEL
 from extender.server import PICTURE_KEY
 from extender.verbs import decide_filter, decide_priorities
 from extender.wire import ExtenderArgs, decode, encode
@@ -27,6 +28,18 @@ def test_picture_fills_gpus_and_pods_as_documented() -> None:
     free = sum(sum(state.node_gpus(name).free_milli) for name in picture.node_names)
     # 70% of the 80 GPUs are held (56), whole or as two halves.
     assert free == (10 * GPUS_PER_NODE - 56) * 1000
+
+
+def test_the_queue_tree_has_1000_queues_with_pods_in_its_900_leaves() -> None:
+    tree = queue_tree()
+    picture = build_picture(nodes=10, pods=2000, tree=tree)
+    assert len(picture.objects["Queue"]) == 1000 and len(leaf_queues(tree)) == 900
+    pod_queues = {pod["metadata"]["labels"][QUEUE_LABEL] for pod in picture.objects["Pod"]}
+    assert pod_queues == set(leaf_queues(tree))
+    view = load_state(picture).fairness()
+    assert not view.invalid  # children's quotas (an even split of the parent's) add up
+    assert len(view.fair_shares) == 1001  # and the default queue
+    assert view.fair_shares["r0"]["gpu"] > 0
 
 
 async def _cycle(app: web.Application, payloads: Payloads, cycle: int) -> tuple[object, object]:
