@@ -11,8 +11,10 @@ import argparse
 import asyncio
 import gc
 import json
+import multiprocessing
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +28,7 @@ from extender.picture.store import project
 from extender.server import build_app
 from extender.status import WaitingPods
 
-from .picture import build_picture, load_state, queue_tree
+from .picture import Picture, build_picture, load_state, queue_tree
 
 MAX_BODY_BYTES = 256 * 2**20  # a NodeList of 5000 nodes is ~8 MB; leave room
 
@@ -39,26 +41,52 @@ def rss_mib() -> float:
     return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _write_pages(path: str, nodes: int, pods: int, tree: bool) -> None:
+    """In a child process: the picture as the API server would list it, pages of 500 objects."""
+    picture = build_picture(nodes, pods, tree=queue_tree() if tree else None)
+    listed = {
+        "pages": {
+            kind: [msgspec.json.encode(items[i : i + 500]) for i in range(0, len(items), 500)]
+            for kind, items in picture.objects.items()
+        },
+        "node_names": picture.node_names,
+        "pending_pods": picture.pending_pods,
+    }
+    with open(path, "wb") as out:
+        out.write(msgspec.msgpack.encode(listed))
+
+
+def _listed(nodes: int, pods: int, tree: bool) -> tuple[Picture, dict[str, list[bytes]]]:
+    """The picture's list pages, built in a forked child, so this process never holds the whole
+    objects (as the extender, which decodes one page at a time, never does)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "pages")
+        child = multiprocessing.get_context("fork").Process(
+            target=_write_pages, args=(path, nodes, pods, tree)
+        )
+        child.start()
+        child.join()
+        with open(path, "rb") as listed_file:
+            listed = msgspec.msgpack.decode(listed_file.read())
+    picture = Picture(objects={}, node_names=listed["node_names"], pending_pods=listed["pending_pods"])
+    return picture, listed["pages"]
+
+
 def tessera_app(nodes: int, pods: int, api: ApiClient, tree: bool = False) -> tuple[web.Application, int]:
     """The extender app over a synthetic picture, and how many objects the picture holds.
 
-    The objects reach the picture decoded from JSON, as the watcher's do (built in Python they
-    would share strings a real list never shares, and the memory benchmark would flatter).
+    The objects reach the picture as the watcher's do: JSON list pages of 500, decoded and
+    projected one page at a time (built in Python they would share strings a real list never
+    shares, and the memory benchmark would flatter).
     """
-    picture = build_picture(nodes, pods, tree=queue_tree() if tree else None)
-    objects = sum(picture.count().values())
-    # Lists of 500 objects as the API server pages them, projected page by page as the watcher does.
-    pages = {
-        kind: [msgspec.json.encode(items[i : i + 500]) for i in range(0, len(items), 500)]
-        for kind, items in picture.objects.items()
-    }
-    picture.objects.clear()
-    gc.collect()
+    picture, pages = _listed(nodes, pods, tree)
     picture.objects = {
         kind: [project(kind, obj) for page in kind_pages for obj in msgspec.json.decode(page)]
         for kind, kind_pages in pages.items()
     }
     del pages
+    gc.collect()
+    objects = sum(picture.count().values())
     state = load_state(picture, projected=True)
     picture.objects.clear()  # the picture's objects are the state's now
     # The binder is never called by the benchmark; its client makes no connection until used.
