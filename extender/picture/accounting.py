@@ -71,10 +71,14 @@ class QueueAccounting:
         self._all_dirty = True
         self._view: QueueView | None = None
         self._shared: dict[tuple[object, ...], Contribution] = {}
+        # Parsed Queue objects (until one changes), and the fair shares with what they were
+        # computed from: a view whose queues, capacity and demands are the same reuses them.
+        self._specs: tuple[dict[str, QueueSpec], dict[str, str]] | None = None
+        self._shares_of: tuple[object, Mapping[str, Mapping[str, float]]] | None = None
         # Told which pods were recounted (None: all), so caches derived from pods follow.
         self.recounted: list[Callable[[Iterable[str] | None], None]] = []
         store.subscribe("Pod", self._pod_changed, self._pods_relisted)
-        store.subscribe("Queue", self._stale)
+        store.subscribe("Queue", self._queues_changed)
         store.subscribe("Node", self._stale)
         store.subscribe("ResourceSlice", self._stale)
         demands.listeners.append(self._pods_moved)
@@ -84,6 +88,10 @@ class QueueAccounting:
 
     def _stale(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
         self._view = None  # capacity or the queues changed
+
+    def _queues_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        self._specs = None
+        self._view = None
 
     def _pods_moved(self, keys: Iterable[str] | None) -> None:
         if keys is None:
@@ -212,18 +220,33 @@ class QueueAccounting:
         return shared
 
     def _compute_view(self) -> QueueView:
-        specs: dict[str, QueueSpec] = {}
-        invalid: dict[str, str] = {}
-        for key, obj in self.store.kind("Queue").items():
-            try:
-                specs[key] = parse_queue(obj)
-            except QueueSpecError as exc:
-                invalid[key] = str(exc)
-        # Pods without a queue label go to the default queue, which need not be declared.
-        specs.setdefault(DEFAULT_QUEUE, QueueSpec(name=DEFAULT_QUEUE))
+        if self._specs is None:
+            specs: dict[str, QueueSpec] = {}
+            invalid: dict[str, str] = {}
+            for key, obj in self.store.kind("Queue").items():
+                try:
+                    specs[key] = parse_queue(obj)
+                except QueueSpecError as exc:
+                    invalid[key] = str(exc)
+            # Pods without a queue label go to the default queue, which need not be declared.
+            specs.setdefault(DEFAULT_QUEUE, QueueSpec(name=DEFAULT_QUEUE))
+            self._specs = specs, invalid
+        specs, invalid = self._specs
         usage = self.ledger.usage(specs)
         capacity = self.inventory.capacity()
-        fairness = FairnessSnapshot.build(tuple(specs.values()), usage, capacity)
+        # Fair shares depend on the queues, the capacity and each queue's demand (what it holds
+        # plus what it waits for), not on how the demand splits: a reservation or a bind, which
+        # moves a pod from waiting to holding, leaves them as they were.
+        demands = {
+            queue: {r: used.allocated.get(r, 0.0) + used.requested.get(r, 0.0) for r in capacity}
+            for queue, used in usage.items()
+        }
+        basis = (self._specs, capacity, demands)
+        if self._shares_of is not None and self._shares_of[0] == basis:
+            fairness = FairnessSnapshot(tuple(specs.values()), usage, capacity, self._shares_of[1])
+        else:
+            fairness = FairnessSnapshot.build(tuple(specs.values()), usage, capacity)
+            self._shares_of = basis, fairness.fair_shares
         return QueueView(
             specs=fairness.specs,
             usage=usage,
