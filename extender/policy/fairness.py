@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import accumulate
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Resources = Mapping[str, float]
 
@@ -99,9 +99,9 @@ def format_amount(resource: str, amount: float) -> str:
     return f"{amount:.3f}".rstrip("0").rstrip(".")
 
 
-@dataclass(frozen=True)
-class _Claimant:
-    """One member of a division of a pool among siblings, for one resource."""
+class _Claimant(NamedTuple):
+    """One member of a division of a pool among siblings, for one resource (a tuple: thousands are
+    made per recompute)."""
 
     key: str
     quota: float
@@ -260,9 +260,14 @@ def _fair_shares_for(tree: QueueTree, resource: str, pool: float) -> dict[str, f
         order.extend(level)
         level = [child for name in level for child in children.get(name, ())]
     own: dict[str, float] = {}
+    usages = tree.usage
     for name in order:
-        usage = tree.own(name)
-        own[name] = usage.allocated.get(resource, 0.0) + usage.requested.get(resource, 0.0)
+        usage = usages.get(name)
+        own[name] = (
+            usage.allocated.get(resource, 0.0) + usage.requested.get(resource, 0.0)
+            if usage is not None
+            else 0.0
+        )
     # Demand bottom-up: a queue's own plus its children's, capped at its limit.
     demand: dict[str, float] = {}
     for name in reversed(order):
