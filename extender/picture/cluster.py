@@ -254,8 +254,10 @@ class ClusterPicture:
         """Pending GPU pods the planners may serve: admissible now, not already held for."""
         view = self.fairness()
         waiting: list[PendingPod] = []
-        for key, contribution in self.accounting.ledger.contributions.items():
-            if contribution.bucket != "requested" or contribution.demand is None:
+        ledger = self.accounting.ledger
+        for key in sorted(ledger.waiting):  # a stable order (a set has none)
+            contribution = ledger.contributions[key]
+            if contribution.demand is None:
                 continue
             pod = self.store.get("Pod", key)
             if pod is None or meta(pod).get("deletionTimestamp") or self.inventory.held_for(key):
