@@ -76,6 +76,7 @@ class ClusterPicture:
         self._running: dict[str, RunningPod] | None = None
         self._classic_nodes: set[str] = set()
         self._stale: set[str] = set()
+        self._terminating: set[str] = set()  # keys in `_running` of pods being deleted
         self.accounting.recounted.append(self._forget_running)
 
     # ---- updates -----------------------------------------------------------------------------
@@ -172,7 +173,7 @@ class ClusterPicture:
         nodes.update((name, self.node_gpus(name)) for name in self.inventory.node_devices)
         pods_by_node = self.inventory.pods_by_node
         if self._running is None:
-            self._running, self._classic_nodes = {}, set()
+            self._running, self._classic_nodes, self._terminating = {}, set(), set()
             stale = [(key, node) for node, keys in pods_by_node.items() for key in keys]
         else:
             stale = [(key, self._node_of(key)) for key in self._stale]
@@ -180,24 +181,33 @@ class ClusterPicture:
         live = self._running
         for key, node in stale:
             live.pop(key, None)
+            self._terminating.discard(key)
             if node:
                 entry, classic_gpus = self._running_pod(key, node)
                 if classic_gpus:
                     self._classic_nodes.add(node)
                 elif entry is not None:
                     live[key] = entry
+                    if entry.terminating:
+                        self._terminating.add(key)
         running = dict(live)
+        terminating = set(self._terminating)
         for node in list(self._classic_nodes):
-            if not self._add_classic(running, node, nodes.get(node)):
+            if not self._add_classic(running, node, nodes.get(node), terminating):
                 self._classic_nodes.discard(node)
-        return ClusterSnapshot(nodes, running, view, view.mix, self.inventory.gpu_memory, pods_by_node)
+        return ClusterSnapshot(
+            nodes, running, view, view.mix, self.inventory.gpu_memory, pods_by_node, terminating
+        )
 
     def _node_of(self, key: str) -> str:
         pod = self.store.get("Pod", key)
         return self.inventory.pod_node(key, pod) if pod is not None else ""
 
-    def _add_classic(self, running: dict[str, RunningPod], node: str, supply: NodeGpus | None) -> bool:
-        """Add the pods of `node` that hold classic GPUs to `running`; False when it has none."""
+    def _add_classic(
+        self, running: dict[str, RunningPod], node: str, supply: NodeGpus | None, terminating: set[str]
+    ) -> bool:
+        """Add the pods of `node` that hold classic GPUs to `running` (and to `terminating` those
+        being deleted); False when it has none."""
         classic: list[int] | None = None
         found = False
         for key in self.inventory.pods_by_node.get(node, ()):
@@ -210,6 +220,8 @@ class ClusterPicture:
                 classic = self._classic_indexes(node, supply)
             taken, classic = classic[:classic_gpus], classic[classic_gpus:]
             running[key] = replace(entry, gpus=entry.gpus + tuple((i, GPU_MILLI) for i in taken))
+            if entry.terminating:
+                terminating.add(key)
             found = True
         return found
 

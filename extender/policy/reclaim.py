@@ -393,7 +393,7 @@ def _on(waiting: PendingPod, fork: ClusterSnapshot, node: str) -> GpuDemand:
 def planning_fork(snapshot: ClusterSnapshot) -> ClusterSnapshot:
     """A fork to plan on: pods already terminating are gone in it (their GPUs are coming free)."""
     fork = snapshot.fork()
-    for key in [k for k, pod in fork.running.items() if pod.terminating]:
+    for key in sorted(fork.terminating()):
         fork.evict(key)
     return fork
 

@@ -107,6 +107,7 @@ class ClusterSnapshot:
         mix: WorkloadMix,
         gpu_memory: Mapping[str, int] | None = None,
         pods_by_node: Mapping[str, Iterable[str]] | None = None,
+        terminating: Iterable[str] | None = None,
     ) -> None:
         self._node_changes: dict[str, NodeGpus | None] = {}
         self._pod_changes: dict[str, RunningPod | None] = {}
@@ -119,6 +120,9 @@ class ClusterSnapshot:
         self.mix = mix
         self._fairness: FairnessSnapshot | None = fairness
         self._index = _NodeIndex(running, pods_by_node)
+        # Keys of the running pods already terminating, when the caller knows them (else found
+        # by a pass over the pods on first use); forks share them.
+        self._terminating: frozenset[str] | None = None if terminating is None else frozenset(terminating)
 
     def fork(self) -> ClusterSnapshot:
         child = ClusterSnapshot.__new__(ClusterSnapshot)
@@ -129,6 +133,7 @@ class ClusterSnapshot:
         child.running = _Layered(self.running.base, child._pod_changes)
         child.gpu_memory = self.gpu_memory
         child._base, child.mix, child._index = self._base, self.mix, self._index
+        child._terminating = self._terminating
         child._usage = dict(self._usage)
         child._fairness = self._fairness
         return child
@@ -140,6 +145,13 @@ class ClusterSnapshot:
             base = self._base
             self._fairness = FairnessSnapshot(base.specs, dict(self._usage), base.capacity, base.fair_shares)
         return self._fairness
+
+    def terminating(self) -> list[str]:
+        """Running pods already being deleted (their GPUs are coming free)."""
+        running = self.running
+        if self._terminating is None:
+            self._terminating = frozenset(key for key, pod in running.items() if pod.terminating)
+        return [key for key in self._terminating if key in running and running[key].terminating]
 
     def pods_on(self, node: str) -> list[RunningPod]:
         running = self.running

@@ -120,6 +120,7 @@ def test_a_snapshot_after_events_equals_one_of_a_fresh_picture() -> None:
         ours, theirs = live.snapshot(), fresh().snapshot()
         assert dict(ours.running) == dict(theirs.running)
         assert dict(ours.nodes) == dict(theirs.nodes)
+        assert ours.terminating() == theirs.terminating()
 
     bound = objects.pod("ns", "waiting", queue="team-b", template="one", node_name="a")
     bound["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "waiting-gpus"}]
@@ -135,6 +136,7 @@ def test_a_snapshot_after_events_equals_one_of_a_fresh_picture() -> None:
     live.apply("Pod", "MODIFIED", terminating)
     same()
     assert live.snapshot().running["ns/w1"].terminating
+    assert live.snapshot().terminating() == ["ns/w1"]
     classic_node = objects.node("c")
     classic_node["status"] = {"allocatable": {"nvidia.com/gpu": "2"}, "capacity": {"nvidia.com/gpu": "2"}}
     live.apply("Node", "ADDED", classic_node)
