@@ -3,9 +3,10 @@
 Each scheduling cycle is a filter then a prioritize request for a new pending GPU pod
 (alternately a whole GPU and half a GPU), sent one after the other on a keep-alive connection,
 the way kube-scheduler calls an extender; cycles/s is 1 / mean cycle time. Both
-nodeCacheCapable modes: node names only, or the full NodeList. The same payloads go to a
-do-nothing aiohttp extender (decode JSON, pass every node) started in the same run: the ratio to
-it is what the extender itself costs.
+nodeCacheCapable modes: node names only, or the full NodeList. The same payloads go to two
+do-nothing aiohttp extenders (decode JSON, pass every node) started in the same run, one with the
+standard library's JSON codec (`floor`), one with the codec the extender uses (`fast floor`,
+msgspec): the ratio to the fast floor is what the extender's own work costs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from .picture import QUEUES, build_picture, pod_object
+from .picture import build_picture, leaf_queues, pod_object, queue_tree
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class HotPathRow:
     pods: int
     mode: str  # "names" (nodeCacheCapable: true) or "nodelist"
     tessera: LatencyStats
-    floor: LatencyStats
+    floor: LatencyStats  # do-nothing extender, stdlib json
+    fast_floor: LatencyStats  # do-nothing extender, msgspec
 
     @property
     def p50_ratio(self) -> float:
@@ -54,6 +56,14 @@ class HotPathRow:
     def throughput_ratio(self) -> float:
         return self.tessera.cycles_per_s / self.floor.cycles_per_s
 
+    @property
+    def fast_p50_ratio(self) -> float:
+        return self.tessera.p50_ms / self.fast_floor.p50_ms
+
+    @property
+    def fast_p99_ratio(self) -> float:
+        return self.tessera.p99_ms / self.fast_floor.p99_ms
+
 
 def _percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
@@ -63,9 +73,19 @@ def _percentile(values: list[float], pct: float) -> float:
 class ServerProcess:
     """A ``bench.servers`` child process; closing its stdin stops it."""
 
-    def __init__(self, kind: str, nodes: int, pods: int) -> None:
+    def __init__(self, kind: str, nodes: int, pods: int, tree: bool = False) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.servers", kind, "--nodes", str(nodes), "--pods", str(pods)],
+            [
+                sys.executable,
+                "-m",
+                "bench.servers",
+                kind,
+                "--nodes",
+                str(nodes),
+                "--pods",
+                str(pods),
+                *(["--queue-tree"] if tree else []),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -96,7 +116,8 @@ class Payloads:
     (alternately asking for a whole GPU and for half of one); the node part is serialised once.
     """
 
-    def __init__(self, nodes: int, mode: str) -> None:
+    def __init__(self, nodes: int, mode: str, tree: bool = False) -> None:
+        self.queues = leaf_queues(queue_tree() if tree else None)
         picture = build_picture(nodes, pods=0)
         self.templates = [
             pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
@@ -110,7 +131,9 @@ class Payloads:
 
     def body(self, cycle: int) -> bytes:
         template = self.templates[cycle % len(self.templates)]
-        pod = pod_object(f"pending-{cycle:07d}", QUEUES[cycle % len(QUEUES)], None, template=template)
+        pod = pod_object(
+            f"pending-{cycle:07d}", self.queues[cycle % len(self.queues)], None, template=template
+        )
         return b'{"Pod": ' + json.dumps(pod).encode() + b", " + self.node_part + b"}"
 
 
@@ -160,10 +183,19 @@ async def _measure(url: str, payloads: Payloads, seconds: float, max_cycles: int
 
 
 def run_hotpath(
-    node_counts: list[int], pods: int, seconds: float, max_cycles: int = 5000, log: bool = True
+    node_counts: list[int],
+    pods: int,
+    seconds: float,
+    max_cycles: int = 5000,
+    log: bool = True,
+    tree: bool = False,
+    modes: tuple[str, ...] = ("names", "nodelist"),
 ) -> list[HotPathRow]:
+    """`tree`: the extender's picture has 1000 queues in three levels (pods in the 900 leaves)
+    instead of two."""
     rows = []
     floor = ServerProcess("floor", 0, 0)
+    fast_floor = ServerProcess("fast-floor", 0, 0)
     try:
         for nodes in node_counts:
             if log:
@@ -172,17 +204,18 @@ def run_hotpath(
                     file=sys.stderr,
                     flush=True,
                 )
-            tessera = ServerProcess("tessera", nodes, pods)
+            tessera = ServerProcess("tessera", nodes, pods, tree)
             try:
-                for mode in ("names", "nodelist"):
-                    bodies = Payloads(nodes, mode)
+                for mode in modes:
+                    bodies = Payloads(nodes, mode, tree)
                     ours = asyncio.run(_measure(tessera.url, bodies, seconds, max_cycles))
                     base = asyncio.run(_measure(floor.url, bodies, seconds, max_cycles))
-                    rows.append(HotPathRow(nodes, pods, mode, ours, base))
+                    fast = asyncio.run(_measure(fast_floor.url, bodies, seconds, max_cycles))
+                    rows.append(HotPathRow(nodes, pods, mode, ours, base, fast))
                     if log:
                         print(
                             f"  hot path: {nodes} nodes, {mode}: p99 {ours.p99_ms:.2f} ms "
-                            f"(floor {base.p99_ms:.2f} ms)",
+                            f"(floor {base.p99_ms:.2f} ms, fast floor {fast.p99_ms:.2f} ms)",
                             file=sys.stderr,
                             flush=True,
                         )
@@ -190,4 +223,5 @@ def run_hotpath(
                 tessera.stop()
     finally:
         floor.stop()
+        fast_floor.stop()
     return rows

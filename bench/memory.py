@@ -1,6 +1,7 @@
 """Benchmark 4: resident memory of the extender holding a large cluster picture.
 
-The extender app (the real ``ClusterPicture`` fed the JSON objects a watch would deliver) is started
+The extender app (the real ``ClusterPicture`` fed the objects a watch would deliver, decoded from
+JSON) is started
 in its own process with the picture loaded; its RSS is compared with the do-nothing extender
 process of the same run, which imports the same code but holds no picture.
 """

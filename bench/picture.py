@@ -25,6 +25,25 @@ QUEUES = ("team-a", "team-b")
 GPU_FILL = 0.7
 
 
+def queue_tree(roots: int = 10, children: int = 9, leaves: int = 10) -> list[tuple[str, str | None]]:
+    """(queue, parent) of a three-level tree: 10 x 9 x 10 = 900 leaves under 100 parents, 1000 queues."""
+    tree: list[tuple[str, str | None]] = []
+    for r in range(roots):
+        tree.append((f"r{r}", None))
+        for c in range(children):
+            tree.append((f"r{r}-c{c}", f"r{r}"))
+            tree.extend((f"r{r}-c{c}-l{leaf}", f"r{r}-c{c}") for leaf in range(leaves))
+    return tree
+
+
+def leaf_queues(tree: list[tuple[str, str | None]] | None) -> tuple[str, ...]:
+    """The queues pods go to: the leaves of `tree`, or the two flat queues without one."""
+    if tree is None:
+        return QUEUES
+    parents = {parent for _, parent in tree}
+    return tuple(name for name, _ in tree if name not in parents)
+
+
 def node_name(index: int) -> str:
     return f"bench-node-{index:05d}"
 
@@ -168,10 +187,17 @@ class Picture:
 
 
 def build_picture(
-    nodes: int, pods: int, seed: int = 0, fill: float = GPU_FILL, borrower: str | None = None
+    nodes: int,
+    pods: int,
+    seed: int = 0,
+    fill: float = GPU_FILL,
+    borrower: str | None = None,
+    tree: list[tuple[str, str | None]] | None = None,
 ) -> Picture:
-    """The picture; `fill` of the GPUs held, all by `borrower` when given (else alternating queues)."""
+    """The picture; `fill` of the GPUs held, all by `borrower` when given (else by the queues in
+    turn); the queues are team-a and team-b, or those of `tree` (pods in its leaves)."""
     rng = random.Random(seed)
+    leaves = leaf_queues(tree)
     names = [node_name(i) for i in range(nodes)]
     pod_objs: list[JsonObject] = []
     claims: list[JsonObject] = []
@@ -186,9 +212,9 @@ def build_picture(
             name = f"gpu-pod-{i:06d}-{part}"
             memory = HALF_GPU_MEMORY if shared else None
             claims.append(_claim_object(f"{name}-gpus", memory, node, device))
-            pod_objs.append(pod_object(name, borrower or QUEUES[i % 2], node, claim=f"{name}-gpus"))
+            pod_objs.append(pod_object(name, borrower or leaves[i % len(leaves)], node, claim=f"{name}-gpus"))
     for i in range(pods - len(pod_objs)):
-        pod_objs.append(pod_object(f"cpu-pod-{i:06d}", QUEUES[i % 2], names[rng.randrange(nodes)]))
+        pod_objs.append(pod_object(f"cpu-pod-{i:06d}", leaves[i % len(leaves)], names[rng.randrange(nodes)]))
     templates = [
         {
             "apiVersion": "resource.k8s.io/v1",
@@ -198,14 +224,25 @@ def build_picture(
         }
         for name, memory in (("one-gpu", None), ("half-gpu", HALF_GPU_MEMORY))
     ]
+    # Quotas: the GPUs split evenly between the queues of a level (children within their parent).
+    layout = tree if tree is not None else [(q, None) for q in QUEUES]
+    siblings: dict[str | None, int] = {}
+    for _, parent in layout:
+        siblings[parent] = siblings.get(parent, 0) + 1
+    quota: dict[str | None, float] = {None: float(nodes * GPUS_PER_NODE)}
+    for name, parent in layout:  # parents come before their children
+        quota[name] = quota[parent] / siblings[parent]
     queues = [
         {
             "apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}",
             "kind": "Queue",
-            "metadata": {"name": q, "annotations": {}},
-            "spec": {"resources": {"gpu": {"quota": nodes * GPUS_PER_NODE / 2}}},
+            "metadata": {"name": name, "annotations": {}},
+            "spec": {
+                **({"parent": parent} if parent else {}),
+                "resources": {"gpu": {"quota": quota[name]}},
+            },
         }
-        for q in QUEUES
+        for name, parent in layout
     ]
     selector = {"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}
     device_class = {
@@ -226,14 +263,15 @@ def build_picture(
         },
         node_names=names,
         pending_pods={
-            "whole": pod_object("pending-whole", QUEUES[0], None, template="one-gpu"),
-            "half": pod_object("pending-half", QUEUES[1], None, template="half-gpu"),
+            "whole": pod_object("pending-whole", leaves[0], None, template="one-gpu"),
+            "half": pod_object("pending-half", leaves[-1], None, template="half-gpu"),
         },
     )
 
 
-def load_state(picture: Picture) -> ClusterPicture:
-    """A ClusterPicture holding the picture, synced as after the watcher's first list."""
+def load_state(picture: Picture, projected: bool = False) -> ClusterPicture:
+    """A ClusterPicture holding the picture, synced as after the watcher's first list
+    (`projected`: the objects are the store's projections already)."""
     state = ClusterPicture()
     for kind in (
         "Namespace",
@@ -246,7 +284,7 @@ def load_state(picture: Picture) -> ClusterPicture:
         "Job",
         "Pod",
     ):
-        state.replace(kind, picture.objects.get(kind, []))
+        state.replace(kind, picture.objects.get(kind, []), projected)
     if not state.ready():
         raise RuntimeError("the synthetic picture did not sync every watched kind")
     for label, pod in picture.pending_pods.items():

@@ -96,6 +96,13 @@ class ExtenderMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.planning_cut_off = Counter(
+            "tessera_planning_cut_off_total",
+            "Waiting pods (or nodes to empty) a planning cycle left untried because its work "
+            "budget ran out, by planner (reclaim, consolidate, drain); they wait for a later cycle.",
+            ["planner"],
+            registry=self.registry,
+        )
         self.time_to_fair_share = Histogram(
             "tessera_queue_time_to_fair_share_seconds",
             "From a queue being starved (below its fair share with pods waiting) to holding it again.",

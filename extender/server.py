@@ -13,12 +13,11 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
 
-from contract.kube import validation_problems
 from extender.binder import Binder
 from extender.metrics import CONTENT_TYPE, ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
@@ -29,7 +28,10 @@ from extender.wire import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderPreemptionArgs,
+    decode,
+    encode,
     host_priorities_json,
+    passed_names,
 )
 
 log = logging.getLogger(__name__)
@@ -54,11 +56,13 @@ HEALTH_KEY: web.AppKey[HealthCheck] = web.AppKey("health")
 IN_FLIGHT_KEY = web.AppKey("in_flight", asyncio.Semaphore)
 # Requests handled at once; kube-scheduler calls one at a time, so more is a flood or a bug.
 MAX_IN_FLIGHT = 64
-ModelT = TypeVar("ModelT", bound=BaseModel)
+T = TypeVar("T")
 
 
-async def parse_body(request: web.Request, model: type[ModelT], verb: str) -> ModelT:
-    """The request body as a model; a 4xx with the reason when it is too large, slow or malformed.
+async def parse_body(request: web.Request, decode_body: Callable[[bytes], T], verb: str) -> T:
+    """The request body, decoded by `decode_body`; a 4xx with the reason when it is too large, slow or
+    malformed (`decode_body` raises a ValueError naming the problem: msgspec's and pydantic's errors
+    are ValueErrors).
 
     A body that takes longer than BODY_TIMEOUT_S to arrive is dropped (a half-sent request holds
     nothing for long), and a large one is decoded off the event loop, so one big request never
@@ -81,12 +85,11 @@ async def parse_body(request: web.Request, model: type[ModelT], verb: str) -> Mo
         raise web.HTTPBadRequest(text=f"malformed {verb} request: body could not be read: {exc}") from exc
     try:
         if len(body) > OFF_LOOP_BYTES:
-            return await asyncio.to_thread(model.model_validate_json, body)
-        return model.model_validate_json(body)
-    except ValidationError as exc:
+            return await asyncio.to_thread(decode_body, body)
+        return decode_body(body)
+    except ValueError as exc:
         metrics.bad_requests.labels(verb).inc()
-        problems = validation_problems(exc, "body", limit=5)
-        raise web.HTTPBadRequest(text=f"malformed {verb} request: {problems}") from exc
+        raise web.HTTPBadRequest(text=f"malformed {verb} request: {exc}") from exc
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -111,12 +114,12 @@ def timed(verb: str, handler: Handler) -> Handler:
     return bounded
 
 
-def _json(model: BaseModel) -> web.Response:
-    return _json_text(model.model_dump_json())
+def _json(answer: object) -> web.Response:
+    return _json_bytes(encode(answer))
 
 
-def _json_text(text: str) -> web.Response:
-    return web.Response(text=text, content_type="application/json")
+def _json_bytes(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type="application/json")
 
 
 def _unreadable_pod(request: web.Request, verb: str, error: ValueError) -> web.HTTPBadRequest:
@@ -126,11 +129,11 @@ def _unreadable_pod(request: web.Request, verb: str, error: ValueError) -> web.H
 
 
 async def handle_filter(request: web.Request) -> web.StreamResponse:
-    args = await parse_body(request, ExtenderArgs, "filter")
+    args = await parse_body(request, partial(decode, ExtenderArgs), "filter")
     app = request.app
     picture, waiting = app[PICTURE_KEY], app[WAITING_KEY]
-    meta = args.Pod.metadata
-    key = f"{meta.namespace}/{meta.name}"
+    meta = args.pod
+    key = meta.key
     if picture.ready():
         picture.release(key)  # a pod filtered again: its earlier admission did not lead to a bind
     try:
@@ -151,38 +154,31 @@ async def handle_filter(request: web.Request) -> web.StreamResponse:
     if decision.gang is not None:
         picture.reserve_gang(decision.gang)
     if decision.reserve:
-        picture.reserve(key, args.Pod.raw(), RESERVATION_TTL_S)
-    result = decision.result
-    passed = (
-        result.NodeNames
-        if result.NodeNames is not None
-        else [n.name for n in result.Nodes.items]
-        if result.Nodes
-        else []
-    )
-    app[BINDER_KEY].filtered.remember(meta.uid, passed)  # bind accepts only these nodes for the pod
-    return _json(result)
+        picture.reserve(key, args.Pod, RESERVATION_TTL_S)
+    # bind accepts only these nodes for the pod
+    app[BINDER_KEY].filtered.remember(meta.uid, passed_names(decision.result))
+    return _json(decision.result)
 
 
 async def handle_prioritize(request: web.Request) -> web.StreamResponse:
-    args = await parse_body(request, ExtenderArgs, "prioritize")
+    args = await parse_body(request, partial(decode, ExtenderArgs), "prioritize")
     try:
         decision = decide_priorities(request.app[PICTURE_KEY], args)
     except UnreadablePod as exc:
         raise _unreadable_pod(request, "prioritize", exc) from exc
     request.app[METRICS_KEY].decisions.labels("prioritize", decision.outcome, decision.reason).inc()
-    return _json_text(host_priorities_json(args.candidate_names(), decision.scores))
+    return _json_bytes(host_priorities_json(args.candidate_names(), decision.scores))
 
 
 async def handle_preempt(request: web.Request) -> web.StreamResponse:
-    args = await parse_body(request, ExtenderPreemptionArgs, "preempt")
+    args = await parse_body(request, partial(decode, ExtenderPreemptionArgs), "preempt")
     try:
         decision = decide_preemption(request.app[PICTURE_KEY], args)
     except UnreadablePod as exc:
         raise _unreadable_pod(request, "preempt", exc) from exc
     metrics = request.app[METRICS_KEY]
     for node, why in decision.dropped.items():
-        log.info("preemption on %s for %s refused: %s", node, args.Pod.metadata.name, why)
+        log.info("preemption on %s for %s refused: %s", node, args.pod.name, why)
         metrics.decisions.labels("preempt", "dropped", "queue_rules").inc()
     for _ in decision.result.NodeNameToMetaVictims:
         metrics.decisions.labels("preempt", "kept", "").inc()
@@ -190,7 +186,7 @@ async def handle_preempt(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_bind(request: web.Request) -> web.StreamResponse:
-    args = await parse_body(request, ExtenderBindingArgs, "bind")
+    args = await parse_body(request, partial(decode, ExtenderBindingArgs), "bind")
     error = await request.app[BINDER_KEY].bind(args)
     request.app[METRICS_KEY].decisions.labels("bind", "error" if error else "bound", "").inc()
     return _json(ExtenderBindingResult(Error=error))

@@ -28,6 +28,7 @@ rather than thinned: the scheduler does not re-check that fewer victims still ma
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 
 from contract.names import GPU_MILLI
 from extender.kubeapi import JsonObject
@@ -103,14 +104,14 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     names = args.candidate_names()
     if not picture.ready():
         return FilterDecision(ExtenderFilterResult(Error=NOT_READY), "error", "not_ready")
-    pod = args.Pod.raw()
+    pod = args.Pod
     demand = picture.demand(pod)
     if demand.problem:
         raise UnreadablePod(f"unreadable pod: {demand.problem}")
     if not demand.wants_gpu and not demand.labelled:
         # Neither a GPU pod nor one that names a queue: not ours to hold back.
         return FilterDecision(filter_result(args, names, {}), "passed", "no_gpu")
-    key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
+    key = args.pod.key
     view = picture.fairness()
     gang = picture.gang(pod)
     owner = "" if gang.workload.single else gang.workload.key
@@ -151,25 +152,28 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
             decision.reason,
             gang=reservation,
         )
-    passed: list[str] = []
-    failed: dict[str, str] = {}
     # Nodes of one shape and GPU size get one verdict: a large cluster has few distinct ones.
-    verdicts: dict[tuple[int, str], str] = {}
+    # The per-node part is two comprehensions over dictionary hits (thousands of nodes per call).
     reference = picture.inventory.reference_memory(demand.models)
     supplies = picture.inventory.supplies_for(key, names, owner)
-    for name, supply in zip(names, supplies, strict=True):
-        memory = gpu_memory.get(name, 0) if gpu_memory else 0
+    node_sizes = map(gpu_memory.get, names) if gpu_memory else repeat(0)
+    verdicts: dict[int, dict[str, str]] = {memory: {} for memory in by_size}
+
+    def verdict(memory: int, supply: NodeGpus) -> str:
         if not by_size[memory].admit:
-            failed[name] = by_size[memory].reason
-            continue
-        reason = verdicts.get((memory, supply.shape))
-        if reason is None:
-            at_node = demand.gpus_at(memory or reference)
-            reason = verdicts[memory, supply.shape] = _misfit(supply, at_node) if at_node else ""
-        if reason:
-            failed[name] = reason
-        else:
-            passed.append(name)
+            return by_size[memory].reason
+        at_node = demand.gpus_at(memory or reference)
+        reason = verdicts[memory][supply.shape] = _misfit(supply, at_node) if at_node else ""
+        return reason
+
+    reasons = [
+        known if (known := verdicts[memory].get(supply.shape)) is not None else verdict(memory, supply)
+        for memory, supply in zip(
+            (size or 0 for size in node_sizes), supplies, strict=False
+        )  # sizes may repeat
+    ]
+    passed = [name for name, reason in zip(names, reasons, strict=True) if not reason]
+    failed = {name: reason for name, reason in zip(names, reasons, strict=True) if reason}
     return FilterDecision(
         filter_result(args, passed, failed),
         "admitted",
@@ -247,11 +251,11 @@ def decide_preemption(picture: ClusterPicture, args: ExtenderPreemptionArgs) -> 
     proposals = args.victim_uids()
     if not picture.ready():
         return PreemptionDecision(ExtenderPreemptionResult(), dict.fromkeys(proposals, NOT_READY))
-    pod = args.Pod.raw()
+    pod = args.Pod
     demand = picture.demand(pod)
     if demand.problem:
         raise UnreadablePod(f"unreadable pod: {demand.problem}")
-    key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
+    key = args.pod.key
     request = picture.accounting.resources(key, pod, demand)
     keys_by_uid = {str((p.get("metadata") or {}).get("uid")): k for k, p in picture.kind("Pod").items()}
     snapshot = picture.snapshot()
@@ -293,13 +297,13 @@ def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDe
     names = args.candidate_names()
     if not picture.ready():
         return PriorityDecision(dict.fromkeys(names, 0), "neutral", "not_ready")
-    demand = picture.demand(args.Pod.raw())
+    demand = picture.demand(args.Pod)
     if demand.problem:  # filter refused it with the reason; nothing to rank
         return PriorityDecision(dict.fromkeys(names, 0), "neutral", "unreadable")
     gpus = demand.gpus_at(picture.inventory.reference_memory(demand.models))
     if gpus is None:
         return PriorityDecision(dict.fromkeys(names, 0), "neutral", "no_gpu")
-    key = f"{args.Pod.metadata.namespace}/{args.Pod.metadata.name}"
+    key = args.pod.key
     supplies = picture.inventory.supplies_for(key, names)
     strategy = queue_strategy(picture, demand.queue)
     return PriorityDecision(score_nodes(supplies, gpus, picture.fairness().mix, strategy), "scored", strategy)

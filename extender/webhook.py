@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from contract.kube import controller_of, mapping, meta, sequence
+from contract.kube import controller_of, mapping, meta, sequence, validation_problems
 from contract.names import (
     ADMISSION_GATE,
     DRIVER_NAME,
@@ -104,6 +104,14 @@ class AdmissionReview(BaseModel):
     apiVersion: Literal["admission.k8s.io/v1"]
     kind: Literal["AdmissionReview"]
     request: AdmissionRequest
+
+
+def _review(body: bytes) -> AdmissionReview:
+    """An AdmissionReview from JSON; a ValueError naming the first problems when it is not one."""
+    try:
+        return AdmissionReview.model_validate_json(body)
+    except ValidationError as exc:
+        raise ValueError(validation_problems(exc, "body", limit=5)) from exc
 
 
 def review_answer(
@@ -250,7 +258,7 @@ def _answer(answer: JsonObject) -> web.Response:
 
 
 async def handle_mutate_pod(request: web.Request) -> web.StreamResponse:
-    review = await parse_body(request, AdmissionReview, "mutate_pods")
+    review = await parse_body(request, _review, "mutate_pods")
     req = review.request
     pod = req.object
     if req.operation != "CREATE" or req.kind.kind != "Pod" or pod is None:
@@ -261,7 +269,7 @@ async def handle_mutate_pod(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_validate_queue(request: web.Request) -> web.StreamResponse:
-    review = await parse_body(request, AdmissionReview, "validate_queues")
+    review = await parse_body(request, _review, "validate_queues")
     req = review.request
     if req.operation not in ("CREATE", "UPDATE") or req.object is None:
         return _answer(review_answer(req.uid))
@@ -281,7 +289,7 @@ async def handle_validate_queue(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_validate_claim(request: web.Request) -> web.StreamResponse:
-    review = await parse_body(request, AdmissionReview, "validate_claims")
+    review = await parse_body(request, _review, "validate_claims")
     req = review.request
     if req.operation not in ("CREATE", "UPDATE") or req.object is None:
         return _answer(review_answer(req.uid))

@@ -1,114 +1,178 @@
-"""Typed models of the kube-scheduler extender HTTP/JSON protocol (k8s.io/kube-scheduler extender/v1).
+"""The kube-scheduler extender HTTP/JSON protocol (k8s.io/kube-scheduler extender/v1), decoded and
+encoded with msgspec.
 
 The Go types carry no json tags, so keys on the wire are the capitalised Go field names. The
-scheduler decodes case-insensitively but always sends capitalised keys; these models accept
-exactly what it sends and serialise with the same spelling. Pods and nodes nested inside stay
-ordinary Kubernetes JSON; only the few fields the extender reads are typed.
+scheduler decodes case-insensitively but always sends capitalised keys; these types accept exactly
+what it sends (unknown keys ignored: newer schedulers add some) and serialise with the same
+spelling.
+
+Why msgspec and not pydantic here: a request names every candidate node (thousands), on every
+scheduling cycle. msgspec decodes straight into these structs, validating types as it goes, with
+no Python object per field it skips (measured on the benchmark's requests: docs/benchmarks.md,
+"Wire codec"). Pods and nodes nested inside stay ordinary Kubernetes JSON:
+
+- the pod is a plain dict (the shape the demand functions read), its metadata checked once;
+- a NodeList keeps each node as its raw bytes (`msgspec.Raw`): a filter answer sends the passing
+  nodes back byte for byte, so they are never decoded into dicts nor encoded again; only each
+  node's name is decoded from them.
+
+pydantic stays at the edges where users write objects (Queues, claim configurations).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from json.encoder import encode_basestring_ascii
-from typing import Any
+from typing import Annotated, Any, NamedTuple, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+import msgspec
 
 # Scores an extender may return (MaxExtenderPriority); the scheduler multiplies them by 10 x weight.
 MAX_EXTENDER_PRIORITY = 10
 
-
-class _KubeObject(BaseModel):
-    """Nested Kubernetes JSON: unknown fields are kept, so the raw object survives a round trip."""
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+WireError = msgspec.DecodeError  # malformed JSON, or JSON of the wrong shape (a ValidationError)
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 
-class ObjectMeta(_KubeObject):
-    name: str = ""
-    namespace: str = ""
-    uid: str = ""
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+class _Wire(msgspec.Struct):
+    """Extender envelope types: capitalised keys, unknown keys ignored."""
 
 
-class WirePod(_KubeObject):
-    metadata: ObjectMeta
-    spec: dict[str, Any] = Field(default_factory=dict)
-    status: dict[str, Any] = Field(default_factory=dict)
-
-    def raw(self) -> dict[str, Any]:
-        """The pod as plain Kubernetes JSON, the shape the demand functions read."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=False)
-
-
-class WireNode(_KubeObject):
-    """A node travels back unchanged, so its metadata stays raw JSON."""
-
-    metadata: dict[str, Any]
+class PodRef(NamedTuple):
+    namespace: str
+    name: str
+    uid: str
 
     @property
-    def name(self) -> str:
-        return str(self.metadata.get("name", ""))
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
 
-class WireNodeList(_KubeObject):
-    items: list[WireNode] = Field(default_factory=list)
+def pod_ref(pod: Mapping[str, Any]) -> PodRef:
+    """Namespace, name and UID of a wire pod; ValueError when its metadata is not an object of strings."""
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict):
+        raise ValueError("Pod.metadata: an object is required")
+    fields = (metadata.get("namespace", ""), metadata.get("name", ""), metadata.get("uid", ""))
+    if not all(isinstance(value, str) for value in fields):
+        raise ValueError("Pod.metadata: namespace, name and uid must be strings")
+    return PodRef(*fields)
 
 
-class _Wire(BaseModel):
-    """Extender envelope types: capitalised keys, unknown keys ignored (newer schedulers add some)."""
+class _NodeMeta(msgspec.Struct):
+    name: str = ""
 
-    model_config = ConfigDict(extra="ignore")
+
+class _NodeName(msgspec.Struct):
+    metadata: _NodeMeta
+
+
+_NODE_NAME = msgspec.json.Decoder(_NodeName)
+
+
+class WireNodeList(_Wire, dict=True, omit_defaults=True):
+    """A NodeList as the scheduler sends it (nodeCacheCapable: false): each node kept as raw JSON."""
+
+    items: list[msgspec.Raw] = msgspec.field(default_factory=list)
+    apiVersion: str | None = None
+    kind: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            self._names = [_NODE_NAME.decode(node).metadata.name for node in self.items]
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"Nodes.items: {exc}") from exc
+
+    def names(self) -> list[str]:
+        return self._names
+
+    def keeping(self, names: Iterable[str]) -> NodeListAnswer:
+        """The same list with only the nodes named, in their order, byte for byte."""
+        keep = set(names)
+        kept = [(node, name) for node, name in zip(self.items, self._names, strict=True) if name in keep]
+        answer = NodeListAnswer(items=[node for node, _ in kept], apiVersion=self.apiVersion, kind=self.kind)
+        return answer.named([name for _, name in kept])
+
+
+class NodeListAnswer(_Wire, dict=True, omit_defaults=True):
+    """The NodeList of a filter answer: the request's raw nodes that passed (`names`: theirs)."""
+
+    items: list[msgspec.Raw] = msgspec.field(default_factory=list)
+    apiVersion: str | None = None
+    kind: str | None = None
+
+    def named(self, names: list[str]) -> NodeListAnswer:
+        self.names = names  # not a field: never encoded
+        return self
 
 
 class ExtenderArgs(_Wire):
-    Pod: WirePod
+    Pod: dict[str, Any]
     Nodes: WireNodeList | None = None
     NodeNames: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        pod_ref(self.Pod)  # raises (a validation error when decoding) for a pod without metadata
+
+    @property
+    def pod(self) -> PodRef:
+        return pod_ref(self.Pod)
 
     def candidate_names(self) -> list[str]:
         """Node names in the request, whichever nodeCacheCapable mode the scheduler uses."""
         if self.NodeNames is not None:
-            return list(self.NodeNames)
+            return self.NodeNames
         if self.Nodes is not None:
-            return [node.name for node in self.Nodes.items]
+            return self.Nodes.names()
         return []
 
 
 class ExtenderFilterResult(_Wire):
-    Nodes: WireNodeList | None = None
+    Nodes: NodeListAnswer | None = None
     NodeNames: list[str] | None = None
-    FailedNodes: dict[str, str] = Field(default_factory=dict)
-    FailedAndUnresolvableNodes: dict[str, str] = Field(default_factory=dict)
+    FailedNodes: dict[str, str] = msgspec.field(default_factory=dict)
+    FailedAndUnresolvableNodes: dict[str, str] = msgspec.field(default_factory=dict)
     Error: str = ""
 
 
 class HostPriority(_Wire):
     Host: str
-    Score: int = Field(ge=0, le=MAX_EXTENDER_PRIORITY)
+    Score: Annotated[int, msgspec.Meta(ge=0, le=MAX_EXTENDER_PRIORITY)]
 
 
-def host_priorities_json(hosts: Iterable[str], scores: Mapping[str, int]) -> str:
+# '{"Host":"<name>","Score":' per node name (bounded: made-up names in requests cannot grow it).
+_HOST_PREFIXES: dict[str, bytes] = {}
+_HOST_PREFIX_LIMIT = 100_000
+_SCORE_SUFFIXES = [f"{score}}}".encode() for score in range(MAX_EXTENDER_PRIORITY + 1)]
+
+
+def _host_prefix(host: str) -> bytes:
+    if len(_HOST_PREFIXES) >= _HOST_PREFIX_LIMIT:
+        _HOST_PREFIXES.clear()
+    prefix = _HOST_PREFIXES[host] = b'{"Host":' + _ENCODER.encode(host) + b',"Score":'
+    return prefix
+
+
+def host_priorities_json(hosts: Iterable[str], scores: Mapping[str, int]) -> bytes:
     """A HostPriorityList as JSON: one `HostPriority` per host, in order, with its score.
 
-    Written directly: a prioritize answer lists every candidate node (thousands), and building a
-    validated model per node cost more than the scoring itself. Scores come from the extender's
-    own ranking, already within 0..MAX_EXTENDER_PRIORITY.
+    Written directly from bytes kept per node name: a prioritize answer lists every candidate node
+    (thousands), and building an object per node cost more than the scoring itself. Scores come
+    from the extender's own ranking, always within 0..MAX_EXTENDER_PRIORITY.
     """
-    # encode_basestring_ascii is json.dumps' own string encoder (quotes and escapes).
+    prefix = _HOST_PREFIXES.get
+    suffix = _SCORE_SUFFIXES
     return (
-        "["
-        + ",".join([f'{{"Host":{encode_basestring_ascii(host)},"Score":{scores[host]}}}' for host in hosts])
-        + "]"
+        b"["
+        + b",".join([(prefix(host) or _host_prefix(host)) + suffix[scores[host]] for host in hosts])
+        + b"]"
     )
 
 
 class ExtenderBindingArgs(_Wire):
-    PodName: str = Field(min_length=1)
-    PodNamespace: str = Field(min_length=1)
+    PodName: NonEmpty
+    PodNamespace: NonEmpty
+    Node: NonEmpty
     PodUID: str = ""
-    Node: str = Field(min_length=1)
 
 
 class ExtenderBindingResult(_Wire):
@@ -116,23 +180,40 @@ class ExtenderBindingResult(_Wire):
 
 
 class MetaPod(_Wire):
-    UID: str = Field(min_length=1)
+    UID: NonEmpty
 
 
 class MetaVictims(_Wire):
-    Pods: list[MetaPod] = Field(default_factory=list)
+    Pods: list[MetaPod] = msgspec.field(default_factory=list)
     NumPDBViolations: int = 0
 
 
+class _VictimMeta(msgspec.Struct):
+    uid: str = ""
+
+
+class _VictimPod(msgspec.Struct):
+    metadata: _VictimMeta
+
+
 class Victims(_Wire):
-    Pods: list[WirePod] = Field(default_factory=list)
+    """Whole victim pods (nodeCacheCapable: false); only their UIDs are read."""
+
+    Pods: list[_VictimPod] = msgspec.field(default_factory=list)
     NumPDBViolations: int = 0
 
 
 class ExtenderPreemptionArgs(_Wire):
-    Pod: WirePod
+    Pod: dict[str, Any]
     NodeNameToVictims: dict[str, Victims] | None = None  # nodeCacheCapable=false
     NodeNameToMetaVictims: dict[str, MetaVictims] | None = None  # nodeCacheCapable=true
+
+    def __post_init__(self) -> None:
+        pod_ref(self.Pod)
+
+    @property
+    def pod(self) -> PodRef:
+        return pod_ref(self.Pod)
 
     def victim_uids(self) -> dict[str, tuple[list[str], int]]:
         """Node -> (victim UIDs, PDB violations), whichever form the scheduler sent."""
@@ -148,7 +229,26 @@ class ExtenderPreemptionArgs(_Wire):
 
 
 class ExtenderPreemptionResult(_Wire):
-    NodeNameToMetaVictims: dict[str, MetaVictims] = Field(default_factory=dict)
+    NodeNameToMetaVictims: dict[str, MetaVictims] = msgspec.field(default_factory=dict)
+
+
+WireT = TypeVar("WireT", bound=_Wire)
+_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+_ENCODER = msgspec.json.Encoder()
+
+
+def decode(kind: type[WireT], body: bytes) -> WireT:
+    """A request body as `kind`; WireError (with the path of the first problem) when it is not one."""
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
+    result: WireT = decoder.decode(body)
+    return result
+
+
+def encode(value: object) -> bytes:
+    """JSON of an answer (structs, or plain lists and dicts)."""
+    return _ENCODER.encode(value)
 
 
 def filter_result(args: ExtenderArgs, passed: list[str], failed: dict[str, str]) -> ExtenderFilterResult:
@@ -159,6 +259,11 @@ def filter_result(args: ExtenderArgs, passed: list[str], failed: dict[str, str])
     """
     if args.NodeNames is not None or args.Nodes is None:
         return ExtenderFilterResult(NodeNames=passed, FailedNodes=failed)
-    keep = set(passed)
-    items = [node for node in args.Nodes.items if node.name in keep]
-    return ExtenderFilterResult(Nodes=args.Nodes.model_copy(update={"items": items}), FailedNodes=failed)
+    return ExtenderFilterResult(Nodes=args.Nodes.keeping(passed), FailedNodes=failed)
+
+
+def passed_names(result: ExtenderFilterResult) -> list[str]:
+    """The nodes a filter answer passes, whichever mode it is in."""
+    if result.NodeNames is not None:
+        return result.NodeNames
+    return result.Nodes.names if result.Nodes is not None else []

@@ -28,12 +28,12 @@ from typing import Literal
 from kubernetes_asyncio.client import ApiClient
 
 from contract.kube import controller_of, mapping, meta
-from extender.controllers.evictions import evict, pod_event, uid_of
+from extender.controllers.evictions import evict, pod_event, report_cut_off, uid_of
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture, pod_created
 from extender.policy.consolidation import ConsolidationRules, MovePlan, plan_drain, plan_moves
 from extender.policy.placement import GpuDemand
-from extender.policy.reclaim import PendingPod, Plan
+from extender.policy.reclaim import Budget, PendingPod, Plan
 from extender.policy.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
@@ -97,9 +97,13 @@ class Consolidator:
         now = time.time()
         draining = self.draining_nodes()
         pinned = self._pinned()
-        plans = plan_moves(snapshot, waiting, now, self.rules, served, draining, pinned)
+        work = Budget(self.rules.max_trials)
+        plans = plan_moves(snapshot, waiting, now, self.rules, served, draining, pinned, work)
+        report_cut_off(self.metrics, "consolidate", work)
         if self.options.drain_nodes and not waiting and not served and not plans:
-            plans = plan_drain(snapshot, now, self.rules, self.options.drain_nodes, draining, pinned)
+            work = Budget(self.rules.max_trials)
+            plans = plan_drain(snapshot, now, self.rules, self.options.drain_nodes, draining, pinned, work)
+            report_cut_off(self.metrics, "drain", work)
         self.metrics.consolidation_cycle.observe(time.perf_counter() - started)
         return [each for each in plans if await self._execute(each)]
 

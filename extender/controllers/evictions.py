@@ -1,5 +1,6 @@
 """What the loops that act on running pods share: evicting a pod through the Eviction API (so
-PodDisruptionBudgets hold) and recording an event on a pod."""
+PodDisruptionBudgets hold), recording an event on a pod, and reporting what a planning cycle's
+work budget cut off."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from kubernetes_asyncio.client import ApiClient
 from contract.kube import meta
 from extender.events import post_pod_event
 from extender.kubeapi import KubeError, request
+from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
+from extender.policy.reclaim import Budget
 
 log = logging.getLogger(__name__)
 
@@ -62,3 +65,12 @@ async def pod_event(
     except KubeError as exc:
         if exc.status != 404:
             log.warning("could not record %s on %s: %s", reason, key, exc)
+
+
+def report_cut_off(metrics: ExtenderMetrics, planner: str, work: Budget) -> None:
+    """Count and log what a planning cycle left untried for lack of budget (nothing when none)."""
+    if work.cut_off:
+        metrics.planning_cut_off.labels(planner).inc(work.cut_off)
+        log.info(
+            "%s cycle: work budget spent; %d waiting pod(s) left for a later cycle", planner, work.cut_off
+        )

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 from kubernetes_asyncio.client import ApiClient
 
-from extender.controllers.evictions import evict, pod_event, uid_of
+from extender.controllers.evictions import evict, pod_event, report_cut_off, uid_of
 from extender.controllers.periodic import PeriodicPass
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import EPSILON
-from extender.policy.reclaim import PendingPod, Plan, Rules, gpu_amounts, plan
+from extender.policy.reclaim import Budget, PendingPod, Plan, Rules, gpu_amounts, plan
 from extender.policy.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,11 @@ class ReclaimLoop:
         snapshot = self.picture.snapshot()
         self._spare_blocked(snapshot)
         waiting = self.picture.waiting_pods()
-        plans = plan(snapshot, waiting, time.time(), self.rules())
+        rules = self.rules()
+        work = Budget(rules.max_trials)
+        plans = plan(snapshot, waiting, time.time(), rules, work)
         self.metrics.reclaim_cycle.observe(time.perf_counter() - started)
+        report_cut_off(self.metrics, "reclaim", work)
         self._track_starvation()
         done = []
         for each in plans:

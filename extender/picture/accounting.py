@@ -6,6 +6,9 @@ bind has not come yet) and as `requested` while it waits for one of the schedule
 counts. Contributions are kept in a ledger and only pods that changed - or whose claims, nodes or
 devices did - are recounted; the fair shares are recomputed only when something moved.
 
+Contributions are shared: pods with the same queue, bucket, amounts and GPU shape (most pods of
+a large cluster repeat a few) hold one `Contribution` object, not one each.
+
 Reservations: the scheduler runs the next pod's filter while the previous one is still binding,
 so an admission in flight counts against its queue until the bind or `ttl_s`, or a burst could
 pass a limit. A gang admitted as a unit (`reserve_gang`) counts its members still to place as
@@ -34,6 +37,10 @@ from extender.policy.placement import WorkloadMix
 from extender.queues import QueueSpecError, parse_queue
 
 log = logging.getLogger(__name__)
+
+# Distinct contributions shared between pods; past this many the table starts over (a cluster
+# whose pods are all different shares little anyway).
+_SHARED_LIMIT = 4096
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,10 +76,15 @@ class QueueAccounting:
         self._gangs: set[str] = set()  # workloads whose reservation may have to follow its members
         self._all_dirty = True
         self._view: QueueView | None = None
+        self._shared: dict[tuple[object, ...], Contribution] = {}
+        # Parsed Queue objects (until one changes), and the fair shares with what they were
+        # computed from: a view whose queues, capacity and demands are the same reuses them.
+        self._specs: tuple[dict[str, QueueSpec], dict[str, str]] | None = None
+        self._shares_of: tuple[object, Mapping[str, Mapping[str, float]]] | None = None
         # Told which pods were recounted (None: all), so caches derived from pods follow.
         self.recounted: list[Callable[[Iterable[str] | None], None]] = []
         store.subscribe("Pod", self._pod_changed, self._pods_relisted)
-        store.subscribe("Queue", self._stale)
+        store.subscribe("Queue", self._queues_changed)
         store.subscribe("Node", self._stale)
         store.subscribe("ResourceSlice", self._stale)
         demands.listeners.append(self._pods_moved)
@@ -82,6 +94,10 @@ class QueueAccounting:
 
     def _stale(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
         self._view = None  # capacity or the queues changed
+
+    def _queues_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        self._specs = None
+        self._view = None
 
     def _pods_moved(self, keys: Iterable[str] | None) -> None:
         if keys is None:
@@ -270,21 +286,42 @@ class QueueAccounting:
         ):
             bucket = "requested"  # (a member of a gang being placed is counted by its slots)
         gpus = demand.gpus_at(self.inventory.reference_memory(demand.models)) if "gpu" in amounts else None
-        return Contribution(queue=demand.queue, bucket=bucket, amounts=amounts, demand=gpus)
+        identity = (demand.queue, bucket, gpus, *amounts.items())
+        shared = self._shared.get(identity)
+        if shared is None:
+            if len(self._shared) >= _SHARED_LIMIT:
+                self._shared.clear()
+            shared = self._shared[identity] = Contribution(demand.queue, bucket, amounts, gpus)
+        return shared
 
     def _compute_view(self) -> QueueView:
-        specs: dict[str, QueueSpec] = {}
-        invalid: dict[str, str] = {}
-        for key, obj in self.store.kind("Queue").items():
-            try:
-                specs[key] = parse_queue(obj)
-            except QueueSpecError as exc:
-                invalid[key] = str(exc)
-        # Pods without a queue label go to the default queue, which need not be declared.
-        specs.setdefault(DEFAULT_QUEUE, QueueSpec(name=DEFAULT_QUEUE))
+        if self._specs is None:
+            specs: dict[str, QueueSpec] = {}
+            invalid: dict[str, str] = {}
+            for key, obj in self.store.kind("Queue").items():
+                try:
+                    specs[key] = parse_queue(obj)
+                except QueueSpecError as exc:
+                    invalid[key] = str(exc)
+            # Pods without a queue label go to the default queue, which need not be declared.
+            specs.setdefault(DEFAULT_QUEUE, QueueSpec(name=DEFAULT_QUEUE))
+            self._specs = specs, invalid
+        specs, invalid = self._specs
         usage = self.ledger.usage(specs)
         capacity = self.inventory.capacity()
-        fairness = FairnessSnapshot.build(tuple(specs.values()), usage, capacity)
+        # Fair shares depend on the queues, the capacity and each queue's demand (what it holds
+        # plus what it waits for), not on how the demand splits: a reservation or a bind, which
+        # moves a pod from waiting to holding, leaves them as they were.
+        demands = {
+            queue: {r: used.allocated.get(r, 0.0) + used.requested.get(r, 0.0) for r in capacity}
+            for queue, used in usage.items()
+        }
+        basis = (self._specs, capacity, demands)
+        if self._shares_of is not None and self._shares_of[0] == basis:
+            fairness = FairnessSnapshot(tuple(specs.values()), usage, capacity, self._shares_of[1])
+        else:
+            fairness = FairnessSnapshot.build(tuple(specs.values()), usage, capacity)
+            self._shares_of = basis, fairness.fair_shares
         return QueueView(
             specs=fairness.specs,
             usage=usage,

@@ -39,8 +39,6 @@ from extender.policy.placement import GpuDemand, NodeGpus
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 
-_UNKNOWN = object()
-
 # kind -> collection path: what the picture is made of and where the watcher reads it.
 WATCHED_PATHS: dict[str, str] = {
     "Node": "/api/v1/nodes",
@@ -77,8 +75,14 @@ class ClusterPicture:
         )
         # Called after every change (the status writer uses it to notice newly eligible pods).
         self.listeners: list[Callable[[], None]] = []
-        # Running pods as the planners see them, until the accounting recounts them.
-        self._running: dict[str, RunningPod | None] = {}
+        # Running pods as the planners see them (those holding GPUs; pods with classic GPUs,
+        # numbered per node, are recomputed on each snapshot, on `_classic_nodes`), kept from one
+        # snapshot to the next: only pods the accounting recounted since (`_stale`) are looked at
+        # again. None: rebuild from every pod.
+        self._running: dict[str, RunningPod] | None = None
+        self._classic_nodes: set[str] = set()
+        self._stale: set[str] = set()
+        self._terminating: set[str] = set()  # keys in `_running` of pods being deleted
         self.accounting.recounted.append(self._forget_running)
 
     # ---- updates -----------------------------------------------------------------------------
@@ -88,9 +92,9 @@ class ClusterPicture:
         if self.store.apply(kind, event_type, obj):
             self._changed()
 
-    def replace(self, kind: str, items: Iterable[JsonObject]) -> None:
+    def replace(self, kind: str, items: Iterable[JsonObject], projected: bool = False) -> None:
         """A fresh list of a kind (first sync or relist after 410): what is gone is dropped."""
-        self.store.replace(kind, items)
+        self.store.replace(kind, items, projected)
         if self.ready():
             # Count every pod and every node's free GPUs (and their shapes) now, while
             # (re)listing, rather than in the first request after it.
@@ -191,41 +195,46 @@ class ClusterPicture:
     def snapshot(self) -> ClusterSnapshot:
         """What the planners read: GPU nodes, the pods holding GPUs there, the queues' fairness.
 
-        A running pod's entry is kept until the accounting recounts that pod, so a snapshot costs
-        a dictionary lookup per pod, not a parse (pods with classic GPUs, numbered per node, are
-        the exception).
+        The running pods are kept between snapshots and only the pods the accounting recounted
+        since are read again, so a snapshot costs a copy of that map, not a pass over every pod
+        (pods with classic GPUs, numbered per node, are the exception: their nodes are redone).
         """
-        view = self.fairness()  # recounts what moved, which drops their cached entries
+        view = self.fairness()  # recounts what moved, which marks those pods stale
         nodes = {name: self.node_gpus(name) for name in self.store.kind("Node")}
         nodes.update((name, self.node_gpus(name)) for name in self.inventory.node_devices)
-        running: dict[str, RunningPod] = {}
-        cache = self._running
-        for node_name, keys in self.inventory.pods_by_node.items():
-            classic: list[int] | None = None
-            for key in keys:
-                entry = cache.get(key, _UNKNOWN)
-                if entry is _UNKNOWN:
-                    entry, classic_gpus = self._running_pod(key, node_name)
-                    if classic_gpus:
-                        # Which classic GPUs a pod holds is the device plugin's secret: the used
-                        # ones are the last of the node's list, handed to its classic pods in turn.
-                        if classic is None:
-                            classic = self._classic_indexes(node_name, nodes.get(node_name))
-                        taken, classic = classic[:classic_gpus], classic[classic_gpus:]
-                        assert isinstance(entry, RunningPod)
-                        entry = replace(entry, gpus=entry.gpus + tuple((i, GPU_MILLI) for i in taken))
-                    else:
-                        cache[key] = entry
-                if isinstance(entry, RunningPod):
-                    running[key] = entry
+        pods_by_node = self.inventory.pods_by_node
+        if self._running is None:
+            self._running, self._classic_nodes, self._terminating = {}, set(), set()
+            stale = [(key, node) for node, keys in pods_by_node.items() for key in keys]
+        else:
+            stale = [(key, self._node_of(key)) for key in self._stale]
+        self._stale = set()
+        live = self._running
+        for key, node in stale:
+            live.pop(key, None)
+            self._terminating.discard(key)
+            if node:
+                entry, classic_gpus = self._running_pod(key, node)
+                if classic_gpus:
+                    self._classic_nodes.add(node)
+                elif entry is not None:
+                    live[key] = entry
+                    if entry.terminating:
+                        self._terminating.add(key)
+        running = dict(live)
+        terminating = set(self._terminating)
+        for node in list(self._classic_nodes):
+            if not self._add_classic(running, node, nodes.get(node), terminating):
+                self._classic_nodes.discard(node)
         return ClusterSnapshot(
             nodes,
             running,
             view,
             view.mix,
             self.inventory.gpu_memory,
-            self.inventory.pods_by_node,
-            self._minimums(running.values()),
+            pods_by_node,
+            minimums=self._minimums(running.values()),
+            terminating=terminating,
         )
 
     def _minimums(self, running: Iterable[RunningPod]) -> dict[str, int]:
@@ -238,12 +247,37 @@ class ClusterPicture:
                     minimums[pod.workload] = self.workloads.minimum(self.workloads.workload(obj))
         return minimums
 
+    def _node_of(self, key: str) -> str:
+        pod = self.store.get("Pod", key)
+        return self.inventory.pod_node(key, pod) if pod is not None else ""
+
+    def _add_classic(
+        self, running: dict[str, RunningPod], node: str, supply: NodeGpus | None, terminating: set[str]
+    ) -> bool:
+        """Add the pods of `node` that hold classic GPUs to `running` (and to `terminating` those
+        being deleted); False when it has none."""
+        classic: list[int] | None = None
+        found = False
+        for key in self.inventory.pods_by_node.get(node, ()):
+            entry, classic_gpus = self._running_pod(key, node)
+            if not classic_gpus or entry is None:
+                continue
+            # Which classic GPUs a pod holds is the device plugin's secret: the used ones are
+            # the last of the node's list, handed to its classic pods in turn.
+            if classic is None:
+                classic = self._classic_indexes(node, supply)
+            taken, classic = classic[:classic_gpus], classic[classic_gpus:]
+            running[key] = replace(entry, gpus=entry.gpus + tuple((i, GPU_MILLI) for i in taken))
+            if entry.terminating:
+                terminating.add(key)
+            found = True
+        return found
+
     def _forget_running(self, keys: Iterable[str] | None) -> None:
         if keys is None:
-            self._running.clear()
+            self._running = None
         else:
-            for key in keys:
-                self._running.pop(key, None)
+            self._stale.update(keys)
 
     def _running_pod(self, key: str, node: str) -> tuple[RunningPod | None, int]:
         """The pod as planners see it (None: it holds no GPU), and its classic GPU count."""
@@ -286,8 +320,10 @@ class ClusterPicture:
         view = self.fairness()
         waiting: list[PendingPod] = []
         missing: dict[str, int] = {}  # gang workload -> members still to list (0: skip it)
-        for key, contribution in self.accounting.ledger.contributions.items():
-            if contribution.bucket != "requested" or contribution.demand is None:
+        ledger = self.accounting.ledger
+        for key in sorted(ledger.waiting):  # a stable order (a set has none)
+            contribution = ledger.contributions[key]
+            if contribution.demand is None:
                 continue
             pod = self.store.get("Pod", key)
             if pod is None or meta(pod).get("deletionTimestamp") or self.inventory.held_for(key):

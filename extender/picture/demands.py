@@ -8,6 +8,7 @@ Watch events for a pod are frequent (status, conditions, annotations) while its 
 changes, so the parse is cached by the pod's resourceVersion and dropped only when the pod, one of
 its claims or templates, a DeviceClass or its Namespace's default queue changes.
 `users` answers which pods read a given claim or template, so a claim event recounts only them.
+Equal demands (pods of one template without claims of their own) share one `PodDemand` object.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from extender.picture.store import ObjectStore
 from extender.policy.placement import GpuDemand
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+# Distinct demands remembered for sharing; past this the table starts over.
+_SHARED_LIMIT = 4096
 Source = tuple[str, str]  # (kind, namespace/name) of a claim or template a pod reads
 
 
@@ -121,6 +124,7 @@ class PodDemands:
         # GPU DeviceClass name -> the models it pins (empty: any model).
         self.gpu_classes: dict[str, frozenset[str]] = {}
         self._cache: dict[str, _Cached] = {}
+        self._shared: dict[PodDemand, PodDemand] = {}
         self.users: dict[Source, set[str]] = {}
         self.pods_by_namespace: dict[str, set[str]] = {}
         self.listeners: list[Callable[[Iterable[str] | None], None]] = []  # None: every pod
@@ -217,7 +221,12 @@ class PodDemands:
             priority=priority,
             preemptible=preemptible,
         )
-        return demand, frozenset(sources)
+        shared = self._shared.get(demand)
+        if shared is None:
+            if len(self._shared) >= _SHARED_LIMIT:
+                self._shared.clear()
+            shared = self._shared[demand] = demand
+        return shared, frozenset(sources)
 
     def _forget(self, key: str) -> None:
         cached = self._cache.pop(key, None)

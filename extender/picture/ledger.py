@@ -46,6 +46,7 @@ class QueueLedger:
     allocated: dict[str, dict[str, float]] = field(default_factory=dict)
     requested: dict[str, dict[str, float]] = field(default_factory=dict)
     pending: Counter[str] = field(default_factory=Counter)
+    waiting: set[str] = field(default_factory=set)  # pods whose contribution is `requested`
     demands: Counter[GpuDemand] = field(default_factory=Counter)
     _mix: WorkloadMix = field(default_factory=lambda: WorkloadMix(demands=()))
     _mix_stale: bool = False
@@ -55,9 +56,12 @@ class QueueLedger:
         old = self.contributions.pop(key, None)
         if old is not None:
             self._account(old, -1.0)
+        self.waiting.discard(key)
         if contribution is not None:
             self.contributions[key] = contribution
             self._account(contribution, 1.0)
+            if contribution.bucket == "requested":
+                self.waiting.add(key)
 
     def _account(self, contribution: Contribution, sign: float) -> None:
         if contribution.bucket == "allocated":
@@ -71,6 +75,7 @@ class QueueLedger:
 
     def clear(self) -> None:
         self.contributions.clear()
+        self.waiting.clear()
         self.allocated.clear()
         self.requested.clear()
         self.pending.clear()

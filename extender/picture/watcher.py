@@ -22,6 +22,7 @@ from kubernetes_asyncio.client import ApiClient
 from contract.kube import meta
 from extender.kubeapi import JsonObject, KubeError, request, watch_lines
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
+from extender.picture.store import project
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +68,13 @@ class ClusterWatcher:
         query = {"limit": "500"}
         while True:
             page = await request(self.api, "GET", path, query=query)
-            items.extend(page.get("items") or [])
+            # Projected page by page: only one page of whole objects is held at a time.
+            items.extend(project(kind, obj) for obj in page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 break
             query = {"limit": "500", "continue": token}
-        self.picture.replace(kind, items)
+        self.picture.replace(kind, items, projected=True)
         freeze_after_list()
         return str((page.get("metadata") or {}).get("resourceVersion", ""))
 
@@ -127,5 +129,5 @@ def apply_watch_event(picture: ClusterPicture, kind: str, event: Mapping[str, An
             return ""
         raise KubeError(int(obj.get("code") or 500), str(obj.get("message")))
     if event_type != "BOOKMARK":
-        picture.apply(kind, event_type, dict(obj))
+        picture.apply(kind, event_type, obj)  # projected (copied) by the store
     return str(meta(obj).get("resourceVersion", version))

@@ -21,7 +21,8 @@ Rules (each a test in tests/unit/extender/test_consolidation.py):
    The smallest k with any set where all of that fits wins; among its sets, fewest GPUs moved
    (small fractions before big pods), then lowest priorities, then the newest pods.
 4. Bounded: at most `max_moves_per_pod` moves serve one pod, `max_moves_per_cycle` per cycle,
-   `max_pending` waiting pods are tried.
+   `max_pending` waiting pods are tried, and at most `max_trials` sets of movers (or nodes to
+   empty) are tried on forks per cycle (a `Budget`: what it cuts off is counted in it).
 5. Consolidation serves what reclaim did not: the fork has the cycle's reclaim plans applied first,
    and each move plan is applied before the next, so no GPU is counted twice.
 
@@ -35,15 +36,16 @@ carried out, and the executor reports a blocked move.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Literal
 
 from contract.names import GPU_MILLI
 from extender.policy.fairness import EPSILON, FairnessSnapshot
-from extender.policy.placement import GpuDemand, fits, placement_cost
+from extender.policy.placement import GpuDemand, placement_cost
 from extender.policy.reclaim import (
+    Budget,
     PendingPod,
     Plan,
     apply_plan,
@@ -64,6 +66,7 @@ class ConsolidationRules:
     max_moves_per_cycle: int = 4
     max_candidates: int = 8  # movers tried per node, smallest first (bounds the search)
     max_pending: int = 64  # waiting pods tried per cycle
+    max_trials: int = 64  # sets of movers (or nodes to empty) tried on forks per cycle
 
 
 @dataclass(frozen=True)
@@ -148,16 +151,6 @@ def _land(fork: ClusterSnapshot, pod: RunningPod, like: str, avoid: Collection[s
     return best[1]
 
 
-def _fits_without(fork: ClusterSnapshot, node: str, demand: GpuDemand, gone: Iterable[RunningPod]) -> bool:
-    """Would `demand` fit on `node` with these pods off it? (cheap: no fork)"""
-    supply = fork.nodes[node]
-    free = list(supply.free_milli)
-    for pod in gone:
-        for index, milli in pod.gpus:
-            free[index] = min(GPU_MILLI, free[index] + milli)
-    return fits(replace(supply, free_milli=tuple(free)), demand)
-
-
 def _move_message(pod: RunningPod, to_node: str, waiting: PendingPod, node: str) -> str:
     return (
         f"moved to defragment GPUs: pod {waiting.key} of queue '{waiting.queue}' fits no node as the "
@@ -174,9 +167,10 @@ def _moves_for(
     budget: int,
     avoid: Collection[str],
     pinned: Collection[str],
+    work: Budget,
 ) -> tuple[MovePlan, ClusterSnapshot] | None:
     """Rule 3: the fewest moves after which `waiting` and every mover fit, with the fork after
-    them; or None."""
+    them; or None (also when the cycle's `work` runs out)."""
     movers: dict[str, list[RunningPod]] = {}
     for pod in fork.running.values():
         if pod.node not in avoid and pod.key not in pinned and is_mover(pod, now, rules):
@@ -185,7 +179,7 @@ def _moves_for(
     for node in sorted(movers):
         demand = waiting.demand_on(fork.gpu_memory.get(node, 0))
         candidates = sorted(movers[node], key=_mover_order)[: rules.max_candidates]
-        if _fits_without(fork, node, demand, candidates):  # else no subset can make room
+        if fork.fits_without(node, demand, candidates):  # else no subset can make room
             nodes.append((node, demand, candidates))
     arriving = RunningPod(waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority)
     for count in range(1, budget + 1):
@@ -195,9 +189,11 @@ def _moves_for(
             (_group_rank(group, node), node, demand, group)
             for node, demand, candidates in nodes
             for group in combinations(candidates, count)
-            if _fits_without(fork, node, demand, group)
+            if fork.fits_without(node, demand, group)
         )
         for _, node, demand, group in groups:
+            if not work.spend():
+                return None
             trial = fork.fork()
             for pod in group:
                 trial.evict(pod.key)
@@ -233,10 +229,13 @@ def plan_moves(
     served: Sequence[Plan] = (),
     avoid: Collection[str] = frozenset(),
     pinned: Collection[str] = frozenset(),
+    work: Budget | None = None,
 ) -> list[MovePlan]:
     """This cycle's move plans for waiting pods that reclaim (`served`: its plans of the cycle) did
     not serve, in reclaim's order; nothing is moved off or onto the nodes in `avoid`, and the pods
-    in `pinned` (e.g. a budget blocked their move lately) stay."""
+    in `pinned` (e.g. a budget blocked their move lately) stay. `work`: the cycle's work budget
+    (`rules.max_trials` when not given)."""
+    work = work if work is not None else Budget(rules.max_trials)
     fork = planning_fork(snapshot)
     for done in served:
         apply_plan(fork, done)
@@ -246,6 +245,9 @@ def plan_moves(
     for waiting in serving_order(fork.fairness, pending, rules.max_pending):
         if moves_left <= 0:
             break
+        if work.trials <= 0:
+            work.cut_off += 1
+            continue
         if waiting.workload:
             continue  # a member of a gang waiting whole: moves for one member would not start it
         if waiting.key in served_keys or place_if_it_fits(fork, waiting):
@@ -253,8 +255,10 @@ def plan_moves(
         if consolidation_refusal(fork.fairness, waiting):
             continue
         budget = min(moves_left, rules.max_moves_per_pod)
-        outcome = _moves_for(fork, waiting, now, rules, budget, avoid, pinned)
+        refused = work.refused
+        outcome = _moves_for(fork, waiting, now, rules, budget, avoid, pinned, work)
         if outcome is None:
+            work.cut_off += work.refused > refused  # its search stopped short
             continue
         found, fork = outcome
         moves_left -= len(found.moves)
@@ -269,10 +273,12 @@ def plan_drain(
     nodes: int,
     avoid: Collection[str] = frozenset(),
     pinned: Collection[str] = frozenset(),
+    work: Budget | None = None,
 ) -> list[MovePlan]:
     """Up to `nodes` GPU nodes to empty (for a node autoscaler to remove), the ones holding the
     fewest GPUs first: every pod on them moved elsewhere, none onto a node in `avoid` or emptied;
-    a node with a pod in `pinned` stays."""
+    a node with a pod in `pinned` stays. Each node tried costs one trial of `work`."""
+    work = work if work is not None else Budget(rules.max_trials)
     fork = planning_fork(snapshot)
     ranked: list[tuple[float, int, str]] = []
     for node, supply in fork.nodes.items():
@@ -289,6 +295,9 @@ def plan_drain(
             break
         if count > moves_left:
             continue
+        if not work.spend():
+            work.cut_off += 1  # nodes left untried
+            break
         trial = fork.fork()
         pods = sorted(trial.pods_on(node), key=_mover_order, reverse=True)
         for pod in pods:

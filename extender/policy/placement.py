@@ -433,12 +433,11 @@ def score_nodes(
     """0..10 per node name; nodes where the demand does not fit get 0."""
     # Most nodes of a large cluster repeat a few shapes: rank each shape once per call and map
     # the scores back, so the per-node work is a few lookups.
-    cost_of: dict[str, Cost | None] = {}
-    for node in nodes:
-        if node.shape not in cost_of:
-            cost_of[node.shape] = placement_cost(node, demand, mix, strategy)
+    one_of_shape = {node.shape: node for node in nodes}
+    cost_of = {shape: placement_cost(node, demand, mix, strategy) for shape, node in one_of_shape.items()}
     score_of = _rank_scores({cost for cost in cost_of.values() if cost is not None})
-    return {node.name: 0 if (cost := cost_of[node.shape]) is None else score_of[cost] for node in nodes}
+    score_of_shape = {shape: 0 if cost is None else score_of[cost] for shape, cost in cost_of.items()}
+    return {node.name: score_of_shape[node.shape] for node in nodes}
 
 
 def mix_from_demands(demands: Sequence[GpuDemand]) -> WorkloadMix:

@@ -24,7 +24,10 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    victim no bigger than the whole GPUs the pod needs is evicted (a whole-GPU pod for a half-GPU
    pod: no smaller eviction exists); and at most `max_evictions` pods per cycle.
 6. Bounded time: at most `max_pending` waiting pods per cycle, and for each the `node_trials`
-   nodes holding possible victims with the most free GPU; what is cut off waits for a later cycle.
+   nodes holding possible victims with the most free GPU; and a work budget per cycle
+   (`Budget`: `max_trials` node searches in all), after which the remaining waiting pods are
+   not tried. What is cut off waits for a later cycle and is counted in the budget, which the
+   controller reports (metric and log).
 5. Every plan is applied to a fork of the snapshot (victims off, pod placed) before the next one
    is made, so one cycle's plans never count the same GPUs twice. The live picture is untouched.
 
@@ -90,6 +93,29 @@ class Rules:
     max_pending: int = 64  # pending pods considered per cycle (bounds the planning time)
     # Nodes searched for victims per pending pod: those with possible victims, most free first.
     node_trials: int = 16
+    # Node searches per cycle, all pending pods together (the cycle's work budget, see `Budget`).
+    max_trials: int = 128
+
+
+@dataclass
+class Budget:
+    """The work one planning cycle may still do, in trials (a node searched for victims, a set of
+    movers tried), and the waiting pods it left untried when it ran out.
+
+    A work budget rather than a clock, so a plan is the same on a fast and on a busy machine; the
+    defaults keep a cycle well under 100 ms at 5000 nodes (docs/benchmarks.md, section 8)."""
+
+    trials: int
+    cut_off: int = 0  # waiting pods not tried (or not tried to the end) for lack of budget
+    refused: int = 0  # trials asked for when none was left
+
+    def spend(self) -> bool:
+        """Take one trial; False when none is left."""
+        if self.trials <= 0:
+            self.refused += 1
+            return False
+        self.trials -= 1
+        return True
 
 
 @dataclass(frozen=True)
@@ -246,12 +272,9 @@ def _node_plan(
         return None
     # Give back victims the pod does not need after all, the last taken first.
     for group in reversed(list(chosen)):
-        without = fork.fork()
-        for other in chosen:
-            if other is not group:
-                for eviction in other:
-                    without.evict(eviction.pod.key)
-        if without.fitting_nodes(demand, [node]):
+        # What stays evicted without this unit; a gang's members elsewhere free nothing here.
+        others = (e.pod for other in chosen if other is not group for e in other if e.pod.node == node)
+        if fork.fits_without(node, demand, others):
             chosen.remove(group)
     return [eviction for group in chosen for eviction in group], demand
 
@@ -277,20 +300,37 @@ def _goal_for(fairness: FairnessSnapshot, waiting: PendingPod) -> Goal | None:
 
 
 class Search:
-    """What one cycle's search reads often, computed once: node names, and nodes by the queues
-    of the preemptible pods running there (victims can only be on those)."""
+    """What one cycle's search reads often, computed once and only when first needed: node names,
+    nodes by free GPU, and nodes by the queues of the preemptible pods running there (victims can
+    only be on those)."""
 
     def __init__(self, fork: ClusterSnapshot) -> None:
         self.names = sorted(fork.nodes)
-        self.nodes_of_queue: dict[str, set[str]] = {}
-        for pod in fork.running.values():
-            if pod.preemptible and not pod.terminating and pod.gpus:
-                self.nodes_of_queue.setdefault(pod.queue, set()).add(pod.node)
-        # Nodes by free GPU share, most first (ranked once per cycle: a heuristic order).
-        self.by_free = sorted(self.names, key=lambda n: -sum(fork.nodes[n].free_milli))
+        self._fork = fork
+        self._by_free: list[str] | None = None
+        self._nodes_of_queue: dict[str, set[str]] | None = None
         # Demands known to fit nowhere, and the nodes changed since (only those need a look).
         self._unfit: dict[tuple[GpuDemand, int | None], int] = {}
         self.touched: list[str] = []
+
+    @property
+    def by_free(self) -> list[str]:
+        """Nodes by free GPU share, most first (ranked once per cycle: a heuristic order)."""
+        if self._by_free is None:
+            nodes = self._fork.nodes
+            free = {name: sum(nodes[name].free_milli) for name in self.names}
+            self._by_free = sorted(self.names, key=lambda name: -free[name])
+        return self._by_free
+
+    @property
+    def nodes_of_queue(self) -> dict[str, set[str]]:
+        """Nodes by the queues of the preemptible GPU pods running there as the cycle began."""
+        if self._nodes_of_queue is None:
+            self._nodes_of_queue = {}
+            for pod in self._fork.running.values():
+                if pod.preemptible and not pod.terminating and pod.gpus:
+                    self._nodes_of_queue.setdefault(pod.queue, set()).add(pod.node)
+        return self._nodes_of_queue
 
     def candidates(self, fork: ClusterSnapshot, waiting: PendingPod, goal: Goal, limit: int) -> list[str]:
         """Nodes that hold possible victims, the most free GPU first, at most `limit`."""
@@ -307,6 +347,8 @@ class Search:
                     and not reclaim_refusal(fork.fairness, waiting.queue, waiting.resources, queue, least)
                 )
             )
+        if not holding:
+            return []
         models = waiting.demand.models
         found: list[str] = []
         for name in self.by_free:
@@ -329,7 +371,13 @@ class Search:
 
 
 def _plan_for(
-    fork: ClusterSnapshot, search: Search, waiting: PendingPod, now: float, rules: Rules, budget: int
+    fork: ClusterSnapshot,
+    search: Search,
+    waiting: PendingPod,
+    now: float,
+    rules: Rules,
+    evictions_left: int,
+    work: Budget,
 ) -> Plan | None:
     goal = _goal_for(fork.fairness, waiting)
     if goal is None:
@@ -339,11 +387,13 @@ def _plan_for(
     goals: list[Goal] = [goal, "preempt"] if goal == "reclaim" else [goal]
     for current in goals:
         for node in search.candidates(fork, waiting, current, rules.node_trials):
+            if not work.spend():
+                break
             found = _node_plan(fork, node, waiting, current, now, rules)
             if found is None:
                 continue
             evictions, _ = found
-            if not evictions or len(evictions) > budget:
+            if not evictions or len(evictions) > evictions_left:
                 continue
             evicted = sum(_gpus(e.pod) for e in evictions)
             if evicted / max(needed, 1e-9) > rules.max_ratio + EPSILON and not (
@@ -373,7 +423,7 @@ def _on(waiting: PendingPod, fork: ClusterSnapshot, node: str) -> GpuDemand:
 def planning_fork(snapshot: ClusterSnapshot) -> ClusterSnapshot:
     """A fork to plan on: pods already terminating are gone in it (their GPUs are coming free)."""
     fork = snapshot.fork()
-    for key in [k for k, pod in fork.running.items() if pod.terminating]:
+    for key in sorted(fork.terminating()):
         fork.evict(key)
     return fork
 
@@ -413,6 +463,7 @@ def _plan_gang(
     now: float,
     rules: Rules,
     budget: int,
+    work: Budget,
 ) -> list[Plan] | None:
     """Plans making room for every waiting member of a gang, or None (and the fork untouched)."""
     trial = fork.fork()
@@ -422,7 +473,7 @@ def _plan_gang(
         if place_if_it_fits(trial, member, trial_search):
             continue
         found = _plan_for(
-            trial, trial_search, member, now, rules, budget - sum(len(p.evictions) for p in plans)
+            trial, trial_search, member, now, rules, budget - sum(len(p.evictions) for p in plans), work
         )
         if found is None:
             return None
@@ -441,9 +492,17 @@ def _arriving(waiting: PendingPod) -> RunningPod:
     )
 
 
-def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, rules: Rules) -> list[Plan]:
+def plan(
+    snapshot: ClusterSnapshot,
+    pending: Sequence[PendingPod],
+    now: float,
+    rules: Rules,
+    work: Budget | None = None,
+) -> list[Plan]:
     """This cycle's plans: most deserving queues first, each queue's head pod (highest priority,
-    oldest) tried; every plan applied to the fork before the next."""
+    oldest) tried; every plan applied to the fork before the next. `work`: the cycle's budget
+    (`rules.max_trials` when not given), which tells afterwards what was cut off."""
+    work = work if work is not None else Budget(rules.max_trials)
     fork = planning_fork(snapshot)
     search = Search(fork)
     plans: list[Plan] = []
@@ -453,17 +512,23 @@ def plan(snapshot: ClusterSnapshot, pending: Sequence[PendingPod], now: float, r
     for waiting in order:
         if evictions_left <= 0:
             break
+        if work.trials <= 0:
+            work.cut_off += 1
+            continue
         if waiting.workload:
             if waiting.workload not in served_gangs:
                 served_gangs.add(waiting.workload)
                 members = [p for p in order if p.workload == waiting.workload]
-                for done in _plan_gang(fork, search, members, now, rules, evictions_left) or ():
+                for done in _plan_gang(fork, search, members, now, rules, evictions_left, work) or ():
                     evictions_left -= len(done.evictions)
                     plans.append(done)
             continue
         if place_if_it_fits(fork, waiting, search):
             continue
-        found = _plan_for(fork, search, waiting, now, rules, evictions_left)
+        refused = work.refused
+        found = _plan_for(fork, search, waiting, now, rules, evictions_left, work)
+        if found is None and work.refused > refused:
+            work.cut_off += 1  # its search stopped short
         if found is None:
             continue
         apply_plan(fork, found, search)

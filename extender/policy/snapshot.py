@@ -111,6 +111,7 @@ class ClusterSnapshot:
         gpu_memory: Mapping[str, int] | None = None,
         pods_by_node: Mapping[str, Iterable[str]] | None = None,
         minimums: Mapping[str, int] | None = None,
+        terminating: Iterable[str] | None = None,
     ) -> None:
         self._node_changes: dict[str, NodeGpus | None] = {}
         self._pod_changes: dict[str, RunningPod | None] = {}
@@ -123,6 +124,9 @@ class ClusterSnapshot:
         self.mix = mix
         self._fairness: FairnessSnapshot | None = fairness
         self._index = _NodeIndex(running, pods_by_node)
+        # Keys of the running pods already terminating, when the caller knows them (else found
+        # by a pass over the pods on first use); forks share them.
+        self._terminating: frozenset[str] | None = None if terminating is None else frozenset(terminating)
         # Minimum member count of each gang workload of the running pods (shared, read-only).
         self.minimums: Mapping[str, int] = minimums if minimums is not None else {}
         self._gangs: dict[str, tuple[str, ...]] | None = None  # workload -> base member keys
@@ -169,6 +173,7 @@ class ClusterSnapshot:
         child.running = _Layered(self.running.base, child._pod_changes)
         child.gpu_memory = self.gpu_memory
         child._base, child.mix, child._index = self._base, self.mix, self._index
+        child._terminating = self._terminating
         child._usage = dict(self._usage)
         child._fairness = self._fairness
         child.minimums = self.minimums
@@ -182,6 +187,13 @@ class ClusterSnapshot:
             base = self._base
             self._fairness = FairnessSnapshot(base.specs, dict(self._usage), base.capacity, base.fair_shares)
         return self._fairness
+
+    def terminating(self) -> list[str]:
+        """Running pods already being deleted (their GPUs are coming free)."""
+        running = self.running
+        if self._terminating is None:
+            self._terminating = frozenset(key for key, pod in running.items() if pod.terminating)
+        return [key for key in self._terminating if key in running and running[key].terminating]
 
     def pods_on(self, node: str) -> list[RunningPod]:
         running = self.running
@@ -213,6 +225,18 @@ class ClusterSnapshot:
         self._node_changes[pod.node] = _with_free(node, free, pod.cpu_milli, pod.memory_mib)
         self._move(pod.queue, pod.resources, -1.0)
         return pod
+
+    def fits_without(self, node: str, demand: GpuDemand, gone: Iterable[RunningPod]) -> bool:
+        """Would `demand` fit on `node` with these of its pods off it? (cheap: no fork)"""
+        supply = self.nodes[node]
+        free = list(supply.free_milli)
+        cpu_milli = memory_mib = 0
+        for pod in gone:
+            for index, milli in pod.gpus:
+                free[index] = min(GPU_MILLI, free[index] + milli)
+            cpu_milli += pod.cpu_milli
+            memory_mib += pod.memory_mib
+        return fits(_with_free(supply, free, cpu_milli, memory_mib), demand)
 
     def fitting_nodes(self, demand: GpuDemand, candidates: Iterable[str] | None = None) -> list[str]:
         names = self.nodes if candidates is None else candidates

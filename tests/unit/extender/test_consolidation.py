@@ -14,7 +14,7 @@ from extender.picture.cluster import is_movable
 from extender.policy.consolidation import ConsolidationRules, MovePlan, plan_drain, plan_moves
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
-from extender.policy.reclaim import Eviction, PendingPod, Plan
+from extender.policy.reclaim import Budget, Eviction, PendingPod, Plan
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 
 NOW = 10_000.0
@@ -295,6 +295,17 @@ def test_a_pinned_pod_stays_and_the_next_best_moves() -> None:
     snapshot, pending = build(Scenario("", {"n1": 4}, halves(4, "n1"), [Wait("w")], set(), {}))
     plans = plan_moves(snapshot, pending, NOW, RULES, pinned={"h3"})
     assert [m.pod.key for p in plans for m in p.moves] == ["h2"]
+
+
+@pytest.mark.parametrize(("trials", "moved", "cut_off"), [(1, ["h3"], 0), (0, [], 1)])
+def test_consolidation_stops_at_its_work_budget(trials: int, moved: list[str], cut_off: int) -> None:
+    # Four halves on four GPUs, w waits for a whole GPU: moving h3 (one set of one mover, the
+    # first tried) makes room - one trial. With no trial left w is cut off and counted.
+    snapshot, pending = build(Scenario("", {"n1": 4}, halves(4, "n1"), [Wait("w")], set(), {}))
+    work = Budget(trials)
+    plans = plan_moves(snapshot, pending, NOW, RULES, work=work)
+    assert [m.pod.key for p in plans for m in p.moves] == moved
+    assert work.cut_off == cut_off
 
 
 def test_a_terminating_pod_counts_as_gone() -> None:

@@ -5,6 +5,7 @@ The cluster: nodes a and b with 2 GPUs each (4 GPUs), indexed Jobs whose pods as
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from extender.policy.placement import GpuDemand
 from extender.server import build_app
 from extender.status import WaitingPods
 from extender.verbs import decide_preemption
-from extender.wire import ExtenderPreemptionArgs
+from extender.wire import ExtenderPreemptionArgs, decode
 from tests import extender_objects as objects
 from tests.unit.extender.test_server import CLASS, Extender, args
 
@@ -268,7 +269,9 @@ async def test_the_schedulers_preemption_never_breaks_a_gang(extender: Extender)
     status, result = await extender.call("preempt", body)
     assert status == 200
     assert list(result["NodeNameToMetaVictims"]) == ["b"]
-    dropped = decide_preemption(extender.state, ExtenderPreemptionArgs.model_validate(body)).dropped
+    dropped = decide_preemption(
+        extender.state, decode(ExtenderPreemptionArgs, json.dumps(body).encode())
+    ).dropped
     assert dropped == {
         "a": "pod ns/jh-0 is one of the 2 running pods of workload Job/ns/jh, its minimum: evicting it "
         "would break the gang"

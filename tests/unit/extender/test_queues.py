@@ -126,6 +126,13 @@ def test_parse_queue_rejects_with_a_clear_message(obj: dict[str, Any], message: 
     [
         ([QueueSpec("a"), QueueSpec("b", "a")], {"a": [], "b": []}),
         ([QueueSpec("b", "missing")], {"b": ["parent queue 'missing' of 'b' does not exist"]}),
+        (  # a chain into a missing parent: every queue on it names where it breaks
+            [QueueSpec("a", "b"), QueueSpec("b", "missing")],
+            {
+                "a": ["parent queue 'missing' of 'b' does not exist"],
+                "b": ["parent queue 'missing' of 'b' does not exist"],
+            },
+        ),
         (
             [QueueSpec("x", "y"), QueueSpec("y", "x"), QueueSpec("z", "x")],
             {
@@ -151,7 +158,14 @@ def test_parse_queue_rejects_with_a_clear_message(obj: dict[str, Any], message: 
         ),
         ([QueueSpec("a"), QueueSpec("a", priority=1)], {"a": ["more than one queue is named 'a'"]}),
     ],
-    ids=["valid", "unknown parent", "cycle", "children's quota above parent's", "duplicate"],
+    ids=[
+        "valid",
+        "unknown parent",
+        "chain to an unknown parent",
+        "cycle",
+        "children's quota above parent's",
+        "duplicate",
+    ],
 )
 def test_validate_hierarchy(specs: list[QueueSpec], expected: dict[str, list[str]]) -> None:
     assert validate_hierarchy(specs) == expected

@@ -10,7 +10,7 @@ import pytest
 from contract.names import GPU_MILLI
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
-from extender.policy.reclaim import PendingPod, Rules, plan, reclaim_refusal
+from extender.policy.reclaim import Budget, PendingPod, Rules, plan, reclaim_refusal
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 
 NOW = 10_000.0
@@ -373,3 +373,40 @@ def test_a_victims_model_resource_does_not_block_a_pod_that_takes_any_model() ->
     # A pod that asks for the model is checked on it too.
     refusal = reclaim_refusal(fairness, "b", {"gpu": 1.0, model: 1.0}, "a", {"gpu": 1.0, model: 1.0})
     assert refusal.startswith(f"queue 'b' would go above its fair share ({model}")
+
+
+@pytest.mark.parametrize(
+    ("max_trials", "served", "cut_off"),
+    [
+        # Each of b's pods fits no node and needs one eviction; its search tries the 2 nodes
+        # holding a's pods (one trial each), most free first: b0 costs 2 trials, b1 2, b2 2.
+        (6, ["b0", "b1", "b2"], 0),  # 6 trials: all three searched to the end
+        (4, ["b0", "b1"], 1),  # 2 + 2 trials, none left for b2: cut off, reported
+        # b1 gets 1 trial: its plan on the first node is kept (found before the budget ran out);
+        # b2 gets none.
+        (3, ["b0", "b1"], 1),
+        (0, [], 3),  # no work allowed: every waiting pod is cut off
+    ],
+)
+def test_a_cycle_stops_at_its_work_budget_and_counts_what_it_cut_off(
+    max_trials: int, served: list[str], cut_off: int
+) -> None:
+    # Two full nodes of 2 GPUs, all held by a (quota 0: borrowing), b (quota 4) waits with 3
+    # single-GPU pods: each may reclaim one of a's pods (rule 1: b 0 + 1 <= its share, a stays at
+    # or above its share of 1 without it).
+    snapshot, pending = build(
+        Scenario(
+            "",
+            nodes={"n1": 2, "n2": 2},
+            queues=[q("a", quota=0), q("b", quota=4)],
+            running=[*a_runs(2, "n1"), Run("a8", "a", "n2"), Run("a9", "a", "n2")],
+            pending=[Wait("b0", "b"), Wait("b1", "b"), Wait("b2", "b")],
+            evicted=set(),
+            served={},
+        )
+    )
+    work = Budget(max_trials)
+    plans = plan(snapshot, pending, NOW, Rules(max_trials=max_trials), work)
+    assert [p.pod.key for p in plans] == served
+    assert work.cut_off == cut_off
+    assert work.trials == 0 or cut_off == 0

@@ -223,7 +223,7 @@ async def test_binding_a_bound_pod_again_is_idempotent_and_elsewhere_an_error(ex
     assert status == 200
     assert "already bound to node a" in result["Error"]
     status, text = await extender.call("bind", {"PodName": "held"})
-    assert status == 400 and "Node" in text
+    assert status == 400 and "missing required field `PodNamespace`" in text
 
 
 async def test_metrics_show_latency_decisions_and_queue_numbers(extender: Extender) -> None:

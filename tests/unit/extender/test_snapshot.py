@@ -99,3 +99,47 @@ def test_forks_of_forks_are_independent() -> None:
     assert first.nodes["a"].free_milli == (1000, 0, 500, 1000)
     assert second.nodes["a"].free_milli == (1000, 0, 1000, 1000)
     assert "ns/half" in first.running and "ns/half" not in second.running
+
+
+def test_a_snapshot_after_events_equals_one_of_a_fresh_picture() -> None:
+    # Snapshots keep their running pods from one to the next and re-read only pods that changed.
+    # After each event the live picture's snapshot equals a fresh picture's over the same objects:
+    # a pod bound (waiting gets gpu-3 through its claim), a pod deleted (w0), one terminating
+    # (w1), and a classic-GPU pod on a node of device-plugin GPUs (numbered per node).
+    live = picture()
+    live.node_gpus("a")
+    assert set(live.snapshot().running) == {"ns/w0", "ns/w1", "ns/half"}
+
+    def fresh() -> ClusterPicture:
+        again = ClusterPicture()
+        for kind in WATCHED_PATHS:
+            again.replace(kind, list(live.kind(kind).values()))
+        return again
+
+    def same() -> None:
+        ours, theirs = live.snapshot(), fresh().snapshot()
+        assert dict(ours.running) == dict(theirs.running)
+        assert dict(ours.nodes) == dict(theirs.nodes)
+        assert ours.terminating() == theirs.terminating()
+
+    bound = objects.pod("ns", "waiting", queue="team-b", template="one", node_name="a")
+    bound["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "waiting-gpus"}]
+    claim = objects.claim("ns", "waiting-gpus", objects.claim_spec(CLASS), allocated=[("a", "gpu-3", None)])
+    live.apply("ResourceClaim", "ADDED", claim)
+    live.apply("Pod", "MODIFIED", bound)
+    same()
+    assert live.snapshot().running["ns/waiting"].gpus == ((3, 1000),)
+    live.apply("Pod", "DELETED", live.kind("Pod")["ns/w0"])
+    same()
+    terminating = dict(live.kind("Pod")["ns/w1"])
+    terminating["metadata"] = {**terminating["metadata"], "deletionTimestamp": "2026-12-01T10:00:00Z"}
+    live.apply("Pod", "MODIFIED", terminating)
+    same()
+    assert live.snapshot().running["ns/w1"].terminating
+    assert live.snapshot().terminating() == ["ns/w1"]
+    classic_node = objects.node("c")
+    classic_node["status"] = {"allocatable": {"nvidia.com/gpu": "2"}, "capacity": {"nvidia.com/gpu": "2"}}
+    live.apply("Node", "ADDED", classic_node)
+    live.apply("Pod", "ADDED", objects.pod("ns", "classic", queue="team-a", node_name="c", classic_gpus=1))
+    same()
+    assert [i for i, _ in live.snapshot().running["ns/classic"].gpus] == [1]  # the last GPU of c

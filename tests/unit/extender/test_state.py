@@ -218,6 +218,8 @@ def test_reservations_move_a_pod_to_allocated_and_expire() -> None:
     assert shifted.usage["q"].requested == {}
     assert shifted.pending_pods.get("q", 0) == 0
     assert shifted.fair_shares == before.fair_shares
+    # The pod moved from waiting to holding: no queue's demand changed, so the shares are reused.
+    assert shifted.fair_shares is before.fair_shares
     # The incremental accounting equals a full recount of the same objects and reservation.
     fresh = synced_state([obj for store in state.store.objects.values() for obj in store.values()])
     fresh.reserve("ns/p", fresh.kind("Pod")["ns/p"], ttl_s=60)

@@ -3,16 +3,18 @@ answers are the decision functions' answers on the same picture (no timing here)
 
 from __future__ import annotations
 
+import msgspec
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio.client import ApiClient
 
 from bench.hotpath import Payloads
-from bench.picture import GPUS_PER_NODE, build_picture, load_state
-from bench.servers import floor_app, tessera_app
+from bench.picture import GPUS_PER_NODE, build_picture, leaf_queues, load_state, queue_tree
+from bench.servers import CODECS, floor_app, tessera_app
+from contract.names import QUEUE_LABEL
 from extender.server import PICTURE_KEY
 from extender.verbs import decide_filter, decide_priorities
-from extender.wire import ExtenderArgs
+from extender.wire import ExtenderArgs, decode, encode
 
 JSON = {"Content-Type": "application/json"}
 
@@ -26,6 +28,18 @@ def test_picture_fills_gpus_and_pods_as_documented() -> None:
     free = sum(sum(state.node_gpus(name).free_milli) for name in picture.node_names)
     # 70% of the 80 GPUs are held (56), whole or as two halves.
     assert free == (10 * GPUS_PER_NODE - 56) * 1000
+
+
+def test_the_queue_tree_has_1000_queues_with_pods_in_its_900_leaves() -> None:
+    tree = queue_tree()
+    picture = build_picture(nodes=10, pods=2000, tree=tree)
+    assert len(picture.objects["Queue"]) == 1000 and len(leaf_queues(tree)) == 900
+    pod_queues = {pod["metadata"]["labels"][QUEUE_LABEL] for pod in picture.objects["Pod"]}
+    assert pod_queues == set(leaf_queues(tree))
+    view = load_state(picture).fairness()
+    assert not view.invalid  # children's quotas (an even split of the parent's) add up
+    assert len(view.fair_shares) == 1001  # and the default queue
+    assert view.fair_shares["r0"]["gpu"] > 0
 
 
 async def _cycle(app: web.Application, payloads: Payloads, cycle: int) -> tuple[object, object]:
@@ -45,15 +59,16 @@ async def test_extender_and_floor_answer_the_same_payloads() -> None:
         for mode in ("names", "nodelist"):
             payloads = Payloads(6, mode)
             ours, our_scores = await _cycle(app, payloads, cycle=1)
-            floor, floor_scores = await _cycle(floor_app(), payloads, cycle=1)
-            assert isinstance(ours, dict) and isinstance(floor, dict)
-            assert not ours.get("Error"), ours
-            assert isinstance(our_scores, list) and isinstance(floor_scores, list)
-            assert len(our_scores) == len(floor_scores) == 6
+            assert isinstance(ours, dict) and not ours.get("Error"), ours
+            assert isinstance(our_scores, list) and len(our_scores) == 6
+            for kind in CODECS:  # both floors pass every node, with score 0
+                floor, floor_scores = await _cycle(floor_app(kind), payloads, cycle=1)
+                assert isinstance(floor, dict) and isinstance(floor_scores, list)
+                assert len(floor_scores) == 6 and {s["Score"] for s in floor_scores} == {0}
             # What the server said is what the verbs decide on the same picture and request.
-            args = ExtenderArgs.model_validate_json(payloads.body(1))
+            args = decode(ExtenderArgs, payloads.body(1))
             picture = app[PICTURE_KEY]
-            expected = decide_filter(picture, args).result.model_dump(mode="json")
+            expected = msgspec.json.decode(encode(decide_filter(picture, args).result))
             assert ours == expected
             scores = decide_priorities(picture, args).scores
             assert {h["Host"]: h["Score"] for h in our_scores} == scores
