@@ -39,7 +39,7 @@ class QueueView(FairnessSnapshot):
 
     invalid: Mapping[str, str]  # Queue objects that failed to parse -> why
     pending_pods: Mapping[str, int]  # queue -> pending pods
-    mix: WorkloadMix  # GPU shapes of the pods seen, weighted by count (placement's target workload)
+    mix: WorkloadMix  # placement demands of the pods seen, weighted by count (placement's target workload)
 
 
 class QueueAccounting:
@@ -194,8 +194,9 @@ class QueueAccounting:
             bucket = "allocated"
         elif self.is_pending(key, pod):
             bucket = "requested"
-        gpus = demand.gpus_at(self.inventory.reference_memory(demand.models)) if "gpu" in amounts else None
-        return Contribution(queue=demand.queue, bucket=bucket, amounts=amounts, demand=gpus)
+        # Every pod's placement demand (GPUs, CPU, memory) joins the workload mix, GPU-less ones too.
+        placement = demand.placement_at(self.inventory.reference_memory(demand.models))
+        return Contribution(queue=demand.queue, bucket=bucket, amounts=amounts, demand=placement)
 
     def _compute_view(self) -> QueueView:
         specs: dict[str, QueueSpec] = {}

@@ -207,6 +207,7 @@ class ClusterPicture:
         if demand.problem or not demand.wants_gpu:
             return None, 0
         held = self.inventory.held_devices(demand.namespace, demand.claim_names)
+        host = demand.placement_at(0)  # its CPU and memory, given back to the node on eviction
         # Partitions (index -1) are no GPU of their own: evicting them frees no whole GPU.
         running = RunningPod(
             key=key,
@@ -219,6 +220,8 @@ class ClusterPicture:
             started=_start_time(pod),
             terminating=bool(meta(pod).get("deletionTimestamp")),
             movable=is_movable(pod),
+            cpu_milli=host.cpu_milli,
+            memory_mib=host.memory_mib,
         )
         return running, demand.classic_gpus
 
@@ -234,7 +237,11 @@ class ClusterPicture:
         view = self.fairness()
         waiting: list[PendingPod] = []
         for key, contribution in self.accounting.ledger.contributions.items():
-            if contribution.bucket != "requested" or contribution.demand is None:
+            if (
+                contribution.bucket != "requested"
+                or contribution.demand is None
+                or not contribution.demand.count
+            ):
                 continue
             pod = self.store.get("Pod", key)
             if pod is None or meta(pod).get("deletionTimestamp") or self.inventory.held_for(key):
