@@ -33,7 +33,8 @@ from typing import Literal
 from extender.policy.placement import Cost, GpuDemand, WorkloadMix, mix_from_demands
 
 from .cluster import Cluster
-from .policies import Policy, make_policy
+from .deployed import SHIPPED_PROFILE, DeployedPlacer, DeviceChoice, SchedulerProfile
+from .policies import DEPLOYED, Policy, make_policy
 from .trace import SimNode, SimPod
 
 ProgressCallback = Callable[[str, float], None]
@@ -195,7 +196,10 @@ def replay_packing(
     mix: WorkloadMix | None = None,
     progress: ProgressCallback | None = None,
     curve_step_pct: float = 1.0,
+    profile: SchedulerProfile = SHIPPED_PROFILE,
+    device_choice: DeviceChoice = "first-fit",
 ) -> PackingResult:
+    """One replay; ``profile`` and ``device_choice`` are what ``tessera-deployed`` models."""
     if not any(pod.gpu_milli for pod in pods):
         raise ValueError("the workload has no GPU pods, so arrival can never reach the target")
     started = time.perf_counter()
@@ -205,7 +209,11 @@ def replay_packing(
     cluster = Cluster(node_order, mix)
     capacity = cluster.capacity_milli
     arrivals = tune_to_target(arrival_order(pods, replay, seed), target_arrival_pct / 100 * capacity, seed)
-    placer = Placer(cluster, make_policy(policy_name, mix), _rng(seed, "policy"), tie_break="first")
+    placer: Placer | DeployedPlacer = (
+        DeployedPlacer(cluster, profile, _rng(seed, "policy"), device_choice)
+        if policy_name == DEPLOYED
+        else Placer(cluster, make_policy(policy_name, mix), _rng(seed, "policy"), tie_break="first")
+    )
     result = PackingResult(policy=policy_name, seed=seed, replay=replay)
     samples: list[tuple[float, float]] = []  # (arrival %, allocation % rounded as the paper's analysis)
     arrived_milli = 0
