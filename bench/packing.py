@@ -41,8 +41,11 @@ from kubernetes_asyncio.client import ApiClient
 from contract.kube import mapping, sequence
 from contract.names import GPU_MILLI
 from extender.kubeapi import JsonObject, request
+from extender.policy.placement import rounded_mix
 from tessera.cli import SCHEDULER_PROFILE, extender_config
 from tessera.dev.localcluster import REPO_ROOT, LocalCluster, api_client, create_fake_node, free_port
+from tessera.simulate.cluster import Cluster
+from tessera.simulate.deployed import SHIPPED_PROFILE, DeployedPlacer
 from tessera.simulate.kube import claim_template, node_slices, pod_object, template_name
 from tessera.simulate.packing import allocation_at, arrivals, replay_packing
 from tessera.simulate.policies import DEPLOYED
@@ -158,15 +161,65 @@ async def replay_end_to_end(api: ApiClient, nodes: Sequence[SimNode], pods: Sequ
     return result
 
 
-async def bound_milli(api: ApiClient, pods: Sequence[SimPod]) -> int:
-    """GPU milli of the pods bound at the end (a check on the per-pod outcomes)."""
-    listed = await request(api, "GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
-    bound = {
-        str(mapping(item.get("metadata")).get("name"))
-        for item in listed.get("items") or []
-        if mapping(item.get("spec")).get("nodeName")
-    }
-    return sum(pod.gpu_milli for index, pod in enumerate(pods) if f"p{index:05d}" in bound)
+Choice = tuple[str, tuple[int, ...]] | None  # (node, GPU indexes) a pod got, or None: unscheduled
+
+
+async def choices(api: ApiClient, count: int) -> list[Choice]:
+    """Where each of the ``count`` pods went, and which GPUs the DRA allocator gave its claim."""
+    pods = await request(api, "GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
+    claims = await request(api, "GET", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
+    devices: dict[str, tuple[int, ...]] = {}
+    for claim in claims.get("items") or []:
+        allocation = mapping(mapping(claim.get("status")).get("allocation"))
+        results = sequence(mapping(allocation.get("devices")).get("results"))
+        devices[str(mapping(claim.get("metadata")).get("name"))] = tuple(
+            int(str(mapping(result).get("device", "")).removeprefix("gpu-")) for result in results
+        )
+    by_name: dict[str, Choice] = {}
+    for pod in pods.get("items") or []:
+        node = mapping(pod.get("spec")).get("nodeName")
+        if node:
+            statuses = sequence(mapping(pod.get("status")).get("resourceClaimStatuses"))
+            held = [g for s in statuses for g in devices.get(str(mapping(s).get("resourceClaimName")), ())]
+            by_name[str(mapping(pod.get("metadata")).get("name"))] = (str(node), tuple(sorted(held)))
+    return [by_name.get(f"p{index:05d}") for index in range(count)]
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How often the deployed model, fed the cluster's own earlier choices, allowed its next one."""
+
+    pods: int
+    nodes_agreed: int  # bound where the model's best nodes include it, or unscheduled where it fits nowhere
+    placed: int
+    devices_agreed: int  # of the placed pods, given the GPUs the model's first fit gives
+
+
+def agreement(nodes: Sequence[SimNode], order: Sequence[SimPod], got: Sequence[Choice]) -> Agreement:
+    """Replays the cluster's choices through ``DeployedPlacer``, checking each against the model."""
+    cluster = Cluster(nodes, rounded_mix({}))
+    placer = DeployedPlacer(cluster, SHIPPED_PROFILE, random.Random(0))
+    index_of = {node.name: index for index, node in enumerate(nodes)}
+    nodes_agreed = placed = devices_agreed = 0
+    for pod, choice in zip(order, got, strict=True):
+        best = placer.arrive(pod.demand)
+        if choice is None:
+            nodes_agreed += not best
+            continue
+        index, gpus = index_of[choice[0]], choice[1]
+        nodes_agreed += index in best
+        placed += 1
+        devices_agreed += gpus == placer.devices(index, pod.demand)
+        cluster.place(index, pod.demand, gpus)
+    return Agreement(len(order), nodes_agreed, placed, devices_agreed)
+
+
+def agreement_line(agreed: Agreement) -> str:
+    return (
+        "the cluster's choices against the model, pod by pod: node among the model's best "
+        f"{agreed.nodes_agreed}/{agreed.pods}, "
+        f"GPUs the allocator's first fit {agreed.devices_agreed}/{agreed.placed}"
+    )
 
 
 @contextlib.asynccontextmanager
@@ -246,12 +299,16 @@ def packing_table(rows: Sequence[PackingRow], arrival: float) -> str:
 
 async def run_packing_async(
     nodes: Sequence[SimNode], pods: Sequence[SimPod], seed: int, arrival: float
-) -> list[PackingRow]:
+) -> tuple[list[PackingRow], Agreement]:
     order = arrivals(nodes, pods, "paper", seed, arrival)
     simulated = simulated_rows(nodes, pods, seed, arrival)
     async with deployed_cluster(nodes, order) as api:
         result = await replay_end_to_end(api, nodes, order)
-        final = await bound_milli(api, order)
+        got = await choices(api, len(order))
+    # The final state, read back from the API, must be what the per-pod outcomes said.
+    if [choice is not None for choice in got] != result.placed:
+        raise RuntimeError("a pod judged unschedulable was bound later")
+    final = sum(pod.gpu_milli for pod, choice in zip(order, got, strict=True) if choice is not None)
     end_to_end = PackingRow(
         "end to end (kube-scheduler + extender + DRA allocator)",
         result.allocation_at(arrival),
@@ -260,7 +317,7 @@ async def run_packing_async(
         len(order),
         result.seconds,
     )
-    return [end_to_end, *simulated]
+    return [end_to_end, *simulated], agreement(nodes, order, got)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -276,12 +333,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     nodes = trace_slice(load_nodes(args.trace_dir / NODES_FILE), args.nodes, args.seed)
     pods = load_pods(args.trace_dir / DEFAULT_PODS_FILE)
-    rows = asyncio.run(run_packing_async(nodes, pods, args.seed, args.arrival))
+    rows, agreed = asyncio.run(run_packing_async(nodes, pods, args.seed, args.arrival))
     print(f"\npacking, {args.nodes} trace nodes ({sum(n.gpus for n in nodes)} GPUs), seed {args.seed}")
     print(packing_table(rows, args.arrival))
     print(
         f"end to end - simulated as deployed: {rows[0].allocation_pct - rows[1].allocation_pct:+.2f} points"
     )
+    print(agreement_line(agreed))
     return 0
 
 

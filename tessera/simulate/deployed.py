@@ -173,8 +173,9 @@ class DeployedPlacer:
             )
         return score
 
-    def place(self, demand: GpuDemand) -> tuple[int, tuple[int, ...]] | None:
-        """The pod arrives (joins the mix) and goes where the scheduler's total score is highest."""
+    def arrive(self, demand: GpuDemand) -> list[int]:
+        """The pod arrives (joins the mix); the nodes with the scheduler's highest total score for
+        it, any of which it may choose (empty: the pod fits nowhere)."""
         self._seen(demand)
         costs = self._costs.setdefault(demand, {})
         states = self.cluster.states
@@ -186,7 +187,7 @@ class DeployedPlacer:
             if cost is not None:
                 fitting[state_id] = cost
         if not fitting:
-            return None
+            return []
         ranks = scores_from_costs({str(state_id): cost for state_id, cost in fitting.items()})
         weight = self.profile.extender_weight * _EXTENDER_SCALE
         totals = {
@@ -194,20 +195,28 @@ class DeployedPlacer:
             for state_id in fitting
         }
         best = max(totals.values())
-        tied = [
+        return [
             index
             for state_id, total in totals.items()
             if total == best
             for index in self.cluster.members[state_id]
         ]
-        index = tied[self.rng.randrange(len(tied))]
+
+    def devices(self, index: int, demand: GpuDemand) -> tuple[int, ...]:
+        """The GPUs the pod gets on node ``index``."""
         if self.device_choice == "tessera":
-            gpus = choose_gpus(self.cluster.node_gpus(index), demand, self.mix) or ()
-        else:
-            gpus = first_fit_gpus(tuple(self.cluster.free[index]), demand)
+            return choose_gpus(self.cluster.node_gpus(index), demand, self.mix) or ()
+        return first_fit_gpus(tuple(self.cluster.free[index]), demand)
+
+    def place(self, demand: GpuDemand) -> tuple[int, tuple[int, ...]] | None:
+        """The pod arrives and goes to one of the best nodes, drawn at random; None: it fits nowhere."""
+        tied = self.arrive(demand)
+        if not tied:
+            return None
+        index = tied[self.rng.randrange(len(tied))]
+        gpus = self.devices(index, demand)
         self.cluster.place(index, demand, gpus)
         return index, gpus
-
 
 __all__ = [
     "DEVICE_CHOICES",
