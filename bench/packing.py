@@ -31,7 +31,7 @@ import logging
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +45,7 @@ from extender.policy.placement import rounded_mix
 from tessera.cli import SCHEDULER_PROFILE, extender_config
 from tessera.dev.localcluster import REPO_ROOT, LocalCluster, api_client, create_fake_node, free_port
 from tessera.simulate.cluster import Cluster
-from tessera.simulate.deployed import SHIPPED_PROFILE, DeployedPlacer
+from tessera.simulate.deployed import SHIPPED_PROFILE, STOCK_PROFILE, DeployedPlacer, SchedulerProfile
 from tessera.simulate.kube import claim_template, node_slices, pod_object, template_name
 from tessera.simulate.packing import allocation_at, arrivals, replay_packing
 from tessera.simulate.policies import DEPLOYED
@@ -195,10 +195,12 @@ class Agreement:
     devices_agreed: int  # of the placed pods, given the GPUs the model's first fit gives
 
 
-def agreement(nodes: Sequence[SimNode], order: Sequence[SimPod], got: Sequence[Choice]) -> Agreement:
+def agreement(
+    nodes: Sequence[SimNode], order: Sequence[SimPod], got: Sequence[Choice], profile: SchedulerProfile
+) -> Agreement:
     """Replays the cluster's choices through ``DeployedPlacer``, checking each against the model."""
     cluster = Cluster(nodes, rounded_mix({}))
-    placer = DeployedPlacer(cluster, SHIPPED_PROFILE, random.Random(0))
+    placer = DeployedPlacer(cluster, profile, random.Random(0))
     index_of = {node.name: index for index, node in enumerate(nodes)}
     nodes_agreed = placed = devices_agreed = 0
     for pod, choice in zip(order, got, strict=True):
@@ -223,7 +225,9 @@ def agreement_line(agreed: Agreement) -> str:
 
 
 @contextlib.asynccontextmanager
-async def deployed_cluster(nodes: Sequence[SimNode], pods: Sequence[SimPod]) -> AsyncIterator[ApiClient]:
+async def deployed_cluster(
+    nodes: Sequence[SimNode], pods: Sequence[SimPod], profile: Mapping[str, object]
+) -> AsyncIterator[ApiClient]:
     """A local control plane with the slice installed, the extender and the shipped scheduler profile."""
     cluster = LocalCluster(controller_manager_qps=CLIENT_QPS, controller_manager_burst=CLIENT_BURST)
     await asyncio.to_thread(cluster.start)
@@ -253,22 +257,30 @@ async def deployed_cluster(nodes: Sequence[SimNode], pods: Sequence[SimPod]) -> 
                 [extender_config(port)],
                 CLIENT_QPS,
                 CLIENT_BURST,
-                SCHEDULER_PROFILE,
+                profile,
             )
             yield api
     finally:
         await asyncio.to_thread(cluster.stop)
 
 
+# The kube-scheduler profile run end to end, and what the simulator models of it: the chart's, or
+# kube-scheduler's default scoring plugins (the extender at the same weight).
+SETUPS: dict[str, tuple[Mapping[str, object], SchedulerProfile]] = {
+    "shipped": (SCHEDULER_PROFILE, SHIPPED_PROFILE),
+    "stock": ({}, STOCK_PROFILE),
+}
+
+
 def simulated_rows(
-    nodes: Sequence[SimNode], pods: Sequence[SimPod], seed: int, arrival: float
+    nodes: Sequence[SimNode], pods: Sequence[SimPod], seed: int, arrival: float, profile: SchedulerProfile
 ) -> list[PackingRow]:
     rows = []
     for policy, label in (
         (DEPLOYED, f"simulated, {DEPLOYED} (as deployed)"),
         ("tessera", "simulated, tessera (policy alone)"),
     ):
-        result = replay_packing(nodes, pods, policy, seed=seed, target_arrival_pct=arrival)
+        result = replay_packing(nodes, pods, policy, seed=seed, target_arrival_pct=arrival, profile=profile)
         rows.append(
             PackingRow(
                 label,
@@ -298,11 +310,12 @@ def packing_table(rows: Sequence[PackingRow], arrival: float) -> str:
 
 
 async def run_packing_async(
-    nodes: Sequence[SimNode], pods: Sequence[SimPod], seed: int, arrival: float
+    nodes: Sequence[SimNode], pods: Sequence[SimPod], seed: int, arrival: float, setup: str = "shipped"
 ) -> tuple[list[PackingRow], Agreement]:
+    scheduler_profile, modelled = SETUPS[setup]
     order = arrivals(nodes, pods, "paper", seed, arrival)
-    simulated = simulated_rows(nodes, pods, seed, arrival)
-    async with deployed_cluster(nodes, order) as api:
+    simulated = simulated_rows(nodes, pods, seed, arrival, modelled)
+    async with deployed_cluster(nodes, order, scheduler_profile) as api:
         result = await replay_end_to_end(api, nodes, order)
         got = await choices(api, len(order))
     # The final state, read back from the API, must be what the per-pod outcomes said.
@@ -317,7 +330,7 @@ async def run_packing_async(
         len(order),
         result.seconds,
     )
-    return [end_to_end, *simulated], agreement(nodes, order, got)
+    return [end_to_end, *simulated], agreement(nodes, order, got, modelled)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -326,6 +339,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="slice and order (default 0)")
     parser.add_argument("--arrival", type=float, default=130.0, help="arrival target, %% of the slice's GPUs")
     parser.add_argument("--trace-dir", type=Path, default=default_trace_dir(), help="the trace CSVs")
+    parser.add_argument(
+        "--scheduler-profile",
+        choices=sorted(SETUPS),
+        default="shipped",
+        help="the chart's profile or kube-scheduler's default scoring plugins (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.trace_dir is None:
@@ -333,8 +352,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     nodes = trace_slice(load_nodes(args.trace_dir / NODES_FILE), args.nodes, args.seed)
     pods = load_pods(args.trace_dir / DEFAULT_PODS_FILE)
-    rows, agreed = asyncio.run(run_packing_async(nodes, pods, args.seed, args.arrival))
-    print(f"\npacking, {args.nodes} trace nodes ({sum(n.gpus for n in nodes)} GPUs), seed {args.seed}")
+    rows, agreed = asyncio.run(
+        run_packing_async(nodes, pods, args.seed, args.arrival, args.scheduler_profile)
+    )
+    profile = SETUPS[args.scheduler_profile][1].describe()
+    gpus = sum(node.gpus for node in nodes)
+    print(f"\npacking, {args.nodes} trace nodes ({gpus} GPUs), seed {args.seed}, scheduler: {profile}")
     print(packing_table(rows, args.arrival))
     print(
         f"end to end - simulated as deployed: {rows[0].allocation_pct - rows[1].allocation_pct:+.2f} points"
