@@ -13,11 +13,13 @@
 7. one reclaim planning cycle on a large picture vs taking its snapshot alone (``bench.planning``);
 8. reclaim: time for a queue to get back its lent fair share, Tessera's reclaim beside
    kube-scheduler's priority preemption, then churn counting evictions later undone
-   (``bench.reclaim``).
+   (``bench.reclaim``);
+9. packing: a 50-node slice of the Alibaba trace end to end (kube-scheduler + extender + DRA
+   allocator) beside the simulator's deployed mode on the same slice and order (``bench.packing``).
 
 Default sizes fit a 2-core machine in a few minutes; ``--full`` runs the sizes of the issue
 (hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; 500 nodes / 4000 pods end to end;
-memory: 5000 nodes, 100,000 pods; reclaim: 16 nodes and a 10-minute churn). 2, 3 and 8 need
+memory: 5000 nodes, 100,000 pods; reclaim: 16 nodes and a 10-minute churn). 2, 3, 8 and 9 need
 the control-plane binaries (``make bench`` builds them); ``--no-cluster`` skips them.
 """
 
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 
 from tessera.simulate.report import format_table
 
-from . import e2e, fairshare, planning, prepare, reaction, reclaim
+from . import e2e, fairshare, packing, planning, prepare, reaction, reclaim
 from .hotpath import HotPathRow, run_hotpath
 from .memory import MemoryRow, run_memory
 from .prepare import prepare_table, run_prepare
@@ -114,10 +116,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="the issue's sizes (slower, more memory)")
     parser.add_argument(
         "--only",
-        choices=("hotpath", "e2e", "reaction", "memory", "prepare", "fairshare", "planning", "reclaim"),
+        choices=(
+            "hotpath",
+            "e2e",
+            "reaction",
+            "memory",
+            "prepare",
+            "fairshare",
+            "planning",
+            "reclaim",
+            "packing",
+        ),
         help="run one benchmark",
     )
-    parser.add_argument("--no-cluster", action="store_true", help="skip 2, 3 and 8 (local control plane)")
+    parser.add_argument("--no-cluster", action="store_true", help="skip 2, 3, 8 and 9 (local control plane)")
     parser.add_argument("--seconds", type=float, help="measuring time per hot-path case")
     parser.add_argument(
         "--rounds",
@@ -149,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         planning.main([] if args.full else ["--nodes", "1000", "--pods", "10000"])
     if args.only in (None, "reclaim") and not (args.no_cluster and args.only is None):
         reclaim.main([f"--rounds={args.rounds}", *(["--full"] if args.full else [])])
+    if args.only in (None, "packing") and not (args.no_cluster and args.only is None):
+        packing.main([])
     return 0
 
 
