@@ -357,7 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     profile = SETUPS[args.scheduler_profile][1].describe()
     gpus = sum(node.gpus for node in nodes)
-    print(f"\n[9] packing end to end, {args.nodes} trace nodes ({gpus} GPUs), seed {args.seed}, scheduler: {profile}")
+    print(
+        f"\n[9] packing end to end, {args.nodes} trace nodes ({gpus} GPUs), seed {args.seed}, scheduler: {profile}"
+    )
     print(packing_table(rows, args.arrival))
     print(
         f"end to end - simulated as deployed: {rows[0].allocation_pct - rows[1].allocation_pct:+.2f} points"

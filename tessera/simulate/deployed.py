@@ -218,6 +218,7 @@ class DeployedPlacer:
         self.cluster.place(index, demand, gpus)
         return index, gpus
 
+
 __all__ = [
     "DEVICE_CHOICES",
     "SHIPPED_PROFILE",
