@@ -357,9 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     profile = SETUPS[args.scheduler_profile][1].describe()
     gpus = sum(node.gpus for node in nodes)
-    print(
-        f"\n[9] packing end to end, {args.nodes} trace nodes ({gpus} GPUs), seed {args.seed}, scheduler: {profile}"
-    )
+    slice_text = f"{args.nodes} trace nodes ({gpus} GPUs), seed {args.seed}"
+    print(f"\n[9] packing end to end, {slice_text}, scheduler: {profile}")
     print(packing_table(rows, args.arrival))
     print(
         f"end to end - simulated as deployed: {rows[0].allocation_pct - rows[1].allocation_pct:+.2f} points"
