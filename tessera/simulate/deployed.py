@@ -14,7 +14,9 @@ decides through four more steps, each modelled here from the upstream source (v1
    only in resources (no taints, affinities, spread constraints or images, as in the trace) the
    ones that vary are ``NodeResourcesFit`` (LeastAllocated over CPU and memory, weight 1 each:
    per resource ``(allocatable - requested) x 100 / allocatable`` in integers, then their mean,
-   with requests of 0 counted as kube-scheduler's non-zero defaults, 100m and 200 MiB) and
+   with the pod's requests of 0 counted as kube-scheduler's non-zero defaults, 100m and 200 MiB;
+   pods already on the node count as requested, which differs only for the trace's one pod
+   without memory) and
    ``NodeResourcesBalancedAllocation`` (``50 + (50 + balance after - balance before) / 2``, a
    balance being ``int((1 - |cpu fraction - memory fraction| / 2) x 100)`` of the requested
    share). ``DynamicResources`` scores only prioritized-list claims, which the trace has none of.
