@@ -236,6 +236,7 @@ def load_state(picture: Picture) -> ClusterPicture:
     """A ClusterPicture holding the picture, synced as after the watcher's first list."""
     state = ClusterPicture()
     for kind in (
+        "Namespace",
         "DeviceClass",
         "Node",
         "ResourceSlice",

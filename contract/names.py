@@ -35,3 +35,12 @@ MOVABLE_ANNOTATION: Final = "scheduling.tessera.dev/movable"
 # Controllers that recreate a pod evicted from under them: only their pods may be moved. A
 # DaemonSet recreates its pod on the same node, so moving one frees nothing.
 RECREATING_OWNER_KINDS: Final = frozenset({"ReplicaSet", "StatefulSet", "Job", "ReplicationController"})
+# A Namespace label naming the queue of its pods that name none themselves (nor their owners).
+NAMESPACE_QUEUE_LABEL: Final = "scheduling.tessera.dev/default-queue"
+# A Namespace label ("true") asking the admission webhook to send its pods to Tessera's own
+# scheduler profile (when the chart runs one) unless they name another scheduler.
+NAMESPACE_SCHEDULER_LABEL: Final = "scheduling.tessera.dev/use-scheduler"
+# The scheduling gate the admission webhook puts on a pod that its queue holds back (a limit, an
+# unknown or unusable queue); the extender removes it once the pod is admissible. While it is on,
+# kube-scheduler does not try the pod, so autoscalers never see it as Unschedulable.
+ADMISSION_GATE: Final = "scheduling.tessera.dev/admission"

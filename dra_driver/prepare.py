@@ -25,17 +25,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from contract.gpuconfig import ClaimConfigError, GpuConfig, SharingStrategy, parse_gpu_config
 from contract.names import COMPUTE_CAPACITY, GPU_MILLI, MEMORY_CAPACITY
 from dra_driver import cdi
 from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
-from dra_driver.claimconfig import (
-    ClaimConfigError,
-    GpuConfig,
-    SharingStrategy,
-    effective_sharing,
-    parse_gpu_config,
-    parse_quantity,
-)
+from dra_driver.claimconfig import effective_sharing, parse_quantity
 from dra_driver.config import API_TIMEOUT_S
 from dra_driver.devices.model import Gpu
 from dra_driver.devices.naming import gpu_device_name, mig_device_name

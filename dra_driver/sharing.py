@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from dra_driver.claimconfig import TIMESLICE_INTERVALS, SharingStrategy, TimeSliceInterval
+from contract.gpuconfig import TIMESLICE_INTERVALS, SharingStrategy, TimeSliceInterval
 
 log = logging.getLogger(__name__)
 

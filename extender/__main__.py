@@ -18,13 +18,14 @@ from aiohttp import web
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient
 
-from contract.names import DRIVER_NAME, PREEMPTIBLE_LABEL
+from contract.names import ADMISSION_GATE, DRIVER_NAME, NAMESPACE_SCHEDULER_LABEL, PREEMPTIBLE_LABEL
 from extender.controllers.consolidate import ConsolidationOptions
 from extender.controllers.endpoint import Advertise
 from extender.controllers.reclaim import ReclaimOptions
 from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.server import DEFAULT_MAX_BODY_BYTES, operations_app, server_ssl_context
 from extender.service import ExtenderService, ServiceOptions
+from extender.webhook import WebhookOptions
 
 log = logging.getLogger("extender")
 
@@ -149,6 +150,39 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=os.environ.get("POD_IP"),
         help="this replica's address in that EndpointSlice (default $POD_IP)",
     )
+    parser.add_argument(
+        "--webhook-port",
+        type=int,
+        default=int(_env("WEBHOOK_PORT", "0") or 0),
+        help="serve the admission webhooks (pods, Queues, ResourceClaims) over TLS on this port (0: off)",
+    )
+    parser.add_argument(
+        "--webhook-cert-file",
+        default=_env("WEBHOOK_CERT_FILE"),
+        help="the webhooks' serving certificate (default --tls-cert-file)",
+    )
+    parser.add_argument(
+        "--webhook-key-file", default=_env("WEBHOOK_KEY_FILE"), help="its key (default --tls-key-file)"
+    )
+    parser.add_argument(
+        "--webhook-scheduler-name",
+        default=_env("WEBHOOK_SCHEDULER_NAME"),
+        help=f"give pods of Namespaces labelled {NAMESPACE_SCHEDULER_LABEL}=true this schedulerName "
+        "(Tessera's own scheduler profile); default: leave it",
+    )
+    parser.add_argument(
+        "--no-admission-gate",
+        dest="admission_gate",
+        action="store_false",
+        help=f"do not gate pods their queue holds back ({ADMISSION_GATE}); the filter still holds them",
+    )
+    parser.add_argument(
+        "--config-driver",
+        action="append",
+        default=None,
+        help=f"DRA driver whose opaque configs in ResourceClaims must be valid GpuConfigs "
+        f"(repeatable; default {DRIVER_NAME})",
+    )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument(
         "--idle-timeout",
@@ -170,6 +204,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
     if args.metrics_port and args.metrics_port == args.port:
         parser.error("--metrics-port must differ from --port")
+    args.webhook_cert_file = args.webhook_cert_file or args.tls_cert_file
+    args.webhook_key_file = args.webhook_key_file or args.tls_key_file
+    if args.webhook_port and not (args.webhook_cert_file and args.webhook_key_file):
+        parser.error(
+            "--webhook-port needs a certificate: --webhook-cert-file and --webhook-key-file "
+            "(or --tls-cert-file and --tls-key-file): the API server calls webhooks over https only"
+        )
+    if args.webhook_port and args.webhook_port in (args.port, args.metrics_port):
+        parser.error("--webhook-port must differ from --port and --metrics-port")
     if args.advertise_service and not (args.leader_elect and args.advertise_address):
         parser.error("--advertise-service needs --leader-elect and --advertise-address (or $POD_IP)")
     return args
@@ -227,6 +270,22 @@ async def run(args: argparse.Namespace) -> None:
             else None
         ),
         lease_duration_s=args.lease_duration,
+        webhooks=(
+            WebhookOptions(
+                host=args.listen_address,
+                port=args.webhook_port,
+                scheduler_name=args.webhook_scheduler_name,
+                gate=args.admission_gate,
+                config_drivers=frozenset(args.config_driver or [DRIVER_NAME]),
+            )
+            if args.webhook_port
+            else None
+        ),
+        webhook_ssl_context=(
+            server_ssl_context(args.webhook_cert_file, args.webhook_key_file, None)
+            if args.webhook_port
+            else None
+        ),
         advertise=(
             Advertise(args.lease_namespace, args.advertise_service, args.advertise_address)
             if args.advertise_service

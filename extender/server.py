@@ -57,7 +57,7 @@ MAX_IN_FLIGHT = 64
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
-async def _parse(request: web.Request, model: type[ModelT], verb: str) -> ModelT:
+async def parse_body(request: web.Request, model: type[ModelT], verb: str) -> ModelT:
     """The request body as a model; a 4xx with the reason when it is too large, slow or malformed.
 
     A body that takes longer than BODY_TIMEOUT_S to arrive is dropped (a half-sent request holds
@@ -92,11 +92,11 @@ async def _parse(request: web.Request, model: type[ModelT], verb: str) -> ModelT
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _timed(verb: str, handler: Handler) -> Handler:
+def timed(verb: str, handler: Handler) -> Handler:
     """Time a verb, and bound how many requests are handled at once (a flood gets 503s quickly
     instead of queueing until the scheduler's 5 s timeout for everyone)."""
 
-    async def timed(request: web.Request) -> web.StreamResponse:
+    async def bounded(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         in_flight = request.app[IN_FLIGHT_KEY]
         if in_flight.locked():
@@ -108,7 +108,7 @@ def _timed(verb: str, handler: Handler) -> Handler:
             finally:
                 request.app[METRICS_KEY].latency.labels(verb).observe(time.perf_counter() - started)
 
-    return timed
+    return bounded
 
 
 def _json(model: BaseModel) -> web.Response:
@@ -126,7 +126,7 @@ def _unreadable_pod(request: web.Request, verb: str, error: ValueError) -> web.H
 
 
 async def handle_filter(request: web.Request) -> web.StreamResponse:
-    args = await _parse(request, ExtenderArgs, "filter")
+    args = await parse_body(request, ExtenderArgs, "filter")
     app = request.app
     picture, waiting = app[PICTURE_KEY], app[WAITING_KEY]
     meta = args.Pod.metadata
@@ -159,7 +159,7 @@ async def handle_filter(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_prioritize(request: web.Request) -> web.StreamResponse:
-    args = await _parse(request, ExtenderArgs, "prioritize")
+    args = await parse_body(request, ExtenderArgs, "prioritize")
     try:
         decision = decide_priorities(request.app[PICTURE_KEY], args)
     except UnreadablePod as exc:
@@ -169,7 +169,7 @@ async def handle_prioritize(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_preempt(request: web.Request) -> web.StreamResponse:
-    args = await _parse(request, ExtenderPreemptionArgs, "preempt")
+    args = await parse_body(request, ExtenderPreemptionArgs, "preempt")
     try:
         decision = decide_preemption(request.app[PICTURE_KEY], args)
     except UnreadablePod as exc:
@@ -184,7 +184,7 @@ async def handle_preempt(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_bind(request: web.Request) -> web.StreamResponse:
-    args = await _parse(request, ExtenderBindingArgs, "bind")
+    args = await parse_body(request, ExtenderBindingArgs, "bind")
     error = await request.app[BINDER_KEY].bind(args)
     request.app[METRICS_KEY].decisions.labels("bind", "error" if error else "bound", "").inc()
     return _json(ExtenderBindingResult(Error=error))
@@ -231,10 +231,10 @@ def build_app(
     app[WAITING_KEY] = waiting
     app[METRICS_KEY] = metrics
     app[BINDER_KEY] = binder
-    app.router.add_post("/filter", _timed("filter", handle_filter))
-    app.router.add_post("/prioritize", _timed("prioritize", handle_prioritize))
-    app.router.add_post("/preempt", _timed("preempt", handle_preempt))
-    app.router.add_post("/bind", _timed("bind", handle_bind))
+    app.router.add_post("/filter", timed("filter", handle_filter))
+    app.router.add_post("/prioritize", timed("prioritize", handle_prioritize))
+    app.router.add_post("/preempt", timed("preempt", handle_preempt))
+    app.router.add_post("/bind", timed("bind", handle_bind))
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_get("/metrics", handle_metrics)

@@ -15,6 +15,7 @@ from kubernetes_asyncio.client import ApiClient
 from extender.binder import Binder
 from extender.controllers.consolidate import ConsolidationOptions, Consolidator
 from extender.controllers.endpoint import Advertise, LeaderEndpoint
+from extender.controllers.gates import GateController
 from extender.controllers.lease import LeaderLease
 from extender.controllers.reclaim import ReclaimLoop, ReclaimOptions
 from extender.metrics import ExtenderMetrics
@@ -22,6 +23,7 @@ from extender.picture.cluster import ClusterPicture
 from extender.picture.watcher import ClusterWatcher
 from extender.server import DEFAULT_MAX_BODY_BYTES, build_app
 from extender.status import StatusWriter, WaitingPods
+from extender.webhook import WebhookOptions, webhook_app
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,11 @@ class ServiceOptions:
     # With a lease: the Service the leader points at itself (its EndpointSlice); None: the
     # scheduler reaches every replica some other way.
     advertise: Advertise | None = None
+    # The admission webhooks on their own port, and (with their gate) the gate controller; None:
+    # no webhooks.
+    webhooks: WebhookOptions | None = None
+    # TLS of the webhook port (the API server calls only https); None: plain HTTP (unit tests).
+    webhook_ssl_context: ssl.SSLContext | None = None
 
 
 class ExtenderService:
@@ -101,6 +108,25 @@ class ExtenderService:
             options.max_body_bytes,
             health=self.watcher.problem,
         )
+        webhooks = options.webhooks
+        self.webhook_runner = (
+            web.AppRunner(webhook_app(api, self.picture, self.metrics, webhooks), access_log=None)
+            if webhooks
+            else None
+        )
+        self.webhook_port = webhooks.port if webhooks else 0
+        # Lifts admission gates: only the active replica, like reclaim.
+        self.gates = (
+            GateController(
+                api,
+                self.picture,
+                self.metrics,
+                webhooks.gate_interval_s,
+                self.lease.is_leader if self.lease else (lambda: True),
+            )
+            if webhooks and webhooks.gate
+            else None
+        )
         # A connection that completes no request within this long - idle, or still sending its
         # headers (a half-sent request) - is closed: nothing holds a connection for long.
         self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=options.idle_timeout_s)
@@ -123,6 +149,19 @@ class ExtenderService:
             self.port = int(sockets[0][1])
         if self.endpoint:  # only once the port is known
             self.endpoint.start()
+        if self.webhook_runner and self.options.webhooks:
+            await self.webhook_runner.setup()
+            webhooks = self.options.webhooks
+            await web.TCPSite(
+                self.webhook_runner,
+                webhooks.host,
+                webhooks.port,
+                ssl_context=self.options.webhook_ssl_context,
+            ).start()
+            self.webhook_port = int(self.webhook_runner.addresses[0][1])
+            log.info("admission webhooks on %s:%d", webhooks.host, self.webhook_port)
+        if self.gates:
+            self.gates.start()
         log.info(
             "extender listening on %s:%d (TLS %s)",
             self.options.host,
@@ -138,6 +177,10 @@ class ExtenderService:
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
+        if self.gates:
+            await self.gates.stop()
+        if self.webhook_runner:
+            await self.webhook_runner.cleanup()
         if self.endpoint:
             await self.endpoint.stop()
         if self.reclaimer:

@@ -36,7 +36,6 @@ from extender.events import now_rfc3339, post_pod_event
 from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, request
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
-from extender.picture.demands import pod_queue
 from extender.queues import queue_statuses, with_reclaim
 
 log = logging.getLogger(__name__)
@@ -198,7 +197,7 @@ class StatusWriter:
                     str(meta.get("namespace")),
                     str(meta.get("name")),
                     str(meta.get("uid", "")),
-                    pod_queue(pod),
+                    self.state.demand(pod).queue,
                     str(refusal.get("message", "")),
                 )
 

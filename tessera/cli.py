@@ -86,7 +86,10 @@ def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> No
     for manifest in INSTALL_FIRST:
         cluster.apply(REPO_ROOT / manifest)
     python = sys.executable
-    extender_port = free_port()
+    extender_port, webhook_port = free_port(), free_port()
+    # The admission webhooks (queue defaults, the admission gate, Queue and GpuConfig checks)
+    # over HTTPS with a certificate of the cluster's CA, as the chart runs them.
+    webhook_cert = cluster.webhook_certificate("tessera-extender")
     extender = cluster.spawn(
         "tessera-extender",
         [
@@ -98,9 +101,14 @@ def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> No
             f"--port={extender_port}",
             f"--scheduler-name={TESSERA_SCHEDULER}",
             "--queue-status-interval=1",
+            f"--webhook-port={webhook_port}",
+            f"--webhook-cert-file={webhook_cert.cert_path}",
+            f"--webhook-key-file={webhook_cert.key_path}",
+            f"--webhook-scheduler-name={TESSERA_SCHEDULER}",
         ],
     )
     cluster.wait_healthy(extender, f"http://127.0.0.1:{extender_port}/readyz", tls=False)
+    cluster.register_webhooks(f"https://127.0.0.1:{webhook_port}")
     cluster.start_scheduler(TESSERA_SCHEDULER, [extender_config(extender_port)], profile=SCHEDULER_PROFILE)
     cluster.spawn(
         "tessera-node-agent",
@@ -141,7 +149,8 @@ def _usage(cluster: LocalCluster, nodes: list[str]) -> str:
             f"  fake GPU nodes: {', '.join(nodes)} (DRA driver: simulated GPUs, kubelet stand-in)",
             f"  scheduler:      profile '{TESSERA_SCHEDULER}' calls the Tessera extender (filter, prioritize,"
             " preempt, bind); pods opt in with schedulerName: tessera and name their queue with the"
-            " label scheduling.tessera.dev/queue",
+            " label scheduling.tessera.dev/queue (on the pod, its Job or Deployment, or as the"
+            " Namespace's default: label scheduling.tessera.dev/default-queue)",
             f"  logs:           {cluster.workdir / 'logs'}",
             "",
             "Use it from another shell:",

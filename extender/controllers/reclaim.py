@@ -10,7 +10,6 @@ counts go to metrics and to the Queue status.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import Counter
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from kubernetes_asyncio.client import ApiClient
 
 from extender.controllers.evictions import evict, pod_event, uid_of
+from extender.controllers.periodic import PeriodicPass
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import EPSILON
@@ -72,27 +72,15 @@ class ReclaimLoop:
         self._starved_since: dict[str, float] = {}
         self.follow_ups: list[FollowUp] = []
         self._blocked: dict[str, float] = {}  # pod key -> monotonic time it may be tried again
-        self._task: asyncio.Task[None] | None = None
+        self._loop = PeriodicPass(
+            "reclaim", self.options.interval_s, lambda: self.is_leader() and picture.ready(), self.run_once
+        )
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="reclaim")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.interval_s)
-            if not (self.is_leader() and self.picture.ready()):
-                continue
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("reclaim cycle failed")
+        await self._loop.stop()
 
     def rules(self) -> Rules:
         specs = self.picture.fairness().specs

@@ -48,6 +48,8 @@ WATCHED_PATHS: dict[str, str] = {
     "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/resourceclaimtemplates",
     "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
     "Queue": f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/{QUEUE_PLURAL}",
+    # Their default-queue label, for pods the admission webhook did not label.
+    "Namespace": "/api/v1/namespaces",
 }
 
 

@@ -2,9 +2,11 @@
 
 A pod's demand is read from its spec (containers' cpu and memory, `nvidia.com/gpu`, queue label,
 priority) and from its ResourceClaims - or their templates while a generated claim is not there
-yet - through the GPU DeviceClasses. Watch events for a pod are frequent (status, conditions,
-annotations) while its demand rarely changes, so the parse is cached by the pod's resourceVersion
-and dropped only when the pod, one of its claims or templates, or a DeviceClass changes.
+yet - through the GPU DeviceClasses. A pod without a queue label goes to its Namespace's default
+queue (`extender.admission.resolve_queue`); a change of that label recounts the namespace's pods.
+Watch events for a pod are frequent (status, conditions, annotations) while its demand rarely
+changes, so the parse is cached by the pod's resourceVersion and dropped only when the pod, one of
+its claims or templates, a DeviceClass or its Namespace's default queue changes.
 `users` answers which pods read a given claim or template, so a claim event recounts only them.
 """
 
@@ -16,7 +18,8 @@ from functools import cached_property
 from typing import Any
 
 from contract.kube import ClaimRef, mapping, meta, object_key, pod_claim_refs
-from contract.names import DEFAULT_QUEUE, GPU_MILLI, PREEMPTIBLE_LABEL, QUEUE_LABEL
+from contract.names import GPU_MILLI, NAMESPACE_QUEUE_LABEL, PREEMPTIBLE_LABEL
+from extender.admission import QueueChoice, resolve_queue
 from extender.demand import (
     GpuRequest,
     claim_gpu_requests,
@@ -31,11 +34,6 @@ from extender.policy.placement import GpuDemand, host_cpu_milli, host_memory_mib
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 Source = tuple[str, str]  # (kind, namespace/name) of a claim or template a pod reads
-
-
-def pod_queue(pod: Mapping[str, Any]) -> str:
-    labels = mapping(meta(pod).get("labels"))
-    return str(labels.get(QUEUE_LABEL) or DEFAULT_QUEUE)
 
 
 def is_terminal(pod: Mapping[str, Any]) -> bool:
@@ -54,7 +52,9 @@ class PodDemand:
     classic_gpus: int
     gpu_requests: tuple[GpuRequest, ...]
     claims: tuple[ClaimRef, ...]
-    labelled: bool  # names its queue itself (a pod without GPUs and without a label is not ours)
+    # Names its queue, by its label or its Namespace's default (a pod without GPUs that names none
+    # is not ours).
+    labelled: bool
     priority: int = 0
     # May reclaim and preemption evict it (and may it therefore use more than its queue's quota)?
     preemptible: bool = True
@@ -133,11 +133,22 @@ class PodDemands:
         self.gpu_classes: dict[str, frozenset[str]] = {}
         self._cache: dict[str, _Cached] = {}
         self.users: dict[Source, set[str]] = {}
+        self.pods_by_namespace: dict[str, set[str]] = {}
         self.listeners: list[Callable[[Iterable[str] | None], None]] = []  # None: every pod
         store.subscribe("Pod", self._pod_changed)
         store.subscribe("ResourceClaim", self._source_changed("ResourceClaim"))
         store.subscribe("ResourceClaimTemplate", self._source_changed("ResourceClaimTemplate"))
         store.subscribe("DeviceClass", self._class_changed)
+        store.subscribe("Namespace", self._namespace_changed)
+
+    def queue_of(self, pod: Mapping[str, Any]) -> QueueChoice:
+        """The pod's queue: its label, else its Namespace's default queue, else the default."""
+        namespace = self.store.get("Namespace", str(meta(pod).get("namespace", "")))
+        return resolve_queue(
+            mapping(meta(pod).get("labels")),
+            (),
+            mapping(meta(namespace).get("labels")) if namespace else None,
+        )
 
     def of(self, pod: Mapping[str, Any]) -> PodDemand:
         """The demand of a pod (a stored one or one from a request); raises ValueError when unreadable."""
@@ -162,15 +173,16 @@ class PodDemands:
         try:
             return self._read(pod)
         except (ValueError, TypeError, AttributeError, KeyError) as exc:  # untrusted JSON
+            choice = self.queue_of(pod)
             unreadable = PodDemand(
-                queue=pod_queue(pod),
+                queue=choice.queue,
                 namespace=str(meta(pod).get("namespace", "")),
                 cpu=0.0,
                 memory=0.0,
                 classic_gpus=0,
                 gpu_requests=(),
                 claims=(),
-                labelled=QUEUE_LABEL in mapping(meta(pod).get("labels")),
+                labelled=choice.source != "default",
                 problem=str(exc),
             )
             return unreadable, frozenset()
@@ -203,15 +215,16 @@ class PodDemands:
         preemptible = (
             said == "true" if said in ("true", "false") else priority < self.non_preemptible_priority
         )
+        choice = self.queue_of(pod)
         demand = PodDemand(
-            queue=pod_queue(pod),
+            queue=choice.queue,
             namespace=namespace,
             cpu=pod_resource_request(pod, "cpu"),
             memory=pod_resource_request(pod, "memory"),
             classic_gpus=pod_classic_gpus(pod),
             gpu_requests=tuple(requests),
             claims=tuple(refs),
-            labelled=QUEUE_LABEL in labels,
+            labelled=choice.source != "default",
             priority=priority,
             preemptible=preemptible,
         )
@@ -234,6 +247,13 @@ class PodDemands:
 
     def _pod_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
         self._forget(key)
+        namespace = key.partition("/")[0]
+        if new is not None:
+            self.pods_by_namespace.setdefault(namespace, set()).add(key)
+        elif namespace in self.pods_by_namespace:
+            self.pods_by_namespace[namespace].discard(key)
+            if not self.pods_by_namespace[namespace]:
+                del self.pods_by_namespace[namespace]
 
     def _source_changed(self, kind: str) -> Callable[[str, JsonObject | None, JsonObject | None], None]:
         def changed(key: str, old: JsonObject | None, new: JsonObject | None) -> None:
@@ -244,6 +264,17 @@ class PodDemands:
             self._notify(users)
 
         return changed
+
+    def _namespace_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        default_before = mapping(meta(old).get("labels")).get(NAMESPACE_QUEUE_LABEL) if old else None
+        default_now = mapping(meta(new).get("labels")).get(NAMESPACE_QUEUE_LABEL) if new else None
+        if default_before == default_now:
+            return
+        # Its pods without a label change queue: recount them.
+        moved = list(self.pods_by_namespace.get(key, ()))
+        for pod in moved:
+            self._forget(pod)
+        self._notify(moved)
 
     def _class_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
         self.gpu_classes.pop(key, None)

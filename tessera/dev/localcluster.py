@@ -156,6 +156,7 @@ class LocalCluster:
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self.server = ""
         self._ca_path: Path | None = None
+        self.ca: CertificateAuthority | None = None
         self._admin: KeyPair | None = None
         self._stopped = False
 
@@ -273,6 +274,7 @@ class LocalCluster:
         )
         self._admin = ca.issue("admin", "tessera-admin", organization="system:masters")
         self._ca_path = ca.cert_path
+        self.ca = ca
         sa_private, sa_public = write_service_account_key(pki_dir)
         return {
             "ca": ca.cert_path,
@@ -446,12 +448,123 @@ class LocalCluster:
         text = manifest if isinstance(manifest, str) else json.dumps(manifest)
         return self.kubectl("apply", "-f", "-", input_text=text).stdout
 
+    def webhook_certificate(self, name: str) -> KeyPair:
+        """A serving certificate for 127.0.0.1 from the cluster's CA (which the API server trusts
+        through the caBundle of `webhook_configurations`)."""
+        if self.ca is None:
+            raise ClusterError("the cluster is not started")
+        return self.ca.issue(f"webhook-{name}", name, server=True, hosts=("127.0.0.1",))
+
+    def register_webhooks(self, url: str, name: str = "tessera", **scope: Any) -> list[dict[str, Any]]:
+        """Point the admission webhooks at an extender serving them at `url` (https, a certificate
+        of `webhook_certificate`); returns the configurations applied (see webhook_configurations)."""
+        if self._ca_path is None:
+            raise ClusterError("the cluster is not started")
+        configurations = webhook_configurations(name, url, self._ca_path.read_bytes(), **scope)
+        for configuration in configurations:
+            self.apply(configuration)
+        return configurations
+
     def logs(self, lines: int = 40) -> str:
         """The tail of every component's log, for a failing test's report."""
         return "\n".join(
             f"----- {component.name} ({component.log_path}) -----\n{component.log_tail(lines)}"
             for component in self.components
         )
+
+
+# -- admission webhooks -----------------------------------------------------------------------
+
+# What the chart's webhook configurations say (charts/tessera/templates/_webhooks.tpl), with a url
+# instead of a Service; tests/unit/test_chart_rendered.py holds the two to the same rules.
+WEBHOOK_RULES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "pods.scheduling.tessera.dev": (
+        "MutatingWebhookConfiguration",
+        "/mutate-pods",
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        },
+    ),
+    "queues.scheduling.tessera.dev": (
+        "ValidatingWebhookConfiguration",
+        "/validate-queues",
+        {
+            "apiGroups": ["scheduling.tessera.dev"],
+            "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["queues"],
+            "scope": "Cluster",
+        },
+    ),
+    "resourceclaims.scheduling.tessera.dev": (
+        "ValidatingWebhookConfiguration",
+        "/validate-resourceclaims",
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"],
+            "scope": "Namespaced",
+        },
+    ),
+}
+
+
+def webhook_configurations(
+    name: str,
+    url: str,
+    ca_pem: bytes,
+    namespaces: Sequence[str] | None = None,
+    queue_suffix: str | None = None,
+    failure_policy: str = "Ignore",
+) -> list[dict[str, Any]]:
+    """The Mutating- and ValidatingWebhookConfiguration `name` calling the webhooks at `url`.
+
+    Scope (tests share one control plane): `namespaces` limits pods and claims to those
+    namespaces (None: all but kube-system), `queue_suffix` Queues to names ending in it."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for webhook, (kind, path, rule) in WEBHOOK_RULES.items():
+        entry: dict[str, Any] = {
+            "name": webhook,
+            "clientConfig": {"url": f"{url}{path}", "caBundle": base64.b64encode(ca_pem).decode()},
+            "rules": [rule],
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": failure_policy,
+            "timeoutSeconds": 5,
+        }
+        if rule["scope"] == "Namespaced":
+            operator, values = (
+                ("In", list(namespaces)) if namespaces is not None else ("NotIn", ["kube-system"])
+            )
+            entry["namespaceSelector"] = {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": operator, "values": values}
+                ]
+            }
+        elif queue_suffix is not None:
+            entry["matchConditions"] = [
+                {
+                    "name": "this-test",
+                    "expression": f"object.metadata.name.endsWith({json.dumps(queue_suffix)})",
+                }
+            ]
+        if kind == "MutatingWebhookConfiguration":
+            entry["reinvocationPolicy"] = "Never"
+        by_kind.setdefault(kind, []).append(entry)
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": kind,
+            "metadata": {"name": name},
+            "webhooks": hooks,
+        }
+        for kind, hooks in by_kind.items()
+    ]
 
 
 # -- fake nodes -------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import sys
 import tempfile
 import uuid
@@ -27,6 +28,7 @@ from extender.controllers.reclaim import ReclaimOptions
 from extender.kubeapi import JsonObject, KubeError, request
 from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.service import ExtenderService, ServiceOptions
+from extender.webhook import WebhookOptions
 from tessera.dev.localcluster import (
     LocalCluster,
     SchedulerHandle,
@@ -150,6 +152,8 @@ class GpuCluster:
         port: int = 0,
         reclaim: ReclaimOptions | None = None,
         lease: tuple[str, str, str] | None = None,
+        webhooks: WebhookOptions | None = None,
+        webhook_ssl_context: ssl.SSLContext | None = None,
     ) -> ExtenderService:
         """An extender service of this cluster, started and synced (the caller stops it)."""
         state = ClusterPicture(
@@ -167,6 +171,8 @@ class GpuCluster:
                 queue_status_interval_s=0.5,
                 reclaim=reclaim or ReclaimOptions(),
                 lease=lease,
+                webhooks=webhooks,
+                webhook_ssl_context=webhook_ssl_context,
             ),
         )
         await service.start()
@@ -174,10 +180,16 @@ class GpuCluster:
         return service
 
     async def start_extender(
-        self, port: int = 0, lease: tuple[str, str, str] | None = None
+        self,
+        port: int = 0,
+        lease: tuple[str, str, str] | None = None,
+        webhooks: WebhookOptions | None = None,
+        webhook_ssl_context: ssl.SSLContext | None = None,
     ) -> ExtenderService:
         """The extender the scheduler calls."""
-        self.service = await self.new_extender(port, lease=lease)
+        self.service = await self.new_extender(
+            port, lease=lease, webhooks=webhooks, webhook_ssl_context=webhook_ssl_context
+        )
         return self.service
 
     async def stop_extender(self) -> None:

@@ -215,7 +215,11 @@ OWN_ISSUER_VALUES = (
 )
 # Secrets made by hand (docs/install.md), and the documented insecure opt-out.
 OWN_SECRETS_VALUES = ("extender.tls.source=secrets",)
-PLAIN_HTTP_VALUES = ("extender.tls.enabled=false", "extender.networkPolicy.enabled=false")
+PLAIN_HTTP_VALUES = (
+    "extender.tls.enabled=false",
+    "extender.networkPolicy.enabled=false",
+    "extender.webhooks.enabled=false",  # the API server calls webhooks over HTTPS only
+)
 VALUE_SETS = {
     "defaults": (),
     "every-option": NON_DEFAULT_VALUES,
@@ -409,6 +413,18 @@ NEEDS = {
         f"list {QUEUES}",
         f"watch {QUEUES}",
         f"patch {QUEUES}/status",
+        # the Namespace default queue (picture) and the pod webhook's owner walk
+        "list namespaces",
+        "watch namespaces",
+        "get namespaces",
+        "get replicasets.apps ns",
+        "get deployments.apps ns",
+        "get jobs.batch ns",
+        "get cronjobs.batch ns",
+        "get statefulsets.apps ns",
+        # the gate controller lifts the admission gate (a ValidatingAdmissionPolicy allows
+        # nothing else)
+        "patch pods ns",
     ),
     # dra_driver/slices.py and prepare.py
     "dra-driver": access_list(
@@ -435,9 +451,9 @@ DENIED = {
     "extender": access_list(
         "delete pods ns",
         "update pods ns",
-        # The requeue nudge is a pods/status write: no write access to any pod's spec.
-        "patch pods ns",
         "update pods/status ns",
+        "list replicasets.apps",
+        "update namespaces",
         f"update {QUEUES}",
         f"create {QUEUES}",
         f"update {QUEUES}/status",
@@ -575,6 +591,49 @@ def test_each_service_account_may_do_what_its_code_calls_and_no_more(release: Re
         if answer != expected
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_extender_may_only_lift_its_gate_off_a_pod(release: Release) -> None:
+    """patch pods is granted for the gate controller; the chart's admission policy holds it to
+    removing scheduling.tessera.dev/admission."""
+    cluster, namespace = release.cluster, release.namespace
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gated", "namespace": namespace},
+        "spec": {
+            "schedulerName": "nobody",
+            "schedulingGates": [{"name": "other"}, {"name": "scheduling.tessera.dev/admission"}],
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+    kubectl_ok(cluster, "apply", "-f", "-", input_text=json.dumps(pod))
+    as_extender = [f"--as={release.user('extender')}", f"--namespace={namespace}"]
+    # The policy becomes active once the API server has loaded it: until then a label may pass.
+    deadline = time.monotonic() + 30
+    attempt = 0
+    while True:
+        attempt += 1
+        result = cluster.kubectl(
+            "label", "pod", "gated", f"try={attempt}", "--overwrite", *as_extender, check=False
+        )
+        if result.returncode != 0:
+            break
+        assert time.monotonic() < deadline, "the extender could still label pods after 30 s"
+        time.sleep(0.5)
+    assert (
+        "the extender may only remove the scheduling gate scheduling.tessera.dev/admission" in result.stderr
+    )
+    # Another gate is not its to lift; its own is.
+    other = json.dumps([{"op": "remove", "path": "/spec/schedulingGates/0"}])
+    result = cluster.kubectl("patch", "pod", "gated", "--type=json", "-p", other, *as_extender, check=False)
+    assert result.returncode != 0 and "may only remove" in result.stderr
+    own = json.dumps([{"op": "remove", "path": "/spec/schedulingGates/1"}])
+    kubectl_ok(cluster, "patch", "pod", "gated", "--type=json", "-p", own, *as_extender)
+    gates = kubectl_ok(
+        cluster, "get", "pod", "gated", f"--namespace={namespace}", "-o", "jsonpath={.spec.schedulingGates}"
+    )
+    assert json.loads(gates) == [{"name": "other"}]
 
 
 # ---- the components under their own ServiceAccounts ---------------------------------------------

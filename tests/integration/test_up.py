@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from contract.quantity import parse_quantity
 from tessera.dev.localcluster import REPO_ROOT, find_binaries
@@ -170,3 +171,35 @@ def test_quiet_up_runs_every_example() -> None:
                 break
             time.sleep(0.5)
         assert allocated == {"team-vision": "3", "team-speech": "2"}
+        # namespace-defaults.yaml: the Job names neither queue nor scheduler; its Namespace does.
+        nlp: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            nlp = json.loads(up.kubectl("get", "pods", "-n", "team-nlp", "-o", "json"))["items"]
+            if nlp and nlp[0].get("status", {}).get("phase") == "Running":
+                break
+            time.sleep(0.5)
+        assert [p["metadata"]["labels"].get("scheduling.tessera.dev/queue") for p in nlp] == ["team-nlp"]
+        assert nlp[0]["spec"]["schedulerName"] == "tessera" and nlp[0]["status"]["phase"] == "Running"
+        # The admission webhooks are registered against the extender: an invalid Queue is refused.
+        refused = subprocess.run(
+            [
+                str(up.bin_dir / "kubectl"),
+                f"--kubeconfig={up.state_dir / 'admin.kubeconfig'}",
+                "apply",
+                "-f",
+                "-",
+            ],
+            input=json.dumps(
+                {
+                    "apiVersion": "scheduling.tessera.dev/v1alpha1",
+                    "kind": "Queue",
+                    "metadata": {"name": "orphan"},
+                    "spec": {"parent": "no-such-queue"},
+                }
+            ),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert refused.returncode != 0
+        assert "parent queue 'no-such-queue' of 'orphan' does not exist" in refused.stderr

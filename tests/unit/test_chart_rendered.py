@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tessera.cli import EXTENDER_WEIGHT, SCHEDULER_PROFILE
+from tessera.dev.localcluster import WEBHOOK_RULES
 from tessera.simulate.deployed import SHIPPED_PROFILE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,13 +125,68 @@ def test_only_the_scheduler_reaches_the_extender_port(install: list[dict[str, An
     scheduler_pods = one(install, "Deployment", "tessera-scheduler")["spec"]["template"]["metadata"]["labels"]
     assert policy["podSelector"]["matchLabels"].items() <= extender_pods.items()
     assert policy["policyTypes"] == ["Ingress"]
-    verbs, metrics = policy["ingress"]
+    verbs, webhooks, metrics = policy["ingress"]
     assert verbs["ports"] == [{"port": "extender", "protocol": "TCP"}]
     (peer,) = verbs["from"]
     assert peer["podSelector"]["matchLabels"].items() <= scheduler_pods.items()
     assert not peer["podSelector"]["matchLabels"].items() <= extender_pods.items()
-    # Metrics from anywhere by default (extender.networkPolicy.metricsPeers narrows it).
+    # Webhooks and metrics from anywhere by default (webhookPeers and metricsPeers narrow them):
+    # where the API server's calls come from depends on the cluster.
+    assert webhooks == {"ports": [{"port": "webhook", "protocol": "TCP"}]}
     assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}]}
+
+
+def test_the_webhooks_reach_every_replica_with_the_rules_the_local_cluster_uses(
+    install: list[dict[str, Any]],
+) -> None:
+    deployment = one(install, "Deployment", "tessera-extender")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {
+        "--webhook-port=8443",
+        "--webhook-scheduler-name=tessera",
+        "--config-driver=gpu.tessera.dev",
+    } <= set(container["args"])
+    assert {"name": "webhook", "containerPort": 8443} in container["ports"]
+    service = one(install, "Service", "tessera-extender-webhook")
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert service["spec"]["ports"] == [{"name": "webhook", "port": 443, "targetPort": "webhook"}]
+    # The serving certificate names the webhook Service; cert-manager injects its CA.
+    serving = one(install, "Certificate", "tessera-extender")["spec"]
+    assert f"tessera-extender-webhook.{NAMESPACE}.svc" in serving["dnsNames"]
+    found = {}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        configuration = one(install, kind, "tessera-extender")
+        assert configuration["metadata"]["annotations"] == {
+            "cert-manager.io/inject-ca-from": f"{NAMESPACE}/tessera-extender"
+        }
+        for webhook in configuration["webhooks"]:
+            service_ref = webhook["clientConfig"]["service"]
+            assert (service_ref["name"], service_ref["namespace"], service_ref["port"]) == (
+                "tessera-extender-webhook",
+                NAMESPACE,
+                443,
+            )
+            assert webhook["failurePolicy"] == "Ignore" and webhook["sideEffects"] == "None"
+            found[webhook["name"]] = (kind, service_ref["path"], webhook["rules"][0])
+    assert found == WEBHOOK_RULES
+    mutating = one(install, "MutatingWebhookConfiguration", "tessera-extender")["webhooks"][0]
+    # The pod webhook never sees the system's pods nor Tessera's own.
+    assert mutating["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", NAMESPACE]}
+    ]
+
+
+def test_the_extender_may_patch_pods_only_to_lift_its_gate(install: list[dict[str, Any]]) -> None:
+    role = one(install, "ClusterRole", "tessera-extender")
+    pod_verbs = sorted(v for rule in role["rules"] if rule["resources"] == ["pods"] for v in rule["verbs"])
+    assert pod_verbs == ["get", "list", "patch", "watch"]
+    policy = one(install, "ValidatingAdmissionPolicy", "tessera-extender-gates-only")["spec"]
+    assert policy["matchConditions"][0]["expression"] == (
+        f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:tessera-extender"'
+    )
+    assert policy["matchConstraints"]["resourceRules"][0]["resources"] == ["pods"]
+    binding = one(install, "ValidatingAdmissionPolicyBinding", "tessera-extender-gates-only")["spec"]
+    assert binding == {"policyName": "tessera-extender-gates-only", "validationActions": ["Deny"]}
 
 
 def test_cert_manager_issues_both_ends_of_the_link_from_one_ca(install: list[dict[str, Any]]) -> None:

@@ -1,5 +1,6 @@
 """Every shipped workload routes through Tessera after a Helm install: the pods name the chart's
-scheduler profile and a queue, and the queues they name exist where they are meant to."""
+scheduler profile and a queue - themselves, or through their shipped Namespace's labels, which
+the chart's pod webhook applies - and the queues they name exist where they are meant to."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from contract.names import DEFAULT_QUEUE, QUEUE_KIND, QUEUE_LABEL
+from contract.names import (
+    DEFAULT_QUEUE,
+    NAMESPACE_QUEUE_LABEL,
+    NAMESPACE_SCHEDULER_LABEL,
+    QUEUE_KIND,
+    QUEUE_LABEL,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART_SCHEDULER = yaml.safe_load((ROOT / "charts/tessera/values.yaml").read_text())["scheduler"][
@@ -27,24 +34,45 @@ def _documents(directory: str) -> Iterator[tuple[Path, Mapping[str, Any]]]:
                 yield path, document
 
 
-def _pod_specs(document: Mapping[str, Any]) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any]]]:
-    """(metadata, spec) of the pods an object creates."""
+def _namespace_labels(directory: str) -> dict[str, Mapping[str, str]]:
+    return {
+        d["metadata"]["name"]: d["metadata"].get("labels", {})
+        for _, d in _documents(directory)
+        if d["kind"] == "Namespace"
+    }
+
+
+def _pod_specs(
+    document: Mapping[str, Any], namespaces: Mapping[str, Mapping[str, str]]
+) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """(labels, spec) of the pods an object creates, as the pod webhook admits them: a shipped
+    Namespace's default queue and scheduler opt-in filled in."""
     if document["kind"] == "Pod":
-        yield document["metadata"], document["spec"]
+        metadata, spec = document["metadata"], document["spec"]
     elif document["kind"] in POD_TEMPLATE_KINDS:
         template = document["spec"]["template"]
-        yield template.get("metadata", {}), template["spec"]
+        metadata, spec = template.get("metadata", {}), template["spec"]
+    else:
+        return
+    labels = dict(metadata.get("labels", {}))
+    namespace = namespaces.get(document["metadata"].get("namespace", ""), {})
+    if QUEUE_LABEL not in labels and NAMESPACE_QUEUE_LABEL in namespace:
+        labels[QUEUE_LABEL] = namespace[NAMESPACE_QUEUE_LABEL]
+    if "schedulerName" not in spec and namespace.get(NAMESPACE_SCHEDULER_LABEL) == "true":
+        spec = {**spec, "schedulerName": CHART_SCHEDULER}
+    yield labels, spec
 
 
 @pytest.mark.parametrize("directory", WORKLOAD_DIRS)
 def test_every_pod_names_the_charts_scheduler_and_a_queue(directory: str) -> None:
     pods = 0
+    namespaces = _namespace_labels(directory)
     for path, document in _documents(directory):
-        for metadata, spec in _pod_specs(document):
+        for labels, spec in _pod_specs(document, namespaces):
             pods += 1
             where = f"{path.relative_to(ROOT)}: {document['kind']} {document['metadata']['name']}"
             assert spec.get("schedulerName") == CHART_SCHEDULER, f"{where} bypasses Tessera's scheduler"
-            assert QUEUE_LABEL in metadata.get("labels", {}), f"{where} names no queue"
+            assert QUEUE_LABEL in labels, f"{where} names no queue"
     assert pods > 0
 
 
@@ -52,9 +80,10 @@ def test_every_pod_names_the_charts_scheduler_and_a_queue(directory: str) -> Non
 def test_named_queues_are_shipped_with_the_workloads_or_are_the_default(directory: str) -> None:
     shipped = {d["metadata"]["name"] for _, d in _documents(directory) if d["kind"] == QUEUE_KIND}
     parents = {d["spec"]["parent"] for _, d in _documents(directory) if d.get("spec", {}).get("parent")}
+    namespaces = _namespace_labels(directory)
     for path, document in _documents(directory):
-        for metadata, _ in _pod_specs(document):
-            queue = metadata["labels"][QUEUE_LABEL]
+        for labels, _ in _pod_specs(document, namespaces):
+            queue = labels[QUEUE_LABEL]
             assert queue in shipped | {DEFAULT_QUEUE}, f"{path.name}: queue {queue!r} is not shipped"
             assert queue not in parents, f"{path.name}: {queue!r} has children; pods go to leaf queues"
 

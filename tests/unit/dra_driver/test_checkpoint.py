@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.gpuconfig import SharingStrategy
 from dra_driver.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice
-from dra_driver.claimconfig import SharingStrategy
 from dra_driver.prepare import ClaimRef
 from dra_driver.sharing import Command, GpuShare, RecordingRunner
 

@@ -6,13 +6,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.claimconfig import (
-    ClaimConfigError,
-    SharingStrategy,
-    effective_sharing,
-    parse_gpu_config,
-    parse_quantity,
-)
+from contract.gpuconfig import ClaimConfigError, SharingStrategy, parse_gpu_config
+from dra_driver.claimconfig import effective_sharing, parse_quantity
 
 from .fakes import gpu_config
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dra_driver.claimconfig import SharingStrategy
+from contract.gpuconfig import SharingStrategy
 from dra_driver.devices.model import MigDevice
 from dra_driver.prepare import ClaimPrepareError, ClaimRef, ResourceClaimView, node_devices, plan_claim
 from dra_driver.sharing import RecordingRunner

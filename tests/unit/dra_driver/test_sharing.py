@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.claimconfig import SharingStrategy
+from contract.gpuconfig import SharingStrategy
 from dra_driver.sharing import (
     MPS_CONTAINER_PIPE_DIR,
     GpuShare,

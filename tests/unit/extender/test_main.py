@@ -34,6 +34,21 @@ def test_metrics_port_flag() -> None:
         parse_args(["--port=9090", "--metrics-port=9090"])
 
 
+def test_webhook_flags() -> None:
+    assert parse_args([]).webhook_port == 0  # off
+    tls = ["--tls-cert-file=a.crt", "--tls-key-file=a.key"]
+    args = parse_args(["--webhook-port=8443", *tls])
+    # The scheduler link's serving certificate serves the webhooks unless they get their own.
+    assert (args.webhook_cert_file, args.webhook_key_file, args.admission_gate) == ("a.crt", "a.key", True)
+    own = parse_args(["--webhook-port=8443", "--webhook-cert-file=w.crt", "--webhook-key-file=w.key", *tls])
+    assert (own.webhook_cert_file, own.webhook_key_file) == ("w.crt", "w.key")
+    assert parse_args(["--webhook-port=8443", "--no-admission-gate", *tls]).admission_gate is False
+    with pytest.raises(SystemExit):  # the API server calls webhooks over https only
+        parse_args(["--webhook-port=8443"])
+    with pytest.raises(SystemExit):
+        parse_args(["--webhook-port=8888", *tls])  # the scheduler's port
+
+
 async def test_a_half_sent_request_does_not_hold_its_connection() -> None:
     """Headers that never end (a slow client, or an attack) cost a connection for idle_timeout_s."""
     async with ApiClient() as api:

@@ -1,0 +1,310 @@
+"""The admission webhooks, served by the extender process on their own TLS port.
+
+```
+kube-apiserver ─POST /mutate-pods──────────▶ owners (GET up the controller chain), Namespace
+   AdmissionReview (CREATE of a Pod)           resolve_queue ─ the queue label; schedulerName
+                                                gate_reason(picture's fairness view) ─ the gate
+               ◀─ allowed + JSON Patch (+ a warning naming why the pod is gated)
+kube-apiserver ─POST /validate-queues──────▶ the stored Queues (GET) ─ queue_problems ─ allowed?
+kube-apiserver ─POST /validate-resourceclaims▶ claim_config_problems (GpuConfig) ─ allowed?
+```
+
+HTTP only, like `extender.server`: a malformed review gets a 400 with the reason (and costs only
+itself); the decisions are the pure functions of `extender.admission`. The mutating webhook
+never refuses a pod: whatever it cannot look up (an owner it may not read, an API error, a
+picture not yet synced) it leaves out, and the extender's filter still holds the pod to its
+queue. Every replica serves the webhooks (each keeps the whole picture); only the active one
+lifts gates (`extender.controllers.gates`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiohttp import web
+from kubernetes_asyncio.client import ApiClient
+from pydantic import BaseModel, ConfigDict, Field
+
+from contract.kube import controller_of, mapping, meta, sequence
+from contract.names import (
+    ADMISSION_GATE,
+    DRIVER_NAME,
+    NAMESPACE_SCHEDULER_LABEL,
+    QUEUE_GROUP,
+    QUEUE_LABEL,
+    QUEUE_PLURAL,
+    QUEUE_VERSION,
+)
+from extender import kubeapi
+from extender.admission import claim_config_problems, gate_reason, pod_patch, queue_problems, resolve_queue
+from extender.controllers.gates import waiting_ungated
+from extender.kubeapi import JsonObject, KubeError
+from extender.metrics import ExtenderMetrics
+from extender.picture.cluster import ClusterPicture
+from extender.server import IN_FLIGHT_KEY, MAX_IN_FLIGHT, METRICS_KEY, parse_body, timed
+
+log = logging.getLogger(__name__)
+
+MUTATE_PODS_PATH = "/mutate-pods"
+VALIDATE_QUEUES_PATH = "/validate-queues"
+VALIDATE_CLAIMS_PATH = "/validate-resourceclaims"
+# Owners above this many levels are not read (Pod -> ReplicaSet -> Deployment is two).
+MAX_OWNER_DEPTH = 4
+# An AdmissionReview carries one object (and its old version): far below this.
+MAX_REVIEW_BYTES = 4 * 2**20
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
+_KIND = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,62}$")
+_API_VERSION = re.compile(r"^([a-z0-9.-]+/)?v[0-9a-z]+$")
+
+
+@dataclass(frozen=True)
+class WebhookOptions:
+    host: str = "0.0.0.0"
+    port: int = 8443  # 0: pick a free one
+    # Give pods of Namespaces labelled scheduling.tessera.dev/use-scheduler=true this scheduler
+    # (the chart's own profile); None: leave schedulerName alone.
+    scheduler_name: str | None = None
+    # Put the admission gate on pods their queue holds back (the gate controller lifts it).
+    gate: bool = True
+    # Seconds between the gate controller's passes over gated pods.
+    gate_interval_s: float = 1.0
+    # DRA drivers whose opaque configs in ResourceClaims must be valid GpuConfigs.
+    config_drivers: frozenset[str] = field(default_factory=lambda: frozenset({DRIVER_NAME}))
+    # Seconds the pod webhook spends reading owners and the Namespace; past it, it decides with
+    # what it has (the API server's own timeout for the webhook is longer).
+    lookup_timeout_s: float = 2.0
+
+
+class GroupVersionKind(BaseModel):
+    group: str = ""
+    version: str
+    kind: str
+
+
+class AdmissionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    uid: str = Field(min_length=1)
+    kind: GroupVersionKind
+    namespace: str = ""
+    operation: Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
+    object: dict[str, Any] | None = None
+
+
+class AdmissionReview(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    apiVersion: Literal["admission.k8s.io/v1"]
+    kind: Literal["AdmissionReview"]
+    request: AdmissionRequest
+
+
+def review_answer(
+    uid: str,
+    problems: list[str] | None = None,
+    patch: list[dict[str, Any]] | None = None,
+    warnings: list[str] | None = None,
+) -> JsonObject:
+    """The AdmissionReview response: refused with the problems, or allowed (with a JSON Patch)."""
+    response: JsonObject = {"uid": uid, "allowed": not problems}
+    if problems:
+        response["status"] = {"code": 422, "reason": "Invalid", "message": "; ".join(problems)}
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    if warnings:
+        response["warnings"] = warnings
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def owner_path(namespace: str, owner: Mapping[str, Any]) -> str | None:
+    """The API path of a namespaced owner reference (None: not a readable reference).
+
+    The resource is the kind in lower case plus "s", which holds for every owner kind that makes
+    pods in practice (replicasets, jobs, cronjobs, jobsets, pytorchjobs, rayclusters, ...).
+    """
+    api_version, kind, name = owner.get("apiVersion"), owner.get("kind"), owner.get("name")
+    if not (isinstance(api_version, str) and isinstance(kind, str) and isinstance(name, str)):
+        return None
+    if not (
+        _API_VERSION.match(api_version) and _KIND.match(kind) and _NAME.match(name) and _NAME.match(namespace)
+    ):
+        return None
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{base}/namespaces/{namespace}/{kind.lower()}s/{name}"
+
+
+class PodAdmission:
+    """What the pod webhook reads beyond the pod: owners and Namespaces (API), the picture."""
+
+    def __init__(self, api: ApiClient, picture: ClusterPicture, options: WebhookOptions) -> None:
+        self.api = api
+        self.picture = picture
+        self.options = options
+
+    async def owner_labels(self, namespace: str, pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        """Labels of the pod's controllers, its own first; stops at one it cannot read."""
+        chain: list[Mapping[str, Any]] = []
+        current: Mapping[str, Any] = pod
+        for _ in range(MAX_OWNER_DEPTH):
+            path = owner_path(namespace, controller_of(current))
+            if path is None:
+                break
+            try:
+                current = await kubeapi.request(self.api, "GET", path, timeout=self.options.lookup_timeout_s)
+            except KubeError as exc:  # forbidden (a kind the chart grants no get on) or gone
+                log.debug("owner %s not read: %s", path, exc)
+                break
+            chain.append(mapping(meta(current).get("labels")))
+        return chain
+
+    async def namespace_labels(self, namespace: str) -> Mapping[str, Any]:
+        if not _NAME.match(namespace):
+            return {}  # not a namespace name: nothing to read (and no path to build from it)
+        stored = self.picture.store.get("Namespace", namespace)
+        if stored is None:  # created a moment ago: the watch has not delivered it yet
+            stored = await kubeapi.request(
+                self.api, "GET", f"/api/v1/namespaces/{namespace}", timeout=self.options.lookup_timeout_s
+            )
+        return mapping(meta(stored).get("labels"))
+
+    async def mutate(self, pod: JsonObject, namespace: str) -> tuple[list[dict[str, Any]], list[str], str]:
+        """The patch for a pod being created, warnings for the user, and the outcome (metrics)."""
+        owners: list[Mapping[str, Any]] = []
+        namespace_labels: Mapping[str, Any] = {}
+        try:
+            async with asyncio.timeout(self.options.lookup_timeout_s):
+                namespace_labels = await self.namespace_labels(namespace)
+                if not mapping(meta(pod).get("labels")).get(QUEUE_LABEL):
+                    owners = await self.owner_labels(namespace, pod)
+        except (TimeoutError, KubeError, OSError) as exc:
+            log.warning("pod admission in %s decides without all lookups: %r", namespace, exc)
+        choice = resolve_queue(mapping(meta(pod).get("labels")), owners, namespace_labels)
+        # No label for a pod that names no queue anywhere: it is counted in the default queue
+        # anyway, and a label would make every pod of the cluster one that Tessera holds back.
+        queue = choice.queue if choice.source != "default" else None
+        spec = mapping(pod.get("spec"))
+        scheduler = (
+            self.options.scheduler_name
+            if self.options.scheduler_name
+            and str(namespace_labels.get(NAMESPACE_SCHEDULER_LABEL, "")).lower() == "true"
+            and spec.get("schedulerName") in (None, "", "default-scheduler")
+            else None
+        )
+        patch = pod_patch(pod, queue, scheduler, gate=False)
+        reason = self.gate_reason(_patched(pod, namespace, queue, scheduler)) if self.options.gate else ""
+        if reason:
+            patch = pod_patch(pod, queue, scheduler, gate=True)
+            return (
+                patch,
+                [f"held back by the scheduling gate {ADMISSION_GATE} until its queue has room: {reason}"],
+                "gated",
+            )
+        return patch, [], "labelled" if patch else "unchanged"
+
+    def gate_reason(self, pod: JsonObject) -> str:
+        """Why the pod should wait gated ('' when it should not, or when that cannot be told)."""
+        picture = self.picture
+        key = f"{meta(pod).get('namespace')}/{meta(pod).get('name') or meta(pod).get('generateName', '')}"
+        if not picture.ready() or not picture.is_pending(key, pod):
+            return ""  # not synced, bound already, or for a scheduler Tessera does not serve
+        demand = picture.demand(pod)
+        if demand.problem or not (demand.wants_gpu or demand.labelled):
+            return ""
+        view = picture.fairness()
+        return gate_reason(
+            view,
+            demand.queue,
+            picture.pod_resources(key, pod),
+            preemptible=demand.preemptible,
+            ahead=waiting_ungated(picture).get(demand.queue),
+        )
+
+
+def _patched(pod: JsonObject, namespace: str, queue: str | None, scheduler: str | None) -> JsonObject:
+    """The pod as it will be stored (namespace, queue label, scheduler), to read its demand."""
+    metadata = {**meta(pod), "namespace": namespace}
+    if queue is not None:
+        metadata["labels"] = {**mapping(metadata.get("labels")), QUEUE_LABEL: queue}
+    spec = dict(mapping(pod.get("spec")))
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
+    return {**pod, "metadata": metadata, "spec": spec}
+
+
+ADMISSION_KEY = web.AppKey("pod_admission", PodAdmission)
+OPTIONS_KEY = web.AppKey("webhook_options", WebhookOptions)
+API_KEY = web.AppKey("api", ApiClient)
+PICTURE_KEY = web.AppKey("webhook_picture", ClusterPicture)
+
+
+def _answer(answer: JsonObject) -> web.Response:
+    return web.Response(text=json.dumps(answer), content_type="application/json")
+
+
+async def handle_mutate_pod(request: web.Request) -> web.StreamResponse:
+    review = await parse_body(request, AdmissionReview, "mutate_pods")
+    req = review.request
+    pod = req.object
+    if req.operation != "CREATE" or req.kind.kind != "Pod" or pod is None:
+        return _answer(review_answer(req.uid))
+    patch, warnings, outcome = await request.app[ADMISSION_KEY].mutate(pod, req.namespace)
+    request.app[METRICS_KEY].decisions.labels("mutate_pods", outcome, "").inc()
+    return _answer(review_answer(req.uid, patch=patch, warnings=warnings))
+
+
+async def handle_validate_queue(request: web.Request) -> web.StreamResponse:
+    review = await parse_body(request, AdmissionReview, "validate_queues")
+    req = review.request
+    if req.operation not in ("CREATE", "UPDATE") or req.object is None:
+        return _answer(review_answer(req.uid))
+    path = f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/{QUEUE_PLURAL}"
+    try:  # the stored Queues, not the picture's: one created a moment ago may be this one's parent
+        others = sequence(
+            (await kubeapi.request(request.app[API_KEY], "GET", path, timeout=5.0)).get("items")
+        )
+    except (KubeError, OSError, TimeoutError) as exc:
+        log.warning("queue admission reads the picture's Queues: %r", exc)
+        others = list(request.app[PICTURE_KEY].kind("Queue").values())
+    problems = queue_problems(req.object, [mapping(q) for q in others])
+    request.app[METRICS_KEY].decisions.labels(
+        "validate_queues", "refused" if problems else "allowed", ""
+    ).inc()
+    return _answer(review_answer(req.uid, problems))
+
+
+async def handle_validate_claim(request: web.Request) -> web.StreamResponse:
+    review = await parse_body(request, AdmissionReview, "validate_claims")
+    req = review.request
+    if req.operation not in ("CREATE", "UPDATE") or req.object is None:
+        return _answer(review_answer(req.uid))
+    obj = {**req.object, "kind": req.kind.kind}
+    problems = claim_config_problems(obj, request.app[OPTIONS_KEY].config_drivers)
+    request.app[METRICS_KEY].decisions.labels(
+        "validate_claims", "refused" if problems else "allowed", ""
+    ).inc()
+    return _answer(review_answer(req.uid, problems))
+
+
+def webhook_app(
+    api: ApiClient, picture: ClusterPicture, metrics: ExtenderMetrics, options: WebhookOptions
+) -> web.Application:
+    """The webhooks' HTTP app (its own port: the API server presents no scheduler certificate)."""
+    app = web.Application(client_max_size=MAX_REVIEW_BYTES)
+    app[METRICS_KEY] = metrics
+    app[IN_FLIGHT_KEY] = asyncio.Semaphore(MAX_IN_FLIGHT)
+    app[API_KEY] = api
+    app[PICTURE_KEY] = picture
+    app[OPTIONS_KEY] = options
+    app[ADMISSION_KEY] = PodAdmission(api, picture, options)
+    app.router.add_post(MUTATE_PODS_PATH, timed("mutate_pods", handle_mutate_pod))
+    app.router.add_post(VALIDATE_QUEUES_PATH, timed("validate_queues", handle_validate_queue))
+    app.router.add_post(VALIDATE_CLAIMS_PATH, timed("validate_claims", handle_validate_claim))
+    return app
