@@ -13,11 +13,13 @@
 7. one reclaim planning cycle on a large picture vs taking its snapshot alone (``bench.planning``);
 8. reclaim: time for a queue to get back its lent fair share, Tessera's reclaim beside
    kube-scheduler's priority preemption, then churn counting evictions later undone
-   (``bench.reclaim``).
+   (``bench.reclaim``);
+9. packing: a 50-node slice of the Alibaba trace end to end (kube-scheduler + extender + DRA
+   allocator) beside the simulator's deployed mode on the same slice and order (``bench.packing``).
 
 Default sizes fit a 2-core machine in a few minutes; ``--full`` runs the sizes of the issue
 (hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; 500 nodes / 4000 pods end to end;
-memory: 5000 nodes, 100,000 pods; reclaim: 16 nodes and a 10-minute churn). 2, 3 and 8 need
+memory: 5000 nodes, 100,000 pods; reclaim: 16 nodes and a 10-minute churn). 2, 3, 8 and 9 need
 the control-plane binaries (``make bench`` builds them); ``--no-cluster`` skips them. 2, 3 and 8
 race KAI Scheduler too when ``hack/build-kai.sh`` built it (``bench.kai``; ``--no-kai`` leaves it
 out); without that build they say so and run without it.
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 
 from tessera.simulate.report import format_table
 
-from . import e2e, fairshare, planning, prepare, reaction, reclaim
+from . import e2e, fairshare, packing, planning, prepare, reaction, reclaim
 from .hotpath import HotPathRow, run_hotpath
 from .memory import MemoryRow, run_memory
 from .prepare import prepare_table, run_prepare
@@ -124,10 +126,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="the issue's sizes (slower, more memory)")
     parser.add_argument(
         "--only",
-        choices=("hotpath", "e2e", "reaction", "memory", "prepare", "fairshare", "planning", "reclaim"),
+        choices=(
+            "hotpath",
+            "e2e",
+            "reaction",
+            "memory",
+            "prepare",
+            "fairshare",
+            "planning",
+            "reclaim",
+            "packing",
+        ),
         help="run one benchmark",
     )
-    parser.add_argument("--no-cluster", action="store_true", help="skip 2, 3 and 8 (local control plane)")
+    parser.add_argument("--no-cluster", action="store_true", help="skip 2, 3, 8 and 9 (local control plane)")
     parser.add_argument("--seconds", type=float, help="measuring time per hot-path case")
     parser.add_argument(
         "--hot-nodes", help="hot-path cluster sizes, comma-separated (default 500,5000)", default="500,5000"
@@ -176,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         planning.main([] if args.full else ["--nodes", "1000", "--pods", "10000"])
     if args.only in (None, "reclaim") and not (args.no_cluster and args.only is None):
         reclaim.main(cluster_args)
+    if args.only in (None, "packing") and not (args.no_cluster and args.only is None):
+        packing.main([])
     return 0
 
 

@@ -27,7 +27,7 @@ rather than thinned: the scheduler does not re-check that fewer victims still ma
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
 
 from contract.names import GPU_MILLI
@@ -91,6 +91,11 @@ def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
     """Why `demand` does not fit on the node ('' when it fits)."""
     if fits(supply, demand):
         return ""
+    if fits(supply, replace(demand, cpu_milli=0, memory_mib=0)):
+        return (
+            f"not enough free CPU or memory beside the GPUs ({demand.cpu_milli}m CPU and "
+            f"{demand.memory_mib}Mi asked, {supply.cpu_free_milli}m and {supply.memory_free_mib}Mi free)"
+        )
     free = sum(supply.free_milli) / GPU_MILLI
     models = f" of model {'/'.join(sorted(demand.models))}" if demand.models else ""
     return (
@@ -162,8 +167,8 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     def verdict(memory: int, supply: NodeGpus) -> str:
         if not by_size[memory].admit:
             return by_size[memory].reason
-        at_node = demand.gpus_at(memory or reference)
-        reason = verdicts[memory][supply.shape] = _misfit(supply, at_node) if at_node else ""
+        at_node = demand.placement_at(memory or reference)
+        reason = verdicts[memory][supply.shape] = _misfit(supply, at_node)
         return reason
 
     reasons = [
@@ -293,17 +298,17 @@ def queue_strategy(picture: ClusterPicture, queue: str) -> Strategy:
 
 
 def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDecision:
-    """The score of every candidate node (0..10; neutral 0 for pods Tessera does not place)."""
+    """The score of every candidate node (0..10), GPU-less pods included: their CPU and memory
+    strand GPUs as much as a fraction does (neutral 0 only while syncing or for an unreadable pod)."""
     names = args.candidate_names()
     if not picture.ready():
         return PriorityDecision(dict.fromkeys(names, 0), "neutral", "not_ready")
     demand = picture.demand(args.Pod)
     if demand.problem:  # filter refused it with the reason; nothing to rank
         return PriorityDecision(dict.fromkeys(names, 0), "neutral", "unreadable")
-    gpus = demand.gpus_at(picture.inventory.reference_memory(demand.models))
-    if gpus is None:
-        return PriorityDecision(dict.fromkeys(names, 0), "neutral", "no_gpu")
+    placement = demand.placement_at(picture.inventory.reference_memory(demand.models))
     key = args.pod.key
     supplies = picture.inventory.supplies_for(key, names)
     strategy = queue_strategy(picture, demand.queue)
-    return PriorityDecision(score_nodes(supplies, gpus, picture.fairness().mix, strategy), "scored", strategy)
+    scores = score_nodes(supplies, placement, picture.fairness().mix, strategy)
+    return PriorityDecision(scores, "scored", strategy)

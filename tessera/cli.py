@@ -57,14 +57,26 @@ def _profile_path(profile: str) -> Path:
     return shipped if shipped.exists() else Path(profile)
 
 
-def _extender_config(port: int) -> dict[str, object]:
+# The scoring of the chart's scheduler profile (charts/tessera, scheduler.*; docs/install.md):
+# every node scored, the plugins that spread by CPU and memory off for scoring, the extender at 5.
+SCHEDULER_PROFILE: dict[str, object] = {
+    "percentageOfNodesToScore": 100,
+    "plugins": {
+        "score": {"disabled": [{"name": "NodeResourcesFit"}, {"name": "NodeResourcesBalancedAllocation"}]}
+    },
+}
+EXTENDER_WEIGHT = 5
+
+
+def extender_config(port: int) -> dict[str, object]:
+    """The chart's extender entry, for a plain-HTTP extender on loopback."""
     return {
         "urlPrefix": f"http://127.0.0.1:{port}",
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
         "preemptVerb": "preempt",
         "bindVerb": "bind",
-        "weight": 5,
+        "weight": EXTENDER_WEIGHT,
         "nodeCacheCapable": True,
         "enableHTTPS": False,
     }
@@ -97,7 +109,7 @@ def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> No
     )
     cluster.wait_healthy(extender, f"http://127.0.0.1:{extender_port}/readyz", tls=False)
     cluster.register_webhooks(f"https://127.0.0.1:{webhook_port}")
-    cluster.start_scheduler(TESSERA_SCHEDULER, [_extender_config(extender_port)])
+    cluster.start_scheduler(TESSERA_SCHEDULER, [extender_config(extender_port)], profile=SCHEDULER_PROFILE)
     cluster.spawn(
         "tessera-node-agent",
         [

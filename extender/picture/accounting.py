@@ -49,7 +49,7 @@ class QueueView(FairnessSnapshot):
 
     invalid: Mapping[str, str]  # Queue objects that failed to parse -> why
     pending_pods: Mapping[str, int]  # queue -> pending pods
-    mix: WorkloadMix  # GPU shapes of the pods seen, weighted by count (placement's target workload)
+    mix: WorkloadMix  # placement demands of the pods seen, weighted by count (placement's target workload)
 
 
 class QueueAccounting:
@@ -285,13 +285,14 @@ class QueueAccounting:
             self.is_pending(key, pod) and self.workloads.workload_key(key) not in self.workloads.reservations
         ):
             bucket = "requested"  # (a member of a gang being placed is counted by its slots)
-        gpus = demand.gpus_at(self.inventory.reference_memory(demand.models)) if "gpu" in amounts else None
-        identity = (demand.queue, bucket, gpus, *amounts.items())
+        # Every pod's placement demand (GPUs, CPU, memory) joins the workload mix, GPU-less ones too.
+        placement = demand.placement_at(self.inventory.reference_memory(demand.models))
+        identity = (demand.queue, bucket, placement, *amounts.items())
         shared = self._shared.get(identity)
         if shared is None:
             if len(self._shared) >= _SHARED_LIMIT:
                 self._shared.clear()
-            shared = self._shared[identity] = Contribution(demand.queue, bucket, amounts, gpus)
+            shared = self._shared[identity] = Contribution(demand.queue, bucket, amounts, placement)
         return shared
 
     def _compute_view(self) -> QueueView:

@@ -288,6 +288,7 @@ class ClusterPicture:
         if demand.problem or not demand.wants_gpu:
             return None, 0
         held = self.inventory.held_devices(demand.namespace, demand.claim_names)
+        host = demand.placement_at(0)  # its CPU and memory, given back to the node on eviction
         # Partitions (index -1) are no GPU of their own: evicting them frees no whole GPU.
         running = RunningPod(
             key=key,
@@ -302,6 +303,8 @@ class ClusterPicture:
             # A gang's member is never moved: its workload would run below its minimum meanwhile.
             movable=is_movable(pod) and not self.workloads.workload_key(key),
             workload=self.workloads.workload_key(key),
+            cpu_milli=host.cpu_milli,
+            memory_mib=host.memory_mib,
         )
         return running, demand.classic_gpus
 
@@ -323,7 +326,7 @@ class ClusterPicture:
         ledger = self.accounting.ledger
         for key in sorted(ledger.waiting):  # a stable order (a set has none)
             contribution = ledger.contributions[key]
-            if contribution.demand is None:
+            if contribution.demand is None or not contribution.demand.count:
                 continue
             pod = self.store.get("Pod", key)
             if pod is None or meta(pod).get("deletionTimestamp") or self.inventory.held_for(key):

@@ -31,7 +31,7 @@ from extender.demand import (
 )
 from extender.kubeapi import JsonObject
 from extender.picture.store import ObjectStore
-from extender.policy.placement import GpuDemand
+from extender.policy.placement import GpuDemand, host_cpu_milli, host_memory_mib, placement_demand
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 # Distinct demands remembered for sharing; past this the table starts over.
@@ -66,6 +66,7 @@ class PodDemand:
     problem: str = ""
     # GPU demand per GPU memory size it is sized against (fractions are relative to it).
     _by_memory: dict[int, GpuDemand | None] = field(default_factory=dict, compare=False, repr=False)
+    _placement: dict[int, GpuDemand] = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
     def claim_names(self) -> list[str]:
@@ -97,6 +98,16 @@ class PodDemand:
                 self.gpu_requests, self.classic_gpus, device_memory
             )
         return self._by_memory[device_memory]
+
+    def placement_at(self, device_memory: int) -> GpuDemand:
+        """What placement ranks on GPUs of `device_memory` bytes: its GPUs (count 0: none) with
+        its CPU and memory requests - the simulator's demand of the same pod."""
+        cached = self._placement.get(device_memory)
+        if cached is None:
+            cached = self._placement[device_memory] = placement_demand(
+                self.gpus_at(device_memory), host_cpu_milli(self.cpu), host_memory_mib(self.memory)
+            )
+        return cached
 
     def gpu_amount_at(self, device_memory: int) -> float:
         """GPUs this pod takes on GPUs of that size (a fraction counts as its share)."""

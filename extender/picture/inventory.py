@@ -6,9 +6,11 @@ other device types add no capacity), holders from the allocations in ResourceCla
 knows where each pod runs: its `spec.nodeName`, or the node the binder just bound it to before
 the watch says so (an *assumed* bind).
 
-It answers the hot path's questions - a node's free GPUs (`node_gpus`, cached per node until a
-slice, claim, node or pod there changes), the memory of its GPUs, cluster capacity - and tells
-its listeners which pods' accounting a change moved (None: every pod).
+It answers the hot path's questions - a node's supply (`node_gpus`: free share per GPU, and free
+CPU and memory - allocatable minus the requests of the pods there, as kube-scheduler counts them -
+built by placement's `node_supply` as the simulator's nodes are; cached per node until a slice,
+claim, node or pod there changes), the memory of its GPUs, cluster capacity - and tells its
+listeners which pods' accounting a change moved (None: every pod).
 """
 
 from __future__ import annotations
@@ -35,7 +37,14 @@ from extender.demand import allocated_devices, fraction_milli
 from extender.kubeapi import JsonObject
 from extender.picture.demands import PodDemands, is_terminal
 from extender.picture.store import ObjectStore
-from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
+from extender.policy.placement import (
+    GpuDemand,
+    NodeGpus,
+    WorkloadMix,
+    host_cpu_milli,
+    host_memory_mib,
+    node_supply,
+)
 from extender.policy.snapshot import occupy
 
 log = logging.getLogger(__name__)
@@ -92,6 +101,15 @@ def _discard(index: dict[str, set[str]], key: str, member: str) -> None:
 
 def _allocatable(node: Mapping[str, Any], resource: str) -> float:
     return parse_quantity(mapping(mapping(node.get("status")).get("allocatable")).get(resource, 0))
+
+
+def _host(node: Mapping[str, Any]) -> tuple[int, int] | None:
+    """A node's allocatable CPU milli and memory MiB (None when it reports neither: untracked)."""
+    allocatable = mapping(mapping(node.get("status")).get("allocatable"))
+    if "cpu" not in allocatable or "memory" not in allocatable:
+        return None
+    cpu, memory = _allocatable(node, "cpu"), _allocatable(node, "memory")
+    return host_cpu_milli(cpu, request=False), host_memory_mib(memory, request=False)
 
 
 class GpuInventory:
@@ -251,13 +269,15 @@ class GpuInventory:
             model = model or device.model
             free.append(max(0, GPU_MILLI - self._device_used_milli(key, device)))
         node = self.store.get("Node", name)
-        if node is not None:
-            classic_total = int(_allocatable(node, CLASSIC_GPU_RESOURCE))
-            if classic_total:
-                model = model or self.classic_model(name)
-                used = sum(self.demands.of(p).classic_gpus for p in self.pods_on_node(name))
-                free.extend([GPU_MILLI] * max(0, classic_total - used) + [0] * min(used, classic_total))
-        return NodeGpus(name=name, model=model, free_milli=tuple(free))
+        if node is None:
+            return node_supply(name, model, free, None)
+        pods = [self.demands.of(p) for p in self.pods_on_node(name)]
+        classic_total = int(_allocatable(node, CLASSIC_GPU_RESOURCE))
+        if classic_total:
+            model = model or self.classic_model(name)
+            used = sum(demand.classic_gpus for demand in pods)
+            free.extend([GPU_MILLI] * max(0, classic_total - used) + [0] * min(used, classic_total))
+        return node_supply(name, model, free, _host(node), (demand.placement_at(0) for demand in pods))
 
     def _compute_capacity(self) -> dict[str, float]:
         totals: dict[str, float] = {}
@@ -424,11 +444,11 @@ class GpuInventory:
         self._notify(list(self.pods_by_node.get(key, ())))
 
     def _pod_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+        # A pod's CPU and memory (and classic GPUs) count on its node: that node's supply moves.
         if old is not None:
             node = self.pod_node(key, old)
             _discard(self.pods_by_node, node, key)
-            if self.demands.of(old).classic_gpus:
-                self._node_gpus.pop(node, None)
+            self._node_gpus.pop(node, None)
         if new is None or mapping(new.get("spec")).get("nodeName"):
             self.assumed_nodes.pop(key, None)
             if self.holds:
@@ -437,7 +457,6 @@ class GpuInventory:
             node = self.pod_node(key, new)
             if node:
                 self.pods_by_node.setdefault(node, set()).add(key)
-            if self.demands.of(new).classic_gpus:
                 self._node_gpus.pop(node, None)
 
     def _pods_relisted(self, keys: set[str]) -> None:

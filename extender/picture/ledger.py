@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from extender.policy.fairness import QueueUsage
-from extender.policy.placement import GpuDemand, WorkloadMix
+from extender.policy.placement import GpuDemand, WorkloadMix, rounded_mix
 
 Bucket = Literal["allocated", "requested", "none"]
 # Totals are sums and differences of floats; what is left below this after a pod leaves is zero.
@@ -27,7 +27,7 @@ class Contribution:
     queue: str
     bucket: Bucket
     amounts: Mapping[str, float]
-    demand: GpuDemand | None = None  # its GPU shape, for the workload mix
+    demand: GpuDemand | None = None  # its placement demand (GPUs, CPU, memory), for the workload mix
 
 
 def _move(totals: dict[str, dict[str, float]], queue: str, amounts: Mapping[str, float], sign: float) -> None:
@@ -96,18 +96,11 @@ class QueueLedger:
         return {queue: count for queue, count in self.pending.items() if count > 0}
 
     def mix(self) -> WorkloadMix:
-        """GPU shapes of the pods seen, weighted by how many there are (kept while unchanged).
-
-        Weights are counts rounded to two significant digits: one pod more or less in a large
-        cluster then leaves the mix - and placement's memo, which is kept per mix - unchanged.
-        """
+        """Placement demands of the pods seen, weighted by how many there are rounded to two
+        significant digits (`rounded_mix`; the object is kept while unchanged)."""
         if self._mix_stale:
-            fresh = WorkloadMix(demands=tuple((d, _two_digits(n)) for d, n in self.demands.items() if n > 0))
+            fresh = rounded_mix(self.demands)
             if fresh != self._mix:  # keep the object, and what it has cached, while equal
                 self._mix = fresh
             self._mix_stale = False
         return self._mix
-
-
-def _two_digits(count: int) -> float:
-    return float(f"{count:.2g}")

@@ -16,13 +16,21 @@ Pure functions over plain data. Two strategies:
 ``score_nodes`` turns the ranking into the 0..10 scores the kube-scheduler extender protocol uses;
 ``placement_cost`` exposes the exact ranking so the simulator can choose the top node without the
 rounding loss of integer scores.
+
+Inputs are built in one place for the extender and the simulator, so both rank the same numbers:
+``placement_demand`` (a pod's GPUs with its CPU milli and memory MiB, count 0 for a pod without
+GPUs), ``node_supply`` (a node's free GPU shares, and its CPU and memory capacity minus what the
+pods placed there take), ``host_cpu_milli`` / ``host_memory_mib`` (Kubernetes cores and bytes in
+those units: a request rounds up, a capacity down) and ``rounded_mix`` (the workload mix from the
+counts of the pods seen).
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Literal
 
@@ -440,6 +448,70 @@ def score_nodes(
     return {node.name: score_of_shape[node.shape] for node in nodes}
 
 
+_MIB = 1 << 20
+# Float noise of parsed quantities (0.1 cores is 100.00000000000001 milli) is not a milli more.
+_UNIT_NOISE = 1e-6
+
+
+def host_cpu_milli(cores: float, *, request: bool = True) -> int:
+    """CPU cores in milli-CPU: a request rounds up, a capacity (``request=False``) down."""
+    milli = cores * 1000
+    return math.ceil(milli - _UNIT_NOISE) if request else math.floor(milli + _UNIT_NOISE)
+
+
+def host_memory_mib(memory_bytes: float, *, request: bool = True) -> int:
+    """Bytes in MiB: a request rounds up, a capacity (``request=False``) down."""
+    mib = memory_bytes / _MIB
+    return math.ceil(mib - _UNIT_NOISE) if request else math.floor(mib + _UNIT_NOISE)
+
+
+def placement_demand(gpus: GpuDemand | None, cpu_milli: int, memory_mib: int) -> GpuDemand:
+    """What placement ranks for one pod: its GPUs (None: it has none) with its CPU and memory."""
+    if gpus is None:
+        return GpuDemand(count=0, cpu_milli=cpu_milli, memory_mib=memory_mib)
+    return replace(gpus, cpu_milli=cpu_milli, memory_mib=memory_mib)
+
+
+def node_supply(
+    name: str,
+    model: str,
+    gpu_free: Sequence[int],
+    host: tuple[int, int] | None,
+    placed: Iterable[GpuDemand] = (),
+) -> NodeGpus:
+    """A node as placement sees it: GPUs' free shares, and - when ``host`` gives its CPU milli
+    and memory MiB - those minus the CPU and memory of the pods ``placed`` there (exact, so a
+    full node reads as full). ``host`` None: CPU and memory are not tracked (left to the
+    scheduler's own resource fit)."""
+    if host is None:
+        return NodeGpus(name=name, model=model, free_milli=tuple(gpu_free))
+    cpu, memory = host
+    for demand in placed:
+        cpu -= demand.cpu_milli
+        memory -= demand.memory_mib
+    return NodeGpus(
+        name=name,
+        model=model,
+        free_milli=tuple(gpu_free),
+        cpu_free_milli=cpu,
+        memory_free_mib=memory,
+        host_tracked=True,
+    )
+
+
+def rounded_mix(counts: Mapping[GpuDemand, int]) -> WorkloadMix:
+    """The workload mix of the pods seen, each demand weighted by its count rounded to two
+    significant digits: one pod more or less in a large cluster then leaves the mix - and the
+    placement memo, which is kept per mix - unchanged. Demands are in a fixed order, so equal
+    counts give equal mixes however they were gathered."""
+    ordered = sorted(counts.items(), key=lambda item: _demand_order(item[0]))
+    return WorkloadMix(demands=tuple((d, float(f"{n:.2g}")) for d, n in ordered if n > 0))
+
+
+def _demand_order(demand: GpuDemand) -> tuple[int, int, tuple[str, ...], int, int]:
+    return (demand.count, demand.milli, tuple(sorted(demand.models)), demand.cpu_milli, demand.memory_mib)
+
+
 def mix_from_demands(demands: Sequence[GpuDemand]) -> WorkloadMix:
     """A mix weighting each distinct demand by how often it occurs."""
     counts: dict[GpuDemand, int] = {}
@@ -458,10 +530,15 @@ __all__ = [
     "WorkloadMix",
     "choose_gpus",
     "fits",
+    "host_cpu_milli",
+    "host_memory_mib",
     "mix_from_demands",
     "node_fragmentation",
     "node_packing_loss",
+    "node_supply",
     "placement_cost",
+    "placement_demand",
+    "rounded_mix",
     "score_nodes",
     "scores_from_costs",
 ]

@@ -312,9 +312,9 @@ def occupy(
 
 
 def _with_free(node: NodeGpus, free: list[int], cpu_milli: int = 0, memory_mib: int = 0) -> NodeGpus:
-    """`node` with GPUs' free shares `free`, and - only where it tracks CPU and memory (the
-    simulator's nodes do; the live picture leaves them to kube-scheduler) - `cpu_milli` and
-    `memory_mib` more of them free (negative: taken)."""
+    """`node` with GPUs' free shares `free`, and - only where it tracks CPU and memory (nodes
+    that report allocatable CPU and memory do) - `cpu_milli` and `memory_mib` more of them free
+    (negative: taken)."""
     tracked = node.host_tracked
     return NodeGpus(
         name=node.name,

@@ -396,15 +396,17 @@ class LocalCluster:
         extenders: Iterable[Mapping[str, Any]] | None = None,
         qps: int = 50,
         burst: int = 100,
+        profile: Mapping[str, Any] | None = None,
     ) -> SchedulerHandle:
-        """Runs a kube-scheduler whose single profile is ``name``; pods pick it by schedulerName."""
+        """Runs a kube-scheduler whose single profile is ``name`` (with the fields of ``profile``,
+        e.g. its plugins); pods pick it by schedulerName."""
         port = free_port()
         config: dict[str, Any] = {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
             "kind": "KubeSchedulerConfiguration",
             "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": qps, "burst": burst},
             "leaderElection": {"leaderElect": False},
-            "profiles": [{"schedulerName": name}],
+            "profiles": [{"schedulerName": name, **(profile or {})}],
         }
         extender_list = [dict(extender) for extender in extenders or ()]
         if extender_list:

@@ -1,7 +1,8 @@
 """``tessera simulate``: packing replays of the Alibaba trace and queue-fairness workloads.
 
     tessera simulate trace [--all | --pods FILE ...] [--policies fgd,tessera,...] [--seed N | --seeds 0,1,2]
-                           [--replay paper,creation]
+                           [--replay paper,creation] [--scheduler-profile shipped|stock]
+                           [--extender-weight N] [--device-choice first-fit|tessera]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
 
 Both print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
@@ -13,10 +14,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
+from .deployed import DEVICE_CHOICES, SHIPPED_PROFILE, STOCK_PROFILE, DeviceChoice, SchedulerProfile
 from .packing import REPLAYS, PackingResult, Replay, replay_packing
-from .policies import DEFAULT_POLICIES, POLICY_NAMES, policy_names
+from .policies import DEFAULT_POLICIES, DEPLOYED, POLICY_NAMES, policy_names
 from .queues import WorkloadError, load_workload, run_queue_workload
 from .report import (
     PUBLISHED_ALLOCATION,
@@ -38,7 +41,8 @@ ALL_POD_FILES = (
 )
 DEFAULT_OUT = Path("out") / "simulate"  # out/ is git-ignored
 # Relative replay time per policy (measured on the default trace), to start the slow ones first.
-_EXPECTED_COST = {"tessera": 3, "tessera-spread": 2, "fgd": 2}
+_EXPECTED_COST = {DEPLOYED: 5, "tessera": 3, "tessera-spread": 2, "fgd": 2}
+SCHEDULER_PROFILES = {"shipped": SHIPPED_PROFILE, "stock": STOCK_PROFILE}
 
 _last_reported: dict[str, int] = {}
 
@@ -53,7 +57,15 @@ def _report_progress(policy: str, fraction: float) -> None:
 
 
 def _replay_task(
-    nodes_csv: Path, pods_csv: Path, policy: str, seed: int, replay: Replay, arrival: float, quiet: bool
+    nodes_csv: Path,
+    pods_csv: Path,
+    policy: str,
+    seed: int,
+    replay: Replay,
+    arrival: float,
+    quiet: bool,
+    profile: SchedulerProfile,
+    device_choice: DeviceChoice,
 ) -> PackingResult:
     """One replay; runs in a worker process."""
     return replay_packing(
@@ -64,7 +76,18 @@ def _replay_task(
         replay=replay,
         target_arrival_pct=arrival,
         progress=None if quiet else _report_progress,
+        profile=profile,
+        device_choice=device_choice,
     )
+
+
+def _scheduler_profile(args: argparse.Namespace) -> SchedulerProfile:
+    profile = SCHEDULER_PROFILES[args.scheduler_profile]
+    if args.extender_weight is None:
+        return profile
+    if not 1 <= args.extender_weight <= 100:
+        raise ValueError("--extender-weight must be in 1..100")
+    return replace(profile, extender_weight=args.extender_weight)
 
 
 def _replays(spec: str) -> list[Replay]:
@@ -97,6 +120,7 @@ def _run_trace(args: argparse.Namespace) -> int:
         policies = policy_names([name.strip() for name in args.policies.split(",") if name.strip()])
         seeds = [int(seed) for seed in args.seeds.split(",")] if args.seeds else [args.seed]
         replays = _replays(args.replay)
+        profile = _scheduler_profile(args)
         load_nodes(nodes_csv)  # fail fast on a bad file, before starting workers
         untimed = [p for p in pod_files if all(pod.creation_time is None for pod in load_pods(p))]
     except (TraceError, ValueError) as error:
@@ -119,10 +143,21 @@ def _run_trace(args: argparse.Namespace) -> int:
         f"{len(seeds)} seed(s) to {args.arrival:g}% arrival, {args.jobs} worker(s)",
         file=sys.stderr,
     )
+    if DEPLOYED in policies:
+        print(f"{DEPLOYED}: {profile.describe()}, devices {args.device_choice}")
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {
             task: pool.submit(
-                _replay_task, nodes_csv, task[0], task[2], task[3], task[1], args.arrival, args.quiet
+                _replay_task,
+                nodes_csv,
+                task[0],
+                task[2],
+                task[3],
+                task[1],
+                args.arrival,
+                args.quiet,
+                profile,
+                args.device_choice,
             )
             for task in tasks
         }
@@ -143,7 +178,7 @@ def _run_trace(args: argparse.Namespace) -> int:
             seed_list = ", ".join(map(str, seeds))
             print(f"\ntrace {trace} ({pods_csv.name}), replay {replay}: {order}; seed(s) {seed_list}")
             print(packing_table(mine, published) if len(seeds) == 1 else packing_seeds_table(mine, published))
-            for line in margin_lines(mine, "tessera", "fgd"):
+            for line in margin_lines(mine, "tessera", "fgd") + margin_lines(mine, DEPLOYED, "fgd"):
                 print(line)
             if not args.no_plots:
                 print(f"wrote {plot_packing(mine, f'{trace}-{replay}', args.out)}")
@@ -156,6 +191,8 @@ def _run_queues(args: argparse.Namespace) -> int:
     try:
         workload = load_workload(args.workload)
         policy_names([args.policy])
+        if args.policy == DEPLOYED:
+            raise ValueError(f"{DEPLOYED} models the packing replay only; use tessera for queue workloads")
         if min(args.reclaim_interval or 0.0, args.termination_delay or 0.0) < 0:
             raise ValueError("--reclaim-interval and --termination-delay cannot be negative")
     except (WorkloadError, ValueError) as error:
@@ -209,6 +246,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trace.add_argument("--arrival", type=float, default=130.0, help="stop at this arrival %% (default 130)")
     trace.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    trace.add_argument(
+        "--scheduler-profile",
+        choices=sorted(SCHEDULER_PROFILES),
+        default="shipped",
+        help=f"the kube-scheduler profile {DEPLOYED} models: shipped "
+        f"(the chart's: {SHIPPED_PROFILE.describe()}) or stock "
+        f"(kube-scheduler's default plugins: {STOCK_PROFILE.describe()}); default %(default)s",
+    )
+    trace.add_argument("--extender-weight", type=int, help="the extender's weight in that profile")
+    trace.add_argument(
+        "--device-choice",
+        choices=DEVICE_CHOICES,
+        default="first-fit",
+        help=f"who picks the GPUs in {DEPLOYED}: first-fit (the DRA allocator, as deployed; default) "
+        "or tessera (choose_gpus, had Tessera a say)",
+    )
     trace.add_argument("--quiet", action="store_true", help="no progress lines")
     queues = sub.add_parser("queues", help="queue-fairness workload in the native YAML format")
     queues.add_argument("workload", type=Path, help="workload YAML (see docs/simulator.md)")

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from contract.names import GPU_MILLI
-from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix, node_fragmentation
+from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix, node_fragmentation, node_supply
 
 from .trace import SimNode
 
@@ -35,14 +35,9 @@ class NodeState:
     memory_free_mib: int
 
     def as_node_gpus(self, name: str = "", free: Sequence[int] | None = None) -> NodeGpus:
-        return NodeGpus(
-            name=name,
-            model=self.shape.model,
-            free_milli=tuple(free) if free is not None else self.free_sorted,
-            cpu_free_milli=self.cpu_free_milli,
-            memory_free_mib=self.memory_free_mib,
-            host_tracked=True,
-        )
+        """The node as placement sees it, built as the extender builds a live node's."""
+        host = (self.cpu_free_milli, self.memory_free_mib)
+        return node_supply(name, self.shape.model, free if free is not None else self.free_sorted, host)
 
 
 class Cluster:

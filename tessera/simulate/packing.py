@@ -30,10 +30,12 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Literal
 
+from contract.names import GPU_MILLI
 from extender.policy.placement import Cost, GpuDemand, WorkloadMix, mix_from_demands
 
 from .cluster import Cluster
-from .policies import Policy, make_policy
+from .deployed import SHIPPED_PROFILE, DeployedPlacer, DeviceChoice, SchedulerProfile
+from .policies import DEPLOYED, Policy, make_policy
 from .trace import SimNode, SimPod
 
 ProgressCallback = Callable[[str, float], None]
@@ -174,7 +176,7 @@ class Placer:
                 del costs[state_id]
 
 
-def _allocation_at(target_pct: float, samples: Sequence[tuple[float, float]], final: float) -> float:
+def allocation_at(target_pct: float, samples: Sequence[tuple[float, float]], final: float) -> float:
     """The paper's figure: mean allocation over pods whose arrival % rounds to the target's."""
     column = round(target_pct)
     for width in (0, 1):
@@ -182,6 +184,14 @@ def _allocation_at(target_pct: float, samples: Sequence[tuple[float, float]], fi
         if near:
             return sum(near) / len(near)
     return final
+
+
+def arrivals(
+    nodes: Sequence[SimNode], pods: Sequence[SimPod], replay: Replay, seed: int, target_arrival_pct: float
+) -> list[SimPod]:
+    """The pods in the order a replay of ``nodes`` sees them, tuned to the target arrival."""
+    capacity = GPU_MILLI * sum(node.gpus for node in nodes)
+    return tune_to_target(arrival_order(pods, replay, seed), target_arrival_pct / 100 * capacity, seed)
 
 
 def replay_packing(
@@ -195,7 +205,10 @@ def replay_packing(
     mix: WorkloadMix | None = None,
     progress: ProgressCallback | None = None,
     curve_step_pct: float = 1.0,
+    profile: SchedulerProfile = SHIPPED_PROFILE,
+    device_choice: DeviceChoice = "first-fit",
 ) -> PackingResult:
+    """One replay; ``profile`` and ``device_choice`` are what ``tessera-deployed`` models."""
     if not any(pod.gpu_milli for pod in pods):
         raise ValueError("the workload has no GPU pods, so arrival can never reach the target")
     started = time.perf_counter()
@@ -204,13 +217,17 @@ def replay_packing(
     _rng(seed, "nodes").shuffle(node_order)
     cluster = Cluster(node_order, mix)
     capacity = cluster.capacity_milli
-    arrivals = tune_to_target(arrival_order(pods, replay, seed), target_arrival_pct / 100 * capacity, seed)
-    placer = Placer(cluster, make_policy(policy_name, mix), _rng(seed, "policy"), tie_break="first")
+    arriving = arrivals(nodes, pods, replay, seed, target_arrival_pct)
+    placer: Placer | DeployedPlacer = (
+        DeployedPlacer(cluster, profile, _rng(seed, "policy"), device_choice)
+        if policy_name == DEPLOYED
+        else Placer(cluster, make_policy(policy_name, mix), _rng(seed, "policy"), tie_break="first")
+    )
     result = PackingResult(policy=policy_name, seed=seed, replay=replay)
     samples: list[tuple[float, float]] = []  # (arrival %, allocation % rounded as the paper's analysis)
     arrived_milli = 0
     next_point = 0.0
-    for pod in arrivals:
+    for pod in arriving:
         arrived_milli += pod.gpu_milli
         result.pods_arrived += 1
         if placer.place(pod.demand) is not None:
@@ -229,7 +246,7 @@ def replay_packing(
                 progress(f"{policy_name} {replay} seed {seed}", arrival_pct / target_arrival_pct)
     result.arrival_pct = 100.0 * arrived_milli / capacity
     result.final_allocation_pct = 100.0 * cluster.allocated_milli / capacity
-    result.allocation_pct = _allocation_at(target_arrival_pct, samples, result.final_allocation_pct)
+    result.allocation_pct = allocation_at(target_arrival_pct, samples, result.final_allocation_pct)
     result.fragmentation_pct = 100.0 * cluster.fragmentation_milli / capacity
     result.curve.append(
         PackingPoint(result.arrival_pct, result.final_allocation_pct, result.fragmentation_pct)

@@ -10,7 +10,10 @@ picks the GPUs on the chosen node. The replay breaks ties between equally ranked
 * ``random``, ``bestfit``, ``fgd`` - the FGD paper's baselines as its public simulator scores
   them, integer scores included (``baselines``): a random fitting node; the node left with the
   least weighted CPU + GPU; Fragmentation Gradient Descent over the typical task types.
-* ``tessera`` / ``tessera-spread`` - ``extender.policy.placement``, the code the extender serves.
+* ``tessera`` / ``tessera-spread`` - ``extender.policy.placement``, the code the extender serves,
+  alone: the best node by exact cost, Tessera's GPU choice ("policy alone").
+* ``tessera-deployed`` - the same code as a cluster runs it: kube-scheduler's scores and tie-break,
+  the DRA allocator's device choice, the extender's mix (``deployed``; "as deployed").
 """
 
 from __future__ import annotations
@@ -175,8 +178,10 @@ def _constant(state: NodeState, demand: GpuDemand) -> Cost:
     return ()
 
 
-POLICY_NAMES = ("k8s-spread", "random", "bestfit", "fgd", "tessera", "tessera-spread")
-DEFAULT_POLICIES = ("k8s-spread", "random", "bestfit", "fgd", "tessera")
+# The deployed path (kube-scheduler + extender + DRA allocator), placed by deployed.DeployedPlacer.
+DEPLOYED = "tessera-deployed"
+POLICY_NAMES = ("k8s-spread", "random", "bestfit", "fgd", "tessera", "tessera-spread", DEPLOYED)
+DEFAULT_POLICIES = ("k8s-spread", "random", "bestfit", "fgd", "tessera", DEPLOYED)
 
 
 def make_policy(name: str, mix: WorkloadMix) -> Policy:

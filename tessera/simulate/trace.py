@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.names import GPU_MILLI
-from extender.policy.placement import GpuDemand
+from extender.policy.placement import GpuDemand, placement_demand
 
 TRACE_DIR_CANDIDATES = (
     Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-gpu-v2023",
@@ -106,13 +106,8 @@ def _demand(path: Path, line: int, row: Mapping[str, str]) -> GpuDemand:
     if milli > GPU_MILLI:
         raise TraceError(f"{path}:{line}: gpu_milli {milli} is above 1000")
     spec = (row.get("gpu_spec") or "").strip()
-    return GpuDemand(
-        count=count,
-        milli=milli,
-        models=frozenset(model for model in spec.split("|") if model),
-        cpu_milli=_int(path, line, row, "cpu_milli"),
-        memory_mib=_int(path, line, row, "memory_mib"),
-    )
+    gpus = GpuDemand(count, milli, frozenset(model for model in spec.split("|") if model)) if count else None
+    return placement_demand(gpus, _int(path, line, row, "cpu_milli"), _int(path, line, row, "memory_mib"))
 
 
 def _optional_int(path: Path, line: int, row: Mapping[str, str], column: str) -> int | None:

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tessera.cli import EXTENDER_WEIGHT, SCHEDULER_PROFILE
 from tessera.dev.localcluster import WEBHOOK_RULES
+from tessera.simulate.deployed import SHIPPED_PROFILE
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "tessera-system"
@@ -59,7 +61,7 @@ def test_no_role_grants_wildcards(install: list[dict[str, Any]]) -> None:
 def test_the_scheduler_configuration_calls_the_extender_service(install: list[dict[str, Any]]) -> None:
     config_map = one(install, "ConfigMap", "tessera-scheduler-config")
     config = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])
-    assert config["profiles"] == [{"schedulerName": "tessera"}]
+    assert config["profiles"] == [{"schedulerName": "tessera", **SCHEDULER_PROFILE}]
     assert config["leaderElection"]["resourceName"] == "tessera-scheduler"
     service = one(install, "Service", "tessera-extender")
     port = service["spec"]["ports"][0]["port"]
@@ -67,6 +69,7 @@ def test_the_scheduler_configuration_calls_the_extender_service(install: list[di
     host = f"tessera-extender.{NAMESPACE}.svc"
     assert extender["urlPrefix"] == f"https://{host}:{port}"
     assert extender["bindVerb"] == "bind" and extender["nodeCacheCapable"] is True
+    assert extender["weight"] == EXTENDER_WEIGHT
     assert extender["ignorable"] is False
     # Mutual TLS by default: the scheduler checks the extender's name and presents its certificate.
     assert extender["enableHTTPS"] is True
@@ -233,3 +236,19 @@ def test_the_driver_runs_on_every_node_with_the_kubelet_directories(install: lis
     }
     # backend nvml changes GPU compute modes and runs MPS daemons: privileged (docs/install.md).
     assert container["securityContext"] == {"runAsUser": 0, "runAsGroup": 0, "privileged": True}
+
+
+def test_make_up_the_manual_config_and_the_simulator_score_as_the_chart_does(
+    install: list[dict[str, Any]],
+) -> None:
+    """One scheduler profile everywhere: the chart's (rendered here), `make up`'s
+    (tessera.cli.SCHEDULER_PROFILE), the hand-wiring example and the simulator's deployed mode."""
+    config_map = one(install, "ConfigMap", "tessera-scheduler-config")
+    (profile,) = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])["profiles"]
+    manual = yaml.safe_load((REPO / "manifests" / "scheduler-config.yaml").read_text())
+    assert manual["profiles"] == [profile]
+    assert manual["extenders"][0]["weight"] == EXTENDER_WEIGHT
+    disabled = {plugin["name"] for plugin in profile["plugins"]["score"]["disabled"]}
+    assert disabled == {"NodeResourcesFit", "NodeResourcesBalancedAllocation"}
+    assert SHIPPED_PROFILE.extender_weight == EXTENDER_WEIGHT
+    assert SHIPPED_PROFILE.least_allocated_weight == SHIPPED_PROFILE.balanced_allocation_weight == 0

@@ -77,6 +77,17 @@ leaderElection:
   resourceNamespace: {{ .Release.Namespace }}
 profiles:
   - schedulerName: {{ .Values.scheduler.schedulerName }}
+    # Every feasible node is scored, so Tessera's ranking sees the whole cluster.
+    percentageOfNodesToScore: {{ .Values.scheduler.percentageOfNodesToScore }}
+    {{- if .Values.scheduler.packingScores }}
+    # The default scoring plugins that spread pods by CPU and memory (least allocated, balanced
+    # allocation) fight Tessera's packing: off for scoring, still on for filtering.
+    plugins:
+      score:
+        disabled:
+          - name: NodeResourcesFit
+          - name: NodeResourcesBalancedAllocation
+    {{- end }}
 extenders:
   - urlPrefix: {{ ternary "https" "http" .Values.extender.tls.enabled }}://{{ include "tessera.extender.host" . }}:{{ .Values.extender.port }}
     filterVerb: filter

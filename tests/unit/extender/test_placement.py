@@ -10,10 +10,14 @@ from extender.policy.placement import (
     WorkloadMix,
     choose_gpus,
     fits,
+    host_cpu_milli,
+    host_memory_mib,
     mix_from_demands,
     node_fragmentation,
     node_packing_loss,
+    node_supply,
     placement_cost,
+    placement_demand,
     score_nodes,
     scores_from_costs,
 )
@@ -214,3 +218,38 @@ def test_fragmentation_matches_the_literal_definition_on_random_nodes() -> None:
             host_tracked=True,
         )
         assert node_fragmentation(candidate, mix) == pytest.approx(_literal_fragmentation(candidate, mix))
+
+
+@pytest.mark.parametrize(
+    ("amount", "asked", "expected"),
+    [
+        (0.1, True, 100),  # "100m": 100.00000000000001 milli after parsing is not 101
+        (0.2505, True, 251),  # a request rounds up
+        (0.2505, False, 250),  # a capacity rounds down
+        (64.0, False, 64_000),
+    ],
+)
+def test_cpu_cores_in_milli(amount: float, asked: bool, expected: int) -> None:
+    assert host_cpu_milli(amount, request=asked) == expected
+
+
+@pytest.mark.parametrize(
+    ("amount", "asked", "expected"),
+    [
+        (64 * 2**20, True, 64),
+        (1.5 * 2**20, True, 2),  # 1.5 MiB asked takes 2 MiB
+        (1.5 * 2**20, False, 1),  # 1.5 MiB allocatable offers 1
+        (8e9, True, 7630),  # "8G": 7629.39 MiB asked
+    ],
+)
+def test_memory_bytes_in_mib(amount: float, asked: bool, expected: int) -> None:
+    assert host_memory_mib(amount, request=asked) == expected
+
+
+def test_node_supply_takes_the_placed_pods_cpu_and_memory_off_the_node() -> None:
+    placed = [placement_demand(GpuDemand(1, 500), 4_000, 8_192), placement_demand(None, 2_000, 1_024)]
+    # 32000 - 4000 - 2000 = 26000 m; 65536 - 8192 - 1024 = 56320 Mi; exact even when it reaches 0.
+    assert node_supply("n", "T4", (500, 1000), (32_000, 65_536), placed) == NodeGpus(
+        "n", "T4", (500, 1000), 26_000, 56_320, host_tracked=True
+    )
+    assert node_supply("n", "T4", (1000,), None) == NodeGpus("n", "T4", (1000,))  # host not reported

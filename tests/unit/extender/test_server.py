@@ -210,8 +210,10 @@ async def test_prioritize_packs_by_default_and_spreads_when_the_queue_says_so(ex
     _, scores = await extender.call("prioritize", args(spreading, ["a", "b"]))
     by_host = {s["Host"]: s["Score"] for s in scores}
     assert by_host["b"] > by_host["a"]
+    # A pod without GPUs is ranked too: on a, where one GPU is idle, rather than on b (two idle),
+    # so b keeps room for the GPU pods (neither node reports CPU or memory here).
     _, scores = await extender.call("prioritize", args(objects.pod("ns", "web"), ["a", "b"]))
-    assert scores == [{"Host": "a", "Score": 0}, {"Host": "b", "Score": 0}]
+    assert scores == [{"Host": "a", "Score": 10}, {"Host": "b", "Score": 0}]
 
 
 async def test_binding_a_bound_pod_again_is_idempotent_and_elsewhere_an_error(extender: Extender) -> None:

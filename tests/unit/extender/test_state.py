@@ -130,7 +130,13 @@ def test_queue_usage_counts_held_devices_and_pending_demand() -> None:
     assert view.usage["default"].allocated == {"cpu": 2, "memory": 64 * 2**20}
     assert view.pending_pods == {"team-a": 1}
     assert view.fair_shares["team-a"]["gpu"] == pytest.approx(2.5)
-    assert {demand for demand, _ in view.mix.demands} == {GpuDemand(count=1, milli=500), GpuDemand(count=2)}
+    # The mix holds every pod's placement demand, CPU (milli) and memory (MiB) included, and the
+    # GPU-less pod "plain" too; the finished pod "done" is not in it.
+    assert {demand for demand, _ in view.mix.demands} == {
+        GpuDemand(count=1, milli=500, cpu_milli=100, memory_mib=64),
+        GpuDemand(count=2, cpu_milli=100, memory_mib=64),
+        GpuDemand(count=0, cpu_milli=2000, memory_mib=64),
+    }
     assert state.fairness() is view  # cached until the picture changes
 
 
