@@ -149,7 +149,7 @@ def test_quiet_up_runs_every_example() -> None:
 
         for example in examples:
             up.kubectl("apply", "-f", str(example))
-        expected = 11  # quarter 1, time-sliced 2, whole GPU 1, training Job 2, two teams 3 + 2
+        expected = 15  # quarter 1, time-sliced 2, whole GPU 1, training Job 2, two teams 3 + 2, gang 4
         deadline = time.monotonic() + 120
         phases: dict[str, str] = {}
         while time.monotonic() < deadline:
