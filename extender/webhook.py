@@ -44,7 +44,7 @@ from contract.names import (
 )
 from extender import kubeapi
 from extender.admission import claim_config_problems, gate_reason, pod_patch, queue_problems, resolve_queue
-from extender.controllers.gates import waiting_ungated
+from extender.controllers.gates import ahead_of, gang_count, waiting_ungated
 from extender.kubeapi import JsonObject, KubeError
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
@@ -227,12 +227,14 @@ class PodAdmission:
         if demand.problem or not (demand.wants_gpu or demand.labelled):
             return ""
         view = picture.fairness()
+        gang = gang_count(picture, pod, creating=True)  # not in the picture yet: counted in
         return gate_reason(
             view,
             demand.queue,
             picture.pod_resources(key, pod),
             preemptible=demand.preemptible,
-            ahead=waiting_ungated(picture).get(demand.queue),
+            ahead=ahead_of(picture, gang, waiting_ungated(picture).get(demand.queue, {})),
+            gang=gang,
         )
 
 

@@ -8,41 +8,80 @@ as Unschedulable to cluster autoscalers. About every second, while this replica 
 counted ahead of it; a pod with no reason left loses its gate (a JSON Patch that first tests the
 gate is still where it was read) and counts ahead of the next one. Limit 4 GPUs, 2 held, gated
 pods of 1, 1 and 1 GPU: the first two are lifted (2 + 1, 2 + 1 + 1), the third waits.
+
+A gang not admitted yet is judged once, at its oldest gated pod, as a whole (`gate_reason` with
+its `GangCount`): when it has its minimum and its queue takes all its missing pods, every gated
+pod of it is lifted in the same pass, and its whole missing demand counts ahead of the next pods.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
 from contract.kube import meta
-from extender.admission import gate_reason, gate_removal, is_gated
+from extender.admission import GangCount, gate_reason, gate_removal, is_gated, pods_asked
 from extender.controllers.periodic import PeriodicPass
 from extender.kubeapi import JsonObject, KubeError, request
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture, pod_created
+from extender.picture.ledger import Contribution
 
 log = logging.getLogger(__name__)
 JSON_PATCH = "application/json-patch+json"
 
 
+def _ungated(picture: ClusterPicture, key: str) -> Contribution | None:
+    """What a pending pod without the gate asks of its queue (None: not such a pod)."""
+    contribution = picture.accounting.ledger.contributions.get(key)
+    if contribution is None or contribution.bucket != "requested":
+        return None
+    pod = picture.store.get("Pod", key)
+    if pod is None or is_gated(pod) or meta(pod).get("deletionTimestamp"):
+        return None
+    demand = picture.demand(pod)
+    if not (demand.wants_gpu or demand.labelled):
+        return None  # not held to its queue by the filter either
+    return contribution
+
+
+def _add(total: dict[str, float], amounts: Mapping[str, float], times: float = 1.0) -> None:
+    for resource, amount in amounts.items():
+        total[resource] = total.get(resource, 0.0) + amount * times
+
+
 def waiting_ungated(picture: ClusterPicture) -> dict[str, dict[str, float]]:
     """Per queue, what its pending pods without the gate ask for (the scheduler has them)."""
     ahead: dict[str, dict[str, float]] = {}
-    for key, contribution in picture.accounting.ledger.contributions.items():
-        if contribution.bucket != "requested":
-            continue
-        pod = picture.store.get("Pod", key)
-        if pod is None or is_gated(pod) or meta(pod).get("deletionTimestamp"):
-            continue
-        demand = picture.demand(pod)
-        if not (demand.wants_gpu or demand.labelled):
-            continue  # not held to its queue by the filter either
-        amounts = ahead.setdefault(contribution.queue, {})
-        for resource, amount in contribution.amounts.items():
-            amounts[resource] = amounts.get(resource, 0.0) + amount
+    for key in picture.accounting.ledger.contributions:
+        contribution = _ungated(picture, key)
+        if contribution is not None:
+            _add(ahead.setdefault(contribution.queue, {}), contribution.amounts)
+    return ahead
+
+
+def gang_count(picture: ClusterPicture, pod: Mapping[str, Any], creating: bool = False) -> GangCount | None:
+    """The pod's gang as the gate counts it (None: a single pod, or a gang admitted already).
+    `creating`: the pod is being created, so not in the picture yet: it counts as a member."""
+    gang = picture.gang(pod)
+    if gang.admitted:
+        return None
+    return GangCount(gang.workload.key, gang.minimum, gang.members + int(creating), gang.placed, gang.reading)
+
+
+def ahead_of(
+    picture: ClusterPicture, gang: GangCount | None, queued: Mapping[str, float]
+) -> dict[str, float]:
+    """`queued` (its queue's ungated pods) without the gang's own: they are in its missing demand."""
+    ahead = dict(queued)
+    if gang is not None:
+        for key in picture.workloads.members.get(gang.workload, ()):
+            contribution = _ungated(picture, key)
+            if contribution is not None:
+                _add(ahead, contribution.amounts, -1.0)
     return ahead
 
 
@@ -74,6 +113,7 @@ class GateController:
             return []
         view = picture.fairness()
         ahead = waiting_ungated(picture)
+        gangs: dict[str, bool] = {}  # gang workload -> lifted (judged at its oldest gated pod)
         lifted: list[tuple[str, JsonObject]] = []
         for key, pod in sorted(gated, key=lambda item: (pod_created(item[1]), item[0])):
             if meta(pod).get("deletionTimestamp"):
@@ -82,13 +122,22 @@ class GateController:
             if demand.problem:
                 lifted.append((key, pod))  # unreadable: the filter refuses it with the reason
                 continue
-            resources = picture.pod_resources(key, pod)
-            queued = ahead.setdefault(demand.queue, {})
-            if gate_reason(view, demand.queue, resources, preemptible=demand.preemptible, ahead=queued):
+            gang = gang_count(picture, pod)
+            if gang is not None and gang.workload in gangs:
+                if gangs[gang.workload]:
+                    lifted.append((key, pod))
                 continue
-            lifted.append((key, pod))
-            for resource, amount in resources.items():
-                queued[resource] = queued.get(resource, 0.0) + amount
+            resources = picture.pod_resources(key, pod)
+            queued = ahead_of(picture, gang, ahead.get(demand.queue, {}))
+            go = not gate_reason(
+                view, demand.queue, resources, preemptible=demand.preemptible, ahead=queued, gang=gang
+            )
+            if gang is not None:
+                gangs[gang.workload] = go
+            if go:
+                lifted.append((key, pod))
+                _add(queued, resources, pods_asked(gang))
+                ahead[demand.queue] = queued
         return lifted
 
     async def run_once(self) -> int:

@@ -116,6 +116,39 @@ async def test_a_pod_of_a_queue_at_its_limit_waits_gated_until_the_queue_has_roo
         assert not (await get_pod(env, "second"))["spec"].get("schedulingGates")
 
 
+async def test_a_gang_waits_gated_until_its_queue_takes_it_whole_then_all_its_pods_bind(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    async with webhooked(local_cluster, k8s, namespace) as env:
+        # 4 free GPUs, an indexed Job of 4 one-GPU workers (a gang of 4), a queue limit of 2:
+        # incomplete, then 4 x 1 = 4 > 2, so every worker waits gated, none Unschedulable.
+        queue = await env.create_queue("capped", resources={"gpu": {"quota": 1, "limit": 2}})
+        await env.create_job(queue, "train", 4)
+
+        def gated(pod: JsonObject) -> bool:
+            return {"name": ADMISSION_GATE} in (pod["spec"].get("schedulingGates") or [])
+
+        async def all_gated() -> list[JsonObject] | None:
+            pods = await env.pods()
+            reported = [p for p in pods if (scheduled_condition(p) or {}).get("reason") == "SchedulingGated"]
+            return pods if len(pods) == 4 and all(gated(p) for p in pods) and len(reported) == 4 else None
+
+        pods = await wait_until(all_gated, timeout=60, interval=0.2, what="4 gated workers")
+        assert not any(p["spec"].get("nodeName") for p in pods)
+        assert not any(
+            c.get("reason") == "Unschedulable" for p in pods for c in p["status"].get("conditions") or []
+        )
+
+        # Room for the whole gang: the gate controller lifts all four gates and all four bind.
+        await env.patch_queue(queue, {"resources": {"gpu": {"quota": 1, "limit": 4}}})
+
+        async def all_bound() -> bool:
+            pods = await env.pods()
+            return len(pods) == 4 and all(p["spec"].get("nodeName") and not gated(p) for p in pods)
+
+        await wait_until(all_bound, timeout=60, interval=0.2, what="4 workers ungated and bound")
+
+
 async def test_pods_get_their_queue_from_their_top_owner_or_the_namespace_default(
     local_cluster: LocalCluster, k8s: ApiClient, namespace: str
 ) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from contract.names import ADMISSION_GATE, NAMESPACE_QUEUE_LABEL, QUEUE_LABEL
 from extender.admission import (
+    GangCount,
     claim_config_problems,
     gate_reason,
     gate_removal,
@@ -72,6 +73,30 @@ def test_gate_reason_counts_the_pods_ahead(
     assert bool(reason) is gated
     if gated:
         assert "queue 'team'" in reason and "limit" in reason
+
+
+@pytest.mark.parametrize(
+    ("limit", "held", "ahead", "gang", "needle"),
+    [
+        # 3 of its minimum 4 pods exist: incomplete, whatever the queue's room.
+        (8, 0, 0, GangCount("Job/ns/j", 4, 3, 0), "is incomplete: 3 of its minimum 4 pods exist"),
+        # Complete: its 4 missing pods together, 4 x 1 = 4 <= 4.
+        (4, 0, 0, GangCount("Job/ns/j", 4, 4, 0), ""),
+        # The same gang at limit 2: 4 x 1 = 4 > 2, all of it waits.
+        (2, 0, 0, GangCount("Job/ns/j", 4, 4, 0), "its 4 missing pods together"),
+        # Other pods ahead count too: 1 + 4 = 5 > 4.
+        (4, 0, 1, GangCount("Job/ns/j", 4, 4, 0), "its 4 missing pods together"),
+        # 2 of its minimum 4 placed, 5 present: the 2 missing, 2 + 2 x 1 = 4 <= 4.
+        (4, 2, 0, GangCount("Job/ns/j", 4, 5, 2), ""),
+        # Its minimum is still being read from its owner: it waits for it.
+        (8, 0, 0, GangCount("PyTorchJob/ns/j", 1, 1, 0, reading=True), "its owner's spec is being read"),
+    ],
+)
+def test_gate_reason_of_a_gang_counts_its_whole_missing_demand(
+    limit: float, held: float, ahead: float, gang: GangCount, needle: str
+) -> None:
+    reason = gate_reason(_view(limit, held), "team", {"gpu": 1}, ahead={"gpu": ahead}, gang=gang)
+    assert (needle in reason) if needle else reason == ""
 
 
 def test_gate_reason_for_a_queue_that_does_not_exist() -> None:

@@ -38,17 +38,19 @@ async def extender() -> AsyncIterator[Extender]:
 NODES = ["a", "b"]
 
 
-def job(name: str, parallelism: int) -> dict[str, Any]:
+def job(name: str, parallelism: int, namespace: str = "ns") -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
         "spec": {"parallelism": parallelism, "completions": parallelism, "completionMode": "Indexed"},
     }
 
 
-def member(job_name: str, index: int, queue: str = "team", min_members: int | None = None) -> dict[str, Any]:
-    pod = objects.pod("ns", f"{job_name}-{index}", queue=queue, template="one")
+def member(
+    job_name: str, index: int, queue: str = "team", min_members: int | None = None, namespace: str = "ns"
+) -> dict[str, Any]:
+    pod = objects.pod(namespace, f"{job_name}-{index}", queue=queue, template="one")
     pod["metadata"]["ownerReferences"] = [
         {
             "apiVersion": "batch/v1",

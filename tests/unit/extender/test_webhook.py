@@ -26,6 +26,7 @@ from extender.webhook import (
     webhook_app,
 )
 from tests import extender_objects as objects
+from tests.unit.extender.test_gangs import job, member
 
 CLASS = "gpu.tessera.dev"
 
@@ -101,6 +102,10 @@ def patch_of(answer: dict[str, Any]) -> list[dict[str, Any]]:
     return patch
 
 
+def gated(pod: dict[str, Any]) -> dict[str, Any]:
+    return {**pod, "spec": {**pod["spec"], "schedulingGates": [{"name": ADMISSION_GATE}]}}
+
+
 LABEL_PATH = "/metadata/labels/scheduling.tessera.dev~1queue"
 
 
@@ -166,6 +171,18 @@ async def test_pods_the_scheduler_already_has_count_ahead(webhooks: Webhooks) ->
         MUTATE_PODS_PATH, objects.pod("plain", "p2", queue="team-a", template="one")
     )
     assert [op["path"] for op in patch_of(answer)] == ["/spec/schedulingGates"]
+
+
+async def test_a_gang_pod_is_gated_until_the_one_being_created_completes_its_gang(webhooks: Webhooks) -> None:
+    # An indexed Job of 3 in team-b (no limit): with 1 pod there, the one created makes 1 + 1 < 3.
+    workers = [member("train", i, queue="team-b", namespace="plain") for i in range(3)]
+    webhooks.sync(cluster(job("train", 3, namespace="plain"), workers[0]))
+    answer = await webhooks.review(MUTATE_PODS_PATH, workers[1])
+    assert [op["path"] for op in patch_of(answer)] == ["/spec/schedulingGates"]
+    assert "workload Job/plain/train is incomplete: 2 of its minimum 3 pods exist" in answer["warnings"][0]
+    # With 2 there (gated ones count), the third completes it: 2 + 1 = 3, and team-b takes all 3.
+    webhooks.picture.apply("Pod", "ADDED", gated(workers[1]))
+    assert patch_of(await webhooks.review(MUTATE_PODS_PATH, workers[2])) == []
 
 
 async def test_an_unsynced_picture_gates_nothing_and_updates_pass(webhooks: Webhooks) -> None:
