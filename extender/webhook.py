@@ -212,7 +212,7 @@ class PodAdmission:
             patch = pod_patch(pod, queue, scheduler, gate=True)
             return (
                 patch,
-                [f"held back by the scheduling gate {ADMISSION_GATE} until its queue has room: {reason}"],
+                [f"held back by the scheduling gate {ADMISSION_GATE} until it is admissible: {reason}"],
                 "gated",
             )
         return patch, [], "labelled" if patch else "unchanged"
