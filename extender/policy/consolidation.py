@@ -102,8 +102,10 @@ def is_mover(pod: RunningPod, now: float, rules: ConsolidationRules) -> bool:
 
 
 def _demand_of(pod: RunningPod) -> GpuDemand:
-    """What a running pod asks for again once recreated: its GPUs, of the share it holds."""
-    return GpuDemand(len(pod.gpus), max(milli for _, milli in pod.gpus))
+    """What a running pod asks for again once recreated: its GPUs, of the share it holds, and the
+    CPU and memory it takes where the node tracks them (the simulator's nodes do)."""
+    milli = max(milli for _, milli in pod.gpus)
+    return GpuDemand(len(pod.gpus), milli, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib)
 
 
 def _mover_order(pod: RunningPod) -> tuple[float, int, float, str]:
@@ -131,13 +133,20 @@ def consolidation_refusal(fairness: FairnessSnapshot, waiting: PendingPod) -> st
     return ""
 
 
-def _land(fork: ClusterSnapshot, pod: RunningPod, like: str, avoid: Collection[str]) -> str | None:
+def _land(
+    fork: ClusterSnapshot,
+    pod: RunningPod,
+    like: str,
+    avoid: Collection[str],
+    candidates: Iterable[str] | None = None,
+) -> str | None:
     """Place a moved pod in the fork where the filter ranks best among nodes with GPUs like those of
-    node `like`; the node, or None when it fits nowhere. A moved pod is not moved again this cycle."""
+    node `like` (among `candidates` when given: every node it may fit); the node, or None when it
+    fits nowhere. A moved pod is not moved again this cycle."""
     demand = _demand_of(pod)
     model, memory = fork.nodes[like].model, fork.gpu_memory.get(like, 0)
     best: tuple[tuple[float, ...], str] | None = None
-    for name in fork.fitting_nodes(demand):
+    for name in fork.fitting_nodes(demand, candidates):
         if name in avoid or fork.nodes[name].model != model or fork.gpu_memory.get(name, 0) != memory:
             continue
         cost = placement_cost(fork.nodes[name], demand, fork.mix)
@@ -146,6 +155,29 @@ def _land(fork: ClusterSnapshot, pod: RunningPod, like: str, avoid: Collection[s
     if best is None or fork.place(replace(pod, movable=False), demand, best[1]) is None:
         return None
     return best[1]
+
+
+class _Landings:
+    """Where movers may land, for one search on one fork: per mover demand and GPU kind, the nodes
+    of the fork it fits, computed once. A trial changes only the node made room on and the nodes
+    its earlier movers landed on (which only lose room), so these nodes plus the node made room on
+    hold every node a mover can fit in the trial - and most failed trials need no full scan."""
+
+    def __init__(self, fork: ClusterSnapshot) -> None:
+        self.fork = fork
+        self._fitting: dict[tuple[GpuDemand, str, int], list[str]] = {}
+
+    def candidates(self, pod: RunningPod, node: str) -> list[str]:
+        fork, demand = self.fork, _demand_of(pod)
+        kind = (demand, fork.nodes[pod.node].model, fork.gpu_memory.get(pod.node, 0))
+        fitting = self._fitting.get(kind)
+        if fitting is None:
+            fitting = self._fitting[kind] = [
+                name
+                for name in fork.fitting_nodes(demand)
+                if (fork.nodes[name].model, fork.gpu_memory.get(name, 0)) == kind[1:]
+            ]
+        return [*fitting, node]
 
 
 def _fits_without(fork: ClusterSnapshot, node: str, demand: GpuDemand, gone: Iterable[RunningPod]) -> bool:
@@ -188,6 +220,7 @@ def _moves_for(
         if _fits_without(fork, node, demand, candidates):  # else no subset can make room
             nodes.append((node, demand, candidates))
     arriving = RunningPod(waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority)
+    landings = _Landings(fork)
     for count in range(1, budget + 1):
         # Every set of `count` movers that makes room, best first; the first whose movers all
         # land elsewhere is the best plan of this size (landing is the costly test).
@@ -204,7 +237,7 @@ def _moves_for(
             trial.place(arriving, demand, node)
             moves: list[Move] = []
             for pod in sorted(group, key=_mover_order, reverse=True):
-                landed = _land(trial, pod, node, avoid)
+                landed = _land(trial, pod, node, avoid, landings.candidates(pod, node))
                 if landed is None:
                     break
                 moves.append(Move(pod, landed, _move_message(pod, landed, waiting, node)))
