@@ -19,7 +19,9 @@ Rules (each a test in tests/unit/extender/test_consolidation.py):
    pod placed on the node, then each mover - largest first - placed on the node the filter ranks
    best among nodes with GPUs of the same model and size (its own node included, on another GPU).
    The smallest k with any set where all of that fits wins; among its sets, fewest GPUs moved
-   (small fractions before big pods), then lowest priorities, then the newest pods.
+   (small fractions before big pods), then lowest priorities, then the newest pods. A set with a
+   mover that fits no other node and cannot share its own with the waiting pod is skipped without
+   a trial (`_Landings`): in a nearly full cluster that is most sets.
 4. Bounded: at most `max_moves_per_pod` moves serve one pod, `max_moves_per_cycle` per cycle,
    `max_pending` waiting pods are tried.
 5. Consolidation serves what reclaim did not: the fork has the cycle's reclaim plans applied first,
@@ -158,26 +160,64 @@ def _land(
 
 
 class _Landings:
-    """Where movers may land, for one search on one fork: per mover demand and GPU kind, the nodes
-    of the fork it fits, computed once. A trial changes only the node made room on and the nodes
-    its earlier movers landed on (which only lose room), so these nodes plus the node made room on
-    hold every node a mover can fit in the trial - and most failed trials need no full scan."""
+    """Where movers may land, for one search on one fork. A trial changes only the node made room
+    on (which gains room) and the nodes its earlier movers land on (which lose room), so a mover
+    lands either on a node where it fits in the fork already or on the node made room on. Nodes
+    where its GPUs fit are found once per GPU shape (GPUs, share, model and GPU size of its node),
+    whether it fits one of them other than its own (CPU and memory too) once per mover, and a
+    group with a mover that can land nowhere is skipped without a trial: in a full cluster, most
+    groups."""
 
     def __init__(self, fork: ClusterSnapshot) -> None:
         self.fork = fork
-        self._fitting: dict[tuple[GpuDemand, str, int], list[str]] = {}
+        self._fitting: dict[tuple[int, int, str, int], list[str]] = {}
+        self._elsewhere: dict[str, bool] = {}
 
-    def candidates(self, pod: RunningPod, node: str) -> list[str]:
-        fork, demand = self.fork, _demand_of(pod)
-        kind = (demand, fork.nodes[pod.node].model, fork.gpu_memory.get(pod.node, 0))
-        fitting = self._fitting.get(kind)
-        if fitting is None:
-            fitting = self._fitting[kind] = [
+    def candidates(self, pod: RunningPod) -> list[str]:
+        """Nodes with GPUs like those of the pod's node where its GPUs fit in the fork."""
+        fork = self.fork
+        count, milli = len(pod.gpus), max(milli for _, milli in pod.gpus)
+        kind = (count, milli, fork.nodes[pod.node].model, fork.gpu_memory.get(pod.node, 0))
+        found = self._fitting.get(kind)
+        if found is None:
+            found = self._fitting[kind] = [
                 name
-                for name in fork.fitting_nodes(demand)
-                if (fork.nodes[name].model, fork.gpu_memory.get(name, 0)) == kind[1:]
+                for name in fork.fitting_nodes(GpuDemand(count, milli))
+                if (fork.nodes[name].model, fork.gpu_memory.get(name, 0)) == kind[2:]
             ]
-        return [*fitting, node]
+        return found
+
+    def _fits_elsewhere(self, pod: RunningPod) -> bool:
+        known = self._elsewhere.get(pod.key)
+        if known is None:
+            demand, nodes = _demand_of(pod), self.fork.nodes
+            known = self._elsewhere[pod.key] = any(
+                name != pod.node and fits(nodes[name], demand) for name in self.candidates(pod)
+            )
+        return known
+
+    def may_land(self, group: Sequence[RunningPod], node: str, arriving: GpuDemand) -> bool:
+        """False when a mover of `group` can land nowhere: it fits no other node, and its GPUs and
+        the arriving pod's cannot both fit `node` with the group off (whatever GPUs each takes)."""
+        staying = [pod for pod in group if not self._fits_elsewhere(pod)]
+        if not staying:
+            return True
+        free = list(self.fork.nodes[node].free_milli)
+        for pod in group:
+            for index, milli in pod.gpus:
+                free[index] = min(GPU_MILLI, free[index] + milli)
+        return all(_both_fit(free, arriving, len(pod.gpus), max(m for _, m in pod.gpus)) for pod in staying)
+
+
+def _both_fit(free: Sequence[int], first: GpuDemand, count: int, milli: int) -> bool:
+    """Can `first` take GPUs of these free shares and `count` GPUs of `milli` still fit? (exact,
+    over every choice of GPUs for `first`)"""
+    for chosen in combinations(range(len(free)), first.count):
+        if all(free[index] >= first.milli for index in chosen):
+            left = [share - (first.milli if index in chosen else 0) for index, share in enumerate(free)]
+            if sum(1 for share in left if share >= milli) >= count:
+                return True
+    return False
 
 
 def _fits_without(fork: ClusterSnapshot, node: str, demand: GpuDemand, gone: Iterable[RunningPod]) -> bool:
@@ -231,13 +271,15 @@ def _moves_for(
             if _fits_without(fork, node, demand, group)
         )
         for _, node, demand, group in groups:
+            if not landings.may_land(group, node, demand):
+                continue
             trial = fork.fork()
             for pod in group:
                 trial.evict(pod.key)
             trial.place(arriving, demand, node)
             moves: list[Move] = []
             for pod in sorted(group, key=_mover_order, reverse=True):
-                landed = _land(trial, pod, node, avoid, landings.candidates(pod, node))
+                landed = _land(trial, pod, node, avoid, [*landings.candidates(pod), node])
                 if landed is None:
                     break
                 moves.append(Move(pod, landed, _move_message(pod, landed, waiting, node)))

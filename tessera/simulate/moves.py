@@ -14,8 +14,11 @@ planner landed it on. The cluster then holds what the planner's fork held.
 **Budget.** ``moves_per_100_pods`` = B allows, before a pod is served, at most
 ``floor(B x placed / 100) - moves so far`` moves, ``placed`` counting the pods placed before it.
 So at every point of the replay, moves <= B% of the pods placed, and B = 0 never moves (the
-replay is then the plain one). Within that, the planner's own bounds hold: at most
-``max_moves_per_pod`` (2) moves serve one pod.
+replay is then the plain one). Within that, one move serves one pod (the planner's
+``max_moves_per_pod`` is 1 here, the extender's default 2): on the trace's 1213 nodes, nearly
+full, the search of pairs of movers costs seconds for each pod that fits nowhere (a pair whose
+movers each fit elsewhere often fit only one after the other), which the 2-core machine these
+replays run on cannot afford for thousands of such pods.
 
 **Movability.** The trace says nothing about owners, so every placed GPU pod is taken to belong to
 a controller that recreates it (a mover in the planner's sense: movable, preemptible, not
@@ -56,7 +59,11 @@ class Consolidator:
 
     cluster: Cluster
     moves_per_100_pods: float
-    rules: ConsolidationRules = field(default_factory=lambda: ConsolidationRules(min_runtime_s=0.0))
+    # One move serves one pod: with two, the search of pairs of movers in a nearly full cluster of
+    # a thousand nodes costs seconds per pod that fits nowhere (see the module docstring).
+    rules: ConsolidationRules = field(
+        default_factory=lambda: ConsolidationRules(min_runtime_s=0.0, max_moves_per_pod=1)
+    )
     stats: MoveStats = field(default_factory=MoveStats)
     _running: dict[str, RunningPod] = field(default_factory=dict)
     _where: dict[str, tuple[int, GpuDemand, tuple[int, ...]]] = field(default_factory=dict)
