@@ -82,8 +82,7 @@ def _workload() -> tuple[list[SimNode], list[SimPod]]:
     nodes = [SimNode(f"n{i}", "T4", gpus=2, cpu_milli=16000, memory_mib=32768) for i in range(4)]
     # 16 pods asking 10500 milli of 8000, cut at random to 130% (10400). In the seed-2 shuffle plain
     # Tessera places 10 of the 15 left (93.1% allocated at the end); with 50 moves per 100 placed
-    # pods, one move
-    # lets an 11th in (99.4%).
+    # pods, one move lets an 11th in (99.4%).
     millis = [450, 300, 1000, 700, 500, 500, 1000, 1000, 450, 1000, 600, 1000, 600, 500, 600, 300]
     pods = [SimPod(f"p{i:02d}", demand(milli)) for i, milli in enumerate(millis)]
     return nodes, pods
