@@ -78,13 +78,16 @@ def remove_leftover_temp_files(cdi_dir: Path, driver_name: str) -> list[Path]:
 def build_claim_spec(
     driver_name: str, claim_uid: str, devices: Sequence[CdiDevice], env: Mapping[str, str]
 ) -> dict[str, Any]:
-    """The CDI spec document for one claim (pure)."""
+    """The CDI spec document for one claim (pure). The common device nodes come with GPUs that
+    have device nodes of their own: a claim of simulated GPUs names none (no runtime could add
+    them where they do not exist)."""
+    common = COMMON_DEVICE_NODES if any(device.device_nodes for device in devices) else ()
     return {
         "cdiVersion": CDI_VERSION,
         "kind": cdi_kind(driver_name),
         "containerEdits": {
             "env": [f"{key}={value}" for key, value in sorted(env.items())],
-            "deviceNodes": [{"path": path} for path in COMMON_DEVICE_NODES],
+            "deviceNodes": [{"path": path} for path in common],
         },
         "devices": [
             {

@@ -121,17 +121,19 @@ class NodeDevice:
 def node_devices(gpus: Sequence[Gpu]) -> dict[str, NodeDevice]:
     """Published device name -> NodeDevice, using the same naming as the ResourceSlices.
 
-    A GPU in MIG mode is published as its MIG devices only: work cannot run outside them.
+    A GPU in MIG mode is published as its MIG devices only: work cannot run outside them. A
+    simulated GPU has no device node: a container runtime refuses a CDI spec naming a node that
+    does not exist (e.g. on a kind node), so none is named.
     """
     devices: dict[str, NodeDevice] = {}
     for gpu in gpus:
-        node = f"/dev/nvidia{gpu.minor}"
+        nodes = () if gpu.simulated else (f"/dev/nvidia{gpu.minor}",)
         if not gpu.mig_enabled:
             name = gpu_device_name(gpu)
-            devices[name] = NodeDevice(name, gpu.uuid, published_memory(gpu), (node,))
+            devices[name] = NodeDevice(name, gpu.uuid, published_memory(gpu), nodes)
         for mig in gpu.mig_devices:
             name = mig_device_name(gpu, mig)
-            devices[name] = NodeDevice(name, mig.uuid, mig.memory_bytes, (node,), is_mig=True)
+            devices[name] = NodeDevice(name, mig.uuid, mig.memory_bytes, nodes, is_mig=True)
     return devices
 
 

@@ -36,3 +36,5 @@ class Gpu:
     healthy: bool = True
     health_message: str = ""
     pcie_root: str = ""  # e.g. "pci0000:00"; empty when unknown
+    # The simulated backend's GPUs have no /dev/nvidia<minor> (nor /dev/nvidiactl...) behind them.
+    simulated: bool = False

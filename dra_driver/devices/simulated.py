@@ -106,6 +106,7 @@ def build_inventory(spec: ProfileSpec, seed: str) -> list[Gpu]:
                     mig_enabled=group.mig is not None,
                     mig_devices=migs,
                     pcie_root=f"pci0000:{root:02x}",
+                    simulated=True,
                 )
             )
     return gpus

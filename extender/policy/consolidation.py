@@ -19,7 +19,9 @@ Rules (each a test in tests/unit/extender/test_consolidation.py):
    pod placed on the node, then each mover - largest first - placed on the node the filter ranks
    best among nodes with GPUs of the same model and size (its own node included, on another GPU).
    The smallest k with any set where all of that fits wins; among its sets, fewest GPUs moved
-   (small fractions before big pods), then lowest priorities, then the newest pods.
+   (small fractions before big pods), then lowest priorities, then the newest pods. A set with a
+   mover that fits no other node and cannot share its own with the waiting pod is skipped without
+   a trial (`_Landings`): in a nearly full cluster that is most sets.
 4. Bounded: at most `max_moves_per_pod` moves serve one pod, `max_moves_per_cycle` per cycle,
    `max_pending` waiting pods are tried, and at most `max_trials` sets of movers (or nodes to
    empty) are tried on forks per cycle (a `Budget`: what it cuts off is counted in it).
@@ -36,14 +38,14 @@ carried out, and the executor reports a blocked move.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Literal
 
 from contract.names import GPU_MILLI
 from extender.policy.fairness import EPSILON, FairnessSnapshot
-from extender.policy.placement import GpuDemand, placement_cost
+from extender.policy.placement import GpuDemand, fits, placement_cost
 from extender.policy.reclaim import (
     Budget,
     PendingPod,
@@ -105,8 +107,10 @@ def is_mover(pod: RunningPod, now: float, rules: ConsolidationRules) -> bool:
 
 
 def _demand_of(pod: RunningPod) -> GpuDemand:
-    """What a running pod asks for again once recreated: its GPUs, of the share it holds."""
-    return GpuDemand(len(pod.gpus), max(milli for _, milli in pod.gpus))
+    """What a running pod asks for again once recreated: its GPUs, of the share it holds, and the
+    CPU and memory it takes where the node tracks them (the simulator's nodes do)."""
+    milli = max(milli for _, milli in pod.gpus)
+    return GpuDemand(len(pod.gpus), milli, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib)
 
 
 def _mover_order(pod: RunningPod) -> tuple[float, int, float, str]:
@@ -134,13 +138,20 @@ def consolidation_refusal(fairness: FairnessSnapshot, waiting: PendingPod) -> st
     return ""
 
 
-def _land(fork: ClusterSnapshot, pod: RunningPod, like: str, avoid: Collection[str]) -> str | None:
+def _land(
+    fork: ClusterSnapshot,
+    pod: RunningPod,
+    like: str,
+    avoid: Collection[str],
+    candidates: Iterable[str] | None = None,
+) -> str | None:
     """Place a moved pod in the fork where the filter ranks best among nodes with GPUs like those of
-    node `like`; the node, or None when it fits nowhere. A moved pod is not moved again this cycle."""
+    node `like` (among `candidates` when given: every node it may fit); the node, or None when it
+    fits nowhere. A moved pod is not moved again this cycle."""
     demand = _demand_of(pod)
     model, memory = fork.nodes[like].model, fork.gpu_memory.get(like, 0)
     best: tuple[tuple[float, ...], str] | None = None
-    for name in fork.fitting_nodes(demand):
+    for name in fork.fitting_nodes(demand, candidates):
         if name in avoid or fork.nodes[name].model != model or fork.gpu_memory.get(name, 0) != memory:
             continue
         cost = placement_cost(fork.nodes[name], demand, fork.mix)
@@ -149,6 +160,67 @@ def _land(fork: ClusterSnapshot, pod: RunningPod, like: str, avoid: Collection[s
     if best is None or fork.place(replace(pod, movable=False), demand, best[1]) is None:
         return None
     return best[1]
+
+
+class _Landings:
+    """Where movers may land, for one search on one fork. A trial changes only the node made room
+    on (which gains room) and the nodes its earlier movers land on (which lose room), so a mover
+    lands either on a node where it fits in the fork already or on the node made room on. Nodes
+    where its GPUs fit are found once per GPU shape (GPUs, share, model and GPU size of its node),
+    whether it fits one of them other than its own (CPU and memory too) once per mover, and a
+    group with a mover that can land nowhere is skipped without a trial: in a full cluster, most
+    groups."""
+
+    def __init__(self, fork: ClusterSnapshot) -> None:
+        self.fork = fork
+        self._fitting: dict[tuple[int, int, str, int], list[str]] = {}
+        self._elsewhere: dict[str, bool] = {}
+
+    def candidates(self, pod: RunningPod) -> list[str]:
+        """Nodes with GPUs like those of the pod's node where its GPUs fit in the fork."""
+        fork = self.fork
+        count, milli = len(pod.gpus), max(milli for _, milli in pod.gpus)
+        kind = (count, milli, fork.nodes[pod.node].model, fork.gpu_memory.get(pod.node, 0))
+        found = self._fitting.get(kind)
+        if found is None:
+            found = self._fitting[kind] = [
+                name
+                for name in fork.fitting_nodes(GpuDemand(count, milli))
+                if (fork.nodes[name].model, fork.gpu_memory.get(name, 0)) == kind[2:]
+            ]
+        return found
+
+    def _fits_elsewhere(self, pod: RunningPod) -> bool:
+        known = self._elsewhere.get(pod.key)
+        if known is None:
+            demand, nodes = _demand_of(pod), self.fork.nodes
+            known = self._elsewhere[pod.key] = any(
+                name != pod.node and fits(nodes[name], demand) for name in self.candidates(pod)
+            )
+        return known
+
+    def may_land(self, group: Sequence[RunningPod], node: str, arriving: GpuDemand) -> bool:
+        """False when a mover of `group` can land nowhere: it fits no other node, and its GPUs and
+        the arriving pod's cannot both fit `node` with the group off (whatever GPUs each takes)."""
+        staying = [pod for pod in group if not self._fits_elsewhere(pod)]
+        if not staying:
+            return True
+        free = list(self.fork.nodes[node].free_milli)
+        for pod in group:
+            for index, milli in pod.gpus:
+                free[index] = min(GPU_MILLI, free[index] + milli)
+        return all(_both_fit(free, arriving, len(pod.gpus), max(m for _, m in pod.gpus)) for pod in staying)
+
+
+def _both_fit(free: Sequence[int], first: GpuDemand, count: int, milli: int) -> bool:
+    """Can `first` take GPUs of these free shares and `count` GPUs of `milli` still fit? (exact,
+    over every choice of GPUs for `first`)"""
+    for chosen in combinations(range(len(free)), first.count):
+        if all(free[index] >= first.milli for index in chosen):
+            left = [share - (first.milli if index in chosen else 0) for index, share in enumerate(free)]
+            if sum(1 for share in left if share >= milli) >= count:
+                return True
+    return False
 
 
 def _move_message(pod: RunningPod, to_node: str, waiting: PendingPod, node: str) -> str:
@@ -182,6 +254,7 @@ def _moves_for(
         if fork.fits_without(node, demand, candidates):  # else no subset can make room
             nodes.append((node, demand, candidates))
     arriving = RunningPod(waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority)
+    landings = _Landings(fork)
     for count in range(1, budget + 1):
         # Every set of `count` movers that makes room, best first; the first whose movers all
         # land elsewhere is the best plan of this size (landing is the costly test).
@@ -192,6 +265,8 @@ def _moves_for(
             if fork.fits_without(node, demand, group)
         )
         for _, node, demand, group in groups:
+            if not landings.may_land(group, node, demand):
+                continue
             if not work.spend():
                 return None
             trial = fork.fork()
@@ -200,7 +275,7 @@ def _moves_for(
             trial.place(arriving, demand, node)
             moves: list[Move] = []
             for pod in sorted(group, key=_mover_order, reverse=True):
-                landed = _land(trial, pod, node, avoid)
+                landed = _land(trial, pod, node, avoid, [*landings.candidates(pod), node])
                 if landed is None:
                     break
                 moves.append(Move(pod, landed, _move_message(pod, landed, waiting, node)))

@@ -3,6 +3,7 @@
     tessera simulate trace [--all | --pods FILE ...] [--policies fgd,tessera,...] [--seed N | --seeds 0,1,2]
                            [--replay paper,creation] [--scheduler-profile shipped|stock]
                            [--extender-weight N] [--device-choice first-fit|tessera]
+                           [--moves-per-100-pods 0,1,2,5]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
 
 Both print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
@@ -24,8 +25,10 @@ from .queues import WorkloadError, load_workload, run_queue_workload
 from .report import (
     PUBLISHED_ALLOCATION,
     margin_lines,
+    move_budget_table,
     packing_seeds_table,
     packing_table,
+    plot_move_budget,
     plot_packing,
     plot_queues,
     queue_table,
@@ -66,6 +69,7 @@ def _replay_task(
     quiet: bool,
     profile: SchedulerProfile,
     device_choice: DeviceChoice,
+    budget: float | None,
 ) -> PackingResult:
     """One replay; runs in a worker process."""
     return replay_packing(
@@ -78,6 +82,7 @@ def _replay_task(
         progress=None if quiet else _report_progress,
         profile=profile,
         device_choice=device_choice,
+        moves_per_100_pods=budget,
     )
 
 
@@ -121,26 +126,32 @@ def _run_trace(args: argparse.Namespace) -> int:
         seeds = [int(seed) for seed in args.seeds.split(",")] if args.seeds else [args.seed]
         replays = _replays(args.replay)
         profile = _scheduler_profile(args)
+        budgets = [float(b) for b in args.moves_per_100_pods.split(",")] if args.moves_per_100_pods else []
+        if any(budget < 0 for budget in budgets):
+            raise ValueError("--moves-per-100-pods cannot be negative")
         load_nodes(nodes_csv)  # fail fast on a bad file, before starting workers
         untimed = [p for p in pod_files if all(pod.creation_time is None for pod in load_pods(p))]
     except (TraceError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    # One replay per policy, plus tessera with consolidation per move budget (None: no moves).
+    runs: list[tuple[str, float | None]] = [(policy, None) for policy in policies]
+    runs += [("tessera", budget) for budget in budgets]
     # Longest replays first, so the last worker is not left alone with a slow one.
     tasks = sorted(
         (
-            (pods_csv, replay, policy, seed)
+            (pods_csv, replay, run, seed)
             for pods_csv in pod_files
             for replay in replays
-            for policy in policies
+            for run in runs
             for seed in seeds
         ),
-        key=lambda task: _EXPECTED_COST.get(task[2], 1),
+        key=lambda task: _EXPECTED_COST.get(task[2][0], 1) * (1 if task[2][1] is None else 2),
         reverse=True,
     )
     print(
-        f"replaying {len(pod_files)} trace(s) x {len(replays)} replay(s) x {len(policies)} policies x "
-        f"{len(seeds)} seed(s) to {args.arrival:g}% arrival, {args.jobs} worker(s)",
+        f"replaying {len(pod_files)} trace(s) x {len(replays)} replay(s) x {len(runs)} policies and "
+        f"move budgets x {len(seeds)} seed(s) to {args.arrival:g}% arrival, {args.jobs} worker(s)",
         file=sys.stderr,
     )
     if DEPLOYED in policies:
@@ -151,22 +162,24 @@ def _run_trace(args: argparse.Namespace) -> int:
                 _replay_task,
                 nodes_csv,
                 task[0],
-                task[2],
+                task[2][0],
                 task[3],
                 task[1],
                 args.arrival,
                 args.quiet,
                 profile,
                 args.device_choice,
+                task[2][1],
             )
             for task in tasks
         }
         results = {task: future.result() for task, future in futures.items()}
+    by_trace: dict[str, list[PackingResult]] = {}
     for pods_csv in pod_files:
         trace = _trace_name(pods_csv)
         mine_all: list[PackingResult] = []
         for replay in replays:
-            mine = [results[(pods_csv, replay, policy, seed)] for policy in policies for seed in seeds]
+            mine = [results[(pods_csv, replay, run, seed)] for run in runs for seed in seeds]
             mine_all += mine
             published = PUBLISHED_ALLOCATION.get(trace) if replay == "paper" and args.arrival == 130 else None
             order = (
@@ -178,12 +191,20 @@ def _run_trace(args: argparse.Namespace) -> int:
             seed_list = ", ".join(map(str, seeds))
             print(f"\ntrace {trace} ({pods_csv.name}), replay {replay}: {order}; seed(s) {seed_list}")
             print(packing_table(mine, published) if len(seeds) == 1 else packing_seeds_table(mine, published))
-            for line in margin_lines(mine, "tessera", "fgd") + margin_lines(mine, DEPLOYED, "fgd"):
-                print(line)
+            for label in dict.fromkeys(r.label for r in mine if r.policy in ("tessera", DEPLOYED)):
+                for line in margin_lines(mine, label, "fgd"):
+                    print(line)
+            if budgets:
+                print(f"\nallocation vs move budget, {trace}, replay {replay}:")
+                print(move_budget_table(mine))
+                if replay == replays[0]:
+                    by_trace[trace] = mine
             if not args.no_plots:
                 print(f"wrote {plot_packing(mine, f'{trace}-{replay}', args.out)}")
         written = write_packing_csv(mine_all, trace, args.out)
         print("wrote " + ", ".join(str(path) for path in written))
+    if by_trace and not args.no_plots:
+        print(f"wrote {plot_move_budget(by_trace, args.out)}")
     return 0
 
 
@@ -245,6 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
         "and/or creation (creation-time order)",
     )
     trace.add_argument("--arrival", type=float, default=130.0, help="stop at this arrival %% (default 130)")
+    trace.add_argument(
+        "--moves-per-100-pods",
+        help="comma-separated move budgets: per budget B, a tessera replay with consolidation that moves "
+        "at most B placed pods per 100 placed (tessera+movesB; 0: the plain replay through the same path)",
+    )
     trace.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     trace.add_argument(
         "--scheduler-profile",

@@ -35,6 +35,7 @@ from extender.policy.placement import Cost, GpuDemand, WorkloadMix, mix_from_dem
 
 from .cluster import Cluster
 from .deployed import SHIPPED_PROFILE, DeployedPlacer, DeviceChoice, SchedulerProfile
+from .moves import Consolidator
 from .policies import DEPLOYED, Policy, make_policy
 from .trace import SimNode, SimPod
 
@@ -66,10 +67,24 @@ class PackingResult:
     pods_skipped: int = 0
     seconds: float = 0.0
     curve: list[PackingPoint] = field(default_factory=list)
+    move_budget: float | None = None  # moves per 100 placed pods; None: no consolidation
+    moves: int = 0  # placed pods moved (``moves``)
+    moved_gpu_milli: int = 0
+    pods_served_by_moves: int = 0
 
     @property
     def unallocated_pct(self) -> float:
         return 100.0 - self.allocation_pct
+
+    @property
+    def label(self) -> str:
+        """The policy, with its move budget when it consolidates (``tessera+moves5``)."""
+        return self.policy if self.move_budget is None else f"{self.policy}+moves{self.move_budget:g}"
+
+    @property
+    def moves_pct(self) -> float:
+        """Moves in % of the pods placed."""
+        return 100.0 * self.moves / self.pods_placed if self.pods_placed else 0.0
 
 
 def workload_mix(pods: Sequence[SimPod]) -> WorkloadMix:
@@ -207,10 +222,15 @@ def replay_packing(
     curve_step_pct: float = 1.0,
     profile: SchedulerProfile = SHIPPED_PROFILE,
     device_choice: DeviceChoice = "first-fit",
+    moves_per_100_pods: float | None = None,
 ) -> PackingResult:
-    """One replay; ``profile`` and ``device_choice`` are what ``tessera-deployed`` models."""
+    """One replay; ``profile`` and ``device_choice`` are what ``tessera-deployed`` models. With
+    ``moves_per_100_pods``, a pod that fits nowhere is served by moving placed pods when the budget
+    allows (``moves``: only for ``tessera``, whose placement the planner uses)."""
     if not any(pod.gpu_milli for pod in pods):
         raise ValueError("the workload has no GPU pods, so arrival can never reach the target")
+    if moves_per_100_pods is not None and policy_name != "tessera":
+        raise ValueError(f"moves are planned with the tessera policy's placement, not {policy_name!r}")
     started = time.perf_counter()
     mix = mix or workload_mix(pods)
     node_order = sorted(nodes, key=lambda node: node.name)
@@ -223,14 +243,21 @@ def replay_packing(
         if policy_name == DEPLOYED
         else Placer(cluster, make_policy(policy_name, mix), _rng(seed, "policy"), tie_break="first")
     )
-    result = PackingResult(policy=policy_name, seed=seed, replay=replay)
+    result = PackingResult(policy=policy_name, seed=seed, replay=replay, move_budget=moves_per_100_pods)
+    consolidator = None if moves_per_100_pods is None else Consolidator(cluster, moves_per_100_pods)
     samples: list[tuple[float, float]] = []  # (arrival %, allocation % rounded as the paper's analysis)
     arrived_milli = 0
     next_point = 0.0
-    for pod in arriving:
+    for number, pod in enumerate(arriving):
         arrived_milli += pod.gpu_milli
         result.pods_arrived += 1
-        if placer.place(pod.demand) is not None:
+        key = f"{number}/{pod.name}"  # draws repeat names
+        placement = placer.place(pod.demand)
+        if placement is not None:
+            result.pods_placed += 1
+            if consolidator is not None:
+                consolidator.placed(key, placement[0], pod.demand, placement[1], number)
+        elif consolidator is not None and consolidator.serve(key, pod.demand, result.pods_placed, number):
             result.pods_placed += 1
         else:
             result.pods_skipped += 1
@@ -251,5 +278,12 @@ def replay_packing(
     result.curve.append(
         PackingPoint(result.arrival_pct, result.final_allocation_pct, result.fragmentation_pct)
     )
+    if consolidator is not None:
+        stats = consolidator.stats
+        result.moves, result.moved_gpu_milli, result.pods_served_by_moves = (
+            stats.moves,
+            stats.moved_milli,
+            stats.pods_served,
+        )
     result.seconds = time.perf_counter() - started
     return result

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -42,12 +42,15 @@ def packing_table(results: Sequence[PackingResult], paper: dict[str, float] | No
         "skipped",
         "secs",
     ]
+    moving = any(r.move_budget is not None for r in results)
+    if moving:
+        headers += ["moves", "moves % placed"]
     if paper:
         headers.append("published %")
     rows = []
     for r in results:
         row = [
-            r.policy,
+            r.label,
             f"{r.arrival_pct:.2f}",
             f"{r.allocation_pct:.2f}",
             f"{r.final_allocation_pct:.2f}",
@@ -57,8 +60,10 @@ def packing_table(results: Sequence[PackingResult], paper: dict[str, float] | No
             str(r.pods_skipped),
             f"{r.seconds:.1f}",
         ]
+        if moving:
+            row += [str(r.moves), f"{r.moves_pct:.2f}"]
         if paper:
-            row.append(f"{paper[r.policy]:.2f}" if r.policy in paper else "")
+            row.append(f"{paper[r.label]:.2f}" if r.label in paper else "")
         rows.append(row)
     return format_table(headers, rows)
 
@@ -66,11 +71,14 @@ def packing_table(results: Sequence[PackingResult], paper: dict[str, float] | No
 def packing_seeds_table(results: Sequence[PackingResult], paper: dict[str, float] | None = None) -> str:
     """One row per policy over several seeds: mean, min and max allocation."""
     headers = ["policy", "seeds", "mean alloc %", "min alloc %", "max alloc %", "mean frag %", "mean secs"]
+    moving = any(r.move_budget is not None for r in results)
+    if moving:
+        headers.append("mean moves % placed")
     if paper:
         headers.append("published %")
     rows = []
-    for policy in dict.fromkeys(r.policy for r in results):
-        mine = [r for r in results if r.policy == policy]
+    for policy in dict.fromkeys(r.label for r in results):
+        mine = [r for r in results if r.label == policy]
         allocs = [r.allocation_pct for r in mine]
         row = [
             policy,
@@ -81,6 +89,8 @@ def packing_seeds_table(results: Sequence[PackingResult], paper: dict[str, float
             f"{sum(r.fragmentation_pct for r in mine) / len(mine):.2f}",
             f"{sum(r.seconds for r in mine) / len(mine):.1f}",
         ]
+        if moving:
+            row.append(f"{sum(r.moves_pct for r in mine) / len(mine):.2f}")
         if paper:
             row.append(f"{paper[policy]:.2f}" if policy in paper else "")
         rows.append(row)
@@ -88,9 +98,10 @@ def packing_seeds_table(results: Sequence[PackingResult], paper: dict[str, float
 
 
 def margin_lines(results: Sequence[PackingResult], policy: str, baseline: str) -> list[str]:
-    """Per seed, ``policy``'s allocation minus ``baseline``'s (empty unless both ran)."""
-    ours = {r.seed: r.allocation_pct for r in results if r.policy == policy}
-    theirs = {r.seed: r.allocation_pct for r in results if r.policy == baseline}
+    """Per seed, ``policy``'s allocation minus ``baseline``'s (empty unless both ran); policies by
+    label (``tessera+moves5``)."""
+    ours = {r.seed: r.allocation_pct for r in results if r.label == policy}
+    theirs = {r.seed: r.allocation_pct for r in results if r.label == baseline}
     seeds = [seed for seed in ours if seed in theirs]
     if not seeds:
         return []
@@ -119,6 +130,10 @@ def write_packing_csv(results: Sequence[PackingResult], trace: str, out_dir: Pat
                 "pods_placed",
                 "pods_skipped",
                 "seconds",
+                "moves_per_100_pods",
+                "moves",
+                "moved_gpu_milli",
+                "pods_served_by_moves",
             ]
         )
         for r in results:
@@ -126,7 +141,7 @@ def write_packing_csv(results: Sequence[PackingResult], trace: str, out_dir: Pat
                 [
                     trace,
                     r.replay,
-                    r.policy,
+                    r.label,
                     r.seed,
                     f"{r.arrival_pct:.4f}",
                     f"{r.allocation_pct:.4f}",
@@ -137,6 +152,10 @@ def write_packing_csv(results: Sequence[PackingResult], trace: str, out_dir: Pat
                     r.pods_placed,
                     r.pods_skipped,
                     f"{r.seconds:.2f}",
+                    "" if r.move_budget is None else f"{r.move_budget:g}",
+                    r.moves,
+                    r.moved_gpu_milli,
+                    r.pods_served_by_moves,
                 ]
             )
     curve = out_dir / f"{trace}-curve.csv"
@@ -151,7 +170,7 @@ def write_packing_csv(results: Sequence[PackingResult], trace: str, out_dir: Pat
                     [
                         trace,
                         r.replay,
-                        r.policy,
+                        r.label,
                         r.seed,
                         f"{point.arrival_pct:.4f}",
                         f"{point.allocation_pct:.4f}",
@@ -186,8 +205,8 @@ def plot_packing(results: Sequence[PackingResult], trace: str, out_dir: Path) ->
     first_seed = results[0].seed if results else 0
     for r in (r for r in results if r.seed == first_seed):
         arrival = [p.arrival_pct for p in r.curve]
-        alloc_ax.plot(arrival, [p.allocation_pct for p in r.curve], label=r.policy)
-        frag_ax.plot(arrival, [p.fragmentation_pct for p in r.curve], label=r.policy)
+        alloc_ax.plot(arrival, [p.allocation_pct for p in r.curve], label=r.label)
+        frag_ax.plot(arrival, [p.fragmentation_pct for p in r.curve], label=r.label)
     alloc_ax.plot([0, 100], [0, 100], color="grey", linestyle=":", linewidth=1)
     alloc_ax.set(
         xlabel="arrived GPU milli, % of capacity",
@@ -203,6 +222,84 @@ def plot_packing(results: Sequence[PackingResult], trace: str, out_dir: Path) ->
     alloc_ax.grid(alpha=0.3)
     frag_ax.grid(alpha=0.3)
     return _save_figure(fig, out_dir / f"{trace}-packing.png")
+
+
+def move_budget_table(results: Sequence[PackingResult], baseline: str = "fgd") -> str:
+    """The curve of allocation against the move budget: one row per budget, over the seeds, with
+    the moves made and the margin over ``baseline`` (no moves) per seed."""
+    theirs = {r.seed: r.allocation_pct for r in results if r.label == baseline}
+    headers = [
+        "moves per 100 pods",
+        "seeds",
+        "mean alloc %",
+        "min alloc %",
+        "max alloc %",
+        "mean frag %",
+        "moves % placed (max)",
+        "pods served by moves",
+        f"min - {baseline} (points)",
+    ]
+    rows = []
+    for budget in sorted({r.move_budget for r in results if r.move_budget is not None}):
+        mine = [r for r in results if r.move_budget == budget]
+        allocs = [r.allocation_pct for r in mine]
+        margins = [r.allocation_pct - theirs[r.seed] for r in mine if r.seed in theirs]
+        rows.append(
+            [
+                f"{budget:g}",
+                ",".join(str(r.seed) for r in mine),
+                f"{sum(allocs) / len(allocs):.2f}",
+                f"{min(allocs):.2f}",
+                f"{max(allocs):.2f}",
+                f"{sum(r.fragmentation_pct for r in mine) / len(mine):.2f}",
+                f"{max(r.moves_pct for r in mine):.2f}",
+                f"{sum(r.pods_served_by_moves for r in mine) / len(mine):.0f}",
+                f"{min(margins):+.2f}" if margins else "",
+            ]
+        )
+    return format_table(headers, rows)
+
+
+def plot_move_budget(
+    results: Mapping[str, Sequence[PackingResult]], out_dir: Path, baseline: str = "fgd"
+) -> Path:
+    """Allocation at the target arrival against the move budget, per trace (mean and the seeds'
+    range), each with ``baseline``'s mean (no moves) as a dashed line."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, (alloc_ax, moves_ax) = _pyplot().subplots(1, 2, figsize=(12, 4.5))
+    for trace, mine in results.items():
+        budgets = sorted({r.move_budget for r in mine if r.move_budget is not None})
+        if not budgets:
+            continue
+        per_budget = [[r for r in mine if r.move_budget == b] for b in budgets]
+        means = [sum(r.allocation_pct for r in rs) / len(rs) for rs in per_budget]
+        low = [m - min(r.allocation_pct for r in rs) for m, rs in zip(means, per_budget, strict=True)]
+        high = [max(r.allocation_pct for r in rs) - m for m, rs in zip(means, per_budget, strict=True)]
+        line = alloc_ax.errorbar(budgets, means, yerr=[low, high], marker="o", capsize=3, label=trace)
+        base = [r.allocation_pct for r in mine if r.label == baseline]
+        if base:
+            alloc_ax.axhline(
+                sum(base) / len(base),
+                linestyle="--",
+                color=line[0].get_color(),
+                label=f"{trace}: {baseline}, no moves",
+            )
+        moves = [sum(r.moves_pct for r in rs) / len(rs) for rs in per_budget]
+        moves_ax.plot(budgets, moves, marker="o", color=line[0].get_color(), label=trace)
+    alloc_ax.set(
+        xlabel="move budget, moves per 100 placed pods",
+        ylabel="GPU allocation at 130% arrival, %",
+        title="tessera with consolidation: allocation vs move budget",
+    )
+    moves_ax.set(
+        xlabel="move budget, moves per 100 placed pods",
+        ylabel="moves made, % of placed pods",
+        title="moves made",
+    )
+    for ax in (alloc_ax, moves_ax):
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+    return _save_figure(fig, out_dir / "move-budget.png")
 
 
 def queue_table(result: QueueRunResult) -> str:

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient, ResourceV1Api
 
-from contract.names import DRIVER_NAME
+from contract.names import CLASSIC_GPU_RESOURCE, DRIVER_NAME
 from contract.quantity import parse_quantity
 from dra_driver.devices.simulated import SimulatedBackend
 from dra_driver.slices import SharingMode, SliceReconciler, read_json
@@ -329,6 +329,54 @@ async def test_scheduler_allocates_whole_fractional_and_shared_gpus_from_publish
             local_cluster.kubectl(
                 "delete", "deviceclass", device_class["metadata"]["name"], "--ignore-not-found"
             )
+
+
+async def test_a_pod_asking_nvidia_gpu_gets_a_device_of_the_driver_through_the_shipped_class(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str, pools: Pools
+) -> None:
+    """The whole-GPU DeviceClass maps the extended resource nvidia.com/gpu (DRAExtendedResource,
+    GA in 1.37): a pod with `limits: {nvidia.com/gpu: 1}` and no claim is scheduled onto a node
+    without that resource in its allocatable, on a device of the driver's ResourceSlices, through
+    the claim kube-scheduler makes for it."""
+    (whole_class,) = [
+        doc
+        for doc in manifest_documents(MANIFESTS / "deviceclasses.yaml", pools.driver)
+        if doc["metadata"]["name"] == pools.driver
+    ]
+    assert whole_class["spec"]["extendedResourceName"] == CLASSIC_GPU_RESOURCE
+    await pools.t4.reconciler.publish(pools.t4.backend.inventory())
+    local_cluster.apply(whole_class)
+    served = local_cluster.kubectl("get", "deviceclass", pools.driver, "-o", "json").stdout
+    assert json.loads(served)["spec"]["extendedResourceName"] == CLASSIC_GPU_RESOURCE  # not dropped
+    cluster = Cluster(local_cluster, namespace)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "classic"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/none",
+                    "resources": {"limits": {CLASSIC_GPU_RESOURCE: "1"}},
+                }
+            ]
+        },
+    }
+    try:
+        cluster.apply([pod])
+        assert await cluster.bound("classic") == pools.t4.name  # the only node with this driver's GPUs
+        status = cluster.get("pod", "classic")["status"]["extendedResourceClaimStatus"]
+        mappings = [(m["containerName"], m["resourceName"]) for m in status["requestMappings"]]
+        assert mappings == [("main", CLASSIC_GPU_RESOURCE)]
+        claim = cluster.get("resourceclaim", status["resourceClaimName"])
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        slices = await slices_of(k8s, pools.driver, pools.t4.name)
+        assert (result["driver"], result["pool"]) == (pools.driver, slices[0]["spec"]["pool"]["name"])
+        assert result["device"] in devices_of(slices)
+    finally:
+        cluster.force_delete("classic")
+        local_cluster.kubectl("delete", "deviceclass", pools.driver, "--ignore-not-found")
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from contract.gpuconfig import SharingStrategy
+from dra_driver.cdi import COMMON_DEVICE_NODES, CdiDevice, build_claim_spec
 from dra_driver.devices.model import MigDevice
+from dra_driver.devices.simulated import SimulatedBackend
 from dra_driver.prepare import ClaimPrepareError, ClaimRef, ResourceClaimView, node_devices, plan_claim
 from dra_driver.sharing import RecordingRunner
 
@@ -159,3 +161,27 @@ async def test_failed_unprepare_is_kept_for_the_retry(tmp_path: Path) -> None:
     assert "IsADirectoryError" in errors["u1"]
     spec.rmdir()
     assert await preparer.unprepare([ClaimRef("ns", "u1", "c1")]) == {"u1": ""}
+
+
+async def test_simulated_gpus_name_no_device_nodes_in_the_cdi_spec(tmp_path: Path) -> None:
+    # The simulated backend's GPUs (kind nodes, fake nodes) have no /dev/nvidia* behind them: a
+    # runtime refuses a CDI spec naming a device node that does not exist, so the spec names none,
+    # neither the GPU's own nor the common ones; the claim's environment is still set.
+    simulated = SimulatedBackend.from_file(Path("h100x8")).inventory()[0]
+    assert simulated.simulated
+    claims = FakeClaims()
+    claims.add(claim("sim", [Result("gpu-0")], name="sim"))
+    preparer = make_preparer(tmp_path, claims, RecordingRunner(), gpus=[simulated])
+    outcomes = await preparer.prepare([ClaimRef("ns", "sim", "sim")])
+    assert outcomes["sim"].error == ""
+    spec = json.loads((tmp_path / "cdi" / f"k8s.{DRIVER}-claim_sim.json").read_text())
+    assert spec["containerEdits"]["deviceNodes"] == []
+    assert [d["containerEdits"]["deviceNodes"] for d in spec["devices"]] == [[]]
+    assert f"NVIDIA_VISIBLE_DEVICES={simulated.uuid}" in spec["containerEdits"]["env"]
+
+
+def test_real_gpus_name_their_device_node_and_the_common_ones() -> None:
+    devices = node_devices([gpu(3)])  # as the NVML backend reports a GPU of minor 3
+    assert devices["gpu-3"].device_nodes == ("/dev/nvidia3",)
+    spec = build_claim_spec(DRIVER, "u", [CdiDevice("gpu-3", devices["gpu-3"].device_nodes)], {})
+    assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == list(COMMON_DEVICE_NODES)

@@ -131,3 +131,26 @@ def test_unknown_replay_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
     nodes, pods = write_trace(tmp_path)
     assert main(["trace", "--nodes", str(nodes), "--pods", str(pods), "--replay", "fifo"]) == 2
     assert "unknown replay 'fifo'" in capsys.readouterr().err
+
+
+def test_move_budgets_add_consolidating_replays_and_their_curve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = write_trace(tmp_path)
+    out = tmp_path / "out"
+    argv = ["trace", "--nodes", str(nodes), "--pods", str(pods), "--policies", "fgd", "--seeds", "0,1"]
+    argv += ["--moves-per-100-pods", "0,5", "--jobs", "1", "--quiet", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "tessera+moves0 - fgd (points)" in printed and "tessera+moves5 - fgd (points)" in printed
+    assert "allocation vs move budget, tiny, replay paper:" in printed
+    assert (out / "move-budget.png").stat().st_size > 0
+    with (out / "tiny-summary.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted({(r["policy"], r["moves_per_100_pods"]) for r in rows}) == [
+        ("fgd", ""),
+        ("tessera+moves0", "0"),
+        ("tessera+moves5", "5"),
+    ]
+    assert all(int(r["moves"]) <= 5 * int(r["pods_placed"]) / 100 for r in rows)
+    assert main([*argv, "--moves-per-100-pods", "-1"]) == 2
