@@ -28,7 +28,6 @@ rather than thinned: the scheduler does not re-check that fewer victims still ma
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from itertools import repeat
 
 from contract.names import GPU_MILLI
 from extender.kubeapi import JsonObject
@@ -123,7 +122,9 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     reservation: GangReservation | None = None
     # A fraction is a larger share of a smaller GPU: admit it per GPU size among the candidates.
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
-    sizes = sorted({gpu_memory.get(name, 0) for name in names}) if gpu_memory else [0]
+    # Each candidate's GPU size, read once (0 where it does not matter or is unknown).
+    node_sizes = [gpu_memory.get(name) or 0 for name in names] if gpu_memory else [0] * len(names)
+    sizes = (sorted(set(node_sizes)) or [0]) if gpu_memory else [0]
     if not gang.admitted:
         unit, reservation = admit_gang(picture, names, key, pod, demand, gang)
         by_size = dict.fromkeys(sizes, unit)
@@ -161,7 +162,6 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     # The per-node part is two comprehensions over dictionary hits (thousands of nodes per call).
     reference = picture.inventory.reference_memory(demand.models)
     supplies = picture.inventory.supplies_for(key, names, owner)
-    node_sizes = map(gpu_memory.get, names) if gpu_memory else repeat(0)
     verdicts: dict[int, dict[str, str]] = {memory: {} for memory in by_size}
 
     def verdict(memory: int, supply: NodeGpus) -> str:
@@ -173,9 +173,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
 
     reasons = [
         known if (known := verdicts[memory].get(supply.shape)) is not None else verdict(memory, supply)
-        for memory, supply in zip(
-            (size or 0 for size in node_sizes), supplies, strict=False
-        )  # sizes may repeat
+        for memory, supply in zip(node_sizes, supplies, strict=True)
     ]
     passed = [name for name, reason in zip(names, reasons, strict=True) if not reason]
     failed = {name: reason for name, reason in zip(names, reasons, strict=True) if reason}

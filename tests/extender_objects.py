@@ -190,6 +190,31 @@ def queue(
     }
 
 
+def open_crd(group: str, kind: str, plural: str) -> JsonObject:
+    """A namespaced v1 CustomResourceDefinition with an open schema: a stand-in for another
+    project's API (its operator not running) that lets the API server store its objects."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                }
+            ],
+        },
+    }
+
+
 def two_nodes_of_two_gpus(class_name: str) -> list[JsonObject]:
     """Nodes a and b with 2 GPUs each, the GPU DeviceClass, and a one-GPU claim template `one` in
     namespace `ns`: the small cluster of the verb tests."""

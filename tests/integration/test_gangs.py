@@ -18,6 +18,7 @@ from contract.names import QUEUE_LABEL
 from extender.kubeapi import JsonObject, request
 from extender.status import ADMITTED_CONDITION
 from tessera.dev.localcluster import LocalCluster, wait_until
+from tests.extender_objects import open_crd
 from tests.integration.extender_harness import GpuCluster, gpu_cluster
 
 pytestmark = pytest.mark.integration
@@ -251,26 +252,7 @@ async def test_a_waiting_gang_reclaims_borrowed_gpus_whole(
         ) == {team_a: 4, team_b: 4}
 
 
-PYTORCHJOB_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "pytorchjobs.kubeflow.org"},
-    "spec": {
-        "group": "kubeflow.org",
-        "names": {"kind": "PyTorchJob", "plural": "pytorchjobs", "singular": "pytorchjob"},
-        "scope": "Namespaced",
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                },
-            }
-        ],
-    },
-}
+PYTORCHJOB_CRD = open_crd("kubeflow.org", "PyTorchJob", "pytorchjobs")
 
 
 async def test_a_pytorchjobs_minimum_comes_from_its_spec(

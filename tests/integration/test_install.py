@@ -34,6 +34,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from tessera.dev.localcluster import LocalCluster, create_fake_node, delete_nodes, free_port
 from tessera.dev.pki import CertificateAuthority
+from tests.extender_objects import open_crd
 
 pytestmark = pytest.mark.integration
 
@@ -119,26 +120,7 @@ def names_of(objects: list[dict[str, Any]], kind: str) -> list[str]:
 # the chart sets are checked against cert-manager's documented API in
 # tests/unit/test_chart_rendered.py.
 CERT_MANAGER_STAND_IN: list[dict[str, Any]] = [
-    {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.cert-manager.io"},
-        "spec": {
-            "group": "cert-manager.io",
-            "scope": "Namespaced",
-            "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                    },
-                }
-            ],
-        },
-    }
+    open_crd("cert-manager.io", kind, plural)
     for plural, kind in (("issuers", "Issuer"), ("certificates", "Certificate"))
 ]
 
