@@ -36,6 +36,8 @@ from extender.policy.placement import GpuDemand, host_cpu_milli, host_memory_mib
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 # Distinct demands remembered for sharing; past this the table starts over.
 _SHARED_LIMIT = 4096
+# Request pods the store does not hold whose demands are kept (a few scheduling cycles' worth).
+_UNSTORED_LIMIT = 256
 Source = tuple[str, str]  # (kind, namespace/name) of a claim or template a pod reads
 
 
@@ -135,6 +137,11 @@ class PodDemands:
         # GPU DeviceClass name -> the models it pins (empty: any model).
         self.gpu_classes: dict[str, frozenset[str]] = {}
         self._cache: dict[str, _Cached] = {}
+        # Pods read from requests that the store does not hold at that version (the watch has
+        # not delivered it yet, or never will: a test's pod): filter, prioritize and the
+        # reservation of one scheduling cycle read the same version. Keyed by pod key and
+        # version, emptied when any claim, template, class or namespace changes.
+        self._unstored: dict[tuple[str, str], PodDemand] = {}
         self._shared: dict[PodDemand, PodDemand] = {}
         self.users: dict[Source, set[str]] = {}
         self.pods_by_namespace: dict[str, set[str]] = {}
@@ -161,6 +168,9 @@ class PodDemands:
         cached = self._cache.get(key)
         if cached is not None and (cached.pod is pod or (version and cached.version == version)):
             return cached.demand
+        unstored = self._unstored.get((key, version)) if version else None
+        if unstored is not None:
+            return unstored
         demand, sources = self._parse(pod)
         stored = self.store.get("Pod", key)
         if stored is not None and (
@@ -171,6 +181,10 @@ class PodDemands:
             self._cache[key] = _Cached(version, stored, demand, sources)
             for source in sources:
                 self.users.setdefault(source, set()).add(key)
+        elif version:
+            if len(self._unstored) >= _UNSTORED_LIMIT:
+                self._unstored.clear()
+            self._unstored[key, version] = demand
         return demand
 
     def _parse(self, pod: Mapping[str, Any]) -> tuple[PodDemand, frozenset[Source]]:
@@ -266,6 +280,7 @@ class PodDemands:
 
     def _source_changed(self, kind: str) -> Callable[[str, JsonObject | None, JsonObject | None], None]:
         def changed(key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+            self._unstored.clear()
             users = list(self.users.get((kind, key), ()))
             for user in users:
                 self._forget(user)
@@ -279,6 +294,7 @@ class PodDemands:
         default_now = mapping(meta(new).get("labels")).get(NAMESPACE_QUEUE_LABEL) if new else None
         if default_before == default_now:
             return
+        self._unstored.clear()
         # Its pods without a label change queue: recount them.
         moved = list(self.pods_by_namespace.get(key, ()))
         for pod in moved:
@@ -293,5 +309,6 @@ class PodDemands:
                 self.gpu_classes[key] = models
         # Classes decide which requests are GPUs, for every pod: recount all (rare events).
         self._cache.clear()
+        self._unstored.clear()
         self.users.clear()
         self._notify(None)
