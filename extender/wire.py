@@ -22,8 +22,7 @@ pydantic stays at the edges where users write objects (Queues, claim configurati
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain
-from typing import Annotated, Any, NamedTuple, TypeVar, cast
+from typing import Annotated, Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -140,36 +139,14 @@ class HostPriority(_Wire):
     Score: Annotated[int, msgspec.Meta(ge=0, le=MAX_EXTENDER_PRIORITY)]
 
 
-# '{"Host":"<name>","Score":' per node name (bounded: made-up names in requests cannot grow it).
-_HOST_PREFIXES: dict[str, bytes] = {}
-_HOST_PREFIX_LIMIT = 100_000
-_SCORE_SUFFIXES = [f"{score}}},".encode() for score in range(MAX_EXTENDER_PRIORITY + 1)]
-
-
-def _host_prefix(host: str) -> bytes:
-    if len(_HOST_PREFIXES) >= _HOST_PREFIX_LIMIT:
-        _HOST_PREFIXES.clear()
-    prefix = _HOST_PREFIXES[host] = b'{"Host":' + _ENCODER.encode(host) + b',"Score":'
-    return prefix
-
-
 def host_priorities_json(hosts: Sequence[str], scores: Mapping[str, int]) -> bytes:
     """A HostPriorityList as JSON: one `HostPriority` per host, in order, with its score.
 
-    Written directly from bytes kept per node name: a prioritize answer lists every candidate node
-    (thousands), and building an object per node cost more than the scoring itself; the per-host
-    part is lookups and concatenations done by `map` in C. Scores come from the extender's own
-    ranking, always within 0..MAX_EXTENDER_PRIORITY.
+    A prioritize answer lists every candidate node (thousands): the structs are built by `map` in
+    C and encoded by the codec, with no Python code per host (measured: a third of the time of a
+    list comprehension of dictionaries, and less than joining cached bytes per host).
     """
-    prefixes: list[bytes | None] = list(map(_HOST_PREFIXES.get, hosts))
-    if not all(prefixes):  # names not seen yet
-        prefixes = [prefix or _host_prefix(host) for host, prefix in zip(hosts, prefixes, strict=True)]
-    if not prefixes:
-        return b"[]"
-    suffixes = map(_SCORE_SUFFIXES.__getitem__, map(scores.__getitem__, hosts))
-    # One join of prefix, suffix, prefix, suffix...: no bytes object built per host.
-    pieces = chain.from_iterable(zip(cast(list[bytes], prefixes), suffixes, strict=True))
-    return b"[" + b"".join(pieces)[:-1] + b"]"
+    return encode(list(map(HostPriority, hosts, map(scores.__getitem__, hosts))))
 
 
 class ExtenderBindingArgs(_Wire):
