@@ -88,8 +88,25 @@ def describe(demand: GpuDemand) -> str:
     return f"{demand.count} GPU{'s' if demand.count != 1 else ''}"
 
 
+# Why a demand does not fit a node of a shape, kept across requests (nodes whose CPU and memory
+# are partly used have many shapes; each costs microseconds to judge). Bounded: starts over.
+_MISFITS: dict[tuple[str, GpuDemand], str] = {}
+_MISFITS_LIMIT = 100_000
+
+
 def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
-    """Why `demand` does not fit on the node ('' when it fits)."""
+    """Why `demand` does not fit on the node ('' when it fits); all it reads of the node is in
+    its shape."""
+    key = (supply.shape, demand)
+    reason = _MISFITS.get(key)
+    if reason is None:
+        if len(_MISFITS) >= _MISFITS_LIMIT:
+            _MISFITS.clear()
+        reason = _MISFITS[key] = _judge(supply, demand)
+    return reason
+
+
+def _judge(supply: NodeGpus, demand: GpuDemand) -> str:
     if fits(supply, demand):
         return ""
     if fits(supply, replace(demand, cpu_milli=0, memory_mib=0)):

@@ -21,6 +21,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -139,14 +140,14 @@ class GpuInventory:
         self._memory_by_models: dict[frozenset[str], int] = {}
         self._node_gpus: dict[str, NodeGpus] = {}
         # Each cached node's kind: its shape and GPU memory in one string (`kinds_for`).
-        self._node_kinds: dict[str, str] = {}
+        self._node_kinds: dict[str, str | None] = {}
         self._capacity: dict[str, float] | None = None
         # Holds by node, then pod key: reclaim's freed GPUs, kept for the pod they were freed for.
         self.holds: dict[str, dict[str, Hold]] = {}
         self.listeners: list[Callable[[Iterable[str] | None], None]] = []  # None: every pod
         store.subscribe("ResourceSlice", self._slice_changed)
         store.subscribe("ResourceClaim", self._claim_changed)
-        store.subscribe("Node", self._node_changed)
+        store.subscribe("Node", self._node_changed, self._nodes_relisted)
         store.subscribe("Pod", self._pod_changed, self._pods_relisted)
 
     # ---- questions ---------------------------------------------------------------------------
@@ -178,11 +179,13 @@ class GpuInventory:
         cluster has few kinds; the names of one request are looked up by `map`, in C, as there
         are thousands."""
         kinds: list[str | None] = list(map(self._node_kinds.get, names))
-        if not all(kinds):  # nodes not cached since they changed, or unknown
-            kinds = [
-                kind or self._kind(name, self.node_gpus(name))
-                for name, kind in zip(names, kinds, strict=True)
-            ]
+        if not all(kinds):  # nodes changed since last asked (a few), or unknown: find them in C
+            position = -1
+            with suppress(ValueError):
+                while True:
+                    position = kinds.index(None, position + 1)
+                    name = names[position]
+                    kinds[position] = self._kind(name, self.node_gpus(name))
         return cast(list[str], kinds)
 
     def held_among(self, names: Iterable[str]) -> set[str]:
@@ -292,9 +295,11 @@ class GpuInventory:
         )
 
     def _forget_node(self, name: str) -> None:
-        """The node's supply changed: derive it again when next asked."""
+        """The node's supply changed: derive it again when next asked. Its kind is blanked in
+        place: the table keeps its order and its key objects (see `node_gpus`)."""
         self._node_gpus.pop(name, None)
-        self._node_kinds.pop(name, None)
+        if name in self._node_kinds:
+            self._node_kinds[name] = None
 
     def _compute_node_gpus(self, name: str) -> NodeGpus:
         free: list[int] = []
@@ -476,7 +481,17 @@ class GpuInventory:
         # Allocatable feeds capacity; the GPU model label feeds its classic-GPU pods.
         self._capacity = None
         self._forget_node(key)
+        if new is None:
+            self._node_kinds.pop(key, None)
         self._notify(list(self.pods_by_node.get(key, ())))
+
+    def _nodes_relisted(self, keys: set[str]) -> None:
+        """Index the listed nodes' kinds (computed when first asked), keyed by copies of their
+        names made one after the other: the table requests read thousands of names from then
+        sits in contiguous memory, not scattered over the objects the list was decoded into.
+        """
+        names = "\n".join(sorted(keys)).split("\n") if keys else []
+        self._node_kinds = dict.fromkeys(names)
 
     def _pod_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
         # A pod's CPU and memory (and classic GPUs) count on its node: that node's supply moves.
