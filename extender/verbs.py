@@ -77,9 +77,14 @@ class FilterDecision:
 
 @dataclass(frozen=True)
 class PriorityDecision:
-    scores: dict[str, int]
+    hosts: list[str]  # the candidates, in the request's order
+    host_scores: list[int]  # the score of each
     outcome: str
     reason: str
+
+    @property
+    def scores(self) -> dict[str, int]:
+        return dict(zip(self.hosts, self.host_scores, strict=True))
 
 
 def describe(demand: GpuDemand) -> str:
@@ -347,13 +352,12 @@ def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDe
     strand GPUs as much as a fraction does (neutral 0 only while syncing or for an unreadable pod)."""
     names = args.candidate_names()
     if not picture.ready():
-        return PriorityDecision(dict.fromkeys(names, 0), "neutral", "not_ready")
+        return PriorityDecision(names, [0] * len(names), "neutral", "not_ready")
     demand = picture.demand(args.Pod)
     if demand.problem:  # filter refused it with the reason; nothing to rank
-        return PriorityDecision(dict.fromkeys(names, 0), "neutral", "unreadable")
+        return PriorityDecision(names, [0] * len(names), "neutral", "unreadable")
     placement = demand.placement_at(picture.inventory.reference_memory(demand.models))
     nodes = _candidate_kinds(picture, args.pod.key, names)
     strategy = queue_strategy(picture, demand.queue)
     score_of = score_kinds(nodes.supply_of, placement, picture.mix(), strategy)
-    scores = dict(zip(names, map(score_of.__getitem__, nodes.kinds), strict=True))
-    return PriorityDecision(scores, "scored", strategy)
+    return PriorityDecision(names, list(map(score_of.__getitem__, nodes.kinds)), "scored", strategy)
