@@ -27,7 +27,7 @@ from typing import Any
 from contract.kube import mapping
 from contract.names import DEFAULT_QUEUE, GPU_MILLI
 from extender.kubeapi import JsonObject
-from extender.picture.demands import PodDemand, PodDemands, is_terminal
+from extender.picture.demands import PodDemand, PodDemands, claim_names, is_terminal
 from extender.picture.inventory import GpuInventory, add_amounts, gpu_amounts
 from extender.picture.ledger import Bucket, Contribution, QueueLedger
 from extender.picture.store import ObjectStore
@@ -195,7 +195,7 @@ class QueueAccounting:
         demand = self.demands.of(pod)
         if demand.classic_gpus or not demand.gpu_requests:
             return True
-        return bool(self.inventory.held_devices(demand.namespace, demand.claim_names))
+        return bool(self.inventory.held_devices(demand.namespace, claim_names(pod)))
 
     def is_pending(self, key: str, pod: Mapping[str, Any]) -> bool:
         """Waits for scheduling by a scheduler whose demand counts."""
@@ -213,7 +213,7 @@ class QueueAccounting:
         a fraction sized against GPUs of `gpu_memory` bytes (0: the largest it could land on).
         """
         amounts: dict[str, float] = {"cpu": demand.cpu, "memory": demand.memory}
-        held = self.inventory.held_devices(demand.namespace, demand.claim_names)
+        held = self.inventory.held_devices(demand.namespace, claim_names(pod))
         if held:
             for _, device, milli in held:
                 add_amounts(amounts, gpu_amounts(device.model, milli / GPU_MILLI))

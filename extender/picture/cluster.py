@@ -31,7 +31,7 @@ from contract.names import (
 )
 from extender.kubeapi import JsonObject
 from extender.picture.accounting import QueueAccounting, QueueView
-from extender.picture.demands import PodDemand, PodDemands, is_terminal
+from extender.picture.demands import PodDemand, PodDemands, claim_names, is_terminal
 from extender.picture.inventory import GpuInventory
 from extender.picture.store import ObjectStore
 from extender.picture.workloads import GangReservation, GangState, OwnerRef, WorkloadMap
@@ -287,7 +287,7 @@ class ClusterPicture:
         demand = self.demands.of(pod)
         if demand.problem or not demand.wants_gpu:
             return None, 0
-        held = self.inventory.held_devices(demand.namespace, demand.claim_names)
+        held = self.inventory.held_devices(demand.namespace, claim_names(pod))
         host = demand.placement_at(0)  # its CPU and memory, given back to the node on eviction
         # Partitions (index -1) are no GPU of their own: evicting them frees no whole GPU.
         running = RunningPod(
