@@ -29,11 +29,10 @@ from contract.names import (
     QUEUE_VERSION,
     RECREATING_OWNER_KINDS,
 )
-from extender.kubeapi import JsonObject
 from extender.picture.accounting import QueueAccounting, QueueView
 from extender.picture.demands import PodDemand, PodDemands, claim_names, is_terminal
 from extender.picture.inventory import GpuInventory
-from extender.picture.store import ObjectStore
+from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import GangReservation, GangState, OwnerRef, WorkloadMap
 from extender.policy.placement import GpuDemand, NodeGpus
 from extender.policy.reclaim import PendingPod
@@ -87,12 +86,12 @@ class ClusterPicture:
 
     # ---- updates -----------------------------------------------------------------------------
 
-    def apply(self, kind: str, event_type: str, obj: JsonObject) -> None:
+    def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event (ADDED, MODIFIED, DELETED). Older versions never overwrite newer."""
         if self.store.apply(kind, event_type, obj):
             self._changed()
 
-    def replace(self, kind: str, items: Iterable[JsonObject], projected: bool = False) -> None:
+    def replace(self, kind: str, items: Iterable[Stored], projected: bool = False) -> None:
         """A fresh list of a kind (first sync or relist after 410): what is gone is dropped."""
         self.store.replace(kind, items, projected)
         if self.ready():
@@ -128,7 +127,7 @@ class ClusterPicture:
     def ready(self) -> bool:
         return self.store.ready()
 
-    def kind(self, kind: str) -> dict[str, JsonObject]:
+    def kind(self, kind: str) -> dict[str, Stored]:
         return self.store.kind(kind)
 
     def node_gpus(self, name: str) -> NodeGpus:
@@ -376,7 +375,7 @@ class ClusterPicture:
         placed: Counter[str] = Counter()
         pending: set[str] = set()
         queue_of: dict[str, str] = {}
-        sample: dict[str, JsonObject] = {}
+        sample: dict[str, Stored] = {}
         for key, contribution in self.accounting.ledger.contributions.items():
             pod = self.store.get("Pod", key)
             if pod is None:

@@ -35,8 +35,7 @@ from extender.demand import (
     pod_resource_request,
     to_gpu_demand,
 )
-from extender.kubeapi import JsonObject
-from extender.picture.store import ObjectStore
+from extender.picture.store import ObjectStore, Stored
 from extender.policy.placement import GpuDemand, host_cpu_milli, host_memory_mib, placement_demand
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -253,7 +252,7 @@ class PodDemands:
         for listener in self.listeners:
             listener(keys)
 
-    def _pod_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _pod_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         if old is not None:
             for source in _sources(old):
                 users = self.users.get(source)
@@ -268,8 +267,8 @@ class PodDemands:
         for source in _sources(new):
             self.users.setdefault(source, set()).add(key)
 
-    def _source_changed(self, kind: str) -> Callable[[str, JsonObject | None, JsonObject | None], None]:
-        def changed(key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _source_changed(self, kind: str) -> Callable[[str, Stored | None, Stored | None], None]:
+        def changed(key: str, old: Stored | None, new: Stored | None) -> None:
             users = list(self.users.get((kind, key), ()))
             for user in users:
                 self._forget(user)
@@ -278,7 +277,7 @@ class PodDemands:
 
         return changed
 
-    def _namespace_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _namespace_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         default_before = mapping(meta(old).get("labels")).get(NAMESPACE_QUEUE_LABEL) if old else None
         default_now = mapping(meta(new).get("labels")).get(NAMESPACE_QUEUE_LABEL) if new else None
         if default_before == default_now:
@@ -290,7 +289,7 @@ class PodDemands:
             self._forget(pod)
         self._notify(moved)
 
-    def _class_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _class_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         self.gpu_classes.pop(key, None)
         if new is not None:
             models = device_class_gpu_models(new, self.gpu_drivers)

@@ -20,9 +20,9 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 
 from contract.kube import meta
-from extender.kubeapi import JsonObject, KubeError, request, watch_lines
+from extender.kubeapi import KubeError, request, watch_lines
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
-from extender.picture.store import project
+from extender.picture.store import Stored, project
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class ClusterWatcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _list(self, kind: str, path: str) -> str:
-        items: list[JsonObject] = []
+        items: list[Stored] = []
         query = {"limit": "500"}
         while True:
             page = await request(self.api, "GET", path, query=query)
