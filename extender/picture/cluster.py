@@ -274,8 +274,8 @@ class ClusterPicture:
 
     def _forget_running(self, keys: Iterable[str] | None) -> None:
         if keys is None:
-            self._running = None
-        else:
+            self._running, self._stale = None, set()
+        elif self._running is not None:  # (none kept yet: the next snapshot reads every pod)
             self._stale.update(keys)
 
     def _running_pod(self, key: str, node: str) -> tuple[RunningPod | None, int]:

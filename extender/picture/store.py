@@ -114,9 +114,9 @@ _INTERNED_LENGTH = 64
 _SHARED_BYTES = 1024
 # Distinct values remembered for sharing; past this the table starts over (values already shared
 # stay shared), so unique values cost a bounded amount.
-_SHARED_LIMIT = 16384
+_SHARED_LIMIT = 4096
 # Distinct records (and lists of records) remembered for sharing; past this the table starts over.
-_RECORDS_LIMIT = 65536
+_RECORDS_LIMIT = 4096
 _intern = sys.intern
 _encode = msgspec.json.encode
 
