@@ -117,6 +117,8 @@ _SHARED_BYTES = 1024
 _SHARED_LIMIT = 4096
 # Distinct records (and lists of records) remembered for sharing; past this the table starts over.
 _RECORDS_LIMIT = 4096
+# Record classes per level of a projection (one per set of fields present; see `_Level`).
+_CLASSES_LIMIT = 32
 _intern = sys.intern
 _encode = msgspec.json.encode
 
@@ -201,17 +203,22 @@ class Record(Mapping[str, Any]):
         return repr(dict(self))
 
 
+Setter = Callable[[Any, Any], None]
+
+
 class _Level:
-    """How one level of a projection is stored: its record class, and whether it is shared."""
+    """How one level of a projection is stored: its record classes, and whether they are shared.
+
+    A record class has a slot for each field present, so there is one class per set of fields
+    present (a few per level in practice); past `_CLASSES_LIMIT` of them the level's class with
+    every field takes the rest, absent fields holding `_ABSENT`.
+    """
 
     def __init__(self, keep: Keep, name: str) -> None:
-        self.keep = keep
+        self.name = name
         self.fields = tuple(keep)
-        slots = tuple(f"f{i}" for i in range(len(self.fields)))
-        namespace = {"__slots__": slots, "_fields": self.fields}
-        self.record: type[Record] = type(f"Record[{name}]", (Record,), namespace)
-        self.record._getters = dict(zip(self.fields, map(attrgetter, slots), strict=True))
-        self.setters = [getattr(self.record, slot).__set__ for slot in slots]
+        self.classes: dict[tuple[str, ...], tuple[type[Record], list[Setter]]] = {}
+        self.record_class(self.fields)
         self.inner: dict[str, _Level | str] = {
             field: _Level(inner, f"{name}.{field}") if isinstance(inner, Mapping) else inner
             for field, inner in keep.items()
@@ -220,6 +227,19 @@ class _Level:
         self.shared: bool = all(
             inner.shared if isinstance(inner, _Level) else inner != OWN for inner in self.inner.values()
         )
+
+    def record_class(self, fields: tuple[str, ...]) -> tuple[type[Record], list[Setter]]:
+        """The record class for these fields present, and its slots' setters."""
+        found = self.classes.get(fields)
+        if found is None:
+            if len(self.classes) >= _CLASSES_LIMIT:
+                return self.classes[self.fields]
+            slots = tuple(f"f{i}" for i in range(len(fields)))
+            namespace = {"__slots__": slots, "_fields": fields}
+            record: type[Record] = type(f"Record[{self.name}]", (Record,), namespace)
+            record._getters = dict(zip(fields, map(attrgetter, slots), strict=True))
+            found = self.classes[fields] = record, [getattr(record, slot).__set__ for slot in slots]
+        return found
 
 
 class _Records:
@@ -253,22 +273,22 @@ def _keep(value: Any, level: _Level) -> Any:
         return _RECORDS.share(items, items) if level.shared else items
     if not isinstance(value, dict):
         return _copy(value)
-    record = object.__new__(level.record)
-    values = []
-    for field, set_value in zip(level.fields, level.setters, strict=True):
-        kept = _ABSENT
+    kept: dict[str, Any] = {}
+    for field, inner in level.inner.items():
         if field in value:
-            inner = level.inner[field]
-            if inner == OWN:
-                kept = value[field]
+            if isinstance(inner, _Level):
+                kept[field] = _keep(value[field], inner)
+            elif inner == OWN:
+                kept[field] = value[field]
             elif inner == KEEP:
-                kept = _copy(value[field])
-            elif inner == SHARE:
-                kept = _SHARED.copy(value[field])
+                kept[field] = _copy(value[field])
             else:
-                kept = _keep(value[field], inner)  # type: ignore[arg-type]
-        set_value(record, kept)
-        values.append(kept)
+                kept[field] = _SHARED.copy(value[field])
+    record_class, setters = level.record_class(tuple(kept))
+    record = object.__new__(record_class)
+    values = [kept.get(field, _ABSENT) for field in record_class._fields]
+    for set_value, field_value in zip(setters, values, strict=True):
+        set_value(record, field_value)
     return _RECORDS.share(record, values) if level.shared else record
 
 
