@@ -57,9 +57,12 @@ METADATA: Keep = {
     **dict.fromkeys(("labels", "annotations", "ownerReferences", "finalizers"), SHARE),
 }
 _CONTAINER: Keep = {"name": SHARE, "resources": SHARE, "restartPolicy": SHARE}
+# A pod's claim: by name (its own claim), by template, or the claim generated from a template.
+_CLAIM_REF: Keep = {"name": KEEP, "resourceClaimName": OWN, "resourceClaimTemplateName": KEEP}
 _CONDITION: Keep = {"type": KEEP, "status": KEEP, "reason": KEEP, "message": KEEP, "lastTransitionTime": KEEP}
 
 _TYPE: Keep = {"apiVersion": KEEP, "kind": KEEP}
+_RESULT: Keep = {**dict.fromkeys(("request", "driver", "pool", "device"), KEEP), "consumedCapacity": SHARE}
 
 PROJECTIONS: dict[str, Keep] = {
     "Pod": {
@@ -70,7 +73,6 @@ PROJECTIONS: dict[str, Keep] = {
             **dict.fromkeys(
                 (
                     "preemptionPolicy",
-                    "resourceClaims",
                     "resources",  # pod-level resources
                     "overhead",
                     "tolerations",
@@ -83,10 +85,11 @@ PROJECTIONS: dict[str, Keep] = {
             ),
             "containers": _CONTAINER,
             "initContainers": _CONTAINER,
+            "resourceClaims": _CLAIM_REF,  # contract.kube.pod_claim_refs
         },
         "status": {
             **dict.fromkeys(("phase", "nominatedNodeName", "startTime", "qosClass"), KEEP),
-            "resourceClaimStatuses": SHARE,
+            "resourceClaimStatuses": _CLAIM_REF,
             "conditions": _CONDITION,
         },
     },
@@ -101,7 +104,11 @@ PROJECTIONS: dict[str, Keep] = {
         **_TYPE,
         "metadata": METADATA,
         "spec": SHARE,
-        "status": {"allocation": SHARE, "reservedFor": SHARE},
+        "status": {
+            # The devices it holds (extender.demand.allocated_devices) and the pods sharing them.
+            "allocation": {"devices": {"results": _RESULT}},
+            "reservedFor": {"resource": KEEP, "apiGroup": KEEP, "name": OWN, "uid": OWN},
+        },
     },
     "ResourceClaimTemplate": {**_TYPE, "metadata": METADATA, "spec": KEEP},
     "DeviceClass": {**_TYPE, "metadata": METADATA, "spec": KEEP},
@@ -116,7 +123,7 @@ _SHARED_BYTES = 1024
 # stay shared), so unique values cost a bounded amount.
 _SHARED_LIMIT = 4096
 # Distinct records (and lists of records) remembered for sharing; past this the table starts over.
-_RECORDS_LIMIT = 4096
+_RECORDS_LIMIT = 16384
 # Record classes per level of a projection (one per set of fields present; see `_Level`).
 _CLASSES_LIMIT = 32
 _intern = sys.intern
@@ -207,7 +214,7 @@ Setter = Callable[[Any, Any], None]
 
 
 class _Level:
-    """How one level of a projection is stored: its record classes, and whether they are shared.
+    """How one level of a projection is stored: its record classes.
 
     A record class has a slot for each field present, so there is one class per set of fields
     present (a few per level in practice); past `_CLASSES_LIMIT` of them the level's class with
@@ -223,10 +230,6 @@ class _Level:
             field: _Level(inner, f"{name}.{field}") if isinstance(inner, Mapping) else inner
             for field, inner in keep.items()
         }
-        # Nothing of the object's own at this level or below: equal records are shared.
-        self.shared: bool = all(
-            inner.shared if isinstance(inner, _Level) else inner != OWN for inner in self.inner.values()
-        )
 
     def record_class(self, fields: tuple[str, ...]) -> tuple[type[Record], list[Setter]]:
         """The record class for these fields present, and its slots' setters."""
@@ -267,19 +270,27 @@ def _scalar(value: Any) -> bool:
 _RECORDS = _Records()
 
 
-def _keep(value: Any, level: _Level) -> Any:
+def _keep(value: Any, level: _Level) -> tuple[Any, bool]:
+    """The kept value, and whether it holds nothing of its object's own (`OWN` values), so that an
+    equal one of another object is the same: such records and lists of them are shared."""
     if isinstance(value, list):
         items = [_keep(v, level) for v in value]
-        return _RECORDS.share(items, items) if level.shared else items
+        kept_items = [item for item, _ in items]
+        if all(shareable for _, shareable in items):
+            return _RECORDS.share(kept_items, kept_items), True
+        return kept_items, False
     if not isinstance(value, dict):
-        return _copy(value)
+        return _copy(value), True
     kept: dict[str, Any] = {}
+    shareable = True
     for field, inner in level.inner.items():
         if field in value:
             if isinstance(inner, _Level):
-                kept[field] = _keep(value[field], inner)
+                kept[field], inner_shareable = _keep(value[field], inner)
+                shareable = shareable and inner_shareable
             elif inner == OWN:
                 kept[field] = value[field]
+                shareable = False
             elif inner == KEEP:
                 kept[field] = _copy(value[field])
             else:
@@ -289,7 +300,9 @@ def _keep(value: Any, level: _Level) -> Any:
     values = [kept.get(field, _ABSENT) for field in record_class._fields]
     for set_value, field_value in zip(setters, values, strict=True):
         set_value(record, field_value)
-    return _RECORDS.share(record, values) if level.shared else record
+    if shareable:
+        return _RECORDS.share(record, values), True
+    return record, False
 
 
 _LEVELS = {kind: _Level(keep, kind) for kind, keep in PROJECTIONS.items()}
@@ -301,7 +314,7 @@ def project(kind: str, obj: Mapping[str, Any]) -> Stored:
     level = _LEVELS.get(kind)
     if level is None:
         return obj
-    projected: Stored = _keep(obj, level)
+    projected: Stored = _keep(obj, level)[0]
     return projected
 
 
