@@ -287,6 +287,7 @@ class ClusterPicture:
         if demand.problem or not demand.wants_gpu:
             return None, 0
         held = self.inventory.held_devices(demand.namespace, claim_names(pod))
+        contribution = self.accounting.ledger.contributions.get(key)
         host = demand.placement_at(0)  # its CPU and memory, given back to the node on eviction
         # Partitions (index -1) are no GPU of their own: evicting them frees no whole GPU.
         running = RunningPod(
@@ -294,7 +295,8 @@ class ClusterPicture:
             queue=demand.queue,
             node=node,
             gpus=tuple((device.index, round(milli)) for _, device, milli in held if device.index >= 0),
-            resources=self.accounting.resources(key, pod, demand),
+            # The amounts its contribution counts (shared by pods that count alike), when counted.
+            resources=contribution.amounts if contribution else self.accounting.resources(key, pod, demand),
             priority=demand.priority,
             preemptible=demand.preemptible,
             started=_start_time(pod),

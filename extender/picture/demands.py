@@ -7,13 +7,14 @@ queue (`extender.admission.resolve_queue`); a change of that label recounts the 
 Watch events for a pod are frequent (status, conditions, annotations) while its demand rarely
 changes, so the parse is cached by the pod's resourceVersion and dropped only when the pod, one of
 its claims or templates, a DeviceClass or its Namespace's default queue changes.
-`users` answers which pods read a given claim or template, so a claim event recounts only them.
+`users_of` answers which pods read a given claim or template, so a claim event recounts only them.
 
 Memory: the cache is one entry per stored pod, made when the pod arrives (under the store's own
 key string) and holding its demand once parsed. A demand says nothing that is the pod's own -
 which claims it names is read from the pod again (`claim_names`) - so equal demands (the pods of
 one template, each with claims of its own) share one `PodDemand` object and its cached GPU and
-placement demands, instead of one each (~1.5 KB a pod). Pods by namespace are not indexed: a
+placement demands, instead of one each (~1.5 KB a pod); a claim read by one pod (the usual case)
+notes that pod's key alone, a set only when several read it. Pods by namespace are not indexed: a
 Namespace's default queue changes rarely, and then its pods are found among the stored keys.
 """
 
@@ -149,7 +150,11 @@ class PodDemands:
         # Stored pod key -> the demand of the version the store holds (None: not parsed since it came).
         self._cache: dict[str, PodDemand | None] = {}
         self._shared: dict[PodDemand, PodDemand] = {}
-        self.users: dict[Source, set[str]] = {}
+        # Kind -> claim or template key -> the pods reading it (a key alone: one pod).
+        self._users: dict[str, dict[str, str | set[str]]] = {
+            "ResourceClaim": {},
+            "ResourceClaimTemplate": {},
+        }
         self.listeners: list[Callable[[Iterable[str] | None], None]] = []  # None: every pod
         store.subscribe("Pod", self._pod_changed)
         store.subscribe("ResourceClaim", self._source_changed("ResourceClaim"))
@@ -243,6 +248,33 @@ class PodDemands:
             shared = self._shared[demand] = demand
         return shared
 
+    def users_of(self, kind: str, key: str) -> list[str]:
+        """The stored pods that read claim or template `key` (kind ResourceClaim or ResourceClaimTemplate)."""
+        users = self._users[kind].get(key)
+        if users is None:
+            return []
+        return [users] if isinstance(users, str) else list(users)
+
+    def _add_user(self, source: Source, pod: str) -> None:
+        index = self._users[source[0]]
+        users = index.get(source[1])
+        if users is None:
+            index[source[1]] = pod
+        elif isinstance(users, set):
+            users.add(pod)
+        elif users != pod:
+            index[source[1]] = {users, pod}
+
+    def _drop_user(self, source: Source, pod: str) -> None:
+        index = self._users[source[0]]
+        users = index.get(source[1])
+        if users == pod:
+            del index[source[1]]
+        elif isinstance(users, set):
+            users.discard(pod)
+            if len(users) == 1:
+                index[source[1]] = users.pop()
+
     def _forget(self, key: str) -> None:
         """Drop a pod's parsed demand (its entry stays, with the store's key)."""
         if key in self._cache:
@@ -255,21 +287,17 @@ class PodDemands:
     def _pod_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         if old is not None:
             for source in _sources(old):
-                users = self.users.get(source)
-                if users is not None:
-                    users.discard(key)
-                    if not users:
-                        del self.users[source]
+                self._drop_user(source, key)
         if new is None:
             self._cache.pop(key, None)
             return
         self._cache[key] = None
         for source in _sources(new):
-            self.users.setdefault(source, set()).add(key)
+            self._add_user(source, key)
 
     def _source_changed(self, kind: str) -> Callable[[str, Stored | None, Stored | None], None]:
         def changed(key: str, old: Stored | None, new: Stored | None) -> None:
-            users = list(self.users.get((kind, key), ()))
+            users = self.users_of(kind, key)
             for user in users:
                 self._forget(user)
             # Pods that read it before it existed are found by their claim refs, so tell them too.

@@ -65,7 +65,7 @@ _NO_MIX = WorkloadMix(demands=())
 _MIG_SLICES = re.compile(r"^([1-7])g\.")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuDevice:
     node: str
     model: str
@@ -351,7 +351,7 @@ class GpuInventory:
     def _holders_changed(self, key: DeviceKey) -> None:
         """Pods whose claims hold a device that appeared or went are recounted."""
         for claim in self.device_holders.get(key, {}):
-            self._notify(self.demands.users.get(("ResourceClaim", claim), ()))
+            self._notify(self.demands.users_of("ResourceClaim", claim))
 
     def _slice_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         self._capacity = None

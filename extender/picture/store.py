@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Union
 
 import msgspec
 
 from contract.kube import meta, object_key
+from contract.names import DEVICE_TYPE_ATTRIBUTE, MODEL_ATTRIBUTE
 
 # A stored object: a `Record` for the kinds of `PROJECTIONS`, the JSON object for the others.
 Stored = Mapping[str, Any]
@@ -46,10 +48,26 @@ Relisted = Callable[[set[str]], None]  # the keys of the fresh list
 # What is kept of an object: for each field, KEEP (the whole value), SHARE (the whole value, one
 # copy for all objects where it is the same: labels of replicas, resources of containers from one
 # template, tolerations, a device's capacity) or the fields kept of its value (of each element
-# when it is a list of objects).
-# OWN: the value as it came, for values of one object alone (not interned).
+# when it is a list of objects); OWN: the value as it came, for values of one object alone (not
+# interned); `Entries`: some entries of a map.
 KEEP, SHARE, OWN = "keep", "share", "own"
-Keep = Mapping[str, Union[str, "Keep"]]
+
+
+@dataclass(frozen=True)
+class Entries:
+    """The entries of a map whose name, bare or qualified with a domain (`<domain>/<name>`), is one
+    of `names` (a device's attributes: those the inventory reads, not its serial numbers); the map
+    kept is shared like a SHARE value."""
+
+    names: frozenset[str]
+
+    def of(self, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return _SHARED.copy(value)
+        return _SHARED.copy({k: v for k, v in value.items() if k.rpartition("/")[2] in self.names})
+
+
+Keep = Mapping[str, Union[str, Entries, "Keep"]]
 
 METADATA: Keep = {
     **dict.fromkeys(("name", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp"), OWN),
@@ -99,7 +117,20 @@ PROJECTIONS: dict[str, Keep] = {
         "spec": {"unschedulable": KEEP, "taints": SHARE},
         "status": {"allocatable": SHARE, "capacity": SHARE},
     },
-    "ResourceSlice": {**_TYPE, "metadata": METADATA, "spec": SHARE},
+    "ResourceSlice": {
+        **_TYPE,
+        "metadata": METADATA,
+        "spec": {
+            **dict.fromkeys(("driver", "nodeName", "allNodes", "perDeviceNodeSelection"), KEEP),
+            **dict.fromkeys(("pool", "nodeSelector"), SHARE),
+            # What extender.picture.inventory reads of a device.
+            "devices": {
+                "name": KEEP,
+                "attributes": Entries(frozenset({DEVICE_TYPE_ATTRIBUTE, MODEL_ATTRIBUTE, "profile"})),
+                "capacity": SHARE,
+            },
+        },
+    },
     "ResourceClaim": {
         **_TYPE,
         "metadata": METADATA,
@@ -226,7 +257,7 @@ class _Level:
         self.fields = tuple(keep)
         self.classes: dict[tuple[str, ...], tuple[type[Record], list[Setter]]] = {}
         self.record_class(self.fields)
-        self.inner: dict[str, _Level | str] = {
+        self.inner: dict[str, _Level | Entries | str] = {
             field: _Level(inner, f"{name}.{field}") if isinstance(inner, Mapping) else inner
             for field, inner in keep.items()
         }
@@ -288,6 +319,8 @@ def _keep(value: Any, level: _Level) -> tuple[Any, bool]:
             if isinstance(inner, _Level):
                 kept[field], inner_shareable = _keep(value[field], inner)
                 shareable = shareable and inner_shareable
+            elif isinstance(inner, Entries):
+                kept[field] = inner.of(value[field])
             elif inner == OWN:
                 kept[field] = value[field]
                 shareable = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -86,6 +87,68 @@ def test_a_node_keeps_labels_taints_and_its_cpu_and_memory_supply() -> None:
         "allocatable": {"cpu": "63", "memory": "500Gi"},
         "capacity": {"cpu": "64", "memory": "512Gi"},
     }
+
+
+def test_a_slice_keeps_what_the_inventory_reads_of_its_devices() -> None:
+    slice_obj = objects.gpu_slice("a", 2, shareable=True)
+    slice_obj["spec"]["devices"][1]["attributes"]["gpu.tessera.dev/profile"] = {"string": "1g.10gb"}
+    kept = project("ResourceSlice", slice_obj)
+    spec = kept["spec"]
+    assert (spec["driver"], spec["nodeName"], spec["pool"]["name"]) == ("gpu.tessera.dev", "a", "a")
+    first, second = spec["devices"]
+    # type, productName and profile (bare or qualified with a domain) are read; the uuid is not.
+    assert first["attributes"] == {"type": {"string": "gpu"}, "productName": {"string": "H100-80GB"}}
+    assert second["attributes"]["gpu.tessera.dev/profile"] == {"string": "1g.10gb"}
+    assert first["capacity"] == slice_obj["spec"]["devices"][0]["capacity"]
+    assert "allowMultipleAllocations" not in first
+    # Devices of one model and size share their attributes and capacity, across slices too.
+    other = project("ResourceSlice", objects.gpu_slice("b", 1, shareable=True))["spec"]["devices"][0]
+    assert other["attributes"] is first["attributes"] and other["capacity"] is first["capacity"]
+
+
+def test_a_claim_keeps_its_devices_and_the_pods_reserving_it() -> None:
+    claim = objects.claim(
+        "ns", "c", objects.claim_spec("gpu.tessera.dev"), allocated=[("a", "gpu-1", "40Gi")]
+    )
+    claim["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": []}]}
+    claim["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "u"}]
+    kept = project("ResourceClaim", claim)
+    assert kept["status"] == {
+        "allocation": {"devices": {"results": claim["status"]["allocation"]["devices"]["results"]}},
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}],
+    }
+
+
+def test_a_record_reads_as_a_read_only_mapping() -> None:
+    kept = project("Pod", api_pod("p"))
+    metadata = kept["metadata"]
+    assert isinstance(metadata, Mapping) and not isinstance(metadata, dict)
+    # Its fields in the table's order, those the object has only.
+    assert list(metadata)[:3] == ["name", "uid", "resourceVersion"] and len(metadata) == 8
+    assert metadata.get("deletionTimestamp") is None and metadata.get("deletionTimestamp", 0) == 0
+    assert "deletionTimestamp" not in metadata and "name" in metadata and 1 not in metadata
+    with pytest.raises(KeyError):
+        metadata["deletionTimestamp"]
+    with pytest.raises(KeyError):
+        metadata["managedFields"]
+    assert dict(metadata.items())["namespace"] == "ns"
+    # Equal to the dict of the same fields, either way round; slots only for the fields present.
+    bare = project("Pod", {"metadata": {"name": "p", "namespace": "ns"}})
+    plain = {"metadata": {"name": "p", "namespace": "ns"}}
+    assert bare == plain
+    assert plain == bare  # (the dict on the left)
+    assert len(type(bare["metadata"]).__slots__) == 2
+
+
+def test_parts_holding_nothing_of_their_object_are_shared() -> None:
+    first, second = project("Pod", api_pod("p1")), project("Pod", api_pod("p2"))
+    assert first["spec"]["containers"] is second["spec"]["containers"]
+    assert first["status"]["conditions"] is second["status"]["conditions"]
+    assert first["metadata"] is not second["metadata"]  # its name and uid are its own
+    # The claim generated for each pod is its own: the statuses naming them are not shared.
+    assert first["status"] is not second["status"]
+    # Names and uids are the pod's own: not interned (an interned string costs a table entry).
+    assert first["metadata"]["name"] == "p1"
 
 
 def test_equal_values_are_one_object_and_strings_are_interned() -> None:
