@@ -117,6 +117,8 @@ class PodDemand:
 
 def claim_names(pod: Mapping[str, Any]) -> list[str]:
     """The claims a pod uses that exist by name (a template's claim once it was generated)."""
+    if not mapping(pod.get("spec")).get("resourceClaims"):
+        return []  # (most pods: no need to read their claims' statuses)
     return [ref.claim for ref in pod_claim_refs(pod) if ref.claim]
 
 

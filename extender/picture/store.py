@@ -208,12 +208,15 @@ _ABSENT: Any = object()  # the value of a record's slot for a field the object d
 class Record(Mapping[str, Any]):
     """One projected level of a stored object: a read-only mapping of the fields present.
 
-    Subclassed once per level of `PROJECTIONS` (`_record_class`), with a slot per field.
+    Subclassed per level of `PROJECTIONS` and set of fields present (`_Level.record_class`), with
+    a slot per field.
     """
 
     __slots__ = ()
     _fields: tuple[str, ...] = ()
     _getters: dict[str, Callable[[Any], Any]] = {}
+    # The class of every field of its level, which may hold `_ABSENT` (the others hold only fields present).
+    _sparse = False
 
     def __getitem__(self, key: str) -> Any:
         getter = self._getters.get(key)
@@ -232,10 +235,12 @@ class Record(Mapping[str, Any]):
         return getter is not None and getter(self) is not _ABSENT
 
     def __iter__(self) -> Iterator[str]:
+        if not self._sparse:
+            return iter(self._fields)
         return (field for field in self._fields if self._getters[field](self) is not _ABSENT)
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        return sum(1 for _ in self) if self._sparse else len(self._fields)
 
     def __repr__(self) -> str:
         return repr(dict(self))
@@ -269,7 +274,7 @@ class _Level:
             if len(self.classes) >= _CLASSES_LIMIT:
                 return self.classes[self.fields]
             slots = tuple(f"f{i}" for i in range(len(fields)))
-            namespace = {"__slots__": slots, "_fields": fields}
+            namespace = {"__slots__": slots, "_fields": fields, "_sparse": fields == self.fields}
             record: type[Record] = type(f"Record[{self.name}]", (Record,), namespace)
             record._getters = dict(zip(fields, map(attrgetter, slots), strict=True))
             found = self.classes[fields] = record, [getattr(record, slot).__set__ for slot in slots]
