@@ -200,3 +200,26 @@ def test_kinds_without_a_projection_are_kept_whole() -> None:
         "spec": {"holderIdentity": "a"},
     }
     assert project("Lease", lease) is lease
+
+
+def test_record_classes_per_level_are_bounded() -> None:
+    # 2^6 = 64 sets of pod-spec fields: past 32 classes of the level, the class of every field
+    # holds the rest, its absent fields reading as absent all the same.
+    fields = (
+        "nodeName",
+        "schedulerName",
+        "priority",
+        "priorityClassName",
+        "preemptionPolicy",
+        "nodeSelector",
+    )
+    values = {"nodeName": "a", "schedulerName": "s", "priority": 5, "priorityClassName": "high"}
+    values |= {"preemptionPolicy": "Never", "nodeSelector": {"zone": "z"}}
+    classes = set()
+    for mask in range(2**6):
+        present = {f: values[f] for i, f in enumerate(fields) if mask >> i & 1}
+        spec = project("Pod", {"metadata": {"name": f"p{mask}"}, "spec": present})["spec"]
+        assert spec == present and len(spec) == len(present) and list(spec) == list(present)
+        assert all(spec.get(f) is None and f not in spec for f in fields if f not in present)
+        classes.add(type(spec))
+    assert len(classes) <= 32  # (_CLASSES_LIMIT: those made before this test count towards it too)
