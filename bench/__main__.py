@@ -73,6 +73,9 @@ def hotpath_table(rows: Sequence[HotPathRow]) -> str:
         "fast p99",
         "p50 / fast",
         "p99 / fast",
+        "cpu ms",
+        "fast cpu ms",
+        "cpu / fast",
     ]
     body = [
         [
@@ -95,6 +98,9 @@ def hotpath_table(rows: Sequence[HotPathRow]) -> str:
             f"{r.fast_floor.p99_ms:.2f}",
             f"{r.fast_p50_ratio:.2f}x",
             f"{r.fast_p99_ratio:.2f}x",
+            f"{r.tessera.server_cpu_ms:.2f}",
+            f"{r.fast_floor.server_cpu_ms:.2f}",
+            f"{r.fast_cpu_ratio:.2f}x",
         ]
         for r in rows
     ]

@@ -14,15 +14,18 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 
 from .picture import build_picture, leaf_queues, pod_object, queue_tree
+
+WARM_UP_CYCLES = 2
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,9 @@ class LatencyStats:
     p99_ms: float
     filter_p99_ms: float
     prioritize_p99_ms: float
+    # The server's CPU time per cycle (from /proc, warm-up cycles included): what a busy machine
+    # moves least, as it counts no time spent waiting for a core.
+    server_cpu_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,10 @@ class HotPathRow:
     @property
     def fast_p99_ratio(self) -> float:
         return self.tessera.p99_ms / self.fast_floor.p99_ms
+
+    @property
+    def fast_cpu_ratio(self) -> float:
+        return self.tessera.server_cpu_ms / self.fast_floor.server_cpu_ms
 
 
 def _percentile(values: list[float], pct: float) -> float:
@@ -98,6 +108,19 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{line[1]}"
         self.rss_mib = float(line[2])
         self.objects = int(line[3])
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU time the server process has used so far."""
+        with open(f"/proc/{self.process.pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()  # after the command name
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+    def measure(self, payloads: Payloads, seconds: float, max_cycles: int) -> LatencyStats:
+        """Latencies of cycles against this server, with its CPU time per cycle."""
+        before = self.cpu_seconds()
+        stats = asyncio.run(_measure(self.url, payloads, seconds, max_cycles))
+        used_ms = (self.cpu_seconds() - before) * 1000
+        return replace(stats, server_cpu_ms=used_ms / (stats.cycles + WARM_UP_CYCLES))
 
     def stop(self) -> None:
         if self.process.stdin is not None:
@@ -153,7 +176,7 @@ async def _measure(url: str, payloads: Payloads, seconds: float, max_cycles: int
                     raise RuntimeError(f"{url}/{verb} answered {response.status}")
             return (time.perf_counter() - started) * 1000
 
-        for warm_up in range(2):  # connections, caches
+        for warm_up in range(WARM_UP_CYCLES):  # connections, caches
             body = payloads.body(max_cycles + warm_up)
             await call("filter", body)
             await call("prioritize", body)
@@ -208,14 +231,15 @@ def run_hotpath(
             try:
                 for mode in modes:
                     bodies = Payloads(nodes, mode, tree)
-                    ours = asyncio.run(_measure(tessera.url, bodies, seconds, max_cycles))
-                    base = asyncio.run(_measure(floor.url, bodies, seconds, max_cycles))
-                    fast = asyncio.run(_measure(fast_floor.url, bodies, seconds, max_cycles))
+                    ours = tessera.measure(bodies, seconds, max_cycles)
+                    base = floor.measure(bodies, seconds, max_cycles)
+                    fast = fast_floor.measure(bodies, seconds, max_cycles)
                     rows.append(HotPathRow(nodes, pods, mode, ours, base, fast))
                     if log:
                         print(
                             f"  hot path: {nodes} nodes, {mode}: p99 {ours.p99_ms:.2f} ms "
-                            f"(floor {base.p99_ms:.2f} ms, fast floor {fast.p99_ms:.2f} ms)",
+                            f"(floor {base.p99_ms:.2f} ms, fast floor {fast.p99_ms:.2f} ms); server CPU "
+                            f"{ours.server_cpu_ms:.2f} ms per cycle (fast floor {fast.server_cpu_ms:.2f} ms)",
                             file=sys.stderr,
                             flush=True,
                         )

@@ -8,6 +8,7 @@ rest of the pods plain CPU pods; two queues; and the pending pod the scheduler a
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -135,6 +136,9 @@ def _claim_spec(memory: str | None) -> JsonObject:
     return {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}
 
 
+_POD_VERSIONS = itertools.count(1)
+
+
 def pod_object(
     name: str, queue: str, node: str | None, claim: str | None = None, template: str | None = None
 ) -> JsonObject:
@@ -157,6 +161,7 @@ def pod_object(
             "name": name,
             "namespace": NAMESPACE,
             "uid": f"uid-{name}",
+            "resourceVersion": str(next(_POD_VERSIONS)),  # as every pod the API server serves has one
             "labels": {QUEUE_LABEL: queue, "app": "bench"},
         },
         "spec": spec,

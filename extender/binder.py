@@ -51,7 +51,9 @@ API_FAILURES = (KubeError, aiohttp.ClientError, TimeoutError, OSError)
 
 @dataclass
 class _Passed:
-    nodes: frozenset[str]
+    # A tuple, not a set: remembered for every pod filtered (thousands of names), read by `in`
+    # once per bind; copying pointers costs a fraction of hashing every name into a set.
+    nodes: tuple[str, ...]
     expires: float  # monotonic
 
 
@@ -73,7 +75,7 @@ class FilteredNodes:
     def remember(self, uid: str, nodes: Collection[str]) -> None:
         """The filter passed `nodes` for the pod with this UID (replaces an earlier record)."""
         self.forget(uid)
-        record = _Passed(frozenset(nodes), time.monotonic() + self.ttl_s)
+        record = _Passed(tuple(nodes), time.monotonic() + self.ttl_s)
         self._records[uid] = record
         self._names += len(record.nodes)
         now = time.monotonic()
@@ -85,7 +87,7 @@ class FilteredNodes:
             _, oldest = self._records.popitem(last=False)
             self._names -= len(oldest.nodes)
 
-    def passed(self, uid: str) -> frozenset[str] | None:
+    def passed(self, uid: str) -> tuple[str, ...] | None:
         """The nodes passed for this pod, or None when there is no live record."""
         record = self._records.get(uid)
         if record is None or record.expires < time.monotonic():

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from itertools import compress
+from operator import not_
 from typing import Any
 
 from contract.names import GPU_MILLI
@@ -36,7 +38,7 @@ from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import PodDemand
 from extender.picture.workloads import GangReservation, GangState
 from extender.policy.fairness import AdmissionDecision
-from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, score_nodes
+from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, score_kinds
 from extender.policy.reclaim import reclaim_refusal
 from extender.policy.workloads import plan_gang
 from extender.wire import (
@@ -87,8 +89,25 @@ def describe(demand: GpuDemand) -> str:
     return f"{demand.count} GPU{'s' if demand.count != 1 else ''}"
 
 
+# Why a demand does not fit a node of a shape, kept across requests (nodes whose CPU and memory
+# are partly used have many shapes; each costs microseconds to judge). Bounded: starts over.
+_MISFITS: dict[tuple[str, GpuDemand], str] = {}
+_MISFITS_LIMIT = 100_000
+
+
 def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
-    """Why `demand` does not fit on the node ('' when it fits)."""
+    """Why `demand` does not fit on the node ('' when it fits); all it reads of the node is in
+    its shape."""
+    key = (supply.shape, demand)
+    reason = _MISFITS.get(key)
+    if reason is None:
+        if len(_MISFITS) >= _MISFITS_LIMIT:
+            _MISFITS.clear()
+        reason = _MISFITS[key] = _judge(supply, demand)
+    return reason
+
+
+def _judge(supply: NodeGpus, demand: GpuDemand) -> str:
     if fits(supply, demand):
         return ""
     if fits(supply, replace(demand, cpu_milli=0, memory_mib=0)):
@@ -102,6 +121,43 @@ def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
         f"not enough free GPU for {describe(demand)}{models} "
         f"({free:.3g} free over {len(supply.free_milli)} GPUs, model '{supply.model}')"
     )
+
+
+@dataclass(frozen=True)
+class CandidateKinds:
+    """The candidates of a request by kind: nodes alike to placement, judged and scored once."""
+
+    kinds: list[str]  # each candidate's kind, in the request's order
+    one_of_kind: dict[str, str]  # kind -> a node of that kind
+    supply_of: dict[str, NodeGpus]  # kind -> its free GPUs, CPU and memory
+
+
+_NO_CANDIDATES = CandidateKinds([], {}, {})
+
+
+def _candidate_kinds(picture: ClusterPicture, key: str, names: list[str], owner: str = "") -> CandidateKinds:
+    """The candidates' kinds for pod `key` (of workload `owner`). A node with GPUs held for some
+    pod is a kind of its own: its supply is what this pod may use there (`supply_for`)."""
+    inventory = picture.inventory
+    kinds = inventory.kinds_for(names)
+    held = inventory.held_among(names)
+    if held:
+        kind_of = dict(zip(names, kinds, strict=True))
+        kind_of.update((name, f"held {name}") for name in held)
+        kinds = list(map(kind_of.__getitem__, names))
+    one_of_kind = dict(zip(kinds, names, strict=True))
+    supply_of = {
+        kind: inventory.supply_for(key, name, owner) if name in held else inventory.node_gpus(name)
+        for kind, name in one_of_kind.items()
+    }
+    return CandidateKinds(kinds, one_of_kind, supply_of)
+
+
+def _verdict(admission: AdmissionDecision, demand: PodDemand, memory: int, supply: NodeGpus) -> str:
+    """Why the pod may not go to a node of this supply and GPU size ('' when it may)."""
+    if not admission.admit:
+        return admission.reason
+    return _misfit(supply, demand.placement_at(memory))
 
 
 def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision:
@@ -121,11 +177,12 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     gang = picture.gang(pod)
     owner = "" if gang.workload.single else gang.workload.key
     reservation: GangReservation | None = None
+    # Nodes of one kind (shape and GPU size) get one verdict: a large cluster has few kinds.
+    nodes = _candidate_kinds(picture, key, names, owner) if demand.wants_gpu else _NO_CANDIDATES
     # A fraction is a larger share of a smaller GPU: admit it per GPU size among the candidates.
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
-    # Each candidate's GPU size, read once (0 where it does not matter or is unknown).
-    node_sizes = [gpu_memory.get(name) or 0 for name in names] if gpu_memory else [0] * len(names)
-    sizes = (sorted(set(node_sizes)) or [0]) if gpu_memory else [0]
+    size_of = {kind: gpu_memory.get(name) or 0 for kind, name in nodes.one_of_kind.items()}
+    sizes = sorted(set(size_of.values())) or [0]
     if not gang.admitted:
         unit, reservation = admit_gang(picture, names, key, pod, demand, gang)
         by_size = dict.fromkeys(sizes, unit)
@@ -159,25 +216,15 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
             decision.reason,
             gang=reservation,
         )
-    # Nodes of one shape and GPU size get one verdict: a large cluster has few distinct ones.
-    # The per-node part is two comprehensions over dictionary hits (thousands of nodes per call).
+    # The per-node part is lookups done by `map` and `compress` in C (thousands of nodes per call).
     reference = picture.inventory.reference_memory(demand.models)
-    supplies = picture.inventory.supplies_for(key, names, owner)
-    verdicts: dict[int, dict[str, str]] = {memory: {} for memory in by_size}
-
-    def verdict(memory: int, supply: NodeGpus) -> str:
-        if not by_size[memory].admit:
-            return by_size[memory].reason
-        at_node = demand.placement_at(memory or reference)
-        reason = verdicts[memory][supply.shape] = _misfit(supply, at_node)
-        return reason
-
-    reasons = [
-        known if (known := verdicts[memory].get(supply.shape)) is not None else verdict(memory, supply)
-        for memory, supply in zip(node_sizes, supplies, strict=True)
-    ]
-    passed = [name for name, reason in zip(names, reasons, strict=True) if not reason]
-    failed = {name: reason for name, reason in zip(names, reasons, strict=True) if reason}
+    reason_of = {
+        kind: _verdict(by_size[size_of[kind]], demand, size_of[kind] or reference, nodes.supply_of[kind])
+        for kind in nodes.one_of_kind
+    }
+    reasons = list(map(reason_of.__getitem__, nodes.kinds))
+    passed = list(compress(names, map(not_, reasons)))
+    failed = dict(compress(zip(names, reasons, strict=True), reasons))
     return FilterDecision(
         filter_result(args, passed, failed),
         "admitted",
@@ -311,8 +358,8 @@ def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDe
     if demand.problem:  # filter refused it with the reason; nothing to rank
         return PriorityDecision(dict.fromkeys(names, 0), "neutral", "unreadable")
     placement = demand.placement_at(picture.inventory.reference_memory(demand.models))
-    key = args.pod.key
-    supplies = picture.inventory.supplies_for(key, names)
+    nodes = _candidate_kinds(picture, args.pod.key, names)
     strategy = queue_strategy(picture, demand.queue)
-    scores = score_nodes(supplies, placement, picture.fairness().mix, strategy)
+    score_of = score_kinds(nodes.supply_of, placement, picture.mix(), strategy)
+    scores = dict(zip(names, map(score_of.__getitem__, nodes.kinds), strict=True))
     return PriorityDecision(scores, "scored", strategy)

@@ -21,7 +21,7 @@ pydantic stays at the edges where users write objects (Queues, claim configurati
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, NamedTuple, TypeVar
 
 import msgspec
@@ -139,33 +139,14 @@ class HostPriority(_Wire):
     Score: Annotated[int, msgspec.Meta(ge=0, le=MAX_EXTENDER_PRIORITY)]
 
 
-# '{"Host":"<name>","Score":' per node name (bounded: made-up names in requests cannot grow it).
-_HOST_PREFIXES: dict[str, bytes] = {}
-_HOST_PREFIX_LIMIT = 100_000
-_SCORE_SUFFIXES = [f"{score}}}".encode() for score in range(MAX_EXTENDER_PRIORITY + 1)]
-
-
-def _host_prefix(host: str) -> bytes:
-    if len(_HOST_PREFIXES) >= _HOST_PREFIX_LIMIT:
-        _HOST_PREFIXES.clear()
-    prefix = _HOST_PREFIXES[host] = b'{"Host":' + _ENCODER.encode(host) + b',"Score":'
-    return prefix
-
-
-def host_priorities_json(hosts: Iterable[str], scores: Mapping[str, int]) -> bytes:
+def host_priorities_json(hosts: Sequence[str], scores: Mapping[str, int]) -> bytes:
     """A HostPriorityList as JSON: one `HostPriority` per host, in order, with its score.
 
-    Written directly from bytes kept per node name: a prioritize answer lists every candidate node
-    (thousands), and building an object per node cost more than the scoring itself. Scores come
-    from the extender's own ranking, always within 0..MAX_EXTENDER_PRIORITY.
+    A prioritize answer lists every candidate node (thousands): the structs are built by `map` in
+    C and encoded by the codec, with no Python code per host (measured: a third of the time of a
+    list comprehension of dictionaries, and less than joining cached bytes per host).
     """
-    prefix = _HOST_PREFIXES.get
-    suffix = _SCORE_SUFFIXES
-    return (
-        b"["
-        + b",".join([(prefix(host) or _host_prefix(host)) + suffix[scores[host]] for host in hosts])
-        + b"]"
-    )
+    return encode(list(map(HostPriority, hosts, map(scores.__getitem__, hosts))))
 
 
 class ExtenderBindingArgs(_Wire):

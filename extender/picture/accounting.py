@@ -233,6 +233,18 @@ class QueueAccounting:
         Only pods that changed (or whose claims, devices or nodes did) are recounted; fair shares
         are recomputed, in O(queues x resources), only when something changed.
         """
+        self._recount()
+        if self._view is None:
+            self._view = self._compute_view()
+        return self._view
+
+    def mix(self) -> WorkloadMix:
+        """The workload mix (`QueueView.mix`) without the rest of the view: a score needs only it."""
+        self._recount()
+        return self.ledger.mix()
+
+    def _recount(self) -> None:
+        """Recount the pods that changed into the ledger (and drop the view when any did)."""
         if self.reserved:
             now = time.monotonic()
             for key in [k for k, expiry in self.reserved.items() if expiry < now]:
@@ -264,9 +276,6 @@ class QueueAccounting:
                 listener(self._dirty)
             self._dirty.clear()
             self._view = None
-        if self._view is None:
-            self._view = self._compute_view()
-        return self._view
 
     def _contribution(self, key: str) -> Contribution | None:
         pod = self.store.get("Pod", key) or self.reserved_pods.get(key)

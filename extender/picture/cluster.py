@@ -34,7 +34,7 @@ from extender.picture.demands import PodDemand, PodDemands, claim_names, is_term
 from extender.picture.inventory import GpuInventory
 from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import GangReservation, GangState, OwnerRef, WorkloadMap
-from extender.policy.placement import GpuDemand, NodeGpus
+from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 
@@ -187,6 +187,10 @@ class ClusterPicture:
 
     def fairness(self) -> QueueView:
         return self.accounting.view()
+
+    def mix(self) -> WorkloadMix:
+        """The workload mix placement ranks against (the view's, without computing the rest)."""
+        return self.accounting.mix()
 
     def capacity(self) -> dict[str, float]:
         return self.inventory.capacity()

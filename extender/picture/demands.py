@@ -42,6 +42,8 @@ from extender.policy.placement import GpuDemand, host_cpu_milli, host_memory_mib
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 # Distinct demands remembered for sharing; past this the table starts over.
 _SHARED_LIMIT = 4096
+# Request pods the store does not hold whose demands are kept (a few scheduling cycles' worth).
+_UNSTORED_LIMIT = 256
 Source = tuple[str, str]  # (kind, namespace/name) of a claim or template a pod reads
 
 
@@ -151,6 +153,11 @@ class PodDemands:
         self.gpu_classes: dict[str, frozenset[str]] = {}
         # Stored pod key -> the demand of the version the store holds (None: not parsed since it came).
         self._cache: dict[str, PodDemand | None] = {}
+        # Pods read from requests that the store does not hold at that version (the watch has
+        # not delivered it yet, or never will: a test's pod): filter, prioritize and the
+        # reservation of one scheduling cycle read the same version. Keyed by pod key and
+        # version, emptied when any claim, template, class or namespace changes.
+        self._unstored: dict[tuple[str, str], PodDemand] = {}
         self._shared: dict[PodDemand, PodDemand] = {}
         # Kind -> claim or template key -> the pods reading it (a key alone: one pod).
         self._users: dict[str, dict[str, str | set[str]]] = {
@@ -185,10 +192,16 @@ class PodDemands:
             cached = self._cache.get(key)
             if cached is not None:
                 return cached
+        elif version and (key, version) in self._unstored:
+            return self._unstored[key, version]
         demand = self._parse(pod)
         if held and key in self._cache:
             # Cached only for the version the store holds: any event for the pod drops it.
             self._cache[key] = demand
+        elif version and not held:
+            if len(self._unstored) >= _UNSTORED_LIMIT:
+                self._unstored.clear()
+            self._unstored[key, version] = demand
         return demand
 
     def _parse(self, pod: Mapping[str, Any]) -> PodDemand:
@@ -299,6 +312,7 @@ class PodDemands:
 
     def _source_changed(self, kind: str) -> Callable[[str, Stored | None, Stored | None], None]:
         def changed(key: str, old: Stored | None, new: Stored | None) -> None:
+            self._unstored.clear()
             users = self.users_of(kind, key)
             for user in users:
                 self._forget(user)
@@ -312,6 +326,7 @@ class PodDemands:
         default_now = mapping(meta(new).get("labels")).get(NAMESPACE_QUEUE_LABEL) if new else None
         if default_before == default_now:
             return
+        self._unstored.clear()
         # Its pods without a label change queue: recount them (found by their keys, a rare event).
         prefix = f"{key}/"
         moved = [pod for pod in self.store.kind("Pod") if pod.startswith(prefix)]
@@ -327,4 +342,5 @@ class PodDemands:
                 self.gpu_classes[key] = models
         # Classes decide which requests are GPUs, for every pod: recount all (rare events).
         self._cache = dict.fromkeys(self._cache)
+        self._unstored.clear()
         self._notify(None)

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from contract.kube import mapping, meta, object_key, sequence
 from contract.names import (
@@ -136,13 +138,15 @@ class GpuInventory:
         self._gpu_sizes: Counter[tuple[str, int]] = Counter()
         self._memory_by_models: dict[frozenset[str], int] = {}
         self._node_gpus: dict[str, NodeGpus] = {}
+        # Each cached node's kind: its shape and GPU memory in one string (`kinds_for`).
+        self._node_kinds: dict[str, str | None] = {}
         self._capacity: dict[str, float] | None = None
         # Holds by node, then pod key: reclaim's freed GPUs, kept for the pod they were freed for.
         self.holds: dict[str, dict[str, Hold]] = {}
         self.listeners: list[Callable[[Iterable[str] | None], None]] = []  # None: every pod
         store.subscribe("ResourceSlice", self._slice_changed)
         store.subscribe("ResourceClaim", self._claim_changed)
-        store.subscribe("Node", self._node_changed)
+        store.subscribe("Node", self._node_changed, self._nodes_relisted)
         store.subscribe("Pod", self._pod_changed, self._pods_relisted)
 
     # ---- questions ---------------------------------------------------------------------------
@@ -155,8 +159,37 @@ class GpuInventory:
             # Only nodes the picture knows are cached: a request naming millions of made-up
             # nodes must not grow memory.
             if name in self.node_devices or self.store.get("Node", name) is not None:
+                # Keyed by the interned name: one string object per node, not the copy of whichever
+                # request asked after the node last changed. Requests look thousands of names up,
+                # and keys scattered over the heap that many times over miss the CPU's cache.
+                name = sys.intern(name)
                 self._node_gpus[name] = cached
+                self._node_kinds[name] = self._kind(name, cached)
         return cached
+
+    def _kind(self, name: str, supply: NodeGpus) -> str:
+        # Interned: thousands of nodes share a few kinds, and one string object per kind stays in
+        # the CPU's cache and compares by identity where thousands of copies would not.
+        return sys.intern(f"{supply.shape} {self.gpu_memory.get(name, 0)}")
+
+    def kinds_for(self, names: Sequence[str]) -> list[str]:
+        """Each node's kind: its shape and the memory of its GPUs, all that the filter and the
+        scores read of a node. Nodes of one kind get one verdict and one score, and a large
+        cluster has few kinds; the names of one request are looked up by `map`, in C, as there
+        are thousands."""
+        kinds: list[str | None] = list(map(self._node_kinds.get, names))
+        if not all(kinds):  # nodes changed since last asked (a few), or unknown: find them in C
+            position = -1
+            with suppress(ValueError):
+                while True:
+                    position = kinds.index(None, position + 1)
+                    name = names[position]
+                    kinds[position] = self._kind(name, self.node_gpus(name))
+        return cast(list[str], kinds)
+
+    def held_among(self, names: Iterable[str]) -> set[str]:
+        """The nodes among `names` where GPUs are held for some pod."""
+        return self.holds.keys() & set(names) if self.holds else set()
 
     def supplies_for(self, key: str, names: Iterable[str], owner: str = "") -> list[NodeGpus]:
         """`supply_for` of many nodes: the hot path's form (one lookup per node without holds)."""
@@ -259,6 +292,13 @@ class GpuInventory:
             GPU_MILLI if consumed is None else fraction_milli(consumed, device.memory_bytes)
             for consumed in self.device_holders.get(key, {}).values()
         )
+
+    def _forget_node(self, name: str) -> None:
+        """The node's supply changed: derive it again when next asked. Its kind is blanked in
+        place: the table keeps its order and its key objects (see `node_gpus`)."""
+        self._node_gpus.pop(name, None)
+        if name in self._node_kinds:
+            self._node_kinds[name] = None
 
     def _compute_node_gpus(self, name: str) -> NodeGpus:
         free: list[int] = []
@@ -381,7 +421,7 @@ class GpuInventory:
                 self._count_size(device, sign)
                 self._holders_changed(device_key)
         for node in touched:
-            self._node_gpus.pop(node, None)
+            self._forget_node(node)
             self._reindex_node(node)
 
     def _reindex_node(self, node: str) -> None:
@@ -434,20 +474,30 @@ class GpuInventory:
     def _drop_node_of(self, device_key: DeviceKey) -> None:
         device = self.devices.get(device_key)
         if device is not None:
-            self._node_gpus.pop(device.node, None)
+            self._forget_node(device.node)
 
     def _node_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         # Allocatable feeds capacity; the GPU model label feeds its classic-GPU pods.
         self._capacity = None
-        self._node_gpus.pop(key, None)
+        self._forget_node(key)
+        if new is None:
+            self._node_kinds.pop(key, None)
         self._notify(list(self.pods_by_node.get(key, ())))
+
+    def _nodes_relisted(self, keys: set[str]) -> None:
+        """Index the listed nodes' kinds (computed when first asked), keyed by copies of their
+        names made one after the other: the table requests read thousands of names from then
+        sits in contiguous memory, not scattered over the objects the list was decoded into.
+        """
+        names = "\n".join(sorted(keys)).split("\n") if keys else []
+        self._node_kinds = dict.fromkeys(names)
 
     def _pod_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         # A pod's CPU and memory (and classic GPUs) count on its node: that node's supply moves.
         if old is not None:
             node = self.pod_node(key, old)
             _discard(self.pods_by_node, node, key)
-            self._node_gpus.pop(node, None)
+            self._forget_node(node)
         if new is None or mapping(new.get("spec")).get("nodeName"):
             self.assumed_nodes.pop(key, None)
             if self.holds:
@@ -456,7 +506,7 @@ class GpuInventory:
             node = self.pod_node(key, new)
             if node:
                 self.pods_by_node.setdefault(node, set()).add(key)
-                self._node_gpus.pop(node, None)
+                self._forget_node(node)
 
     def _pods_relisted(self, keys: set[str]) -> None:
         self.assumed_nodes = {k: n for k, n in self.assumed_nodes.items() if k in keys}

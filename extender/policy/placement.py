@@ -441,11 +441,21 @@ def score_nodes(
     """0..10 per node name; nodes where the demand does not fit get 0."""
     # Most nodes of a large cluster repeat a few shapes: rank each shape once per call and map
     # the scores back, so the per-node work is a few lookups.
-    one_of_shape = {node.shape: node for node in nodes}
-    cost_of = {shape: placement_cost(node, demand, mix, strategy) for shape, node in one_of_shape.items()}
-    score_of = _rank_scores({cost for cost in cost_of.values() if cost is not None})
-    score_of_shape = {shape: 0 if cost is None else score_of[cost] for shape, cost in cost_of.items()}
+    score_of_shape = score_kinds({node.shape: node for node in nodes}, demand, mix, strategy)
     return {node.name: score_of_shape[node.shape] for node in nodes}
+
+
+def score_kinds(
+    supply_of_kind: Mapping[str, NodeGpus],
+    demand: GpuDemand,
+    mix: WorkloadMix,
+    strategy: Strategy = "binpack",
+) -> dict[str, int]:
+    """`score_nodes` by kinds of nodes (nodes alike to placement, one supply standing for each):
+    0..10 per kind, 0 where the demand does not fit."""
+    cost_of = {kind: placement_cost(node, demand, mix, strategy) for kind, node in supply_of_kind.items()}
+    score_of = _rank_scores({cost for cost in cost_of.values() if cost is not None})
+    return {kind: 0 if cost is None else score_of[cost] for kind, cost in cost_of.items()}
 
 
 _MIB = 1 << 20

@@ -86,9 +86,9 @@ def test_filtered_nodes_are_bounded_and_forgotten() -> None:
     filtered.remember("u2", ["a"])
     filtered.remember("u3", ["c"])  # a third pod: the oldest record goes
     assert filtered.passed("u1") is None
-    assert filtered.passed("u2") == frozenset("a") and filtered.passed("u3") == frozenset("c")
+    assert filtered.passed("u2") == ("a",) and filtered.passed("u3") == ("c",)
     filtered.remember("u4", ["a", "b", "c", "d"])  # 5 names in two records would be 5: u3 + u4
-    assert filtered.passed("u2") is None and filtered.passed("u4") == frozenset("abcd")
+    assert filtered.passed("u2") is None and filtered.passed("u4") == ("a", "b", "c", "d")
     filtered.forget("u4")
     assert filtered.passed("u4") is None
     expired = FilteredNodes(ttl_s=-1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -396,3 +397,30 @@ def test_unknown_node_names_are_not_remembered() -> None:
         assert state.node_gpus(f"made-up-{index}").free_milli == ()
     assert state.node_gpus("a").free_milli == (1000,) * 4
     assert set(state.inventory._node_gpus) <= {"a", "b"}
+
+
+def test_a_request_pod_the_store_lacks_is_read_once_per_version_until_its_template_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Filter, prioritize and the reservation of one scheduling cycle read the same pod version;
+    # the watch may not have delivered it yet. Its demand is kept for that version, and dropped
+    # when what it reads changes (here its claim template: 1 GPU, then 2).
+    template = objects.claim_template("ns", "t", objects.claim_spec(CLASS))
+    state = synced_state([*two_nodes(), template])
+    reads: list[str] = []
+    parse = state.demands._parse
+
+    def counted(pod: dict[str, Any]) -> Any:
+        reads.append(pod["metadata"]["name"])
+        return parse(pod)
+
+    monkeypatch.setattr(state.demands, "_parse", counted)
+    pod = with_rv(objects.pod("ns", "p", queue="q", template="t"), 7)
+    for _ in range(3):  # three decodes of the same version: one read
+        assert state.demand(copy.deepcopy(pod)).queue == "q"
+    state.demand(with_rv(copy.deepcopy(pod), 8))  # a new version is read
+    assert reads == ["p", "p"]
+    changed = with_rv(objects.claim_template("ns", "t", objects.claim_spec(CLASS, count=2)), 9)
+    apply_watch_event(state, "ResourceClaimTemplate", {"type": "MODIFIED", "object": changed}, "9")
+    again = state.pod_demand(copy.deepcopy(pod))
+    assert again is not None and again.count == 2 and reads == ["p", "p", "p"]
