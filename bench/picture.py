@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from contract.names import DRIVER_NAME, QUEUE_GROUP, QUEUE_LABEL, QUEUE_VERSION
 from extender.kubeapi import JsonObject
 from extender.picture.cluster import ClusterPicture
+from extender.picture.store import Stored
 from extender.picture.watcher import freeze_after_list
 
 GPUS_PER_NODE = 8
@@ -183,7 +184,7 @@ def _claim_object(name: str, memory: str | None, pool: str, device: str) -> Json
 
 @dataclass
 class Picture:
-    objects: dict[str, list[JsonObject]]
+    objects: dict[str, list[Stored]]  # JSON objects, or their projections (`load_state`)
     node_names: list[str]
     pending_pods: dict[str, JsonObject]  # "whole" and "half": what the scheduler asks about
 
@@ -204,8 +205,8 @@ def build_picture(
     rng = random.Random(seed)
     leaves = leaf_queues(tree)
     names = [node_name(i) for i in range(nodes)]
-    pod_objs: list[JsonObject] = []
-    claims: list[JsonObject] = []
+    pod_objs: list[Stored] = []
+    claims: list[Stored] = []
     gpu_slots = [(name, f"gpu-{minor}") for name in names for minor in range(GPUS_PER_NODE)]
     rng.shuffle(gpu_slots)
     used = gpu_slots[: int(len(gpu_slots) * fill)]
@@ -220,7 +221,7 @@ def build_picture(
             pod_objs.append(pod_object(name, borrower or leaves[i % len(leaves)], node, claim=f"{name}-gpus"))
     for i in range(pods - len(pod_objs)):
         pod_objs.append(pod_object(f"cpu-pod-{i:06d}", leaves[i % len(leaves)], names[rng.randrange(nodes)]))
-    templates = [
+    templates: list[Stored] = [
         {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",
@@ -237,7 +238,7 @@ def build_picture(
     quota: dict[str | None, float] = {None: float(nodes * GPUS_PER_NODE)}
     for name, parent in layout:  # parents come before their children
         quota[name] = quota[parent] / siblings[parent]
-    queues = [
+    queues: list[Stored] = [
         {
             "apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}",
             "kind": "Queue",

@@ -30,7 +30,7 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
 from contract.kube import pod_claim_refs
-from extender.kubeapi import JsonObject, KubeError, request
+from extender.kubeapi import KubeError, request
 from extender.picture.cluster import ClusterPicture
 from extender.wire import ExtenderBindingArgs
 
@@ -238,7 +238,7 @@ class Binder:
         log.info("bound %s to %s", key, node)
         return ""
 
-    async def _current_pod(self, args: ExtenderBindingArgs) -> JsonObject | None:
+    async def _current_pod(self, args: ExtenderBindingArgs) -> Mapping[str, Any] | None:
         """The pod as the picture has it, or from the apiserver when the picture lacks that UID."""
         key = f"{args.PodNamespace}/{args.PodName}"
         known = self.state.kind("Pod").get(key)

@@ -27,12 +27,13 @@ rather than thinned: the scheduler does not re-check that fewer victims still ma
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import compress
 from operator import not_
+from typing import Any
 
 from contract.names import GPU_MILLI
-from extender.kubeapi import JsonObject
 from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import PodDemand
 from extender.picture.workloads import GangReservation, GangState
@@ -249,7 +250,12 @@ def _gang_text(gang: GangState, what: str) -> str:
 
 
 def admit_gang(
-    picture: ClusterPicture, names: list[str], key: str, pod: JsonObject, demand: PodDemand, gang: GangState
+    picture: ClusterPicture,
+    names: list[str],
+    key: str,
+    pod: Mapping[str, Any],
+    demand: PodDemand,
+    gang: GangState,
 ) -> tuple[AdmissionDecision, GangReservation | None]:
     """Admit the members a gang still misses, all at once: its queue must take their summed
     demand, and all of them must fit the candidates' GPUs not held for others."""

@@ -25,7 +25,7 @@ from kubernetes_asyncio.client import ApiClient
 from contract.kube import meta
 from extender.admission import GangCount, gate_reason, gate_removal, is_gated, pods_asked
 from extender.controllers.periodic import PeriodicPass
-from extender.kubeapi import JsonObject, KubeError, request
+from extender.kubeapi import KubeError, request
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture, pod_created
 from extender.picture.ledger import Contribution
@@ -105,7 +105,7 @@ class GateController:
     async def stop(self) -> None:
         await self._loop.stop()
 
-    def admissible(self) -> list[tuple[str, JsonObject]]:
+    def admissible(self) -> list[tuple[str, Mapping[str, Any]]]:
         """Gated pods that may be scheduled now, oldest first, each counted before the next."""
         picture = self.picture
         gated = [(key, pod) for key, pod in picture.kind("Pod").items() if is_gated(pod)]
@@ -114,7 +114,7 @@ class GateController:
         view = picture.fairness()
         ahead = waiting_ungated(picture)
         gangs: dict[str, bool] = {}  # gang workload -> lifted (judged at its oldest gated pod)
-        lifted: list[tuple[str, JsonObject]] = []
+        lifted: list[tuple[str, Mapping[str, Any]]] = []
         for key, pod in sorted(gated, key=lambda item: (pod_created(item[1]), item[0])):
             if meta(pod).get("deletionTimestamp"):
                 continue

@@ -26,11 +26,10 @@ from typing import Any
 
 from contract.kube import mapping
 from contract.names import DEFAULT_QUEUE, GPU_MILLI
-from extender.kubeapi import JsonObject
-from extender.picture.demands import PodDemand, PodDemands, is_terminal
+from extender.picture.demands import PodDemand, PodDemands, claim_names, is_terminal
 from extender.picture.inventory import GpuInventory, add_amounts, gpu_amounts
 from extender.picture.ledger import Bucket, Contribution, QueueLedger
-from extender.picture.store import ObjectStore
+from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import GangReservation, WorkloadMap, remaining_slots
 from extender.policy.fairness import FairnessSnapshot, QueueSpec
 from extender.policy.placement import WorkloadMix
@@ -92,10 +91,10 @@ class QueueAccounting:
 
     # ---- changes -----------------------------------------------------------------------------
 
-    def _stale(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _stale(self, key: str, old: Stored | None, new: Stored | None) -> None:
         self._view = None  # capacity or the queues changed
 
-    def _queues_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _queues_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         self._specs = None
         self._view = None
 
@@ -105,7 +104,7 @@ class QueueAccounting:
         else:
             self._dirty.update(keys)
 
-    def _pod_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _pod_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         self._dirty.add(key)
         if new is None or mapping(new.get("spec")).get("nodeName"):
             self._drop_reservation(key)
@@ -195,7 +194,7 @@ class QueueAccounting:
         demand = self.demands.of(pod)
         if demand.classic_gpus or not demand.gpu_requests:
             return True
-        return bool(self.inventory.held_devices(demand.namespace, demand.claim_names))
+        return bool(self.inventory.held_devices(demand.namespace, claim_names(pod)))
 
     def is_pending(self, key: str, pod: Mapping[str, Any]) -> bool:
         """Waits for scheduling by a scheduler whose demand counts."""
@@ -213,7 +212,7 @@ class QueueAccounting:
         a fraction sized against GPUs of `gpu_memory` bytes (0: the largest it could land on).
         """
         amounts: dict[str, float] = {"cpu": demand.cpu, "memory": demand.memory}
-        held = self.inventory.held_devices(demand.namespace, demand.claim_names)
+        held = self.inventory.held_devices(demand.namespace, claim_names(pod))
         if held:
             for _, device, milli in held:
                 add_amounts(amounts, gpu_amounts(device.model, milli / GPU_MILLI))

@@ -29,11 +29,10 @@ from contract.names import (
     QUEUE_VERSION,
     RECREATING_OWNER_KINDS,
 )
-from extender.kubeapi import JsonObject
 from extender.picture.accounting import QueueAccounting, QueueView
-from extender.picture.demands import PodDemand, PodDemands, is_terminal
+from extender.picture.demands import PodDemand, PodDemands, claim_names, is_terminal
 from extender.picture.inventory import GpuInventory
-from extender.picture.store import ObjectStore
+from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import GangReservation, GangState, OwnerRef, WorkloadMap
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
@@ -87,12 +86,12 @@ class ClusterPicture:
 
     # ---- updates -----------------------------------------------------------------------------
 
-    def apply(self, kind: str, event_type: str, obj: JsonObject) -> None:
+    def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event (ADDED, MODIFIED, DELETED). Older versions never overwrite newer."""
         if self.store.apply(kind, event_type, obj):
             self._changed()
 
-    def replace(self, kind: str, items: Iterable[JsonObject], projected: bool = False) -> None:
+    def replace(self, kind: str, items: Iterable[Stored], projected: bool = False) -> None:
         """A fresh list of a kind (first sync or relist after 410): what is gone is dropped."""
         self.store.replace(kind, items, projected)
         if self.ready():
@@ -128,7 +127,7 @@ class ClusterPicture:
     def ready(self) -> bool:
         return self.store.ready()
 
-    def kind(self, kind: str) -> dict[str, JsonObject]:
+    def kind(self, kind: str) -> dict[str, Stored]:
         return self.store.kind(kind)
 
     def node_gpus(self, name: str) -> NodeGpus:
@@ -279,8 +278,8 @@ class ClusterPicture:
 
     def _forget_running(self, keys: Iterable[str] | None) -> None:
         if keys is None:
-            self._running = None
-        else:
+            self._running, self._stale = None, set()
+        elif self._running is not None:  # (none kept yet: the next snapshot reads every pod)
             self._stale.update(keys)
 
     def _running_pod(self, key: str, node: str) -> tuple[RunningPod | None, int]:
@@ -291,7 +290,8 @@ class ClusterPicture:
         demand = self.demands.of(pod)
         if demand.problem or not demand.wants_gpu:
             return None, 0
-        held = self.inventory.held_devices(demand.namespace, demand.claim_names)
+        held = self.inventory.held_devices(demand.namespace, claim_names(pod))
+        contribution = self.accounting.ledger.contributions.get(key)
         host = demand.placement_at(0)  # its CPU and memory, given back to the node on eviction
         # Partitions (index -1) are no GPU of their own: evicting them frees no whole GPU.
         running = RunningPod(
@@ -299,7 +299,8 @@ class ClusterPicture:
             queue=demand.queue,
             node=node,
             gpus=tuple((device.index, round(milli)) for _, device, milli in held if device.index >= 0),
-            resources=self.accounting.resources(key, pod, demand),
+            # The amounts its contribution counts (shared by pods that count alike), when counted.
+            resources=contribution.amounts if contribution else self.accounting.resources(key, pod, demand),
             priority=demand.priority,
             preemptible=demand.preemptible,
             started=_start_time(pod),
@@ -380,7 +381,7 @@ class ClusterPicture:
         placed: Counter[str] = Counter()
         pending: set[str] = set()
         queue_of: dict[str, str] = {}
-        sample: dict[str, JsonObject] = {}
+        sample: dict[str, Stored] = {}
         for key, contribution in self.accounting.ledger.contributions.items():
             pod = self.store.get("Pod", key)
             if pod is None:

@@ -7,8 +7,15 @@ queue (`extender.admission.resolve_queue`); a change of that label recounts the 
 Watch events for a pod are frequent (status, conditions, annotations) while its demand rarely
 changes, so the parse is cached by the pod's resourceVersion and dropped only when the pod, one of
 its claims or templates, a DeviceClass or its Namespace's default queue changes.
-`users` answers which pods read a given claim or template, so a claim event recounts only them.
-Equal demands (pods of one template without claims of their own) share one `PodDemand` object.
+`users_of` answers which pods read a given claim or template, so a claim event recounts only them.
+
+Memory: the cache is one entry per stored pod, made when the pod arrives (under the store's own
+key string) and holding its demand once parsed. A demand says nothing that is the pod's own -
+which claims it names is read from the pod again (`claim_names`) - so equal demands (the pods of
+one template, each with claims of its own) share one `PodDemand` object and its cached GPU and
+placement demands, instead of one each (~1.5 KB a pod); a claim read by one pod (the usual case)
+notes that pod's key alone, a set only when several read it. Pods by namespace are not indexed: a
+Namespace's default queue changes rarely, and then its pods are found among the stored keys.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from contract.kube import ClaimRef, mapping, meta, object_key, pod_claim_refs
+from contract.kube import mapping, meta, object_key, pod_claim_refs
 from contract.names import GPU_MILLI, NAMESPACE_QUEUE_LABEL, PREEMPTIBLE_LABEL
 from extender.admission import QueueChoice, resolve_queue
 from extender.demand import (
@@ -29,8 +36,7 @@ from extender.demand import (
     pod_resource_request,
     to_gpu_demand,
 )
-from extender.kubeapi import JsonObject
-from extender.picture.store import ObjectStore
+from extender.picture.store import ObjectStore, Stored
 from extender.policy.placement import GpuDemand, host_cpu_milli, host_memory_mib, placement_demand
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -56,7 +62,6 @@ class PodDemand:
     memory: float  # bytes
     classic_gpus: int
     gpu_requests: tuple[GpuRequest, ...]
-    claims: tuple[ClaimRef, ...]
     # Names its queue, by its label or its Namespace's default (a pod without GPUs that names none
     # is not ours).
     labelled: bool
@@ -69,11 +74,6 @@ class PodDemand:
     # GPU demand per GPU memory size it is sized against (fractions are relative to it).
     _by_memory: dict[int, GpuDemand | None] = field(default_factory=dict, compare=False, repr=False)
     _placement: dict[int, GpuDemand] = field(default_factory=dict, compare=False, repr=False)
-
-    @cached_property
-    def claim_names(self) -> list[str]:
-        """The claims it uses that exist by name (a template's claim once it was generated)."""
-        return [ref.claim for ref in self.claims if ref.claim]
 
     @cached_property
     def models(self) -> frozenset[str]:
@@ -117,12 +117,27 @@ class PodDemand:
         return demand.count * demand.milli / GPU_MILLI if demand is not None else 0.0
 
 
-@dataclass
-class _Cached:
-    version: str
-    pod: JsonObject
-    demand: PodDemand
-    sources: frozenset[Source]
+def claim_names(pod: Mapping[str, Any]) -> list[str]:
+    """The claims a pod uses that exist by name (a template's claim once it was generated)."""
+    if not mapping(pod.get("spec")).get("resourceClaims"):
+        return []  # (most pods: no need to read their claims' statuses)
+    return [ref.claim for ref in pod_claim_refs(pod) if ref.claim]
+
+
+def _sources(pod: Mapping[str, Any]) -> set[Source]:
+    """The claims and templates a pod reads (none when its claim references cannot be read)."""
+    namespace = str(meta(pod).get("namespace", ""))
+    sources: set[Source] = set()
+    try:
+        refs = pod_claim_refs(pod)
+    except (ValueError, TypeError, AttributeError, KeyError):  # untrusted JSON
+        return sources
+    for ref in refs:
+        if ref.claim:
+            sources.add(("ResourceClaim", f"{namespace}/{ref.claim}"))
+        if ref.template:
+            sources.add(("ResourceClaimTemplate", f"{namespace}/{ref.template}"))
+    return sources
 
 
 class PodDemands:
@@ -136,15 +151,19 @@ class PodDemands:
         self.non_preemptible_priority = non_preemptible_priority
         # GPU DeviceClass name -> the models it pins (empty: any model).
         self.gpu_classes: dict[str, frozenset[str]] = {}
-        self._cache: dict[str, _Cached] = {}
+        # Stored pod key -> the demand of the version the store holds (None: not parsed since it came).
+        self._cache: dict[str, PodDemand | None] = {}
         # Pods read from requests that the store does not hold at that version (the watch has
         # not delivered it yet, or never will: a test's pod): filter, prioritize and the
         # reservation of one scheduling cycle read the same version. Keyed by pod key and
         # version, emptied when any claim, template, class or namespace changes.
         self._unstored: dict[tuple[str, str], PodDemand] = {}
         self._shared: dict[PodDemand, PodDemand] = {}
-        self.users: dict[Source, set[str]] = {}
-        self.pods_by_namespace: dict[str, set[str]] = {}
+        # Kind -> claim or template key -> the pods reading it (a key alone: one pod).
+        self._users: dict[str, dict[str, str | set[str]]] = {
+            "ResourceClaim": {},
+            "ResourceClaimTemplate": {},
+        }
         self.listeners: list[Callable[[Iterable[str] | None], None]] = []  # None: every pod
         store.subscribe("Pod", self._pod_changed)
         store.subscribe("ResourceClaim", self._source_changed("ResourceClaim"))
@@ -165,29 +184,27 @@ class PodDemands:
         """The demand of a pod (a stored one or one from a request); raises ValueError when unreadable."""
         key = object_key(pod)
         version = str(meta(pod).get("resourceVersion", ""))
-        cached = self._cache.get(key)
-        if cached is not None and (cached.pod is pod or (version and cached.version == version)):
-            return cached.demand
-        unstored = self._unstored.get((key, version)) if version else None
-        if unstored is not None:
-            return unstored
-        demand, sources = self._parse(pod)
         stored = self.store.get("Pod", key)
-        if stored is not None and (
-            stored is pod or (version and meta(stored).get("resourceVersion") == version)
-        ):
+        held = stored is not None and (
+            stored is pod or bool(version and meta(stored).get("resourceVersion") == version)
+        )
+        if held:
+            cached = self._cache.get(key)
+            if cached is not None:
+                return cached
+        elif version and (key, version) in self._unstored:
+            return self._unstored[key, version]
+        demand = self._parse(pod)
+        if held and key in self._cache:
             # Cached only for the version the store holds: any event for the pod drops it.
-            self._forget(key)
-            self._cache[key] = _Cached(version, stored, demand, sources)
-            for source in sources:
-                self.users.setdefault(source, set()).add(key)
-        elif version:
+            self._cache[key] = demand
+        elif version and not held:
             if len(self._unstored) >= _UNSTORED_LIMIT:
                 self._unstored.clear()
             self._unstored[key, version] = demand
         return demand
 
-    def _parse(self, pod: Mapping[str, Any]) -> tuple[PodDemand, frozenset[Source]]:
+    def _parse(self, pod: Mapping[str, Any]) -> PodDemand:
         try:
             return self._read(pod)
         except (ValueError, TypeError, AttributeError, KeyError) as exc:  # untrusted JSON
@@ -199,24 +216,18 @@ class PodDemands:
                 memory=0.0,
                 classic_gpus=0,
                 gpu_requests=(),
-                claims=(),
                 labelled=choice.source != "default",
                 problem=str(exc),
             )
-            return unreadable, frozenset()
+            return unreadable
 
-    def _read(self, pod: Mapping[str, Any]) -> tuple[PodDemand, frozenset[Source]]:
+    def _read(self, pod: Mapping[str, Any]) -> PodDemand:
         namespace = str(meta(pod).get("namespace", ""))
         refs = pod_claim_refs(pod)
         requests: list[GpuRequest] = []
-        sources: set[Source] = set()
         for ref in refs:
             claim_key = f"{namespace}/{ref.claim}" if ref.claim else None
             template_key = f"{namespace}/{ref.template}" if ref.template else None
-            if claim_key:
-                sources.add(("ResourceClaim", claim_key))
-            if template_key:
-                sources.add(("ResourceClaimTemplate", template_key))
             # The claim when the picture has it; else its template (the claim's watch event may lag).
             claim = self.store.get("ResourceClaim", claim_key) if claim_key else None
             template = self.store.get("ResourceClaimTemplate", template_key) if template_key else None
@@ -241,7 +252,6 @@ class PodDemands:
             memory=pod_resource_request(pod, "memory"),
             classic_gpus=pod_classic_gpus(pod),
             gpu_requests=tuple(requests),
-            claims=tuple(refs),
             labelled=choice.source != "default",
             priority=priority,
             preemptible=preemptible,
@@ -251,37 +261,59 @@ class PodDemands:
             if len(self._shared) >= _SHARED_LIMIT:
                 self._shared.clear()
             shared = self._shared[demand] = demand
-        return shared, frozenset(sources)
+        return shared
+
+    def users_of(self, kind: str, key: str) -> list[str]:
+        """The stored pods that read claim or template `key` (kind ResourceClaim or ResourceClaimTemplate)."""
+        users = self._users[kind].get(key)
+        if users is None:
+            return []
+        return [users] if isinstance(users, str) else list(users)
+
+    def _add_user(self, source: Source, pod: str) -> None:
+        index = self._users[source[0]]
+        users = index.get(source[1])
+        if users is None:
+            index[source[1]] = pod
+        elif isinstance(users, set):
+            users.add(pod)
+        elif users != pod:
+            index[source[1]] = {users, pod}
+
+    def _drop_user(self, source: Source, pod: str) -> None:
+        index = self._users[source[0]]
+        users = index.get(source[1])
+        if users == pod:
+            del index[source[1]]
+        elif isinstance(users, set):
+            users.discard(pod)
+            if len(users) == 1:
+                index[source[1]] = users.pop()
 
     def _forget(self, key: str) -> None:
-        cached = self._cache.pop(key, None)
-        if cached is None:
-            return
-        for source in cached.sources:
-            users = self.users.get(source)
-            if users is not None:
-                users.discard(key)
-                if not users:
-                    del self.users[source]
+        """Drop a pod's parsed demand (its entry stays, with the store's key)."""
+        if key in self._cache:
+            self._cache[key] = None
 
     def _notify(self, keys: Iterable[str] | None) -> None:
         for listener in self.listeners:
             listener(keys)
 
-    def _pod_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
-        self._forget(key)
-        namespace = key.partition("/")[0]
-        if new is not None:
-            self.pods_by_namespace.setdefault(namespace, set()).add(key)
-        elif namespace in self.pods_by_namespace:
-            self.pods_by_namespace[namespace].discard(key)
-            if not self.pods_by_namespace[namespace]:
-                del self.pods_by_namespace[namespace]
+    def _pod_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
+        if old is not None:
+            for source in _sources(old):
+                self._drop_user(source, key)
+        if new is None:
+            self._cache.pop(key, None)
+            return
+        self._cache[key] = None
+        for source in _sources(new):
+            self._add_user(source, key)
 
-    def _source_changed(self, kind: str) -> Callable[[str, JsonObject | None, JsonObject | None], None]:
-        def changed(key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _source_changed(self, kind: str) -> Callable[[str, Stored | None, Stored | None], None]:
+        def changed(key: str, old: Stored | None, new: Stored | None) -> None:
             self._unstored.clear()
-            users = list(self.users.get((kind, key), ()))
+            users = self.users_of(kind, key)
             for user in users:
                 self._forget(user)
             # Pods that read it before it existed are found by their claim refs, so tell them too.
@@ -289,26 +321,26 @@ class PodDemands:
 
         return changed
 
-    def _namespace_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _namespace_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         default_before = mapping(meta(old).get("labels")).get(NAMESPACE_QUEUE_LABEL) if old else None
         default_now = mapping(meta(new).get("labels")).get(NAMESPACE_QUEUE_LABEL) if new else None
         if default_before == default_now:
             return
         self._unstored.clear()
-        # Its pods without a label change queue: recount them.
-        moved = list(self.pods_by_namespace.get(key, ()))
+        # Its pods without a label change queue: recount them (found by their keys, a rare event).
+        prefix = f"{key}/"
+        moved = [pod for pod in self.store.kind("Pod") if pod.startswith(prefix)]
         for pod in moved:
             self._forget(pod)
         self._notify(moved)
 
-    def _class_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _class_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         self.gpu_classes.pop(key, None)
         if new is not None:
             models = device_class_gpu_models(new, self.gpu_drivers)
             if models is not None:
                 self.gpu_classes[key] = models
         # Classes decide which requests are GPUs, for every pod: recount all (rare events).
-        self._cache.clear()
+        self._cache = dict.fromkeys(self._cache)
         self._unstored.clear()
-        self.users.clear()
         self._notify(None)

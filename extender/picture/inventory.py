@@ -36,9 +36,8 @@ from contract.names import (
 )
 from contract.quantity import parse_quantity
 from extender.demand import allocated_devices, fraction_milli
-from extender.kubeapi import JsonObject
 from extender.picture.demands import PodDemands, is_terminal
-from extender.picture.store import ObjectStore
+from extender.picture.store import ObjectStore, Stored
 from extender.policy.placement import (
     GpuDemand,
     NodeGpus,
@@ -68,7 +67,7 @@ _NO_MIX = WorkloadMix(demands=())
 _MIG_SLICES = re.compile(r"^([1-7])g\.")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuDevice:
     node: str
     model: str
@@ -240,7 +239,7 @@ class GpuInventory:
     def pod_node(self, key: str, pod: Mapping[str, Any]) -> str:
         return str(mapping(pod.get("spec")).get("nodeName") or self.assumed_nodes.get(key, ""))
 
-    def pods_on_node(self, node: str) -> list[JsonObject]:
+    def pods_on_node(self, node: str) -> list[Stored]:
         pods = self.store.kind("Pod")
         return [pods[key] for key in self.pods_by_node.get(node, ()) if not is_terminal(pods[key])]
 
@@ -392,9 +391,9 @@ class GpuInventory:
     def _holders_changed(self, key: DeviceKey) -> None:
         """Pods whose claims hold a device that appeared or went are recounted."""
         for claim in self.device_holders.get(key, {}):
-            self._notify(self.demands.users.get(("ResourceClaim", claim), ()))
+            self._notify(self.demands.users_of("ResourceClaim", claim))
 
-    def _slice_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _slice_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         self._capacity = None
         touched: set[str] = set()
         for obj, sign in ((old, -1), (new, 1)):
@@ -447,7 +446,7 @@ class GpuInventory:
             self._memory_by_models.clear()
             self._notify(None)
 
-    def _claim_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _claim_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         self.claim_allocations.pop(key, None)
         if new is not None:
             devices = [((d.driver, d.pool, d.device), d.consumed_memory) for d in allocated_devices(new)]
@@ -477,7 +476,7 @@ class GpuInventory:
         if device is not None:
             self._forget_node(device.node)
 
-    def _node_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _node_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         # Allocatable feeds capacity; the GPU model label feeds its classic-GPU pods.
         self._capacity = None
         self._forget_node(key)
@@ -493,7 +492,7 @@ class GpuInventory:
         names = "\n".join(sorted(keys)).split("\n") if keys else []
         self._node_kinds = dict.fromkeys(names)
 
-    def _pod_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _pod_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         # A pod's CPU and memory (and classic GPUs) count on its node: that node's supply moves.
         if old is not None:
             node = self.pod_node(key, old)

@@ -6,12 +6,15 @@ backoff on any other error, so the picture survives apiserver restarts. After ea
 collects garbage once and freezes the survivors: the picture is millions of long-lived objects,
 and left to the collector every full collection would walk all of them (hundreds of ms in the
 middle of a request). The picture holds no reference cycles, so what it drops later is still
-freed by reference counting.
+freed by reference counting. It also hands the C heap's free memory back to the system: the list's
+pages of JSON (megabytes each) leave free space in the heap below what the picture keeps, which
+would otherwise stay in the process's resident memory (12 MiB at 1000 nodes / 20,000 pods).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import logging
 from collections.abc import Mapping
@@ -20,11 +23,13 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 
 from contract.kube import meta
-from extender.kubeapi import JsonObject, KubeError, request, watch_lines
+from extender.kubeapi import KubeError, request, watch_lines
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
-from extender.picture.store import project
+from extender.picture.store import Stored, project
 
 log = logging.getLogger(__name__)
+# glibc's malloc_trim (absent from other C libraries, where the heap simply keeps its free space).
+_malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
 def freeze_after_list() -> None:
@@ -33,6 +38,8 @@ def freeze_after_list() -> None:
     a picture the same way."""
     gc.collect()
     gc.freeze()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
 
 
 class ClusterWatcher:
@@ -64,7 +71,7 @@ class ClusterWatcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _list(self, kind: str, path: str) -> str:
-        items: list[JsonObject] = []
+        items: list[Stored] = []
         query = {"limit": "500"}
         while True:
             page = await request(self.api, "GET", path, query=query)

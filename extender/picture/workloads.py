@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract.kube import mapping, meta
-from extender.kubeapi import JsonObject
 from extender.picture.demands import is_terminal
-from extender.picture.store import ObjectStore
+from extender.picture.store import ObjectStore, Stored
 from extender.policy.placement import GpuDemand
 from extender.policy.workloads import JOBSET_LABEL, Workload, workload_of
 
@@ -147,7 +146,7 @@ class WorkloadMap:
             and mapping(meta(job).get("labels")).get(JOBSET_LABEL) == name
         ]
 
-    def _pod_changed(self, key: str, old: JsonObject | None, new: JsonObject | None) -> None:
+    def _pod_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         previous = self.of_pod.pop(key, "")
         if previous:
             members = self.members.get(previous)

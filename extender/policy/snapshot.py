@@ -25,7 +25,7 @@ from extender.policy.placement import GpuDemand, NodeGpus, Strategy, WorkloadMix
 V = TypeVar("V")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RunningPod:
     """A pod holding GPUs on a node, as the planners see it."""
 

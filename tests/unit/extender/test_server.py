@@ -345,12 +345,11 @@ async def test_preempt_keeps_only_nodes_whose_victims_the_queue_rules_allow(exte
         "NodeNameToMetaVictims": {"a": {"Pods": [{"UID": "uid-ns-hog-1"}], "NumPDBViolations": 0}}
     }
     # The same with full pods (nodeCacheCapable=false) decides alike.
-    pods = {p["metadata"]["name"]: p for p in extender.state.kind("Pod").values()}
     body = {
         "Pod": pending,
         "NodeNameToVictims": {
-            "a": {"Pods": [pods["hog-1"]], "NumPDBViolations": 0},
-            "b": {"Pods": [pods["fair-0"]], "NumPDBViolations": 1},
+            "a": {"Pods": [_held("hog-1", "hog", "a", "gpu-1")[0]], "NumPDBViolations": 0},
+            "b": {"Pods": [_held("fair-0", "fair", "b", "gpu-0")[0]], "NumPDBViolations": 1},
         },
     }
     status, result = await extender.call("preempt", body)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ GIB = 2**30
 CLASS = "gpu.tessera.dev"
 
 
-def synced_state(objs: list[dict[str, Any]], **config: Any) -> ClusterPicture:
+def synced_state(objs: Sequence[Mapping[str, Any]], **config: Any) -> ClusterPicture:
     state = ClusterPicture(PictureConfig(**config))
     for kind in WATCHED_PATHS:
         state.replace(kind, [o for o in objs if o["kind"] == kind])

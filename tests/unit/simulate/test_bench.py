@@ -9,6 +9,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio.client import ApiClient
 
 from bench.hotpath import Payloads
+from bench.memory import breakdown, breakdown_table
 from bench.picture import GPUS_PER_NODE, build_picture, leaf_queues, load_state, queue_tree
 from bench.servers import CODECS, floor_app, tessera_app
 from contract.names import QUEUE_LABEL
@@ -75,3 +76,13 @@ async def test_extender_and_floor_answer_the_same_payloads() -> None:
             assert any(score > 0 for score in scores.values())  # GPU pods are ranked, not neutral
     finally:
         await api.close()
+
+
+def test_the_memory_breakdown_counts_every_object_of_the_picture_once() -> None:
+    objects, rows = breakdown(nodes=4, pods=100)
+    parts = {name: (count, size) for name, count, size in rows}
+    # 4 nodes and their 4 slices, 100 pods, a claim per GPU pod, 2 templates, a class, 2 queues.
+    assert parts["store: Pod"][0] == 100 and parts["store: Node"][0] == parts["store: ResourceSlice"][0] == 4
+    assert objects == sum(count for name, count, _ in rows if name.startswith("store: "))
+    assert all(size > 0 for name, _, size in rows if name.startswith("store: "))
+    assert "total" in breakdown_table(objects, rows)
