@@ -38,7 +38,7 @@ from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import PodDemand
 from extender.picture.workloads import GangReservation, GangState
 from extender.policy.fairness import AdmissionDecision
-from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, score_kinds
+from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, remembered, score_kinds
 from extender.policy.reclaim import reclaim_refusal
 from extender.policy.workloads import plan_gang
 from extender.wire import (
@@ -103,13 +103,7 @@ _MISFITS_LIMIT = 100_000
 def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
     """Why `demand` does not fit on the node ('' when it fits); all it reads of the node is in
     its shape."""
-    key = (supply.shape, demand)
-    reason = _MISFITS.get(key)
-    if reason is None:
-        if len(_MISFITS) >= _MISFITS_LIMIT:
-            _MISFITS.clear()
-        reason = _MISFITS[key] = _judge(supply, demand)
-    return reason
+    return remembered(_MISFITS, (supply.shape, demand), _MISFITS_LIMIT, lambda: _judge(supply, demand))
 
 
 def _judge(supply: NodeGpus, demand: GpuDemand) -> str:
