@@ -357,7 +357,9 @@ def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDe
     if demand.problem:  # filter refused it with the reason; nothing to rank
         return PriorityDecision(names, [0] * len(names), "neutral", "unreadable")
     placement = demand.placement_at(picture.inventory.reference_memory(demand.models))
-    nodes = _candidate_kinds(picture, args.pod.key, names)
+    gang = picture.gang(args.Pod)  # GPUs held for its workload are its own to use, as in filter
+    owner = "" if gang.workload.single else gang.workload.key
+    nodes = _candidate_kinds(picture, args.pod.key, names, owner)
     strategy = queue_strategy(picture, demand.queue)
     score_of = score_kinds(nodes.supply_of, placement, picture.mix(), strategy)
     return PriorityDecision(names, list(map(score_of.__getitem__, nodes.kinds)), "scored", strategy)
