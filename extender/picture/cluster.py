@@ -37,7 +37,7 @@ from extender.picture.store import ObjectStore
 from extender.picture.workloads import GangReservation, GangState, OwnerRef, WorkloadMap
 from extender.policy.placement import GpuDemand, NodeGpus
 from extender.policy.reclaim import PendingPod
-from extender.policy.snapshot import ClusterSnapshot, RunningPod
+from extender.policy.snapshot import ClusterSnapshot, RunningPod, count_victims
 
 # kind -> collection path: what the picture is made of and where the watcher reads it.
 WATCHED_PATHS: dict[str, str] = {
@@ -83,6 +83,9 @@ class ClusterPicture:
         self._classic_nodes: set[str] = set()
         self._stale: set[str] = set()
         self._terminating: set[str] = set()  # keys in `_running` of pods being deleted
+        # Per queue, per node, how many pods in `_running` could be victims (the planners'
+        # candidate nodes, kept like `_running` rather than counted by a pass per snapshot).
+        self._victims: dict[str, dict[str, int]] = {}
         self.accounting.recounted.append(self._forget_running)
 
     # ---- updates -----------------------------------------------------------------------------
@@ -204,14 +207,16 @@ class ClusterPicture:
         nodes.update((name, self.node_gpus(name)) for name in self.inventory.node_devices)
         pods_by_node = self.inventory.pods_by_node
         if self._running is None:
-            self._running, self._classic_nodes, self._terminating = {}, set(), set()
+            self._running, self._classic_nodes, self._terminating, self._victims = {}, set(), set(), {}
             stale = [(key, node) for node, keys in pods_by_node.items() for key in keys]
         else:
             stale = [(key, self._node_of(key)) for key in self._stale]
         self._stale = set()
         live = self._running
         for key, node in stale:
-            live.pop(key, None)
+            gone = live.pop(key, None)
+            if gone is not None:
+                count_victims(self._victims, gone, -1)
             self._terminating.discard(key)
             if node:
                 entry, classic_gpus = self._running_pod(key, node)
@@ -219,13 +224,19 @@ class ClusterPicture:
                     self._classic_nodes.add(node)
                 elif entry is not None:
                     live[key] = entry
+                    count_victims(self._victims, entry, 1)
                     if entry.terminating:
                         self._terminating.add(key)
         running = dict(live)
         terminating = set(self._terminating)
+        victims = {queue: dict(per_node) for queue, per_node in self._victims.items()}
         for node in list(self._classic_nodes):
             if not self._add_classic(running, node, nodes.get(node), terminating):
                 self._classic_nodes.discard(node)
+        for node in self._classic_nodes:  # their pods are in `running` only
+            for key in self.inventory.pods_by_node.get(node, ()):
+                if key in running and key not in live:
+                    count_victims(victims, running[key], 1)
         return ClusterSnapshot(
             nodes,
             running,
@@ -235,6 +246,7 @@ class ClusterPicture:
             pods_by_node,
             minimums=self._minimums(running.values()),
             terminating=terminating,
+            victims=victims,
         )
 
     def _minimums(self, running: Iterable[RunningPod]) -> dict[str, int]:

@@ -190,6 +190,15 @@ class QueueTree:
         self.usage = usage
         self._subtree_cache: dict[tuple[str, str, str], float] = {}
 
+    def with_usage(self, usage: Mapping[str, QueueUsage]) -> QueueTree:
+        """The same queues (specs, broken ancestries, children shared) with other usage: what a
+        planner's fork asks after each hypothetical move, without judging the ancestries again."""
+        tree = QueueTree.__new__(QueueTree)
+        tree.specs, tree.broken, tree.children = self.specs, self.broken, self.children
+        tree.usage = usage
+        tree._subtree_cache = {}
+        return tree
+
     def own(self, name: str) -> QueueUsage:
         return self.usage.get(name, _NO_USAGE)
 
@@ -369,6 +378,13 @@ class FairnessSnapshot:
     @cached_property
     def tree(self) -> QueueTree:
         return QueueTree(self.specs, self.usage)
+
+    def with_usage(self, usage: Mapping[str, QueueUsage]) -> FairnessSnapshot:
+        """The same queues, capacity and fair shares with other usage (a fork's hypothetical
+        moves), its tree sharing this one's structure."""
+        moved = FairnessSnapshot(self.specs, usage, self.capacity, self.fair_shares)
+        moved.__dict__["tree"] = self.tree.with_usage(usage)  # cached_property's slot
+        return moved
 
     def order(self) -> list[str]:
         """Every queue, most deserving first (see ``drf_order``)."""

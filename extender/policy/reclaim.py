@@ -27,7 +27,9 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    nodes holding possible victims with the most free GPU; and a work budget per cycle
    (`Budget`: `max_trials` node searches in all), after which the remaining waiting pods are
    not tried. What is cut off waits for a later cycle and is counted in the budget, which the
-   controller reports (metric and log).
+   controller reports (metric and log). A node searched whose GPUs rule out a plan within the
+   cycle's evictions left (`fewest_evictions`, a lower bound on the pods to evict there) costs
+   its trial but no trial evictions.
 5. Every plan is applied to a fork of the snapshot (victims off, pod placed) before the next one
    is made, so one cycle's plans never count the same GPUs twice. The live picture is untouched.
 
@@ -279,6 +281,46 @@ def _node_plan(
     return [eviction for group in chosen for eviction in group], demand
 
 
+def fewest_evictions(fork: ClusterSnapshot, node: str, demand: GpuDemand) -> float:
+    """A lower bound on the pods a plan must evict from `node` before `demand` fits there, by
+    arithmetic (no trial evictions; infinite when evictions cannot make it fit).
+
+    A GPU short of the demand's share needs at least `cost` of its holders evicted: its largest
+    holdings first, until what they free covers the shortfall. The demand needs `missing` more
+    GPUs, so the evicted pods hold, summed over those GPUs, at least the `missing` smallest
+    costs; a pod counts once per GPU it holds, at most `widest` GPUs, hence the bound
+    ceil(sum / widest). Example: 8 GPUs wanted on a full node whose GPUs are held whole by 6
+    pods and by halves on 2 GPUs: costs 1 x 6 + 2 x 2, bound 10 pods."""
+    supply = fork.nodes.get(node)
+    if supply is None:
+        return 0
+    short = {
+        index: demand.milli - free for index, free in enumerate(supply.free_milli) if free < demand.milli
+    }
+    missing = demand.count - (len(supply.free_milli) - len(short))
+    if missing <= 0:
+        return 0
+    holdings: dict[int, list[int]] = {}
+    widest = 0
+    for pod in fork.pods_on(node):
+        widest = max(widest, len(pod.gpus))
+        for index, milli in pod.gpus:
+            holdings.setdefault(index, []).append(milli)
+    costs = sorted(_holders_to_free(holdings.get(index, []), needed) for index, needed in short.items())
+    total = sum(costs[:missing])
+    return math.ceil(total / widest) if widest and total < math.inf else math.inf
+
+
+def _holders_to_free(held: list[int], needed: int) -> float:
+    """The fewest of a GPU's holdings (thousandths each) that free `needed` (infinite: none do)."""
+    freed = 0
+    for count, milli in enumerate(sorted(held, reverse=True), start=1):
+        freed += milli
+        if freed >= needed:
+            return count
+    return math.inf
+
+
 def _gpu_share_text(fairness: FairnessSnapshot, queue: str) -> str:
     share = fairness.fair_shares.get(queue, {}).get("gpu", 0.0)
     held = fairness.tree.subtree(queue, "allocated", "gpu")
@@ -326,10 +368,7 @@ class Search:
     def nodes_of_queue(self) -> dict[str, set[str]]:
         """Nodes by the queues of the preemptible GPU pods running there as the cycle began."""
         if self._nodes_of_queue is None:
-            self._nodes_of_queue = {}
-            for pod in self._fork.running.values():
-                if pod.preemptible and not pod.terminating and pod.gpus:
-                    self._nodes_of_queue.setdefault(pod.queue, set()).add(pod.node)
+            self._nodes_of_queue = self._fork.victim_nodes()
         return self._nodes_of_queue
 
     def candidates(self, fork: ClusterSnapshot, waiting: PendingPod, goal: Goal, limit: int) -> list[str]:
@@ -389,6 +428,8 @@ def _plan_for(
         for node in search.candidates(fork, waiting, current, rules.node_trials):
             if not work.spend():
                 break
+            if fewest_evictions(fork, node, _on(waiting, fork, node)) > evictions_left:
+                continue  # no plan there could stay within the cycle's evictions (no search needed)
             found = _node_plan(fork, node, waiting, current, now, rules)
             if found is None:
                 continue

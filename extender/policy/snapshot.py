@@ -49,6 +49,26 @@ class RunningPod:
     workload: str = ""
 
 
+def can_be_victim(pod: RunningPod) -> bool:
+    """Preemptible, not already terminating, holding GPUs: a pod a planner may evict at all."""
+    return pod.preemptible and not pod.terminating and bool(pod.gpus)
+
+
+def count_victims(counts: dict[str, dict[str, int]], pod: RunningPod, sign: int) -> None:
+    """Add (sign 1) or take off (-1) `pod` in per-queue, per-node counts of possible victims
+    (nodes whose count reaches 0 are dropped)."""
+    if not can_be_victim(pod):
+        return
+    per_node = counts.setdefault(pod.queue, {})
+    count = per_node.get(pod.node, 0) + sign
+    if count > 0:
+        per_node[pod.node] = count
+    else:
+        per_node.pop(pod.node, None)
+        if not per_node:
+            del counts[pod.queue]
+
+
 def _shift(usage: QueueUsage, amounts: Resources, sign: float) -> QueueUsage:
     """Move `amounts` from requested to allocated (sign 1) or back (sign -1)."""
     allocated, requested = dict(usage.allocated), dict(usage.requested)
@@ -112,6 +132,7 @@ class ClusterSnapshot:
         pods_by_node: Mapping[str, Iterable[str]] | None = None,
         minimums: Mapping[str, int] | None = None,
         terminating: Iterable[str] | None = None,
+        victims: Mapping[str, Mapping[str, int]] | None = None,
     ) -> None:
         self._node_changes: dict[str, NodeGpus | None] = {}
         self._pod_changes: dict[str, RunningPod | None] = {}
@@ -130,6 +151,9 @@ class ClusterSnapshot:
         # Minimum member count of each gang workload of the running pods (shared, read-only).
         self.minimums: Mapping[str, int] = minimums if minimums is not None else {}
         self._gangs: dict[str, tuple[str, ...]] | None = None  # workload -> base member keys
+        # Per queue, per node, how many base running pods could be victims (`can_be_victim`),
+        # when the caller keeps them (else counted by a pass on first use); forks share them.
+        self._victims: Mapping[str, Mapping[str, int]] | None = victims
 
     def members(self, workload: str) -> list[RunningPod]:
         """The running members of a gang workload in this snapshot, terminating ones aside."""
@@ -178,14 +202,14 @@ class ClusterSnapshot:
         child._fairness = self._fairness
         child.minimums = self.minimums
         child._gangs = self._gangs  # members in the base; `members` leaves out what a fork evicted
+        child._victims = self._victims
         return child
 
     @property
     def fairness(self) -> FairnessSnapshot:
         """Fairness with the usage of this (possibly forked and changed) snapshot, shares as they were."""
         if self._fairness is None:
-            base = self._base
-            self._fairness = FairnessSnapshot(base.specs, dict(self._usage), base.capacity, base.fair_shares)
+            self._fairness = self._base.with_usage(dict(self._usage))
         return self._fairness
 
     def terminating(self) -> list[str]:
@@ -194,6 +218,32 @@ class ClusterSnapshot:
         if self._terminating is None:
             self._terminating = frozenset(key for key, pod in running.items() if pod.terminating)
         return [key for key in self._terminating if key in running and running[key].terminating]
+
+    def victim_nodes(self) -> dict[str, set[str]]:
+        """Per queue, the nodes where this snapshot runs pods of it that could be victims
+        (`can_be_victim`): the base's counts, corrected by this fork's changes (not a pass over
+        every running pod)."""
+        assert isinstance(self.running, _Layered)
+        base = self.running.base
+        if self._victims is None:
+            counted: dict[str, dict[str, int]] = {}
+            for pod in base.values():
+                count_victims(counted, pod, 1)
+            self._victims = counted
+        victims = self._victims
+        change: dict[tuple[str, str], int] = {}  # (queue, node) -> victims this fork added (< 0: took)
+        for key, pod in self._pod_changes.items():
+            for moved, sign in ((base.get(key), -1), (pod, 1)):
+                if moved is not None and can_be_victim(moved):
+                    at = (moved.queue, moved.node)
+                    change[at] = change.get(at, 0) + sign
+        nodes = {queue: set(per_node) for queue, per_node in victims.items()}
+        for (queue, node), added in change.items():
+            if victims.get(queue, {}).get(node, 0) + added > 0:
+                nodes.setdefault(queue, set()).add(node)
+            elif queue in nodes:
+                nodes[queue].discard(node)
+        return {queue: names for queue, names in nodes.items() if names}
 
     def pods_on(self, node: str) -> list[RunningPod]:
         running = self.running
