@@ -204,7 +204,9 @@ class ClusterPicture:
         """
         view = self.fairness()  # recounts what moved, which marks those pods stale
         nodes = {name: self.node_gpus(name) for name in self.store.kind("Node")}
-        nodes.update((name, self.node_gpus(name)) for name in self.inventory.node_devices)
+        nodes.update(
+            (name, self.node_gpus(name)) for name in self.inventory.node_devices if name not in nodes
+        )
         pods_by_node = self.inventory.pods_by_node
         if self._running is None:
             self._running, self._classic_nodes, self._terminating, self._victims = {}, set(), set(), {}

@@ -56,7 +56,7 @@ from typing import Literal
 
 from contract.names import GPU_MILLI
 from extender.policy.fairness import EPSILON, GPU_MODEL_PREFIX, FairnessSnapshot, Resources, format_amount
-from extender.policy.placement import GpuDemand
+from extender.policy.placement import GpuDemand, fits
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 
 Goal = Literal["reclaim", "preempt"]
@@ -403,7 +403,16 @@ class Search:
         memo = (waiting.demand, waiting.fraction_memory)
         seen = self._unfit.get(memo)
         names = self.names if seen is None else self.touched[seen:]
-        found = next((n for n in names if fork.fitting_nodes(_on(waiting, fork, n), [n])), None)
+        nodes, gpu_memory = fork.nodes, fork.gpu_memory
+        sized: dict[int, GpuDemand] = {}  # the demand by GPU memory (a fraction's share depends on it)
+        found = None
+        for name in names:
+            memory = gpu_memory.get(name, 0)
+            demand = sized.get(memory) or sized.setdefault(memory, waiting.demand_on(memory))
+            supply = nodes.get(name)
+            if supply is not None and fits(supply, demand):
+                found = name
+                break
         if found is None:
             self._unfit[memo] = len(self.touched)
         return found

@@ -107,6 +107,14 @@ class _Layered(Mapping[str, V]):
         yield from (key for key in self.base if key not in changes or changes[key] is not None)
         yield from (key for key, value in changes.items() if value is not None and key not in self.base)
 
+    def get(self, key: str, default: V | None = None) -> V | None:  # type: ignore[override]
+        # Mapping.get goes through __getitem__ and an exception per miss; the planners ask often.
+        changes = self.changes
+        if key in changes:
+            value = changes[key]
+            return default if value is None else value
+        return self.base.get(key, default)
+
     def values(self) -> ValuesView[V]:
         # Without changes, the base's own view: planners walk every running pod once per cycle.
         return self.base.values() if not self.changes else super().values()
