@@ -50,13 +50,14 @@ from extender.policy.reclaim import (
     Budget,
     PendingPod,
     Plan,
+    Search,
     apply_plan,
     gpu_amounts,
     place_if_it_fits,
     planning_fork,
     serving_order,
 )
-from extender.policy.snapshot import ClusterSnapshot, RunningPod
+from extender.policy.snapshot import ClusterSnapshot, RunningPod, can_be_victim
 
 Goal = Literal["consolidate", "drain"]
 
@@ -97,13 +98,7 @@ def _gpus(pod: RunningPod) -> float:
 
 def is_mover(pod: RunningPod, now: float, rules: ConsolidationRules) -> bool:
     """Rule 2: may this pod be moved?"""
-    return (
-        pod.movable
-        and pod.preemptible
-        and not pod.terminating
-        and bool(pod.gpus)
-        and now - pod.started >= rules.min_runtime_s
-    )
+    return pod.movable and can_be_victim(pod) and now - pod.started >= rules.min_runtime_s
 
 
 def _demand_of(pod: RunningPod) -> GpuDemand:
@@ -244,7 +239,7 @@ def _moves_for(
     """Rule 3: the fewest moves after which `waiting` and every mover fit, with the fork after
     them; or None (also when the cycle's `work` runs out)."""
     movers: dict[str, list[RunningPod]] = {}
-    for pod in fork.running.values():
+    for pod in fork.movable_pods():  # movers by node, then sorted: their order does not matter
         if pod.node not in avoid and pod.key not in pinned and is_mover(pod, now, rules):
             movers.setdefault(pod.node, []).append(pod)
     nodes: list[tuple[str, GpuDemand, list[RunningPod]]] = []
@@ -315,6 +310,7 @@ def plan_moves(
     for done in served:
         apply_plan(fork, done)
     served_keys = {done.pod.key for done in served}
+    search = Search(fork)  # demands that fit nowhere are looked for again only where room came free
     plans: list[MovePlan] = []
     moves_left = rules.max_moves_per_cycle
     for waiting in serving_order(fork.fairness, pending, rules.max_pending):
@@ -325,7 +321,7 @@ def plan_moves(
             continue
         if waiting.workload:
             continue  # a member of a gang waiting whole: moves for one member would not start it
-        if waiting.key in served_keys or place_if_it_fits(fork, waiting):
+        if waiting.key in served_keys or place_if_it_fits(fork, waiting, search):
             continue
         if consolidation_refusal(fork.fairness, waiting):
             continue
@@ -336,6 +332,7 @@ def plan_moves(
             work.cut_off += work.refused > refused  # its search stopped short
             continue
         found, fork = outcome
+        search.touched.extend(sorted({found.node, *(move.to_node for move in found.moves)}))
         moves_left -= len(found.moves)
         plans.append(found)
     return plans

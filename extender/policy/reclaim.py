@@ -398,11 +398,12 @@ class Search:
         return found
 
     def fits_somewhere(self, fork: ClusterSnapshot, waiting: PendingPod) -> str | None:
-        """A node where the pod fits now; a demand that fit nowhere is checked again only on the
-        nodes changed since."""
+        """The first node by name where the pod fits now; a demand that fit nowhere is checked
+        again only on the nodes changed since (`touched`: every node that gained room must be
+        there), which gives the same node as a look at every node."""
         memo = (waiting.demand, waiting.fraction_memory)
         seen = self._unfit.get(memo)
-        names = self.names if seen is None else self.touched[seen:]
+        names = self.names if seen is None else sorted(set(self.touched[seen:]))
         nodes, gpu_memory = fork.nodes, fork.gpu_memory
         sized: dict[int, GpuDemand] = {}  # the demand by GPU memory (a fraction's share depends on it)
         found = None

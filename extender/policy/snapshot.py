@@ -162,6 +162,7 @@ class ClusterSnapshot:
         # Per queue, per node, how many base running pods could be victims (`can_be_victim`),
         # when the caller keeps them (else counted by a pass on first use); forks share them.
         self._victims: Mapping[str, Mapping[str, int]] | None = victims
+        self._movable: tuple[str, ...] | None = None  # base keys of `movable_pods`, on first use
 
     def members(self, workload: str) -> list[RunningPod]:
         """The running members of a gang workload in this snapshot, terminating ones aside."""
@@ -211,6 +212,7 @@ class ClusterSnapshot:
         child.minimums = self.minimums
         child._gangs = self._gangs  # members in the base; `members` leaves out what a fork evicted
         child._victims = self._victims
+        child._movable = self._movable
         return child
 
     @property
@@ -252,6 +254,17 @@ class ClusterSnapshot:
             elif queue in nodes:
                 nodes[queue].discard(node)
         return {queue: names for queue, names in nodes.items() if names}
+
+    def movable_pods(self) -> list[RunningPod]:
+        """Running pods that could be moved (`movable` and `can_be_victim`): the base's, found by
+        one pass shared by every fork, with this fork's changes; in no particular order."""
+        assert isinstance(self.running, _Layered)
+        base, changes = self.running.base, self._pod_changes
+        if self._movable is None:
+            self._movable = tuple(key for key, pod in base.items() if pod.movable and can_be_victim(pod))
+        pods = [base[key] for key in self._movable if key not in changes]
+        pods.extend(pod for pod in changes.values() if pod is not None and pod.movable and can_be_victim(pod))
+        return pods
 
     def pods_on(self, node: str) -> list[RunningPod]:
         running = self.running
