@@ -1,6 +1,7 @@
 """The planners' shortcuts give the answers of the long way: the eviction bound that spares a node
-search (`fewest_evictions`), the possible victims' nodes kept per snapshot (`victim_nodes`) and the
-fork's fairness tree that shares the queues' structure (`FairnessSnapshot.with_usage`).
+search (`fewest_evictions`), the possible victims' nodes kept per snapshot (`victim_nodes`), the
+fork's fairness tree that shares the queues' structure (`FairnessSnapshot.with_usage`), and
+consolidation's movers and the sets of them that make room, kept for a cycle (`_Movers`).
 
 Worked examples first, then differential tests on random clusters: plans with the shortcut equal
 plans without it, budget included."""
@@ -9,18 +10,32 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Collection
+from itertools import combinations
+from typing import Any
 
 import pytest
 
 from contract.names import GPU_MILLI
 from extender.policy import reclaim
+from extender.policy.consolidation import (
+    ConsolidationRules,
+    MovePlan,
+    _Group,
+    _group_rank,
+    _mover_order,
+    _Movers,
+    is_mover,
+    plan_moves,
+)
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
-from extender.policy.reclaim import Budget, PendingPod, Rules, fewest_evictions, plan
+from extender.policy.reclaim import Budget, PendingPod, Plan, Rules, fewest_evictions, plan
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 from tests.unit.extender.test_snapshot import counted
 
 NOW = 10_000.0
+Making = tuple[str, GpuDemand, list[RunningPod]]
 QUEUES = [
     QueueSpec("root"),
     QueueSpec("a", parent="root", quota={"gpu": 4.0}),
@@ -29,12 +44,18 @@ QUEUES = [
 ]
 
 
-def snapshot_of(nodes: dict[str, tuple[int, ...]], pods: list[RunningPod]) -> ClusterSnapshot:
-    """Nodes with these free shares per GPU, these pods running, usage counted from them."""
+def snapshot_of(
+    nodes: dict[str, tuple[int, ...]], pods: list[RunningPod], waiting: str = "abc"
+) -> ClusterSnapshot:
+    """Nodes with these free shares per GPU, these pods running, usage counted from them; the
+    `waiting` queues wait for a GPU."""
     allocated: dict[str, float] = {}
     for pod in pods:
         allocated[pod.queue] = allocated.get(pod.queue, 0.0) + pod.resources.get("gpu", 0.0)
-    usage = {s.name: QueueUsage({"gpu": allocated.get(s.name, 0.0)}, {"gpu": 1.0}) for s in QUEUES}
+    usage = {
+        s.name: QueueUsage({"gpu": allocated.get(s.name, 0.0)}, {"gpu": float(s.name in waiting)})
+        for s in QUEUES
+    }
     capacity = {"gpu": float(sum(len(free) for free in nodes.values()))}
     return ClusterSnapshot(
         {name: NodeGpus(name, "h100", free) for name, free in nodes.items()},
@@ -78,8 +99,9 @@ def test_fewest_evictions(
 
 
 def random_case(rng: random.Random) -> tuple[ClusterSnapshot, list[PendingPod], Rules]:
-    """Up to 6 nodes of 4 or 8 GPUs filled by whole pods (1-2 GPUs) and halves of queues a, b, c;
-    pending pods of every queue asking for 1-8 GPUs or a half; a small random budget."""
+    """Up to 6 nodes of 4 or 8 GPUs filled by whole pods (1-2 GPUs) and halves of queues a, b, c
+    (most of them movable); pending pods of every queue asking for 1-8 GPUs or a half; a small
+    random budget."""
     nodes: dict[str, tuple[int, ...]] = {}
     pods: list[RunningPod] = []
     for n in range(rng.randint(1, 6)):
@@ -87,15 +109,27 @@ def random_case(rng: random.Random) -> tuple[ClusterSnapshot, list[PendingPod], 
         free = [GPU_MILLI] * rng.choice((4, 8))
         for index in range(len(free)):
             roll = rng.random()
-            if roll < 0.15:
+            if roll < 0.08:
                 continue
             queue = rng.choice("abc")
             if roll < 0.45:
-                for half in range(2):
-                    pods.append(running(f"{name}-{index}-{half}", name, (index, 500), queue=queue))
-                free[index] = 0
+                for half in range(rng.choice((1, 2))):  # one half alone: fragments to consolidate
+                    pods.append(
+                        running(
+                            f"{name}-{index}-{half}",
+                            name,
+                            (index, 500),
+                            queue=queue,
+                            movable=rng.random() < 0.8,
+                        )
+                    )
+                free[index] = 1000 - 500 * (half + 1)
             elif roll < 0.7 and index + 1 < len(free) and free[index + 1] == GPU_MILLI:
-                pods.append(running(f"{name}-{index}", name, (index, 1000), (index + 1, 1000), queue=queue))
+                pods.append(
+                    running(
+                        f"{name}-{index}", name, (index, 1000), (index + 1, 1000), queue=queue, movable=True
+                    )
+                )
                 free[index] = free[index + 1] = 0
             elif free[index]:
                 pods.append(
@@ -121,6 +155,13 @@ def random_case(rng: random.Random) -> tuple[ClusterSnapshot, list[PendingPod], 
     rules = Rules(
         max_evictions=rng.randint(1, 12), max_trials=rng.randint(1, 20), node_trials=rng.randint(1, 6)
     )
+    if rng.random() < 0.5:  # one queue waits, for one GPU or a half: what consolidation serves
+        queue = rng.choice("abc")
+        pending = [
+            PendingPod(p.key, queue, GpuDemand(1, p.demand.milli), {"gpu": p.demand.milli / GPU_MILLI})
+            for p in pending
+        ]
+        return snapshot_of(nodes, pods, queue), pending, rules
     return snapshot_of(nodes, pods), pending, rules
 
 
@@ -179,3 +220,77 @@ def test_a_forks_fairness_tree_shares_the_queues_and_sums_its_own_usage() -> Non
     assert (tree.subtree("a", "allocated", "gpu"), tree.subtree("root", "allocated", "gpu")) == (1.0, 1.0)
     assert base.subtree("root", "allocated", "gpu") == 2.0
     assert fork.fairness.fair_shares == snapshot.fairness.fair_shares
+
+
+def moves_case(
+    seed: int,
+) -> tuple[ClusterSnapshot, list[PendingPod], ConsolidationRules, list[Plan], set[str], set[str]]:
+    """A random cluster, its waiting pods, consolidation rules, and the rest of `plan_moves`'
+    arguments: reclaim's plans of the cycle, random nodes avoided and pods pinned."""
+    rng = random.Random(seed)
+    snapshot, pending, rules = random_case(rng)
+    reclaimed = plan(snapshot, pending, NOW, rules)
+    moves = ConsolidationRules(
+        min_runtime_s=rng.choice((0.0, 3600.0)),
+        max_moves_per_pod=rng.randint(1, 3),
+        max_moves_per_cycle=rng.randint(1, 6),
+        max_candidates=rng.randint(2, 8),
+        max_trials=rng.randint(1, 30),
+    )
+    avoid = {n for n in snapshot.nodes if rng.random() < 0.2}
+    pinned = {k for k in snapshot.running if rng.random() < 0.1}
+    return snapshot, pending, moves, reclaimed, avoid, pinned
+
+
+def planned_moves(seed: int) -> tuple[list[MovePlan], int, int, int]:
+    snapshot, pending, moves, reclaimed, avoid, pinned = moves_case(seed)
+    work = Budget(moves.max_trials)
+    done = plan_moves(snapshot, pending, NOW, moves, reclaimed, avoid, pinned, work)
+    return done, work.trials, work.cut_off, work.refused
+
+
+def test_the_random_clusters_call_for_moves() -> None:
+    assert sum(len(planned_moves(seed)[0]) for seed in range(300)) > 50
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_movers_kept_for_a_cycle_change_no_move_plan(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Move plans with the movers and the nodes making room kept from one waiting pod to the next,
+    # then found again for every waiting pod the long way (a pass over every running pod, every
+    # set of every node tried): the same plans and budget.
+    def making_room(self: _Movers, fork: ClusterSnapshot, waiting: PendingPod) -> list[Making]:
+        now, rules, avoid, pinned = chosen[id(self)]
+        movers: dict[str, list[RunningPod]] = {}
+        for pod in fork.running.values():
+            if pod.node not in avoid and pod.key not in pinned and is_mover(pod, now, rules):
+                movers.setdefault(pod.node, []).append(pod)
+        nodes = []
+        for node in sorted(movers):
+            demand = waiting.demand_on(fork.gpu_memory.get(node, 0))
+            candidates = sorted(movers[node], key=_mover_order)[: rules.max_candidates]
+            if fork.fits_without(node, demand, candidates):
+                nodes.append((node, demand, candidates))
+        return nodes
+
+    def groups(
+        self: _Movers, fork: ClusterSnapshot, _: PendingPod, nodes: list[Making], count: int
+    ) -> list[_Group]:
+        return sorted(
+            (_group_rank(group, node), node, demand, group)
+            for node, demand, candidates in nodes
+            for group in combinations(candidates, count)
+            if fork.fits_without(node, demand, group)
+        )
+
+    chosen: dict[int, tuple[float, ConsolidationRules, Collection[str], Collection[str]]] = {}
+    kept = _Movers.__init__
+
+    def init(self: _Movers, *args: Any) -> None:
+        chosen[id(self)] = args[1:]
+        kept(self, *args)
+
+    monkeypatch.setattr(_Movers, "__init__", init)
+    kept_for_the_cycle = planned_moves(seed)
+    monkeypatch.setattr(_Movers, "making_room", making_room)
+    monkeypatch.setattr(_Movers, "groups", groups)
+    assert planned_moves(seed) == kept_for_the_cycle
