@@ -91,11 +91,7 @@ class MovePlan:
 
     @property
     def gpus_moved(self) -> float:
-        return sum(_gpus(move.pod) for move in self.moves)
-
-
-def _gpus(pod: RunningPod) -> float:
-    return sum(milli for _, milli in pod.gpus) / GPU_MILLI
+        return sum(move.pod.gpus_held for move in self.moves)
 
 
 def is_mover(pod: RunningPod, now: float, rules: ConsolidationRules) -> bool:
@@ -111,7 +107,7 @@ def _demand_of(pod: RunningPod) -> GpuDemand:
 
 
 def _mover_order(pod: RunningPod) -> tuple[float, int, float, str]:
-    return (_gpus(pod), pod.priority, -pod.started, pod.key)  # small, low priority, new first
+    return (pod.gpus_held, pod.priority, -pod.started, pod.key)  # small, low priority, new first
 
 
 def consolidation_refusal(fairness: FairnessSnapshot, waiting: PendingPod) -> str:
@@ -223,7 +219,7 @@ def _both_fit(free: Sequence[int], first: GpuDemand, count: int, milli: int) -> 
 def _move_message(pod: RunningPod, to_node: str, waiting: PendingPod, node: str) -> str:
     return (
         f"moved to defragment GPUs: pod {waiting.key} of queue '{waiting.queue}' fits no node as the "
-        f"GPUs are used; with this pod ({_gpus(pod):.3g} GPUs) moved off node {node} it fits there, "
+        f"GPUs are used; with this pod ({pod.gpus_held:.3g} GPUs) moved off node {node} it fits there, "
         f"and this pod's successor fits on node {to_node}"
     )
 
@@ -251,8 +247,10 @@ class _Movers:
         pinned: Collection[str],
     ) -> None:
         by_node: dict[str, list[RunningPod]] = {}
+        min_runtime = rules.min_runtime_s
         for pod in fork.movable_pods():  # in no order: each node's are sorted below
-            if pod.node not in avoid and pod.key not in pinned and is_mover(pod, now, rules):
+            # is_mover: movable_pods are movable, preemptible, not terminating and hold GPUs.
+            if now - pod.started >= min_runtime and pod.node not in avoid and pod.key not in pinned:
                 by_node.setdefault(pod.node, []).append(pod)
         self._by_node = {node: sorted(pods, key=_mover_order) for node, pods in by_node.items()}
         self._max_candidates = rules.max_candidates
@@ -370,7 +368,7 @@ def _moves_for(
 def _group_rank(group: Sequence[RunningPod], node: str) -> tuple[float, int, float, str, tuple[str, ...]]:
     """Fewest GPUs moved, then lowest priorities, then the newest pods (then names, for order)."""
     return (
-        sum(_gpus(pod) for pod in group),
+        sum(pod.gpus_held for pod in group),
         sum(pod.priority for pod in group),
         -sum(pod.started for pod in group),
         node,
@@ -447,7 +445,7 @@ def plan_drain(
         if node in avoid or not supply.free_milli or not on_node:
             continue
         if all(pod.key not in pinned and is_mover(pod, now, rules) for pod in on_node):
-            ranked.append((sum(_gpus(pod) for pod in on_node), len(on_node), node))
+            ranked.append((sum(pod.gpus_held for pod in on_node), len(on_node), node))
     emptied = set(avoid)
     plans: list[MovePlan] = []
     moves_left = rules.max_moves_per_cycle

@@ -144,10 +144,6 @@ def gpu_amounts(resources: Resources) -> dict[str, float]:
     return {r: a for r, a in resources.items() if (r == "gpu" or r.startswith(GPU_MODEL_PREFIX)) and a > 0}
 
 
-def _gpus(pod: RunningPod) -> float:
-    return sum(milli for _, milli in pod.gpus) / GPU_MILLI
-
-
 def _diverging(fairness: FairnessSnapshot, a: str, b: str) -> tuple[list[str], list[str]]:
     """The paths from `a` and from `b` up to (not including) their lowest common ancestor."""
     tree = fairness.tree
@@ -446,7 +442,7 @@ def _plan_for(
             evictions, _ = found
             if not evictions or len(evictions) > evictions_left:
                 continue
-            evicted = sum(_gpus(e.pod) for e in evictions)
+            evicted = sum(e.pod.gpus_held for e in evictions)
             if evicted / max(needed, 1e-9) > rules.max_ratio + EPSILON and not (
                 # One victim no bigger than the whole GPUs the pod needs is the least there is
                 # (a whole-GPU pod for a half-GPU pod); a big one for a small pod is not.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TypeVar
 
 from contract.names import GPU_MILLI
@@ -47,6 +48,11 @@ class RunningPod:
     # Its workload when that is a gang (extender.policy.workloads; "" for a pod alone): evicting
     # a member below the workload's minimum breaks it, so planners take the whole gang or none.
     workload: str = ""
+
+    @cached_property
+    def gpus_held(self) -> float:
+        """GPUs it holds (a half: 0.5), summed once: planners rank pods by it every cycle."""
+        return sum(milli for _, milli in self.gpus) / GPU_MILLI
 
 
 def can_be_victim(pod: RunningPod) -> bool:
@@ -162,7 +168,7 @@ class ClusterSnapshot:
         # Per queue, per node, how many base running pods could be victims (`can_be_victim`),
         # when the caller keeps them (else counted by a pass on first use); forks share them.
         self._victims: Mapping[str, Mapping[str, int]] | None = victims
-        self._movable: tuple[str, ...] | None = None  # base keys of `movable_pods`, on first use
+        self._movable: tuple[RunningPod, ...] | None = None  # the base's `movable_pods`, on first use
 
     def members(self, workload: str) -> list[RunningPod]:
         """The running members of a gang workload in this snapshot, terminating ones aside."""
@@ -261,8 +267,8 @@ class ClusterSnapshot:
         assert isinstance(self.running, _Layered)
         base, changes = self.running.base, self._pod_changes
         if self._movable is None:
-            self._movable = tuple(key for key, pod in base.items() if pod.movable and can_be_victim(pod))
-        pods = [base[key] for key in self._movable if key not in changes]
+            self._movable = tuple(pod for pod in base.values() if pod.movable and can_be_victim(pod))
+        pods = [pod for pod in self._movable if pod.key not in changes] if changes else list(self._movable)
         pods.extend(pod for pod in changes.values() if pod is not None and pod.movable and can_be_victim(pod))
         return pods
 
