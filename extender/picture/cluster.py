@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from contract.kube import controller_of, mapping, meta
@@ -432,8 +433,13 @@ def is_movable(pod: Mapping[str, Any]) -> bool:
 
 def _timestamp(text: object) -> float:
     """Seconds since the epoch of a Kubernetes timestamp (0 when absent or unreadable)."""
-    if not isinstance(text, str):
-        return 0.0
+    return _parse_timestamp(text) if isinstance(text, str) else 0.0
+
+
+@lru_cache(maxsize=4096)
+def _parse_timestamp(text: str) -> float:
+    # Cached: the planners read every waiting pod's creation time each cycle, and strptime is
+    # slow; pods created in the same second share the text.
     try:
         return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:

@@ -50,6 +50,7 @@ fits; otherwise nothing is evicted for any of them.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -347,8 +348,9 @@ class Search:
         self._fork = fork
         self._by_free: list[str] | None = None
         self._nodes_of_queue: dict[str, set[str]] | None = None
-        # Demands known to fit nowhere, and the nodes changed since (only those need a look).
-        self._unfit: dict[tuple[GpuDemand, int | None], int] = {}
+        # Per demand: the node (index in `names`) where it fit last, or len(names) when nowhere,
+        # and how many nodes were touched then (`fits_somewhere`).
+        self._first: dict[tuple[GpuDemand, int | None], tuple[int, int]] = {}
         self.touched: list[str] = []
 
     @property
@@ -394,24 +396,33 @@ class Search:
         return found
 
     def fits_somewhere(self, fork: ClusterSnapshot, waiting: PendingPod) -> str | None:
-        """The first node by name where the pod fits now; a demand that fit nowhere is checked
-        again only on the nodes changed since (`touched`: every node that gained room must be
-        there), which gives the same node as a look at every node."""
+        """The first node by name where the pod fits now.
+
+        Between calls, nodes only lose room, except those in `touched` (every node that gained
+        room must be there). So for a demand looked for before, the nodes before the one found
+        then (all of them, when none was) are looked at again only if touched since, and the
+        look goes on from that node: the same node as a look at every node, without passing the
+        full ones again for every pod."""
         memo = (waiting.demand, waiting.fraction_memory)
-        seen = self._unfit.get(memo)
-        names = self.names if seen is None else sorted(set(self.touched[seen:]))
-        nodes, gpu_memory = fork.nodes, fork.gpu_memory
+        start, seen = self._first.get(memo, (0, len(self.touched)))
+        names, nodes, gpu_memory = self.names, fork.nodes, fork.gpu_memory
         sized: dict[int, GpuDemand] = {}  # the demand by GPU memory (a fraction's share depends on it)
-        found = None
-        for name in names:
+
+        def fitting(name: str) -> bool:
             memory = gpu_memory.get(name, 0)
             demand = sized.get(memory) or sized.setdefault(memory, waiting.demand_on(memory))
             supply = nodes.get(name)
-            if supply is not None and fits(supply, demand):
-                found = name
-                break
-        if found is None:
-            self._unfit[memo] = len(self.touched)
+            return supply is not None and fits(supply, demand)
+
+        ahead = names[start] if start < len(names) else None
+        again = sorted({name for name in self.touched[seen:] if ahead is None or name < ahead})
+        found = next((name for name in again if fitting(name)), None)
+        if found is not None:
+            index = bisect_left(names, found)
+        else:
+            index = next((i for i in range(start, len(names)) if fitting(names[i])), len(names))
+            found = names[index] if index < len(names) else None
+        self._first[memo] = (index, len(self.touched))
         return found
 
 

@@ -1,7 +1,8 @@
 """The planners' shortcuts give the answers of the long way: the eviction bound that spares a node
 search (`fewest_evictions`), the possible victims' nodes kept per snapshot (`victim_nodes`), the
 fork's fairness tree that shares the queues' structure (`FairnessSnapshot.with_usage`), and
-consolidation's movers and the sets of them that make room, kept for a cycle (`_Movers`).
+consolidation's movers and the sets of them that make room, kept for a cycle (`_Movers`), and
+the first fitting node looked for from where a demand fit last (`Search.fits_somewhere`).
 
 Worked examples first, then differential tests on random clusters: plans with the shortcut equal
 plans without it, budget included."""
@@ -29,8 +30,8 @@ from extender.policy.consolidation import (
     plan_moves,
 )
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
-from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
-from extender.policy.reclaim import Budget, PendingPod, Plan, Rules, fewest_evictions, plan
+from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix, fits
+from extender.policy.reclaim import Budget, PendingPod, Plan, Rules, Search, fewest_evictions, plan
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 from tests.unit.extender.test_snapshot import counted
 
@@ -294,3 +295,26 @@ def test_the_movers_kept_for_a_cycle_change_no_move_plan(seed: int, monkeypatch:
     monkeypatch.setattr(_Movers, "making_room", making_room)
     monkeypatch.setattr(_Movers, "groups", groups)
     assert planned_moves(seed) == kept_for_the_cycle
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_fitting_node_looked_for_from_where_the_demand_fit_last_is_the_first_by_name(seed: int) -> None:
+    # Pods placed where they fit (nodes lose room) and pods evicted (their nodes, touched, gain
+    # room), in random turns; each pod's node is the first by name where it fits, as a look at
+    # every node in order finds.
+    rng = random.Random(seed)
+    snapshot, _, _ = random_case(rng)
+    fork = snapshot.fork()
+    search = Search(fork)
+    for step in range(40):
+        if rng.random() < 0.25 and fork.running:
+            key = rng.choice(sorted(fork.running))
+            search.touched.append(fork.evict(key).node)
+            continue
+        count = rng.choice((1, 1, 2))
+        milli = rng.choice((250, 500, GPU_MILLI)) if count == 1 else GPU_MILLI
+        waiting = PendingPod(f"new{step}", "a", GpuDemand(count, milli), {"gpu": count * milli / GPU_MILLI})
+        first = next((name for name in sorted(fork.nodes) if fits(fork.nodes[name], waiting.demand)), None)
+        assert search.fits_somewhere(fork, waiting) == first
+        if first is not None:
+            fork.place(running(waiting.key, ""), waiting.demand, first)
