@@ -221,20 +221,44 @@ class _Landings:
 
     def may_land(self, group: Sequence[RunningPod], node: str, arriving: GpuDemand) -> bool:
         """False when a mover of `group` can land nowhere: it fits no other node, and its GPUs and
-        the arriving pod's cannot both fit `node` with the group off (whatever GPUs each takes)."""
+        the arriving pod's cannot both fit `node` with the group off (whatever GPUs each takes), or
+        the CPU and memory of the arriving pod and such movers cannot."""
         staying = [pod for pod in group if not self._fits_elsewhere(pod)]
         if not staying:
             return True
+        if not self._host_room(node, arriving, staying, group):
+            return False
         free = _free_without(self.fork.nodes[node].free_milli, group)
         return all(_both_fit(free, arriving, len(pod.gpus), max(m for _, m in pod.gpus)) for pod in staying)
 
-    def may_join(self, pod: RunningPod, arriving: GpuDemand, freed: Sequence[int]) -> bool:
+    def may_join(
+        self,
+        pod: RunningPod,
+        node: str,
+        arriving: GpuDemand,
+        everyone: Sequence[RunningPod],
+        freed: Sequence[int],
+    ) -> bool:
         """Can `pod` be in a group that `may_land`? It fits another node, or it can share its own
-        node with the arriving pod when every mover of the node is off (`freed`: no group frees
-        more, so a pod failing this fails `may_land` in every group)."""
-        return self._fits_elsewhere(pod) or _both_fit(
-            freed, arriving, len(pod.gpus), max(m for _, m in pod.gpus)
+        node with the arriving pod when `everyone` (every mover of the node) is off, `freed` the
+        node's free shares then: no group frees more, so a pod failing this fails `may_land` in
+        every group."""
+        return self._fits_elsewhere(pod) or (
+            self._host_room(node, arriving, [pod], everyone)
+            and _both_fit(freed, arriving, len(pod.gpus), max(m for _, m in pod.gpus))
         )
+
+    def _host_room(
+        self, node: str, arriving: GpuDemand, staying: Sequence[RunningPod], gone: Sequence[RunningPod]
+    ) -> bool:
+        """Do the CPU and memory of the arriving pod and the movers `staying` fit `node` together
+        with the pods `gone` off it?"""
+        together = GpuDemand(
+            0,
+            cpu_milli=arriving.cpu_milli + sum(pod.cpu_milli for pod in staying),
+            memory_mib=arriving.memory_mib + sum(pod.memory_mib for pod in staying),
+        )
+        return self.fork.fits_without(node, together, gone)
 
 
 def _free_without(free_milli: Sequence[int], pods: Iterable[RunningPod]) -> list[int]:
@@ -288,8 +312,11 @@ def _moves_for(
         if not fork.fits_without(node, demand, movers[node]):
             continue  # not even with every mover off
         freed = _free_without(fork.nodes[node].free_milli, movers[node])
+        everyone = movers[node]
         joining = [
-            pod for pod in sorted(movers[node], key=_mover_order) if landings.may_join(pod, demand, freed)
+            pod
+            for pod in sorted(everyone, key=_mover_order)
+            if landings.may_join(pod, node, demand, everyone, freed)
         ]
         candidates = joining[: rules.max_candidates]
         if candidates and fork.fits_without(node, demand, candidates):  # else no subset can make room

@@ -3,7 +3,7 @@
     tessera simulate trace [--all | --pods FILE ...] [--policies fgd,tessera,...] [--seed N | --seeds 0,1,2]
                            [--replay paper,creation] [--scheduler-profile shipped|stock]
                            [--extender-weight N] [--device-choice first-fit|tessera]
-                           [--moves-per-100-pods 0,1,2,5] [--bound]
+                           [--moves-per-100-pods 0,1,2,5] [--moves-per-pod N] [--bound [TARGET]]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
 
 Both print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
@@ -83,6 +83,7 @@ def _replay_task(
     profile: SchedulerProfile,
     device_choice: DeviceChoice,
     budget: float | None,
+    moves_per_pod: int,
 ) -> PackingResult:
     """One replay; runs in a worker process."""
     return replay_packing(
@@ -96,6 +97,7 @@ def _replay_task(
         profile=profile,
         device_choice=device_choice,
         moves_per_100_pods=budget,
+        moves_per_pod=moves_per_pod,
     )
 
 
@@ -159,6 +161,8 @@ def _run_trace(args: argparse.Namespace) -> int:
         budgets = [float(b) for b in args.moves_per_100_pods.split(",")] if args.moves_per_100_pods else []
         if any(budget < 0 for budget in budgets):
             raise ValueError("--moves-per-100-pods cannot be negative")
+        if args.moves_per_pod < 1:
+            raise ValueError("--moves-per-pod must be at least 1")
         load_nodes(nodes_csv)  # fail fast on a bad file, before starting workers
         untimed = [p for p in pod_files if all(pod.creation_time is None for pod in load_pods(p))]
     except (TraceError, ValueError) as error:
@@ -200,6 +204,7 @@ def _run_trace(args: argparse.Namespace) -> int:
                 profile,
                 args.device_choice,
                 task[2][1],
+                args.moves_per_pod,
             )
             for task in tasks
         }
@@ -305,6 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--moves-per-100-pods",
         help="comma-separated move budgets: per budget B, a tessera replay with consolidation that moves "
         "at most B placed pods per 100 placed (tessera+movesB; 0: the plain replay through the same path)",
+    )
+    trace.add_argument(
+        "--moves-per-pod",
+        type=int,
+        default=1,
+        help="with --moves-per-100-pods: at most this many moves serve one pod (the planner's "
+        "max_moves_per_pod; default %(default)s, the extender's is 2)",
     )
     trace.add_argument(
         "--bound",

@@ -53,17 +53,21 @@ class MoveStats:
     plans_tried: int = 0  # pods that fit nowhere while the budget allowed a move
 
 
+def consolidation_rules(moves_per_pod: int) -> ConsolidationRules:
+    """The planner's rules in a replay: no minimum runtime, at most `moves_per_pod` moves for one
+    pod (the rest as the extender's defaults, the work budget included)."""
+    if moves_per_pod < 1:
+        raise ValueError("a pod is served by at least one move")
+    return ConsolidationRules(min_runtime_s=0.0, max_moves_per_pod=moves_per_pod)
+
+
 @dataclass
 class Consolidator:
     """The placed pods of one replay, as the planner sees them, and the move budget spent."""
 
     cluster: Cluster
     moves_per_100_pods: float
-    # One move serves one pod: with two, the search of pairs of movers in a nearly full cluster of
-    # a thousand nodes costs seconds per pod that fits nowhere (see the module docstring).
-    rules: ConsolidationRules = field(
-        default_factory=lambda: ConsolidationRules(min_runtime_s=0.0, max_moves_per_pod=1)
-    )
+    rules: ConsolidationRules = field(default_factory=lambda: consolidation_rules(1))
     stats: MoveStats = field(default_factory=MoveStats)
     _running: dict[str, RunningPod] = field(default_factory=dict)
     _where: dict[str, tuple[int, GpuDemand, tuple[int, ...]]] = field(default_factory=dict)

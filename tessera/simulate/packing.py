@@ -36,7 +36,7 @@ from extender.policy.placement import Cost, GpuDemand, WorkloadMix, mix_from_dem
 from .bound import AllocationBound, allocation_bound
 from .cluster import Cluster
 from .deployed import SHIPPED_PROFILE, DeployedPlacer, DeviceChoice, SchedulerProfile
-from .moves import Consolidator
+from .moves import Consolidator, consolidation_rules
 from .policies import DEPLOYED, Policy, make_policy
 from .trace import SimNode, SimPod
 
@@ -225,10 +225,12 @@ def replay_packing(
     profile: SchedulerProfile = SHIPPED_PROFILE,
     device_choice: DeviceChoice = "first-fit",
     moves_per_100_pods: float | None = None,
+    moves_per_pod: int = 1,
 ) -> PackingResult:
     """One replay; ``profile`` and ``device_choice`` are what ``tessera-deployed`` models. With
     ``moves_per_100_pods``, a pod that fits nowhere is served by moving placed pods when the budget
-    allows (``moves``: only for ``tessera``, whose placement the planner uses)."""
+    allows, at most ``moves_per_pod`` for one pod (``moves``: only for ``tessera``, whose placement
+    the planner uses)."""
     if not any(pod.gpu_milli for pod in pods):
         raise ValueError("the workload has no GPU pods, so arrival can never reach the target")
     if moves_per_100_pods is not None and policy_name != "tessera":
@@ -246,7 +248,11 @@ def replay_packing(
         else Placer(cluster, make_policy(policy_name, mix), _rng(seed, "policy"), tie_break="first")
     )
     result = PackingResult(policy=policy_name, seed=seed, replay=replay, move_budget=moves_per_100_pods)
-    consolidator = None if moves_per_100_pods is None else Consolidator(cluster, moves_per_100_pods)
+    consolidator = (
+        None
+        if moves_per_100_pods is None
+        else Consolidator(cluster, moves_per_100_pods, consolidation_rules(moves_per_pod))
+    )
     samples: list[tuple[float, float]] = []  # (arrival %, allocation % rounded as the paper's analysis)
     placed: list[GpuDemand] = []
     skipped: list[GpuDemand] = []
