@@ -14,11 +14,12 @@ planner landed it on. The cluster then holds what the planner's fork held.
 **Budget.** ``moves_per_100_pods`` = B allows, before a pod is served, at most
 ``floor(B x placed / 100) - moves so far`` moves, ``placed`` counting the pods placed before it.
 So at every point of the replay, moves <= B% of the pods placed, and B = 0 never moves (the
-replay is then the plain one). Within that, one move serves one pod (the planner's
-``max_moves_per_pod`` is 1 here, the extender's default 2): on the trace's 1213 nodes, nearly
-full, the search of pairs of movers costs seconds for each pod that fits nowhere (a pair whose
-movers each fit elsewhere often fit only one after the other), which the 2-core machine these
-replays run on cannot afford for thousands of such pods.
+replay is then the plain one). Within that, at most ``moves_per_pod`` moves serve one pod (the
+planner's ``max_moves_per_pod``; 1 unless asked, the extender's default is 2): on the trace's 1213
+nodes, nearly full, a search of pairs of movers that finds nothing spends the planner's whole work
+budget (64 trials: pairs whose movers each fit elsewhere, but only one after the other), about
+three times the cost of a search of single movers, for each of the thousands of pods that fit
+nowhere.
 
 **Movability.** The trace says nothing about owners, so every placed GPU pod is taken to belong to
 a controller that recreates it (a mover in the planner's sense: movable, preemptible, not
