@@ -322,11 +322,14 @@ def _moves_for(
         if candidates and fork.fits_without(node, demand, candidates):  # else no subset can make room
             nodes.append((node, demand, candidates))
     arriving = RunningPod(waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority)
+    ranks = {
+        pod.key: (_gpus(pod), pod.priority, pod.started) for _, _, candidates in nodes for pod in candidates
+    }
     for count in range(1, budget + 1):
         # Every set of `count` movers that makes room, best first; the first whose movers all
         # land elsewhere is the best plan of this size (landing is the costly test).
         groups = sorted(
-            (_group_rank(group, node), node, demand, group)
+            (_group_rank(group, node, ranks), node, demand, group)
             for node, demand, candidates in nodes
             for group in combinations(candidates, count)
             if fork.fits_without(node, demand, group)
@@ -352,15 +355,16 @@ def _moves_for(
     return None
 
 
-def _group_rank(group: Sequence[RunningPod], node: str) -> tuple[float, int, float, str, tuple[str, ...]]:
-    """Fewest GPUs moved, then lowest priorities, then the newest pods (then names, for order)."""
-    return (
-        sum(_gpus(pod) for pod in group),
-        sum(pod.priority for pod in group),
-        -sum(pod.started for pod in group),
-        node,
-        tuple(pod.key for pod in group),
-    )
+def _group_rank(
+    group: Sequence[RunningPod], node: str, ranks: dict[str, tuple[float, int, float]]
+) -> tuple[float, int, float, str, tuple[str, ...]]:
+    """Fewest GPUs moved, then lowest priorities, then the newest pods (then names, for order);
+    `ranks`: each mover's GPUs, priority and start, worked out once per search."""
+    gpus, priority, started = 0.0, 0, 0.0
+    for pod in group:
+        pod_gpus, pod_priority, pod_started = ranks[pod.key]
+        gpus, priority, started = gpus + pod_gpus, priority + pod_priority, started + pod_started
+    return (gpus, priority, -started, node, tuple(pod.key for pod in group))
 
 
 def plan_moves(
