@@ -326,17 +326,15 @@ def _moves_for(
         pod.key: (_gpus(pod), pod.priority, pod.started) for _, _, candidates in nodes for pod in candidates
     }
     for count in range(1, budget + 1):
-        # Every set of `count` movers that makes room, best first; the first whose movers all
-        # land elsewhere is the best plan of this size (landing is the costly test).
+        # Every set of `count` movers that makes room and may land, best first; the first whose
+        # movers all land is the best plan of this size (landing is the costly test).
         groups = sorted(
             (_group_rank(group, node, ranks), node, demand, group)
             for node, demand, candidates in nodes
             for group in combinations(candidates, count)
-            if fork.fits_without(node, demand, group)
+            if fork.fits_without(node, demand, group) and landings.may_land(group, node, demand)
         )
         for _, node, demand, group in groups:
-            if not landings.may_land(group, node, demand):
-                continue
             if not work.spend():
                 return None
             trial = fork.fork()
