@@ -15,17 +15,17 @@ Rules (each a test in tests/unit/extender/test_consolidation.py):
    not opted out), preemptible, not terminating, and have run at least `min_runtime_s` - so a pod
    just recreated by a move is not moved again soon.
 3. Fewest moves first: for k = 1, 2, ... up to `max_moves_per_pod`, on every node every set of k of
-   its movers (the `max_candidates` smallest of those that may land, below) is tried on a fork: the
-   movers off, the waiting pod placed on the node, then each mover - largest first - placed on the
-   node the filter ranks best among nodes with GPUs of the same model and size (its own node
-   included, on another GPU). The smallest k with any set where all of that fits wins; among its
-   sets, fewest GPUs moved (small fractions before big pods), then lowest priorities, then the
-   newest pods. A set with a mover that fits no other node and cannot share its own with the
-   waiting pod is skipped without a trial (`_Landings`): in a nearly full cluster that is most
-   sets. A mover that could not even share its node with every other mover off is no candidate at
-   all, and a node where the waiting pod would not fit with every mover off is not searched: the
-   sets are only formed of movers that may land, and the nodes where the other movers land are
-   found through an index of the nodes by GPU model and size, roomiest GPU first.
+   its movers (the `max_candidates` smallest, less those that may not land: below) is tried on a
+   fork: the movers off, the waiting pod placed on the node, then each mover - largest first -
+   placed on the node the filter ranks best among nodes with GPUs of the same model and size (its
+   own node included, on another GPU). The smallest k with any set where all of that fits wins;
+   among its sets, fewest GPUs moved (small fractions before big pods), then lowest priorities,
+   then the newest pods. A set with a mover that fits no other node and cannot share its own with
+   the waiting pod is skipped without a trial (`_Landings`): in a nearly full cluster that is most
+   sets. A mover that could not even share its node with all the other candidates off is no
+   candidate at all, and a node where the waiting pod would not fit with all its candidates off is
+   not searched: the sets are only formed of movers that may land, and the nodes where the other
+   movers land are found through an index of the nodes by GPU model and size, roomiest GPU first.
 4. Bounded: at most `max_moves_per_pod` moves serve one pod, `max_moves_per_cycle` per cycle,
    `max_pending` waiting pods are tried, and at most `max_trials` sets of movers (or nodes to
    empty) are tried on forks per cycle (a `Budget`: what it cuts off is counted in it).
@@ -240,9 +240,9 @@ class _Landings:
         freed: Sequence[int],
     ) -> bool:
         """Can `pod` be in a group that `may_land`? It fits another node, or it can share its own
-        node with the arriving pod when `everyone` (every mover of the node) is off, `freed` the
-        node's free shares then: no group frees more, so a pod failing this fails `may_land` in
-        every group."""
+        node with the arriving pod when `everyone` (every candidate of the node) is off, `freed`
+        the node's free shares then: no group frees more, so a pod failing this fails `may_land`
+        in every group."""
         return self._fits_elsewhere(pod) or (
             self._host_room(node, arriving, [pod], everyone)
             and _both_fit(freed, arriving, len(pod.gpus), max(m for _, m in pod.gpus))
@@ -309,16 +309,11 @@ def _moves_for(
     nodes: list[tuple[str, GpuDemand, list[RunningPod]]] = []
     for node in sorted(movers):
         demand = waiting.demand_on(fork.gpu_memory.get(node, 0))
-        if not fork.fits_without(node, demand, movers[node]):
-            continue  # not even with every mover off
-        freed = _free_without(fork.nodes[node].free_milli, movers[node])
-        everyone = movers[node]
-        joining = [
-            pod
-            for pod in sorted(everyone, key=_mover_order)
-            if landings.may_join(pod, node, demand, everyone, freed)
-        ]
-        candidates = joining[: rules.max_candidates]
+        smallest = sorted(movers[node], key=_mover_order)[: rules.max_candidates]
+        if not fork.fits_without(node, demand, smallest):
+            continue  # not even with all of them off
+        freed = _free_without(fork.nodes[node].free_milli, smallest)
+        candidates = [pod for pod in smallest if landings.may_join(pod, node, demand, smallest, freed)]
         if candidates and fork.fits_without(node, demand, candidates):  # else no subset can make room
             nodes.append((node, demand, candidates))
     arriving = RunningPod(waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority)

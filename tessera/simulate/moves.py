@@ -52,6 +52,9 @@ class MoveStats:
     moved_milli: int = 0  # GPU milli those pods held
     pods_served: int = 0  # pods placed thanks to moves
     plans_tried: int = 0  # pods that fit nowhere while the budget allowed a move
+    # The smallest budget (moves per 100 placed pods) that would have made every plan of the replay
+    # with the same bounds: any budget from it up to the replay's makes the same moves.
+    same_from_budget: float = 0.0
 
 
 def consolidation_rules(moves_per_pod: int) -> ConsolidationRules:
@@ -112,6 +115,10 @@ class Consolidator:
         if budget <= 0 or demand in self._hopeless:
             return False
         self.stats.plans_tried += 1
+        # A smaller budget B' plans alike while it allows as many of the moves this plan may make:
+        # floor(B' x placed / 100) - moves >= min(budget, moves per pod).
+        needed = 100.0 * (self.stats.moves + min(budget, self.rules.max_moves_per_pod)) / placed
+        self.stats.same_from_budget = max(self.stats.same_from_budget, needed)
         rules = ConsolidationRules(
             min_runtime_s=self.rules.min_runtime_s,
             max_moves_per_pod=min(budget, self.rules.max_moves_per_pod),

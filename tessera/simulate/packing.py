@@ -72,6 +72,7 @@ class PackingResult:
     moves: int = 0  # placed pods moved (``moves``)
     moved_gpu_milli: int = 0
     pods_served_by_moves: int = 0
+    same_from_budget: float = 0.0  # any move budget from this one up to move_budget replays alike
     bound: AllocationBound | None = None  # the end state's idle capacity and what moves could reach
 
     @property
@@ -301,6 +302,7 @@ def replay_packing(
             stats.moved_milli,
             stats.pods_served,
         )
+        result.same_from_budget = stats.same_from_budget
     early = [pod.demand for pod in arriving[: len(arriving) if unfit_at is None else unfit_at]]
     result.bound = allocation_bound(cluster, placed, skipped, early)
     result.seconds = time.perf_counter() - started

@@ -276,6 +276,7 @@ def move_budget_table(results: Sequence[PackingResult], baseline: str = "fgd") -
         "mean frag %",
         "moves % placed (max)",
         "pods served by moves",
+        "same moves from budget (max)",
         f"min - {baseline} (points)",
     ]
     rows = []
@@ -293,6 +294,7 @@ def move_budget_table(results: Sequence[PackingResult], baseline: str = "fgd") -
                 f"{sum(r.fragmentation_pct for r in mine) / len(mine):.2f}",
                 f"{max(r.moves_pct for r in mine):.2f}",
                 f"{sum(r.pods_served_by_moves for r in mine) / len(mine):.0f}",
+                f"{max(r.same_from_budget for r in mine):.2f}",
                 f"{min(margins):+.2f}" if margins else "",
             ]
         )

@@ -122,6 +122,10 @@ def test_replay_keeps_moves_within_the_budget(budget: float) -> None:
         assert (moved.allocation_pct, moved.curve) == (plain.allocation_pct, plain.curve)
     else:
         assert moved.moves > 0 and moved.final_allocation_pct > plain.final_allocation_pct
+        # Any budget from `same_from_budget` up replays alike, and no smaller one plans the move.
+        assert 0 < moved.same_from_budget <= budget
+        alike = replay_packing(nodes, pods, "tessera", seed=2, moves_per_100_pods=moved.same_from_budget)
+        assert (alike.moves, alike.curve) == (moved.moves, moved.curve)
 
 
 def test_moves_need_the_tessera_policy() -> None:
