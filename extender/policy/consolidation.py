@@ -14,14 +14,18 @@ Rules (each a test in tests/unit/extender/test_consolidation.py):
 2. Movers are pods that are `movable` (a controller that recreates them owns them, and they are
    not opted out), preemptible, not terminating, and have run at least `min_runtime_s` - so a pod
    just recreated by a move is not moved again soon.
-3. Fewest moves first: for k = 1, 2, ... up to `max_moves_per_pod`, on every node every set of k
-   of its movers (the `max_candidates` smallest) is tried on a fork: the movers off, the waiting
-   pod placed on the node, then each mover - largest first - placed on the node the filter ranks
-   best among nodes with GPUs of the same model and size (its own node included, on another GPU).
-   The smallest k with any set where all of that fits wins; among its sets, fewest GPUs moved
-   (small fractions before big pods), then lowest priorities, then the newest pods. A set with a
-   mover that fits no other node and cannot share its own with the waiting pod is skipped without
-   a trial (`_Landings`): in a nearly full cluster that is most sets.
+3. Fewest moves first: for k = 1, 2, ... up to `max_moves_per_pod`, on every node every set of k of
+   its movers (the `max_candidates` smallest, less those that may not land: below) is tried on a
+   fork: the movers off, the waiting pod placed on the node, then each mover - largest first -
+   placed on the node the filter ranks best among nodes with GPUs of the same model and size (its
+   own node included, on another GPU). The smallest k with any set where all of that fits wins;
+   among its sets, fewest GPUs moved (small fractions before big pods), then lowest priorities,
+   then the newest pods. A set with a mover that fits no other node and cannot share its own with
+   the waiting pod is skipped without a trial (`_Landings`): in a nearly full cluster that is most
+   sets. A mover that could not even share its node with all the other candidates off is no
+   candidate at all, and a node where the waiting pod would not fit with all its candidates off is
+   not searched: the sets are only formed of movers that may land, and the nodes where the other
+   movers land are found through an index of the nodes by GPU model and size, roomiest GPU first.
 4. Bounded: at most `max_moves_per_pod` moves serve one pod, `max_moves_per_cycle` per cycle,
    `max_pending` waiting pods are tried, and at most `max_trials` sets of movers (or nodes to
    empty) are tried on forks per cycle (a `Budget`: what it cuts off is counted in it). The
@@ -168,6 +172,20 @@ class _Landings:
         self.fork = fork
         self._fitting: dict[tuple[int, int, str, int], list[str]] = {}
         self._elsewhere: dict[str, bool] = {}
+        self._by_room: dict[tuple[str, int], list[tuple[int, str]]] | None = None
+
+    def _roomiest(self, model: str, memory: int) -> list[tuple[int, str]]:
+        """The nodes with GPUs of this model and size as (most free milli on one GPU, node), most
+        first: indexed once per search, so a shape's nodes are found without a scan of all."""
+        if self._by_room is None:
+            fork, by_room = self.fork, dict[tuple[str, int], list[tuple[int, str]]]()
+            for name, supply in fork.nodes.items():
+                room = max(supply.free_milli, default=0)
+                by_room.setdefault((supply.model, fork.gpu_memory.get(name, 0)), []).append((room, name))
+            for nodes in by_room.values():
+                nodes.sort(reverse=True)
+            self._by_room = by_room
+        return self._by_room.get((model, memory), [])
 
     def candidates(self, pod: RunningPod) -> list[str]:
         """Nodes with GPUs like those of the pod's node where its GPUs fit in the fork."""
@@ -176,11 +194,13 @@ class _Landings:
         kind = (count, milli, fork.nodes[pod.node].model, fork.gpu_memory.get(pod.node, 0))
         found = self._fitting.get(kind)
         if found is None:
-            found = self._fitting[kind] = [
-                name
-                for name in fork.fitting_nodes(GpuDemand(count, milli))
-                if (fork.nodes[name].model, fork.gpu_memory.get(name, 0)) == kind[2:]
-            ]
+            shape, nodes, found = GpuDemand(count, milli), fork.nodes, []
+            for room, name in self._roomiest(kind[2], kind[3]):
+                if room < milli:
+                    break  # no GPU of this node or the next ones has the room
+                if fits(nodes[name], shape):
+                    found.append(name)
+            self._fitting[kind] = found
         return found
 
     def _fits_elsewhere(self, pod: RunningPod) -> bool:
@@ -194,15 +214,36 @@ class _Landings:
 
     def may_land(self, group: Sequence[RunningPod], node: str, arriving: GpuDemand) -> bool:
         """False when a mover of `group` can land nowhere: it fits no other node, and its GPUs and
-        the arriving pod's cannot both fit `node` with the group off (whatever GPUs each takes)."""
+        the arriving pod's cannot both fit `node` with the group off (whatever GPUs each takes), or
+        the CPU and memory of the arriving pod and such movers cannot."""
         staying = [pod for pod in group if not self._fits_elsewhere(pod)]
         if not staying:
             return True
-        free = list(self.fork.nodes[node].free_milli)
-        for pod in group:
-            for index, milli in pod.gpus:
-                free[index] = min(GPU_MILLI, free[index] + milli)
+        if not self._host_room(node, arriving, staying, group):
+            return False
+        free = _free_without(self.fork.nodes[node].free_milli, group)
         return all(_both_fit(free, arriving, len(pod.gpus), max(m for _, m in pod.gpus)) for pod in staying)
+
+    def _host_room(
+        self, node: str, arriving: GpuDemand, staying: Sequence[RunningPod], gone: Sequence[RunningPod]
+    ) -> bool:
+        """Do the CPU and memory of the arriving pod and the movers `staying` fit `node` together
+        with the pods `gone` off it?"""
+        together = GpuDemand(
+            0,
+            cpu_milli=arriving.cpu_milli + sum(pod.cpu_milli for pod in staying),
+            memory_mib=arriving.memory_mib + sum(pod.memory_mib for pod in staying),
+        )
+        return self.fork.fits_without(node, together, gone)
+
+
+def _free_without(free_milli: Sequence[int], pods: Iterable[RunningPod]) -> list[int]:
+    """A node's free shares per GPU with these of its pods off it."""
+    free = list(free_milli)
+    for pod in pods:
+        for index, milli in pod.gpus:
+            free[index] = min(GPU_MILLI, free[index] + milli)
+    return free
 
 
 def _both_fit(free: Sequence[int], first: GpuDemand, count: int, milli: int) -> bool:

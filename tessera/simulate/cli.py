@@ -3,7 +3,7 @@
     tessera simulate trace [--all | --pods FILE ...] [--policies fgd,tessera,...] [--seed N | --seeds 0,1,2]
                            [--replay paper,creation] [--scheduler-profile shipped|stock]
                            [--extender-weight N] [--device-choice first-fit|tessera]
-                           [--moves-per-100-pods 0,1,2,5]
+                           [--moves-per-100-pods 0,1,2,5] [--moves-per-pod N] [--bound [TARGET]]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
 
 Both print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
@@ -18,12 +18,16 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from contract.names import GPU_MILLI
+
+from .bound import placed_prefix_capping
 from .deployed import DEVICE_CHOICES, SHIPPED_PROFILE, STOCK_PROFILE, DeviceChoice, SchedulerProfile
-from .packing import REPLAYS, PackingResult, Replay, replay_packing
+from .packing import REPLAYS, PackingResult, Replay, arrivals, replay_packing
 from .policies import DEFAULT_POLICIES, DEPLOYED, POLICY_NAMES, policy_names
 from .queues import WorkloadError, load_workload, run_queue_workload
 from .report import (
     PUBLISHED_ALLOCATION,
+    bound_table,
     margin_lines,
     move_budget_table,
     packing_seeds_table,
@@ -35,7 +39,16 @@ from .report import (
     write_packing_csv,
     write_queue_csv,
 )
-from .trace import DEFAULT_PODS_FILE, NODES_FILE, TraceError, default_trace_dir, load_nodes, load_pods
+from .trace import (
+    DEFAULT_PODS_FILE,
+    NODES_FILE,
+    SimNode,
+    SimPod,
+    TraceError,
+    default_trace_dir,
+    load_nodes,
+    load_pods,
+)
 
 ALL_POD_FILES = (
     DEFAULT_PODS_FILE,
@@ -70,6 +83,7 @@ def _replay_task(
     profile: SchedulerProfile,
     device_choice: DeviceChoice,
     budget: float | None,
+    moves_per_pod: int,
 ) -> PackingResult:
     """One replay; runs in a worker process."""
     return replay_packing(
@@ -83,6 +97,7 @@ def _replay_task(
         profile=profile,
         device_choice=device_choice,
         moves_per_100_pods=budget,
+        moves_per_pod=moves_per_pod,
     )
 
 
@@ -111,6 +126,23 @@ def _trace_name(pods_csv: Path) -> str:
     return pods_csv.stem.removeprefix("openb_pod_list_")
 
 
+def capping_line(
+    nodes: Sequence[SimNode], pods: Sequence[SimPod], replay: Replay, seed: int, args: argparse.Namespace
+) -> str:
+    """From what arrival on every replay of this seed is capped below the ``--bound`` target."""
+    arrived = [pod.demand for pod in arrivals(nodes, pods, replay, seed, args.arrival)]
+    gpus = sum(node.gpus for node in nodes)
+    target = args.bound
+    count = placed_prefix_capping(gpus, arrived, round(target / 100 * GPU_MILLI * gpus))
+    if count is None:
+        return f"seed {seed}: no prefix of the arrivals caps the gap bound below {target:g}%"
+    share = 100.0 * sum(d.total_milli for d in arrived[:count]) / (GPU_MILLI * gpus)
+    return (
+        f"seed {seed}: once the first {count} pods are placed (arrival {share:.2f}%), no moves can "
+        f"take any replay to {target:g}% (gap bound)"
+    )
+
+
 def _run_trace(args: argparse.Namespace) -> int:
     trace_dir: Path | None = args.trace_dir or default_trace_dir()
     if trace_dir is None and (args.nodes is None or not args.pods):
@@ -129,6 +161,8 @@ def _run_trace(args: argparse.Namespace) -> int:
         budgets = [float(b) for b in args.moves_per_100_pods.split(",")] if args.moves_per_100_pods else []
         if any(budget < 0 for budget in budgets):
             raise ValueError("--moves-per-100-pods cannot be negative")
+        if args.moves_per_pod < 1:
+            raise ValueError("--moves-per-pod must be at least 1")
         load_nodes(nodes_csv)  # fail fast on a bad file, before starting workers
         untimed = [p for p in pod_files if all(pod.creation_time is None for pod in load_pods(p))]
     except (TraceError, ValueError) as error:
@@ -170,6 +204,7 @@ def _run_trace(args: argparse.Namespace) -> int:
                 profile,
                 args.device_choice,
                 task[2][1],
+                args.moves_per_pod,
             )
             for task in tasks
         }
@@ -194,6 +229,11 @@ def _run_trace(args: argparse.Namespace) -> int:
             for label in dict.fromkeys(r.label for r in mine if r.policy in ("tessera", DEPLOYED)):
                 for line in margin_lines(mine, label, "fgd"):
                     print(line)
+            if args.bound is not None:
+                print(f"\nidle GPU capacity at the end and upper bounds on what moves could reach, {trace}:")
+                print(bound_table(mine))
+                for seed in seeds:
+                    print(capping_line(load_nodes(nodes_csv), load_pods(pods_csv), replay, seed, args))
             if budgets:
                 print(f"\nallocation vs move budget, {trace}, replay {replay}:")
                 print(move_budget_table(mine))
@@ -270,6 +310,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--moves-per-100-pods",
         help="comma-separated move budgets: per budget B, a tessera replay with consolidation that moves "
         "at most B placed pods per 100 placed (tessera+movesB; 0: the plain replay through the same path)",
+    )
+    trace.add_argument(
+        "--moves-per-pod",
+        type=int,
+        default=1,
+        help="with --moves-per-100-pods: at most this many moves serve one pod (the planner's "
+        "max_moves_per_pod; default %(default)s, the extender's is 2)",
+    )
+    trace.add_argument(
+        "--bound",
+        nargs="?",
+        type=float,
+        const=98.5,
+        metavar="TARGET",
+        help="per replay, where the idle GPU capacity of its end state is and upper bounds on the GPU "
+        "allocation any moves could reach, and per seed from what arrival %% on every replay is capped "
+        "below TARGET %% (default 98.5; tessera/simulate/bound.py)",
     )
     trace.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     trace.add_argument(

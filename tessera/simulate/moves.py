@@ -14,11 +14,12 @@ planner landed it on. The cluster then holds what the planner's fork held.
 **Budget.** ``moves_per_100_pods`` = B allows, before a pod is served, at most
 ``floor(B x placed / 100) - moves so far`` moves, ``placed`` counting the pods placed before it.
 So at every point of the replay, moves <= B% of the pods placed, and B = 0 never moves (the
-replay is then the plain one). Within that, one move serves one pod (the planner's
-``max_moves_per_pod`` is 1 here, the extender's default 2): on the trace's 1213 nodes, nearly
-full, the search of pairs of movers costs seconds for each pod that fits nowhere (a pair whose
-movers each fit elsewhere often fit only one after the other), which the 2-core machine these
-replays run on cannot afford for thousands of such pods.
+replay is then the plain one). Within that, at most ``moves_per_pod`` moves serve one pod (the
+planner's ``max_moves_per_pod``; 1 unless asked, the extender's default is 2): on the trace's 1213
+nodes, nearly full, a search of pairs of movers that finds nothing spends the planner's whole work
+budget (64 trials: pairs whose movers each fit elsewhere, but only one after the other), about
+three times the cost of a search of single movers, for each of the thousands of pods that fit
+nowhere.
 
 **Movability.** The trace says nothing about owners, so every placed GPU pod is taken to belong to
 a controller that recreates it (a mover in the planner's sense: movable, preemptible, not
@@ -51,6 +52,17 @@ class MoveStats:
     moved_milli: int = 0  # GPU milli those pods held
     pods_served: int = 0  # pods placed thanks to moves
     plans_tried: int = 0  # pods that fit nowhere while the budget allowed a move
+    # The smallest budget (moves per 100 placed pods) that would have made every plan of the replay
+    # with the same bounds: any budget from it up to the replay's makes the same moves.
+    same_from_budget: float = 0.0
+
+
+def consolidation_rules(moves_per_pod: int) -> ConsolidationRules:
+    """The planner's rules in a replay: no minimum runtime, at most `moves_per_pod` moves for one
+    pod (the rest as the extender's defaults, the work budget included)."""
+    if moves_per_pod < 1:
+        raise ValueError("a pod is served by at least one move")
+    return ConsolidationRules(min_runtime_s=0.0, max_moves_per_pod=moves_per_pod)
 
 
 @dataclass
@@ -59,11 +71,7 @@ class Consolidator:
 
     cluster: Cluster
     moves_per_100_pods: float
-    # One move serves one pod: with two, the search of pairs of movers in a nearly full cluster of
-    # a thousand nodes costs seconds per pod that fits nowhere (see the module docstring).
-    rules: ConsolidationRules = field(
-        default_factory=lambda: ConsolidationRules(min_runtime_s=0.0, max_moves_per_pod=1)
-    )
+    rules: ConsolidationRules = field(default_factory=lambda: consolidation_rules(1))
     stats: MoveStats = field(default_factory=MoveStats)
     _running: dict[str, RunningPod] = field(default_factory=dict)
     _where: dict[str, tuple[int, GpuDemand, tuple[int, ...]]] = field(default_factory=dict)
@@ -107,6 +115,10 @@ class Consolidator:
         if budget <= 0 or demand in self._hopeless:
             return False
         self.stats.plans_tried += 1
+        # A smaller budget B' plans alike while it allows as many of the moves this plan may make:
+        # floor(B' x placed / 100) - moves >= min(budget, moves per pod).
+        needed = 100.0 * (self.stats.moves + min(budget, self.rules.max_moves_per_pod)) / placed
+        self.stats.same_from_budget = max(self.stats.same_from_budget, needed)
         rules = ConsolidationRules(
             min_runtime_s=self.rules.min_runtime_s,
             max_moves_per_pod=min(budget, self.rules.max_moves_per_pod),

@@ -33,9 +33,10 @@ from typing import Literal
 from contract.names import GPU_MILLI
 from extender.policy.placement import Cost, GpuDemand, WorkloadMix, mix_from_demands
 
+from .bound import AllocationBound, allocation_bound
 from .cluster import Cluster
 from .deployed import SHIPPED_PROFILE, DeployedPlacer, DeviceChoice, SchedulerProfile
-from .moves import Consolidator
+from .moves import Consolidator, consolidation_rules
 from .policies import DEPLOYED, Policy, make_policy
 from .trace import SimNode, SimPod
 
@@ -71,6 +72,8 @@ class PackingResult:
     moves: int = 0  # placed pods moved (``moves``)
     moved_gpu_milli: int = 0
     pods_served_by_moves: int = 0
+    same_from_budget: float = 0.0  # any move budget from this one up to move_budget replays alike
+    bound: AllocationBound | None = None  # the end state's idle capacity and what moves could reach
 
     @property
     def unallocated_pct(self) -> float:
@@ -223,10 +226,12 @@ def replay_packing(
     profile: SchedulerProfile = SHIPPED_PROFILE,
     device_choice: DeviceChoice = "first-fit",
     moves_per_100_pods: float | None = None,
+    moves_per_pod: int = 1,
 ) -> PackingResult:
     """One replay; ``profile`` and ``device_choice`` are what ``tessera-deployed`` models. With
     ``moves_per_100_pods``, a pod that fits nowhere is served by moving placed pods when the budget
-    allows (``moves``: only for ``tessera``, whose placement the planner uses)."""
+    allows, at most ``moves_per_pod`` for one pod (``moves``: only for ``tessera``, whose placement
+    the planner uses)."""
     if not any(pod.gpu_milli for pod in pods):
         raise ValueError("the workload has no GPU pods, so arrival can never reach the target")
     if moves_per_100_pods is not None and policy_name != "tessera":
@@ -244,8 +249,15 @@ def replay_packing(
         else Placer(cluster, make_policy(policy_name, mix), _rng(seed, "policy"), tie_break="first")
     )
     result = PackingResult(policy=policy_name, seed=seed, replay=replay, move_budget=moves_per_100_pods)
-    consolidator = None if moves_per_100_pods is None else Consolidator(cluster, moves_per_100_pods)
+    consolidator = (
+        None
+        if moves_per_100_pods is None
+        else Consolidator(cluster, moves_per_100_pods, consolidation_rules(moves_per_pod))
+    )
     samples: list[tuple[float, float]] = []  # (arrival %, allocation % rounded as the paper's analysis)
+    placed: list[GpuDemand] = []
+    skipped: list[GpuDemand] = []
+    unfit_at: int | None = None  # arrival number of the first pod that fit no node as it came
     arrived_milli = 0
     next_point = 0.0
     for number, pod in enumerate(arriving):
@@ -253,14 +265,19 @@ def replay_packing(
         result.pods_arrived += 1
         key = f"{number}/{pod.name}"  # draws repeat names
         placement = placer.place(pod.demand)
+        if placement is None and unfit_at is None:
+            unfit_at = number
         if placement is not None:
             result.pods_placed += 1
+            placed.append(pod.demand)
             if consolidator is not None:
                 consolidator.placed(key, placement[0], pod.demand, placement[1], number)
         elif consolidator is not None and consolidator.serve(key, pod.demand, result.pods_placed, number):
             result.pods_placed += 1
+            placed.append(pod.demand)
         else:
             result.pods_skipped += 1
+            skipped.append(pod.demand)
         arrival_pct = 100.0 * arrived_milli / capacity
         allocation_pct = 100.0 * cluster.allocated_milli / capacity
         samples.append((arrival_pct, round(allocation_pct, 2)))
@@ -285,5 +302,8 @@ def replay_packing(
             stats.moved_milli,
             stats.pods_served,
         )
+        result.same_from_budget = stats.same_from_budget
+    early = [pod.demand for pod in arriving[: len(arriving) if unfit_at is None else unfit_at]]
+    result.bound = allocation_bound(cluster, placed, skipped, early)
     result.seconds = time.perf_counter() - started
     return result

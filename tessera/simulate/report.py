@@ -224,6 +224,45 @@ def plot_packing(results: Sequence[PackingResult], trace: str, out_dir: Path) ->
     return _save_figure(fig, out_dir / f"{trace}-packing.png")
 
 
+def bound_table(results: Sequence[PackingResult]) -> str:
+    """Per replay: where the idle GPU milli of its end state is, and the upper bounds on the GPU
+    allocation moves could reach (``bound``), all in % of the cluster's GPU milli."""
+    headers = [
+        "run",
+        "seed",
+        "final alloc %",
+        "idle %",
+        "whole idle GPUs % (host-short)",
+        "slivers % (below smallest skipped)",
+        "gap bound % (theta: gaps - small)",
+        "early-pod gap bound % (first unfit at arrival %)",
+        "host bound %",
+        "bound %",
+    ]
+    rows = []
+    for r in results:
+        b = r.bound
+        if b is None:
+            continue
+        idle, gaps, early = b.idle, b.gaps, b.early_gaps
+        rows.append(
+            [
+                r.label,
+                str(r.seed),
+                f"{b.pct(b.allocated_milli):.2f}",
+                f"{b.pct(idle.idle_milli):.2f}",
+                f"{b.pct(idle.whole_milli):.2f} ({b.pct(idle.whole_host_short_milli):.2f})",
+                f"{b.pct(idle.sliver_milli):.2f} ({b.pct(idle.sliver_below_smallest_milli):.2f})",
+                f"{b.pct(gaps.milli):.2f} ({gaps.theta}: {b.pct(gaps.gaps_milli):.2f} - "
+                f"{b.pct(gaps.small_milli):.2f})",
+                f"{b.pct(early.milli):.2f} ({b.pct(b.early_milli):.2f})",
+                f"{b.pct(b.host_milli):.2f}",
+                f"{b.pct(b.milli):.2f}",
+            ]
+        )
+    return format_table(headers, rows)
+
+
 def move_budget_table(results: Sequence[PackingResult], baseline: str = "fgd") -> str:
     """The curve of allocation against the move budget: one row per budget, over the seeds, with
     the moves made and the margin over ``baseline`` (no moves) per seed."""
@@ -237,6 +276,7 @@ def move_budget_table(results: Sequence[PackingResult], baseline: str = "fgd") -
         "mean frag %",
         "moves % placed (max)",
         "pods served by moves",
+        "same moves from budget (max)",
         f"min - {baseline} (points)",
     ]
     rows = []
@@ -254,6 +294,7 @@ def move_budget_table(results: Sequence[PackingResult], baseline: str = "fgd") -
                 f"{sum(r.fragmentation_pct for r in mine) / len(mine):.2f}",
                 f"{max(r.moves_pct for r in mine):.2f}",
                 f"{sum(r.pods_served_by_moves for r in mine) / len(mine):.0f}",
+                f"{max(r.same_from_budget for r in mine):.2f}",
                 f"{min(margins):+.2f}" if margins else "",
             ]
         )

@@ -36,6 +36,7 @@ class Run:
     preemptible: bool = True
     terminating: bool = False
     priority: int = 0
+    cpu: int = 0  # CPU milli
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Wait:
     milli: int = GPU_MILLI
     queue: str = "a"
     preemptible: bool = True
+    cpu: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class Scenario:
     served: dict[str, str]  # pending pod -> node made room on
     rules: ConsolidationRules = RULES
     queues: list[QueueSpec] = field(default_factory=lambda: [QueueSpec("a", quota={"gpu": 100})])
+    cpu: dict[str, int] = field(default_factory=dict)  # node -> CPU milli (tracked where given)
 
 
 def halves(count: int, node: str, start: int = 0, **extra: object) -> list[Run]:
@@ -89,6 +92,7 @@ def build(case: Scenario) -> tuple[ClusterSnapshot, list[PendingPod]]:
             started=NOW - run.age_s,
             terminating=run.terminating,
             movable=run.movable,
+            cpu_milli=run.cpu,
         )
     pending = []
     for wait in case.pending:
@@ -98,7 +102,7 @@ def build(case: Scenario) -> tuple[ClusterSnapshot, list[PendingPod]]:
             PendingPod(
                 wait.key,
                 wait.queue,
-                GpuDemand(wait.gpus, wait.milli),
+                GpuDemand(wait.gpus, wait.milli, cpu_milli=wait.cpu),
                 {"gpu": amount},
                 preemptible=wait.preemptible,
             )
@@ -108,7 +112,13 @@ def build(case: Scenario) -> tuple[ClusterSnapshot, list[PendingPod]]:
         for spec in case.queues
     }
     fairness = FairnessSnapshot.build(case.queues, usage, {"gpu": float(sum(case.nodes.values()))})
-    nodes = {n: NodeGpus(n, "H100", tuple(f)) for n, f in free.items()}
+    cpu_used = {n: sum(run.cpu for run in case.running if run.node == n) for n in case.nodes}
+    nodes = {
+        n: NodeGpus(n, "H100", tuple(f), case.cpu[n] - cpu_used[n], host_tracked=True)
+        if n in case.cpu
+        else NodeGpus(n, "H100", tuple(f))
+        for n, f in free.items()
+    }
     return ClusterSnapshot(nodes, running, fairness, WorkloadMix(demands=())), pending
 
 
@@ -306,6 +316,26 @@ def test_consolidation_stops_at_its_work_budget(trials: int, moved: list[str], c
     plans = plan_moves(snapshot, pending, NOW, RULES, work=work)
     assert [m.pod.key for p in plans for m in p.moves] == moved
     assert work.cut_off == cut_off
+
+
+def test_no_trial_for_movers_that_would_stay_where_the_cpu_is_short() -> None:
+    # n1, the only node: 2 GPUs, 4000 CPU, all taken by a and b (500 milli and 2000 CPU each); w
+    # wants a whole GPU and 2000 CPU. Neither mover fits another node, so it would stay on n1
+    # beside w: 2000 (w) + 2000 (a mover) > 2000 free with one mover off, 2000 + 4000 > 4000 with
+    # both off. No set of movers may land, and none is tried on a fork: the budget stays whole.
+    case = Scenario(
+        "",
+        {"n1": 2},
+        [Run("a", "n1", gpu=0, milli=500, cpu=2000), Run("b", "n1", gpu=1, milli=500, cpu=2000)],
+        [Wait("w", cpu=2000)],
+        set(),
+        {},
+        cpu={"n1": 4000},
+    )
+    snapshot, pending = build(case)
+    work = Budget(10)
+    assert plan_moves(snapshot, pending, NOW, RULES, work=work) == []
+    assert (work.trials, work.cut_off) == (10, 0)
 
 
 def test_a_terminating_pod_counts_as_gone() -> None:

@@ -154,3 +154,17 @@ def test_move_budgets_add_consolidating_replays_and_their_curve(
     ]
     assert all(int(r["moves"]) <= 5 * int(r["pods_placed"]) / 100 for r in rows)
     assert main([*argv, "--moves-per-100-pods", "-1"]) == 2
+
+
+def test_bound_prints_the_idle_breakdown_and_the_capping_prefix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = write_trace(tmp_path)
+    argv = ["trace", "--nodes", str(nodes), "--pods", str(pods), "--policies", "tessera", "--jobs", "1"]
+    assert main([*argv, "--quiet", "--no-plots", "--out", str(tmp_path / "out"), "--bound"]) == 0
+    printed = capsys.readouterr().out
+    assert "upper bounds on what moves could reach, tiny:" in printed
+    assert "gap bound % (theta: gaps - small)" in printed
+    # 16 T4 GPUs and pods of 250 to 1000: the 750s leave gaps of 250 that the 250s can fill, so
+    # no prefix of the arrivals caps the bound below 98.5%.
+    assert "seed 0: no prefix of the arrivals caps the gap bound below 98.5%" in printed

@@ -6,7 +6,7 @@ import pytest
 
 from extender.policy.placement import GpuDemand
 from tessera.simulate.cluster import Cluster
-from tessera.simulate.moves import Consolidator
+from tessera.simulate.moves import Consolidator, consolidation_rules
 from tessera.simulate.packing import replay_packing, workload_mix
 from tessera.simulate.trace import SimNode, SimPod
 
@@ -73,6 +73,28 @@ def test_no_move_when_moves_cannot_make_room() -> None:
     assert consolidator.serve("big", demand(800), placed=3, now=3)
 
 
+@pytest.mark.parametrize(("moves_per_pod", "served"), [(1, False), (2, True)])
+def test_moves_per_pod(moves_per_pod: int, served: bool) -> None:
+    # Node a: 4 GPUs, a 500 pod on each; a 2-GPU pod fits nowhere (2000 milli free in halves).
+    # Two halves moved onto the other two free two GPUs: two moves, so only with 2 per pod.
+    nodes = [SimNode("a", "T4", gpus=4, cpu_milli=16000, memory_mib=16384)]
+    pair = GpuDemand(2, 1000, cpu_milli=1000, memory_mib=1024)
+    cluster = Cluster(nodes, workload_mix([SimPod("h", demand(500)), SimPod("p", pair)]))
+    consolidator = Consolidator(cluster, 50, consolidation_rules(moves_per_pod))
+    for gpu in range(4):
+        cluster.place(0, demand(500), [gpu])
+        consolidator.placed(f"h{gpu}", 0, demand(500), [gpu], now=gpu)
+    # 50 x 4 / 100 = 2 moves allowed.
+    assert consolidator.serve("pair", pair, placed=4, now=4) is served
+    assert consolidator.stats.moves == (2 if served else 0)
+    assert sorted(cluster.free[0]) == ([0, 0, 0, 0] if served else [500, 500, 500, 500])
+
+
+def test_a_pod_is_served_by_at_least_one_move() -> None:
+    with pytest.raises(ValueError, match="at least one move"):
+        consolidation_rules(0)
+
+
 def test_a_negative_budget_is_refused() -> None:
     with pytest.raises(ValueError, match="negative"):
         fragmented(-1)
@@ -100,6 +122,10 @@ def test_replay_keeps_moves_within_the_budget(budget: float) -> None:
         assert (moved.allocation_pct, moved.curve) == (plain.allocation_pct, plain.curve)
     else:
         assert moved.moves > 0 and moved.final_allocation_pct > plain.final_allocation_pct
+        # Any budget from `same_from_budget` up replays alike, and no smaller one plans the move.
+        assert 0 < moved.same_from_budget <= budget
+        alike = replay_packing(nodes, pods, "tessera", seed=2, moves_per_100_pods=moved.same_from_budget)
+        assert (alike.moves, alike.curve) == (moved.moves, moved.curve)
 
 
 def test_moves_need_the_tessera_policy() -> None:
