@@ -443,10 +443,10 @@ def _timestamp(text: object) -> float:
 
 @lru_cache(maxsize=4096)
 def _parse_timestamp(text: str) -> float:
-    # Cached: the planners read every waiting pod's creation time each cycle, and strptime is
-    # slow; pods created in the same second share the text.
+    # Cached: the planners read every waiting pod's creation time each cycle; pods created in
+    # the same second share the text.
     try:
-        moment = datetime.fromisoformat(text)  # RFC 3339, in C: the planners read it per pod
+        moment = datetime.fromisoformat(text)  # RFC 3339, parsed in C
     except ValueError:
         return 0.0
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
