@@ -22,6 +22,7 @@ from contract.names import ADMISSION_GATE, DRIVER_NAME, NAMESPACE_SCHEDULER_LABE
 from extender.controllers.consolidate import ConsolidationOptions
 from extender.controllers.endpoint import Advertise
 from extender.controllers.reclaim import ReclaimOptions
+from extender.kubeapi import resolve_environment_once
 from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.server import DEFAULT_MAX_BODY_BYTES, operations_app, server_ssl_context
 from extender.service import ExtenderService, ServiceOptions
@@ -223,7 +224,7 @@ async def _api_client(kubeconfig: str | None) -> ApiClient:
         await kube_config.load_kube_config(config_file=kubeconfig)
     else:
         kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
-    return ApiClient()
+    return resolve_environment_once(ApiClient())
 
 
 async def run(args: argparse.Namespace) -> None:

@@ -38,7 +38,7 @@ from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import PodDemand
 from extender.picture.workloads import GangReservation, GangState
 from extender.policy.fairness import AdmissionDecision
-from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, score_kinds
+from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, remembered, score_kinds
 from extender.policy.reclaim import reclaim_refusal
 from extender.policy.workloads import plan_gang
 from extender.wire import (
@@ -78,9 +78,14 @@ class FilterDecision:
 
 @dataclass(frozen=True)
 class PriorityDecision:
-    scores: dict[str, int]
+    hosts: list[str]  # the candidates, in the request's order
+    host_scores: list[int]  # the score of each
     outcome: str
     reason: str
+
+    @property
+    def scores(self) -> dict[str, int]:
+        return dict(zip(self.hosts, self.host_scores, strict=True))
 
 
 def describe(demand: GpuDemand) -> str:
@@ -98,13 +103,7 @@ _MISFITS_LIMIT = 100_000
 def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
     """Why `demand` does not fit on the node ('' when it fits); all it reads of the node is in
     its shape."""
-    key = (supply.shape, demand)
-    reason = _MISFITS.get(key)
-    if reason is None:
-        if len(_MISFITS) >= _MISFITS_LIMIT:
-            _MISFITS.clear()
-        reason = _MISFITS[key] = _judge(supply, demand)
-    return reason
+    return remembered(_MISFITS, (supply.shape, demand), _MISFITS_LIMIT, lambda: _judge(supply, demand))
 
 
 def _judge(supply: NodeGpus, demand: GpuDemand) -> str:
@@ -353,13 +352,14 @@ def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDe
     strand GPUs as much as a fraction does (neutral 0 only while syncing or for an unreadable pod)."""
     names = args.candidate_names()
     if not picture.ready():
-        return PriorityDecision(dict.fromkeys(names, 0), "neutral", "not_ready")
+        return PriorityDecision(names, [0] * len(names), "neutral", "not_ready")
     demand = picture.demand(args.Pod)
     if demand.problem:  # filter refused it with the reason; nothing to rank
-        return PriorityDecision(dict.fromkeys(names, 0), "neutral", "unreadable")
+        return PriorityDecision(names, [0] * len(names), "neutral", "unreadable")
     placement = demand.placement_at(picture.inventory.reference_memory(demand.models))
-    nodes = _candidate_kinds(picture, args.pod.key, names)
+    gang = picture.gang(args.Pod)  # GPUs held for its workload are its own to use, as in filter
+    owner = "" if gang.workload.single else gang.workload.key
+    nodes = _candidate_kinds(picture, args.pod.key, names, owner)
     strategy = queue_strategy(picture, demand.queue)
     score_of = score_kinds(nodes.supply_of, placement, picture.mix(), strategy)
-    scores = dict(zip(names, map(score_of.__getitem__, nodes.kinds), strict=True))
-    return PriorityDecision(scores, "scored", strategy)
+    return PriorityDecision(names, list(map(score_of.__getitem__, nodes.kinds)), "scored", strategy)

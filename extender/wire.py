@@ -139,14 +139,15 @@ class HostPriority(_Wire):
     Score: Annotated[int, msgspec.Meta(ge=0, le=MAX_EXTENDER_PRIORITY)]
 
 
-def host_priorities_json(hosts: Sequence[str], scores: Mapping[str, int]) -> bytes:
-    """A HostPriorityList as JSON: one `HostPriority` per host, in order, with its score.
+def host_priorities_json(hosts: Sequence[str], scores: Iterable[int]) -> bytes:
+    """A HostPriorityList as JSON: one `HostPriority` per host, in order, with its score (`scores`
+    in the same order).
 
     A prioritize answer lists every candidate node (thousands): the structs are built by `map` in
     C and encoded by the codec, with no Python code per host (measured: a third of the time of a
     list comprehension of dictionaries, and less than joining cached bytes per host).
     """
-    return encode(list(map(HostPriority, hosts, map(scores.__getitem__, hosts))))
+    return encode(list(map(HostPriority, hosts, scores)))
 
 
 class ExtenderBindingArgs(_Wire):

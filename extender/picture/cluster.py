@@ -426,9 +426,10 @@ def _timestamp(text: object) -> float:
     if not isinstance(text, str):
         return 0.0
     try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+        moment = datetime.fromisoformat(text)  # RFC 3339, in C: the planners read it per pod
     except ValueError:
         return 0.0
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def pod_created(pod: Mapping[str, Any]) -> float:

@@ -32,7 +32,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Literal
+from typing import Literal, TypeVar
 
 from contract.names import GPU_MILLI
 
@@ -47,6 +47,8 @@ _COST_CACHE_LIMIT = 50_000
 # Bound on memoised node measures per mix (~20 MB); cleared wholesale when reached.
 _MEASURE_CACHE_LIMIT = 200_000
 
+K = TypeVar("K")
+V = TypeVar("V")
 Strategy = Literal["binpack", "spread"]
 Cost = tuple[float, ...]
 
@@ -204,18 +206,24 @@ def fits(node: NodeGpus, demand: GpuDemand) -> bool:
     return sum(1 for free in node.free_milli if free >= demand.milli) >= demand.count
 
 
+def remembered(cache: dict[K, V], key: K, limit: int, compute: Callable[[], V]) -> V:
+    """`cache[key]`, computed on a miss; the cache starts over once it holds `limit` values (a
+    bound on memory that costs one recomputation per value still in use)."""
+    if key in cache:
+        return cache[key]
+    if len(cache) >= limit:
+        cache.clear()
+    value = cache[key] = compute()
+    return value
+
+
 def _memoised(
     kind: str, compute: Callable[[NodeGpus, WorkloadMix], float]
 ) -> Callable[[NodeGpus, WorkloadMix], float]:
     def measure(node: NodeGpus, mix: WorkloadMix) -> float:
-        cache = mix._measure_cache
-        key = (kind, node.shape)
-        value = cache.get(key)
-        if value is None:
-            if len(cache) >= _MEASURE_CACHE_LIMIT:
-                cache.clear()
-            value = cache[key] = compute(node, mix)
-        return value
+        return remembered(
+            mix._measure_cache, (kind, node.shape), _MEASURE_CACHE_LIMIT, lambda: compute(node, mix)
+        )
 
     measure.__doc__ = compute.__doc__
     return measure
@@ -408,16 +416,12 @@ def placement_cost(
     Memoised per mix: in a large cluster most nodes are in one of a few states (idle, full,
     one pod on it...), so a prioritize call over thousands of nodes is mostly dictionary hits.
     """
-    cache = mix._cost_cache
-    key = (node.shape, demand, strategy)
-    if key in cache:
-        return cache[key]
-    best = _best_choice(node, demand, mix, strategy)
-    cost = None if best is None else best[0]
-    if len(cache) >= _COST_CACHE_LIMIT:
-        cache.clear()
-    cache[key] = cost
-    return cost
+
+    def cost() -> Cost | None:
+        best = _best_choice(node, demand, mix, strategy)
+        return None if best is None else best[0]
+
+    return remembered(mix._cost_cache, (node.shape, demand, strategy), _COST_CACHE_LIMIT, cost)
 
 
 def _rank_scores(costs: set[Cost]) -> dict[Cost, int]:

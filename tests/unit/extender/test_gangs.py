@@ -201,6 +201,19 @@ async def test_a_gang_waiting_for_gpus_keeps_what_reclaim_holds_for_it(extender:
     assert extender.state.inventory.held_for("ns/ja-0") is not None
 
 
+async def test_members_rank_gpus_held_for_their_gang_as_free(extender: Extender) -> None:
+    pods = [member("ja", i) for i in range(4)]
+    extender.sync(cluster(job("ja", 4), *pods))
+    # Reclaim freed node a's two GPUs for the gang (held under ja-0's name, for any member).
+    extender.state.inventory.hold("ns/ja-0", "a", GpuDemand(2), 90.0, owner="Job/ns/ja")
+    _, ranked = await extender.call("prioritize", args(pods[1], NODES))
+    scores = {entry["Host"]: entry["Score"] for entry in ranked}
+    assert scores["a"] == scores["b"] == 10  # both empty for ja-1: alike (not a "full" node a)
+    _, ranked = await extender.call("prioritize", args(member("jb", 0), NODES))
+    scores = {entry["Host"]: entry["Score"] for entry in ranked}
+    assert (scores["a"], scores["b"]) == (0, 10)  # another workload's pod may not use them
+
+
 def test_members_follow_the_pods_and_make_the_minimum_of_an_unread_owner() -> None:
     # Bare pods grouped by label: their minimum is the members that exist and have not finished.
     pods = []

@@ -100,6 +100,6 @@ def test_unknown_envelope_keys_are_ignored() -> None:
 def test_priorities_json_has_the_shape_of_a_host_priority_list() -> None:
     scores = {"n1": 10, 'n"odd\u00e9': 0}
     expected = [msgspec.to_builtins(HostPriority(Host=h, Score=s)) for h, s in scores.items()]
-    assert json.loads(host_priorities_json(list(scores), scores)) == expected
-    assert json.loads(host_priorities_json(["n1", "n1"], scores)) == [expected[0], expected[0]]
-    assert json.loads(host_priorities_json([], {})) == []
+    assert json.loads(host_priorities_json(list(scores), scores.values())) == expected
+    assert json.loads(host_priorities_json(["n1", "n1"], [10, 10])) == [expected[0], expected[0]]
+    assert json.loads(host_priorities_json([], [])) == []
