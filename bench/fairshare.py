@@ -5,6 +5,12 @@ grandchildren, every queue with its own demand, quota, weight and priority) and 
 queues with distinct demands, each timed with today's O(n log n) water-filling and with the
 earlier quadratic one (``quadratic_water_fill``, kept here as the baseline and as the oracle of
 tests/unit/extender/test_fairness_differential.py) in the same run. Pure CPU, no cluster.
+
+Then what a new pending pod costs (`--updates`): one leaf queue's demand grows by one GPU, and the
+kept shares re-divide what that reaches (``FairShares.update``), against dividing the whole tree
+again (``compute_fair_shares``) in the same run - each update checked equal to it. Where a pool
+is contended (demand above capacity) a change reaches every queue below it; where it is not (a
+cluster whose queues are not all asking for more), only the queue's path.
 """
 
 from __future__ import annotations
@@ -20,7 +26,14 @@ from dataclasses import dataclass
 from unittest import mock
 
 from extender.policy import fairness
-from extender.policy.fairness import EPSILON, QueueSpec, QueueUsage, _Claimant, compute_fair_shares
+from extender.policy.fairness import (
+    EPSILON,
+    FairShares,
+    QueueSpec,
+    QueueUsage,
+    _Claimant,
+    compute_fair_shares,
+)
 from tessera.simulate.report import format_table
 
 WaterFill = Callable[[float, Sequence[tuple[_Claimant, float]], dict[str, float]], float]
@@ -140,6 +153,64 @@ def run_fairshare(repeats: int = 3, seed: int = 7) -> list[FairShareRow]:
     return rows
 
 
+@dataclass(frozen=True)
+class UpdateRow:
+    case: str
+    queues: int
+    update_ms: float
+    full_ms: float
+
+    @property
+    def speedup(self) -> float:
+        return self.full_ms / self.update_ms
+
+
+def run_updates(updates: int = 20, seed: int = 7) -> list[UpdateRow]:
+    """Median time of `updates` new pending pods (a random leaf's demand +1 GPU) per case."""
+    rng = random.Random(seed)
+    tree = three_levels(rng)
+    roomy = (
+        tree[0],
+        tree[1],
+        {"gpu": 2 * sum(u.allocated["gpu"] + u.requested["gpu"] for u in tree[1].values())},
+    )
+    rows = []
+    for case, (specs, usage, capacity) in (
+        ("3 levels, contended", tree),
+        ("3 levels, with room", roomy),
+        ("siblings, contended", siblings(rng)),
+    ):
+        parents = {spec.parent for spec in specs}
+        leaves = [spec.name for spec in specs if spec.name not in parents]
+        kept = FairShares(specs, usage, capacity)
+        update_ms, full_ms = [], []
+        for _ in range(updates):
+            leaf = rng.choice(leaves)
+            old = usage[leaf]
+            usage = {**usage, leaf: QueueUsage(old.allocated, {"gpu": old.requested.get("gpu", 0.0) + 1.0})}
+            started = time.perf_counter()
+            kept.update(usage, [leaf])
+            update_ms.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            full = compute_fair_shares(specs, usage, capacity)
+            full_ms.append((time.perf_counter() - started) * 1000)
+            if kept.shares != full:
+                raise AssertionError(f"{case}: kept shares differ from a division of the whole tree")
+        rows.append(UpdateRow(case, len(specs), statistics.median(update_ms), statistics.median(full_ms)))
+    return rows
+
+
+def update_table(rows: Sequence[UpdateRow]) -> str:
+    headers = ["case", "queues", "update ms", "whole tree ms", "whole / update"]
+    return format_table(
+        headers,
+        [
+            [r.case, str(r.queues), f"{r.update_ms:.2f}", f"{r.full_ms:.2f}", f"{r.speedup:.1f}x"]
+            for r in rows
+        ],
+    )
+
+
 def fairshare_table(rows: Sequence[FairShareRow]) -> str:
     headers = ["case", "queues", "O(n log n) ms", "quadratic ms", "quadratic / new"]
     return format_table(
@@ -154,9 +225,12 @@ def fairshare_table(rows: Sequence[FairShareRow]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fairshare", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per case; the median is reported")
+    parser.add_argument("--updates", type=int, default=20, help="new pending pods timed per case")
     args = parser.parse_args(list(argv) if argv is not None else None)
     print("\n[6] fair-share recompute (compute_fair_shares, one resource), median of", args.repeats)
     print(fairshare_table(run_fairshare(args.repeats)))
+    print(f"\n[6] a new pending pod: kept shares updated vs the whole tree divided, median of {args.updates}")
+    print(update_table(run_updates(args.updates)))
     return 0
 
 

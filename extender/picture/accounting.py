@@ -31,7 +31,7 @@ from extender.picture.inventory import GpuInventory, add_amounts, gpu_amounts
 from extender.picture.ledger import Bucket, Contribution, QueueLedger
 from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import GangReservation, WorkloadMap, remaining_slots
-from extender.policy.fairness import FairnessSnapshot, QueueSpec
+from extender.policy.fairness import FairnessSnapshot, FairShares, QueueSpec
 from extender.policy.placement import WorkloadMix
 from extender.queues import QueueSpecError, parse_queue
 
@@ -76,10 +76,11 @@ class QueueAccounting:
         self._all_dirty = True
         self._view: QueueView | None = None
         self._shared: dict[tuple[object, ...], Contribution] = {}
-        # Parsed Queue objects (until one changes), and the fair shares with what they were
-        # computed from: a view whose queues, capacity and demands are the same reuses them.
+        # Parsed Queue objects (until one changes), and the fair shares with the queues and
+        # capacity they divide: a view with the same queues and capacity updates them with the
+        # queues whose totals moved (none: reused as they are).
         self._specs: tuple[dict[str, QueueSpec], dict[str, str]] | None = None
-        self._shares_of: tuple[object, Mapping[str, Mapping[str, float]]] | None = None
+        self._shares: tuple[object, FairShares] | None = None
         # Told which pods were recounted (None: all), so caches derived from pods follow.
         self.recounted: list[Callable[[Iterable[str] | None], None]] = []
         store.subscribe("Pod", self._pod_changed, self._pods_relisted)
@@ -231,7 +232,7 @@ class QueueAccounting:
         """Queue specs, usage, capacity and fair shares, brought up to date with the picture.
 
         Only pods that changed (or whose claims, devices or nodes did) are recounted; fair shares
-        are recomputed, in O(queues x resources), only when something changed.
+        are re-divided only where a queue's demand changed (`FairShares.update`).
         """
         self._recount()
         if self._view is None:
@@ -317,25 +318,26 @@ class QueueAccounting:
             self._specs = specs, invalid
         specs, invalid = self._specs
         usage = self.ledger.usage(specs)
+        moved = self.ledger.take_touched()
         capacity = self.inventory.capacity()
         # Fair shares depend on the queues, the capacity and each queue's demand (what it holds
-        # plus what it waits for), not on how the demand splits: a reservation or a bind, which
-        # moves a pod from waiting to holding, leaves them as they were.
-        demands = {
-            queue: {r: used.allocated.get(r, 0.0) + used.requested.get(r, 0.0) for r in capacity}
-            for queue, used in usage.items()
-        }
-        basis = (self._specs, capacity, demands)
-        if self._shares_of is not None and self._shares_of[0] == basis:
-            fairness = FairnessSnapshot(tuple(specs.values()), usage, capacity, self._shares_of[1])
+        # plus what it waits for), not on how the demand splits. With the same queues and
+        # capacity, the kept shares are given the queues whose totals moved and re-divide what a
+        # change of their demand reaches (a new pending pod: its queue's path; a reservation or
+        # a bind, which moves a pod from waiting to holding: nothing).
+        basis = (self._specs, capacity)
+        if self._shares is not None and self._shares[0] == basis:
+            shares = self._shares[1]
+            if moved:
+                shares.update(usage, moved)
         else:
-            fairness = FairnessSnapshot.build(tuple(specs.values()), usage, capacity)
-            self._shares_of = basis, fairness.fair_shares
+            shares = FairShares(tuple(specs.values()), usage, capacity)
+        self._shares = basis, shares
         return QueueView(
-            specs=fairness.specs,
+            specs=tuple(specs.values()),
             usage=usage,
             capacity=capacity,
-            fair_shares=fairness.fair_shares,
+            fair_shares=shares.shares,
             invalid=invalid,
             pending_pods=self.ledger.pending_pods(),
             mix=self.ledger.mix(),

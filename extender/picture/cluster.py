@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from contract.kube import controller_of, mapping, meta
@@ -36,7 +37,7 @@ from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import GangReservation, GangState, OwnerRef, WorkloadMap
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
-from extender.policy.snapshot import ClusterSnapshot, RunningPod
+from extender.policy.snapshot import ClusterSnapshot, RunningPod, count_victims
 
 # kind -> collection path: what the picture is made of and where the watcher reads it.
 WATCHED_PATHS: dict[str, str] = {
@@ -82,6 +83,9 @@ class ClusterPicture:
         self._classic_nodes: set[str] = set()
         self._stale: set[str] = set()
         self._terminating: set[str] = set()  # keys in `_running` of pods being deleted
+        # Per queue, per node, how many pods in `_running` could be victims (the planners'
+        # candidate nodes, kept like `_running` rather than counted by a pass per snapshot).
+        self._victims: dict[str, dict[str, int]] = {}
         self.accounting.recounted.append(self._forget_running)
 
     # ---- updates -----------------------------------------------------------------------------
@@ -204,17 +208,21 @@ class ClusterPicture:
         """
         view = self.fairness()  # recounts what moved, which marks those pods stale
         nodes = {name: self.node_gpus(name) for name in self.store.kind("Node")}
-        nodes.update((name, self.node_gpus(name)) for name in self.inventory.node_devices)
+        nodes.update(
+            (name, self.node_gpus(name)) for name in self.inventory.node_devices if name not in nodes
+        )
         pods_by_node = self.inventory.pods_by_node
         if self._running is None:
-            self._running, self._classic_nodes, self._terminating = {}, set(), set()
+            self._running, self._classic_nodes, self._terminating, self._victims = {}, set(), set(), {}
             stale = [(key, node) for node, keys in pods_by_node.items() for key in keys]
         else:
             stale = [(key, self._node_of(key)) for key in self._stale]
         self._stale = set()
         live = self._running
         for key, node in stale:
-            live.pop(key, None)
+            gone = live.pop(key, None)
+            if gone is not None:
+                count_victims(self._victims, gone, -1)
             self._terminating.discard(key)
             if node:
                 entry, classic_gpus = self._running_pod(key, node)
@@ -222,13 +230,19 @@ class ClusterPicture:
                     self._classic_nodes.add(node)
                 elif entry is not None:
                     live[key] = entry
+                    count_victims(self._victims, entry, 1)
                     if entry.terminating:
                         self._terminating.add(key)
         running = dict(live)
         terminating = set(self._terminating)
+        victims = {queue: dict(per_node) for queue, per_node in self._victims.items()}
         for node in list(self._classic_nodes):
             if not self._add_classic(running, node, nodes.get(node), terminating):
                 self._classic_nodes.discard(node)
+        for node in self._classic_nodes:  # their pods are in `running` only
+            for key in self.inventory.pods_by_node.get(node, ()):
+                if key in running and key not in live:
+                    count_victims(victims, running[key], 1)
         return ClusterSnapshot(
             nodes,
             running,
@@ -238,6 +252,7 @@ class ClusterPicture:
             pods_by_node,
             minimums=self._minimums(running.values()),
             terminating=terminating,
+            victims=victims,
         )
 
     def _minimums(self, running: Iterable[RunningPod]) -> dict[str, int]:
@@ -423,8 +438,13 @@ def is_movable(pod: Mapping[str, Any]) -> bool:
 
 def _timestamp(text: object) -> float:
     """Seconds since the epoch of a Kubernetes timestamp (0 when absent or unreadable)."""
-    if not isinstance(text, str):
-        return 0.0
+    return _parse_timestamp(text) if isinstance(text, str) else 0.0
+
+
+@lru_cache(maxsize=4096)
+def _parse_timestamp(text: str) -> float:
+    # Cached: the planners read every waiting pod's creation time each cycle, and strptime is
+    # slow; pods created in the same second share the text.
     try:
         moment = datetime.fromisoformat(text)  # RFC 3339, in C: the planners read it per pod
     except ValueError:

@@ -50,6 +50,11 @@ class QueueLedger:
     demands: Counter[GpuDemand] = field(default_factory=Counter)
     _mix: WorkloadMix = field(default_factory=lambda: WorkloadMix(demands=()))
     _mix_stale: bool = False
+    # The last `usage` handed out, and the queues whose totals moved since (only those are built
+    # again; `take_touched` tells them to whoever keeps something derived from usage).
+    _usage: dict[str, QueueUsage] = field(default_factory=dict)
+    _moved: set[str] = field(default_factory=set)
+    _touched: set[str] = field(default_factory=set)
 
     def put(self, key: str, contribution: Contribution | None) -> None:
         """Set the contribution of pod `key` (None: it contributes nothing any more)."""
@@ -69,6 +74,9 @@ class QueueLedger:
         elif contribution.bucket == "requested":
             _move(self.requested, contribution.queue, contribution.amounts, sign)
             self.pending[contribution.queue] += int(sign)
+        if contribution.bucket != "none":
+            self._moved.add(contribution.queue)
+            self._touched.add(contribution.queue)
         if contribution.demand is not None:
             self.demands[contribution.demand] += int(sign)
             self._mix_stale = True
@@ -81,16 +89,28 @@ class QueueLedger:
         self.pending.clear()
         self.demands.clear()
         self._mix_stale = True
+        self._moved.update(self._usage)
+        self._touched.update(self._usage)
 
     def usage(self, queues: Iterable[str]) -> dict[str, QueueUsage]:
-        """Usage of every queue that is named or has pods."""
+        """Usage of every queue that is named or has pods (a new mapping each time; the usage of
+        a queue whose totals did not move since the last call is the same object)."""
         names = set(queues) | set(self.allocated) | set(self.requested)
-        return {
-            q: QueueUsage(
-                allocated=dict(self.allocated.get(q, {})), requested=dict(self.requested.get(q, {}))
+        usage = dict(self._usage)
+        for gone in usage.keys() - names:
+            del usage[gone]
+        for queue in (names - usage.keys()) | (self._moved & names):
+            usage[queue] = QueueUsage(
+                allocated=dict(self.allocated.get(queue, {})), requested=dict(self.requested.get(queue, {}))
             )
-            for q in names
-        }
+        self._moved.clear()
+        self._usage = usage  # never changed in place: the next call copies it
+        return usage
+
+    def take_touched(self) -> set[str]:
+        """The queues whose totals moved since the last call (and forget them)."""
+        touched, self._touched = self._touched, set()
+        return touched
 
     def pending_pods(self) -> dict[str, int]:
         return {queue: count for queue, count in self.pending.items() if count > 0}

@@ -24,7 +24,9 @@ Rules (each a test in tests/unit/extender/test_consolidation.py):
    a trial (`_Landings`): in a nearly full cluster that is most sets.
 4. Bounded: at most `max_moves_per_pod` moves serve one pod, `max_moves_per_cycle` per cycle,
    `max_pending` waiting pods are tried, and at most `max_trials` sets of movers (or nodes to
-   empty) are tried on forks per cycle (a `Budget`: what it cuts off is counted in it).
+   empty) are tried on forks per cycle (a `Budget`: what it cuts off is counted in it). The
+   movers by node, and per demand the nodes and sets of movers that make room, are found once
+   per cycle and looked at again only where the fork changed (`_Movers`), not per waiting pod.
 5. Consolidation serves what reclaim did not: the fork has the cycle's reclaim plans applied first,
    and each move plan is applied before the next, so no GPU is counted twice.
 
@@ -45,18 +47,19 @@ from typing import Literal
 
 from contract.names import GPU_MILLI
 from extender.policy.fairness import EPSILON, FairnessSnapshot
-from extender.policy.placement import GpuDemand, fits, placement_cost
+from extender.policy.placement import GpuDemand, NodeGpus, fits, placement_cost
 from extender.policy.reclaim import (
     Budget,
     PendingPod,
     Plan,
+    Search,
     apply_plan,
     gpu_amounts,
     place_if_it_fits,
     planning_fork,
     serving_order,
 )
-from extender.policy.snapshot import ClusterSnapshot, RunningPod
+from extender.policy.snapshot import ClusterSnapshot, RunningPod, can_be_victim
 
 Goal = Literal["consolidate", "drain"]
 
@@ -88,22 +91,12 @@ class MovePlan:
 
     @property
     def gpus_moved(self) -> float:
-        return sum(_gpus(move.pod) for move in self.moves)
-
-
-def _gpus(pod: RunningPod) -> float:
-    return sum(milli for _, milli in pod.gpus) / GPU_MILLI
+        return sum(move.pod.gpus_held for move in self.moves)
 
 
 def is_mover(pod: RunningPod, now: float, rules: ConsolidationRules) -> bool:
     """Rule 2: may this pod be moved?"""
-    return (
-        pod.movable
-        and pod.preemptible
-        and not pod.terminating
-        and bool(pod.gpus)
-        and now - pod.started >= rules.min_runtime_s
-    )
+    return pod.movable and can_be_victim(pod) and now - pod.started >= rules.min_runtime_s
 
 
 def _demand_of(pod: RunningPod) -> GpuDemand:
@@ -114,7 +107,7 @@ def _demand_of(pod: RunningPod) -> GpuDemand:
 
 
 def _mover_order(pod: RunningPod) -> tuple[float, int, float, str]:
-    return (_gpus(pod), pod.priority, -pod.started, pod.key)  # small, low priority, new first
+    return (pod.gpus_held, pod.priority, -pod.started, pod.key)  # small, low priority, new first
 
 
 def consolidation_refusal(fairness: FairnessSnapshot, waiting: PendingPod) -> str:
@@ -226,45 +219,132 @@ def _both_fit(free: Sequence[int], first: GpuDemand, count: int, milli: int) -> 
 def _move_message(pod: RunningPod, to_node: str, waiting: PendingPod, node: str) -> str:
     return (
         f"moved to defragment GPUs: pod {waiting.key} of queue '{waiting.queue}' fits no node as the "
-        f"GPUs are used; with this pod ({_gpus(pod):.3g} GPUs) moved off node {node} it fits there, "
+        f"GPUs are used; with this pod ({pod.gpus_held:.3g} GPUs) moved off node {node} it fits there, "
         f"and this pod's successor fits on node {to_node}"
     )
+
+
+_Group = tuple[tuple[float, int, float, str, tuple[str, ...]], str, GpuDemand, tuple[RunningPod, ...]]
+
+
+class _Movers:
+    """A cycle's movers (rule 2) by node, smallest first, and per demand the nodes where it fits
+    with all of a node's candidates off (else no set of them can make room), kept from one
+    waiting pod to the next instead of a pass over every running pod and every node per pod.
+
+    Between waiting pods the fork changes in two ways only: a pod placed where it fits already
+    (its node loses room) and a move plan (its node gains room and loses the movers it moved, the
+    nodes they land on lose room; moved pods move no more). So for a demand, a node that failed
+    can pass later only if it is the node of a later plan (`gained`), and a node that passed is
+    checked again only when the fork holds another state of it (another `NodeGpus`)."""
+
+    def __init__(
+        self,
+        fork: ClusterSnapshot,
+        now: float,
+        rules: ConsolidationRules,
+        avoid: Collection[str],
+        pinned: Collection[str],
+    ) -> None:
+        by_node: dict[str, list[RunningPod]] = {}
+        min_runtime = rules.min_runtime_s
+        for pod in fork.movable_pods():  # in no order: each node's are sorted below
+            # is_mover: movable_pods are movable, preemptible, not terminating and hold GPUs.
+            if now - pod.started >= min_runtime and pod.node not in avoid and pod.key not in pinned:
+                by_node.setdefault(pod.node, []).append(pod)
+        self._by_node = {node: sorted(pods, key=_mover_order) for node, pods in by_node.items()}
+        self._max_candidates = rules.max_candidates
+        self._gained: list[str] = []
+        # (demand, fraction memory) -> (len(_gained) when looked, node -> its state where it passed)
+        self._room: dict[tuple[GpuDemand, int | None], tuple[int, dict[str, NodeGpus]]] = {}
+        # (demand, fraction memory, count) -> node -> (its state then, its groups making room)
+        self._groups: dict[tuple[GpuDemand, int | None, int], dict[str, tuple[NodeGpus, list[_Group]]]] = {}
+
+    def moved(self, done: MovePlan) -> None:
+        """The fork after `done`: its movers are gone from its node, which gained room."""
+        moved = {move.pod.key for move in done.moves}
+        self._by_node[done.node] = [pod for pod in self._by_node.get(done.node, ()) if pod.key not in moved]
+        self._gained.append(done.node)
+
+    def making_room(
+        self, fork: ClusterSnapshot, waiting: PendingPod
+    ) -> list[tuple[str, GpuDemand, list[RunningPod]]]:
+        """By node name: the nodes where `waiting` fits with all their candidates off, its demand
+        there and the candidates (the `max_candidates` smallest movers)."""
+        key = (waiting.demand, waiting.fraction_memory)
+        nodes, gpu_memory = fork.nodes, fork.gpu_memory
+        known = self._room.get(key)
+        passed: dict[str, NodeGpus] = {}
+        if known is None:
+            look, gained = list(self._by_node), set()
+        else:
+            since, passed = known
+            gained = set(self._gained[since:])
+            look = list(dict.fromkeys([*passed, *gained]))
+        passing: dict[str, NodeGpus] = {}
+        for node in look:
+            supply = nodes[node]
+            if node not in gained and passed.get(node) is supply:
+                passing[node] = supply  # the same state and movers as when it passed
+                continue
+            candidates = self._by_node.get(node, [])[: self._max_candidates]
+            demand = waiting.demand_on(gpu_memory.get(node, 0))
+            if candidates and fork.fits_without(node, demand, candidates):
+                passing[node] = supply
+        self._room[key] = (len(self._gained), passing)
+        return [
+            (node, waiting.demand_on(gpu_memory.get(node, 0)), self._by_node[node][: self._max_candidates])
+            for node in sorted(passing)
+        ]
+
+    def groups(
+        self,
+        fork: ClusterSnapshot,
+        waiting: PendingPod,
+        nodes: list[tuple[str, GpuDemand, list[RunningPod]]],
+        count: int,
+    ) -> list[_Group]:
+        """Every set of `count` candidates of `nodes` (`making_room`) whose moving makes room for
+        `waiting` on their node, best first. A node's sets are those found before while the fork
+        holds the same state of it (its movers change only with it)."""
+        key = (waiting.demand, waiting.fraction_memory, count)
+        known = self._groups.get(key, {})
+        found: dict[str, tuple[NodeGpus, list[_Group]]] = {}
+        for node, demand, candidates in nodes:
+            supply = fork.nodes[node]
+            before = known.get(node)
+            if before is not None and before[0] is supply:
+                found[node] = before
+            else:
+                found[node] = (
+                    supply,
+                    [
+                        (_group_rank(group, node), node, demand, group)
+                        for group in combinations(candidates, count)
+                        if fork.fits_without(node, demand, group)
+                    ],
+                )
+        self._groups[key] = found
+        return sorted(group for _, groups in found.values() for group in groups)
 
 
 def _moves_for(
     fork: ClusterSnapshot,
     waiting: PendingPod,
-    now: float,
-    rules: ConsolidationRules,
+    movers: _Movers,
     budget: int,
     avoid: Collection[str],
-    pinned: Collection[str],
     work: Budget,
 ) -> tuple[MovePlan, ClusterSnapshot] | None:
     """Rule 3: the fewest moves after which `waiting` and every mover fit, with the fork after
     them; or None (also when the cycle's `work` runs out)."""
-    movers: dict[str, list[RunningPod]] = {}
-    for pod in fork.running.values():
-        if pod.node not in avoid and pod.key not in pinned and is_mover(pod, now, rules):
-            movers.setdefault(pod.node, []).append(pod)
-    nodes: list[tuple[str, GpuDemand, list[RunningPod]]] = []
-    for node in sorted(movers):
-        demand = waiting.demand_on(fork.gpu_memory.get(node, 0))
-        candidates = sorted(movers[node], key=_mover_order)[: rules.max_candidates]
-        if fork.fits_without(node, demand, candidates):  # else no subset can make room
-            nodes.append((node, demand, candidates))
+    nodes = movers.making_room(fork, waiting)
     arriving = RunningPod(waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority)
     landings = _Landings(fork)
     for count in range(1, budget + 1):
         # Every set of `count` movers that makes room, best first; the first whose movers all
         # land elsewhere is the best plan of this size (landing is the costly test).
-        groups = sorted(
-            (_group_rank(group, node), node, demand, group)
-            for node, demand, candidates in nodes
-            for group in combinations(candidates, count)
-            if fork.fits_without(node, demand, group)
-        )
-        for _, node, demand, group in groups:
+        for _, node, demand, group in movers.groups(fork, waiting, nodes, count):
             if not landings.may_land(group, node, demand):
                 continue
             if not work.spend():
@@ -288,7 +368,7 @@ def _moves_for(
 def _group_rank(group: Sequence[RunningPod], node: str) -> tuple[float, int, float, str, tuple[str, ...]]:
     """Fewest GPUs moved, then lowest priorities, then the newest pods (then names, for order)."""
     return (
-        sum(_gpus(pod) for pod in group),
+        sum(pod.gpus_held for pod in group),
         sum(pod.priority for pod in group),
         -sum(pod.started for pod in group),
         node,
@@ -315,6 +395,8 @@ def plan_moves(
     for done in served:
         apply_plan(fork, done)
     served_keys = {done.pod.key for done in served}
+    search = Search(fork)  # demands that fit nowhere are looked for again only where room came free
+    movers = _Movers(fork, now, rules, avoid, pinned)
     plans: list[MovePlan] = []
     moves_left = rules.max_moves_per_cycle
     for waiting in serving_order(fork.fairness, pending, rules.max_pending):
@@ -325,17 +407,19 @@ def plan_moves(
             continue
         if waiting.workload:
             continue  # a member of a gang waiting whole: moves for one member would not start it
-        if waiting.key in served_keys or place_if_it_fits(fork, waiting):
+        if waiting.key in served_keys or place_if_it_fits(fork, waiting, search):
             continue
         if consolidation_refusal(fork.fairness, waiting):
             continue
         budget = min(moves_left, rules.max_moves_per_pod)
         refused = work.refused
-        outcome = _moves_for(fork, waiting, now, rules, budget, avoid, pinned, work)
+        outcome = _moves_for(fork, waiting, movers, budget, avoid, work)
         if outcome is None:
             work.cut_off += work.refused > refused  # its search stopped short
             continue
         found, fork = outcome
+        search.touched.extend(sorted({found.node, *(move.to_node for move in found.moves)}))
+        movers.moved(found)
         moves_left -= len(found.moves)
         plans.append(found)
     return plans
@@ -361,7 +445,7 @@ def plan_drain(
         if node in avoid or not supply.free_milli or not on_node:
             continue
         if all(pod.key not in pinned and is_mover(pod, now, rules) for pod in on_node):
-            ranked.append((sum(_gpus(pod) for pod in on_node), len(on_node), node))
+            ranked.append((sum(pod.gpus_held for pod in on_node), len(on_node), node))
     emptied = set(avoid)
     plans: list[MovePlan] = []
     moves_left = rules.max_moves_per_cycle

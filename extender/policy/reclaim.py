@@ -27,7 +27,9 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    nodes holding possible victims with the most free GPU; and a work budget per cycle
    (`Budget`: `max_trials` node searches in all), after which the remaining waiting pods are
    not tried. What is cut off waits for a later cycle and is counted in the budget, which the
-   controller reports (metric and log).
+   controller reports (metric and log). A node searched whose GPUs rule out a plan within the
+   cycle's evictions left (`fewest_evictions`, a lower bound on the pods to evict there) costs
+   its trial but no trial evictions.
 5. Every plan is applied to a fork of the snapshot (victims off, pod placed) before the next one
    is made, so one cycle's plans never count the same GPUs twice. The live picture is untouched.
 
@@ -48,13 +50,14 @@ fits; otherwise nothing is evicted for any of them.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from contract.names import GPU_MILLI
 from extender.policy.fairness import EPSILON, GPU_MODEL_PREFIX, FairnessSnapshot, Resources, format_amount
-from extender.policy.placement import GpuDemand
+from extender.policy.placement import GpuDemand, fits
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 
 Goal = Literal["reclaim", "preempt"]
@@ -140,10 +143,6 @@ class Plan:
 
 def gpu_amounts(resources: Resources) -> dict[str, float]:
     return {r: a for r, a in resources.items() if (r == "gpu" or r.startswith(GPU_MODEL_PREFIX)) and a > 0}
-
-
-def _gpus(pod: RunningPod) -> float:
-    return sum(milli for _, milli in pod.gpus) / GPU_MILLI
 
 
 def _diverging(fairness: FairnessSnapshot, a: str, b: str) -> tuple[list[str], list[str]]:
@@ -279,6 +278,46 @@ def _node_plan(
     return [eviction for group in chosen for eviction in group], demand
 
 
+def fewest_evictions(fork: ClusterSnapshot, node: str, demand: GpuDemand) -> float:
+    """A lower bound on the pods a plan must evict from `node` before `demand` fits there, by
+    arithmetic (no trial evictions; infinite when evictions cannot make it fit).
+
+    A GPU short of the demand's share needs at least `cost` of its holders evicted: its largest
+    holdings first, until what they free covers the shortfall. The demand needs `missing` more
+    GPUs, so the evicted pods hold, summed over those GPUs, at least the `missing` smallest
+    costs; a pod counts once per GPU it holds, at most `widest` GPUs, hence the bound
+    ceil(sum / widest). Example: 8 GPUs wanted on a full node whose GPUs are held whole by 6
+    pods and by halves on 2 GPUs: costs 1 x 6 + 2 x 2, bound 10 pods."""
+    supply = fork.nodes.get(node)
+    if supply is None:
+        return 0
+    short = {
+        index: demand.milli - free for index, free in enumerate(supply.free_milli) if free < demand.milli
+    }
+    missing = demand.count - (len(supply.free_milli) - len(short))
+    if missing <= 0:
+        return 0
+    holdings: dict[int, list[int]] = {}
+    widest = 0
+    for pod in fork.pods_on(node):
+        widest = max(widest, len(pod.gpus))
+        for index, milli in pod.gpus:
+            holdings.setdefault(index, []).append(milli)
+    costs = sorted(_holders_to_free(holdings.get(index, []), needed) for index, needed in short.items())
+    total = sum(costs[:missing])
+    return math.ceil(total / widest) if widest and total < math.inf else math.inf
+
+
+def _holders_to_free(held: list[int], needed: int) -> float:
+    """The fewest of a GPU's holdings (thousandths each) that free `needed` (infinite: none do)."""
+    freed = 0
+    for count, milli in enumerate(sorted(held, reverse=True), start=1):
+        freed += milli
+        if freed >= needed:
+            return count
+    return math.inf
+
+
 def _gpu_share_text(fairness: FairnessSnapshot, queue: str) -> str:
     share = fairness.fair_shares.get(queue, {}).get("gpu", 0.0)
     held = fairness.tree.subtree(queue, "allocated", "gpu")
@@ -309,8 +348,9 @@ class Search:
         self._fork = fork
         self._by_free: list[str] | None = None
         self._nodes_of_queue: dict[str, set[str]] | None = None
-        # Demands known to fit nowhere, and the nodes changed since (only those need a look).
-        self._unfit: dict[tuple[GpuDemand, int | None], int] = {}
+        # Per demand: the node (index in `names`) where it fit last, or len(names) when nowhere,
+        # and how many nodes were touched then (`fits_somewhere`).
+        self._first: dict[tuple[GpuDemand, int | None], tuple[int, int]] = {}
         self.touched: list[str] = []
 
     @property
@@ -326,10 +366,7 @@ class Search:
     def nodes_of_queue(self) -> dict[str, set[str]]:
         """Nodes by the queues of the preemptible GPU pods running there as the cycle began."""
         if self._nodes_of_queue is None:
-            self._nodes_of_queue = {}
-            for pod in self._fork.running.values():
-                if pod.preemptible and not pod.terminating and pod.gpus:
-                    self._nodes_of_queue.setdefault(pod.queue, set()).add(pod.node)
+            self._nodes_of_queue = self._fork.victim_nodes()
         return self._nodes_of_queue
 
     def candidates(self, fork: ClusterSnapshot, waiting: PendingPod, goal: Goal, limit: int) -> list[str]:
@@ -359,14 +396,33 @@ class Search:
         return found
 
     def fits_somewhere(self, fork: ClusterSnapshot, waiting: PendingPod) -> str | None:
-        """A node where the pod fits now; a demand that fit nowhere is checked again only on the
-        nodes changed since."""
+        """The first node by name where the pod fits now.
+
+        Between calls, nodes only lose room, except those in `touched` (every node that gained
+        room must be there). So for a demand looked for before, the nodes before the one found
+        then (all of them, when none was) are looked at again only if touched since, and the
+        look goes on from that node: the same node as a look at every node, without passing the
+        full ones again for every pod."""
         memo = (waiting.demand, waiting.fraction_memory)
-        seen = self._unfit.get(memo)
-        names = self.names if seen is None else self.touched[seen:]
-        found = next((n for n in names if fork.fitting_nodes(_on(waiting, fork, n), [n])), None)
-        if found is None:
-            self._unfit[memo] = len(self.touched)
+        start, seen = self._first.get(memo, (0, len(self.touched)))
+        names, nodes, gpu_memory = self.names, fork.nodes, fork.gpu_memory
+        sized: dict[int, GpuDemand] = {}  # the demand by GPU memory (a fraction's share depends on it)
+
+        def fitting(name: str) -> bool:
+            memory = gpu_memory.get(name, 0)
+            demand = sized.get(memory) or sized.setdefault(memory, waiting.demand_on(memory))
+            supply = nodes.get(name)
+            return supply is not None and fits(supply, demand)
+
+        ahead = names[start] if start < len(names) else None
+        again = sorted({name for name in self.touched[seen:] if ahead is None or name < ahead})
+        found = next((name for name in again if fitting(name)), None)
+        if found is not None:
+            index = bisect_left(names, found)
+        else:
+            index = next((i for i in range(start, len(names)) if fitting(names[i])), len(names))
+            found = names[index] if index < len(names) else None
+        self._first[memo] = (index, len(self.touched))
         return found
 
 
@@ -389,13 +445,15 @@ def _plan_for(
         for node in search.candidates(fork, waiting, current, rules.node_trials):
             if not work.spend():
                 break
+            if fewest_evictions(fork, node, _on(waiting, fork, node)) > evictions_left:
+                continue  # no plan there could stay within the cycle's evictions (no search needed)
             found = _node_plan(fork, node, waiting, current, now, rules)
             if found is None:
                 continue
             evictions, _ = found
             if not evictions or len(evictions) > evictions_left:
                 continue
-            evicted = sum(_gpus(e.pod) for e in evictions)
+            evicted = sum(e.pod.gpus_held for e in evictions)
             if evicted / max(needed, 1e-9) > rules.max_ratio + EPSILON and not (
                 # One victim no bigger than the whole GPUs the pod needs is the least there is
                 # (a whole-GPU pod for a half-GPU pod); a big one for a small pod is not.

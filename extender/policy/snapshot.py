@@ -47,6 +47,32 @@ class RunningPod:
     # Its workload when that is a gang (extender.policy.workloads; "" for a pod alone): evicting
     # a member below the workload's minimum breaks it, so planners take the whole gang or none.
     workload: str = ""
+    # GPUs it holds (a half: 0.5), summed once: planners rank pods by it every cycle. (A field set
+    # at creation: the class has slots, for memory, so it cannot cache a property.)
+    gpus_held: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpus_held", sum(milli for _, milli in self.gpus) / GPU_MILLI)
+
+
+def can_be_victim(pod: RunningPod) -> bool:
+    """Preemptible, not already terminating, holding GPUs: a pod a planner may evict at all."""
+    return pod.preemptible and not pod.terminating and bool(pod.gpus)
+
+
+def count_victims(counts: dict[str, dict[str, int]], pod: RunningPod, sign: int) -> None:
+    """Add (sign 1) or take off (-1) `pod` in per-queue, per-node counts of possible victims
+    (nodes whose count reaches 0 are dropped)."""
+    if not can_be_victim(pod):
+        return
+    per_node = counts.setdefault(pod.queue, {})
+    count = per_node.get(pod.node, 0) + sign
+    if count > 0:
+        per_node[pod.node] = count
+    else:
+        per_node.pop(pod.node, None)
+        if not per_node:
+            del counts[pod.queue]
 
 
 def _shift(usage: QueueUsage, amounts: Resources, sign: float) -> QueueUsage:
@@ -87,6 +113,14 @@ class _Layered(Mapping[str, V]):
         yield from (key for key in self.base if key not in changes or changes[key] is not None)
         yield from (key for key, value in changes.items() if value is not None and key not in self.base)
 
+    def get(self, key: str, default: V | None = None) -> V | None:  # type: ignore[override]
+        # Mapping.get goes through __getitem__ and an exception per miss; the planners ask often.
+        changes = self.changes
+        if key in changes:
+            value = changes[key]
+            return default if value is None else value
+        return self.base.get(key, default)
+
     def values(self) -> ValuesView[V]:
         # Without changes, the base's own view: planners walk every running pod once per cycle.
         return self.base.values() if not self.changes else super().values()
@@ -112,6 +146,7 @@ class ClusterSnapshot:
         pods_by_node: Mapping[str, Iterable[str]] | None = None,
         minimums: Mapping[str, int] | None = None,
         terminating: Iterable[str] | None = None,
+        victims: Mapping[str, Mapping[str, int]] | None = None,
     ) -> None:
         self._node_changes: dict[str, NodeGpus | None] = {}
         self._pod_changes: dict[str, RunningPod | None] = {}
@@ -130,6 +165,10 @@ class ClusterSnapshot:
         # Minimum member count of each gang workload of the running pods (shared, read-only).
         self.minimums: Mapping[str, int] = minimums if minimums is not None else {}
         self._gangs: dict[str, tuple[str, ...]] | None = None  # workload -> base member keys
+        # Per queue, per node, how many base running pods could be victims (`can_be_victim`),
+        # when the caller keeps them (else counted by a pass on first use); forks share them.
+        self._victims: Mapping[str, Mapping[str, int]] | None = victims
+        self._movable: tuple[RunningPod, ...] | None = None  # the base's `movable_pods`, on first use
 
     def members(self, workload: str) -> list[RunningPod]:
         """The running members of a gang workload in this snapshot, terminating ones aside."""
@@ -178,14 +217,15 @@ class ClusterSnapshot:
         child._fairness = self._fairness
         child.minimums = self.minimums
         child._gangs = self._gangs  # members in the base; `members` leaves out what a fork evicted
+        child._victims = self._victims
+        child._movable = self._movable
         return child
 
     @property
     def fairness(self) -> FairnessSnapshot:
         """Fairness with the usage of this (possibly forked and changed) snapshot, shares as they were."""
         if self._fairness is None:
-            base = self._base
-            self._fairness = FairnessSnapshot(base.specs, dict(self._usage), base.capacity, base.fair_shares)
+            self._fairness = self._base.with_usage(dict(self._usage))
         return self._fairness
 
     def terminating(self) -> list[str]:
@@ -194,6 +234,43 @@ class ClusterSnapshot:
         if self._terminating is None:
             self._terminating = frozenset(key for key, pod in running.items() if pod.terminating)
         return [key for key in self._terminating if key in running and running[key].terminating]
+
+    def victim_nodes(self) -> dict[str, set[str]]:
+        """Per queue, the nodes where this snapshot runs pods of it that could be victims
+        (`can_be_victim`): the base's counts, corrected by this fork's changes (not a pass over
+        every running pod)."""
+        assert isinstance(self.running, _Layered)
+        base = self.running.base
+        if self._victims is None:
+            counted: dict[str, dict[str, int]] = {}
+            for pod in base.values():
+                count_victims(counted, pod, 1)
+            self._victims = counted
+        victims = self._victims
+        change: dict[tuple[str, str], int] = {}  # (queue, node) -> victims this fork added (< 0: took)
+        for key, pod in self._pod_changes.items():
+            for moved, sign in ((base.get(key), -1), (pod, 1)):
+                if moved is not None and can_be_victim(moved):
+                    at = (moved.queue, moved.node)
+                    change[at] = change.get(at, 0) + sign
+        nodes = {queue: set(per_node) for queue, per_node in victims.items()}
+        for (queue, node), added in change.items():
+            if victims.get(queue, {}).get(node, 0) + added > 0:
+                nodes.setdefault(queue, set()).add(node)
+            elif queue in nodes:
+                nodes[queue].discard(node)
+        return {queue: names for queue, names in nodes.items() if names}
+
+    def movable_pods(self) -> list[RunningPod]:
+        """Running pods that could be moved (`movable` and `can_be_victim`): the base's, found by
+        one pass shared by every fork, with this fork's changes; in no particular order."""
+        assert isinstance(self.running, _Layered)
+        base, changes = self.running.base, self._pod_changes
+        if self._movable is None:
+            self._movable = tuple(pod for pod in base.values() if pod.movable and can_be_victim(pod))
+        pods = [pod for pod in self._movable if pod.key not in changes] if changes else list(self._movable)
+        pods.extend(pod for pod in changes.values() if pod is not None and pod.movable and can_be_victim(pod))
+        return pods
 
     def pods_on(self, node: str) -> list[RunningPod]:
         running = self.running

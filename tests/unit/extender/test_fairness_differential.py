@@ -1,4 +1,5 @@
-"""The O(n log n) water-filling gives the shares of the quadratic one it replaced.
+"""The O(n log n) water-filling gives the shares of the quadratic one it replaced; shares kept up
+to date as queues' usage changes (`FairShares.update`) are those of a division of the whole tree.
 
 The oracle is the earlier algorithm (bench/fairshare.py keeps it as the benchmark's baseline);
 both run through the same ``compute_fair_shares`` on seeded random hierarchies with ties,
@@ -14,7 +15,7 @@ import random
 import pytest
 
 from bench.fairshare import quadratic_water_fill, water_filling
-from extender.policy.fairness import QueueSpec, QueueUsage, compute_fair_shares
+from extender.policy.fairness import FairShares, QueueSpec, QueueUsage, compute_fair_shares
 
 RESOURCES = ("gpu", "cpu")
 
@@ -54,6 +55,42 @@ def test_shares_equal_the_quadratic_oracle(seed: int) -> None:
             got = shares[queue][resource]
             assert math.isfinite(got)
             assert got == pytest.approx(amount, rel=1e-9, abs=1e-9), (queue, resource)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_shares_kept_up_to_date_equal_a_division_of_the_whole_tree(seed: int) -> None:
+    # A random tree (sometimes with a queue whose parent does not exist), then 12 changes of 1-3
+    # queues' usage each - a pod waiting more, a bind, pods gone, all of a queue's usage gone -;
+    # after each, the kept shares equal compute_fair_shares of the new usage exactly (the same
+    # divisions of the same floats), and the shares handed out before are unchanged.
+    rng = random.Random(seed)
+    specs, usage, capacity = random_picture(rng)
+    if rng.random() < 0.3:
+        specs.append(QueueSpec("orphan", "missing", quota={"gpu": 1.0}))
+        usage["orphan"] = QueueUsage(allocated={"gpu": 1.0}, requested={})
+    kept = FairShares(specs, usage, capacity)
+    assert kept.shares == compute_fair_shares(specs, usage, capacity)
+    for _ in range(12):
+        changed = rng.sample(sorted(usage), k=min(len(usage), rng.randint(1, 3)))
+        usage = dict(usage)
+        for name in changed:
+            old = usage[name]
+            roll = rng.random()
+            if roll < 0.4:  # one more pod waits
+                requested = {r: a + rng.choice((0.5, 1.0, 8.0)) for r, a in old.requested.items()}
+                usage[name] = QueueUsage(old.allocated, requested)
+            elif roll < 0.7:  # what waited is bound
+                allocated = {r: old.allocated.get(r, 0.0) + a for r, a in old.requested.items()}
+                usage[name] = QueueUsage(allocated, {})
+            elif roll < 0.9:  # pods gone
+                usage[name] = QueueUsage({r: a / 2 for r, a in old.allocated.items()}, old.requested)
+            else:
+                del usage[name]
+        handed_out = kept.shares
+        before = {name: dict(shares) for name, shares in handed_out.items()}
+        kept.update(usage, changed)
+        assert kept.shares == compute_fair_shares(specs, usage, capacity)
+        assert handed_out == before
 
 
 def test_many_siblings_with_extreme_weights_stay_finite_and_add_up() -> None:

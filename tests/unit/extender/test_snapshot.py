@@ -12,7 +12,7 @@ import pytest
 
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.placement import GpuDemand
-from extender.policy.snapshot import RunningPod
+from extender.policy.snapshot import ClusterSnapshot, RunningPod, can_be_victim
 from tests import extender_objects as objects
 
 CLASS = "gpu.tessera.dev"
@@ -101,6 +101,15 @@ def test_forks_of_forks_are_independent() -> None:
     assert "ns/half" in first.running and "ns/half" not in second.running
 
 
+def counted(snapshot: ClusterSnapshot) -> dict[str, set[str]]:
+    """Per queue, the nodes of its possible victims by a pass over every running pod."""
+    nodes: dict[str, set[str]] = {}
+    for pod in snapshot.running.values():
+        if can_be_victim(pod):
+            nodes.setdefault(pod.queue, set()).add(pod.node)
+    return nodes
+
+
 def test_a_snapshot_after_events_equals_one_of_a_fresh_picture() -> None:
     # Snapshots keep their running pods from one to the next and re-read only pods that changed.
     # After each event the live picture's snapshot equals a fresh picture's over the same objects:
@@ -121,6 +130,8 @@ def test_a_snapshot_after_events_equals_one_of_a_fresh_picture() -> None:
         assert dict(ours.running) == dict(theirs.running)
         assert dict(ours.nodes) == dict(theirs.nodes)
         assert ours.terminating() == theirs.terminating()
+        # The possible victims' nodes, kept from one snapshot to the next, as a fresh count.
+        assert ours.victim_nodes() == theirs.victim_nodes() == counted(ours)
 
     bound = objects.pod("ns", "waiting", queue="team-b", template="one", node_name="a")
     bound["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "waiting-gpus"}]
