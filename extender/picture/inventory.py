@@ -91,11 +91,11 @@ def _string_attribute(attributes: Mapping[str, Any], driver: str, name: str, def
     return str(value.get("string", default))
 
 
-def _discard(index: dict[str, set[str]], key: str, member: str) -> None:
-    """Remove `member` from the set at `key`, and the key with its last member."""
+def _discard(index: dict[str, dict[str, None]], key: str, member: str) -> None:
+    """Remove `member` from the members at `key`, and the key with its last member."""
     members = index.get(key)
     if members is not None:
-        members.discard(member)
+        members.pop(member, None)
         if not members:
             del index[key]
 
@@ -129,10 +129,11 @@ class GpuInventory:
         self.device_holders: dict[DeviceKey, dict[str, int | None]] = {}
         # Claim key -> (pods sharing it, its allocated devices with their consumed memory), read
         # once per claim version: accounting and snapshots ask for it per pod.
-        self.claim_allocations: dict[str, tuple[int, list[tuple[DeviceKey, int | None]]]] = {}
+        self.claim_allocations: dict[str, tuple[int, tuple[tuple[DeviceKey, int | None], ...]]] = {}
         # Pods the binder bound before the watch showed it: pod key -> node.
         self.assumed_nodes: dict[str, str] = {}
-        self.pods_by_node: dict[str, set[str]] = {}
+        # Node -> its pods' keys (a dict as an ordered set: 464 bytes for 20 pods, a set 2264).
+        self.pods_by_node: dict[str, dict[str, None]] = {}
         # GPU devices per (model, memory). Pending fractions are sized against the largest GPU of
         # their models, so only a change of which sizes exist recounts every pod.
         self._gpu_sizes: Counter[tuple[str, int]] = Counter()
@@ -448,15 +449,17 @@ class GpuInventory:
 
     def _claim_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         self.claim_allocations.pop(key, None)
-        if new is not None:
-            devices = [((d.driver, d.pool, d.device), d.consumed_memory) for d in allocated_devices(new)]
-            if devices:
-                consumers = sum(
-                    1
-                    for ref in sequence(mapping(new.get("status")).get("reservedFor"))
-                    if mapping(ref).get("resource") == "pods"
-                )
-                self.claim_allocations[key] = (max(1, consumers), devices)
+        # (One key tuple per device held, shared by both indexes.)
+        devices = tuple(
+            ((d.driver, d.pool, d.device), d.consumed_memory) for d in allocated_devices(new or {})
+        )
+        if devices and new is not None:
+            consumers = sum(
+                1
+                for ref in sequence(mapping(new.get("status")).get("reservedFor"))
+                if mapping(ref).get("resource") == "pods"
+            )
+            self.claim_allocations[key] = (max(1, consumers), devices)
         if old is not None:
             for held in allocated_devices(old):
                 device_key = (held.driver, held.pool, held.device)
@@ -465,11 +468,9 @@ class GpuInventory:
                 if not holders:
                     self.device_holders.pop(device_key, None)
                 self._drop_node_of(device_key)
-        if new is not None:
-            for held in allocated_devices(new):
-                device_key = (held.driver, held.pool, held.device)
-                self.device_holders.setdefault(device_key, {})[key] = held.consumed_memory
-                self._drop_node_of(device_key)
+        for device_key, consumed in devices:
+            self.device_holders.setdefault(device_key, {})[key] = consumed
+            self._drop_node_of(device_key)
 
     def _drop_node_of(self, device_key: DeviceKey) -> None:
         device = self.devices.get(device_key)
@@ -505,7 +506,7 @@ class GpuInventory:
         if new is not None:
             node = self.pod_node(key, new)
             if node:
-                self.pods_by_node.setdefault(node, set()).add(key)
+                self.pods_by_node.setdefault(node, {})[key] = None
                 self._forget_node(node)
 
     def _pods_relisted(self, keys: set[str]) -> None:
