@@ -10,7 +10,8 @@
    do-nothing gRPC server on the same unix socket (``bench.prepare``);
 6. fair-share recompute for 1000 queues in three levels and 4000 siblings vs the quadratic
    water-filling it replaced (``bench.fairshare``);
-7. one reclaim planning cycle on a large picture vs taking its snapshot alone (``bench.planning``);
+7. one planning cycle (reclaim, then consolidation) on a large picture vs taking its snapshot alone
+   (``bench.planning``);
 8. reclaim: time for a queue to get back its lent fair share, Tessera's reclaim beside
    kube-scheduler's priority preemption, then churn counting evictions later undone
    (``bench.reclaim``);

@@ -167,6 +167,10 @@ class ClusterPicture:
     def gang(self, pod: Mapping[str, Any]) -> GangState:
         """The pod's workload: its minimum, members, how many are placed, its reservation."""
         self.fairness()  # brings reservations in line with the members
+        return self._gang_now(pod)
+
+    def _gang_now(self, pod: Mapping[str, Any]) -> GangState:
+        """`gang`, with the reservations already brought in line (by a `fairness()` just before)."""
         workload = self.workloads.workload(pod)
         if workload.single:
             return GangState(workload, 1, 1, 0, None)
@@ -353,7 +357,7 @@ class ClusterPicture:
                 continue
             demand = self.demands.of(pod)
             request = contribution.amounts
-            gang = self.gang(pod)
+            gang = self._gang_now(pod)  # `view` above brought the reservations in line
             if gang.reading or gang.members < gang.minimum:
                 continue  # its minimum is not known yet, or its pods are not all there
             workload = "" if gang.admitted else gang.workload.key

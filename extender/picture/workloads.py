@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract.kube import mapping, meta
+from contract.kube import mapping, meta, object_key
 from extender.picture.demands import is_terminal
 from extender.picture.store import ObjectStore, Stored
 from extender.policy.placement import GpuDemand
@@ -89,10 +89,21 @@ class WorkloadMap:
         self.wanted: set[OwnerRef] = set()
         self.unreadable: dict[OwnerRef, float] = {}
         self._owner_of: dict[str, OwnerRef] = {}
+        # The workload of each stored pod as last found (with the object it was found for),
+        # while no owner changed: the planners ask for every waiting pod's each cycle.
+        self._found: dict[str, tuple[Mapping[str, Any], Workload]] = {}
         store.subscribe("Pod", self._pod_changed, self._relisted)
+        store.subscribe("Job", lambda *_: self._found.clear(), lambda _: self._found.clear())
 
     def workload(self, pod: Mapping[str, Any]) -> Workload:
-        return workload_of(pod, self._lookup, self._owned)
+        key = object_key(pod)
+        found = self._found.get(key)
+        if found is not None and found[0] is pod:
+            return found[1]
+        workload = workload_of(pod, self._lookup, self._owned)
+        if self.store.get("Pod", key) is pod:  # a pod from a request is not kept
+            self._found[key] = pod, workload
+        return workload
 
     def minimum(self, workload: Workload) -> int:
         if workload.minimum is not None:
@@ -130,6 +141,7 @@ class WorkloadMap:
         elif ref in self._owner_of.values():  # a gang still names it
             self.unreadable.pop(ref, None)
             self.owners[ref[1], ref[2]] = obj
+            self._found.clear()
 
     def _lookup(self, kind: str, key: str) -> Mapping[str, Any] | None:
         return self.store.get(kind, key) if kind in WATCHED_OWNERS else self.owners.get((kind, key))
@@ -147,6 +159,7 @@ class WorkloadMap:
         ]
 
     def _pod_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
+        self._found.pop(key, None)
         previous = self.of_pod.pop(key, "")
         if previous:
             members = self.members.get(previous)
@@ -158,6 +171,7 @@ class WorkloadMap:
                     if owner is not None:  # no member left: its owner's spec is not needed
                         self.owners.pop((owner[1], owner[2]), None)
                         self.wanted.discard(owner)
+                        self._found.clear()
         if new is None or is_terminal(new):
             return
         workload = self.workload(new)
@@ -173,6 +187,7 @@ class WorkloadMap:
     def _relisted(self, keys: set[str]) -> None:
         for key in [k for k in self.of_pod if k not in keys]:
             self._pod_changed(key, None, None)
+        self._found = {key: found for key, found in self._found.items() if key in keys}
 
 
 def remaining_slots(planned: Iterable[str], landed: Iterable[str], count: int) -> list[str]:

@@ -242,6 +242,25 @@ def test_members_follow_the_pods_and_make_the_minimum_of_an_unread_owner() -> No
     assert state.workloads.members == {"Workload/ns/sweep": {"ns/w-0"}}
 
 
+def test_a_members_workload_follows_its_owner_job() -> None:
+    # The workload of a stored pod is kept from one question to the next; a change of its Job
+    # (parallelism 2 -> 3) or of the pod itself finds it again.
+    state = ClusterPicture()
+    objs = [*cluster(), job("train", 2), member("train", 0), member("train", 1)]
+    for kind in WATCHED_PATHS:
+        state.replace(kind, [o for o in objs if o["kind"] == kind])
+    stored = state.kind("Pod")["ns/train-0"]
+    assert state.gang(stored).minimum == 2
+    assert state.gang(stored).minimum == 2  # the kept workload
+    grown = {**job("train", 3), "metadata": {**job("train", 3)["metadata"], "resourceVersion": "9"}}
+    state.apply("Job", "MODIFIED", grown)
+    assert state.gang(stored).minimum == 3
+    alone = objects.pod("ns", "train-0", queue="team", template="one")
+    alone["metadata"]["resourceVersion"] = "10"
+    state.apply("Pod", "MODIFIED", alone)
+    assert state.gang(state.kind("Pod")["ns/train-0"]).workload.single
+
+
 def running_member(job_name: str, index: int, queue: str, node: str, device: str) -> list[dict[str, Any]]:
     """A member of an indexed Job running on `node` with its claim allocated to `device`."""
     pod = member(job_name, index, queue)
