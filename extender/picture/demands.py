@@ -124,6 +124,21 @@ def claim_names(pod: Mapping[str, Any]) -> list[str]:
     return [ref.claim for ref in pod_claim_refs(pod) if ref.claim]
 
 
+def _demand_inputs(pod: Stored) -> tuple[object, ...]:
+    """All `PodDemands._read` reads of the pod itself (its claims, templates, classes and namespace
+    have events of their own)."""
+    metadata, spec = meta(pod), mapping(pod.get("spec"))
+    return (
+        metadata.get("namespace"),
+        metadata.get("labels"),
+        spec.get("priority"),
+        spec.get("containers"),
+        spec.get("initContainers"),
+        spec.get("resourceClaims"),
+        mapping(pod.get("status")).get("resourceClaimStatuses"),
+    )
+
+
 def _sources(pod: Mapping[str, Any]) -> set[Source]:
     """The claims and templates a pod reads (none when its claim references cannot be read)."""
     namespace = str(meta(pod).get("namespace", ""))
@@ -306,7 +321,10 @@ class PodDemands:
         if new is None:
             self._cache.pop(key, None)
             return
-        self._cache[key] = None
+        # Most events of a pod (bound, started, its conditions) leave what its demand is read
+        # from as it was: the demand read for the old object stands for the new one.
+        if old is None or _demand_inputs(old) != _demand_inputs(new):
+            self._cache[key] = None
         for source in _sources(new):
             self._add_user(source, key)
 
@@ -314,8 +332,11 @@ class PodDemands:
         def changed(key: str, old: Stored | None, new: Stored | None) -> None:
             self._unstored.clear()
             users = self.users_of(kind, key)
-            for user in users:
-                self._forget(user)
+            # Demands read a claim's or template's spec only; its status (allocation, consumers)
+            # changes several times per pod and leaves them as they were.
+            if old is None or new is None or old.get("spec") != new.get("spec"):
+                for user in users:
+                    self._forget(user)
             # Pods that read it before it existed are found by their claim refs, so tell them too.
             self._notify(users)
 

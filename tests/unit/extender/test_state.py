@@ -474,3 +474,40 @@ def test_fair_shares_kept_across_pod_events_equal_those_of_a_fresh_picture(seed:
             assert usage.requested == pytest.approx(again.usage[queue].requested)
             assert view.fair_shares[queue] == pytest.approx(again.fair_shares[queue])
         assert dict(view.fair_shares) == compute_fair_shares(view.specs, view.usage, view.capacity)
+
+
+def test_a_pods_demand_is_read_again_only_when_what_it_reads_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pod event that changes only its phase or node, or a claim event that changes only its
+    # status (allocation), keeps the demand; a new container request or claim spec reads it again.
+    pod = objects.pod("ns", "p", queue="q", claim_name="c")
+    claim = objects.claim("ns", "c", objects.claim_spec(CLASS))
+    state = synced_state([*two_nodes(), with_rv(pod, 1), with_rv(claim, 2)])
+    reads: list[str] = []
+    parse = state.demands._parse
+
+    def counted(obj: dict[str, Any]) -> Any:
+        reads.append(obj["metadata"]["name"])
+        return parse(obj)
+
+    monkeypatch.setattr(state.demands, "_parse", counted)
+
+    def demand_now() -> GpuDemand | None:
+        return state.pod_demand(state.kind("Pod")["ns/p"])
+
+    assert demand_now() == GpuDemand(count=1) and reads == []  # read when the picture synced
+    bound = with_rv(copy.deepcopy(pod), 3)
+    bound["spec"]["nodeName"] = "a"
+    bound["status"]["phase"] = "Running"
+    state.apply("Pod", "MODIFIED", bound)
+    allocated = with_rv(
+        objects.claim("ns", "c", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)]), 4
+    )
+    state.apply("ResourceClaim", "MODIFIED", allocated)
+    assert demand_now() == GpuDemand(count=1) and reads == []  # not read again
+    bigger = with_rv(objects.claim("ns", "c", objects.claim_spec(CLASS, count=2)), 5)
+    state.apply("ResourceClaim", "MODIFIED", bigger)
+    assert demand_now() == GpuDemand(count=2) and reads == ["p"]
+    more_cpu = with_rv(copy.deepcopy(bound), 6)
+    more_cpu["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "4"
+    state.apply("Pod", "MODIFIED", more_cpu)
+    assert state.demand(state.kind("Pod")["ns/p"]).cpu == 4 and reads == ["p", "p"]
