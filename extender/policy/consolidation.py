@@ -15,17 +15,17 @@ Rules (each a test in tests/unit/extender/test_consolidation.py):
    not opted out), preemptible, not terminating, and have run at least `min_runtime_s` - so a pod
    just recreated by a move is not moved again soon.
 3. Fewest moves first: for k = 1, 2, ... up to `max_moves_per_pod`, on every node every set of k of
-   its movers (the `max_candidates` smallest, less those that may not land: below) is tried on a
+   its movers (the `max_candidates` smallest) is tried on a
    fork: the movers off, the waiting pod placed on the node, then each mover - largest first -
    placed on the node the filter ranks best among nodes with GPUs of the same model and size (its
    own node included, on another GPU). The smallest k with any set where all of that fits wins;
    among its sets, fewest GPUs moved (small fractions before big pods), then lowest priorities,
    then the newest pods. A set with a mover that fits no other node and cannot share its own with
    the waiting pod is skipped without a trial (`_Landings`): in a nearly full cluster that is most
-   sets. A mover that could not even share its node with all the other candidates off is no
-   candidate at all, and a node where the waiting pod would not fit with all its candidates off is
-   not searched: the sets are only formed of movers that may land, and the nodes where the other
-   movers land are found through an index of the nodes by GPU model and size, roomiest GPU first.
+   sets. A node where the waiting pod would not fit with all its candidates off is not searched,
+   and the nodes where movers land are found through an index of the nodes by GPU model and
+   size, roomiest GPU first. The nodes making room and their sets are kept for the cycle
+   (`_Movers`) and formed again only where the fork changed.
 4. Bounded: at most `max_moves_per_pod` moves serve one pod, `max_moves_per_cycle` per cycle,
    `max_pending` waiting pods are tried, and at most `max_trials` sets of movers (or nodes to
    empty) are tried on forks per cycle (a `Budget`: what it cuts off is counted in it). The
