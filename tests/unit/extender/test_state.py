@@ -401,6 +401,19 @@ def test_unknown_node_names_are_not_remembered() -> None:
     assert set(state.inventory._node_gpus) <= {"a", "b"}
 
 
+def counted_reads(state: ClusterPicture, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the pods whose demand is read (parsed) from now on, in order."""
+    reads: list[str] = []
+    parse = state.demands._parse
+
+    def counted(pod: Mapping[str, Any]) -> Any:
+        reads.append(pod["metadata"]["name"])
+        return parse(pod)
+
+    monkeypatch.setattr(state.demands, "_parse", counted)
+    return reads
+
+
 def test_a_request_pod_the_store_lacks_is_read_once_per_version_until_its_template_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -409,14 +422,7 @@ def test_a_request_pod_the_store_lacks_is_read_once_per_version_until_its_templa
     # when what it reads changes (here its claim template: 1 GPU, then 2).
     template = objects.claim_template("ns", "t", objects.claim_spec(CLASS))
     state = synced_state([*two_nodes(), template])
-    reads: list[str] = []
-    parse = state.demands._parse
-
-    def counted(pod: dict[str, Any]) -> Any:
-        reads.append(pod["metadata"]["name"])
-        return parse(pod)
-
-    monkeypatch.setattr(state.demands, "_parse", counted)
+    reads = counted_reads(state, monkeypatch)
     pod = with_rv(objects.pod("ns", "p", queue="q", template="t"), 7)
     for _ in range(3):  # three decodes of the same version: one read
         assert state.demand(copy.deepcopy(pod)).queue == "q"
@@ -482,14 +488,7 @@ def test_a_pods_demand_is_read_again_only_when_what_it_reads_changes(monkeypatch
     pod = objects.pod("ns", "p", queue="q", claim_name="c")
     claim = objects.claim("ns", "c", objects.claim_spec(CLASS))
     state = synced_state([*two_nodes(), with_rv(pod, 1), with_rv(claim, 2)])
-    reads: list[str] = []
-    parse = state.demands._parse
-
-    def counted(obj: dict[str, Any]) -> Any:
-        reads.append(obj["metadata"]["name"])
-        return parse(obj)
-
-    monkeypatch.setattr(state.demands, "_parse", counted)
+    reads = counted_reads(state, monkeypatch)
 
     def demand_now() -> GpuDemand | None:
         return state.pod_demand(state.kind("Pod")["ns/p"])
