@@ -37,7 +37,7 @@ from extender.demand import (
     to_gpu_demand,
 )
 from extender.picture.store import ObjectStore, Stored
-from extender.policy.placement import GpuDemand, host_cpu_milli, host_memory_mib, placement_demand
+from extender.policy.placement import GpuDemand, host_cpu_milli, host_memory_mib, placement_demand, remembered
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 # Distinct demands remembered for sharing; past this the table starts over.
@@ -271,12 +271,7 @@ class PodDemands:
             priority=priority,
             preemptible=preemptible,
         )
-        shared = self._shared.get(demand)
-        if shared is None:
-            if len(self._shared) >= _SHARED_LIMIT:
-                self._shared.clear()
-            shared = self._shared[demand] = demand
-        return shared
+        return remembered(self._shared, demand, _SHARED_LIMIT, lambda: demand)
 
     def users_of(self, kind: str, key: str) -> list[str]:
         """The stored pods that read claim or template `key` (kind ResourceClaim or ResourceClaimTemplate)."""

@@ -38,6 +38,7 @@ import msgspec
 
 from contract.kube import meta, object_key
 from contract.names import DEVICE_TYPE_ATTRIBUTE, MODEL_ATTRIBUTE
+from extender.policy.placement import remembered
 
 # A stored object: a `Record` for the kinds of `PROJECTIONS`, the JSON object for the others.
 Stored = Mapping[str, Any]
@@ -180,12 +181,7 @@ class _Shared:
         key = _encode(value)
         if len(key) > _SHARED_BYTES:
             return value
-        shared = self.table.get(key)
-        if shared is None:
-            if len(self.table) >= _SHARED_LIMIT:
-                self.table.clear()
-            shared = self.table[key] = value
-        return shared
+        return remembered(self.table, key, _SHARED_LIMIT, lambda: value)
 
 
 _SHARED = _Shared()
@@ -291,12 +287,7 @@ class _Records:
         # Values are compared by identity (they are interned or shared); other scalars by value
         # and type (True and 1 are equal in Python, not in JSON).
         key = (type(value), *(v if type(v) is str else (type(v), v) if _scalar(v) else id(v) for v in values))
-        shared = self.table.get(key)
-        if shared is None:
-            if len(self.table) >= _RECORDS_LIMIT:
-                self.table.clear()
-            shared = self.table[key] = value
-        return shared
+        return remembered(self.table, key, _RECORDS_LIMIT, lambda: value)
 
 
 def _scalar(value: Any) -> bool:

@@ -32,7 +32,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, cast
 
 from contract.names import GPU_MILLI
 
@@ -47,6 +47,7 @@ _COST_CACHE_LIMIT = 50_000
 # Bound on memoised node measures per mix (~20 MB); cleared wholesale when reached.
 _MEASURE_CACHE_LIMIT = 200_000
 
+_MISSING = object()
 K = TypeVar("K")
 V = TypeVar("V")
 Strategy = Literal["binpack", "spread"]
@@ -209,8 +210,9 @@ def fits(node: NodeGpus, demand: GpuDemand) -> bool:
 def remembered(cache: dict[K, V], key: K, limit: int, compute: Callable[[], V]) -> V:
     """`cache[key]`, computed on a miss; the cache starts over once it holds `limit` values (a
     bound on memory that costs one recomputation per value still in use)."""
-    if key in cache:
-        return cache[key]
+    found = cache.get(key, _MISSING)  # one lookup: a tuple key's hash is not cached
+    if found is not _MISSING:
+        return cast(V, found)
     if len(cache) >= limit:
         cache.clear()
     value = cache[key] = compute()
