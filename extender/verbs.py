@@ -357,8 +357,10 @@ def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDe
     if demand.problem:  # filter refused it with the reason; nothing to rank
         return PriorityDecision(names, [0] * len(names), "neutral", "unreadable")
     placement = demand.placement_at(picture.inventory.reference_memory(demand.models))
-    gang = picture.gang(args.Pod)  # GPUs held for its workload are its own to use, as in filter
-    owner = "" if gang.workload.single else gang.workload.key
+    # GPUs held for its workload are its own to use, as in filter (its workload only: the gang's
+    # state would bring the whole queue view up to date after the filter's reservation).
+    workload = picture.workloads.workload(args.Pod)
+    owner = "" if workload.single else workload.key
     nodes = _candidate_kinds(picture, args.pod.key, names, owner)
     strategy = queue_strategy(picture, demand.queue)
     score_of = score_kinds(nodes.supply_of, placement, picture.mix(), strategy)
