@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from kubernetes_asyncio.client import ApiClient
 
+from extender.controllers.periodic import BackgroundLoop
 from extender.kubeapi import JsonObject, KubeError, request
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,10 @@ def endpoint_slice(advertise: Advertise, port: int) -> JsonObject:
     }
 
 
-class LeaderEndpoint:
+class LeaderEndpoint(BackgroundLoop):
     """While this replica leads, keeps the Service's EndpointSlice pointing at it."""
+
+    name = "leader-endpoint"
 
     def __init__(
         self,
@@ -72,15 +75,6 @@ class LeaderEndpoint:
         self.path = f"/apis/discovery.k8s.io/v1/namespaces/{advertise.namespace}/endpointslices"
         self._published: JsonObject | None = None  # what this replica last wrote while leading
         self._published_at = 0.0
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="leader-endpoint")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
         while True:

@@ -5,12 +5,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
 
-class PeriodicPass:
+class BackgroundLoop(ABC):
+    """A loop run as an asyncio task of its name: `start` it, `stop` cancels it and waits."""
+
+    name: str
+    _task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    @abstractmethod
+    async def _run(self) -> None: ...
+
+
+class PeriodicPass(BackgroundLoop):
     def __init__(
         self,
         name: str,
@@ -22,15 +41,6 @@ class PeriodicPass:
         self.interval_s = interval_s
         self.may_act = may_act
         self.run_once = run_once
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=self.name)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
         while True:
