@@ -613,7 +613,7 @@ async def _bind_all(
     return run
 
 
-async def run_e2e_async(
+async def run_e2e(
     nodes: int,
     pods: int,
     rounds: int = 1,
@@ -622,6 +622,9 @@ async def run_e2e_async(
     kai: bool = True,
     kai_extra: Sequence[KaiVariant] = (),
 ) -> E2EResult:
+    """Benchmark 2 on a fresh local control plane (started and stopped here); with several
+    ``rounds`` the figures are those of the median round of each scheduler. KAI races too when
+    hack/build-kai.sh built it (and ``kai``), with its defaults and in the ``kai_extra`` variants."""
     if pods > nodes * GPUS_PER_NODE:
         raise ValueError(f"{pods} pods do not fit {nodes} nodes x {GPUS_PER_NODE} GPUs")
     async with bench_cluster(nodes, extender_profile) as bench:
@@ -637,21 +640,6 @@ async def run_e2e_async(
     return E2EResult(
         plain, tessera, nodes=nodes, pods=pods, qps=CLIENT_QPS, burst=CLIENT_BURST, kai_runs=kai_runs
     )
-
-
-def run_e2e(
-    nodes: int,
-    pods: int,
-    rounds: int = 1,
-    timeout: float = 900.0,
-    extender_profile: Path | None = None,
-    kai: bool = True,
-    kai_extra: Sequence[KaiVariant] = (),
-) -> E2EResult:
-    """Benchmark 2 on a fresh local control plane (started and stopped here); with several
-    ``rounds`` the figures are those of the median round of each scheduler. KAI races too when
-    hack/build-kai.sh built it (and ``kai``), with its defaults and in the ``kai_extra`` variants."""
-    return asyncio.run(run_e2e_async(nodes, pods, rounds, timeout, extender_profile, kai, kai_extra))
 
 
 def profile_path(argument: str | None) -> Path | None:
@@ -700,7 +688,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pods = args.pods or (4000 if args.full else 800)
     profile = profile_path(args.profile_extender)
     extra = [SAME_CLIENT] if args.kai_client_qps else []
-    result = run_e2e(nodes, pods, args.rounds, extender_profile=profile, kai=not args.no_kai, kai_extra=extra)
+    result = asyncio.run(
+        run_e2e(nodes, pods, args.rounds, extender_profile=profile, kai=not args.no_kai, kai_extra=extra)
+    )
     print(
         f"\n[2] end to end on the local control plane: {nodes} nodes x {GPUS_PER_NODE} GPUs, "
         f"{pods} single-GPU pods"
