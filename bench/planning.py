@@ -30,7 +30,7 @@ from bench.picture import (
     load_state,
     pod_object,
 )
-from extender.policy.consolidation import ConsolidationRules, plan_moves
+from extender.policy.consolidation import ConsolidationRules, NodeRooms, plan_moves
 from extender.policy.reclaim import Rules, plan
 
 
@@ -84,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     waiting_count = len(picture.waiting_pods())
 
     moves = ConsolidationRules()
+    rooms = NodeRooms()  # kept from one cycle to the next, as the consolidation executor keeps it
 
     def cycle() -> int:
         return len(plan(picture.snapshot(), picture.waiting_pods(), now, rules))
@@ -91,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def with_consolidation() -> int:
         snapshot, waiting = picture.snapshot(), picture.waiting_pods()
         served = plan(snapshot, waiting, now, rules)
-        return len(served) + len(plan_moves(snapshot, waiting, now, moves, served))
+        return len(served) + len(plan_moves(snapshot, waiting, now, moves, served, rooms=rooms))
 
     plans = cycle()
     with_consolidation()

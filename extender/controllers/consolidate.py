@@ -31,7 +31,7 @@ from contract.kube import controller_of, mapping, meta
 from extender.controllers.evictions import evict, pod_event, report_cut_off, uid_of
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture, pod_created
-from extender.policy.consolidation import ConsolidationRules, MovePlan, plan_drain, plan_moves
+from extender.policy.consolidation import ConsolidationRules, MovePlan, NodeRooms, plan_drain, plan_moves
 from extender.policy.placement import GpuDemand
 from extender.policy.reclaim import Budget, PendingPod, Plan
 from extender.policy.snapshot import ClusterSnapshot
@@ -87,6 +87,7 @@ class Consolidator:
         self.moved: list[_Moved] = []  # awaiting their successors
         self._successors: set[str] = set()  # pod uids already matched to a move
         self._blocked: dict[str, float] = {}  # pod key -> monotonic time its move may be retried
+        self.rooms = NodeRooms()  # what planning found on each node, looked at again where it changed
 
     async def run_once(
         self, snapshot: ClusterSnapshot, waiting: Sequence[PendingPod], served: Sequence[Plan]
@@ -98,7 +99,7 @@ class Consolidator:
         draining = self.draining_nodes()
         pinned = self._pinned()
         work = Budget(self.rules.max_trials)
-        plans = plan_moves(snapshot, waiting, now, self.rules, served, draining, pinned, work)
+        plans = plan_moves(snapshot, waiting, now, self.rules, served, draining, pinned, work, self.rooms)
         report_cut_off(self.metrics, "consolidate", work)
         if self.options.drain_nodes and not waiting and not served and not plans:
             work = Budget(self.rules.max_trials)

@@ -37,7 +37,14 @@ from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import GangReservation, GangState, OwnerRef, WorkloadMap
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
-from extender.policy.snapshot import ClusterSnapshot, RunningPod, count_victims
+from extender.policy.snapshot import (
+    ClusterSnapshot,
+    RunningPod,
+    could_move,
+    count_victims,
+    keep_movers,
+    mover_order,
+)
 
 # kind -> collection path: what the picture is made of and where the watcher reads it.
 WATCHED_PATHS: dict[str, str] = {
@@ -86,6 +93,9 @@ class ClusterPicture:
         # Per queue, per node, how many pods in `_running` could be victims (the planners'
         # candidate nodes, kept like `_running` rather than counted by a pass per snapshot).
         self._victims: dict[str, dict[str, int]] = {}
+        # Per node, the pods in `_running` that could be moved, in consolidation's order (kept
+        # like `_victims`; each node's a tuple replaced on change, so snapshots share them).
+        self._movers: dict[str, tuple[RunningPod, ...]] = {}
         self.accounting.recounted.append(self._forget_running)
 
     # ---- updates -----------------------------------------------------------------------------
@@ -218,6 +228,7 @@ class ClusterPicture:
         pods_by_node = self.inventory.pods_by_node
         if self._running is None:
             self._running, self._classic_nodes, self._terminating, self._victims = {}, set(), set(), {}
+            self._movers = {}
             stale = [(key, node) for node, keys in pods_by_node.items() for key in keys]
         else:
             stale = [(key, self._node_of(key)) for key in self._stale]
@@ -227,6 +238,7 @@ class ClusterPicture:
             gone = live.pop(key, None)
             if gone is not None:
                 count_victims(self._victims, gone, -1)
+                keep_movers(self._movers, gone, -1)
             self._terminating.discard(key)
             if node:
                 entry, classic_gpus = self._running_pod(key, node)
@@ -235,18 +247,29 @@ class ClusterPicture:
                 elif entry is not None:
                     live[key] = entry
                     count_victims(self._victims, entry, 1)
+                    keep_movers(self._movers, entry, 1)
                     if entry.terminating:
                         self._terminating.add(key)
         running = dict(live)
         terminating = set(self._terminating)
         victims = {queue: dict(per_node) for queue, per_node in self._victims.items()}
+        movers = dict(self._movers)
         for node in list(self._classic_nodes):
             if not self._add_classic(running, node, nodes.get(node), terminating):
                 self._classic_nodes.discard(node)
         for node in self._classic_nodes:  # their pods are in `running` only
-            for key in self.inventory.pods_by_node.get(node, ()):
-                if key in running and key not in live:
-                    count_victims(victims, running[key], 1)
+            on_node = [
+                running[key]
+                for key in self.inventory.pods_by_node.get(node, ())
+                if key in running and running[key].node == node
+            ]
+            for pod in on_node:
+                if pod.key not in live:
+                    count_victims(victims, pod, 1)
+            movable = sorted((pod for pod in on_node if could_move(pod)), key=mover_order)
+            movers.pop(node, None)
+            if movable:
+                movers[node] = tuple(movable)
         return ClusterSnapshot(
             nodes,
             running,
@@ -257,6 +280,7 @@ class ClusterPicture:
             minimums=self._minimums(running.values()),
             terminating=terminating,
             victims=victims,
+            movers=movers,
         )
 
     def _minimums(self, running: Iterable[RunningPod]) -> dict[str, int]:

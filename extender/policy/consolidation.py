@@ -44,6 +44,7 @@ carried out, and the executor reports a blocked move.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
@@ -63,7 +64,7 @@ from extender.policy.reclaim import (
     planning_fork,
     serving_order,
 )
-from extender.policy.snapshot import ClusterSnapshot, RunningPod, can_be_victim
+from extender.policy.snapshot import ClusterSnapshot, RunningPod, can_be_victim, mover_order, without
 
 Goal = Literal["consolidate", "drain"]
 
@@ -108,10 +109,6 @@ def _demand_of(pod: RunningPod) -> GpuDemand:
     CPU and memory it takes where the node tracks them (the simulator's nodes do)."""
     milli = max(milli for _, milli in pod.gpus)
     return GpuDemand(len(pod.gpus), milli, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib)
-
-
-def _mover_order(pod: RunningPod) -> tuple[float, int, float, str]:
-    return (pod.gpus_held, pod.priority, -pod.started, pod.key)  # small, low priority, new first
 
 
 def consolidation_refusal(fairness: FairnessSnapshot, waiting: PendingPod) -> str:
@@ -266,18 +263,172 @@ def _move_message(pod: RunningPod, to_node: str, waiting: PendingPod, node: str)
 
 
 _Group = tuple[tuple[float, int, float, str, tuple[str, ...]], str, GpuDemand, tuple[RunningPod, ...]]
+# A waiting pod's demand and, for a fraction, the GPU memory it asks (which sizes it per node).
+DemandKey = tuple[GpuDemand, int | None]
+Making = tuple[str, GpuDemand, Sequence[RunningPod]]  # a node making room, the demand there, its candidates
+
+
+class _Room:
+    """One state of a node as consolidation reads it: its GPUs, its movers, and its candidates
+    (rule 2: the `max_candidates` first movers in `mover_order` that have run long enough and are
+    not pinned), with `since` / `until` the span of times in which they stay its candidates."""
+
+    __slots__ = ("_freed", "candidates", "memory", "movers", "since", "supply", "until")
+
+    def __init__(
+        self,
+        supply: NodeGpus,
+        movers: tuple[RunningPod, ...],
+        memory: int,
+        now: float,
+        rules: ConsolidationRules,
+        pinned: Collection[str] = frozenset(),
+    ) -> None:
+        self.supply, self.movers, self.memory, self.since = supply, movers, memory, now
+        chosen: list[RunningPod] = []
+        until = math.inf
+        for pod in movers:
+            if len(chosen) == rules.max_candidates:
+                break  # the movers after these stay out whatever their age
+            if pod.key in pinned:
+                continue
+            if now - pod.started >= rules.min_runtime_s:
+                chosen.append(pod)
+            else:  # one of the candidates once it has run long enough (a millisecond early: float sums)
+                until = min(until, pod.started + rules.min_runtime_s - 1e-3)
+        self.candidates, self.until = tuple(chosen), until
+        self._freed: NodeGpus | None = None
+
+    def still(self, supply: NodeGpus, movers: tuple[RunningPod, ...], memory: int, now: float) -> bool:
+        """Is this the node's room with these GPUs, movers and GPU memory at `now`? (Equal GPUs
+        and movers are the same room: it takes them as its own, to be found by identity.)"""
+        if not self.since <= now < self.until or self.memory != memory:
+            return False
+        if not (self.supply is supply or self.supply == supply) or not (
+            self.movers is movers or self.movers == movers
+        ):
+            return False
+        self.supply, self.movers = supply, movers
+        return True
+
+    def makes_room(self, demand: GpuDemand) -> bool:
+        """Does `demand` fit with every candidate off? (else no set of them can make room)"""
+        if not self.candidates:
+            return False
+        if self._freed is None:
+            self._freed = without(self.supply, self.candidates)
+        return fits(self._freed, demand)
+
+    def groups(self, node: str, demand: GpuDemand, count: int) -> list[_Group]:
+        """Every set of `count` candidates whose moving makes room for `demand`, unsorted."""
+        return [
+            (_group_rank(group, node), node, demand, group)
+            for group in combinations(self.candidates, count)
+            if fits(without(self.supply, group), demand)
+        ]
+
+
+class NodeRooms:
+    """What consolidation found on each node, kept by the caller from one cycle to the next (the
+    consolidation executor keeps one; `plan_moves` starts one afresh without it), so a cycle
+    looks again only at the nodes that changed since the last.
+
+    Per node of a snapshot's base (as the picture has it, before any fork's changes) a `_Room`:
+    valid while the node's GPUs and its movers are the same objects (or equal ones), and no mover
+    left out for its age has come of age. Per waiting pod's demand, the nodes whose room fits it
+    with all their candidates off, and per node the sets of movers that make room, brought up to
+    date with the nodes whose room was formed again since (`_changed`, a log the demands read from
+    where they stopped). A demand no waiting pod asked about in a cycle is forgotten at the next;
+    all is forgotten when the rules change."""
+
+    def __init__(self) -> None:
+        self._setting: tuple[float, int] | None = None  # the rules the rooms follow
+        self._rooms: dict[str, _Room] = {}
+        self._changed: list[str] = []  # nodes whose room was formed again, oldest first
+        self._dropped = 0  # entries of `_changed` every demand had read, dropped from its front
+        self._passing: dict[DemandKey, tuple[int, set[str]]] = {}  # demand -> (changes read, nodes)
+        self._groups: dict[tuple[DemandKey, int], dict[str, tuple[_Room, list[_Group]]]] = {}
+        self._asked: set[DemandKey] = set()  # demands asked about since the last `refresh`
+
+    def refresh(self, snapshot: ClusterSnapshot, now: float, rules: ConsolidationRules) -> None:
+        """Bring the rooms in line with the snapshot's base nodes and movers: a node whose GPUs,
+        movers or candidates changed gets a room formed again (and is logged); the others keep
+        theirs. One look at each node with movers, no pass over the pods."""
+        setting = (rules.min_runtime_s, rules.max_candidates)
+        if setting != self._setting:
+            self._setting, self._rooms, self._passing, self._groups = setting, {}, {}, {}
+        self._passing = {key: known for key, known in self._passing.items() if key in self._asked}
+        self._groups = {key: known for key, known in self._groups.items() if key[0] in self._asked}
+        self._asked = set()
+        nodes, movers, memory = snapshot.base_nodes, snapshot.movers(), snapshot.gpu_memory
+        rooms, changed = self._rooms, self._changed
+        for node in rooms.keys() - movers.keys():
+            del rooms[node]
+            changed.append(node)
+        for node, pods in movers.items():
+            supply, room = nodes.get(node), rooms.get(node)
+            if room is not None and supply is not None and room.still(supply, pods, memory.get(node, 0), now):
+                continue
+            if supply is None:
+                rooms.pop(node, None)
+            else:
+                rooms[node] = _Room(supply, pods, memory.get(node, 0), now, rules)
+            changed.append(node)
+        read = min((since for since, _ in self._passing.values()), default=self._dropped + len(changed))
+        del changed[: read - self._dropped]
+        self._dropped = read
+
+    def room(self, node: str) -> _Room | None:
+        return self._rooms.get(node)
+
+    def passing(self, key: DemandKey, waiting: PendingPod) -> set[str]:
+        """The nodes whose room (base state) fits `waiting` with all their candidates off: those
+        of the last look at this demand, with the nodes changed since looked at again (every
+        node, for a demand not looked at before). Read-only for the caller."""
+        self._asked.add(key)
+        rooms, end = self._rooms, self._dropped + len(self._changed)
+        known = self._passing.get(key)
+        look: Iterable[str]
+        passing: set[str]
+        if known is None:
+            look, passing = list(rooms), set()
+        else:
+            since, passing = known
+            look = self._changed[since - self._dropped :]
+        sized: dict[int, GpuDemand] = {}  # the demand per GPU memory (a fraction's share depends on it)
+        for node in look:
+            room = rooms.get(node)
+            if room is not None:
+                demand = sized.get(room.memory) or sized.setdefault(
+                    room.memory, waiting.demand_on(room.memory)
+                )
+                if room.makes_room(demand):
+                    passing.add(node)
+                    continue
+            passing.discard(node)
+        self._passing[key] = (end, passing)
+        return passing
+
+    def groups(self, key: DemandKey, count: int, node: str, room: _Room, demand: GpuDemand) -> list[_Group]:
+        """`room.groups`, kept while the node has this room."""
+        per_node = self._groups.setdefault((key, count), {})
+        known = per_node.get(node)
+        if known is None or known[0] is not room:
+            known = per_node[node] = (room, room.groups(node, demand, count))
+        return known[1]
 
 
 class _Movers:
-    """A cycle's movers (rule 2) by node, smallest first, and per demand the nodes where it fits
-    with all of a node's candidates off (else no set of them can make room), kept from one
-    waiting pod to the next instead of a pass over every running pod and every node per pod.
+    """One cycle's candidates (rule 2) per node, per demand the nodes where it fits with all of a
+    node's candidates off (else no set of them can make room) and the sets of candidates that
+    make room: the `NodeRooms` kept from the cycles before where the fork holds the base's state
+    of a node, and formed for this fork elsewhere - on the nodes the fork changed (reclaim's plans,
+    pods terminating or spared) and those of pinned pods.
 
     Between waiting pods the fork changes in two ways only: a pod placed where it fits already
     (its node loses room) and a move plan (its node gains room and loses the movers it moved, the
-    nodes they land on lose room; moved pods move no more). So for a demand, a node that failed
-    can pass later only if it is the node of a later plan (`gained`), and a node that passed is
-    checked again only when the fork holds another state of it (another `NodeGpus`)."""
+    nodes they land on lose room; moved pods move no more). `plan_moves` reports those nodes
+    (`touched`), and only they are looked at again for a demand asked about before."""
 
     def __init__(
         self,
@@ -286,87 +437,77 @@ class _Movers:
         rules: ConsolidationRules,
         avoid: Collection[str],
         pinned: Collection[str],
+        rooms: NodeRooms,
     ) -> None:
-        by_node: dict[str, list[RunningPod]] = {}
-        min_runtime = rules.min_runtime_s
-        for pod in fork.movable_pods():  # in no order: each node's are sorted below
-            # is_mover: movable_pods are movable, preemptible, not terminating and hold GPUs.
-            if now - pod.started >= min_runtime and pod.node not in avoid and pod.key not in pinned:
-                by_node.setdefault(pod.node, []).append(pod)
-        self._by_node = {node: sorted(pods, key=_mover_order) for node, pods in by_node.items()}
-        self._max_candidates = rules.max_candidates
-        self._gained: list[str] = []
-        # (demand, fraction memory) -> (len(_gained) when looked, node -> its state where it passed)
-        self._room: dict[tuple[GpuDemand, int | None], tuple[int, dict[str, NodeGpus]]] = {}
-        # (demand, fraction memory, count) -> node -> (its state then, its groups making room)
-        self._groups: dict[tuple[GpuDemand, int | None, int], dict[str, tuple[NodeGpus, list[_Group]]]] = {}
+        rooms.refresh(fork, now, rules)
+        self._rooms, self._now, self._rules, self._avoid, self._pinned = rooms, now, rules, avoid, pinned
+        running = fork.running
+        # Nodes whose kept room may not be this fork's: changed by it, or holding pinned pods.
+        self._own = fork.changed_nodes() | {running[key].node for key in pinned if key in running}
+        self._formed: dict[str, _Room] = {}  # rooms of this cycle's forks
+        self.touched: list[str] = []  # nodes the fork changed since this cycle's first look
+        # demand -> (touched read, nodes making room, `making_room`'s answer)
+        self._making: dict[DemandKey, tuple[int, set[str], list[Making]]] = {}
+        # (demand, count) -> (`making_room`'s answer it was for, touched read, `groups`' answer)
+        self._sets: dict[tuple[DemandKey, int], tuple[list[Making], int, list[_Group]]] = {}
 
-    def moved(self, done: MovePlan) -> None:
-        """The fork after `done`: its movers are gone from its node, which gained room."""
-        moved = {move.pod.key for move in done.moves}
-        self._by_node[done.node] = [pod for pod in self._by_node.get(done.node, ()) if pod.key not in moved]
-        self._gained.append(done.node)
+    def _room(self, fork: ClusterSnapshot, node: str) -> _Room:
+        """The node's room in `fork`."""
+        supply = fork.nodes[node]
+        if node not in self._own:
+            kept = self._rooms.room(node)
+            if kept is not None and kept.supply is supply:
+                return kept  # (in a cycle, a node's movers change only with its GPUs)
+        room = self._formed.get(node)
+        if room is None or room.supply is not supply:
+            memory = fork.gpu_memory.get(node, 0)
+            room = _Room(supply, fork.movers_on(node), memory, self._now, self._rules, self._pinned)
+            self._formed[node] = room
+        return room
 
-    def making_room(
-        self, fork: ClusterSnapshot, waiting: PendingPod
-    ) -> list[tuple[str, GpuDemand, list[RunningPod]]]:
+    def making_room(self, fork: ClusterSnapshot, waiting: PendingPod) -> list[Making]:
         """By node name: the nodes where `waiting` fits with all their candidates off, its demand
-        there and the candidates (the `max_candidates` smallest movers)."""
+        there and the candidates."""
         key = (waiting.demand, waiting.fraction_memory)
-        nodes, gpu_memory = fork.nodes, fork.gpu_memory
-        known = self._room.get(key)
-        passed: dict[str, NodeGpus] = {}
-        if known is None:
-            look, gained = list(self._by_node), set()
+        known = self._making.get(key)
+        if known is not None and known[0] == len(self.touched):
+            return known[2]
+        if known is None:  # the kept nodes, and this fork's changed nodes looked at now
+            look = fork.changed_nodes() | self._own
+            passing = {node for node in self._rooms.passing(key, waiting) if node not in look}
         else:
-            since, passed = known
-            gained = set(self._gained[since:])
-            look = list(dict.fromkeys([*passed, *gained]))
-        passing: dict[str, NodeGpus] = {}
+            look, passing = set(self.touched[known[0] :]), known[1]
         for node in look:
-            supply = nodes[node]
-            if node not in gained and passed.get(node) is supply:
-                passing[node] = supply  # the same state and movers as when it passed
-                continue
-            candidates = self._by_node.get(node, [])[: self._max_candidates]
-            demand = waiting.demand_on(gpu_memory.get(node, 0))
-            if candidates and fork.fits_without(node, demand, candidates):
-                passing[node] = supply
-        self._room[key] = (len(self._gained), passing)
-        return [
-            (node, waiting.demand_on(gpu_memory.get(node, 0)), self._by_node[node][: self._max_candidates])
-            for node in sorted(passing)
-        ]
+            if node in fork.nodes and node not in self._avoid:
+                room = self._room(fork, node)
+                if room.makes_room(waiting.demand_on(room.memory)):
+                    passing.add(node)
+                    continue
+            passing.discard(node)
+        passing.difference_update(self._avoid)
+        answer: list[Making] = []
+        for node in sorted(passing):
+            room = self._room(fork, node)
+            answer.append((node, waiting.demand_on(room.memory), room.candidates))
+        self._making[key] = (len(self.touched), passing, answer)
+        return answer
 
     def groups(
-        self,
-        fork: ClusterSnapshot,
-        waiting: PendingPod,
-        nodes: list[tuple[str, GpuDemand, list[RunningPod]]],
-        count: int,
+        self, fork: ClusterSnapshot, waiting: PendingPod, nodes: list[Making], count: int
     ) -> list[_Group]:
         """Every set of `count` candidates of `nodes` (`making_room`) whose moving makes room for
-        `waiting` on their node, best first. A node's sets are those found before while the fork
-        holds the same state of it (its movers change only with it)."""
-        key = (waiting.demand, waiting.fraction_memory, count)
-        known = self._groups.get(key, {})
-        found: dict[str, tuple[NodeGpus, list[_Group]]] = {}
-        for node, demand, candidates in nodes:
-            supply = fork.nodes[node]
-            before = known.get(node)
-            if before is not None and before[0] is supply:
-                found[node] = before
-            else:
-                found[node] = (
-                    supply,
-                    [
-                        (_group_rank(group, node), node, demand, group)
-                        for group in combinations(candidates, count)
-                        if fork.fits_without(node, demand, group)
-                    ],
-                )
-        self._groups[key] = found
-        return sorted(group for _, groups in found.values() for group in groups)
+        `waiting` on their node, best first: per node those of its room, kept while it has it."""
+        key = (waiting.demand, waiting.fraction_memory)
+        known = self._sets.get((key, count))
+        if known is not None and known[0] is nodes and known[1] == len(self.touched):
+            return known[2]
+        found = sorted(
+            group
+            for node, demand, _ in nodes
+            for group in self._rooms.groups(key, count, node, self._room(fork, node), demand)
+        )
+        self._sets[(key, count)] = (nodes, len(self.touched), found)
+        return found
 
 
 def _moves_for(
@@ -395,7 +536,7 @@ def _moves_for(
                 trial.evict(pod.key)
             trial.place(arriving, demand, node)
             moves: list[Move] = []
-            for pod in sorted(group, key=_mover_order, reverse=True):
+            for pod in sorted(group, key=mover_order, reverse=True):
                 landed = _land(trial, pod, node, avoid, [*landings.candidates(pod), node])
                 if landed is None:
                     break
@@ -426,18 +567,20 @@ def plan_moves(
     avoid: Collection[str] = frozenset(),
     pinned: Collection[str] = frozenset(),
     work: Budget | None = None,
+    rooms: NodeRooms | None = None,
 ) -> list[MovePlan]:
     """This cycle's move plans for waiting pods that reclaim (`served`: its plans of the cycle) did
     not serve, in reclaim's order; nothing is moved off or onto the nodes in `avoid`, and the pods
     in `pinned` (e.g. a budget blocked their move lately) stay. `work`: the cycle's work budget
-    (`rules.max_trials` when not given)."""
+    (`rules.max_trials` when not given); `rooms`: what the cycles before found on the nodes (kept
+    by the caller; a fresh one when not given)."""
     work = work if work is not None else Budget(rules.max_trials)
     fork = planning_fork(snapshot)
     for done in served:
         apply_plan(fork, done)
     served_keys = {done.pod.key for done in served}
     search = Search(fork)  # demands that fit nowhere are looked for again only where room came free
-    movers = _Movers(fork, now, rules, avoid, pinned)
+    movers = _Movers(fork, now, rules, avoid, pinned, rooms if rooms is not None else NodeRooms())
     plans: list[MovePlan] = []
     moves_left = rules.max_moves_per_cycle
     for waiting in serving_order(fork.fairness, pending, rules.max_pending):
@@ -448,7 +591,11 @@ def plan_moves(
             continue
         if waiting.workload:
             continue  # a member of a gang waiting whole: moves for one member would not start it
-        if waiting.key in served_keys or place_if_it_fits(fork, waiting, search):
+        if waiting.key in served_keys:
+            continue
+        placed = place_if_it_fits(fork, waiting, search)
+        if placed is not None:
+            movers.touched.append(placed)  # it lost room
             continue
         if consolidation_refusal(fork.fairness, waiting):
             continue
@@ -459,8 +606,9 @@ def plan_moves(
             work.cut_off += work.refused > refused  # its search stopped short
             continue
         found, fork = outcome
-        search.touched.extend(sorted({found.node, *(move.to_node for move in found.moves)}))
-        movers.moved(found)
+        changed = sorted({found.node, *(move.to_node for move in found.moves)})
+        search.touched.extend(changed)
+        movers.touched.extend(changed)
         moves_left -= len(found.moves)
         plans.append(found)
     return plans
@@ -499,7 +647,7 @@ def plan_drain(
             work.cut_off += 1  # nodes left untried
             break
         trial = fork.fork()
-        pods = sorted(trial.pods_on(node), key=_mover_order, reverse=True)
+        pods = sorted(trial.pods_on(node), key=mover_order, reverse=True)
         for pod in pods:
             trial.evict(pod.key)
         moves: list[Move] = []

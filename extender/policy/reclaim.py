@@ -495,13 +495,13 @@ def serving_order(fairness: FairnessSnapshot, pending: Sequence[PendingPod], lim
     return [pod for queue in fairness.order() for pod in by_queue.get(queue, ())]
 
 
-def place_if_it_fits(fork: ClusterSnapshot, waiting: PendingPod, search: Search | None = None) -> bool:
+def place_if_it_fits(fork: ClusterSnapshot, waiting: PendingPod, search: Search | None = None) -> str | None:
     """A pod that fits already needs no plan: the scheduler places it, and later pods of the cycle
-    see its GPUs taken (placed in the fork on the first fitting node)."""
+    see its GPUs taken (placed in the fork on the first fitting node, which is returned)."""
     fitting = (search or Search(fork)).fits_somewhere(fork, waiting)
     if fitting is not None:
         fork.place(_arriving(waiting), _on(waiting, fork, fitting), fitting)
-    return fitting is not None
+    return fitting
 
 
 def apply_plan(fork: ClusterSnapshot, done: Plan, search: Search | None = None) -> None:

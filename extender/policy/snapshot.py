@@ -14,6 +14,7 @@ which depend on allocated plus requested, stay as they were.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
@@ -58,6 +59,49 @@ class RunningPod:
 def can_be_victim(pod: RunningPod) -> bool:
     """Preemptible, not already terminating, holding GPUs: a pod a planner may evict at all."""
     return pod.preemptible and not pod.terminating and bool(pod.gpus)
+
+
+def could_move(pod: RunningPod) -> bool:
+    """`movable` (a controller recreates it) and a possible victim: a pod consolidation may move
+    once it has run long enough (extender.policy.consolidation, rule 2)."""
+    return pod.movable and can_be_victim(pod)
+
+
+def mover_order(pod: RunningPod) -> tuple[float, int, float, str]:
+    """The order consolidation tries movers in: fewest GPUs, lowest priority, newest first."""
+    return (pod.gpus_held, pod.priority, -pod.started, pod.key)
+
+
+def keep_movers(movers: dict[str, tuple[RunningPod, ...]], pod: RunningPod, sign: int) -> None:
+    """Add (sign 1) or take off (-1) `pod` in the movers per node (`could_move`), each node's in
+    `mover_order`; a node's tuple is replaced, never changed, so a snapshot may share it (nodes
+    left without movers are dropped)."""
+    if not could_move(pod):
+        return
+    on_node = movers.get(pod.node, ())
+    if sign > 0:
+        kept = list(on_node)
+        insort(kept, pod, key=mover_order)
+        movers[pod.node] = tuple(kept)
+        return
+    kept = [other for other in on_node if other.key != pod.key]
+    if kept:
+        movers[pod.node] = tuple(kept)
+    else:
+        movers.pop(pod.node, None)
+
+
+def without(node: NodeGpus, gone: Iterable[RunningPod]) -> NodeGpus:
+    """`node` with these of its pods off it: their GPUs' shares (and CPU and memory, where the
+    node tracks them) free again."""
+    free = list(node.free_milli)
+    cpu_milli = memory_mib = 0
+    for pod in gone:
+        for index, milli in pod.gpus:
+            free[index] = min(GPU_MILLI, free[index] + milli)
+        cpu_milli += pod.cpu_milli
+        memory_mib += pod.memory_mib
+    return _with_free(node, free, cpu_milli, memory_mib)
 
 
 def count_victims(counts: dict[str, dict[str, int]], pod: RunningPod, sign: int) -> None:
@@ -147,6 +191,7 @@ class ClusterSnapshot:
         minimums: Mapping[str, int] | None = None,
         terminating: Iterable[str] | None = None,
         victims: Mapping[str, Mapping[str, int]] | None = None,
+        movers: Mapping[str, tuple[RunningPod, ...]] | None = None,
     ) -> None:
         self._node_changes: dict[str, NodeGpus | None] = {}
         self._pod_changes: dict[str, RunningPod | None] = {}
@@ -168,7 +213,9 @@ class ClusterSnapshot:
         # Per queue, per node, how many base running pods could be victims (`can_be_victim`),
         # when the caller keeps them (else counted by a pass on first use); forks share them.
         self._victims: Mapping[str, Mapping[str, int]] | None = victims
-        self._movable: tuple[RunningPod, ...] | None = None  # the base's `movable_pods`, on first use
+        # Per node, the base running pods that could be moved (`could_move`) in `mover_order`,
+        # when the caller keeps them (else sorted out by a pass on first use); forks share them.
+        self._movers: Mapping[str, tuple[RunningPod, ...]] | None = movers
 
     def members(self, workload: str) -> list[RunningPod]:
         """The running members of a gang workload in this snapshot, terminating ones aside."""
@@ -218,7 +265,7 @@ class ClusterSnapshot:
         child.minimums = self.minimums
         child._gangs = self._gangs  # members in the base; `members` leaves out what a fork evicted
         child._victims = self._victims
-        child._movable = self._movable
+        child._movers = self._movers
         return child
 
     @property
@@ -261,16 +308,48 @@ class ClusterSnapshot:
                 nodes[queue].discard(node)
         return {queue: names for queue, names in nodes.items() if names}
 
-    def movable_pods(self) -> list[RunningPod]:
-        """Running pods that could be moved (`movable` and `can_be_victim`): the base's, found by
-        one pass shared by every fork, with this fork's changes; in no particular order."""
+    @property
+    def base_nodes(self) -> Mapping[str, NodeGpus]:
+        """The nodes as the snapshot was taken, without any fork's changes (shared, read-only)."""
+        assert isinstance(self.nodes, _Layered)
+        return self.nodes.base
+
+    def movers(self) -> Mapping[str, tuple[RunningPod, ...]]:
+        """Per node, the base running pods that could be moved (`could_move`), in `mover_order`:
+        kept by the caller, or sorted out by one pass shared by every fork. Without this fork's
+        changes (`movers_on` has them)."""
+        if self._movers is None:
+            assert isinstance(self.running, _Layered)
+            movers: dict[str, list[RunningPod]] = {}
+            for pod in self.running.base.values():
+                if could_move(pod):
+                    movers.setdefault(pod.node, []).append(pod)
+            self._movers = {node: tuple(sorted(pods, key=mover_order)) for node, pods in movers.items()}
+        return self._movers
+
+    def movers_on(self, node: str) -> tuple[RunningPod, ...]:
+        """The pods on `node` that could be moved in this fork, in `mover_order`: the base's,
+        corrected by this fork's changes."""
+        base, changes = self.movers().get(node, ()), self._pod_changes
+        if not changes:
+            return base
+        kept = [pod for pod in base if pod.key not in changes]
+        added = [pod for pod in changes.values() if pod is not None and pod.node == node and could_move(pod)]
+        if not added and len(kept) == len(base):
+            return base
+        return tuple(sorted([*kept, *added], key=mover_order))
+
+    def changed_nodes(self) -> set[str]:
+        """Nodes whose GPUs or pods this fork changed (a pod's node before and after)."""
         assert isinstance(self.running, _Layered)
-        base, changes = self.running.base, self._pod_changes
-        if self._movable is None:
-            self._movable = tuple(pod for pod in base.values() if pod.movable and can_be_victim(pod))
-        pods = [pod for pod in self._movable if pod.key not in changes] if changes else list(self._movable)
-        pods.extend(pod for pod in changes.values() if pod is not None and pod.movable and can_be_victim(pod))
-        return pods
+        base, nodes = self.running.base, set(self._node_changes)
+        for key, pod in self._pod_changes.items():
+            before = base.get(key)
+            if before is not None:
+                nodes.add(before.node)
+            if pod is not None:
+                nodes.add(pod.node)
+        return nodes
 
     def pods_on(self, node: str) -> list[RunningPod]:
         running = self.running
@@ -305,15 +384,7 @@ class ClusterSnapshot:
 
     def fits_without(self, node: str, demand: GpuDemand, gone: Iterable[RunningPod]) -> bool:
         """Would `demand` fit on `node` with these of its pods off it? (cheap: no fork)"""
-        supply = self.nodes[node]
-        free = list(supply.free_milli)
-        cpu_milli = memory_mib = 0
-        for pod in gone:
-            for index, milli in pod.gpus:
-                free[index] = min(GPU_MILLI, free[index] + milli)
-            cpu_milli += pod.cpu_milli
-            memory_mib += pod.memory_mib
-        return fits(_with_free(supply, free, cpu_milli, memory_mib), demand)
+        return fits(without(self.nodes[node], gone), demand)
 
     def fitting_nodes(self, demand: GpuDemand, candidates: Iterable[str] | None = None) -> list[str]:
         names = self.nodes if candidates is None else candidates

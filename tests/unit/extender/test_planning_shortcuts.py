@@ -24,7 +24,6 @@ from extender.policy.consolidation import (
     MovePlan,
     _Group,
     _group_rank,
-    _mover_order,
     _Movers,
     is_mover,
     plan_moves,
@@ -32,7 +31,7 @@ from extender.policy.consolidation import (
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix, fits
 from extender.policy.reclaim import Budget, PendingPod, Plan, Rules, Search, fewest_evictions, plan
-from extender.policy.snapshot import ClusterSnapshot, RunningPod
+from extender.policy.snapshot import ClusterSnapshot, RunningPod, mover_order
 from tests.unit.extender.test_snapshot import counted
 
 NOW = 10_000.0
@@ -268,7 +267,7 @@ def test_the_movers_kept_for_a_cycle_change_no_move_plan(seed: int, monkeypatch:
         nodes = []
         for node in sorted(movers):
             demand = waiting.demand_on(fork.gpu_memory.get(node, 0))
-            candidates = sorted(movers[node], key=_mover_order)[: rules.max_candidates]
+            candidates = sorted(movers[node], key=mover_order)[: rules.max_candidates]
             if fork.fits_without(node, demand, candidates):
                 nodes.append((node, demand, candidates))
         return nodes
@@ -287,7 +286,7 @@ def test_the_movers_kept_for_a_cycle_change_no_move_plan(seed: int, monkeypatch:
     kept = _Movers.__init__
 
     def init(self: _Movers, *args: Any) -> None:
-        chosen[id(self)] = args[1:]
+        chosen[id(self)] = args[1:5]
         kept(self, *args)
 
     monkeypatch.setattr(_Movers, "__init__", init)
