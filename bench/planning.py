@@ -31,7 +31,7 @@ from bench.picture import (
     pod_object,
 )
 from extender.policy.consolidation import ConsolidationRules, NodeRooms, plan_moves
-from extender.policy.reclaim import Rules, plan
+from extender.policy.reclaim import FitIndex, Rules, plan
 
 
 def _timed(action: Callable[[], object], cycles: int) -> list[float]:
@@ -84,14 +84,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     waiting_count = len(picture.waiting_pods())
 
     moves = ConsolidationRules()
-    rooms = NodeRooms()  # kept from one cycle to the next, as the consolidation executor keeps it
+    # Kept from one cycle to the next, as the reclaim and consolidation executors keep them.
+    fits, rooms = FitIndex(), NodeRooms()
 
     def cycle() -> int:
-        return len(plan(picture.snapshot(), picture.waiting_pods(), now, rules))
+        return len(plan(picture.snapshot(), picture.waiting_pods(), now, rules, fit_index=fits))
 
     def with_consolidation() -> int:
         snapshot, waiting = picture.snapshot(), picture.waiting_pods()
-        served = plan(snapshot, waiting, now, rules)
+        served = plan(snapshot, waiting, now, rules, fit_index=fits)
         return len(served) + len(plan_moves(snapshot, waiting, now, moves, served, rooms=rooms))
 
     plans = cycle()

@@ -23,7 +23,7 @@ from extender.controllers.periodic import PeriodicPass
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import EPSILON
-from extender.policy.reclaim import Budget, PendingPod, Plan, Rules, gpu_amounts, plan
+from extender.policy.reclaim import Budget, FitIndex, PendingPod, Plan, Rules, gpu_amounts, plan
 from extender.policy.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ class ReclaimLoop:
         self._starved_since: dict[str, float] = {}
         self.follow_ups: list[FollowUp] = []
         self._blocked: dict[str, float] = {}  # pod key -> monotonic time it may be tried again
+        self.fits = FitIndex()  # where waiting pods fit, looked at again only where nodes changed
         self._loop = PeriodicPass(
             "reclaim", self.options.interval_s, lambda: self.is_leader() and picture.ready(), self.run_once
         )
@@ -98,7 +99,7 @@ class ReclaimLoop:
         waiting = self.picture.waiting_pods()
         rules = self.rules()
         work = Budget(rules.max_trials)
-        plans = plan(snapshot, waiting, time.time(), rules, work)
+        plans = plan(snapshot, waiting, time.time(), rules, work, self.fits)
         self.metrics.reclaim_cycle.observe(time.perf_counter() - started)
         report_cut_off(self.metrics, "reclaim", work)
         self._track_starvation()

@@ -55,6 +55,7 @@ from extender.policy.fairness import EPSILON, FairnessSnapshot
 from extender.policy.placement import GpuDemand, NodeGpus, fits, placement_cost
 from extender.policy.reclaim import (
     Budget,
+    FitIndex,
     PendingPod,
     Plan,
     Search,
@@ -342,6 +343,7 @@ class NodeRooms:
     all is forgotten when the rules change."""
 
     def __init__(self) -> None:
+        self.fits = FitIndex()  # where waiting pods fit now (reclaim's, kept alike)
         self._setting: tuple[float, int] | None = None  # the rules the rooms follow
         self._rooms: dict[str, _Room] = {}
         self._changed: list[str] = []  # nodes whose room was formed again, oldest first
@@ -579,7 +581,9 @@ def plan_moves(
     for done in served:
         apply_plan(fork, done)
     served_keys = {done.pod.key for done in served}
-    search = Search(fork)  # demands that fit nowhere are looked for again only where room came free
+    # A demand that fit nowhere is looked for again only where room came free (and with kept
+    # rooms, across cycles only where the nodes changed).
+    search = Search(fork, rooms.fits if rooms is not None else None)
     movers = _Movers(fork, now, rules, avoid, pinned, rooms if rooms is not None else NodeRooms())
     plans: list[MovePlan] = []
     moves_left = rules.max_moves_per_cycle

@@ -51,13 +51,13 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from contract.names import GPU_MILLI
 from extender.policy.fairness import EPSILON, GPU_MODEL_PREFIX, FairnessSnapshot, Resources, format_amount
-from extender.policy.placement import GpuDemand, fits
+from extender.policy.placement import GpuDemand, NodeGpus, fits
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 
 Goal = Literal["reclaim", "preempt"]
@@ -338,14 +338,90 @@ def _goal_for(fairness: FairnessSnapshot, waiting: PendingPod) -> Goal | None:
     return "preempt" if may_preempt_within(fairness, waiting.queue, waiting.resources) else None
 
 
+DemandKey = tuple[GpuDemand, int | None]  # a waiting pod's demand, and the memory a fraction asks
+
+
+class FitIndex:
+    """Where waiting pods' demands fit, kept by the caller from one cycle to the next (the reclaim
+    and consolidation executors keep one each; a planner without one looks at every node), so
+    "does it fit somewhere now" looks again only at the nodes that changed since the last cycle.
+
+    Per demand, the nodes of a snapshot's base (the picture's nodes, before any fork's changes)
+    where it fits, brought up to date with the nodes whose state changed since it was last asked
+    about: a log of nodes, found by one look at each node per snapshot (the live picture hands
+    out the same object for a node that did not change; an equal one is as good). A demand not
+    asked about between two snapshots is forgotten."""
+
+    def __init__(self) -> None:
+        self._base: Mapping[str, NodeGpus] | None = None  # the base last brought in line with
+        self._nodes: dict[str, tuple[NodeGpus, int]] = {}  # node -> (its GPUs, its GPU memory)
+        self._changed: list[str] = []  # nodes that changed, oldest first
+        self._dropped = 0  # entries of `_changed` every demand had read, dropped from its front
+        self._fitting: dict[DemandKey, tuple[int, set[str]]] = {}  # demand -> (changes read, nodes)
+        self._asked: set[DemandKey] = set()  # demands asked about since the last snapshot
+
+    def refresh(self, snapshot: ClusterSnapshot) -> None:
+        """Bring the nodes in line with the snapshot's base: one look at each node (nothing
+        when it is the base of the last call)."""
+        base = snapshot.base_nodes
+        if base is self._base:
+            return
+        self._base = base
+        self._fitting = {key: known for key, known in self._fitting.items() if key in self._asked}
+        self._asked = set()
+        nodes, memory, changed = self._nodes, snapshot.gpu_memory, self._changed
+        for name in nodes.keys() - base.keys():
+            del nodes[name]
+            changed.append(name)
+        for name, supply in base.items():
+            known, size = nodes.get(name), memory.get(name, 0)
+            if known is not None and (known[0] is supply or known[0] == supply) and known[1] == size:
+                if known[0] is not supply:
+                    nodes[name] = (supply, size)
+                continue
+            nodes[name] = (supply, size)
+            changed.append(name)
+        read = min((since for since, _ in self._fitting.values()), default=self._dropped + len(changed))
+        del changed[: read - self._dropped]
+        self._dropped = read
+
+    def fitting(self, key: DemandKey, waiting: PendingPod) -> set[str]:
+        """The base nodes where `waiting` fits (read-only for the caller)."""
+        self._asked.add(key)
+        nodes, end = self._nodes, self._dropped + len(self._changed)
+        known = self._fitting.get(key)
+        look: Iterable[str]
+        found: set[str]
+        if known is None:
+            look, found = list(nodes), set()
+        else:
+            since, found = known
+            look = self._changed[since - self._dropped :]
+        sized: dict[int, GpuDemand] = {}  # the demand per GPU memory (a fraction's share depends on it)
+        for name in look:
+            state = nodes.get(name)
+            if state is not None:
+                supply, size = state
+                demand = sized.get(size) or sized.setdefault(size, waiting.demand_on(size))
+                if fits(supply, demand):
+                    found.add(name)
+                    continue
+            found.discard(name)
+        self._fitting[key] = (end, found)
+        return found
+
+
 class Search:
     """What one cycle's search reads often, computed once and only when first needed: node names,
     nodes by free GPU, and nodes by the queues of the preemptible pods running there (victims can
-    only be on those)."""
+    only be on those); and, with a `FitIndex` kept from the cycles before, where demands fit."""
 
-    def __init__(self, fork: ClusterSnapshot) -> None:
+    def __init__(self, fork: ClusterSnapshot, kept: FitIndex | None = None) -> None:
         self.names = sorted(fork.nodes)
         self._fork = fork
+        self._kept = kept
+        if kept is not None:
+            kept.refresh(fork)
         self._by_free: list[str] | None = None
         self._nodes_of_queue: dict[str, set[str]] | None = None
         # Per demand: the node (index in `names`) where it fit last, or len(names) when nowhere,
@@ -404,7 +480,6 @@ class Search:
         look goes on from that node: the same node as a look at every node, without passing the
         full ones again for every pod."""
         memo = (waiting.demand, waiting.fraction_memory)
-        start, seen = self._first.get(memo, (0, len(self.touched)))
         names, nodes, gpu_memory = self.names, fork.nodes, fork.gpu_memory
         sized: dict[int, GpuDemand] = {}  # the demand by GPU memory (a fraction's share depends on it)
 
@@ -413,6 +488,18 @@ class Search:
             demand = sized.get(memory) or sized.setdefault(memory, waiting.demand_on(memory))
             supply = nodes.get(name)
             return supply is not None and fits(supply, demand)
+
+        if memo not in self._first and self._kept is not None:
+            # The kept nodes where it fits, but those the fork changed: looked at now.
+            changed = fork.changed_nodes()
+            kept = [name for name in self._kept.fitting(memo, waiting) if name not in changed]
+            first = min([*kept, *(name for name in changed if fitting(name))], default=None)
+            self._first[memo] = (
+                len(names) if first is None else bisect_left(names, first),
+                len(self.touched),
+            )
+            return first
+        start, seen = self._first.get(memo, (0, len(self.touched)))
 
         ahead = names[start] if start < len(names) else None
         again = sorted({name for name in self.touched[seen:] if ahead is None or name < ahead})
@@ -556,13 +643,15 @@ def plan(
     now: float,
     rules: Rules,
     work: Budget | None = None,
+    fit_index: FitIndex | None = None,
 ) -> list[Plan]:
     """This cycle's plans: most deserving queues first, each queue's head pod (highest priority,
     oldest) tried; every plan applied to the fork before the next. `work`: the cycle's budget
-    (`rules.max_trials` when not given), which tells afterwards what was cut off."""
+    (`rules.max_trials` when not given), which tells afterwards what was cut off; `fit_index`:
+    where demands fit, kept by the caller from the cycles before."""
     work = work if work is not None else Budget(rules.max_trials)
     fork = planning_fork(snapshot)
-    search = Search(fork)
+    search = Search(fork, fit_index)
     plans: list[Plan] = []
     evictions_left = rules.max_evictions
     order = serving_order(fork.fairness, pending, rules.max_pending)

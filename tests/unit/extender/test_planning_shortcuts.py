@@ -38,7 +38,7 @@ from extender.policy.consolidation import (
 )
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix, fits
-from extender.policy.reclaim import Budget, PendingPod, Plan, Rules, Search, fewest_evictions, plan
+from extender.policy.reclaim import Budget, FitIndex, PendingPod, Plan, Rules, Search, fewest_evictions, plan
 from extender.policy.snapshot import ClusterSnapshot, RunningPod, could_move, keep_movers, mover_order
 from tests import extender_objects as objects
 from tests.unit.extender.test_snapshot import counted
@@ -495,6 +495,14 @@ def next_cycle(
     return snapshot_from(nodes, pods.values(), movers=dict(movers))
 
 
+def reclaim_and_budget(
+    snapshot: ClusterSnapshot, pending: list[PendingPod], now: float, rules: Rules, fit_index: FitIndex | None
+) -> tuple[Any, ...]:
+    work = Budget(rules.max_trials)
+    done = plan(snapshot, pending, now, rules, work, fit_index)
+    return done, work.trials, work.cut_off, work.refused
+
+
 def moves_and_budget(
     snapshot: ClusterSnapshot,
     pending: list[PendingPod],
@@ -517,7 +525,9 @@ def test_rooms_kept_from_cycle_to_cycle_change_no_move_plan(
     # Six cycles on a cluster that changes between them (`next_cycle`), time going on (pods come
     # of age), the rules changed now and then, random pinned pods and avoided nodes. Each cycle's
     # move plans and budget with the `NodeRooms` kept from the cycles before equal those found
-    # the long way; the movers per node kept from cycle to cycle equal a pass over the pods.
+    # the long way (each answer checked); reclaim's plans with a `FitIndex` kept from the cycles
+    # before equal those of a look at every node, and so does the first node where random
+    # demands fit; the movers per node kept from cycle to cycle equal a pass over the pods.
     rng = random.Random(seed)
     snapshot, pending, reclaim_rules = random_case(rng)
     movers = dict(snapshot.movers())
@@ -528,7 +538,7 @@ def test_rooms_kept_from_cycle_to_cycle_change_no_move_plan(
         max_candidates=rng.randint(2, 8),
         max_trials=rng.randint(1, 30),
     )
-    rooms, now = NodeRooms(), NOW
+    rooms, fit_index, now = NodeRooms(), FitIndex(), NOW
     for step in range(6):
         if step:
             now += rng.choice((0.0, 600.0, 1800.0))
@@ -537,7 +547,14 @@ def test_rooms_kept_from_cycle_to_cycle_change_no_move_plan(
             if rng.random() < 0.15:
                 rules = replace(rules, max_candidates=rng.randint(2, 8))
         assert dict(snapshot.movers()) == movers_by_pass(snapshot)
-        reclaimed = plan(snapshot, pending, now, reclaim_rules)
+        # Reclaim with where demands fit kept from the cycles before, and by a look at every node.
+        kept = reclaim_and_budget(snapshot, pending, now, reclaim_rules, fit_index)
+        assert kept == reclaim_and_budget(snapshot, pending, now, reclaim_rules, None)
+        reclaimed = kept[0]
+        fork, search = snapshot.fork(), Search(snapshot, fit_index)
+        for waiting in random_pending(rng, step):
+            first = next((n for n in sorted(fork.nodes) if fits(fork.nodes[n], waiting.demand)), None)
+            assert search.fits_somewhere(fork, waiting) == first
         avoid = {n for n in snapshot.nodes if rng.random() < 0.2}
         pinned = {k for k in snapshot.running if rng.random() < 0.1}
         planning = snapshot.fork()  # the reclaim loop spares pods on the snapshot itself
