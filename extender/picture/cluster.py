@@ -277,20 +277,23 @@ class ClusterPicture:
             view.mix,
             self.inventory.gpu_memory,
             pods_by_node,
-            minimums=self._minimums(running.values()),
+            minimums=self._minimums(running),
             terminating=terminating,
             victims=victims,
             movers=movers,
         )
 
-    def _minimums(self, running: Iterable[RunningPod]) -> dict[str, int]:
-        """The minimum of each gang workload with running members."""
+    def _minimums(self, running: Mapping[str, RunningPod]) -> dict[str, int]:
+        """The minimum of each gang workload with running members (found from the gangs'
+        members, not by a pass over every running pod)."""
         minimums: dict[str, int] = {}
-        for pod in running:
-            if pod.workload and pod.workload not in minimums:
-                obj = self.store.get("Pod", pod.key)
+        for workload, members in self.workloads.members.items():
+            for key in sorted(members):
+                pod = running.get(key)
+                obj = self.store.get("Pod", key) if pod is not None and pod.workload == workload else None
                 if obj is not None:
-                    minimums[pod.workload] = self.workloads.minimum(self.workloads.workload(obj))
+                    minimums[workload] = self.workloads.minimum(self.workloads.workload(obj))
+                    break
         return minimums
 
     def _node_of(self, key: str) -> str:

@@ -65,7 +65,14 @@ from extender.policy.reclaim import (
     planning_fork,
     serving_order,
 )
-from extender.policy.snapshot import ClusterSnapshot, RunningPod, can_be_victim, mover_order, without
+from extender.policy.snapshot import (
+    ClusterSnapshot,
+    RunningPod,
+    can_be_victim,
+    changed_keys,
+    mover_order,
+    without,
+)
 
 Goal = Literal["consolidate", "drain"]
 
@@ -351,30 +358,48 @@ class NodeRooms:
         self._passing: dict[DemandKey, tuple[int, set[str]]] = {}  # demand -> (changes read, nodes)
         self._groups: dict[tuple[DemandKey, int], dict[str, tuple[_Room, list[_Group]]]] = {}
         self._asked: set[DemandKey] = set()  # demands asked about since the last `refresh`
+        # The base's nodes, movers and GPU memory at the last refresh, and when it was.
+        self._seen: tuple[dict[str, NodeGpus], dict[str, tuple[RunningPod, ...]], dict[str, int]] = (
+            {},
+            {},
+            {},
+        )
+        self._now = -math.inf
+        self._soonest = math.inf  # the earliest time a room's candidates change (a mover comes of age)
 
     def refresh(self, snapshot: ClusterSnapshot, now: float, rules: ConsolidationRules) -> None:
         """Bring the rooms in line with the snapshot's base nodes and movers: a node whose GPUs,
-        movers or candidates changed gets a room formed again (and is logged); the others keep
-        theirs. One look at each node with movers, no pass over the pods."""
+        movers or GPU memory are other objects than at the last refresh, or one of whose movers
+        came of age, is looked at again - its room formed again (and logged) unless the new
+        objects are equal to its own; the others keep theirs. Which nodes changed is found by
+        comparing the maps in C (`changed_keys`), not by a pass over the nodes or the pods."""
         setting = (rules.min_runtime_s, rules.max_candidates)
-        if setting != self._setting:
+        if setting != self._setting or now < self._now:  # (a clock set back: candidates may go)
             self._setting, self._rooms, self._passing, self._groups = setting, {}, {}, {}
+            self._seen, self._soonest = ({}, {}, {}), math.inf
+        self._now = now
         self._passing = {key: known for key, known in self._passing.items() if key in self._asked}
         self._groups = {key: known for key, known in self._groups.items() if key[0] in self._asked}
         self._asked = set()
         nodes, movers, memory = snapshot.base_nodes, snapshot.movers(), snapshot.gpu_memory
         rooms, changed = self._rooms, self._changed
-        for node in rooms.keys() - movers.keys():
-            del rooms[node]
-            changed.append(node)
-        for node, pods in movers.items():
-            supply, room = nodes.get(node), rooms.get(node)
-            if room is not None and supply is not None and room.still(supply, pods, memory.get(node, 0), now):
+        seen_nodes, seen_movers, seen_memory = self._seen
+        look = changed_keys(seen_nodes, nodes) | changed_keys(seen_movers, movers)
+        look |= changed_keys(seen_memory, memory)
+        if now >= self._soonest:  # some mover came of age
+            look.update(node for node, room in rooms.items() if room.until <= now)
+            self._soonest = min((room.until for room in rooms.values()), default=math.inf)
+        self._seen = (dict(nodes), dict(movers), dict(memory))
+        for node in sorted(look):
+            pods, supply, room = movers.get(node), nodes.get(node), rooms.get(node)
+            if pods is None or supply is None:
+                if rooms.pop(node, None) is not None:
+                    changed.append(node)
                 continue
-            if supply is None:
-                rooms.pop(node, None)
-            else:
-                rooms[node] = _Room(supply, pods, memory.get(node, 0), now, rules)
+            if room is not None and room.still(supply, pods, memory.get(node, 0), now):
+                continue
+            room = rooms[node] = _Room(supply, pods, memory.get(node, 0), now, rules)
+            self._soonest = min(self._soonest, room.until)
             changed.append(node)
         read = min((since for since, _ in self._passing.values()), default=self._dropped + len(changed))
         del changed[: read - self._dropped]

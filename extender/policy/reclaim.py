@@ -58,7 +58,7 @@ from typing import Literal
 from contract.names import GPU_MILLI
 from extender.policy.fairness import EPSILON, GPU_MODEL_PREFIX, FairnessSnapshot, Resources, format_amount
 from extender.policy.placement import GpuDemand, NodeGpus, fits
-from extender.policy.snapshot import ClusterSnapshot, RunningPod
+from extender.policy.snapshot import ClusterSnapshot, RunningPod, changed_keys
 
 Goal = Literal["reclaim", "preempt"]
 
@@ -348,39 +348,41 @@ class FitIndex:
 
     Per demand, the nodes of a snapshot's base (the picture's nodes, before any fork's changes)
     where it fits, brought up to date with the nodes whose state changed since it was last asked
-    about: a log of nodes, found by one look at each node per snapshot (the live picture hands
-    out the same object for a node that did not change; an equal one is as good). A demand not
-    asked about between two snapshots is forgotten."""
+    about: a log of nodes, found by comparing the snapshot's map of nodes with the last one in C
+    (the live picture hands out the same object for a node that did not change; an equal one is
+    as good). A demand not asked about between two snapshots is forgotten."""
 
     def __init__(self) -> None:
         self._base: Mapping[str, NodeGpus] | None = None  # the base last brought in line with
         self._nodes: dict[str, tuple[NodeGpus, int]] = {}  # node -> (its GPUs, its GPU memory)
+        self._seen: tuple[dict[str, NodeGpus], dict[str, int]] = ({}, {})  # the maps at the last refresh
         self._changed: list[str] = []  # nodes that changed, oldest first
         self._dropped = 0  # entries of `_changed` every demand had read, dropped from its front
         self._fitting: dict[DemandKey, tuple[int, set[str]]] = {}  # demand -> (changes read, nodes)
         self._asked: set[DemandKey] = set()  # demands asked about since the last snapshot
 
     def refresh(self, snapshot: ClusterSnapshot) -> None:
-        """Bring the nodes in line with the snapshot's base: one look at each node (nothing
-        when it is the base of the last call)."""
-        base = snapshot.base_nodes
+        """Bring the nodes in line with the snapshot's base: those that are other objects than at
+        the last refresh (`changed_keys`, in C) are looked at again, and logged unless equal to
+        what they were. Nothing to do when the base is the one of the last call."""
+        base, memory = snapshot.base_nodes, snapshot.gpu_memory
         if base is self._base:
             return
         self._base = base
         self._fitting = {key: known for key, known in self._fitting.items() if key in self._asked}
         self._asked = set()
-        nodes, memory, changed = self._nodes, snapshot.gpu_memory, self._changed
-        for name in nodes.keys() - base.keys():
-            del nodes[name]
-            changed.append(name)
-        for name, supply in base.items():
-            known, size = nodes.get(name), memory.get(name, 0)
-            if known is not None and (known[0] is supply or known[0] == supply) and known[1] == size:
-                if known[0] is not supply:
-                    nodes[name] = (supply, size)
+        nodes, changed = self._nodes, self._changed
+        look = changed_keys(self._seen[0], base) | changed_keys(self._seen[1], memory)
+        self._seen = (dict(base), dict(memory))
+        for name in sorted(look):
+            supply, size, known = base.get(name), memory.get(name, 0), nodes.get(name)
+            if supply is None:
+                if nodes.pop(name, None) is not None:
+                    changed.append(name)
                 continue
             nodes[name] = (supply, size)
-            changed.append(name)
+            if known is None or known[1] != size or not (known[0] is supply or known[0] == supply):
+                changed.append(name)
         read = min((since for since, _ in self._fitting.values()), default=self._dropped + len(changed))
         del changed[: read - self._dropped]
         self._dropped = read
@@ -417,7 +419,7 @@ class Search:
     only be on those); and, with a `FitIndex` kept from the cycles before, where demands fit."""
 
     def __init__(self, fork: ClusterSnapshot, kept: FitIndex | None = None) -> None:
-        self.names = sorted(fork.nodes)
+        self.names = sorted(fork.base_nodes)  # (a fork changes nodes, never adds or removes one)
         self._fork = fork
         self._kept = kept
         if kept is not None:

@@ -154,3 +154,29 @@ def test_a_snapshot_after_events_equals_one_of_a_fresh_picture() -> None:
     live.apply("Pod", "ADDED", objects.pod("ns", "classic", queue="team-a", node_name="c", classic_gpus=1))
     same()
     assert [i for i, _ in live.snapshot().running["ns/classic"].gpus] == [1]  # the last GPU of c
+
+
+def test_a_snapshot_knows_the_minimum_of_each_gang_with_running_members() -> None:
+    # Indexed Job "train" (3 pods, at least 2 together) has member 0 running on node a (gpu-3)
+    # and members 1 and 2 waiting; Job "later" (2 pods) has only a member waiting: only train has
+    # a minimum in the snapshot, 2 (found from the gangs' members, not by a pass over the pods).
+    from tests.unit.extender.test_gangs import job, member
+
+    live = picture()
+    live.apply("Job", "ADDED", job("train", 3))
+    live.apply("Job", "ADDED", job("later", 2))
+    for index, device in ((0, "gpu-3"), (1, None), (2, None)):
+        pod = member("train", index, queue="team-a", min_members=2)
+        if device is not None:
+            name = pod["metadata"]["name"]
+            pod["spec"]["nodeName"] = "a"
+            pod["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": f"{name}-gpus"}]
+            claim = objects.claim(
+                "ns", f"{name}-gpus", objects.claim_spec(CLASS), allocated=[("a", device, None)]
+            )
+            live.apply("ResourceClaim", "ADDED", claim)
+        live.apply("Pod", "ADDED", pod)
+    live.apply("Pod", "ADDED", member("later", 0, queue="team-a"))
+    snapshot = live.snapshot()
+    train = snapshot.running["ns/train-0"].workload
+    assert train and snapshot.minimums == {train: 2}
