@@ -14,6 +14,7 @@ from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.placement import GpuDemand
 from extender.policy.snapshot import ClusterSnapshot, RunningPod, can_be_victim
 from tests import extender_objects as objects
+from tests.unit.extender.test_gangs import job, member
 
 CLASS = "gpu.tessera.dev"
 
@@ -160,8 +161,6 @@ def test_a_snapshot_knows_the_minimum_of_each_gang_with_running_members() -> Non
     # Indexed Job "train" (3 pods, at least 2 together) has member 0 running on node a (gpu-3)
     # and members 1 and 2 waiting; Job "later" (2 pods) has only a member waiting: only train has
     # a minimum in the snapshot, 2 (found from the gangs' members, not by a pass over the pods).
-    from tests.unit.extender.test_gangs import job, member
-
     live = picture()
     live.apply("Job", "ADDED", job("train", 3))
     live.apply("Job", "ADDED", job("later", 2))
