@@ -6,9 +6,10 @@ consolidation may move it), and `waiting` pods of team-b asking for a whole node
 fit nowhere until reclaim frees a node. A cycle is what the reclaim loop does each second:
 `picture.snapshot()`, `picture.waiting_pods()` and `extender.policy.reclaim.plan` (a fork, the
 evictions of at most 16 pods per cycle); with consolidation (on by default in the extender), also
-`extender.policy.consolidation.plan_moves` on the same snapshot after reclaim's plans. The
-baseline measured in the same run is the snapshot alone (what any planner must pay to read the
-picture).
+`extender.policy.consolidation.plan_moves` on the same snapshot after reclaim's plans - with
+where demands fit (`FitIndex`) and consolidation's `NodeRooms` kept from one cycle to the next,
+as the reclaim and consolidation executors keep them. The baseline measured in the same run is
+the snapshot alone (what any planner must pay to read the picture).
 
     python -m bench.planning [--nodes 5000] [--pods 50000] [--cycles 15]
 """

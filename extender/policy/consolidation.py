@@ -24,15 +24,21 @@ Rules (each a test in tests/unit/extender/test_consolidation.py):
    the waiting pod is skipped without a trial (`_Landings`): in a nearly full cluster that is most
    sets. A node where the waiting pod would not fit with all its candidates off is not searched,
    and the nodes where movers land are found through an index of the nodes by GPU model and
-   size, roomiest GPU first. The nodes making room and their sets are kept for the cycle
-   (`_Movers`) and formed again only where the fork changed.
+   size, roomiest GPU first.
 4. Bounded: at most `max_moves_per_pod` moves serve one pod, `max_moves_per_cycle` per cycle,
    `max_pending` waiting pods are tried, and at most `max_trials` sets of movers (or nodes to
-   empty) are tried on forks per cycle (a `Budget`: what it cuts off is counted in it). The
-   movers by node, and per demand the nodes and sets of movers that make room, are found once
-   per cycle and looked at again only where the fork changed (`_Movers`), not per waiting pod.
+   empty) are tried on forks per cycle (a `Budget`: what it cuts off is counted in it).
 5. Consolidation serves what reclaim did not: the fork has the cycle's reclaim plans applied first,
    and each move plan is applied before the next, so no GPU is counted twice.
+
+Work proportional to what changed, not to the pods: the live picture keeps each node's movers
+(`ClusterSnapshot.movers`, in the order they are tried), and the caller keeps a `NodeRooms` from
+one cycle to the next - each node's candidates, per demand the nodes where it fits with all of
+them off and the sets of them that make room - which a cycle brings up to date with the nodes
+whose GPUs or movers are other objects than the cycle before (or whose movers came of age). In
+the cycle, the nodes the fork changes are formed for it (`_Movers`), and "fits somewhere now" is
+answered by the kept `FitIndex` (extender.policy.reclaim). Plans are those of a pass over every
+pod and every node (tests/unit/extender/test_planning_shortcuts.py).
 
 Scale-down (`plan_drain`, off unless asked for): while nothing waits, empty whole GPU nodes - the
 ones holding the fewest GPUs first - by moving every pod on them elsewhere, with the same movers

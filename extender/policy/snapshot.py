@@ -7,6 +7,11 @@ placement code the filter uses - then reads fits, free capacity and queue usage 
 The snapshot it came from, and the live picture, are untouched: a fork copies the two maps it
 changes (nodes, running pods) and shares every immutable value in them.
 
+What a caller keeps from one snapshot to the next (the live picture does) is handed in rather
+than found by a pass over every pod: the nodes of possible victims per queue (`victim_nodes`),
+the movers per node (`movers`), the terminating pods, the gangs' minimums. A fork corrects them
+with its own changes.
+
 An eviction frees the pod's GPUs and moves its fairness vector from the queue's `allocated` to
 its `requested` (a controller recreates an evicted pod, so its queue still wants it); fair shares,
 which depend on allocated plus requested, stay as they were.
