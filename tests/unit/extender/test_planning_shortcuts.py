@@ -65,8 +65,10 @@ def snapshot_from(
     pods: Iterable[RunningPod],
     waiting: str = "abc",
     movers: dict[str, tuple[RunningPod, ...]] | None = None,
+    gpu_memory: dict[str, int] | None = None,
 ) -> ClusterSnapshot:
-    """`snapshot_of` with the nodes as they are (and the movers per node when kept)."""
+    """`snapshot_of` with the nodes as they are (and the movers per node when kept, the memory of
+    the nodes' GPUs when known)."""
     allocated: dict[str, float] = {}
     for pod in pods:
         allocated[pod.queue] = allocated.get(pod.queue, 0.0) + pod.resources.get("gpu", 0.0)
@@ -80,6 +82,7 @@ def snapshot_from(
         {pod.key: pod for pod in pods},
         FairnessSnapshot.build(QUEUES, usage, capacity),
         WorkloadMix(demands=()),
+        gpu_memory,
         movers=movers,
     )
 
@@ -388,12 +391,7 @@ def test_rooms_are_formed_again_only_on_nodes_that_changed(monkeypatch: pytest.M
     # Nodes n0, n1, n2 of 2 GPUs: two movable halves on GPU 0, GPU 1 held whole by a pod that may
     # not move. Movers must have run 600 s; h2b started 100 s before the first cycle.
     rules = ConsolidationRules(min_runtime_s=600.0)
-    pods = [
-        running(f"{half}{n}{side}", f"n{n}", (0, 500), movable=True)
-        for n in range(3)
-        for side in "ab"
-        for half in ("h",)
-    ]
+    pods = [running(f"h{n}{side}", f"n{n}", (0, 500), movable=True) for n in range(3) for side in "ab"]
     pods = [replace(p, started=NOW - 100) if p.key == "h2b" else p for p in pods]
     pods += [running(f"w{n}", f"n{n}", (1, 1000)) for n in range(3)]
     nodes = {f"n{n}": NodeGpus(f"n{n}", "h100", (0, 0)) for n in range(3)}
@@ -420,6 +418,9 @@ def test_rooms_are_formed_again_only_on_nodes_that_changed(monkeypatch: pytest.M
     # newest first: h2b, then h2a).
     assert cycle(NOW + 600, snapshot_from(nodes, pods, movers=dict(movers))) == ["n2"]
     assert [pod.key for pod in rooms.room("n2").candidates] == ["h2b", "h2a"]  # type: ignore[union-attr]
+    # n0's GPUs turn out to be of 40 GiB (a fraction's share there changes): n0 alone again.
+    sizes = {"n0": 40 * GIB}
+    assert cycle(NOW + 600, snapshot_from(nodes, pods, movers=dict(movers), gpu_memory=sizes)) == ["n0"]
 
 
 def movers_by_pass(snapshot: ClusterSnapshot) -> dict[str, tuple[RunningPod, ...]]:
@@ -432,14 +433,21 @@ def movers_by_pass(snapshot: ClusterSnapshot) -> dict[str, tuple[RunningPod, ...
     return {node: tuple(sorted(pods, key=mover_order)) for node, pods in movers.items()}
 
 
+GIB = 2**30
+
+
 def random_pending(rng: random.Random, step: int) -> list[PendingPod]:
-    """1-6 waiting pods of random queues, asking for a half, 1 or 2 GPUs."""
+    """1-6 waiting pods of random queues, asking for a half, 1 or 2 GPUs, or 40 GiB of a GPU's
+    memory (a half of an 80 GiB GPU, a whole 40 GiB one)."""
     pending = []
     for i in range(rng.randint(1, 6)):
+        key, queue = f"w{step}-{i}", rng.choice("abc")
+        if rng.random() < 0.4:
+            pending.append(PendingPod(key, queue, GpuDemand(1, 500), {"gpu": 0.5}, fraction_memory=40 * GIB))
+            continue
         count = rng.choice((1, 1, 2))
         milli = rng.choice((500, GPU_MILLI)) if count == 1 else GPU_MILLI
-        resources = {"gpu": count * milli / GPU_MILLI}
-        pending.append(PendingPod(f"w{step}-{i}", rng.choice("abc"), GpuDemand(count, milli), resources))
+        pending.append(PendingPod(key, queue, GpuDemand(count, milli), {"gpu": count * milli / GPU_MILLI}))
     return pending
 
 
@@ -448,8 +456,9 @@ def next_cycle(
 ) -> ClusterSnapshot:
     """The picture a while later, as the live picture hands it out: random pods gone or placed
     (movable or not, of random ages); pods turned terminating, movable or not, preemptible or not
-    (their GPUs as they were); a node added or gone with its pods. Nodes and pods left alone are
-    the same objects, and `movers` is kept with `keep_movers`, as the picture keeps it."""
+    (their GPUs as they were); a node added or gone with its pods; a node's GPUs found to be of
+    40 or 80 GiB. Nodes and pods left alone are the same objects, and `movers` is kept with
+    `keep_movers`, as the picture keeps it."""
     fork = snapshot.fork()
     for step in range(rng.randint(0, 5)):
         keys = sorted(fork.running)
@@ -492,7 +501,11 @@ def next_cycle(
                 keep_movers(movers, before, -1)
             if after is not None:
                 keep_movers(movers, after, 1)
-    return snapshot_from(nodes, pods.values(), movers=dict(movers))
+    memory = {name: size for name, size in snapshot.gpu_memory.items() if name in nodes}
+    for name in sorted(nodes):
+        if rng.random() < 0.2:
+            memory[name] = rng.choice((40, 80)) * GIB
+    return snapshot_from(nodes, pods.values(), movers=dict(movers), gpu_memory=memory)
 
 
 def reclaim_and_budget(
@@ -553,7 +566,11 @@ def test_rooms_kept_from_cycle_to_cycle_change_no_move_plan(
         reclaimed = kept[0]
         fork, search = snapshot.fork(), Search(snapshot, fit_index)
         for waiting in random_pending(rng, step):
-            first = next((n for n in sorted(fork.nodes) if fits(fork.nodes[n], waiting.demand)), None)
+            sizes = fork.gpu_memory
+            first = next(
+                (n for n in sorted(fork.nodes) if fits(fork.nodes[n], waiting.demand_on(sizes.get(n, 0)))),
+                None,
+            )
             assert search.fits_somewhere(fork, waiting) == first
         avoid = {n for n in snapshot.nodes if rng.random() < 0.2}
         pinned = {k for k in snapshot.running if rng.random() < 0.1}
