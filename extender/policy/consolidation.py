@@ -51,7 +51,7 @@ carried out, and the executor reports a blocked move.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Literal
@@ -61,6 +61,8 @@ from extender.policy.fairness import EPSILON, FairnessSnapshot
 from extender.policy.placement import GpuDemand, NodeGpus, fits, placement_cost
 from extender.policy.reclaim import (
     Budget,
+    DemandKey,
+    DemandNodes,
     FitIndex,
     PendingPod,
     Plan,
@@ -277,8 +279,6 @@ def _move_message(pod: RunningPod, to_node: str, waiting: PendingPod, node: str)
 
 
 _Group = tuple[tuple[float, int, float, str, tuple[str, ...]], str, GpuDemand, tuple[RunningPod, ...]]
-# A waiting pod's demand and, for a fraction, the GPU memory it asks (which sizes it per node).
-DemandKey = tuple[GpuDemand, int | None]
 Making = tuple[str, GpuDemand, Sequence[RunningPod]]  # a node making room, the demand there, its candidates
 
 
@@ -359,17 +359,11 @@ class NodeRooms:
         self.fits = FitIndex()  # where waiting pods fit now (reclaim's, kept alike)
         self._setting: tuple[float, int] | None = None  # the rules the rooms follow
         self._rooms: dict[str, _Room] = {}
-        self._changed: list[str] = []  # nodes whose room was formed again, oldest first
-        self._dropped = 0  # entries of `_changed` every demand had read, dropped from its front
-        self._passing: dict[DemandKey, tuple[int, set[str]]] = {}  # demand -> (changes read, nodes)
+        self._passing = DemandNodes()  # per demand, the nodes whose room makes room for it
         self._groups: dict[tuple[DemandKey, int], dict[str, tuple[_Room, list[_Group]]]] = {}
-        self._asked: set[DemandKey] = set()  # demands asked about since the last `refresh`
         # The base's nodes, movers and GPU memory at the last refresh, and when it was.
-        self._seen: tuple[dict[str, NodeGpus], dict[str, tuple[RunningPod, ...]], dict[str, int]] = (
-            {},
-            {},
-            {},
-        )
+        self._seen: tuple[dict[str, NodeGpus], dict[str, tuple[RunningPod, ...]], dict[str, int]]
+        self._seen = ({}, {}, {})
         self._now = -math.inf
         self._soonest = math.inf  # the earliest time a room's candidates change (a mover comes of age)
 
@@ -381,14 +375,14 @@ class NodeRooms:
         comparing the maps in C (`changed_keys`), not by a pass over the nodes or the pods."""
         setting = (rules.min_runtime_s, rules.max_candidates)
         if setting != self._setting or now < self._now:  # (a clock set back: candidates may go)
-            self._setting, self._rooms, self._passing, self._groups = setting, {}, {}, {}
+            self._setting, self._rooms, self._groups = setting, {}, {}
+            self._passing.forget()
             self._seen, self._soonest = ({}, {}, {}), math.inf
         self._now = now
-        self._passing = {key: known for key, known in self._passing.items() if key in self._asked}
-        self._groups = {key: known for key, known in self._groups.items() if key[0] in self._asked}
-        self._asked = set()
+        asked = self._passing.next_snapshot()
+        self._groups = {key: known for key, known in self._groups.items() if key[0] in asked}
         nodes, movers, memory = snapshot.base_nodes, snapshot.movers(), snapshot.gpu_memory
-        rooms, changed = self._rooms, self._changed
+        rooms = self._rooms
         seen_nodes, seen_movers, seen_memory = self._seen
         look = changed_keys(seen_nodes, nodes) | changed_keys(seen_movers, movers)
         look |= changed_keys(seen_memory, memory)
@@ -400,47 +394,28 @@ class NodeRooms:
             pods, supply, room = movers.get(node), nodes.get(node), rooms.get(node)
             if pods is None or supply is None:
                 if rooms.pop(node, None) is not None:
-                    changed.append(node)
+                    self._passing.changed(node)
                 continue
             if room is not None and room.still(supply, pods, memory.get(node, 0), now):
                 continue
             room = rooms[node] = _Room(supply, pods, memory.get(node, 0), now, rules)
             self._soonest = min(self._soonest, room.until)
-            changed.append(node)
-        read = min((since for since, _ in self._passing.values()), default=self._dropped + len(changed))
-        del changed[: read - self._dropped]
-        self._dropped = read
+            self._passing.changed(node)
+        self._passing.trim()
 
     def room(self, node: str) -> _Room | None:
         return self._rooms.get(node)
 
     def passing(self, key: DemandKey, waiting: PendingPod) -> set[str]:
-        """The nodes whose room (base state) fits `waiting` with all their candidates off: those
-        of the last look at this demand, with the nodes changed since looked at again (every
-        node, for a demand not looked at before). Read-only for the caller."""
-        self._asked.add(key)
-        rooms, end = self._rooms, self._dropped + len(self._changed)
-        known = self._passing.get(key)
-        look: Iterable[str]
-        passing: set[str]
-        if known is None:
-            look, passing = list(rooms), set()
-        else:
-            since, passing = known
-            look = self._changed[since - self._dropped :]
-        sized: dict[int, GpuDemand] = {}  # the demand per GPU memory (a fraction's share depends on it)
-        for node in look:
+        """The nodes whose room (base state) fits `waiting` with all their candidates off, kept
+        per demand (`DemandNodes`). Read-only for the caller."""
+        rooms = self._rooms
+
+        def makes_room(node: str, demand_on: Callable[[int], GpuDemand]) -> bool:
             room = rooms.get(node)
-            if room is not None:
-                demand = sized.get(room.memory) or sized.setdefault(
-                    room.memory, waiting.demand_on(room.memory)
-                )
-                if room.makes_room(demand):
-                    passing.add(node)
-                    continue
-            passing.discard(node)
-        self._passing[key] = (end, passing)
-        return passing
+            return room is not None and room.makes_room(demand_on(room.memory))
+
+        return self._passing.passing(key, waiting, rooms, makes_room)
 
     def groups(self, key: DemandKey, count: int, node: str, room: _Room, demand: GpuDemand) -> list[_Group]:
         """`room.groups`, kept while the node has this room."""

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -341,25 +341,85 @@ def _goal_for(fairness: FairnessSnapshot, waiting: PendingPod) -> Goal | None:
 DemandKey = tuple[GpuDemand, int | None]  # a waiting pod's demand, and the memory a fraction asks
 
 
+class DemandNodes:
+    """Per demand, the nodes that pass a test of it (fit it, make room for it), kept from one
+    snapshot to the next: its owner logs each node whose state changed (`changed`), and a demand
+    asked about again has only the nodes logged since its last look tested again (every node, the
+    first time). Demands not asked about between two snapshots are forgotten (`next_snapshot`)."""
+
+    def __init__(self) -> None:
+        self._changed: list[str] = []  # nodes that changed, oldest first
+        self._dropped = 0  # entries of `_changed` every demand had read, dropped from its front
+        self._sets: dict[DemandKey, tuple[int, set[str]]] = {}  # demand -> (changes read, nodes)
+        self._asked: set[DemandKey] = set()  # demands asked about since the last snapshot
+
+    def changed(self, node: str) -> None:
+        self._changed.append(node)
+
+    def next_snapshot(self) -> set[DemandKey]:
+        """Forget the demands not asked about since the last call; the ones kept."""
+        self._sets = {key: known for key, known in self._sets.items() if key in self._asked}
+        kept, self._asked = self._asked, set()
+        return kept
+
+    def forget(self) -> None:
+        """Forget every demand (what they were tested with changed)."""
+        self._sets, self._asked = {}, set()
+
+    def trim(self) -> None:
+        """Drop the changes every demand has read."""
+        read = min((since for since, _ in self._sets.values()), default=self._dropped + len(self._changed))
+        del self._changed[: read - self._dropped]
+        self._dropped = read
+
+    def passing(
+        self,
+        key: DemandKey,
+        waiting: PendingPod,
+        every: Iterable[str],
+        test: Callable[[str, Callable[[int], GpuDemand]], bool],
+    ) -> set[str]:
+        """The nodes that pass `test` for `waiting` (read-only for the caller): those of the last
+        look with the nodes logged since tested again, or every node of `every` the first time.
+        `test` gets a node and `waiting`'s demand by GPU memory (a fraction's share depends on it)."""
+        self._asked.add(key)
+        end, known = self._dropped + len(self._changed), self._sets.get(key)
+        look: Iterable[str]
+        found: set[str]
+        if known is None:
+            look, found = list(every), set()
+        else:
+            since, found = known
+            look = self._changed[since - self._dropped :]
+        sized: dict[int, GpuDemand] = {}
+
+        def demand_on(memory: int) -> GpuDemand:
+            return sized.get(memory) or sized.setdefault(memory, waiting.demand_on(memory))
+
+        for node in look:
+            if test(node, demand_on):
+                found.add(node)
+            else:
+                found.discard(node)
+        self._sets[key] = (end, found)
+        return found
+
+
 class FitIndex:
     """Where waiting pods' demands fit, kept by the caller from one cycle to the next (the reclaim
     and consolidation executors keep one each; a planner without one looks at every node), so
     "does it fit somewhere now" looks again only at the nodes that changed since the last cycle.
 
     Per demand, the nodes of a snapshot's base (the picture's nodes, before any fork's changes)
-    where it fits, brought up to date with the nodes whose state changed since it was last asked
-    about: a log of nodes, found by comparing the snapshot's map of nodes with the last one in C
-    (the live picture hands out the same object for a node that did not change; an equal one is
-    as good). A demand not asked about between two snapshots is forgotten."""
+    where it fits (`DemandNodes`), brought up to date with the nodes whose state changed since:
+    found by comparing the snapshot's map of nodes with the last one in C (the live picture hands
+    out the same object for a node that did not change; an equal one is as good)."""
 
     def __init__(self) -> None:
         self._base: Mapping[str, NodeGpus] | None = None  # the base last brought in line with
         self._nodes: dict[str, tuple[NodeGpus, int]] = {}  # node -> (its GPUs, its GPU memory)
         self._seen: tuple[dict[str, NodeGpus], dict[str, int]] = ({}, {})  # the maps at the last refresh
-        self._changed: list[str] = []  # nodes that changed, oldest first
-        self._dropped = 0  # entries of `_changed` every demand had read, dropped from its front
-        self._fitting: dict[DemandKey, tuple[int, set[str]]] = {}  # demand -> (changes read, nodes)
-        self._asked: set[DemandKey] = set()  # demands asked about since the last snapshot
+        self._fitting = DemandNodes()
 
     def refresh(self, snapshot: ClusterSnapshot) -> None:
         """Bring the nodes in line with the snapshot's base: those that are other objects than at
@@ -369,48 +429,30 @@ class FitIndex:
         if base is self._base:
             return
         self._base = base
-        self._fitting = {key: known for key, known in self._fitting.items() if key in self._asked}
-        self._asked = set()
-        nodes, changed = self._nodes, self._changed
+        self._fitting.next_snapshot()
+        nodes = self._nodes
         look = changed_keys(self._seen[0], base) | changed_keys(self._seen[1], memory)
         self._seen = (dict(base), dict(memory))
         for name in sorted(look):
             supply, size, known = base.get(name), memory.get(name, 0), nodes.get(name)
             if supply is None:
                 if nodes.pop(name, None) is not None:
-                    changed.append(name)
+                    self._fitting.changed(name)
                 continue
             nodes[name] = (supply, size)
             if known is None or known[1] != size or not (known[0] is supply or known[0] == supply):
-                changed.append(name)
-        read = min((since for since, _ in self._fitting.values()), default=self._dropped + len(changed))
-        del changed[: read - self._dropped]
-        self._dropped = read
+                self._fitting.changed(name)
+        self._fitting.trim()
 
     def fitting(self, key: DemandKey, waiting: PendingPod) -> set[str]:
         """The base nodes where `waiting` fits (read-only for the caller)."""
-        self._asked.add(key)
-        nodes, end = self._nodes, self._dropped + len(self._changed)
-        known = self._fitting.get(key)
-        look: Iterable[str]
-        found: set[str]
-        if known is None:
-            look, found = list(nodes), set()
-        else:
-            since, found = known
-            look = self._changed[since - self._dropped :]
-        sized: dict[int, GpuDemand] = {}  # the demand per GPU memory (a fraction's share depends on it)
-        for name in look:
+        nodes = self._nodes
+
+        def fits_there(name: str, demand_on: Callable[[int], GpuDemand]) -> bool:
             state = nodes.get(name)
-            if state is not None:
-                supply, size = state
-                demand = sized.get(size) or sized.setdefault(size, waiting.demand_on(size))
-                if fits(supply, demand):
-                    found.add(name)
-                    continue
-            found.discard(name)
-        self._fitting[key] = (end, found)
-        return found
+            return state is not None and fits(state[0], demand_on(state[1]))
+
+        return self._fitting.passing(key, waiting, nodes, fits_there)
 
 
 class Search:

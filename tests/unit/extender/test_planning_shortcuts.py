@@ -257,6 +257,17 @@ def test_a_forks_fairness_tree_shares_the_queues_and_sums_its_own_usage() -> Non
     assert fork.fairness.fair_shares == snapshot.fairness.fair_shares
 
 
+def random_moves_rules(rng: random.Random, min_runtime_s: float) -> ConsolidationRules:
+    """Consolidation rules with small random bounds, and no minimum runtime or `min_runtime_s`."""
+    return ConsolidationRules(
+        min_runtime_s=rng.choice((0.0, min_runtime_s)),
+        max_moves_per_pod=rng.randint(1, 3),
+        max_moves_per_cycle=rng.randint(1, 6),
+        max_candidates=rng.randint(2, 8),
+        max_trials=rng.randint(1, 30),
+    )
+
+
 def moves_case(
     seed: int,
 ) -> tuple[ClusterSnapshot, list[PendingPod], ConsolidationRules, list[Plan], set[str], set[str]]:
@@ -265,13 +276,7 @@ def moves_case(
     rng = random.Random(seed)
     snapshot, pending, rules = random_case(rng)
     reclaimed = plan(snapshot, pending, NOW, rules)
-    moves = ConsolidationRules(
-        min_runtime_s=rng.choice((0.0, 3600.0)),
-        max_moves_per_pod=rng.randint(1, 3),
-        max_moves_per_cycle=rng.randint(1, 6),
-        max_candidates=rng.randint(2, 8),
-        max_trials=rng.randint(1, 30),
-    )
+    moves = random_moves_rules(rng, 3600.0)
     avoid = {n for n in snapshot.nodes if rng.random() < 0.2}
     pinned = {k for k in snapshot.running if rng.random() < 0.1}
     return snapshot, pending, moves, reclaimed, avoid, pinned
@@ -544,13 +549,7 @@ def test_rooms_kept_from_cycle_to_cycle_change_no_move_plan(
     rng = random.Random(seed)
     snapshot, pending, reclaim_rules = random_case(rng)
     movers = dict(snapshot.movers())
-    rules = ConsolidationRules(
-        min_runtime_s=rng.choice((0.0, 1800.0)),
-        max_moves_per_pod=rng.randint(1, 3),
-        max_moves_per_cycle=rng.randint(1, 6),
-        max_candidates=rng.randint(2, 8),
-        max_trials=rng.randint(1, 30),
-    )
+    rules = random_moves_rules(rng, 1800.0)
     rooms, fit_index, now = NodeRooms(), FitIndex(), NOW
     for step in range(6):
         if step:
