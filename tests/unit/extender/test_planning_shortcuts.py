@@ -426,6 +426,17 @@ def test_rooms_are_formed_again_only_on_nodes_that_changed(monkeypatch: pytest.M
     # n0's GPUs turn out to be of 40 GiB (a fraction's share there changes): n0 alone again.
     sizes = {"n0": 40 * GIB}
     assert cycle(NOW + 600, snapshot_from(nodes, pods, movers=dict(movers), gpu_memory=sizes)) == ["n0"]
+    # A whole GPU fits each node with its candidates off (GPU 0 free). Then n0's halves are gone:
+    # n0 has no movers, no room (none formed), and no longer counts for the whole GPU.
+    whole = PendingPod("w", "a", GpuDemand(1, GPU_MILLI), {"gpu": 1.0})
+    assert sorted(rooms.passing((whole.demand, None), whole)) == ["n0", "n1", "n2"]
+    for gone in [pod for pod in pods if pod.key in ("h0a", "h0b")]:
+        keep_movers(movers, gone, -1)
+        pods.remove(gone)
+    nodes["n0"] = NodeGpus("n0", "h100", (GPU_MILLI, 0))
+    assert cycle(NOW + 600, snapshot_from(nodes, pods, movers=dict(movers), gpu_memory=sizes)) == []
+    assert rooms.room("n0") is None
+    assert sorted(rooms.passing((whole.demand, None), whole)) == ["n1", "n2"]
 
 
 def movers_by_pass(snapshot: ClusterSnapshot) -> dict[str, tuple[RunningPod, ...]]:
