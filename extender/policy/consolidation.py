@@ -300,16 +300,16 @@ class _Room:
     ) -> None:
         self.supply, self.movers, self.memory, self.since = supply, movers, memory, now
         chosen: list[RunningPod] = []
-        until = math.inf
+        until, most, least = math.inf, rules.max_candidates, rules.min_runtime_s
         for pod in movers:
-            if len(chosen) == rules.max_candidates:
+            if len(chosen) == most:
                 break  # the movers after these stay out whatever their age
-            if pod.key in pinned:
+            if pinned and pod.key in pinned:
                 continue
-            if now - pod.started >= rules.min_runtime_s:
+            if now - pod.started >= least:
                 chosen.append(pod)
-            else:  # one of the candidates once it has run long enough (a millisecond early: float sums)
-                until = min(until, pod.started + rules.min_runtime_s - 1e-3)
+            elif pod.started + least - 1e-3 < until:  # a candidate once it has run long enough
+                until = pod.started + least - 1e-3  # (a millisecond early: float sums)
         self.candidates, self.until = tuple(chosen), until
         self._freed: NodeGpus | None = None
 

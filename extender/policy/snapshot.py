@@ -115,6 +115,8 @@ def changed_keys(before: Mapping[str, object], after: Mapping[str, object]) -> s
     """The keys whose value in `after` is not the very object it was in `before`, those added and
     those gone included. Compared in C when both have the same keys in the same order (the live
     picture's snapshots do, while no node comes or goes), else by a pass over the keys."""
+    if not before:
+        return set(after)
     if len(before) == len(after) and list(before) == list(after):
         return set(compress(after, map(is_not, before.values(), after.values())))
     return {
