@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from heapq import heappop, heappush
 from typing import Any
 
 from contract.kube import mapping
@@ -79,6 +80,10 @@ class QueueAccounting:
         # Pods filter admitted whose bind has not come yet: pod key -> expiry (monotonic), and
         # the wire pod, for a pod the watch has not delivered yet.
         self.reserved: dict[str, float] = {}
+        # (expiry, pod key) of every reservation made, soonest first: expiries are found without
+        # a pass over the reservations (an entry whose reservation has gone or been renewed since
+        # is dropped when its time comes).
+        self._expiries: list[tuple[float, str]] = []
         self.reserved_pods: dict[str, Mapping[str, Any]] = {}
         self._dirty: set[str] = set()
         self._gangs: set[str] = set()  # workloads whose reservation may have to follow its members
@@ -126,7 +131,8 @@ class QueueAccounting:
 
     def reserve(self, key: str, pod: Mapping[str, Any], ttl_s: float) -> None:
         """Count a pending pod as allocated to its queue until it is bound or `ttl_s` passes."""
-        self.reserved[key] = time.monotonic() + ttl_s
+        expiry = self.reserved[key] = time.monotonic() + ttl_s
+        heappush(self._expiries, (expiry, key))
         self.reserved_pods[key] = pod
         self._dirty.add(key)
 
@@ -255,11 +261,14 @@ class QueueAccounting:
 
     def _recount(self) -> None:
         """Recount the pods that changed into the ledger (and drop the view when any did)."""
-        if self.reserved:
+        expiries = self._expiries
+        if expiries:
             now = time.monotonic()
-            for key in [k for k, expiry in self.reserved.items() if expiry < now]:
-                self._drop_reservation(key)
-                self._dirty.add(key)
+            while expiries and expiries[0][0] < now:
+                expiry, key = heappop(expiries)
+                if self.reserved.get(key) == expiry:
+                    self._drop_reservation(key)
+                    self._dirty.add(key)
         for workload in self.workloads.expired():
             self._sync_gang(workload, end=True)
         if self._all_dirty:

@@ -303,6 +303,9 @@ class _Division:
             self.order.extend(level)
             level = [child for name in level for child in children.get(name, ())]
         self.position = {name: index for index, name in enumerate(self.order)}
+        # Per parent, what its division takes of each child's spec (key, quota, weight,
+        # priority): all but the demand, the same at every division.
+        self._terms: dict[str | None, list[tuple[str, float, float, int]]] = {}
         usages = tree.usage
         self.own = {name: _own(usages.get(name), resource) for name in self.order}
         # Demand bottom-up: a queue's own plus its children's, capped at its limit.
@@ -321,19 +324,23 @@ class _Division:
 
     def _divide_at(self, parent: str | None) -> list[str]:
         """Divide `parent`'s share (the pool, for the roots); the children whose share changed."""
-        specs, resource = self.tree.specs, self.resource
-        members = []
-        for child in self.tree.children.get(parent, ()):
-            spec = specs[child]
-            members.append(
-                _Claimant(
-                    key=child,
-                    quota=max(0.0, spec.quota.get(resource, 0.0)),
-                    weight=spec.over_quota_weight.get(resource, 1.0),
-                    priority=spec.priority,
-                    demand=self.demand[child],
+        terms = self._terms.get(parent)
+        if terms is None:
+            specs, resource = self.tree.specs, self.resource
+            terms = self._terms[parent] = [
+                (
+                    child,
+                    max(0.0, spec.quota.get(resource, 0.0)),
+                    spec.over_quota_weight.get(resource, 1.0),
+                    spec.priority,
                 )
-            )
+                for child in self.tree.children.get(parent, ())
+                for spec in (specs[child],)
+            ]
+        demand = self.demand
+        members = [
+            _Claimant(key, quota, weight, priority, demand[key]) for key, quota, weight, priority in terms
+        ]
         if parent is not None and self.own[parent] > 0:
             # The parent's own pods; queue names are unique, so its name cannot clash with a child's.
             members.append(_Claimant(key=parent, quota=0.0, weight=1.0, priority=0, demand=self.own[parent]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -241,6 +242,44 @@ def test_reservations_move_a_pod_to_allocated_and_expire() -> None:
     state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=-1)  # already expired: dropped at the next look
     assert state.fairness().usage["q"] == before.usage["q"]
     assert state.accounting.reserved == {}
+
+
+def test_a_reservation_expires_at_its_last_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # p is reserved at t=100 for 10 s and again (filtered again) at t=105 for 10 s: at t=112,
+    # past its first deadline, it still counts; at t=116, past 115, it does not. r is reserved at
+    # t=100 for 20 s, released at 101, reserved at 111 for 1 s: gone at t=113 (its first
+    # deadline, 120, is not its last).
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    state = synced_state(
+        [
+            *two_nodes(),
+            objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+            objects.queue("q"),
+            objects.pod("ns", "p", queue="q", template="one"),
+            objects.pod("ns", "r", queue="q", template="one"),
+        ]
+    )
+
+    def held_gpus() -> float:
+        return state.fairness().usage["q"].allocated.get("gpu", 0.0)
+
+    state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=10)
+    state.reserve("ns/r", state.kind("Pod")["ns/r"], ttl_s=20)
+    clock[0] = 101.0
+    state.release("ns/r")
+    clock[0] = 105.0
+    state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=10)
+    assert held_gpus() == 1  # p
+    clock[0] = 111.0
+    state.reserve("ns/r", state.kind("Pod")["ns/r"], ttl_s=1)
+    assert held_gpus() == 2  # p and r
+    clock[0] = 112.0
+    assert held_gpus() == 2  # p's first deadline (110) passed: not its last
+    clock[0] = 113.0
+    assert held_gpus() == 1 and set(state.accounting.reserved) == {"ns/p"}
+    clock[0] = 116.0
+    assert held_gpus() == 0 and state.accounting.reserved == {}
 
 
 def test_watch_events_apply_bookmarks_advance_and_410_asks_for_a_relist() -> None:
