@@ -11,6 +11,7 @@ from kubernetes_asyncio.client import ApiClient
 from bench.hotpath import Payloads
 from bench.memory import breakdown, breakdown_table
 from bench.picture import GPUS_PER_NODE, build_picture, leaf_queues, load_state, queue_tree
+from bench.queuecycle import run_cycle, run_queuecycle
 from bench.servers import CODECS, floor_app, tessera_app
 from contract.names import QUEUE_LABEL
 from extender.server import PICTURE_KEY
@@ -86,3 +87,22 @@ def test_the_memory_breakdown_counts_every_object_of_the_picture_once() -> None:
     assert objects == sum(count for name, count, _ in rows if name.startswith("store: "))
     assert all(size > 0 for name, _, size in rows if name.startswith("store: "))
     assert "total" in breakdown_table(objects, rows)
+
+
+def test_a_queue_cycle_admits_and_reserves_each_new_pod_in_a_leaf_of_the_tree() -> None:
+    # bench.queuecycle's cycle on a 10-node picture with the 1000-queue tree: each of 3 new pods
+    # (in 3 different leaves) is admitted and reserved, as the server's filter does; the table
+    # has a row per picture, the flat one at 1.00x of itself.
+    tree = queue_tree()
+    picture = load_state(build_picture(nodes=10, pods=200, tree=tree))
+    payloads = Payloads(10, "names", tree=True)
+    spent = [0.0, 0.0, 0.0]
+    for cycle in range(3):
+        run_cycle(picture, payloads.body(cycle), spent)
+    reserved = sorted(picture.accounting.reserved)
+    assert reserved == [f"bench/pending-{cycle:07d}" for cycle in range(3)]
+    queues = {picture.accounting.reserved_pods[key]["metadata"]["labels"][QUEUE_LABEL] for key in reserved}
+    assert queues == set(leaf_queues(tree)[:3])
+    rows = run_queuecycle([10], pods=100, cycles=2)
+    assert [row[:3] for row in rows] == [["10", "2 flat", "2"], ["10", "1000 in 3 levels", "2"]]
+    assert rows[0][-1] == "1.00x"
