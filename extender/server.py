@@ -30,7 +30,6 @@ from extender.wire import (
     ExtenderPreemptionArgs,
     decode,
     encode,
-    host_priorities_json,
     passed_names,
 )
 
@@ -167,7 +166,7 @@ async def handle_prioritize(request: web.Request) -> web.StreamResponse:
     except UnreadablePod as exc:
         raise _unreadable_pod(request, "prioritize", exc) from exc
     request.app[METRICS_KEY].decisions.labels("prioritize", decision.outcome, decision.reason).inc()
-    return _json_bytes(host_priorities_json(decision.hosts, decision.host_scores))
+    return _json_bytes(decision.json())
 
 
 async def handle_preempt(request: web.Request) -> web.StreamResponse:

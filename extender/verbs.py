@@ -49,6 +49,7 @@ from extender.wire import (
     MetaPod,
     MetaVictims,
     filter_result,
+    host_priorities_json,
 )
 
 NOT_READY = "tessera extender is still syncing its cluster picture; retry"
@@ -79,13 +80,23 @@ class FilterDecision:
 @dataclass(frozen=True)
 class PriorityDecision:
     hosts: list[str]  # the candidates, in the request's order
-    host_scores: list[int]  # the score of each
+    kinds: list[str]  # the kind of each (scored alike)
+    score_of: dict[str, int]  # kind -> score
     outcome: str
     reason: str
 
     @property
     def scores(self) -> dict[str, int]:
-        return dict(zip(self.hosts, self.host_scores, strict=True))
+        return dict(zip(self.hosts, map(self.score_of.__getitem__, self.kinds), strict=True))
+
+    def json(self) -> bytes:
+        """The answer, a HostPriorityList."""
+        return host_priorities_json(self.hosts, self.kinds, self.score_of)
+
+
+def _neutral(names: list[str], reason: str) -> PriorityDecision:
+    """Every candidate scored 0."""
+    return PriorityDecision(names, [""] * len(names), {"": 0}, "neutral", reason)
 
 
 def describe(demand: GpuDemand) -> str:
@@ -352,10 +363,10 @@ def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDe
     strand GPUs as much as a fraction does (neutral 0 only while syncing or for an unreadable pod)."""
     names = args.candidate_names()
     if not picture.ready():
-        return PriorityDecision(names, [0] * len(names), "neutral", "not_ready")
+        return _neutral(names, "not_ready")
     demand = picture.demand(args.Pod)
     if demand.problem:  # filter refused it with the reason; nothing to rank
-        return PriorityDecision(names, [0] * len(names), "neutral", "unreadable")
+        return _neutral(names, "unreadable")
     placement = demand.placement_at(picture.inventory.reference_memory(demand.models))
     # GPUs held for its workload are its own to use, as in filter (its workload only: the gang's
     # state would bring the whole queue view up to date after the filter's reservation).
@@ -364,4 +375,4 @@ def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDe
     nodes = _candidate_kinds(picture, args.pod.key, names, owner)
     strategy = queue_strategy(picture, demand.queue)
     score_of = score_kinds(nodes.supply_of, placement, picture.mix(), strategy)
-    return PriorityDecision(names, list(map(score_of.__getitem__, nodes.kinds)), "scored", strategy)
+    return PriorityDecision(names, nodes.kinds, score_of, "scored", strategy)
