@@ -2,7 +2,8 @@
 
 Each scheduling cycle is a filter then a prioritize request for a new pending GPU pod
 (alternately a whole GPU and half a GPU), sent one after the other on a keep-alive connection,
-the way kube-scheduler calls an extender; cycles/s is 1 / mean cycle time. Both
+the way kube-scheduler calls an extender: prioritize is asked about the nodes the filter passed
+(names, or the NodeList the filter answered); cycles/s is 1 / mean cycle time. Both
 nodeCacheCapable modes: node names only, or the full NodeList. The same payloads go to two
 do-nothing aiohttp extenders (decode JSON, pass every node) started in the same run, one with the
 standard library's JSON codec (`floor`), one with the codec the extender uses (`fast floor`,
@@ -22,6 +23,7 @@ import time
 from dataclasses import dataclass, replace
 
 import aiohttp
+import msgspec
 
 from .picture import build_picture, leaf_queues, pod_object, queue_tree
 
@@ -132,11 +134,19 @@ class ServerProcess:
             self.process.wait()
 
 
+class _FilterAnswer(msgspec.Struct):
+    """A filter answer's passed nodes, as they came (`null` when absent)."""
+
+    NodeNames: msgspec.Raw = msgspec.Raw(b"null")
+    Nodes: msgspec.Raw = msgspec.Raw(b"null")
+
+
 class Payloads:
     """Request bodies in one nodeCacheCapable mode, a fresh pending pod per cycle.
 
     kube-scheduler filters a pod once per scheduling attempt, so every cycle asks about a new pod
     (alternately asking for a whole GPU and for half of one); the node part is serialised once.
+    Prioritize follows with the same pod and the nodes the filter answered.
     """
 
     def __init__(self, nodes: int, mode: str, tree: bool = False) -> None:
@@ -152,12 +162,24 @@ class Payloads:
             node_list = {"apiVersion": "v1", "kind": "NodeList", "items": picture.objects["Node"]}
             self.node_part = b'"Nodes": ' + json.dumps(node_list).encode()
 
-    def body(self, cycle: int) -> bytes:
+    def pod(self, cycle: int) -> bytes:
+        """The JSON of the cycle's pending pod."""
         template = self.templates[cycle % len(self.templates)]
         pod = pod_object(
             f"pending-{cycle:07d}", self.queues[cycle % len(self.queues)], None, template=template
         )
-        return b'{"Pod": ' + json.dumps(pod).encode() + b", " + self.node_part + b"}"
+        return json.dumps(pod).encode()
+
+    def body(self, pod: bytes) -> bytes:
+        """The filter request for `pod`, every node a candidate."""
+        return b'{"Pod": ' + pod + b", " + self.node_part + b"}"
+
+    def after(self, pod: bytes, answer: bytes) -> bytes:
+        """The prioritize request for `pod` after the filter's `answer`: the nodes it passed."""
+        passed = msgspec.json.decode(answer, type=_FilterAnswer)
+        return (
+            b'{"Pod": ' + pod + b', "NodeNames": ' + passed.NodeNames + b', "Nodes": ' + passed.Nodes + b"}"
+        )
 
 
 async def _measure(url: str, payloads: Payloads, seconds: float, max_cycles: int) -> LatencyStats:
@@ -168,18 +190,23 @@ async def _measure(url: str, payloads: Payloads, seconds: float, max_cycles: int
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
-        async def call(verb: str, body: bytes) -> float:
+        async def call(verb: str, body: bytes) -> tuple[float, bytes]:
             started = time.perf_counter()
             async with session.post(f"{url}/{verb}", data=body, headers=headers) as response:
-                await response.read()
+                answer = await response.read()
                 if response.status != 200:
                     raise RuntimeError(f"{url}/{verb} answered {response.status}")
-            return (time.perf_counter() - started) * 1000
+            return (time.perf_counter() - started) * 1000, answer
+
+        async def cycle(number: int) -> tuple[float, float]:
+            pod = payloads.pod(number)
+            f, answer = await call("filter", payloads.body(pod))
+            body = payloads.after(pod, answer)  # not the extender's time
+            p, _ = await call("prioritize", body)
+            return f, p
 
         for warm_up in range(WARM_UP_CYCLES):  # connections, caches
-            body = payloads.body(max_cycles + warm_up)
-            await call("filter", body)
-            await call("prioritize", body)
+            await cycle(max_cycles + warm_up)
         measured = 0.0
         # Collections of the client's own garbage would land inside the timings: run them between
         # cycles instead.
@@ -187,13 +214,11 @@ async def _measure(url: str, payloads: Payloads, seconds: float, max_cycles: int
         while len(cycle_ms) < max_cycles and (measured < seconds or len(cycle_ms) < 5):
             if len(cycle_ms) % 20 == 0:
                 gc.collect()
-            body = payloads.body(len(cycle_ms))
-            f = await call("filter", body)
-            p = await call("prioritize", body)
+            f, p = await cycle(len(cycle_ms))
             filter_ms.append(f)
             prioritize_ms.append(p)
             cycle_ms.append(f + p)
-            measured += (f + p) / 1000  # building the next body is not the extender's time
+            measured += (f + p) / 1000  # building the bodies is not the extender's time
         gc.enable()
     return LatencyStats(
         cycles=len(cycle_ms),

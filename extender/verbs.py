@@ -75,6 +75,7 @@ class FilterDecision:
     message: str = ""
     reserve: bool = False  # count the pod against its queue until it is bound
     gang: GangReservation | None = None  # its workload's minimum, admitted as a unit
+    passed: PassedNodes | None = None  # the nodes passed, by kind, for the prioritize that follows
 
 
 @dataclass(frozen=True)
@@ -137,12 +138,25 @@ def _judge(supply: NodeGpus, demand: GpuDemand) -> str:
 class CandidateKinds:
     """The candidates of a request by kind: nodes alike to placement, judged and scored once."""
 
-    kinds: list[str]  # each candidate's kind, in the request's order
+    names: list[str]  # the candidates, in the request's order
+    kinds: list[str]  # each one's kind
     one_of_kind: dict[str, str]  # kind -> a node of that kind
     supply_of: dict[str, NodeGpus]  # kind -> its free GPUs, CPU and memory
+    held: bool = False  # some kinds are nodes with GPUs held (what this pod may use there)
+
+    def keeping(self, reasons: list[str], reason_of: Mapping[str, str]) -> CandidateKinds:
+        """Only the candidates whose verdict is '' (`reasons`: each one's; `reason_of`: each kind's)."""
+        fits = list(map(not_, reasons))
+        return CandidateKinds(
+            list(compress(self.names, fits)),
+            list(compress(self.kinds, fits)),
+            {kind: name for kind, name in self.one_of_kind.items() if not reason_of[kind]},
+            {kind: supply for kind, supply in self.supply_of.items() if not reason_of[kind]},
+            self.held,
+        )
 
 
-_NO_CANDIDATES = CandidateKinds([], {}, {})
+_NO_CANDIDATES = CandidateKinds([], [], {}, {})
 
 
 def _candidate_kinds(picture: ClusterPicture, key: str, names: list[str], owner: str = "") -> CandidateKinds:
@@ -160,7 +174,29 @@ def _candidate_kinds(picture: ClusterPicture, key: str, names: list[str], owner:
         kind: inventory.supply_for(key, name, owner) if name in held else inventory.node_gpus(name)
         for kind, name in one_of_kind.items()
     }
-    return CandidateKinds(kinds, one_of_kind, supply_of)
+    return CandidateKinds(names, kinds, one_of_kind, supply_of, bool(held))
+
+
+@dataclass(frozen=True)
+class PassedNodes:
+    """The nodes a filter passed for a pod, by kind, as the inventory stood (`version`).
+
+    kube-scheduler asks prioritize about exactly the nodes the filter passed, right after it: the
+    prioritize of the same pod (and workload) over the same names reads their kinds from here
+    while no node's supply changed, instead of looking every name up again. Not kept when GPUs
+    are held on some candidate (what the pod may use there is judged at each call).
+    """
+
+    key: str
+    owner: str
+    version: int
+    nodes: CandidateKinds
+
+    def of(self, key: str, owner: str, names: list[str], version: int) -> CandidateKinds | None:
+        """The kinds of `names` for pod `key` of `owner`, if these are they and still true."""
+        if (self.key, self.owner, self.version) != (key, owner, version) or self.nodes.names != names:
+            return None
+        return self.nodes
 
 
 def _verdict(admission: AdmissionDecision, demand: PodDemand, memory: int, supply: NodeGpus) -> str:
@@ -232,9 +268,14 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         kind: _verdict(by_size[size_of[kind]], demand, size_of[kind] or reference, nodes.supply_of[kind])
         for kind in nodes.one_of_kind
     }
-    reasons = list(map(reason_of.__getitem__, nodes.kinds))
-    passed = list(compress(names, map(not_, reasons)))
-    failed = dict(compress(zip(names, reasons, strict=True), reasons))
+    if any(reason_of.values()):
+        reasons = list(map(reason_of.__getitem__, nodes.kinds))
+        kept = nodes.keeping(reasons, reason_of)
+        failed = dict(zip(compress(names, reasons), filter(None, reasons), strict=True))
+    else:  # every kind fits (the common case)
+        kept, failed = nodes, {}
+    passed = kept.names
+    remembered_nodes = None if kept.held else PassedNodes(key, owner, picture.inventory.version, kept)
     return FilterDecision(
         filter_result(args, passed, failed),
         "admitted",
@@ -244,6 +285,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         decision.reason,
         reserve=bool(passed),
         gang=reservation,
+        passed=remembered_nodes,
     )
 
 
@@ -358,9 +400,13 @@ def queue_strategy(picture: ClusterPicture, queue: str) -> Strategy:
     return "spread" if (obj.get("spec") or {}).get("placement") == "spread" else "binpack"
 
 
-def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDecision:
+def decide_priorities(
+    picture: ClusterPicture, args: ExtenderArgs, passed: PassedNodes | None = None
+) -> PriorityDecision:
     """The score of every candidate node (0..10), GPU-less pods included: their CPU and memory
-    strand GPUs as much as a fraction does (neutral 0 only while syncing or for an unreadable pod)."""
+    strand GPUs as much as a fraction does (neutral 0 only while syncing or for an unreadable pod).
+    `passed`: what the last filter passed, read instead of the inventory when it is this pod's and
+    these nodes' (`PassedNodes`)."""
     names = args.candidate_names()
     if not picture.ready():
         return _neutral(names, "not_ready")
@@ -372,7 +418,10 @@ def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDe
     # state would bring the whole queue view up to date after the filter's reservation).
     workload = picture.workloads.workload(args.Pod)
     owner = "" if workload.single else workload.key
-    nodes = _candidate_kinds(picture, args.pod.key, names, owner)
+    key = args.pod.key
+    nodes = passed.of(key, owner, names, picture.inventory.version) if passed is not None else None
+    if nodes is None:
+        nodes = _candidate_kinds(picture, key, names, owner)
     strategy = queue_strategy(picture, demand.queue)
     score_of = score_kinds(nodes.supply_of, placement, picture.mix(), strategy)
     return PriorityDecision(names, nodes.kinds, score_of, "scored", strategy)
