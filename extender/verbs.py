@@ -31,14 +31,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import compress
 from operator import not_
-from typing import Any
+from typing import Any, NamedTuple
 
 from contract.names import GPU_MILLI
 from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import PodDemand
 from extender.picture.workloads import GangReservation, GangState
 from extender.policy.fairness import AdmissionDecision
-from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, remembered, score_kinds
+from extender.policy.placement import GpuDemand, NodeGpus, ShapeMemo, Strategy, fits, score_kinds
 from extender.policy.reclaim import reclaim_refusal
 from extender.policy.workloads import plan_gang
 from extender.wire import (
@@ -108,14 +108,19 @@ def describe(demand: GpuDemand) -> str:
 
 # Why a demand does not fit a node of a shape, kept across requests (nodes whose CPU and memory
 # are partly used have many shapes; each costs microseconds to judge). Bounded: starts over.
-_MISFITS: dict[tuple[str, GpuDemand], str] = {}
-_MISFITS_LIMIT = 100_000
+_MISFITS: ShapeMemo[GpuDemand, str] = ShapeMemo(100_000)
 
 
 def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
     """Why `demand` does not fit on the node ('' when it fits); all it reads of the node is in
     its shape."""
-    return remembered(_MISFITS, (supply.shape, demand), _MISFITS_LIMIT, lambda: _judge(supply, demand))
+    return _misfit_in(_MISFITS.table(demand), supply, demand)
+
+
+def _misfit_in(table: dict[str, str], supply: NodeGpus, demand: GpuDemand) -> str:
+    """`_misfit` with the demand's table of `_MISFITS` at hand (a lookup per node kind)."""
+    found = table.get(supply.shape)
+    return _MISFITS.put(table, supply.shape, _judge(supply, demand)) if found is None else found
 
 
 def _judge(supply: NodeGpus, demand: GpuDemand) -> str:
@@ -170,10 +175,7 @@ def _candidate_kinds(picture: ClusterPicture, key: str, names: list[str], owner:
         kind_of.update((name, f"held {name}") for name in held)
         kinds = list(map(kind_of.__getitem__, names))
     one_of_kind = dict(zip(kinds, names, strict=True))
-    supply_of = {
-        kind: inventory.supply_for(key, name, owner) if name in held else inventory.node_gpus(name)
-        for kind, name in one_of_kind.items()
-    }
+    supply_of = dict(zip(one_of_kind, inventory.supplies_for(key, one_of_kind.values(), owner), strict=True))
     return CandidateKinds(names, kinds, one_of_kind, supply_of, bool(held))
 
 
@@ -199,11 +201,21 @@ class PassedNodes:
         return self.nodes
 
 
-def _verdict(admission: AdmissionDecision, demand: PodDemand, memory: int, supply: NodeGpus) -> str:
-    """Why the pod may not go to a node of this supply and GPU size ('' when it may)."""
-    if not admission.admit:
-        return admission.reason
-    return _misfit(supply, demand.placement_at(memory))
+class _AtSize(NamedTuple):
+    """How a pod is judged on the nodes of one GPU size: its queue's admission there, and what
+    it asks of a node (with the verdicts of that demand by node shape, `_MISFITS`)."""
+
+    admission: AdmissionDecision
+    placement: GpuDemand
+    misfits: dict[str, str]
+
+
+def _verdict(at_size: _AtSize, supply: NodeGpus) -> str:
+    """Why the pod may not go to a node of this supply ('' when it may)."""
+    if not at_size.admission.admit:
+        return at_size.admission.reason
+    found = at_size.misfits.get(supply.shape)  # (a hit without a call: once per kind per request)
+    return _misfit_in(at_size.misfits, supply, at_size.placement) if found is None else found
 
 
 def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision:
@@ -227,7 +239,9 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     nodes = _candidate_kinds(picture, key, names, owner) if demand.wants_gpu else _NO_CANDIDATES
     # A fraction is a larger share of a smaller GPU: admit it per GPU size among the candidates.
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
-    size_of = {kind: gpu_memory.get(name) or 0 for kind, name in nodes.one_of_kind.items()}
+    size_of = (
+        {kind: gpu_memory.get(name) or 0 for kind, name in nodes.one_of_kind.items()} if gpu_memory else {}
+    )
     sizes = sorted(set(size_of.values())) or [0]
     if not gang.admitted:
         unit, reservation = admit_gang(picture, names, key, pod, demand, gang)
@@ -264,9 +278,12 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         )
     # The per-node part is lookups done by `map` and `compress` in C (thousands of nodes per call).
     reference = picture.inventory.reference_memory(demand.models)
+    at_size = {}
+    for size, admission in by_size.items():
+        placement = demand.placement_at(size or reference)
+        at_size[size] = _AtSize(admission, placement, _MISFITS.table(placement))
     reason_of = {
-        kind: _verdict(by_size[size_of[kind]], demand, size_of[kind] or reference, nodes.supply_of[kind])
-        for kind in nodes.one_of_kind
+        kind: _verdict(at_size[size_of.get(kind, 0)], supply) for kind, supply in nodes.supply_of.items()
     }
     if any(reason_of.values()):
         reasons = list(map(reason_of.__getitem__, nodes.kinds))
