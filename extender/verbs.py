@@ -236,6 +236,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     owner = "" if gang.workload.single else gang.workload.key
     reservation: GangReservation | None = None
     # Nodes of one kind (shape and GPU size) get one verdict: a large cluster has few kinds.
+    version = picture.inventory.version  # what the kinds are read at
     nodes = _candidate_kinds(picture, key, names, owner) if demand.wants_gpu else _NO_CANDIDATES
     # A fraction is a larger share of a smaller GPU: admit it per GPU size among the candidates.
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
@@ -292,7 +293,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     else:  # every kind fits (the common case)
         kept, failed = nodes, {}
     passed = kept.names
-    remembered_nodes = None if kept.held else PassedNodes(key, owner, picture.inventory.version, kept)
+    remembered_nodes = None if kept.held else PassedNodes(key, owner, version, kept)
     return FilterDecision(
         filter_result(args, passed, failed),
         "admitted",
