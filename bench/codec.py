@@ -32,8 +32,7 @@ def _ms(action: Callable[[], object], budget_s: float = 0.5) -> float:
 
 
 def _row(nodes: int, mode: str, orjson: Any) -> list[str]:
-    payloads = Payloads(nodes, mode)
-    body = payloads.body(payloads.pod(1))
+    body = Payloads(nodes, mode).body(1)
     args = decode(ExtenderArgs, body)
     answer = filter_result(args, args.candidate_names(), {})
     plain = msgspec.json.decode(encode(answer))

@@ -163,21 +163,25 @@ class Payloads:
         else:
             node_list = {"apiVersion": "v1", "kind": "NodeList", "items": picture.objects["Node"]}
             self.node_part = b'"Nodes": ' + json.dumps(node_list).encode()
+        self._last = (-1, b"")  # the cycle of the last filter request, and its pod
 
-    def pod(self, cycle: int) -> bytes:
-        """The JSON of the cycle's pending pod."""
+    def _pod(self, cycle: int) -> bytes:
+        """The JSON of the cycle's pending pod (a new resourceVersion at each call)."""
         template = self.templates[cycle % len(self.templates)]
         pod = pod_object(
             f"pending-{cycle:07d}", self.queues[cycle % len(self.queues)], None, template=template
         )
         return json.dumps(pod).encode()
 
-    def body(self, pod: bytes) -> bytes:
-        """The filter request for `pod`, every node a candidate."""
-        return b'{"Pod": ' + pod + b", " + self.node_part + b"}"
+    def body(self, cycle: int) -> bytes:
+        """The filter request of the cycle's pod, every node a candidate."""
+        self._last = (cycle, self._pod(cycle))
+        return b'{"Pod": ' + self._last[1] + b", " + self.node_part + b"}"
 
-    def after(self, pod: bytes, answer: bytes) -> bytes:
-        """The prioritize request for `pod` after the filter's `answer`: the nodes it passed."""
+    def after(self, cycle: int, answer: bytes) -> bytes:
+        """The prioritize request after the filter's `answer` for the cycle's pod (the same pod as
+        in its last `body`): the nodes the filter passed."""
+        pod = self._last[1] if self._last[0] == cycle else self._pod(cycle)
         passed = msgspec.json.decode(answer, type=_FilterAnswer)
         return (
             b'{"Pod": ' + pod + b', "NodeNames": ' + passed.NodeNames + b', "Nodes": ' + passed.Nodes + b"}"
@@ -221,10 +225,10 @@ async def _measure(url: str, payloads: Payloads, seconds: float, max_cycles: int
             return (time.perf_counter() - started) * 1000, answer
 
         async def cycle() -> tuple[float, float]:
-            pod = payloads.pod(into.calls)
+            number = into.calls
             into.calls += 1
-            f, answer = await call("filter", payloads.body(pod))
-            body = payloads.after(pod, answer)  # not the extender's time
+            f, answer = await call("filter", payloads.body(number))
+            body = payloads.after(number, answer)  # not the extender's time
             p, _ = await call("prioritize", body)
             return f, p
 

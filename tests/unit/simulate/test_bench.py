@@ -45,11 +45,10 @@ def test_the_queue_tree_has_1000_queues_with_pods_in_its_900_leaves() -> None:
 
 async def _cycle(app: web.Application, payloads: Payloads, cycle: int) -> tuple[object, object, bytes]:
     """The filter answer, the prioritize answer, and the prioritize request (the nodes passed)."""
-    pod = payloads.pod(cycle)
     async with TestClient(TestServer(app)) as client:
-        filtered = await client.post("/filter", data=payloads.body(pod), headers=JSON)
+        filtered = await client.post("/filter", data=payloads.body(cycle), headers=JSON)
         assert filtered.status == 200
-        asked = payloads.after(pod, await filtered.read())
+        asked = payloads.after(cycle, await filtered.read())
         scored = await client.post("/prioritize", data=asked, headers=JSON)
         assert scored.status == 200
         return await filtered.json(), await scored.json(), asked
@@ -70,7 +69,7 @@ async def test_extender_and_floor_answer_the_same_payloads() -> None:
                 assert isinstance(floor, dict) and isinstance(floor_scores, list)
                 assert len(floor_scores) == 6 and {s["Score"] for s in floor_scores} == {0}
             # What the server said is what the verbs decide on the same picture and request.
-            args = decode(ExtenderArgs, payloads.body(payloads.pod(1)))
+            args = decode(ExtenderArgs, payloads.body(1))
             picture = app[PICTURE_KEY]
             expected = msgspec.json.decode(encode(decide_filter(picture, args).result))
             assert ours == expected
