@@ -44,13 +44,15 @@ def test_the_queue_tree_has_1000_queues_with_pods_in_its_900_leaves() -> None:
     assert view.fair_shares["r0"]["gpu"] > 0
 
 
-async def _cycle(app: web.Application, payloads: Payloads, cycle: int) -> tuple[object, object]:
+async def _cycle(app: web.Application, payloads: Payloads, cycle: int) -> tuple[object, object, bytes]:
+    """The filter answer, the prioritize answer, and the prioritize request (the nodes passed)."""
     async with TestClient(TestServer(app)) as client:
         filtered = await client.post("/filter", data=payloads.body(cycle), headers=JSON)
         assert filtered.status == 200
-        scored = await client.post("/prioritize", data=payloads.body(cycle), headers=JSON)
+        asked = payloads.after(cycle, await filtered.read())
+        scored = await client.post("/prioritize", data=asked, headers=JSON)
         assert scored.status == 200
-        return await filtered.json(), await scored.json()
+        return await filtered.json(), await scored.json(), asked
 
 
 async def test_extender_and_floor_answer_the_same_payloads() -> None:
@@ -60,11 +62,11 @@ async def test_extender_and_floor_answer_the_same_payloads() -> None:
         assert objects > 100
         for mode in ("names", "nodelist"):
             payloads = Payloads(6, mode)
-            ours, our_scores = await _cycle(app, payloads, cycle=1)
+            ours, our_scores, asked = await _cycle(app, payloads, cycle=1)
             assert isinstance(ours, dict) and not ours.get("Error"), ours
             assert isinstance(our_scores, list) and len(our_scores) == 6
             for kind in CODECS:  # both floors pass every node, with score 0
-                floor, floor_scores = await _cycle(floor_app(kind), payloads, cycle=1)
+                floor, floor_scores, _ = await _cycle(floor_app(kind), payloads, cycle=1)
                 assert isinstance(floor, dict) and isinstance(floor_scores, list)
                 assert len(floor_scores) == 6 and {s["Score"] for s in floor_scores} == {0}
             # What the server said is what the verbs decide on the same picture and request.
@@ -72,7 +74,7 @@ async def test_extender_and_floor_answer_the_same_payloads() -> None:
             picture = app[PICTURE_KEY]
             expected = msgspec.json.decode(encode(decide_filter(picture, args).result))
             assert ours == expected
-            scores = decide_priorities(picture, args).scores
+            scores = decide_priorities(picture, decode(ExtenderArgs, asked)).scores
             assert {h["Host"]: h["Score"] for h in our_scores} == scores
             assert any(score > 0 for score in scores.values())  # GPU pods are ranked, not neutral
     finally:
