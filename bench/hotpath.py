@@ -2,11 +2,13 @@
 
 Each scheduling cycle is a filter then a prioritize request for a new pending GPU pod
 (alternately a whole GPU and half a GPU), sent one after the other on a keep-alive connection,
-the way kube-scheduler calls an extender; cycles/s is 1 / mean cycle time. Both
+the way kube-scheduler calls an extender: prioritize is asked about the nodes the filter passed
+(names, or the NodeList the filter answered); cycles/s is 1 / mean cycle time. Both
 nodeCacheCapable modes: node names only, or the full NodeList. The same payloads go to two
 do-nothing aiohttp extenders (decode JSON, pass every node) started in the same run, one with the
 standard library's JSON codec (`floor`), one with the codec the extender uses (`fast floor`,
-msgspec): the ratio to the fast floor is what the extender's own work costs.
+msgspec): the ratio to the fast floor is what the extender's own work costs. The three are
+measured in slices, taking turns, so that what else runs on the machine weighs on them alike.
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 
 import aiohttp
+import msgspec
 
 from .picture import build_picture, leaf_queues, pod_object, queue_tree
 
-WARM_UP_CYCLES = 2
+WARM_UP_CYCLES = 2  # per slice
+# Each server is measured in this many slices, taking turns with the others.
+SLICES = 6
 
 
 @dataclass(frozen=True)
@@ -115,12 +120,11 @@ class ServerProcess:
             fields = stat.read().rpartition(")")[2].split()  # after the command name
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
-    def measure(self, payloads: Payloads, seconds: float, max_cycles: int) -> LatencyStats:
-        """Latencies of cycles against this server, with its CPU time per cycle."""
+    def measure(self, payloads: Payloads, seconds: float, max_cycles: int, into: Samples) -> None:
+        """Add to `into` the latencies of cycles against this server and the CPU time it used."""
         before = self.cpu_seconds()
-        stats = asyncio.run(_measure(self.url, payloads, seconds, max_cycles))
-        used_ms = (self.cpu_seconds() - before) * 1000
-        return replace(stats, server_cpu_ms=used_ms / (stats.cycles + WARM_UP_CYCLES))
+        asyncio.run(_measure(self.url, payloads, seconds, max_cycles, into))
+        into.cpu_ms += (self.cpu_seconds() - before) * 1000
 
     def stop(self) -> None:
         if self.process.stdin is not None:
@@ -132,11 +136,19 @@ class ServerProcess:
             self.process.wait()
 
 
+class _FilterAnswer(msgspec.Struct):
+    """A filter answer's passed nodes, as they came (`null` when absent)."""
+
+    NodeNames: msgspec.Raw = msgspec.Raw(b"null")
+    Nodes: msgspec.Raw = msgspec.Raw(b"null")
+
+
 class Payloads:
     """Request bodies in one nodeCacheCapable mode, a fresh pending pod per cycle.
 
     kube-scheduler filters a pod once per scheduling attempt, so every cycle asks about a new pod
     (alternately asking for a whole GPU and for half of one); the node part is serialised once.
+    Prioritize follows with the same pod and the nodes the filter answered.
     """
 
     def __init__(self, nodes: int, mode: str, tree: bool = False) -> None:
@@ -151,58 +163,92 @@ class Payloads:
         else:
             node_list = {"apiVersion": "v1", "kind": "NodeList", "items": picture.objects["Node"]}
             self.node_part = b'"Nodes": ' + json.dumps(node_list).encode()
+        self._last = (-1, b"")  # the cycle of the last filter request, and its pod
 
-    def body(self, cycle: int) -> bytes:
+    def _pod(self, cycle: int) -> bytes:
+        """The JSON of the cycle's pending pod (a new resourceVersion at each call)."""
         template = self.templates[cycle % len(self.templates)]
         pod = pod_object(
             f"pending-{cycle:07d}", self.queues[cycle % len(self.queues)], None, template=template
         )
-        return b'{"Pod": ' + json.dumps(pod).encode() + b", " + self.node_part + b"}"
+        return json.dumps(pod).encode()
+
+    def body(self, cycle: int) -> bytes:
+        """The filter request of the cycle's pod, every node a candidate."""
+        self._last = (cycle, self._pod(cycle))
+        return b'{"Pod": ' + self._last[1] + b", " + self.node_part + b"}"
+
+    def after(self, cycle: int, answer: bytes) -> bytes:
+        """The prioritize request after the filter's `answer` for the cycle's pod (the same pod as
+        in its last `body`): the nodes the filter passed."""
+        pod = self._last[1] if self._last[0] == cycle else self._pod(cycle)
+        passed = msgspec.json.decode(answer, type=_FilterAnswer)
+        return (
+            b'{"Pod": ' + pod + b', "NodeNames": ' + passed.NodeNames + b', "Nodes": ' + passed.Nodes + b"}"
+        )
 
 
-async def _measure(url: str, payloads: Payloads, seconds: float, max_cycles: int) -> LatencyStats:
+@dataclass
+class Samples:
+    """One server's measured cycles, gathered over several slices of a run."""
+
+    cycle_ms: list[float] = field(default_factory=list)
+    filter_ms: list[float] = field(default_factory=list)
+    prioritize_ms: list[float] = field(default_factory=list)
+    measured_s: float = 0.0  # the cycles' time, in all
+    calls: int = 0  # cycles run, warm-ups included (each asks about a new pod)
+    cpu_ms: float = 0.0  # the server's CPU time over all of them
+
+    def stats(self) -> LatencyStats:
+        return LatencyStats(
+            cycles=len(self.cycle_ms),
+            cycles_per_s=len(self.cycle_ms) / self.measured_s,
+            p50_ms=statistics.median(self.cycle_ms),
+            p99_ms=_percentile(self.cycle_ms, 99),
+            filter_p99_ms=_percentile(self.filter_ms, 99),
+            prioritize_p99_ms=_percentile(self.prioritize_ms, 99),
+            server_cpu_ms=self.cpu_ms / self.calls,
+        )
+
+
+async def _measure(url: str, payloads: Payloads, seconds: float, max_cycles: int, into: Samples) -> None:
     headers = {"Content-Type": "application/json"}
-    cycle_ms: list[float] = []
-    filter_ms: list[float] = []
-    prioritize_ms: list[float] = []
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
-        async def call(verb: str, body: bytes) -> float:
+        async def call(verb: str, body: bytes) -> tuple[float, bytes]:
             started = time.perf_counter()
             async with session.post(f"{url}/{verb}", data=body, headers=headers) as response:
-                await response.read()
+                answer = await response.read()
                 if response.status != 200:
                     raise RuntimeError(f"{url}/{verb} answered {response.status}")
-            return (time.perf_counter() - started) * 1000
+            return (time.perf_counter() - started) * 1000, answer
 
-        for warm_up in range(WARM_UP_CYCLES):  # connections, caches
-            body = payloads.body(max_cycles + warm_up)
-            await call("filter", body)
-            await call("prioritize", body)
-        measured = 0.0
+        async def cycle() -> tuple[float, float]:
+            number = into.calls
+            into.calls += 1
+            f, answer = await call("filter", payloads.body(number))
+            body = payloads.after(number, answer)  # not the extender's time
+            p, _ = await call("prioritize", body)
+            return f, p
+
+        for _ in range(WARM_UP_CYCLES):  # the connection, caches
+            await cycle()
+        measured, cycles = 0.0, 0
         # Collections of the client's own garbage would land inside the timings: run them between
         # cycles instead.
         gc.disable()
-        while len(cycle_ms) < max_cycles and (measured < seconds or len(cycle_ms) < 5):
-            if len(cycle_ms) % 20 == 0:
+        while cycles < max_cycles and (measured < seconds or cycles < 5):
+            if cycles % 20 == 0:
                 gc.collect()
-            body = payloads.body(len(cycle_ms))
-            f = await call("filter", body)
-            p = await call("prioritize", body)
-            filter_ms.append(f)
-            prioritize_ms.append(p)
-            cycle_ms.append(f + p)
-            measured += (f + p) / 1000  # building the next body is not the extender's time
+            f, p = await cycle()
+            into.filter_ms.append(f)
+            into.prioritize_ms.append(p)
+            into.cycle_ms.append(f + p)
+            cycles += 1
+            measured += (f + p) / 1000  # building the bodies is not the extender's time
         gc.enable()
-    return LatencyStats(
-        cycles=len(cycle_ms),
-        cycles_per_s=len(cycle_ms) / measured,
-        p50_ms=statistics.median(cycle_ms),
-        p99_ms=_percentile(cycle_ms, 99),
-        filter_p99_ms=_percentile(filter_ms, 99),
-        prioritize_p99_ms=_percentile(prioritize_ms, 99),
-    )
+        into.measured_s += measured
 
 
 def run_hotpath(
@@ -231,9 +277,15 @@ def run_hotpath(
             try:
                 for mode in modes:
                     bodies = Payloads(nodes, mode, tree)
-                    ours = tessera.measure(bodies, seconds, max_cycles)
-                    base = floor.measure(bodies, seconds, max_cycles)
-                    fast = fast_floor.measure(bodies, seconds, max_cycles)
+                    servers = (tessera, floor, fast_floor)
+                    samples = [Samples() for _ in servers]
+                    # In slices, the servers taking turns (in alternate orders): what other work on
+                    # the machine costs falls on the three alike.
+                    for turn in range(SLICES):
+                        order = range(len(servers)) if turn % 2 == 0 else reversed(range(len(servers)))
+                        for i in order:
+                            servers[i].measure(bodies, seconds / SLICES, max_cycles // SLICES, samples[i])
+                    ours, base, fast = (sample.stats() for sample in samples)
                     rows.append(HotPathRow(nodes, pods, mode, ours, base, fast))
                     if log:
                         print(

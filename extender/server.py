@@ -13,6 +13,7 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
@@ -22,7 +23,14 @@ from extender.binder import Binder
 from extender.metrics import CONTENT_TYPE, ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.status import WaitingPods
-from extender.verbs import KEEPS_HOLDS, UnreadablePod, decide_filter, decide_preemption, decide_priorities
+from extender.verbs import (
+    KEEPS_HOLDS,
+    PassedNodes,
+    UnreadablePod,
+    decide_filter,
+    decide_preemption,
+    decide_priorities,
+)
 from extender.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -30,7 +38,6 @@ from extender.wire import (
     ExtenderPreemptionArgs,
     decode,
     encode,
-    host_priorities_json,
     passed_names,
 )
 
@@ -54,6 +61,16 @@ BINDER_KEY = web.AppKey("binder", Binder)
 HealthCheck = Callable[[], str]
 HEALTH_KEY: web.AppKey[HealthCheck] = web.AppKey("health")
 IN_FLIGHT_KEY = web.AppKey("in_flight", asyncio.Semaphore)
+
+
+@dataclass
+class LastFilter:
+    """What the last filter passed, for the prioritize of the same pod that follows it."""
+
+    passed: PassedNodes | None = None
+
+
+LAST_FILTER_KEY = web.AppKey("last_filter", LastFilter)
 # Requests handled at once; kube-scheduler calls one at a time, so more is a flood or a bug.
 MAX_IN_FLIGHT = 64
 T = TypeVar("T")
@@ -70,7 +87,8 @@ async def parse_body(request: web.Request, decode_body: Callable[[bytes], T], ve
     """
     metrics = request.app[METRICS_KEY]
     try:
-        body = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+        async with asyncio.timeout(BODY_TIMEOUT_S):  # (no task per request, as wait_for makes)
+            body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         metrics.bad_requests.labels(verb).inc()
         raise
@@ -157,17 +175,18 @@ async def handle_filter(request: web.Request) -> web.StreamResponse:
         picture.reserve(key, args.Pod, RESERVATION_TTL_S)
     # bind accepts only these nodes for the pod
     app[BINDER_KEY].filtered.remember(meta.uid, passed_names(decision.result))
+    app[LAST_FILTER_KEY].passed = decision.passed
     return _json(decision.result)
 
 
 async def handle_prioritize(request: web.Request) -> web.StreamResponse:
     args = await parse_body(request, partial(decode, ExtenderArgs), "prioritize")
     try:
-        decision = decide_priorities(request.app[PICTURE_KEY], args)
+        decision = decide_priorities(request.app[PICTURE_KEY], args, request.app[LAST_FILTER_KEY].passed)
     except UnreadablePod as exc:
         raise _unreadable_pod(request, "prioritize", exc) from exc
     request.app[METRICS_KEY].decisions.labels("prioritize", decision.outcome, decision.reason).inc()
-    return _json_bytes(host_priorities_json(decision.hosts, decision.host_scores))
+    return _json_bytes(decision.json())
 
 
 async def handle_preempt(request: web.Request) -> web.StreamResponse:
@@ -233,6 +252,7 @@ def build_app(
     app[WAITING_KEY] = waiting
     app[METRICS_KEY] = metrics
     app[BINDER_KEY] = binder
+    app[LAST_FILTER_KEY] = LastFilter()
     app.router.add_post("/filter", timed("filter", handle_filter))
     app.router.add_post("/prioritize", timed("prioritize", handle_prioritize))
     app.router.add_post("/preempt", timed("preempt", handle_preempt))

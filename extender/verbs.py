@@ -31,14 +31,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import compress
 from operator import not_
-from typing import Any
+from typing import Any, NamedTuple
 
 from contract.names import GPU_MILLI
 from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import PodDemand
 from extender.picture.workloads import GangReservation, GangState
 from extender.policy.fairness import AdmissionDecision
-from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, remembered, score_kinds
+from extender.policy.placement import GpuDemand, NodeGpus, ShapeMemo, Strategy, fits, score_kinds
 from extender.policy.reclaim import reclaim_refusal
 from extender.policy.workloads import plan_gang
 from extender.wire import (
@@ -49,6 +49,7 @@ from extender.wire import (
     MetaPod,
     MetaVictims,
     filter_result,
+    host_priorities_json,
 )
 
 NOT_READY = "tessera extender is still syncing its cluster picture; retry"
@@ -74,18 +75,29 @@ class FilterDecision:
     message: str = ""
     reserve: bool = False  # count the pod against its queue until it is bound
     gang: GangReservation | None = None  # its workload's minimum, admitted as a unit
+    passed: PassedNodes | None = None  # the nodes passed, by kind, for the prioritize that follows
 
 
 @dataclass(frozen=True)
 class PriorityDecision:
     hosts: list[str]  # the candidates, in the request's order
-    host_scores: list[int]  # the score of each
+    kinds: list[str]  # the kind of each (scored alike)
+    score_of: dict[str, int]  # kind -> score
     outcome: str
     reason: str
 
     @property
     def scores(self) -> dict[str, int]:
-        return dict(zip(self.hosts, self.host_scores, strict=True))
+        return dict(zip(self.hosts, map(self.score_of.__getitem__, self.kinds), strict=True))
+
+    def json(self) -> bytes:
+        """The answer, a HostPriorityList."""
+        return host_priorities_json(self.hosts, self.kinds, self.score_of)
+
+
+def _neutral(names: list[str], reason: str) -> PriorityDecision:
+    """Every candidate scored 0."""
+    return PriorityDecision(names, [""] * len(names), {"": 0}, "neutral", reason)
 
 
 def describe(demand: GpuDemand) -> str:
@@ -96,14 +108,19 @@ def describe(demand: GpuDemand) -> str:
 
 # Why a demand does not fit a node of a shape, kept across requests (nodes whose CPU and memory
 # are partly used have many shapes; each costs microseconds to judge). Bounded: starts over.
-_MISFITS: dict[tuple[str, GpuDemand], str] = {}
-_MISFITS_LIMIT = 100_000
+_MISFITS: ShapeMemo[GpuDemand, str] = ShapeMemo(100_000)
 
 
 def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
     """Why `demand` does not fit on the node ('' when it fits); all it reads of the node is in
     its shape."""
-    return remembered(_MISFITS, (supply.shape, demand), _MISFITS_LIMIT, lambda: _judge(supply, demand))
+    return _misfit_in(_MISFITS.table(demand), supply, demand)
+
+
+def _misfit_in(table: dict[str, str], supply: NodeGpus, demand: GpuDemand) -> str:
+    """`_misfit` with the demand's table of `_MISFITS` at hand (a lookup per node kind)."""
+    found = table.get(supply.shape)
+    return _MISFITS.put(table, supply.shape, _judge(supply, demand)) if found is None else found
 
 
 def _judge(supply: NodeGpus, demand: GpuDemand) -> str:
@@ -126,12 +143,25 @@ def _judge(supply: NodeGpus, demand: GpuDemand) -> str:
 class CandidateKinds:
     """The candidates of a request by kind: nodes alike to placement, judged and scored once."""
 
-    kinds: list[str]  # each candidate's kind, in the request's order
+    names: list[str]  # the candidates, in the request's order
+    kinds: list[str]  # each one's kind
     one_of_kind: dict[str, str]  # kind -> a node of that kind
     supply_of: dict[str, NodeGpus]  # kind -> its free GPUs, CPU and memory
+    held: bool = False  # some kinds are nodes with GPUs held (what this pod may use there)
+
+    def keeping(self, reasons: list[str], reason_of: Mapping[str, str]) -> CandidateKinds:
+        """Only the candidates whose verdict is '' (`reasons`: each one's; `reason_of`: each kind's)."""
+        fits = list(map(not_, reasons))
+        return CandidateKinds(
+            list(compress(self.names, fits)),
+            list(compress(self.kinds, fits)),
+            {kind: name for kind, name in self.one_of_kind.items() if not reason_of[kind]},
+            {kind: supply for kind, supply in self.supply_of.items() if not reason_of[kind]},
+            self.held,
+        )
 
 
-_NO_CANDIDATES = CandidateKinds([], {}, {})
+_NO_CANDIDATES = CandidateKinds([], [], {}, {})
 
 
 def _candidate_kinds(picture: ClusterPicture, key: str, names: list[str], owner: str = "") -> CandidateKinds:
@@ -145,18 +175,47 @@ def _candidate_kinds(picture: ClusterPicture, key: str, names: list[str], owner:
         kind_of.update((name, f"held {name}") for name in held)
         kinds = list(map(kind_of.__getitem__, names))
     one_of_kind = dict(zip(kinds, names, strict=True))
-    supply_of = {
-        kind: inventory.supply_for(key, name, owner) if name in held else inventory.node_gpus(name)
-        for kind, name in one_of_kind.items()
-    }
-    return CandidateKinds(kinds, one_of_kind, supply_of)
+    supply_of = dict(zip(one_of_kind, inventory.supplies_for(key, one_of_kind.values(), owner), strict=True))
+    return CandidateKinds(names, kinds, one_of_kind, supply_of, bool(held))
 
 
-def _verdict(admission: AdmissionDecision, demand: PodDemand, memory: int, supply: NodeGpus) -> str:
-    """Why the pod may not go to a node of this supply and GPU size ('' when it may)."""
-    if not admission.admit:
-        return admission.reason
-    return _misfit(supply, demand.placement_at(memory))
+@dataclass(frozen=True)
+class PassedNodes:
+    """The nodes a filter passed for a pod, by kind, as the inventory stood (`version`).
+
+    kube-scheduler asks prioritize about exactly the nodes the filter passed, right after it: the
+    prioritize of the same pod (and workload) over the same names reads their kinds from here
+    while no node's supply changed, instead of looking every name up again. Not kept when GPUs
+    are held on some candidate (what the pod may use there is judged at each call).
+    """
+
+    key: str
+    owner: str
+    version: int
+    nodes: CandidateKinds
+
+    def of(self, key: str, owner: str, names: list[str], version: int) -> CandidateKinds | None:
+        """The kinds of `names` for pod `key` of `owner`, if these are they and still true."""
+        if (self.key, self.owner, self.version) != (key, owner, version) or self.nodes.names != names:
+            return None
+        return self.nodes
+
+
+class _AtSize(NamedTuple):
+    """How a pod is judged on the nodes of one GPU size: its queue's admission there, and what
+    it asks of a node (with the verdicts of that demand by node shape, `_MISFITS`)."""
+
+    admission: AdmissionDecision
+    placement: GpuDemand
+    misfits: dict[str, str]
+
+
+def _verdict(at_size: _AtSize, supply: NodeGpus) -> str:
+    """Why the pod may not go to a node of this supply ('' when it may)."""
+    if not at_size.admission.admit:
+        return at_size.admission.reason
+    found = at_size.misfits.get(supply.shape)  # (a hit without a call: once per kind per request)
+    return _misfit_in(at_size.misfits, supply, at_size.placement) if found is None else found
 
 
 def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision:
@@ -177,10 +236,13 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     owner = "" if gang.workload.single else gang.workload.key
     reservation: GangReservation | None = None
     # Nodes of one kind (shape and GPU size) get one verdict: a large cluster has few kinds.
+    version = picture.inventory.version  # what the kinds are read at
     nodes = _candidate_kinds(picture, key, names, owner) if demand.wants_gpu else _NO_CANDIDATES
     # A fraction is a larger share of a smaller GPU: admit it per GPU size among the candidates.
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
-    size_of = {kind: gpu_memory.get(name) or 0 for kind, name in nodes.one_of_kind.items()}
+    size_of = (
+        {kind: gpu_memory.get(name) or 0 for kind, name in nodes.one_of_kind.items()} if gpu_memory else {}
+    )
     sizes = sorted(set(size_of.values())) or [0]
     if not gang.admitted:
         unit, reservation = admit_gang(picture, names, key, pod, demand, gang)
@@ -217,13 +279,21 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         )
     # The per-node part is lookups done by `map` and `compress` in C (thousands of nodes per call).
     reference = picture.inventory.reference_memory(demand.models)
+    at_size = {}
+    for size, admission in by_size.items():
+        placement = demand.placement_at(size or reference)
+        at_size[size] = _AtSize(admission, placement, _MISFITS.table(placement))
     reason_of = {
-        kind: _verdict(by_size[size_of[kind]], demand, size_of[kind] or reference, nodes.supply_of[kind])
-        for kind in nodes.one_of_kind
+        kind: _verdict(at_size[size_of.get(kind, 0)], supply) for kind, supply in nodes.supply_of.items()
     }
-    reasons = list(map(reason_of.__getitem__, nodes.kinds))
-    passed = list(compress(names, map(not_, reasons)))
-    failed = dict(compress(zip(names, reasons, strict=True), reasons))
+    if any(reason_of.values()):
+        reasons = list(map(reason_of.__getitem__, nodes.kinds))
+        kept = nodes.keeping(reasons, reason_of)
+        failed = dict(zip(compress(names, reasons), filter(None, reasons), strict=True))
+    else:  # every kind fits (the common case)
+        kept, failed = nodes, {}
+    passed = kept.names
+    remembered_nodes = None if kept.held else PassedNodes(key, owner, version, kept)
     return FilterDecision(
         filter_result(args, passed, failed),
         "admitted",
@@ -233,6 +303,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         decision.reason,
         reserve=bool(passed),
         gang=reservation,
+        passed=remembered_nodes,
     )
 
 
@@ -347,21 +418,28 @@ def queue_strategy(picture: ClusterPicture, queue: str) -> Strategy:
     return "spread" if (obj.get("spec") or {}).get("placement") == "spread" else "binpack"
 
 
-def decide_priorities(picture: ClusterPicture, args: ExtenderArgs) -> PriorityDecision:
+def decide_priorities(
+    picture: ClusterPicture, args: ExtenderArgs, passed: PassedNodes | None = None
+) -> PriorityDecision:
     """The score of every candidate node (0..10), GPU-less pods included: their CPU and memory
-    strand GPUs as much as a fraction does (neutral 0 only while syncing or for an unreadable pod)."""
+    strand GPUs as much as a fraction does (neutral 0 only while syncing or for an unreadable pod).
+    `passed`: what the last filter passed, read instead of the inventory when it is this pod's and
+    these nodes' (`PassedNodes`)."""
     names = args.candidate_names()
     if not picture.ready():
-        return PriorityDecision(names, [0] * len(names), "neutral", "not_ready")
+        return _neutral(names, "not_ready")
     demand = picture.demand(args.Pod)
     if demand.problem:  # filter refused it with the reason; nothing to rank
-        return PriorityDecision(names, [0] * len(names), "neutral", "unreadable")
+        return _neutral(names, "unreadable")
     placement = demand.placement_at(picture.inventory.reference_memory(demand.models))
     # GPUs held for its workload are its own to use, as in filter (its workload only: the gang's
     # state would bring the whole queue view up to date after the filter's reservation).
     workload = picture.workloads.workload(args.Pod)
     owner = "" if workload.single else workload.key
-    nodes = _candidate_kinds(picture, args.pod.key, names, owner)
+    key = args.pod.key
+    nodes = passed.of(key, owner, names, picture.inventory.version) if passed is not None else None
+    if nodes is None:
+        nodes = _candidate_kinds(picture, key, names, owner)
     strategy = queue_strategy(picture, demand.queue)
     score_of = score_kinds(nodes.supply_of, placement, picture.mix(), strategy)
-    return PriorityDecision(names, list(map(score_of.__getitem__, nodes.kinds)), "scored", strategy)
+    return PriorityDecision(names, nodes.kinds, score_of, "scored", strategy)

@@ -21,7 +21,7 @@ pydantic stays at the edges where users write objects (Queues, claim configurati
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Annotated, Any, NamedTuple, TypeVar
 
 import msgspec
@@ -139,15 +139,39 @@ class HostPriority(_Wire):
     Score: Annotated[int, msgspec.Meta(ge=0, le=MAX_EXTENDER_PRIORITY)]
 
 
-def host_priorities_json(hosts: Sequence[str], scores: Iterable[int]) -> bytes:
-    """A HostPriorityList as JSON: one `HostPriority` per host, in order, with its score (`scores`
-    in the same order).
+ClassT = TypeVar("ClassT", bound=Hashable)
+# The JSON around each host of a prioritize answer, by score: the text after a host's name up to the
+# next host's name, and after the last host's name.
+# A score outside 0..10 is a KeyError, not an answer the scheduler would refuse.
+_BETWEEN_HOSTS = {score: f'","Score":{score}}},{{"Host":"' for score in range(MAX_EXTENDER_PRIORITY + 1)}
+_AFTER_LAST_HOST = {score: f'","Score":{score}}}]' for score in range(MAX_EXTENDER_PRIORITY + 1)}
 
-    A prioritize answer lists every candidate node (thousands): the structs are built by `map` in
-    C and encoded by the codec, with no Python code per host (measured: a third of the time of a
-    list comprehension of dictionaries, and less than joining cached bytes per host).
+
+def host_priorities_json(
+    hosts: Sequence[str], classes: Sequence[ClassT], score_of: Mapping[ClassT, int]
+) -> bytes:
+    """A HostPriorityList as JSON: one `HostPriority` per host, in order, scored by its class
+    (`classes[i]` is the class of `hosts[i]`, `score_of` the score of each class, 0..10).
+
+    A prioritize answer lists every candidate node (thousands), and hosts fall in few classes
+    (the extender's node kinds): the JSON between two hosts' names depends only on the first
+    one's score, so it is one string per class, and the answer is the hosts' names and those
+    strings joined in C, with no Python code and no object per host. This holds when no name
+    needs escaping in JSON (a name with a quote, a backslash or a control character: never a
+    node's, which is a DNS name), checked by encoding the names alone (a tenth of the answer's
+    time); otherwise the answer is encoded as `HostPriority` structs.
     """
-    return encode(list(map(HostPriority, hosts, scores)))
+    if not hosts:
+        return b"[]"
+    if b"\\" in encode(hosts):
+        return encode(list(map(HostPriority, hosts, map(score_of.__getitem__, classes))))
+    between = {cls: _BETWEEN_HOSTS[score] for cls, score in score_of.items()}
+    parts = [""] * (2 * len(hosts))
+    parts[0::2] = hosts
+    parts[1::2] = map(between.__getitem__, classes)
+    parts[0] = '[{"Host":"' + hosts[0]
+    parts[-1] = _AFTER_LAST_HOST[score_of[classes[-1]]]
+    return "".join(parts).encode()
 
 
 class ExtenderBindingArgs(_Wire):

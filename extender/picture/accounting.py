@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from heapq import heappop, heappush
 from typing import Any
 
 from contract.kube import mapping
@@ -31,7 +32,7 @@ from extender.picture.inventory import GpuInventory, add_amounts, gpu_amounts
 from extender.picture.ledger import Bucket, Contribution, QueueLedger
 from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import GangReservation, WorkloadMap, remaining_slots
-from extender.policy.fairness import FairnessSnapshot, FairShares, QueueSpec
+from extender.policy.fairness import FairnessSnapshot, FairShares, QueueSpec, QueueTree
 from extender.policy.placement import WorkloadMix
 from extender.queues import QueueSpecError, parse_queue
 
@@ -49,6 +50,15 @@ class QueueView(FairnessSnapshot):
     invalid: Mapping[str, str]  # Queue objects that failed to parse -> why
     pending_pods: Mapping[str, int]  # queue -> pending pods
     mix: WorkloadMix  # placement demands of the pods seen, weighted by count (placement's target workload)
+
+
+@dataclass(frozen=True, eq=False)
+class _Specs:
+    """The Queue objects, parsed: what every view until one of them changes is built on."""
+
+    specs: tuple[QueueSpec, ...]
+    names: frozenset[str]
+    invalid: Mapping[str, str]  # Queue objects that failed to parse -> why
 
 
 class QueueAccounting:
@@ -70,17 +80,21 @@ class QueueAccounting:
         # Pods filter admitted whose bind has not come yet: pod key -> expiry (monotonic), and
         # the wire pod, for a pod the watch has not delivered yet.
         self.reserved: dict[str, float] = {}
+        # (expiry, pod key) of every reservation made, soonest first: expiries are found without
+        # a pass over the reservations (an entry whose reservation has gone or been renewed since
+        # is dropped when its time comes).
+        self._expiries: list[tuple[float, str]] = []
         self.reserved_pods: dict[str, Mapping[str, Any]] = {}
         self._dirty: set[str] = set()
         self._gangs: set[str] = set()  # workloads whose reservation may have to follow its members
         self._all_dirty = True
         self._view: QueueView | None = None
         self._shared: dict[tuple[object, ...], Contribution] = {}
-        # Parsed Queue objects (until one changes), and the fair shares with the queues and
-        # capacity they divide: a view with the same queues and capacity updates them with the
-        # queues whose totals moved (none: reused as they are).
-        self._specs: tuple[dict[str, QueueSpec], dict[str, str]] | None = None
-        self._shares: tuple[object, FairShares] | None = None
+        # Parsed Queue objects (until one changes), and the fair shares and queue tree of the
+        # last view with the queues and capacity they divide: a view with the same queues and
+        # capacity updates them with the queues whose totals moved (none: reused as they are).
+        self._specs: _Specs | None = None
+        self._shares: tuple[object, FairShares, QueueTree] | None = None
         # Told which pods were recounted (None: all), so caches derived from pods follow.
         self.recounted: list[Callable[[Iterable[str] | None], None]] = []
         store.subscribe("Pod", self._pod_changed, self._pods_relisted)
@@ -117,7 +131,8 @@ class QueueAccounting:
 
     def reserve(self, key: str, pod: Mapping[str, Any], ttl_s: float) -> None:
         """Count a pending pod as allocated to its queue until it is bound or `ttl_s` passes."""
-        self.reserved[key] = time.monotonic() + ttl_s
+        expiry = self.reserved[key] = time.monotonic() + ttl_s
+        heappush(self._expiries, (expiry, key))
         self.reserved_pods[key] = pod
         self._dirty.add(key)
 
@@ -246,11 +261,14 @@ class QueueAccounting:
 
     def _recount(self) -> None:
         """Recount the pods that changed into the ledger (and drop the view when any did)."""
-        if self.reserved:
+        expiries = self._expiries
+        if expiries:
             now = time.monotonic()
-            for key in [k for k, expiry in self.reserved.items() if expiry < now]:
-                self._drop_reservation(key)
-                self._dirty.add(key)
+            while expiries and expiries[0][0] < now:
+                expiry, key = heappop(expiries)
+                if self.reserved.get(key) == expiry:
+                    self._drop_reservation(key)
+                    self._dirty.add(key)
         for workload in self.workloads.expired():
             self._sync_gang(workload, end=True)
         if self._all_dirty:
@@ -305,40 +323,46 @@ class QueueAccounting:
         return shared
 
     def _compute_view(self) -> QueueView:
+        """O(queues whose totals moved, and the paths their change reaches) while the queues and
+        the capacity stay as they were; O(queues) when they change."""
         if self._specs is None:
-            specs: dict[str, QueueSpec] = {}
+            by_key: dict[str, QueueSpec] = {}
             invalid: dict[str, str] = {}
             for key, obj in self.store.kind("Queue").items():
                 try:
-                    specs[key] = parse_queue(obj)
+                    by_key[key] = parse_queue(obj)
                 except QueueSpecError as exc:
                     invalid[key] = str(exc)
             # Pods without a queue label go to the default queue, which need not be declared.
-            specs.setdefault(DEFAULT_QUEUE, QueueSpec(name=DEFAULT_QUEUE))
-            self._specs = specs, invalid
-        specs, invalid = self._specs
-        usage = self.ledger.usage(specs)
+            by_key.setdefault(DEFAULT_QUEUE, QueueSpec(name=DEFAULT_QUEUE))
+            self._specs = _Specs(tuple(by_key.values()), frozenset(by_key), invalid)
+        specs = self._specs
+        usage = self.ledger.usage(specs.names)
         moved = self.ledger.take_touched()
         capacity = self.inventory.capacity()
         # Fair shares depend on the queues, the capacity and each queue's demand (what it holds
         # plus what it waits for), not on how the demand splits. With the same queues and
         # capacity, the kept shares are given the queues whose totals moved and re-divide what a
         # change of their demand reaches (a new pending pod: its queue's path; a reservation or
-        # a bind, which moves a pod from waiting to holding: nothing).
-        basis = (self._specs, capacity)
+        # a bind, which moves a pod from waiting to holding: nothing). The tree keeps the
+        # subtree sums of the queues none of the moved ones is under.
+        basis = (specs, capacity)
         if self._shares is not None and self._shares[0] == basis:
-            shares = self._shares[1]
+            _, shares, tree = self._shares
             if moved:
                 shares.update(usage, moved)
+                tree = tree.with_usage(usage, moved)
         else:
-            shares = FairShares(tuple(specs.values()), usage, capacity)
-        self._shares = basis, shares
+            shares = FairShares(specs.specs, usage, capacity)
+            tree = shares.tree
+        self._shares = basis, shares, tree
         return QueueView(
-            specs=tuple(specs.values()),
+            specs=specs.specs,
             usage=usage,
             capacity=capacity,
             fair_shares=shares.shares,
-            invalid=invalid,
+            known_tree=tree,
+            invalid=specs.invalid,
             pending_pods=self.ledger.pending_pods(),
             mix=self.ledger.mix(),
         )

@@ -45,6 +45,10 @@ _SHARED_LIMIT = 4096
 # Request pods the store does not hold whose demands are kept (a few scheduling cycles' worth).
 _UNSTORED_LIMIT = 256
 Source = tuple[str, str]  # (kind, namespace/name) of a claim or template a pod reads
+# Placement demands equal in value are one object, whichever pod's demand (of whichever queue)
+# made them: the placement caches, keyed by them, then match by identity instead of comparing
+# fields (pods of a thousand queues ask for a few shapes).
+_PLACEMENTS: dict[GpuDemand, GpuDemand] = {}
 
 
 def is_terminal(pod: Mapping[str, Any]) -> bool:
@@ -106,8 +110,11 @@ class PodDemand:
         its CPU and memory requests - the simulator's demand of the same pod."""
         cached = self._placement.get(device_memory)
         if cached is None:
-            cached = self._placement[device_memory] = placement_demand(
+            fresh = placement_demand(
                 self.gpus_at(device_memory), host_cpu_milli(self.cpu), host_memory_mib(self.memory)
+            )
+            cached = self._placement[device_memory] = remembered(
+                _PLACEMENTS, fresh, _SHARED_LIMIT, lambda: fresh
             )
         return cached
 

@@ -144,6 +144,9 @@ class GpuInventory:
         self._capacity: dict[str, float] | None = None
         # Holds by node, then pod key: reclaim's freed GPUs, kept for the pod they were freed for.
         self.holds: dict[str, dict[str, Hold]] = {}
+        # Moves whenever a node's supply or kind may have changed, or a hold was made or let go:
+        # what was read of the nodes at one version is still true while it has not moved.
+        self.version = 0
         self.listeners: list[Callable[[Iterable[str] | None], None]] = []  # None: every pod
         store.subscribe("ResourceSlice", self._slice_changed)
         store.subscribe("ResourceClaim", self._claim_changed)
@@ -227,12 +230,15 @@ class GpuInventory:
 
     def hold(self, key: str, node: str, demand: GpuDemand, ttl_s: float, owner: str = "") -> None:
         self.release_hold(key)
+        self.version += 1
         self.holds.setdefault(node, {})[key] = Hold(node, demand, time.monotonic() + ttl_s, owner)
 
     def release_hold(self, key: str) -> None:
         for node, on_node in list(self.holds.items()):
-            if on_node.pop(key, None) is not None and not on_node:
-                del self.holds[node]
+            if on_node.pop(key, None) is not None:
+                self.version += 1
+                if not on_node:
+                    del self.holds[node]
 
     def held_for(self, key: str) -> Hold | None:
         return next((on_node[key] for on_node in self.holds.values() if key in on_node), None)
@@ -297,6 +303,9 @@ class GpuInventory:
     def _forget_node(self, name: str) -> None:
         """The node's supply changed: derive it again when next asked. Its kind is blanked in
         place: the table keeps its order and its key objects (see `node_gpus`)."""
+        if not name:
+            return  # (a pod on no node)
+        self.version += 1
         self._node_gpus.pop(name, None)
         if name in self._node_kinds:
             self._node_kinds[name] = None
@@ -492,6 +501,7 @@ class GpuInventory:
         """
         names = "\n".join(sorted(keys)).split("\n") if keys else []
         self._node_kinds = dict.fromkeys(names)
+        self.version += 1
 
     def _pod_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         # A pod's CPU and memory (and classic GPUs) count on its node: that node's supply moves.

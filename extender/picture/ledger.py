@@ -53,8 +53,12 @@ class QueueLedger:
     # The last `usage` handed out, and the queues whose totals moved since (only those are built
     # again; `take_touched` tells them to whoever keeps something derived from usage).
     _usage: dict[str, QueueUsage] = field(default_factory=dict)
+    _named: frozenset[str] = frozenset()
     _moved: set[str] = field(default_factory=set)
     _touched: set[str] = field(default_factory=set)
+    # The same for `pending_pods`.
+    _pending_pods: dict[str, int] = field(default_factory=dict)
+    _pending_moved: set[str] = field(default_factory=set)
 
     def put(self, key: str, contribution: Contribution | None) -> None:
         """Set the contribution of pod `key` (None: it contributes nothing any more)."""
@@ -74,6 +78,7 @@ class QueueLedger:
         elif contribution.bucket == "requested":
             _move(self.requested, contribution.queue, contribution.amounts, sign)
             self.pending[contribution.queue] += int(sign)
+            self._pending_moved.add(contribution.queue)
         if contribution.bucket != "none":
             self._moved.add(contribution.queue)
             self._touched.add(contribution.queue)
@@ -91,18 +96,32 @@ class QueueLedger:
         self._mix_stale = True
         self._moved.update(self._usage)
         self._touched.update(self._usage)
+        self._pending_moved.update(self._pending_pods)
 
     def usage(self, queues: Iterable[str]) -> dict[str, QueueUsage]:
-        """Usage of every queue that is named or has pods (a new mapping each time; the usage of
-        a queue whose totals did not move since the last call is the same object)."""
-        names = set(queues) | set(self.allocated) | set(self.requested)
+        """Usage of every queue that is named or has pods (a new mapping when some total moved, the
+        last one otherwise; the usage of a queue whose totals did not move since the last call is
+        the same object).
+
+        O(queues whose totals moved) while the named queues stay those of the last call (pass the
+        same frozenset to skip even comparing them); O(queues) when they change.
+        """
+        named = queues if isinstance(queues, frozenset) else frozenset(queues)
+        if named is not self._named and named != self._named:
+            self._named = named
+            self._moved.update(named | self.allocated.keys() | self.requested.keys())
+            self._usage = {}
+        if not self._moved and self._usage:
+            return self._usage
         usage = dict(self._usage)
-        for gone in usage.keys() - names:
-            del usage[gone]
-        for queue in (names - usage.keys()) | (self._moved & names):
-            usage[queue] = QueueUsage(
-                allocated=dict(self.allocated.get(queue, {})), requested=dict(self.requested.get(queue, {}))
-            )
+        for queue in self._moved:
+            if queue in named or queue in self.allocated or queue in self.requested:
+                usage[queue] = QueueUsage(
+                    allocated=dict(self.allocated.get(queue, {})),
+                    requested=dict(self.requested.get(queue, {})),
+                )
+            else:  # not named, and its pods are gone (`clear`)
+                usage.pop(queue, None)
         self._moved.clear()
         self._usage = usage  # never changed in place: the next call copies it
         return usage
@@ -113,7 +132,19 @@ class QueueLedger:
         return touched
 
     def pending_pods(self) -> dict[str, int]:
-        return {queue: count for queue, count in self.pending.items() if count > 0}
+        """Pods waiting in each queue that has some (a new mapping when a count moved, the last
+        one otherwise: O(queues whose count moved))."""
+        if self._pending_moved:
+            pending = dict(self._pending_pods)
+            for queue in self._pending_moved:
+                count = self.pending.get(queue, 0)
+                if count > 0:
+                    pending[queue] = count
+                else:
+                    pending.pop(queue, None)
+            self._pending_moved.clear()
+            self._pending_pods = pending  # never changed in place: the next call copies it
+        return self._pending_pods
 
     def mix(self) -> WorkloadMix:
         """Placement demands of the pods seen, weighted by how many there are rounded to two

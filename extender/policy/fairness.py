@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from heapq import heapify, heappop, heappush
 from itertools import accumulate
 from typing import Literal, NamedTuple
 
@@ -175,7 +176,10 @@ def _water_fill(amount: float, members: Sequence[tuple[_Claimant, float]], share
 class QueueTree:
     """The queue hierarchy with subtree usage sums (memoised); broken ancestries are set apart.
 
-    Treat the queues and usage it was built from as frozen while it is in use.
+    Treat the queues and usage it was built from as frozen while it is in use. The sums are kept
+    per queue, and a tree for other usage (`with_usage`) keeps those of the queues under which
+    no usage moved: the accounting's next view sums again only the paths of the queues a change
+    reached (the same additions in the same order, so the same floats).
     """
 
     def __init__(self, queues: Sequence[QueueSpec], usage: Mapping[str, QueueUsage]) -> None:
@@ -188,15 +192,28 @@ class QueueTree:
             if name not in self.broken:
                 self.children.setdefault(spec.parent, []).append(name)
         self.usage = usage
-        self._subtree_cache: dict[tuple[str, str, str], float] = {}
+        # queue -> (kind, resource) -> the sum over its subtree
+        self._sums: dict[str, dict[tuple[str, str], float]] = {}
 
-    def with_usage(self, usage: Mapping[str, QueueUsage]) -> QueueTree:
+    def with_usage(self, usage: Mapping[str, QueueUsage], moved: Iterable[str] | None = None) -> QueueTree:
         """The same queues (specs, broken ancestries, children shared) with other usage: what a
-        planner's fork asks after each hypothetical move, without judging the ancestries again."""
+        planner's fork asks after each hypothetical move, or the accounting's next view, without
+        judging the ancestries again.
+
+        `moved`: the queues whose usage may differ from this tree's (None: any). The subtree sums
+        of every other queue with none of them below it are kept (shared: both trees would find
+        the same numbers)."""
         tree = QueueTree.__new__(QueueTree)
         tree.specs, tree.broken, tree.children = self.specs, self.broken, self.children
         tree.usage = usage
-        tree._subtree_cache = {}
+        tree._sums = {}
+        if moved is not None and self._sums:
+            tree._sums = dict(self._sums)
+            for name in moved:
+                tree._sums.pop(name, None)
+                if name in self.specs and name not in self.broken:  # (a broken queue is in no subtree)
+                    for ancestor in self.path_to_root(name)[1:]:
+                        tree._sums.pop(ancestor, None)
         return tree
 
     def own(self, name: str) -> QueueUsage:
@@ -204,14 +221,17 @@ class QueueTree:
 
     def subtree(self, name: str, kind: Literal["allocated", "requested"], resource: str) -> float:
         """Sum of allocated or requested amounts over a queue and its descendants."""
-        key = (name, kind, resource)
-        if key not in self._subtree_cache:
+        sums = self._sums.get(name)
+        if sums is None:
+            sums = self._sums[name] = {}
+        key = (kind, resource)
+        if key not in sums:
             own_usage = self.own(name)
             own = (own_usage.allocated if kind == "allocated" else own_usage.requested).get(resource, 0.0)
-            self._subtree_cache[key] = own + sum(
+            sums[key] = own + sum(
                 self.subtree(child, kind, resource) for child in self.children.get(name, [])
             )
-        return self._subtree_cache[key]
+        return sums[key]
 
     def path_to_root(self, name: str) -> list[str]:
         """The queue itself, then its parent, up to its root."""
@@ -282,6 +302,10 @@ class _Division:
         while level:
             self.order.extend(level)
             level = [child for name in level for child in children.get(name, ())]
+        self.position = {name: index for index, name in enumerate(self.order)}
+        # Per parent, what its division takes of each child's spec (key, quota, weight,
+        # priority): all but the demand, the same at every division.
+        self._terms: dict[str | None, list[tuple[str, float, float, int]]] = {}
         usages = tree.usage
         self.own = {name: _own(usages.get(name), resource) for name in self.order}
         # Demand bottom-up: a queue's own plus its children's, capped at its limit.
@@ -300,19 +324,23 @@ class _Division:
 
     def _divide_at(self, parent: str | None) -> list[str]:
         """Divide `parent`'s share (the pool, for the roots); the children whose share changed."""
-        specs, resource = self.tree.specs, self.resource
-        members = []
-        for child in self.tree.children.get(parent, ()):
-            spec = specs[child]
-            members.append(
-                _Claimant(
-                    key=child,
-                    quota=max(0.0, spec.quota.get(resource, 0.0)),
-                    weight=spec.over_quota_weight.get(resource, 1.0),
-                    priority=spec.priority,
-                    demand=self.demand[child],
+        terms = self._terms.get(parent)
+        if terms is None:
+            specs, resource = self.tree.specs, self.resource
+            terms = self._terms[parent] = [
+                (
+                    child,
+                    max(0.0, spec.quota.get(resource, 0.0)),
+                    spec.over_quota_weight.get(resource, 1.0),
+                    spec.priority,
                 )
-            )
+                for child in self.tree.children.get(parent, ())
+                for spec in (specs[child],)
+            ]
+        demand = self.demand
+        members = [
+            _Claimant(key, quota, weight, priority, demand[key]) for key, quota, weight, priority in terms
+        ]
         if parent is not None and self.own[parent] > 0:
             # The parent's own pods; queue names are unique, so its name cannot clash with a child's.
             members.append(_Claimant(key=parent, quota=0.0, weight=1.0, priority=0, demand=self.own[parent]))
@@ -342,13 +370,20 @@ class _Division:
                 self.demand[queue] = demand
                 queue = specs[queue].parent
                 dirty.add(queue)
+        # The divisions to redo, from the roots down (by position in `order`, the roots' as -1):
+        # a heap, so an update costs what it redoes, not a pass over the tree.
+        position = self.position
+        to_redo = [-1 if parent is None else position[parent] for parent in dirty]
+        heapify(to_redo)
         moved: list[str] = []
-        if dirty:
-            for parent in (None, *self.order):
-                if parent in dirty:
-                    changed = self._divide_at(parent)
-                    moved.extend(changed)
-                    dirty.update(child for child in changed if child in children)
+        while to_redo:
+            at = heappop(to_redo)
+            changed = self._divide_at(None if at < 0 else self.order[at])
+            moved.extend(changed)
+            for child in changed:
+                if child in children and child not in dirty:
+                    dirty.add(child)
+                    heappush(to_redo, position[child])
         return moved
 
 
@@ -370,7 +405,8 @@ class FairShares:
     def __init__(
         self, queues: Sequence[QueueSpec], usage: Mapping[str, QueueUsage], capacity: Resources
     ) -> None:
-        tree = QueueTree(queues, usage)  # its structure is kept; its usage only starts the divisions
+        # The queues' structure, kept; its usage is the one the divisions started from.
+        self.tree = tree = QueueTree(queues, usage)
         self._queues = tree.specs
         self._divisions = {resource: _Division(tree, resource, pool) for resource, pool in capacity.items()}
         self.shares: Mapping[str, Mapping[str, float]] = {
@@ -445,6 +481,9 @@ class FairnessSnapshot:
     usage: Mapping[str, QueueUsage]
     capacity: Resources
     fair_shares: Mapping[str, Mapping[str, float]]
+    # The tree of these queues and usage when the caller has one (a fork's, the accounting's
+    # kept one), else built on first use.
+    known_tree: QueueTree | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -454,14 +493,14 @@ class FairnessSnapshot:
 
     @cached_property
     def tree(self) -> QueueTree:
-        return QueueTree(self.specs, self.usage)
+        return self.known_tree if self.known_tree is not None else QueueTree(self.specs, self.usage)
 
     def with_usage(self, usage: Mapping[str, QueueUsage]) -> FairnessSnapshot:
         """The same queues, capacity and fair shares with other usage (a fork's hypothetical
         moves), its tree sharing this one's structure."""
-        moved = FairnessSnapshot(self.specs, usage, self.capacity, self.fair_shares)
-        moved.__dict__["tree"] = self.tree.with_usage(usage)  # cached_property's slot
-        return moved
+        return FairnessSnapshot(
+            self.specs, usage, self.capacity, self.fair_shares, known_tree=self.tree.with_usage(usage)
+        )
 
     def order(self) -> list[str]:
         """Every queue, most deserving first (see ``drf_order``)."""

@@ -32,7 +32,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Literal, TypeVar, cast
+from typing import Generic, Literal, TypeVar, cast
 
 from contract.names import GPU_MILLI
 
@@ -161,11 +161,12 @@ class WorkloadMix:
         return classes, total
 
     @cached_property
-    def _cost_cache(self) -> dict[tuple[object, ...], Cost | None]:
-        """placement_cost's memo, shared by equal mixes (callers often rebuild the same mix)."""
+    def _cost_cache(self) -> ShapeMemo[tuple[GpuDemand, Strategy], Cost | None]:
+        """placement_cost's memo by demand, strategy and node shape, shared by equal mixes
+        (callers often rebuild the same mix)."""
         cache = _COST_CACHES.pop(self, None)
         if cache is None:
-            cache = {}
+            cache = ShapeMemo(_COST_CACHE_LIMIT)
             while len(_COST_CACHES) >= _COST_CACHE_MIXES:
                 del _COST_CACHES[next(iter(_COST_CACHES))]
         _COST_CACHES[self] = cache  # most recently used last
@@ -179,7 +180,7 @@ class WorkloadMix:
 
 
 # Memoised placement costs of the last few mixes, by value.
-_COST_CACHES: dict[WorkloadMix, dict[tuple[object, ...], Cost | None]] = {}
+_COST_CACHES: dict[WorkloadMix, ShapeMemo[tuple[GpuDemand, Strategy], Cost | None]] = {}
 _COST_CACHE_MIXES = 4
 
 
@@ -217,6 +218,33 @@ def remembered(cache: dict[K, V], key: K, limit: int, compute: Callable[[], V]) 
         cache.clear()
     value = cache[key] = compute()
     return value
+
+
+class ShapeMemo(Generic[K, V]):
+    """A bounded memo of values per key (a demand) and node shape, as one table per key: a caller
+    that asks about many nodes for one key fetches its table once, then each node costs one
+    dictionary lookup by shape (`found` and `put` inline: no call per hit). At most `limit`
+    values in all: past that the memo starts over (a table a caller still holds keeps working,
+    unseen by later callers)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.tables: dict[K, dict[str, V]] = {}
+        self.size = 0
+
+    def table(self, key: K) -> dict[str, V]:
+        table = self.tables.get(key)
+        if table is None:
+            table = self.tables[key] = {}
+        return table
+
+    def put(self, table: dict[str, V], shape: str, value: V) -> V:
+        if self.size >= self.limit:
+            self.tables.clear()
+            self.size = 0
+        table[shape] = value
+        self.size += 1
+        return value
 
 
 def _memoised(
@@ -419,11 +447,18 @@ def placement_cost(
     one pod on it...), so a prioritize call over thousands of nodes is mostly dictionary hits.
     """
 
-    def cost() -> Cost | None:
-        best = _best_choice(node, demand, mix, strategy)
-        return None if best is None else best[0]
+    costs = mix._cost_cache.table((demand, strategy))
+    found = costs.get(node.shape, _MISSING)
+    if found is not _MISSING:
+        return cast(Cost | None, found)
+    return _new_cost(costs, node, demand, mix, strategy)
 
-    return remembered(mix._cost_cache, (node.shape, demand, strategy), _COST_CACHE_LIMIT, cost)
+
+def _new_cost(
+    costs: dict[str, Cost | None], node: NodeGpus, demand: GpuDemand, mix: WorkloadMix, strategy: Strategy
+) -> Cost | None:
+    best = _best_choice(node, demand, mix, strategy)
+    return mix._cost_cache.put(costs, node.shape, None if best is None else best[0])
 
 
 def _rank_scores(costs: set[Cost]) -> dict[Cost, int]:
@@ -459,7 +494,11 @@ def score_kinds(
 ) -> dict[str, int]:
     """`score_nodes` by kinds of nodes (nodes alike to placement, one supply standing for each):
     0..10 per kind, 0 where the demand does not fit."""
-    cost_of = {kind: placement_cost(node, demand, mix, strategy) for kind, node in supply_of_kind.items()}
+    costs = mix._cost_cache.table((demand, strategy))  # placement_cost's, each kind looked up inline
+    cost_of = {
+        kind: costs[node.shape] if node.shape in costs else _new_cost(costs, node, demand, mix, strategy)
+        for kind, node in supply_of_kind.items()
+    }
     score_of = _rank_scores({cost for cost in cost_of.values() if cost is not None})
     return {kind: 0 if cost is None else score_of[cost] for kind, cost in cost_of.items()}
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Literal
 
 import pytest
 
 from bench.fairshare import quadratic_water_fill, water_filling
-from extender.policy.fairness import FairShares, QueueSpec, QueueUsage, compute_fair_shares
+from extender.policy.fairness import FairShares, QueueSpec, QueueTree, QueueUsage, compute_fair_shares
 
 RESOURCES = ("gpu", "cpu")
+KINDS: tuple[Literal["allocated", "requested"], ...] = ("allocated", "requested")
+Question = tuple[str, Literal["allocated", "requested"], str]  # a subtree sum: queue, kind, resource
 
 
 def random_picture(
@@ -74,23 +77,67 @@ def test_shares_kept_up_to_date_equal_a_division_of_the_whole_tree(seed: int) ->
         changed = rng.sample(sorted(usage), k=min(len(usage), rng.randint(1, 3)))
         usage = dict(usage)
         for name in changed:
-            old = usage[name]
-            roll = rng.random()
-            if roll < 0.4:  # one more pod waits
-                requested = {r: a + rng.choice((0.5, 1.0, 8.0)) for r, a in old.requested.items()}
-                usage[name] = QueueUsage(old.allocated, requested)
-            elif roll < 0.7:  # what waited is bound
-                allocated = {r: old.allocated.get(r, 0.0) + a for r, a in old.requested.items()}
-                usage[name] = QueueUsage(allocated, {})
-            elif roll < 0.9:  # pods gone
-                usage[name] = QueueUsage({r: a / 2 for r, a in old.allocated.items()}, old.requested)
-            else:
-                del usage[name]
+            changed_usage(rng, usage, name)
         handed_out = kept.shares
         before = {name: dict(shares) for name, shares in handed_out.items()}
         kept.update(usage, changed)
         assert kept.shares == compute_fair_shares(specs, usage, capacity)
         assert handed_out == before
+
+
+def changed_usage(rng: random.Random, usage: dict[str, QueueUsage], name: str) -> None:
+    """One random change of queue `name`'s usage in place: a pod more waits, what waited is
+    bound, pods are gone, or all of the queue's usage is gone."""
+    old = usage[name]
+    roll = rng.random()
+    if roll < 0.4:  # one more pod waits
+        usage[name] = QueueUsage(
+            old.allocated, {r: a + rng.choice((0.5, 1.0, 8.0)) for r, a in old.requested.items()}
+        )
+    elif roll < 0.7:  # what waited is bound
+        usage[name] = QueueUsage({r: old.allocated.get(r, 0.0) + a for r, a in old.requested.items()}, {})
+    elif roll < 0.9:  # pods gone
+        usage[name] = QueueUsage({r: a / 2 for r, a in old.allocated.items()}, old.requested)
+    else:
+        del usage[name]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_subtree_sums_kept_across_trees_equal_those_of_a_fresh_tree(seed: int) -> None:
+    # A random tree (sometimes with a queue whose parent does not exist, or two that are each
+    # other's parent, and pods of a queue no spec names), then 12 changes of 1-3 queues' usage.
+    # Before each, some sums are asked of the tree (so it holds some, not all); the next tree
+    # (`with_usage(usage, changed)`) keeps those of the queues no change is under. Every sum of
+    # every tree equals that of a tree built afresh on its usage, to the bit (the same additions
+    # in the same order), and the sums of the trees before are unchanged.
+    rng = random.Random(seed)
+    specs, usage, _ = random_picture(rng)
+    if rng.random() < 0.3:
+        specs.append(QueueSpec("orphan", "missing"))
+        usage["orphan"] = QueueUsage(allocated={"gpu": 1.0}, requested={})
+    if rng.random() < 0.3:
+        specs += [QueueSpec("x", "y"), QueueSpec("y", "x")]
+        usage["x"] = QueueUsage(allocated={"gpu": 2.0}, requested={"cpu": 1.0})
+    if rng.random() < 0.3:
+        usage["unnamed"] = QueueUsage(allocated={"gpu": 4.0}, requested={})
+    queues = sorted(set(usage) | {spec.name for spec in specs})
+    questions = [(queue, kind, r) for queue in queues for kind in KINDS for r in RESOURCES]
+    tree = QueueTree(specs, usage)
+    handed_out: list[tuple[QueueTree, dict[Question, float]]] = []
+    for _ in range(12):
+        for question in rng.sample(questions, k=rng.randint(0, len(questions))):
+            tree.subtree(*question)
+        changed = rng.sample(sorted(usage), k=min(len(usage), rng.randint(1, 3)))
+        usage = dict(usage)
+        for name in changed:
+            changed_usage(rng, usage, name)
+        tree = tree.with_usage(usage, changed)
+        fresh = QueueTree(specs, usage)
+        sums = {question: tree.subtree(*question) for question in questions}
+        assert sums == {question: fresh.subtree(*question) for question in questions}
+        for earlier, before in handed_out:
+            assert {question: earlier.subtree(*question) for question in before} == before
+        handed_out.append((tree, sums))
 
 
 def test_many_siblings_with_extreme_weights_stay_finite_and_add_up() -> None:

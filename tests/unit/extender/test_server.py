@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio.client import ApiClient
 
+from extender import server
 from extender.__main__ import parse_args
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
@@ -196,6 +198,20 @@ def test_a_stored_pod_with_an_unreadable_quantity_is_not_counted() -> None:
 async def test_oversized_body_gets_413(extender: Extender) -> None:
     status, _ = await extender.call("filter", b"x" * (65 * 1024))
     assert status == 413
+
+
+async def test_a_body_that_stops_arriving_gets_408(
+    extender: Extender, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "BODY_TIMEOUT_S", 0.05)
+    port = extender.client.port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    # 10 bytes of the 100 announced, then nothing: the server answers without waiting for more.
+    writer.write(b'POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"Pod": {}')
+    await writer.drain()
+    status_line = await reader.readline()
+    writer.close()
+    assert status_line.split()[1] == b"408"
 
 
 async def test_prioritize_packs_by_default_and_spreads_when_the_queue_says_so(extender: Extender) -> None:

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import copy
 import random
+import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from extender.kubeapi import KubeError
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
-from extender.picture.ledger import Contribution, QueueLedger
+from extender.picture.ledger import Bucket, Contribution, QueueLedger
 from extender.picture.watcher import apply_watch_event
-from extender.policy.fairness import compute_fair_shares
+from extender.policy.fairness import QueueTree, QueueUsage, compute_fair_shares
 from extender.policy.placement import GpuDemand
 from tests import extender_objects as objects
 
 GIB = 2**30
 CLASS = "gpu.tessera.dev"
+KINDS: tuple[Literal["allocated", "requested"], ...] = ("allocated", "requested")
 
 
 def synced_state(objs: Sequence[Mapping[str, Any]], **config: Any) -> ClusterPicture:
@@ -241,6 +244,44 @@ def test_reservations_move_a_pod_to_allocated_and_expire() -> None:
     assert state.accounting.reserved == {}
 
 
+def test_a_reservation_expires_at_its_last_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # p is reserved at t=100 for 10 s and again (filtered again) at t=105 for 10 s: at t=112,
+    # past its first deadline, it still counts; at t=116, past 115, it does not. r is reserved at
+    # t=100 for 20 s, released at 101, reserved at 111 for 1 s: gone at t=113 (its first
+    # deadline, 120, is not its last).
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    state = synced_state(
+        [
+            *two_nodes(),
+            objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+            objects.queue("q"),
+            objects.pod("ns", "p", queue="q", template="one"),
+            objects.pod("ns", "r", queue="q", template="one"),
+        ]
+    )
+
+    def held_gpus() -> float:
+        return state.fairness().usage["q"].allocated.get("gpu", 0.0)
+
+    state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=10)
+    state.reserve("ns/r", state.kind("Pod")["ns/r"], ttl_s=20)
+    clock[0] = 101.0
+    state.release("ns/r")
+    clock[0] = 105.0
+    state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=10)
+    assert held_gpus() == 1  # p
+    clock[0] = 111.0
+    state.reserve("ns/r", state.kind("Pod")["ns/r"], ttl_s=1)
+    assert held_gpus() == 2  # p and r
+    clock[0] = 112.0
+    assert held_gpus() == 2  # p's first deadline (110) passed: not its last
+    clock[0] = 113.0
+    assert held_gpus() == 1 and set(state.accounting.reserved) == {"ns/p"}
+    clock[0] = 116.0
+    assert held_gpus() == 0 and state.accounting.reserved == {}
+
+
 def test_watch_events_apply_bookmarks_advance_and_410_asks_for_a_relist() -> None:
     state = synced_state([])
     added = {"type": "ADDED", "object": with_rv(objects.gpu_slice("a", 1), 20)}
@@ -289,6 +330,65 @@ def test_incremental_accounting_matches_a_fresh_count_after_many_events() -> Non
         assert usage.requested == pytest.approx(view.usage[queue].requested)
         assert fresh.fairness().fair_shares[queue] == pytest.approx(view.fair_shares[queue])
     assert fresh.fairness().mix == view.mix
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_usage_and_pending_counts_kept_by_the_ledger_equal_those_of_a_fresh_one(seed: int) -> None:
+    # Pods of queues a-d, 40 random steps: a pod's contribution set (waiting, holding, neither)
+    # or dropped, sometimes the ledger cleared and some of its pods put again (a relist),
+    # sometimes other queues named. After each, `usage` and `pending_pods` equal those of a
+    # ledger given the same contributions afresh (running totals: approx), the usage of a queue
+    # no step touched is the same object as before, and what was handed out before is unchanged.
+    rng = random.Random(seed)
+    ledger = QueueLedger()
+    named: frozenset[str] = frozenset("ab")
+    usage = ledger.usage(named)
+    handed_out: list[tuple[Mapping[str, QueueUsage], dict[str, int], object]] = []
+
+    def frozen(usage: Mapping[str, QueueUsage], pending: Mapping[str, int]) -> object:
+        return {q: (dict(u.allocated), dict(u.requested)) for q, u in usage.items()}, dict(pending)
+
+    for _ in range(40):
+        touched: set[str] = set()
+        roll = rng.random()
+        if roll < 0.85:
+            key = f"p{rng.randrange(8)}"
+            old = ledger.contributions.get(key)
+            touched.update([old.queue] if old is not None and old.bucket != "none" else [])
+            new = None
+            if roll < 0.7:
+                bucket: Bucket = rng.choice(("allocated", "requested", "none"))
+                amounts = {"gpu": rng.choice((0.5, 1.0)), "cpu": rng.choice((0.1, 2.0))}
+                new = Contribution(rng.choice("abcd"), bucket, amounts)
+                touched.update([new.queue] if bucket != "none" else [])
+            ledger.put(key, new)
+        elif roll < 0.95:
+            kept = dict(ledger.contributions)
+            ledger.clear()
+            touched.update(usage)
+            for key, contribution in rng.sample(sorted(kept.items()), k=rng.randint(0, len(kept))):
+                ledger.put(key, contribution)
+        else:
+            named = frozenset(rng.sample("abcde", k=rng.randint(0, 3)))
+            touched.update("abcde")  # every usage may be built again
+        before = usage
+        usage, pending = ledger.usage(named), ledger.pending_pods()
+        fresh = QueueLedger()
+        for key, contribution in ledger.contributions.items():
+            fresh.put(key, contribution)
+        expected = fresh.usage(named)
+        # (a queue whose pods all left keeps an empty usage until the next clear)
+        waiting = Counter(c.queue for c in ledger.contributions.values() if c.bucket == "requested")
+        assert usage.keys() >= expected.keys() and pending == dict(waiting)
+        for queue, kept_usage in usage.items():
+            expected_usage = expected.get(queue, QueueUsage(allocated={}, requested={}))
+            assert kept_usage.allocated == pytest.approx(expected_usage.allocated)
+            assert kept_usage.requested == pytest.approx(expected_usage.requested)
+            if queue in before and queue not in touched:
+                assert kept_usage is before[queue]
+        for usage_then, pending_then, as_then in handed_out:
+            assert frozen(usage_then, pending_then) == as_then
+        handed_out.append((usage, pending, frozen(usage, pending)))
 
 
 def test_ledger_moves_only_the_difference_and_leaves_no_residue() -> None:
@@ -436,11 +536,13 @@ def test_a_request_pod_the_store_lacks_is_read_once_per_version_until_its_templa
 
 @pytest.mark.parametrize("seed", range(20))
 def test_fair_shares_kept_across_pod_events_equal_those_of_a_fresh_picture(seed: int) -> None:
-    # Queues org (children a, b) and c; 2 nodes of 2 GPUs; 30 random pod events - a pod arrives
-    # pending in a, b or c, a filter reserves one, one is bound, one is deleted. After each, the
-    # view's usage and fair shares (kept by the ledger and `FairShares.update` from view to view)
-    # equal those of a picture built afresh from the same objects, and the fair shares equal a
-    # division of the whole tree of the view's usage, to the bit.
+    # Queues org (children a, b) and c; 2 nodes of 2 GPUs; 30 random events - a pod arrives
+    # pending in a, b or c, a filter reserves one, one is bound, one is deleted, queue c's quota
+    # changes. After each, the view's usage, pending counts, fair shares and subtree sums (kept
+    # from view to view by the ledger, `FairShares.update` and `QueueTree.with_usage`) equal
+    # those of a picture built afresh from the same objects, and the fair shares and sums equal
+    # a division and a sum over the whole tree of the view's usage, to the bit. Only some sums
+    # are asked of each view (as admission does), so the next keeps some, not all.
     rng = random.Random(seed)
     live = synced_state(
         [
@@ -452,22 +554,27 @@ def test_fair_shares_kept_across_pod_events_equal_those_of_a_fresh_picture(seed:
         ]
     )
     live.fairness()
+    sums = [(queue, kind, r) for queue in ("org", "a", "b", "c") for kind in KINDS for r in ("gpu", "cpu")]
     for step in range(30):
         pods = sorted(live.kind("Pod"))
         roll = rng.random()
-        if roll < 0.4 or not pods:
+        if roll < 0.35 or not pods:
             pod = objects.pod("ns", f"p{step}", queue=rng.choice("abc"), template="one")
             live.apply("Pod", "ADDED", pod)
-        elif roll < 0.6:
+        elif roll < 0.55:
             key = rng.choice(pods)
             live.reserve(key, live.kind("Pod")[key], 30.0)
-        elif roll < 0.8:
+        elif roll < 0.75:
             key = rng.choice(pods)
             bound = dict(live.kind("Pod")[key])
             bound["spec"] = {**bound["spec"], "nodeName": rng.choice("ab")}
             live.apply("Pod", "MODIFIED", bound)
-        else:
+        elif roll < 0.9:
             live.apply("Pod", "DELETED", live.kind("Pod")[rng.choice(pods)])
+        else:
+            live.apply(
+                "Queue", "MODIFIED", objects.queue("c", resources={"gpu": {"quota": rng.randint(0, 3)}})
+            )
         view = live.fairness()
         fresh = synced_state([obj for kind in WATCHED_PATHS for obj in live.kind(kind).values()])
         for key in live.accounting.reserved:
@@ -475,11 +582,16 @@ def test_fair_shares_kept_across_pod_events_equal_those_of_a_fresh_picture(seed:
         again = fresh.fairness()
         # (running totals may differ from fresh sums in the last bits: approx there)
         assert view.usage.keys() == again.usage.keys()
+        assert view.pending_pods == again.pending_pods
         for queue, usage in view.usage.items():
             assert usage.allocated == pytest.approx(again.usage[queue].allocated)
             assert usage.requested == pytest.approx(again.usage[queue].requested)
             assert view.fair_shares[queue] == pytest.approx(again.fair_shares[queue])
         assert dict(view.fair_shares) == compute_fair_shares(view.specs, view.usage, view.capacity)
+        whole = QueueTree(view.specs, view.usage)
+        for question in rng.sample(sums, k=rng.randint(1, len(sums))):  # in any order
+            assert view.tree.subtree(*question) == whole.subtree(*question)
+            assert view.tree.subtree(*question) == pytest.approx(again.tree.subtree(*question))
 
 
 def test_a_pods_demand_is_read_again_only_when_what_it_reads_changes(monkeypatch: pytest.MonkeyPatch) -> None:

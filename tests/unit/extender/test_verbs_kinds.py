@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from bench.picture import build_picture, load_state
+from bench.picture import build_picture, load_state, pod_object
 from extender.picture.cluster import ClusterPicture
 from extender.policy.placement import GpuDemand, score_nodes
 from extender.verbs import _misfit, decide_filter, decide_priorities, queue_strategy
@@ -72,3 +72,48 @@ def test_kinds_judge_and_score_every_node_as_the_per_node_rule_does(seed: int, p
     scores = decide_priorities(picture, args).scores
     assert scores == _oracle_scores(picture, args)
     assert len(set(scores.values())) > 2
+
+
+def test_prioritize_reads_the_kinds_the_filter_passed_while_no_node_changed() -> None:
+    built = build_picture(nodes=40, pods=300, seed=1)
+    picture = load_state(built)
+    pod = built.pending_pods["whole"]
+    key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+    decision = decide_filter(picture, ExtenderArgs(Pod=pod, NodeNames=list(built.node_names)))
+    passed = decision.passed
+    assert passed is not None and decision.result.NodeNames is not None
+    assert passed.nodes.names == decision.result.NodeNames
+    # kube-scheduler asks prioritize about the nodes passed: a new request, a new list of them.
+    asked = ExtenderArgs(Pod=pod, NodeNames=list(decision.result.NodeNames))
+    version = picture.inventory.version
+    assert passed.of(key, "", list(decision.result.NodeNames), version) is passed.nodes
+    before = decide_priorities(picture, asked, passed).scores
+    assert before == _oracle_scores(picture, asked)
+    # Another pod, other names, another workload: not what the filter judged.
+    assert passed.of("bench/other", "", asked.candidate_names(), version) is None
+    assert passed.of(key, "", asked.candidate_names()[1:], version) is None
+    assert passed.of(key, "bench/some-job", asked.candidate_names(), version) is None
+
+    # A pod taking all the CPU of a passed node, after the filter: the inventory's version moved,
+    # and prioritize reads the nodes again (that node now scores 0: the pod no longer fits there).
+    node = max(before, key=before.__getitem__)  # a best-ranked node
+    assert before[node] == 10
+    hog = pod_object("hog", "team-a", node)
+    hog["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "128"
+    picture.apply("Pod", "ADDED", hog)
+    assert picture.inventory.version != version
+    assert passed.of(key, "", asked.candidate_names(), picture.inventory.version) is None
+    scores = decide_priorities(picture, asked, passed).scores
+    assert scores == _oracle_scores(picture, asked)
+    assert scores[node] == 0
+
+
+def test_a_filter_with_gpus_held_on_a_candidate_keeps_nothing_for_prioritize() -> None:
+    built = build_picture(nodes=10, pods=50, seed=2)
+    picture = load_state(built)
+    pod = built.pending_pods["half"]
+    picture.inventory.hold("other/pod", built.node_names[0], GpuDemand(count=1), ttl_s=600)
+    decision = decide_filter(picture, ExtenderArgs(Pod=pod, NodeNames=list(built.node_names)))
+    assert decision.outcome == "admitted" and decision.passed is None  # judged per call there
+    without = decide_filter(picture, ExtenderArgs(Pod=pod, NodeNames=built.node_names[1:]))
+    assert without.passed is not None

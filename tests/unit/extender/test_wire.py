@@ -97,9 +97,35 @@ def test_unknown_envelope_keys_are_ignored() -> None:
     assert result.NodeNames == ["a"]
 
 
-def test_priorities_json_has_the_shape_of_a_host_priority_list() -> None:
-    scores = {"n1": 10, 'n"odd\u00e9': 0}
-    expected = [msgspec.to_builtins(HostPriority(Host=h, Score=s)) for h, s in scores.items()]
-    assert json.loads(host_priorities_json(list(scores), scores.values())) == expected
-    assert json.loads(host_priorities_json(["n1", "n1"], [10, 10])) == [expected[0], expected[0]]
-    assert json.loads(host_priorities_json([], [])) == []
+@pytest.mark.parametrize(
+    ("hosts", "classes", "score_of"),
+    [
+        # Names that need no escaping: joined around the text after each name, by its class's score.
+        (["n1", "n2", "n3"], ["a", "b", "a"], {"a": 10, "b": 0}),
+        (["n1"], ["a"], {"a": 7}),
+        (["n1", "n1"], ["a", "a"], {"a": 10}),
+        (["n\u00e9", "n2"], ["a", "b"], {"a": 3, "b": 4}),  # not ASCII: UTF-8, unescaped
+        # A quote, a backslash, a control character: encoded as structs instead.
+        (['n"odd', "n2"], ["a", "b"], {"a": 10, "b": 0}),
+        (["n\\", "n2"], ["a", "a"], {"a": 1}),
+        (["n\n", "n2"], ["a", "b"], {"a": 1, "b": 2}),
+        ([], [], {}),
+    ],
+)
+def test_priorities_json_is_the_host_priority_list_byte_for_byte(
+    hosts: list[str], classes: list[str], score_of: dict[str, int]
+) -> None:
+    structs = [HostPriority(Host=host, Score=score_of[cls]) for host, cls in zip(hosts, classes, strict=True)]
+    assert host_priorities_json(hosts, classes, score_of) == encode(structs)
+
+
+def test_priorities_json_text_for_two_hosts() -> None:
+    # n1 is of class a (score 10), n2 of class b (score 0): the text between them is n1's score.
+    assert host_priorities_json(["n1", "n2"], ["a", "b"], {"a": 10, "b": 0}) == (
+        b'[{"Host":"n1","Score":10},{"Host":"n2","Score":0}]'
+    )
+
+
+def test_priorities_json_refuses_a_score_out_of_range() -> None:
+    with pytest.raises(KeyError):
+        host_priorities_json(["n1", "n2"], ["a", "b"], {"a": 11, "b": 0})
