@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
-from contract.kube import controller_of, mapping, meta
+from contract.kube import controller_of, mapping, meta, sequence
 from contract.names import (
     DRIVER_NAME,
     GPU_MILLI,
@@ -38,6 +38,9 @@ from extender.picture.workloads import GangReservation, GangState, OwnerRef, Wor
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import ClusterSnapshot, RunningPod, count_victims
+
+# The reason of kube-scheduler's PodScheduled=False condition on a pod with scheduling gates.
+GATED_REASON = "SchedulingGated"
 
 # kind -> collection path: what the picture is made of and where the watcher reads it.
 WATCHED_PATHS: dict[str, str] = {
@@ -87,6 +90,10 @@ class ClusterPicture:
         # candidate nodes, kept like `_running` rather than counted by a pass per snapshot).
         self._victims: dict[str, dict[str, int]] = {}
         self.accounting.recounted.append(self._forget_running)
+        # Pending pods kube-scheduler tried and could not place (`scheduler_gave_up`): the only
+        # pods the planners may serve (see `unplaced_waiting`).
+        self._unplaced: set[str] = set()
+        self.store.subscribe("Pod", self._pod_tried)
 
     # ---- updates -----------------------------------------------------------------------------
 
@@ -125,6 +132,12 @@ class ClusterPicture:
     def _changed(self) -> None:
         for listener in self.listeners:
             listener()
+
+    def _pod_tried(self, key: str, old: Stored | None, new: Stored | None) -> None:
+        if new is not None and scheduler_gave_up(new):
+            self._unplaced.add(key)
+        else:
+            self._unplaced.discard(key)
 
     # ---- questions ---------------------------------------------------------------------------
 
@@ -393,6 +406,20 @@ class ClusterPicture:
             )
         return waiting
 
+    def unplaced_waiting(self) -> bool:
+        """Whether a pending GPU pod waits that kube-scheduler has tried and could not place.
+
+        Reclaim and consolidation serve only such pods: a pod the scheduler has not tried yet (a
+        backlog of new pods) may well fit where it is, and planning for it would be a pass over
+        every waiting pod each cycle with nothing to come of it."""
+        self.fairness()  # brings the ledger's waiting pods up to date
+        ledger = self.accounting.ledger
+        for key in self._unplaced & ledger.waiting:
+            demand = ledger.contributions[key].demand
+            if demand is not None and demand.count:  # as `waiting_pods` reads it
+                return True
+        return False
+
     def workload_counts(self) -> dict[str, tuple[int, int]]:
         """Per queue: workloads admitted (a pod alone that holds its GPUs, or a gang with its
         minimum placed or reserved) and workloads waiting (pods pending, not admitted)."""
@@ -430,6 +457,19 @@ class ClusterPicture:
 
     def _classic_used(self, node: str) -> int:
         return sum(self.demands.of(pod).classic_gpus for pod in self.inventory.pods_on_node(node))
+
+
+def scheduler_gave_up(pod: Mapping[str, Any]) -> bool:
+    """A pending pod kube-scheduler tried and could not place: no node yet, and the condition
+    PodScheduled=False the scheduler writes after a failed cycle (not reason SchedulingGated,
+    which it writes for a gated pod it does not try)."""
+    if mapping(pod.get("spec")).get("nodeName"):
+        return False
+    for condition in sequence(mapping(pod.get("status")).get("conditions")):
+        condition = mapping(condition)
+        if condition.get("type") == "PodScheduled":
+            return condition.get("status") == "False" and condition.get("reason") != GATED_REASON
+    return False
 
 
 def is_movable(pod: Mapping[str, Any]) -> bool:

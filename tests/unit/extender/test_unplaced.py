@@ -1,0 +1,92 @@
+"""Which waiting pods the planners may serve: those kube-scheduler tried and could not place.
+
+The reclaim loop plans (reclaim, then consolidation) only while `unplaced_waiting()` holds; a pod
+the scheduler has not tried yet may well fit where it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, scheduler_gave_up
+from tests import extender_objects as objects
+
+CLASS = "gpu.tessera.dev"
+
+
+def scheduled(status: str, reason: str) -> dict[str, Any]:
+    """The PodScheduled condition kube-scheduler writes."""
+    return {"type": "PodScheduled", "status": status, "reason": reason}
+
+
+def gpu_pod(name: str, *conditions: Mapping[str, Any], node: str | None = None) -> dict[str, Any]:
+    pod = objects.pod("ns", name, queue="q", template="one", node_name=node)
+    pod["status"]["conditions"] = list(conditions)
+    return pod
+
+
+def picture(pods: Sequence[Mapping[str, Any]]) -> ClusterPicture:
+    objs = [
+        objects.node("a"),
+        objects.gpu_slice("a", 4),
+        objects.device_class(CLASS),
+        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        objects.queue("q"),
+        *pods,
+    ]
+    state = ClusterPicture()
+    for kind in WATCHED_PATHS:
+        state.replace(kind, [o for o in objs if o["kind"] == kind])
+    return state
+
+
+@pytest.mark.parametrize(
+    ("conditions", "node", "gave_up"),
+    [
+        ((), None, False),  # new: the scheduler has not tried it yet
+        ((scheduled("False", "Unschedulable"),), None, True),  # tried: no node fit, or the filter refused
+        ((scheduled("False", "SchedulerError"),), None, True),  # tried: its cycle failed
+        ((scheduled("False", "SchedulingGated"),), None, False),  # gated: never tried
+        ((scheduled("True", ""),), "a", False),  # placed
+        ((scheduled("False", "Unschedulable"),), "a", False),  # bound since (the condition lags)
+        (({"type": "Ready", "status": "False"},), None, False),  # another condition only
+    ],
+)
+def test_a_pod_the_scheduler_gave_up_on(
+    conditions: tuple[dict[str, Any], ...], node: str | None, gave_up: bool
+) -> None:
+    assert scheduler_gave_up(gpu_pod("p", *conditions, node=node)) is gave_up
+
+
+def test_planning_waits_for_a_waiting_gpu_pod_the_scheduler_could_not_place() -> None:
+    state = picture([gpu_pod("new"), gpu_pod("gated", scheduled("False", "SchedulingGated"))])
+    assert not state.unplaced_waiting()  # two GPU pods wait, neither was tried
+
+    refused = gpu_pod("new", scheduled("False", "Unschedulable"))
+    refused["metadata"]["resourceVersion"] = "2"
+    state.apply("Pod", "MODIFIED", refused)
+    assert state.unplaced_waiting()
+
+    bound = gpu_pod("new", scheduled("True", ""), node="a")
+    bound["metadata"]["resourceVersion"] = "3"
+    state.apply("Pod", "MODIFIED", bound)
+    assert not state.unplaced_waiting()
+
+
+def test_a_cpu_pod_the_scheduler_could_not_place_is_no_reason_to_plan() -> None:
+    cpu_only = objects.pod("ns", "cpu", queue="q")
+    cpu_only["status"]["conditions"] = [scheduled("False", "Unschedulable")]
+    state = picture([cpu_only])
+    assert scheduler_gave_up(cpu_only)
+    assert not state.unplaced_waiting()  # not a waiting GPU pod: reclaim frees only GPUs
+
+
+def test_a_deleted_pod_leaves_the_unplaced_set() -> None:
+    refused = gpu_pod("p", scheduled("False", "Unschedulable"))
+    state = picture([refused])
+    assert state.unplaced_waiting()
+    state.apply("Pod", "DELETED", refused)
+    assert not state.unplaced_waiting()
