@@ -39,8 +39,10 @@ from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import ClusterSnapshot, RunningPod, count_victims
 
-# The reason of kube-scheduler's PodScheduled=False condition on a pod with scheduling gates.
-GATED_REASON = "SchedulingGated"
+# The reason of kube-scheduler's PodScheduled=False condition after a cycle in which no node fit
+# (its own filters, or the extender's refused every node); not after an error ("SchedulerError":
+# an extender that timed out, say) nor for a gated pod it does not try ("SchedulingGated").
+UNSCHEDULABLE_REASON = "Unschedulable"
 
 # kind -> collection path: what the picture is made of and where the watcher reads it.
 WATCHED_PATHS: dict[str, str] = {
@@ -461,14 +463,15 @@ class ClusterPicture:
 
 def scheduler_gave_up(pod: Mapping[str, Any]) -> bool:
     """A pending pod kube-scheduler tried and could not place: no node yet, and the condition
-    PodScheduled=False the scheduler writes after a failed cycle (not reason SchedulingGated,
-    which it writes for a gated pod it does not try)."""
+    PodScheduled=False, reason Unschedulable, that the scheduler writes after a cycle in which no
+    node fit. (A cycle that failed on an error is retried by the scheduler itself: evicting
+    others would not place the pod sooner.)"""
     if mapping(pod.get("spec")).get("nodeName"):
         return False
     for condition in sequence(mapping(pod.get("status")).get("conditions")):
         condition = mapping(condition)
         if condition.get("type") == "PodScheduled":
-            return condition.get("status") == "False" and condition.get("reason") != GATED_REASON
+            return condition.get("status") == "False" and condition.get("reason") == UNSCHEDULABLE_REASON
     return False
 
 

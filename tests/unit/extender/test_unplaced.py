@@ -48,7 +48,7 @@ def picture(pods: Sequence[Mapping[str, Any]]) -> ClusterPicture:
     [
         ((), None, False),  # new: the scheduler has not tried it yet
         ((scheduled("False", "Unschedulable"),), None, True),  # tried: no node fit, or the filter refused
-        ((scheduled("False", "SchedulerError"),), None, True),  # tried: its cycle failed
+        ((scheduled("False", "SchedulerError"),), None, False),  # an error: the scheduler retries it
         ((scheduled("False", "SchedulingGated"),), None, False),  # gated: never tried
         ((scheduled("True", ""),), "a", False),  # placed
         ((scheduled("False", "Unschedulable"),), "a", False),  # bound since (the condition lags)
