@@ -10,8 +10,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client import ApiClient
 
+from extender.controllers.reclaim import ReclaimLoop
+from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, scheduler_gave_up
+from extender.policy.reclaim import PendingPod
 from tests import extender_objects as objects
 
 CLASS = "gpu.tessera.dev"
@@ -90,3 +94,48 @@ def test_a_deleted_pod_leaves_the_unplaced_set() -> None:
     assert state.unplaced_waiting()
     state.apply("Pod", "DELETED", refused)
     assert not state.unplaced_waiting()
+
+
+class FollowUp:
+    """A consolidator stand-in: whether it has work of its own, and the waiting pods it was given."""
+
+    def __init__(self, own_work: bool) -> None:
+        self.own_work = own_work
+        self.given: list[list[str]] = []
+
+    def has_own_work(self) -> bool:
+        return self.own_work
+
+    async def run_once(self, snapshot: object, waiting: Sequence[PendingPod], served: object) -> None:
+        self.given.append([pod.key for pod in waiting])
+
+
+def counter(metrics: ExtenderMetrics, name: str) -> float:
+    return sum(s.value for family in metrics.registry.collect() for s in family.samples if s.name == name)
+
+
+@pytest.mark.parametrize(
+    ("conditions", "own_work", "plans"),
+    [
+        ((), False, False),  # a new pod only: the cycle is skipped
+        ((), True, True),  # consolidation has moves to check: the cycle plans
+        ((scheduled("False", "Unschedulable"),), False, True),  # the scheduler gave up on it
+    ],
+)
+async def test_a_reclaim_cycle_plans_only_when_something_can_come_of_it(
+    conditions: tuple[dict[str, Any], ...], own_work: bool, plans: bool
+) -> None:
+    state = picture([gpu_pod("p", *conditions)])
+    metrics = ExtenderMetrics(state)
+    api = ApiClient()
+    loop = ReclaimLoop(api, state, metrics)
+    follow_up = FollowUp(own_work)
+    loop.follow_ups.append(follow_up)
+    try:
+        assert await loop.run_once() == []  # the pod fits a free GPU: nothing to evict
+    finally:
+        await api.close()
+    assert counter(metrics, "tessera_reclaim_cycles_skipped_total") == (0 if plans else 1)
+    assert counter(metrics, "tessera_reclaim_cycle_duration_seconds_count") == (1 if plans else 0)
+    # A cycle that plans hands every waiting pod on, tried or not (the plan itself is unchanged).
+    assert follow_up.given == ([["ns/p"]] if plans else [])
