@@ -10,8 +10,10 @@ counts go to metrics and to the Queue status.
 A cycle plans only when a waiting GPU pod is one kube-scheduler tried and could not place
 (`ClusterPicture.unplaced_waiting`), or a follow-up has work of its own (moved pods to check,
 nodes to empty): pods not tried yet - a backlog of new pods the scheduler is working through -
-may all fit, and planning for them would walk every waiting pod each second for nothing (a
-fifth of the extender's CPU while 800 new pods were placed; docs/benchmarks.md, section 2).
+may all fit, and planning for them would walk every waiting pod each second for nothing (steps
+of tens of milliseconds, every second, that the scheduler's serial cycle waited behind while 800
+new pods were placed; docs/benchmarks.md, section 2). A cycle that plans plans as before, for
+every waiting pod.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class FollowUp(Protocol):
     and waiting pods, with the reclaim plans carried out."""
 
     def has_own_work(self) -> bool:
-        """Whether it has work even when no waiting pod was refused (a cycle then plans)."""
+        """Whether it has work even when no waiting pod is one the scheduler gave up on (the
+        cycle then plans)."""
         ...
 
     async def run_once(
@@ -108,7 +111,8 @@ class ReclaimLoop:
 
     async def run_once(self) -> list[Plan]:
         """One cycle: plan on a snapshot, then evict and hold. Returns the plans carried out
-        (none, without planning, when no waiting pod was refused and no follow-up has work)."""
+        (none, without planning, when no waiting pod is one the scheduler gave up on and no
+        follow-up has work of its own)."""
         self._track_starvation()
         if not self.picture.unplaced_waiting() and not any(f.has_own_work() for f in self.follow_ups):
             self.metrics.reclaim_skipped.inc()

@@ -92,8 +92,8 @@ class ClusterPicture:
         # candidate nodes, kept like `_running` rather than counted by a pass per snapshot).
         self._victims: dict[str, dict[str, int]] = {}
         self.accounting.recounted.append(self._forget_running)
-        # Pending pods kube-scheduler tried and could not place (`scheduler_gave_up`): the only
-        # pods the planners may serve (see `unplaced_waiting`).
+        # Pending pods kube-scheduler tried and could not place (`scheduler_gave_up`): the
+        # planners plan only while one of them waits (`unplaced_waiting`).
         self._unplaced: set[str] = set()
         self.store.subscribe("Pod", self._pod_tried)
 
@@ -411,9 +411,9 @@ class ClusterPicture:
     def unplaced_waiting(self) -> bool:
         """Whether a pending GPU pod waits that kube-scheduler has tried and could not place.
 
-        Reclaim and consolidation serve only such pods: a pod the scheduler has not tried yet (a
-        backlog of new pods) may well fit where it is, and planning for it would be a pass over
-        every waiting pod each cycle with nothing to come of it."""
+        Reclaim and consolidation plan only while one waits: a pod the scheduler has not tried
+        yet (a backlog of new pods) may well fit where it is, and planning for it would be a pass
+        over every waiting pod each cycle with nothing to come of it."""
         self.fairness()  # brings the ledger's waiting pods up to date
         ledger = self.accounting.ledger
         for key in self._unplaced & ledger.waiting:
