@@ -6,7 +6,9 @@ the DeviceClasses of ``manifests/deviceclasses.yaml``. P pods, each with one GPU
 ResourceClaimTemplate, are created concurrently; the clock runs from the first create until the
 last pod has ``spec.nodeName``. Two kube-schedulers with the same client QPS/burst take turns on the
 same nodes: (a) plain, (b) calling the Tessera extender (``python -m extender`` in its own process;
-filter, prioritize and bind, nodeCacheCapable; it runs only during (b)). Between the runs every
+filter, prioritize and bind, nodeCacheCapable; it runs only during (b)), configured as the chart
+ships Tessera's scheduler (``tessera.cli.extender_config`` and ``SCHEDULER_PROFILE``: weight 5,
+every feasible node scored, the CPU/memory spreading scores off). Between the runs every
 pod is force-deleted and the run waits until its claims are gone, so (b) finds the same free
 capacity (a) did. ``--rounds N`` alternates a, b, b, a, ... and reports each scheduler's median
 round, so a change in background load hits both alike; the CPU seconds the scheduler and the
@@ -49,7 +51,7 @@ from dra_driver.devices.simulated import PROFILE_DIR, SimulatedBackend
 from dra_driver.slices import NodeRef, SharingMode, build_slices
 from extender.kubeapi import JsonObject, KubeError, request, watch_lines
 from extender.policy.fairness import QueueSpec
-from tessera.cli import INSTALL_FIRST
+from tessera.cli import INSTALL_FIRST, SCHEDULER_PROFILE, extender_config
 from tessera.dev.localcluster import (
     REPO_ROOT,
     LocalCluster,
@@ -360,26 +362,20 @@ class BenchCluster:
 
         await bounded(16, (functools.partial(add_node, node) for node in self.nodes))
 
-    def start_scheduler(self, name: str, extender_url: str | None = None) -> None:
-        extenders = (
-            []
-            if extender_url is None
-            else [
-                {
-                    "urlPrefix": extender_url,
-                    "filterVerb": "filter",
-                    "prioritizeVerb": "prioritize",
-                    "preemptVerb": "preempt",
-                    "bindVerb": "bind",
-                    "weight": 1,
-                    "nodeCacheCapable": True,
-                    "enableHTTPS": False,
-                }
-            ]
-        )
-        self.schedulers[name] = self.cluster.start_scheduler(
-            name, extenders, qps=CLIENT_QPS, burst=CLIENT_BURST
-        )
+    def start_scheduler(self, name: str, with_extender: bool = False) -> None:
+        """A kube-scheduler of profile ``name``; ``with_extender``: configured as the chart ships
+        Tessera's (``tessera.cli``: the extender entry, weight 5, and the profile's scoring)."""
+        if with_extender:
+            handle = self.cluster.start_scheduler(
+                name,
+                [extender_config(self.extender_port)],
+                qps=CLIENT_QPS,
+                burst=CLIENT_BURST,
+                profile=SCHEDULER_PROFILE,
+            )
+        else:
+            handle = self.cluster.start_scheduler(name, qps=CLIENT_QPS, burst=CLIENT_BURST)
+        self.schedulers[name] = handle
 
     @property
     def extender_url(self) -> str:
@@ -567,7 +563,7 @@ async def compare(
     clearing up after every run. The extender runs (and is profiled) only during the Tessera runs,
     KAI's processes only during KAI's (``kai``: its variants, when ``bench.enable_kai`` found it)."""
     await asyncio.to_thread(bench.start_scheduler, PLAIN_SCHEDULER)
-    await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, bench.extender_url)
+    await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, True)
     plain: list[R] = []
     tessera: list[R] = []
     kai_runs: dict[str, list[R]] = {variant.label: [] for variant in kai}

@@ -652,7 +652,7 @@ async def run_reclaim_async(
         queues = await _create_queues(bench, (QUEUE_A, QUEUE_B), gpus // 2)
         variants = [DEFAULT_ACTIONS, NO_CONSOLIDATION] if kai and await bench.enable_kai(queues) else []
         await asyncio.to_thread(bench.start_scheduler, PLAIN_SCHEDULER)
-        await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, bench.extender_url)
+        await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, True)
         probe = await _dra_preemption_probe(bench)
         log.info("plain priority preemption with DRA claims: %s", probe)
         plain, tessera, kai_runs = await _rounds(bench, rounds, timeout, variants, jobs)

@@ -96,6 +96,12 @@ class ExtenderMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.reclaim_skipped = Counter(
+            "tessera_reclaim_cycles_skipped_total",
+            "Reclaim cycles not planned: no waiting pod was one the scheduler could not place, and "
+            "consolidation had nothing of its own to do.",
+            registry=self.registry,
+        )
         self.planning_cut_off = Counter(
             "tessera_planning_cut_off_total",
             "Waiting pods (or nodes to empty) a planning cycle left untried because its work "

@@ -94,7 +94,7 @@ class ExtenderService:
             else None
         )
         if self.reclaimer and self.consolidator:
-            self.reclaimer.follow_ups.append(self.consolidator.run_once)
+            self.reclaimer.follow_ups.append(self.consolidator)
         self.writer = StatusWriter(
             api,
             self.picture,

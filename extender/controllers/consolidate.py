@@ -89,6 +89,10 @@ class Consolidator:
         self._blocked: dict[str, float] = {}  # pod key -> monotonic time its move may be retried
         self.rooms = NodeRooms()  # what planning found on each node, looked at again where it changed
 
+    def has_own_work(self) -> bool:
+        """Moved pods whose successors are still to be found, or nodes to empty while nothing waits."""
+        return bool(self.moved) or self.options.drain_nodes > 0
+
     async def run_once(
         self, snapshot: ClusterSnapshot, waiting: Sequence[PendingPod], served: Sequence[Plan]
     ) -> list[MovePlan]:

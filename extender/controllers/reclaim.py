@@ -6,6 +6,14 @@ PodDisruptionBudgets hold; a blocked eviction is reported on the pods, never byp
 the freed GPUs for the pod they were freed for (the filter honours the hold) until it binds or
 the hold expires. Events name the queues and the numbers on every victim and on the served pod;
 counts go to metrics and to the Queue status.
+
+A cycle plans only when a waiting GPU pod is one kube-scheduler tried and could not place
+(`ClusterPicture.unplaced_waiting`), or a follow-up has work of its own (moved pods to check,
+nodes to empty): pods not tried yet - a backlog of new pods the scheduler is working through -
+may all fit, and planning for them would walk every waiting pod each second for nothing (steps
+of tens of milliseconds, every second, that the scheduler's serial cycle waited behind while 800
+new pods were placed; docs/benchmarks.md, section 2). A cycle that plans plans as before, for
+every waiting pod.
 """
 
 from __future__ import annotations
@@ -13,8 +21,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kubernetes_asyncio.client import ApiClient
 
@@ -28,9 +37,19 @@ from extender.policy.snapshot import ClusterSnapshot
 
 log = logging.getLogger(__name__)
 
-# Another goal of the same cycle (consolidation), run after reclaim on the cycle's snapshot and
-# waiting pods, with the reclaim plans carried out.
-FollowUp = Callable[[ClusterSnapshot, Sequence[PendingPod], Sequence[Plan]], Awaitable[object]]
+
+class FollowUp(Protocol):
+    """Another goal of the same cycle (consolidation), run after reclaim on the cycle's snapshot
+    and waiting pods, with the reclaim plans carried out."""
+
+    def has_own_work(self) -> bool:
+        """Whether it has work even when no waiting pod is one the scheduler gave up on (the
+        cycle then plans)."""
+        ...
+
+    async def run_once(
+        self, snapshot: ClusterSnapshot, waiting: Sequence[PendingPod], served: Sequence[Plan]
+    ) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -92,7 +111,13 @@ class ReclaimLoop:
         )
 
     async def run_once(self) -> list[Plan]:
-        """One cycle: plan on a snapshot, then evict and hold. Returns the plans carried out."""
+        """One cycle: plan on a snapshot, then evict and hold. Returns the plans carried out
+        (none, without planning, when no waiting pod is one the scheduler gave up on and no
+        follow-up has work of its own)."""
+        self._track_starvation()
+        if not self.picture.unplaced_waiting() and not any(f.has_own_work() for f in self.follow_ups):
+            self.metrics.reclaim_skipped.inc()
+            return []
         started = time.perf_counter()
         snapshot = self.picture.snapshot()
         self._spare_blocked(snapshot)
@@ -102,7 +127,6 @@ class ReclaimLoop:
         plans = plan(snapshot, waiting, time.time(), rules, work, self.fits)
         self.metrics.reclaim_cycle.observe(time.perf_counter() - started)
         report_cut_off(self.metrics, "reclaim", work)
-        self._track_starvation()
         done = []
         for each in plans:
             if await self._execute(each):
@@ -111,7 +135,7 @@ class ReclaimLoop:
             q for q in self.counts.reclaiming | {p.pod.queue for p in done} if self._holds_for(q)
         }
         for follow_up in self.follow_ups:
-            await follow_up(snapshot, waiting, done)
+            await follow_up.run_once(snapshot, waiting, done)
         return done
 
     def _spare_blocked(self, snapshot: ClusterSnapshot) -> None:

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
-from contract.kube import controller_of, mapping, meta
+from contract.kube import controller_of, mapping, meta, sequence
 from contract.names import (
     DRIVER_NAME,
     GPU_MILLI,
@@ -45,6 +45,11 @@ from extender.policy.snapshot import (
     keep_movers,
     mover_order,
 )
+
+# The reason of kube-scheduler's PodScheduled=False condition after a cycle in which no node fit
+# (its own filters, or the extender's refused every node); not after an error ("SchedulerError":
+# an extender that timed out, say) nor for a gated pod it does not try ("SchedulingGated").
+UNSCHEDULABLE_REASON = "Unschedulable"
 
 # kind -> collection path: what the picture is made of and where the watcher reads it.
 WATCHED_PATHS: dict[str, str] = {
@@ -97,6 +102,10 @@ class ClusterPicture:
         # like `_victims`; each node's a tuple replaced on change, so snapshots share them).
         self._movers: dict[str, tuple[RunningPod, ...]] = {}
         self.accounting.recounted.append(self._forget_running)
+        # Pending pods kube-scheduler tried and could not place (`scheduler_gave_up`): the
+        # planners plan only while one of them waits (`unplaced_waiting`).
+        self._unplaced: set[str] = set()
+        self.store.subscribe("Pod", self._pod_tried)
 
     # ---- updates -----------------------------------------------------------------------------
 
@@ -135,6 +144,12 @@ class ClusterPicture:
     def _changed(self) -> None:
         for listener in self.listeners:
             listener()
+
+    def _pod_tried(self, key: str, old: Stored | None, new: Stored | None) -> None:
+        if new is not None and scheduler_gave_up(new):
+            self._unplaced.add(key)
+        else:
+            self._unplaced.discard(key)
 
     # ---- questions ---------------------------------------------------------------------------
 
@@ -420,6 +435,20 @@ class ClusterPicture:
             )
         return waiting
 
+    def unplaced_waiting(self) -> bool:
+        """Whether a pending GPU pod waits that kube-scheduler has tried and could not place.
+
+        Reclaim and consolidation plan only while one waits: a pod the scheduler has not tried
+        yet (a backlog of new pods) may well fit where it is, and planning for it would be a pass
+        over every waiting pod each cycle with nothing to come of it."""
+        self.fairness()  # brings the ledger's waiting pods up to date
+        ledger = self.accounting.ledger
+        for key in self._unplaced & ledger.waiting:
+            demand = ledger.contributions[key].demand
+            if demand is not None and demand.count:  # as `waiting_pods` reads it
+                return True
+        return False
+
     def workload_counts(self) -> dict[str, tuple[int, int]]:
         """Per queue: workloads admitted (a pod alone that holds its GPUs, or a gang with its
         minimum placed or reserved) and workloads waiting (pods pending, not admitted)."""
@@ -457,6 +486,20 @@ class ClusterPicture:
 
     def _classic_used(self, node: str) -> int:
         return sum(self.demands.of(pod).classic_gpus for pod in self.inventory.pods_on_node(node))
+
+
+def scheduler_gave_up(pod: Mapping[str, Any]) -> bool:
+    """A pending pod kube-scheduler tried and could not place: no node yet, and the condition
+    PodScheduled=False, reason Unschedulable, that the scheduler writes after a cycle in which no
+    node fit. (A cycle that failed on an error is retried by the scheduler itself: evicting
+    others would not place the pod sooner.)"""
+    if mapping(pod.get("spec")).get("nodeName"):
+        return False
+    for condition in sequence(mapping(pod.get("status")).get("conditions")):
+        condition = mapping(condition)
+        if condition.get("type") == "PodScheduled":
+            return condition.get("status") == "False" and condition.get("reason") == UNSCHEDULABLE_REASON
+    return False
 
 
 def is_movable(pod: Mapping[str, Any]) -> bool:
