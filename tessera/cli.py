@@ -66,6 +66,10 @@ SCHEDULER_PROFILE: dict[str, object] = {
     },
 }
 EXTENDER_WEIGHT = 5
+# A local cluster's pods may be moved once they have run this long (the chart's default is 300 s).
+# The DRA allocator now and then splits the demo's four quarter-GPU pods 3 + 1 over two GPUs; only
+# a move of the lone quarter then gives team-a its last whole GPU, and a demo step waits 240 s.
+LOCAL_MOVE_MIN_RUNTIME_S = 15
 
 
 def extender_config(port: int) -> dict[str, object]:
@@ -105,6 +109,7 @@ def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> No
             f"--webhook-cert-file={webhook_cert.cert_path}",
             f"--webhook-key-file={webhook_cert.key_path}",
             f"--webhook-scheduler-name={TESSERA_SCHEDULER}",
+            f"--move-min-runtime={LOCAL_MOVE_MIN_RUNTIME_S}",
         ],
     )
     cluster.wait_healthy(extender, f"http://127.0.0.1:{extender_port}/readyz", tls=False)
