@@ -214,8 +214,7 @@ def _verdict(at_size: _AtSize, supply: NodeGpus) -> str:
     """Why the pod may not go to a node of this supply ('' when it may)."""
     if not at_size.admission.admit:
         return at_size.admission.reason
-    found = at_size.misfits.get(supply.shape)  # (a hit without a call: once per kind per request)
-    return _misfit_in(at_size.misfits, supply, at_size.placement) if found is None else found
+    return _misfit_in(at_size.misfits, supply, at_size.placement)
 
 
 def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision:

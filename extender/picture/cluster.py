@@ -392,7 +392,8 @@ class ClusterPicture:
         ledger = self.accounting.ledger
         for key in sorted(ledger.waiting):  # a stable order (a set has none)
             contribution = ledger.contributions[key]
-            if contribution.demand is None or not contribution.demand.count:
+            placement = contribution.gpu_demand
+            if placement is None:
                 continue
             pod = self.store.get("Pod", key)
             if pod is None or meta(pod).get("deletionTimestamp") or self.inventory.held_for(key):
@@ -424,7 +425,7 @@ class ClusterPicture:
                 PendingPod(
                     key=key,
                     queue=demand.queue,
-                    demand=contribution.demand,
+                    demand=placement,
                     resources=contribution.amounts,
                     priority=demand.priority,
                     created=pod_created(pod),
@@ -443,11 +444,9 @@ class ClusterPicture:
         over every waiting pod each cycle with nothing to come of it."""
         self.fairness()  # brings the ledger's waiting pods up to date
         ledger = self.accounting.ledger
-        for key in self._unplaced & ledger.waiting:
-            demand = ledger.contributions[key].demand
-            if demand is not None and demand.count:  # as `waiting_pods` reads it
-                return True
-        return False
+        return any(
+            ledger.contributions[key].gpu_demand is not None for key in self._unplaced & ledger.waiting
+        )
 
     def workload_counts(self) -> dict[str, tuple[int, int]]:
         """Per queue: workloads admitted (a pod alone that holds its GPUs, or a gang with its

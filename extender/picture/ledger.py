@@ -29,6 +29,11 @@ class Contribution:
     amounts: Mapping[str, float]
     demand: GpuDemand | None = None  # its placement demand (GPUs, CPU, memory), for the workload mix
 
+    @property
+    def gpu_demand(self) -> GpuDemand | None:
+        """Its placement demand if it asks for GPUs (what the planners serve), else None."""
+        return self.demand if self.demand is not None and self.demand.count else None
+
 
 def _move(totals: dict[str, dict[str, float]], queue: str, amounts: Mapping[str, float], sign: float) -> None:
     into = totals.setdefault(queue, {})

@@ -223,7 +223,7 @@ def remembered(cache: dict[K, V], key: K, limit: int, compute: Callable[[], V]) 
 class ShapeMemo(Generic[K, V]):
     """A bounded memo of values per key (a demand) and node shape, as one table per key: a caller
     that asks about many nodes for one key fetches its table once, then each node costs one
-    dictionary lookup by shape (`found` and `put` inline: no call per hit). At most `limit`
+    dictionary lookup by shape (`put` stores a value computed on a miss). At most `limit`
     values in all: past that the memo starts over (a table a caller still holds keeps working,
     unseen by later callers)."""
 
@@ -446,17 +446,16 @@ def placement_cost(
     Memoised per mix: in a large cluster most nodes are in one of a few states (idle, full,
     one pod on it...), so a prioritize call over thousands of nodes is mostly dictionary hits.
     """
+    return _cost_in(mix._cost_cache.table((demand, strategy)), node, demand, mix, strategy)
 
-    costs = mix._cost_cache.table((demand, strategy))
+
+def _cost_in(
+    costs: dict[str, Cost | None], node: NodeGpus, demand: GpuDemand, mix: WorkloadMix, strategy: Strategy
+) -> Cost | None:
+    """`placement_cost` with the demand's table of the mix's memo at hand (a lookup per node kind)."""
     found = costs.get(node.shape, _MISSING)
     if found is not _MISSING:
         return cast(Cost | None, found)
-    return _new_cost(costs, node, demand, mix, strategy)
-
-
-def _new_cost(
-    costs: dict[str, Cost | None], node: NodeGpus, demand: GpuDemand, mix: WorkloadMix, strategy: Strategy
-) -> Cost | None:
     best = _best_choice(node, demand, mix, strategy)
     return mix._cost_cache.put(costs, node.shape, None if best is None else best[0])
 
@@ -494,11 +493,8 @@ def score_kinds(
 ) -> dict[str, int]:
     """`score_nodes` by kinds of nodes (nodes alike to placement, one supply standing for each):
     0..10 per kind, 0 where the demand does not fit."""
-    costs = mix._cost_cache.table((demand, strategy))  # placement_cost's, each kind looked up inline
-    cost_of = {
-        kind: costs[node.shape] if node.shape in costs else _new_cost(costs, node, demand, mix, strategy)
-        for kind, node in supply_of_kind.items()
-    }
+    costs = mix._cost_cache.table((demand, strategy))  # placement_cost's memo, fetched once
+    cost_of = {kind: _cost_in(costs, node, demand, mix, strategy) for kind, node in supply_of_kind.items()}
     score_of = _rank_scores({cost for cost in cost_of.values() if cost is not None})
     return {kind: 0 if cost is None else score_of[cost] for kind, cost in cost_of.items()}
 
