@@ -388,7 +388,8 @@ class NodeRooms:
         look |= changed_keys(seen_memory, memory)
         if now >= self._soonest:  # some mover came of age
             look.update(node for node, room in rooms.items() if room.until <= now)
-            self._soonest = min((room.until for room in rooms.values()), default=math.inf)
+            # (the rooms come of age now are formed again below and bring their own `until`)
+            self._soonest = min((room.until for room in rooms.values() if room.until > now), default=math.inf)
         self._seen = (dict(nodes), dict(movers), dict(memory))
         for node in sorted(look):
             pods, supply, room = movers.get(node), nodes.get(node), rooms.get(node)
