@@ -38,18 +38,20 @@ import pstats
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import kube_config
+from prometheus_client.parser import text_string_to_metric_families
 
 from contract.names import DEFAULT_QUEUE, DRIVER_NAME, QUEUE_LABEL
 from dra_driver.devices.simulated import PROFILE_DIR, SimulatedBackend
 from dra_driver.slices import NodeRef, SharingMode, build_slices
-from extender.kubeapi import JsonObject, KubeError, request, watch_lines
+from extender.kubeapi import JsonObject, KubeError, request, request_bytes, watch_lines
 from extender.policy.fairness import QueueSpec
 from tessera.cli import INSTALL_FIRST, SCHEDULER_PROFILE, extender_config
 from tessera.dev.localcluster import (
@@ -62,6 +64,7 @@ from tessera.dev.localcluster import (
 )
 from tessera.simulate.report import format_table
 
+from .hotpath import ServerProcess
 from .kai import DEFAULT_ACTIONS, KAI_SCHEDULER, Kai, KaiVariant, find_kai, kai_pod, skip_reason
 
 log = logging.getLogger(__name__)
@@ -78,8 +81,12 @@ SAME_CLIENT = KaiVariant(
     f"KAI Scheduler, client QPS/burst {CLIENT_QPS}/{CLIENT_BURST}", client=(CLIENT_QPS, CLIENT_BURST)
 )
 CREATE_CONCURRENCY = 48
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
 PLAIN_SCHEDULER = "bench-plain"
 TESSERA_SCHEDULER = "bench-tessera"
+FLOOR_SCHEDULER = "bench-floor"
+FLOOR_LABEL = "kube-scheduler + do-nothing extender"
+FLOOR_LEAVES_OUT = ("bindVerb", "preemptVerb")  # the verbs a do-nothing extender does not serve
 PROFILE_ENV = "TESSERA_BENCH_PROFILE_EXTENDER"
 KAI_ANCHOR = (
     "KAI Scheduler's published scale test: 500 nodes, 4000 single-GPU jobs in 6 min 38 s (10.1 pods/s)"
@@ -91,10 +98,19 @@ KAI_ANCHOR = (
 
 @dataclass(frozen=True)
 class CpuUse:
-    """CPU seconds the scheduler and the extender processes spent during one run."""
+    """CPU seconds the scheduler, the extender and the control plane it shares the machine with
+    (etcd, kube-apiserver, kube-controller-manager) spent during one run."""
 
     scheduler_s: float = 0.0
     extender_s: float = 0.0
+    control_plane_s: float = 0.0
+
+    def __sub__(self, before: CpuUse) -> CpuUse:
+        return CpuUse(
+            self.scheduler_s - before.scheduler_s,
+            self.extender_s - before.extender_s,
+            self.control_plane_s - before.control_plane_s,
+        )
 
 
 @dataclass(frozen=True)
@@ -106,6 +122,8 @@ class BindRun:
     created_s: float
     bound_s: float
     cpu: CpuUse = CpuUse()
+    # The apiserver's requests during the run by "VERB resource[/subresource]", all clients.
+    api_calls: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
@@ -164,6 +182,22 @@ class E2EResult(Rounds[BindRun]):
     pods: int
     qps: int
     burst: int
+    # The rounds of the scheduler configured as Tessera's but calling a do-nothing extender.
+    floor_runs: tuple[BindRun, ...] = field(default=(), kw_only=True)
+
+    @property
+    def floor(self) -> BindRun | None:
+        return median_run(self.floor_runs) if self.floor_runs else None
+
+    def contenders(self) -> list[tuple[str, BindRun, tuple[BindRun, ...]]]:
+        """Label, median run and every run of each contender, plain first."""
+        floor = [(FLOOR_LABEL, self.floor, self.floor_runs)] if self.floor is not None else []
+        return [
+            ("plain kube-scheduler", self.plain, self.plain_runs),
+            ("kube-scheduler + Tessera", self.tessera, self.tessera_runs),
+            *floor,
+            *((label, run, runs) for label, (run, runs) in self.kai.items()),
+        ]
 
     @property
     def ratio(self) -> float:
@@ -183,6 +217,7 @@ def e2e_table(result: E2EResult) -> str:
         "pods/s",
         "scheduler CPU s",
         "extender CPU s",
+        "control plane CPU s",
         "vs plain",
     ]
     rows = [
@@ -197,22 +232,49 @@ def e2e_table(result: E2EResult) -> str:
             f"{run.pods_per_s:.1f}",
             f"{run.cpu.scheduler_s:.1f}",
             f"{run.cpu.extender_s:.1f}",
-            ratio,
+            f"{run.cpu.control_plane_s:.1f}",
+            f"{run.pods_per_s / result.plain.pods_per_s:.2f}x" if result.plain.pods_per_s else "-",
         ]
-        for label, run, runs, ratio in (
-            ("plain kube-scheduler", result.plain, result.plain_runs, "1.00x"),
-            ("kube-scheduler + Tessera", result.tessera, result.tessera_runs, f"{result.ratio:.2f}x"),
-            *(
-                (label, run, runs, f"{run.pods_per_s / result.plain.pods_per_s:.2f}x")
-                for label, (run, runs) in result.kai.items()
-            ),
-        )
+        for label, run, runs in result.contenders()
     ]
     anchor = (
         f"anchor: {KAI_ANCHOR}; client QPS/burst {result.qps}/{result.burst} for both kube-schedulers "
         f"and the controller-manager; KAI with its operator's (scheduler CPU: its five processes)"
     )
     return f"{format_table(headers, rows)}\n{anchor}"
+
+
+def api_calls_table(result: E2EResult, least_per_pod: float = 0.05) -> str:
+    """The apiserver's requests per bound pod in each median round, by verb and resource (kinds
+    under ``least_per_pod`` in every column left out): where one scheduler costs the control
+    plane more work than the other."""
+    runs = [(label.removeprefix("kube-scheduler + "), run) for label, run, _ in result.contenders()]
+    kinds = sorted({kind for _, run in runs for kind in run.api_calls})
+    rows = [
+        [kind, *(f"{run.api_calls.get(kind, 0) / run.pods:.2f}" for _, run in runs)]
+        for kind in kinds
+        if any(run.api_calls.get(kind, 0) / run.pods >= least_per_pod for _, run in runs)
+    ]
+    rows.append(["all", *(f"{sum(run.api_calls.values()) / run.pods:.2f}" for _, run in runs)])
+    return format_table(["apiserver requests per pod", *(label for label, _ in runs)], rows)
+
+
+REQUESTS_METRIC = "apiserver_request_total"
+
+
+def api_request_counts(metrics_text: str) -> Counter[str]:
+    """Requests served so far by "VERB resource[/subresource]", from the apiserver's /metrics."""
+    counts: Counter[str] = Counter()
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != REQUESTS_METRIC.removesuffix("_total"):
+            continue
+        for sample in family.samples:
+            if sample.name != REQUESTS_METRIC:
+                continue
+            labels = sample.labels
+            kind = "/".join(part for part in (labels.get("resource"), labels.get("subresource")) if part)
+            counts[f"{labels.get('verb', '?')} {kind or '-'}"] += int(sample.value)
+    return counts
 
 
 def gpu_pod(namespace: str, name: str, scheduler: str, queue: str | None = None) -> JsonObject:
@@ -339,6 +401,8 @@ class BenchCluster:
         self.nodes: list[str] = []
         self.extender_profile: Path | None = None
         self.extender_port = free_port()
+        self.floor_port = free_port()
+        self.floor: ServerProcess | None = None  # the do-nothing extender, during its rounds
         self.schedulers: dict[str, SchedulerHandle] = {}
         self.kai: Kai | None = None
 
@@ -364,8 +428,16 @@ class BenchCluster:
 
     def start_scheduler(self, name: str, with_extender: bool = False) -> None:
         """A kube-scheduler of profile ``name``; ``with_extender``: configured as the chart ships
-        Tessera's (``tessera.cli``: the extender entry, weight 5, and the profile's scoring)."""
-        if with_extender:
+        Tessera's (``tessera.cli``: the extender entry, weight 5, and the profile's scoring). The
+        floor's scheduler is configured the same, its extender entry without the verbs a
+        do-nothing extender does not serve (bind, preempt)."""
+        if name == FLOOR_SCHEDULER:
+            entry = extender_config(self.floor_port)
+            floor_entry = {key: value for key, value in entry.items() if key not in FLOOR_LEAVES_OUT}
+            handle = self.cluster.start_scheduler(
+                name, [floor_entry], qps=CLIENT_QPS, burst=CLIENT_BURST, profile=SCHEDULER_PROFILE
+            )
+        elif with_extender:
             handle = self.cluster.start_scheduler(
                 name,
                 [extender_config(self.extender_port)],
@@ -412,16 +484,26 @@ class BenchCluster:
         return True
 
     def cpu_seconds(self, scheduler: str) -> CpuUse:
-        """CPU time used so far by the scheduler ``scheduler`` (KAI: its processes together) and by
-        the extender, if running."""
+        """CPU time used so far by the scheduler ``scheduler`` (KAI: its processes together), by
+        the extender, if running, and by the control plane."""
+        control_plane = sum(
+            process_cpu_seconds(c.process.pid) for c in self.cluster.components if c.name in CONTROL_PLANE
+        )
         if scheduler == KAI_SCHEDULER:
             kai = self.kai.components if self.kai else []
-            return CpuUse(sum(process_cpu_seconds(c.process.pid) for c in kai))
+            return CpuUse(sum(process_cpu_seconds(c.process.pid) for c in kai), control_plane_s=control_plane)
         extenders = [c.process.pid for c in self.cluster.components if c.name == "tessera-extender"]
+        if scheduler == FLOOR_SCHEDULER and self.floor is not None:
+            extenders = [self.floor.process.pid]
         return CpuUse(
             process_cpu_seconds(self.schedulers[scheduler].component.process.pid),
             sum(map(process_cpu_seconds, extenders)),
+            control_plane,
         )
+
+    async def api_requests(self) -> Counter[str]:
+        """The apiserver's requests served so far (``api_request_counts``)."""
+        return api_request_counts((await request_bytes(self.api, "GET", "/metrics")).decode())
 
     def stop_extender(self) -> None:
         """Stops the extender (SIGTERM: a clean exit, so cProfile writes its file)."""
@@ -552,22 +634,48 @@ async def kai_running(bench: BenchCluster, variant: KaiVariant) -> AsyncIterator
         await asyncio.to_thread(bench.kai.stop)
 
 
+@contextlib.asynccontextmanager
+async def floor_running(bench: BenchCluster) -> AsyncIterator[None]:
+    """The do-nothing extender (``bench.servers fast-floor``) on ``bench.floor_port``, for as long
+    as the block: one round of the floor's scheduler."""
+    bench.floor = await asyncio.to_thread(ServerProcess, "fast-floor", 0, 0, port=bench.floor_port)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(bench.floor.stop)
+        bench.floor = None
+
+
+class Contest(NamedTuple, Generic[R]):
+    """Every run of each contender of ``compare``."""
+
+    plain: tuple[R, ...]
+    tessera: tuple[R, ...]
+    kai: dict[str, tuple[R, ...]]  # by KaiVariant label
+    floor: tuple[R, ...]
+
+
 async def compare(
     bench: BenchCluster,
     scenario: Callable[[str, str], Awaitable[R]],
     rounds: int = 1,
     kai: Sequence[KaiVariant] = (),
-) -> tuple[tuple[R, ...], tuple[R, ...], dict[str, tuple[R, ...]]]:
+    floor: bool = False,
+) -> Contest[R]:
     """Runs ``scenario(namespace, scheduler)`` ``rounds`` times with each contender, in the order
-    plain, Tessera, KAI variants, then backwards (so a change in background load hits all alike),
-    clearing up after every run. The extender runs (and is profiled) only during the Tessera runs,
-    KAI's processes only during KAI's (``kai``: its variants, when ``bench.enable_kai`` found it)."""
+    plain, Tessera, the floor (``floor``: the scheduler configured as Tessera's, calling a
+    do-nothing extender), KAI variants, then backwards (so a change in background load hits all
+    alike), clearing up after every run. The extender runs (and is profiled) only during the
+    Tessera runs, the floor's only during its runs, KAI's processes only during KAI's (``kai``: its
+    variants, when ``bench.enable_kai`` found it)."""
     await asyncio.to_thread(bench.start_scheduler, PLAIN_SCHEDULER)
     await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, True)
-    plain: list[R] = []
-    tessera: list[R] = []
+    if floor:
+        await asyncio.to_thread(bench.start_scheduler, FLOOR_SCHEDULER)
+    runs: dict[str, list[R]] = {PLAIN_SCHEDULER: [], TESSERA_SCHEDULER: [], FLOOR_SCHEDULER: []}
     kai_runs: dict[str, list[R]] = {variant.label: [] for variant in kai}
-    contenders: list[KaiVariant | str] = [PLAIN_SCHEDULER, TESSERA_SCHEDULER, *kai]
+    schedulers = [PLAIN_SCHEDULER, TESSERA_SCHEDULER, *([FLOOR_SCHEDULER] if floor else [])]
+    contenders: list[KaiVariant | str] = [*schedulers, *kai]
     for contender in alternating(rounds, contenders):
         if contender == TESSERA_SCHEDULER:
             await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
@@ -576,15 +684,21 @@ async def compare(
             if isinstance(contender, KaiVariant):
                 async with kai_running(bench, contender):
                     kai_runs[contender.label].append(await scenario(namespace, KAI_SCHEDULER))
-            elif contender == TESSERA_SCHEDULER:
-                tessera.append(await scenario(namespace, TESSERA_SCHEDULER))
+            elif contender == FLOOR_SCHEDULER:
+                async with floor_running(bench):
+                    runs[contender].append(await scenario(namespace, contender))
             else:
-                plain.append(await scenario(namespace, PLAIN_SCHEDULER))
+                runs[contender].append(await scenario(namespace, contender))
         finally:
             if contender == TESSERA_SCHEDULER:
                 await asyncio.to_thread(bench.stop_extender)
         await bench.clear(namespace)
-    return tuple(plain), tuple(tessera), {label: tuple(runs) for label, runs in kai_runs.items()}
+    return Contest(
+        tuple(runs[PLAIN_SCHEDULER]),
+        tuple(runs[TESSERA_SCHEDULER]),
+        {label: tuple(done) for label, done in kai_runs.items()},
+        tuple(runs[FLOOR_SCHEDULER]),
+    )
 
 
 # -- benchmark 2 -------------------------------------------------------------------------------
@@ -595,14 +709,15 @@ async def _bind_all(
 ) -> BindRun:
     names = [f"p-{index:05d}" for index in range(pods)]
     async with watching(bench.api, namespace) as tracker:
+        requests_before = await bench.api_requests()
         cpu_before = bench.cpu_seconds(scheduler)
         started = time.monotonic()
         await bench.submit(namespace, scheduler, names)
         created = time.monotonic()
         done = await tracker.wait_for(lambda t: len(t.bound) >= pods, timeout, f"{pods} bound pods")
-        cpu_after = bench.cpu_seconds(scheduler)
-    cpu = CpuUse(cpu_after.scheduler_s - cpu_before.scheduler_s, cpu_after.extender_s - cpu_before.extender_s)
-    run = BindRun(scheduler, pods, created - started, done - started, cpu)
+        cpu = bench.cpu_seconds(scheduler) - cpu_before
+        requests = await bench.api_requests() - requests_before
+    run = BindRun(scheduler, pods, created - started, done - started, cpu, dict(requests))
     log.info(
         "%s: %d pods created in %.1fs, all bound after %.1fs", scheduler, pods, run.created_s, run.bound_s
     )
@@ -617,24 +732,34 @@ async def run_e2e(
     extender_profile: Path | None = None,
     kai: bool = True,
     kai_extra: Sequence[KaiVariant] = (),
+    floor: bool = True,
 ) -> E2EResult:
     """Benchmark 2 on a fresh local control plane (started and stopped here); with several
     ``rounds`` the figures are those of the median round of each scheduler. KAI races too when
-    hack/build-kai.sh built it (and ``kai``), with its defaults and in the ``kai_extra`` variants."""
+    hack/build-kai.sh built it (and ``kai``), with its defaults and in the ``kai_extra`` variants;
+    the do-nothing extender too (``floor``)."""
     if pods > nodes * GPUS_PER_NODE:
         raise ValueError(f"{pods} pods do not fit {nodes} nodes x {GPUS_PER_NODE} GPUs")
     async with bench_cluster(nodes, extender_profile) as bench:
         # The pods have no queue label: Tessera's default queue, mirrored for KAI.
         installed = kai and await bench.enable_kai([QueueSpec(DEFAULT_QUEUE)])
         variants = [DEFAULT_ACTIONS, *kai_extra] if installed else []
-        plain, tessera, kai_runs = await compare(
+        contest = await compare(
             bench,
             lambda namespace, scheduler: _bind_all(bench, namespace, scheduler, pods, timeout),
             rounds,
             variants,
+            floor,
         )
     return E2EResult(
-        plain, tessera, nodes=nodes, pods=pods, qps=CLIENT_QPS, burst=CLIENT_BURST, kai_runs=kai_runs
+        contest.plain,
+        contest.tessera,
+        nodes=nodes,
+        pods=pods,
+        qps=CLIENT_QPS,
+        burst=CLIENT_BURST,
+        kai_runs=contest.kai,
+        floor_runs=contest.floor,
     )
 
 
@@ -678,6 +803,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help=f"also race KAI with the kube-schedulers' client QPS/burst ({CLIENT_QPS}/{CLIENT_BURST})",
     )
+    parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="leave out the do-nothing extender (the scheduler configured as Tessera's, no work behind it)",
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     nodes = args.nodes or (500 if args.full else 100)
@@ -685,7 +815,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = profile_path(args.profile_extender)
     extra = [SAME_CLIENT] if args.kai_client_qps else []
     result = asyncio.run(
-        run_e2e(nodes, pods, args.rounds, extender_profile=profile, kai=not args.no_kai, kai_extra=extra)
+        run_e2e(
+            nodes,
+            pods,
+            args.rounds,
+            extender_profile=profile,
+            kai=not args.no_kai,
+            kai_extra=extra,
+            floor=not args.no_floor,
+        )
     )
     print(
         f"\n[2] end to end on the local control plane: {nodes} nodes x {GPUS_PER_NODE} GPUs, "
@@ -693,6 +831,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(e2e_table(result))
     print(f"DRA slices: {SLICE_LAYOUT}")
+    print(api_calls_table(result))
     if profile is not None and profile.exists():
         print(f"\nextender profile, last Tessera round ({profile}):\n{profile_summary(profile)}")
     print(
@@ -701,6 +840,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "plain_pods_per_s": round(result.plain.pods_per_s, 2),
                 "tessera_pods_per_s": round(result.tessera.pods_per_s, 2),
                 "ratio": round(result.ratio, 3),
+                **(
+                    {
+                        "floor_pods_per_s": round(result.floor.pods_per_s, 2),
+                        "floor_ratio": round(result.floor.pods_per_s / result.plain.pods_per_s, 3),
+                    }
+                    if result.floor is not None and result.plain.pods_per_s
+                    else {}
+                ),
                 **{
                     f"kai_pods_per_s ({label})": round(run.pods_per_s, 2)
                     for label, (run, _) in result.kai.items()

@@ -88,7 +88,7 @@ def _percentile(values: list[float], pct: float) -> float:
 class ServerProcess:
     """A ``bench.servers`` child process; closing its stdin stops it."""
 
-    def __init__(self, kind: str, nodes: int, pods: int, tree: bool = False) -> None:
+    def __init__(self, kind: str, nodes: int, pods: int, tree: bool = False, port: int = 0) -> None:
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -100,6 +100,7 @@ class ServerProcess:
                 "--pods",
                 str(pods),
                 *(["--queue-tree"] if tree else []),
+                *(["--port", str(port)] if port else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

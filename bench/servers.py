@@ -134,13 +134,13 @@ def floor_app(kind: str = "floor") -> web.Application:
     return app
 
 
-async def _serve(kind: str, nodes: int, pods: int, tree: bool) -> None:
+async def _serve(kind: str, nodes: int, pods: int, tree: bool, port: int = 0) -> None:
     # Built inside the running loop: the extender's API client wants one.
     api = ApiClient()
     app, objects = tessera_app(nodes, pods, api, tree) if kind == "tessera" else (floor_app(kind), 0)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     port = runner.addresses[0][1]
     print(f"READY {port} {rss_mib():.1f} {objects}", flush=True)
@@ -156,8 +156,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--pods", type=int, default=50_000)
     parser.add_argument("--queue-tree", action="store_true", help="1000 queues in three levels")
+    parser.add_argument("--port", type=int, default=0, help="listen on this port (default: a free one)")
     args = parser.parse_args()
-    asyncio.run(_serve(args.kind, args.nodes, args.pods, args.queue_tree))
+    asyncio.run(_serve(args.kind, args.nodes, args.pods, args.queue_tree, args.port))
 
 
 if __name__ == "__main__":

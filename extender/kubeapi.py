@@ -95,14 +95,32 @@ async def request(
     timeout: float = 30.0,
 ) -> JsonObject:
     """One API call; returns the decoded JSON body, raises KubeError on a non-2xx status."""
+    answer = await request_bytes(
+        api, method, path, query=query, body=body, content_type=content_type, timeout=timeout
+    )
+    decoded = msgspec.json.decode(answer)
+    return decoded if isinstance(decoded, dict) else {}
+
+
+async def request_bytes(
+    api: ApiClient,
+    method: str,
+    path: str,
+    *,
+    query: Mapping[str, str] | None = None,
+    body: object = None,
+    content_type: str = "application/json",
+    timeout: float = 30.0,
+) -> bytes:
+    """One API call; returns the body as sent (e.g. the text of /metrics), raises KubeError on a
+    non-2xx status."""
     response = await _send(
         api, method, path, query=query, body=body, content_type=content_type, timeout=timeout
     )
     async with response:
         if not 200 <= response.status < 300:
             raise await _error_of(response)
-        decoded = msgspec.json.decode(await response.read())
-    return decoded if isinstance(decoded, dict) else {}
+        return await response.read()
 
 
 async def watch_lines(api: ApiClient, path: str, query: Mapping[str, str]) -> AsyncIterator[JsonObject]:

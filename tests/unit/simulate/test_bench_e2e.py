@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from bench.e2e import (
+    FLOOR_LABEL,
     GPUS_PER_NODE,
     KAI_ANCHOR,
     TEMPLATE,
@@ -14,6 +15,8 @@ from bench.e2e import (
     BoundPods,
     CpuUse,
     E2EResult,
+    api_calls_table,
+    api_request_counts,
     e2e_table,
     gpu_pod,
     gpu_slices,
@@ -77,6 +80,50 @@ def test_median_rounds_ratios_and_tables() -> None:
     assert reaction.plain.seconds == 12.0  # the lower middle of an even count
     assert reaction.ratio == 3.0
     assert "3.00x faster" in reaction_table(reaction)
+
+
+def test_the_floor_row_and_api_calls_per_pod_beside_plain_and_tessera() -> None:
+    plain = BindRun(
+        "plain", 800, 4.0, 20.0, CpuUse(13.0, 0.0, 18.0), {"POST pods/binding": 800, "GET pods": 8}
+    )
+    tessera = BindRun("tessera", 800, 4.0, 25.0, CpuUse(13.0, 4.0, 19.0), {"POST pods/binding": 800})
+    floor = BindRun("floor", 800, 4.0, 21.0, CpuUse(13.0, 0.8, 18.0), {"POST pods/binding": 800})
+    result = E2EResult(
+        nodes=100,
+        pods=800,
+        qps=500,
+        burst=1000,
+        plain_runs=(plain,),
+        tessera_runs=(tessera,),
+        floor_runs=(floor,),
+    )
+    table = e2e_table(result)
+    # 800 pods in 25 s: 32.0 pods/s against 40.0, 0.80x; the floor 38.1 pods/s, 0.95x
+    floor_row = next(line for line in table.splitlines() if line.startswith(FLOOR_LABEL))
+    assert "38.1" in floor_row and "0.95x" in floor_row and "0.8" in floor_row
+    assert "0.80x" in table and "19.0" in table  # Tessera's ratio and its control plane's CPU
+    calls = api_calls_table(result).splitlines()
+    # 8 GETs of 800 pods is 0.01 a pod in every column: under 0.05, left out
+    assert [line.split() for line in calls[2:]] == [
+        ["POST", "pods/binding", "1.00", "1.00", "1.00"],
+        ["all", "1.01", "1.00", "1.00"],
+    ]
+
+
+def test_api_request_counts_sum_the_apiservers_counter_by_verb_and_resource() -> None:
+    metrics = "\n".join(
+        [
+            "# HELP apiserver_request_total Counter of apiserver requests.",
+            "# TYPE apiserver_request_total counter",
+            'apiserver_request_total{code="201",resource="pods",subresource="binding",verb="POST"} 5',
+            'apiserver_request_total{code="409",resource="pods",subresource="binding",verb="POST"} 2',
+            'apiserver_request_total{code="200",resource="pods",subresource="",verb="LIST"} 3',
+            'apiserver_request_total{code="200",resource="",subresource="",verb="GET"} 4',
+            "# TYPE apiserver_request_duration_seconds histogram",
+            'apiserver_request_duration_seconds_count{resource="pods",verb="POST"} 9',
+        ]
+    )
+    assert api_request_counts(metrics) == {"POST pods/binding": 7, "LIST pods": 3, "GET -": 4}
 
 
 async def test_bound_pods_counts_per_queue_and_names_the_wait_that_timed_out() -> None:
