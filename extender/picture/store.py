@@ -169,19 +169,24 @@ class _Shared:
         self.table: dict[bytes, Any] = {}
 
     def copy(self, value: Any) -> Any:
-        """`value` with each dict and list inside replaced by the shared copy of an equal one."""
+        """`value` with each dict and list inside replaced by the shared copy of an equal one.
+
+        A value is looked up by its JSON before it is copied: one seen before (the labels of
+        replicas, the resources of containers from one template) costs one encoding, no walk.
+        """
         if isinstance(value, str):
             return _intern(value) if len(value) <= _INTERNED_LENGTH else value
-        if isinstance(value, dict):
-            value = {_intern(k): self.copy(v) for k, v in value.items()}
-        elif isinstance(value, list):
-            value = [self.copy(v) for v in value]
-        else:
+        if not isinstance(value, dict | list):
             return value
         key = _encode(value)
         if len(key) > _SHARED_BYTES:
-            return value
-        return remembered(self.table, key, _SHARED_LIMIT, lambda: value)
+            return self._copy_inside(value)
+        return remembered(self.table, key, _SHARED_LIMIT, lambda: self._copy_inside(value))
+
+    def _copy_inside(self, value: dict[str, Any] | list[Any]) -> Any:
+        if isinstance(value, dict):
+            return {_intern(k): self.copy(v) for k, v in value.items()}
+        return [self.copy(v) for v in value]
 
 
 _SHARED = _Shared()
