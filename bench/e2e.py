@@ -6,15 +6,18 @@ the DeviceClasses of ``manifests/deviceclasses.yaml``. P pods, each with one GPU
 ResourceClaimTemplate, are created concurrently; the clock runs from the first create until the
 last pod has ``spec.nodeName``. Two kube-schedulers with the same client QPS/burst take turns on the
 same nodes: (a) plain, (b) calling the Tessera extender (``python -m extender`` in its own process;
-filter, prioritize and bind, nodeCacheCapable; it runs only during (b)), configured as the chart
-ships Tessera's scheduler (``tessera.cli.extender_config`` and ``SCHEDULER_PROFILE``: weight 5,
-every feasible node scored, the CPU/memory spreading scores off). Between the runs every
-pod is force-deleted and the run waits until its claims are gone, so (b) finds the same free
-capacity (a) did. ``--rounds N`` alternates a, b, b, a, ... and reports each scheduler's median
-round, so a change in background load hits both alike; the CPU seconds the scheduler and the
-extender spent during each run are reported too. When ``hack/build-kai.sh`` built it, KAI
-Scheduler races as a third contender on the same nodes with the same pods (``bench.kai``; its
-pods in Tessera's default queue, mirrored), its processes running only during its rounds.
+filter and prioritize, nodeCacheCapable; it runs only during (b)), configured as the chart ships
+Tessera's scheduler (``tessera.cli.extender_config`` and ``SCHEDULER_PROFILE``: weight 5, every
+feasible node scored, the CPU/memory spreading scores off; kube-scheduler binds). (c) The same
+scheduler configuration calling a do-nothing extender (``bench.servers fast-floor``): what any
+extender costs before it does any work (``--no-floor`` leaves it out). Between the runs every
+pod is force-deleted and the run waits until its claims are gone, so each run finds the same
+free capacity. ``--rounds N`` alternates a, b, c, c, b, a, ... and reports each scheduler's
+median round, so a change in background load hits all alike; the CPU seconds the scheduler, the
+extender and the control plane spent during each run, and the apiserver's requests per pod, are
+reported too. When ``hack/build-kai.sh`` built it, KAI Scheduler races as a further contender
+on the same nodes with the same pods (``bench.kai``; its pods in Tessera's default queue,
+mirrored), its processes running only during its rounds.
 
 The local kube-controller-manager runs with the same client QPS/burst: with its default 20 QPS,
 creating the claims from the templates would pace both runs alike and hide the schedulers.
@@ -86,7 +89,7 @@ PLAIN_SCHEDULER = "bench-plain"
 TESSERA_SCHEDULER = "bench-tessera"
 FLOOR_SCHEDULER = "bench-floor"
 FLOOR_LABEL = "kube-scheduler + do-nothing extender"
-FLOOR_LEAVES_OUT = ("bindVerb", "preemptVerb")  # the verbs a do-nothing extender does not serve
+FLOOR_LEAVES_OUT = ("preemptVerb",)  # what a do-nothing extender does not serve
 PROFILE_ENV = "TESSERA_BENCH_PROFILE_EXTENDER"
 KAI_ANCHOR = (
     "KAI Scheduler's published scale test: 500 nodes, 4000 single-GPU jobs in 6 min 38 s (10.1 pods/s)"
@@ -429,8 +432,8 @@ class BenchCluster:
     def start_scheduler(self, name: str, with_extender: bool = False) -> None:
         """A kube-scheduler of profile ``name``; ``with_extender``: configured as the chart ships
         Tessera's (``tessera.cli``: the extender entry, weight 5, and the profile's scoring). The
-        floor's scheduler is configured the same, its extender entry without the verbs a
-        do-nothing extender does not serve (bind, preempt)."""
+        floor's scheduler is configured the same, its extender entry without the verb a
+        do-nothing extender does not serve (preempt)."""
         if name == FLOOR_SCHEDULER:
             entry = extender_config(self.floor_port)
             floor_entry = {key: value for key, value in entry.items() if key not in FLOOR_LEAVES_OUT}

@@ -79,7 +79,6 @@ def extender_config(port: int) -> dict[str, object]:
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
         "preemptVerb": "preempt",
-        "bindVerb": "bind",
         "weight": EXTENDER_WEIGHT,
         "nodeCacheCapable": True,
         "enableHTTPS": False,
@@ -153,7 +152,7 @@ def _usage(cluster: LocalCluster, nodes: list[str]) -> str:
             f" at {cluster.server}",
             f"  fake GPU nodes: {', '.join(nodes)} (DRA driver: simulated GPUs, kubelet stand-in)",
             f"  scheduler:      profile '{TESSERA_SCHEDULER}' calls the Tessera extender (filter, prioritize,"
-            " preempt, bind); pods opt in with schedulerName: tessera and name their queue with the"
+            " preempt); pods opt in with schedulerName: tessera and name their queue with the"
             " label scheduling.tessera.dev/queue (on the pod, its Job or Deployment, or as the"
             " Namespace's default: label scheduling.tessera.dev/default-queue)",
             f"  logs:           {cluster.workdir / 'logs'}",

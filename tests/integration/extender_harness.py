@@ -238,7 +238,6 @@ class GpuCluster:
             "filterVerb": "filter",
             "prioritizeVerb": "prioritize",
             "preemptVerb": "preempt",
-            "bindVerb": "bind",
             "weight": 1,
             "nodeCacheCapable": True,
             "enableHTTPS": False,

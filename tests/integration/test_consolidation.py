@@ -185,7 +185,6 @@ async def consolidation_cluster(
             "filterVerb": "filter",
             "prioritizeVerb": "prioritize",
             "preemptVerb": "preempt",
-            "bindVerb": "bind",
             "weight": 1,
             "nodeCacheCapable": True,
             "enableHTTPS": False,

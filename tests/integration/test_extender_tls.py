@@ -71,6 +71,7 @@ async def test_scheduler_talks_to_the_extender_process_over_mutual_tls(
 
             await env.start_scheduler(
                 url,
+                bindVerb="bind",  # every verb over the TLS link, bind too (the chart's extender.bind)
                 enableHTTPS=True,
                 nodeCacheCapable=False,
                 tlsConfig={

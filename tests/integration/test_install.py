@@ -12,6 +12,7 @@ Each test renders its own release into its own namespace, so cluster-scoped name
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import ssl
@@ -55,6 +56,7 @@ NON_DEFAULT_VALUES = (
     "draDriver.nodeSelector.nvidia\\.com/gpu\\.present=true",
     "imagePullSecrets[0].name=registry",
     "commonLabels.team=gpu",
+    "extender.bind=true",
 )
 
 
@@ -239,6 +241,17 @@ def test_the_apiserver_accepts_every_rendered_object(
         assert names_of(objects, "DaemonSet") == [f"{release}-tessera-dra-driver"]
         shipped = yaml.safe_load_all((REPO / "manifests" / "deviceclasses.yaml").read_text())
         assert sorted(names_of(objects, "DeviceClass")) == sorted(d["metadata"]["name"] for d in shipped if d)
+    binds = [
+        rule
+        for o in objects
+        if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-tessera-extender")
+        for rule in o["rules"]
+        if "pods/binding" in rule["resources"]
+    ]
+    config_map = next(o for o in objects if o["kind"] == "ConfigMap" and "scheduler" in o["metadata"]["name"])
+    (entry,) = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])["extenders"]
+    # The extender binds, and may bind, only with extender.bind.
+    assert ("bindVerb" in entry) == bool(binds) == ("extender.bind=true" in values)
     if values == NON_DEFAULT_VALUES:
         assert_tls_wired(objects, release, namespace)
     if values == CONFIG_ONLY_VALUES:
@@ -246,9 +259,7 @@ def test_the_apiserver_accepts_every_rendered_object(
         (extender,) = (o for o in objects if o["kind"] == "Deployment")
         probe = extender["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
         assert probe["httpGet"] == {"path": "/readyz", "port": "metrics"}
-        config_map = next(o for o in objects if o["kind"] == "ConfigMap")
-        (link,) = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])["extenders"]
-        assert set(link["tlsConfig"]) == {"serverName", "caFile"}
+        assert set(entry["tlsConfig"]) == {"serverName", "caFile"}
         (policy,) = (o for o in objects if o["kind"] == "NetworkPolicy")
         assert policy["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
     if values == OWN_ISSUER_VALUES:
@@ -380,7 +391,6 @@ NEEDS = {
         "list pods",
         "watch pods",
         "get pods ns",
-        "create pods/binding ns",
         "patch pods/status ns",
         "create events ns",
         f"list resourceslices.{RESOURCE}",
@@ -433,6 +443,7 @@ NEEDS = {
 }
 DENIED = {
     "extender": access_list(
+        "create pods/binding ns",  # kube-scheduler binds, unless extender.bind (BINDING_VALUES)
         "delete pods ns",
         "update pods ns",
         "update pods/status ns",
@@ -460,6 +471,9 @@ DENIED = {
 # The DeviceClasses and the default Queue have fixed names that other tests use too; the server
 # dry run above covers them.
 INSTALL_VALUES = ("deviceClasses.create=false", "defaultQueue.create=false")
+# The extender as kube-scheduler's binder: the verb in the scheduler's configuration, and the
+# extender's permission to bind.
+BINDING_VALUES = ("extender.bind=true",)
 
 
 class Release:
@@ -468,12 +482,12 @@ class Release:
     There is no kubelet (and no Deployment controller), so its pods never start: the tests run the
     components themselves with the ServiceAccounts' tokens."""
 
-    def __init__(self, cluster: LocalCluster, namespace: str) -> None:
+    def __init__(self, cluster: LocalCluster, namespace: str, *values: str) -> None:
         self.cluster = cluster
         self.namespace = namespace
         self.name = f"it-{uuid.uuid4().hex[:6]}"
         self.scheduler_name = f"tessera-{self.name}"
-        self.values = (*INSTALL_VALUES, f"scheduler.schedulerName={self.scheduler_name}")
+        self.values = (*INSTALL_VALUES, *values, f"scheduler.schedulerName={self.scheduler_name}")
 
     def helm(self, *args: str) -> str:
         return helm(
@@ -524,14 +538,27 @@ class Release:
         return path
 
 
+@contextlib.contextmanager
+def installed(cluster: LocalCluster, namespace: str, *values: str) -> Iterator[Release]:
+    release = Release(cluster, namespace, *values)
+    release.install()
+    try:
+        yield release
+    finally:
+        release.uninstall()
+
+
 @pytest.fixture
 def release(local_cluster: LocalCluster, namespace: str) -> Iterator[Release]:
-    installed = Release(local_cluster, namespace)
-    installed.install()
-    try:
-        yield installed
-    finally:
-        installed.uninstall()
+    with installed(local_cluster, namespace) as release:
+        yield release
+
+
+@pytest.fixture
+def binding_release(local_cluster: LocalCluster, namespace: str) -> Iterator[Release]:
+    """The chart with the extender as kube-scheduler's binder (BINDING_VALUES)."""
+    with installed(local_cluster, namespace, *BINDING_VALUES) as release:
+        yield release
 
 
 def test_helm_installs_and_uninstalls_the_release(local_cluster: LocalCluster, namespace: str) -> None:
@@ -690,10 +717,12 @@ def call_bind(url: str, context: ssl.SSLContext, body: dict[str, str]) -> dict[s
 
 
 async def test_the_scheduler_and_extender_bind_a_pod_with_only_their_service_accounts(
-    release: Release, k8s: ApiClient, tmp_path: Path
+    binding_release: Release, k8s: ApiClient, tmp_path: Path
 ) -> None:
-    """With the chart's own certificates: mutual TLS between the two, metrics and health on the
-    plain-HTTP port, and bind refusing what it must not do, on the real control plane."""
+    """With extender.bind and the chart's own certificates: mutual TLS between the two, metrics and
+    health on the plain-HTTP port, and bind refusing what it must not do, on the real control
+    plane."""
+    release = binding_release
     cluster, namespace = release.cluster, release.namespace
     extender_port, metrics_port, scheduler_port = free_port(), free_port(), free_port()
     extender_log, scheduler_log = tmp_path / "extender.log", tmp_path / "scheduler.log"

@@ -93,7 +93,9 @@ extenders:
     filterVerb: filter
     prioritizeVerb: prioritize
     preemptVerb: preempt
+    {{- if .Values.extender.bind }}
     bindVerb: bind
+    {{- end }}
     weight: {{ .Values.scheduler.extenderWeight }}
     nodeCacheCapable: true
     httpTimeout: {{ .Values.scheduler.httpTimeout }}
