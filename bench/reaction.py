@@ -211,20 +211,14 @@ async def run_reaction_async(
             body = queue_object(queue.name, {"resources": {"gpu": {"quota": queue.quota["gpu"]}}})
             await request(bench.api, "POST", QUEUES_PATH, body=body)
         variants = [DEFAULT_ACTIONS] if kai and await bench.enable_kai(queues) else []
-        contest = await compare(
+        plain, tessera, kai_runs, _ = await compare(
             bench,
             lambda namespace, scheduler: _react(bench, namespace, scheduler, a_pods, b_pods, rate, timeout),
             rounds,
             variants,
         )
     return ReactionResult(
-        contest.plain,
-        contest.tessera,
-        nodes=nodes,
-        a_pods=a_pods,
-        b_pods=b_pods,
-        finish_rate=rate,
-        kai_runs=contest.kai,
+        plain, tessera, nodes=nodes, a_pods=a_pods, b_pods=b_pods, finish_rate=rate, kai_runs=kai_runs
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import urlsplit
 from urllib.request import getproxies, proxy_bypass
 
@@ -84,39 +84,25 @@ async def _send(
     return response
 
 
-async def request(
-    api: ApiClient,
-    method: str,
-    path: str,
-    *,
-    query: Mapping[str, str] | None = None,
-    body: object = None,
-    content_type: str = "application/json",
-    timeout: float = 30.0,
-) -> JsonObject:
+class CallOptions(TypedDict, total=False):
+    """How one API call is made beyond its method and path (the keywords of `_send`)."""
+
+    query: Mapping[str, str] | None
+    body: object
+    content_type: str
+    timeout: float | None
+
+
+async def request(api: ApiClient, method: str, path: str, **options: Unpack[CallOptions]) -> JsonObject:
     """One API call; returns the decoded JSON body, raises KubeError on a non-2xx status."""
-    answer = await request_bytes(
-        api, method, path, query=query, body=body, content_type=content_type, timeout=timeout
-    )
-    decoded = msgspec.json.decode(answer)
+    decoded = msgspec.json.decode(await request_bytes(api, method, path, **options))
     return decoded if isinstance(decoded, dict) else {}
 
 
-async def request_bytes(
-    api: ApiClient,
-    method: str,
-    path: str,
-    *,
-    query: Mapping[str, str] | None = None,
-    body: object = None,
-    content_type: str = "application/json",
-    timeout: float = 30.0,
-) -> bytes:
+async def request_bytes(api: ApiClient, method: str, path: str, **options: Unpack[CallOptions]) -> bytes:
     """One API call; returns the body as sent (e.g. the text of /metrics), raises KubeError on a
     non-2xx status."""
-    response = await _send(
-        api, method, path, query=query, body=body, content_type=content_type, timeout=timeout
-    )
+    response = await _send(api, method, path, **options)
     async with response:
         if not 200 <= response.status < 300:
             raise await _error_of(response)
