@@ -204,7 +204,8 @@ class E2EResult(Rounds[BindRun]):
 
     @property
     def ratio(self) -> float:
-        """Throughput with the extender over throughput without, median rounds (target: >= 0.8)."""
+        """Throughput with the extender over throughput without, median rounds (the do-nothing
+        extender's own ratio, `floor`, bounds it on a machine the control plane saturates)."""
         return self.tessera.pods_per_s / self.plain.pods_per_s if self.plain.pods_per_s else 0.0
 
 

@@ -75,6 +75,9 @@ METADATA: Keep = {
     **dict.fromkeys(("namespace", "generation"), KEEP),
     **dict.fromkeys(("labels", "annotations", "ownerReferences", "finalizers"), SHARE),
 }
+# A claim's owner is its pod, different for every claim: nothing reads it, and sharing values that
+# never repeat would only churn the table of shared values.
+_CLAIM_METADATA: Keep = {field: how for field, how in METADATA.items() if field != "ownerReferences"}
 _CONTAINER: Keep = {"name": SHARE, "resources": SHARE, "restartPolicy": SHARE}
 # A pod's claim: by name (its own claim), by template, or the claim generated from a template.
 _CLAIM_REF: Keep = {"name": KEEP, "resourceClaimName": OWN, "resourceClaimTemplateName": KEEP}
@@ -134,7 +137,7 @@ PROJECTIONS: dict[str, Keep] = {
     },
     "ResourceClaim": {
         **_TYPE,
-        "metadata": METADATA,
+        "metadata": _CLAIM_METADATA,
         "spec": SHARE,
         "status": {
             # The devices it holds (extender.demand.allocated_devices) and the pods sharing them.
