@@ -259,6 +259,10 @@ class QueueAccounting:
         self._recount()
         return self.ledger.mix()
 
+    def settle(self) -> None:
+        """Recount the pods that changed now, as the next `view` or `mix` would do first."""
+        self._recount()
+
     def _recount(self) -> None:
         """Recount the pods that changed into the ledger (and drop the view when any did)."""
         expiries = self._expiries

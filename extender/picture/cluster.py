@@ -221,6 +221,11 @@ class ClusterPicture:
     def fairness(self) -> QueueView:
         return self.accounting.view()
 
+    def settle(self) -> None:
+        """Count what the watch events since the last request changed, ahead of that request:
+        kube-scheduler waits for a filter answer in every pod's cycle, not for a watch event."""
+        self.accounting.settle()
+
     def mix(self) -> WorkloadMix:
         """The workload mix placement ranks against (the view's, without computing the rest)."""
         return self.accounting.mix()

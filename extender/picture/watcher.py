@@ -53,6 +53,7 @@ class ClusterWatcher:
         self.watch_timeout_s = watch_timeout_s
         self.retry_delay_s = retry_delay_s
         self._tasks: list[asyncio.Task[None]] = []
+        self._settling = False
 
     def problem(self) -> str:
         """Which watches stopped for good ('' while all run): a reason to restart the process."""
@@ -122,7 +123,23 @@ class ClusterWatcher:
             if not version:
                 log.info("watch %s expired (410 Gone); relisting", kind)
                 return ""
+            self._settle_soon()
         return version
+
+    def _settle_soon(self) -> None:
+        """Once the events at hand are applied, let the picture count what they changed
+        (`ClusterPicture.settle`): in the time kube-scheduler spends on its own filters, instead of
+        in the next filter or prioritize call, which the scheduler waits for."""
+        if not self._settling:
+            self._settling = True
+            asyncio.get_running_loop().call_soon(self._settle)
+
+    def _settle(self) -> None:
+        self._settling = False
+        try:
+            self.picture.settle()
+        except Exception:  # the next request counts again, and reports its own failure
+            log.exception("counting the changes of the watch events failed")
 
 
 def apply_watch_event(picture: ClusterPicture, kind: str, event: Mapping[str, Any], version: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import random
 import time
@@ -12,9 +13,10 @@ from typing import Any, Literal
 import pytest
 
 from extender.kubeapi import KubeError
+from extender.picture import watcher
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
 from extender.picture.ledger import Bucket, Contribution, QueueLedger
-from extender.picture.watcher import apply_watch_event
+from extender.picture.watcher import ClusterWatcher, apply_watch_event
 from extender.policy.fairness import QueueTree, QueueUsage, compute_fair_shares
 from extender.policy.placement import GpuDemand
 from tests import extender_objects as objects
@@ -296,6 +298,39 @@ def test_watch_events_apply_bookmarks_advance_and_410_asks_for_a_relist() -> Non
         failed = {"type": "ERROR", "object": {"code": 500, "message": "boom"}}
         apply_watch_event(state, "ResourceSlice", failed, "30")
     assert failure.value.status == 500
+
+
+async def test_the_watcher_counts_a_burst_of_events_once_before_the_next_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    template = objects.claim_template("ns", "one", objects.claim_spec(CLASS))
+    state = synced_state([*two_nodes(), template, objects.queue("q")])
+    pods = [
+        with_rv(objects.pod("ns", f"p{index}", queue="q", template="one"), 10 + index) for index in range(3)
+    ]
+
+    async def three_pods(*_: Any) -> Any:
+        for pod in pods:
+            yield {"type": "ADDED", "object": pod}
+
+    monkeypatch.setattr(watcher, "watch_lines", three_pods)
+    settled: list[int] = []
+    monkeypatch.setattr(state, "settle", lambda: settled.append(len(state.kind("Pod"))))
+    assert await ClusterWatcher(None, state)._watch("Pod", "/api/v1/pods", "1") == "12"  # type: ignore[arg-type]
+    assert settled == []  # not while applying the events at hand
+    await asyncio.sleep(0)
+    assert settled == [3]  # once, with all three
+
+
+def test_settle_counts_changed_pods_as_the_next_view_would() -> None:
+    template = objects.claim_template("ns", "one", objects.claim_spec(CLASS))
+    state = synced_state([*two_nodes(), template, objects.queue("q")])
+    before = state.accounting.ledger.mix()
+    state.apply("Pod", "ADDED", with_rv(objects.pod("ns", "p0", queue="q", template="one"), 10))
+    state.settle()
+    counted = state.accounting.ledger.mix()  # the ledger as settle left it, read without a recount
+    fresh = synced_state([*two_nodes(), template, objects.queue("q"), *state.kind("Pod").values()])
+    assert counted != before and counted == fresh.mix()
 
 
 def test_incremental_accounting_matches_a_fresh_count_after_many_events() -> None:
