@@ -2,7 +2,9 @@
 
 It lists every watched kind (in pages), then follows a watch from the list's resourceVersion,
 relisting when the server says that version is gone (410) and reconnecting with exponential
-backoff on any other error, so the picture survives apiserver restarts. After each full list it
+backoff on any other error, so the picture survives apiserver restarts. Once the events at hand
+are applied, the picture counts what they changed (`ClusterPicture.settle`) before the next
+request needs it. After each full list it
 collects garbage once and freezes the survivors: the picture is millions of long-lived objects,
 and left to the collector every full collection would walk all of them (hundreds of ms in the
 middle of a request). The picture holds no reference cycles, so what it drops later is still
