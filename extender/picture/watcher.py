@@ -4,13 +4,13 @@ It lists every watched kind (in pages), then follows a watch from the list's res
 relisting when the server says that version is gone (410) and reconnecting with exponential
 backoff on any other error, so the picture survives apiserver restarts. Once the events at hand
 are applied, the picture counts what they changed (`ClusterPicture.settle`) before the next
-request needs it. After each full list it
-collects garbage once and freezes the survivors: the picture is millions of long-lived objects,
-and left to the collector every full collection would walk all of them (hundreds of ms in the
-middle of a request). The picture holds no reference cycles, so what it drops later is still
-freed by reference counting. It also hands the C heap's free memory back to the system: the list's
-pages of JSON (megabytes each) leave free space in the heap below what the picture keeps, which
-would otherwise stay in the process's resident memory (12 MiB at 1000 nodes / 20,000 pods).
+request needs it. After each full list it collects garbage once and freezes the survivors: the
+picture is millions of long-lived objects, and left to the collector every full collection would
+walk all of them (hundreds of ms in the middle of a request). The picture holds no reference
+cycles, so what it drops later is still freed by reference counting. It also hands the C heap's
+free memory back to the system: the list's pages of JSON (megabytes each) leave free space in the
+heap below what the picture keeps, which would otherwise stay in the process's resident memory
+(12 MiB at 1000 nodes / 20,000 pods).
 """
 
 from __future__ import annotations
