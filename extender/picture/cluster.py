@@ -191,11 +191,11 @@ class ClusterPicture:
 
     def gang(self, pod: Mapping[str, Any]) -> GangState:
         """The pod's workload: its minimum, members, how many are placed, its reservation."""
-        self.fairness()  # brings reservations in line with the members
+        self.settle()  # brings reservations in line with the members
         return self._gang_now(pod)
 
     def _gang_now(self, pod: Mapping[str, Any]) -> GangState:
-        """`gang`, with the reservations already brought in line (by a `fairness()` just before)."""
+        """`gang`, with the reservations already brought in line (by a `settle()` just before)."""
         workload = self.workloads.workload(pod)
         if workload.single:
             return GangState(workload, 1, 1, 0, None)
@@ -222,8 +222,10 @@ class ClusterPicture:
         return self.accounting.view()
 
     def settle(self) -> None:
-        """Count what the watch events since the last request changed, ahead of that request:
-        kube-scheduler waits for a filter answer in every pod's cycle, not for a watch event."""
+        """Count what changed into the ledger, without the fair shares `fairness` computes too:
+        the watcher calls it after a burst of events, ahead of the next request (kube-scheduler
+        waits for a filter answer in every pod's cycle, not for a watch event), and the questions
+        that read only the ledger call it first."""
         self.accounting.settle()
 
     def mix(self) -> WorkloadMix:
@@ -447,7 +449,7 @@ class ClusterPicture:
         Reclaim and consolidation plan only while one waits: a pod the scheduler has not tried
         yet (a backlog of new pods) may well fit where it is, and planning for it would be a pass
         over every waiting pod each cycle with nothing to come of it."""
-        self.fairness()  # brings the ledger's waiting pods up to date
+        self.settle()  # brings the ledger's waiting pods up to date
         ledger = self.accounting.ledger
         return any(
             ledger.contributions[key].gpu_demand is not None for key in self._unplaced & ledger.waiting
@@ -456,7 +458,7 @@ class ClusterPicture:
     def workload_counts(self) -> dict[str, tuple[int, int]]:
         """Per queue: workloads admitted (a pod alone that holds its GPUs, or a gang with its
         minimum placed or reserved) and workloads waiting (pods pending, not admitted)."""
-        self.fairness()
+        self.settle()
         placed: Counter[str] = Counter()
         pending: set[str] = set()
         queue_of: dict[str, str] = {}
