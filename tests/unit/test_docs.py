@@ -106,3 +106,66 @@ def test_references_to_the_benchmark_docs_find_their_sections() -> None:
             ) and not (name == "benchmarks-log.md" and quoted in (ROOT / "docs" / name).read_text()):
                 missing.append(f'{where}: {name} "{quoted}"')
     assert missing == []
+
+
+# Generated code named by its folder in the table (`dra_driver/proto/`), not file by file.
+_NAMED_BY_FOLDER = ("dra_driver/proto/",)
+
+
+def test_the_architecture_doc_names_every_module() -> None:
+    """docs/architecture.md's table of modules names each module of the services and tools by its
+    path, so a new module has to take its place there."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    modules = [
+        path.relative_to(ROOT).as_posix()
+        for package in ("contract", "extender", "dra_driver", "tessera")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path.name != "__init__.py"
+    ]
+    assert "extender/picture/store.py" in modules  # the walk found the packages
+    unnamed = [
+        module
+        for module in modules
+        if f"`{module}`" not in text and not any(module.startswith(folder) for folder in _NAMED_BY_FOLDER)
+    ]
+    assert unnamed == []
+    assert all(f"`{folder}`" in text for folder in _NAMED_BY_FOLDER)
+
+
+_REPO_PATH = re.compile(r"(extender|dra_driver|tessera|contract|bench|tests|manifests|charts|docs|hack)/")
+
+
+def test_the_where_to_add_recipes_name_what_exists() -> None:
+    """Every file, flag and name in backticks in the architecture doc's "Where to add" recipes is in
+    the tree: a rename of a cache or a module the recipes point at has to update them."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    recipes = text[text.index("## Where to add") :]
+    code = "\n".join(
+        path.read_text()
+        for package in ("contract", "extender", "dra_driver", "tessera", "bench")
+        for path in (ROOT / package).rglob("*.py")
+    )
+    file_names = {
+        path.name
+        for folder in ("contract", "extender", "dra_driver", "tessera", "tests")
+        for path in (ROOT / folder).rglob("*.py")
+    }
+    missing = []
+    for token in re.findall(r"`([^`]+)`", recipes):
+        if " " in token or token.startswith("/"):
+            continue  # an expression or a device path, not a name
+        if _REPO_PATH.match(token):
+            found = (ROOT / token).exists()
+        elif token.endswith(".py"):
+            found = token in file_names  # a module or test named beside its folder
+        elif token.startswith("--"):
+            found = f'"{token}"' in code
+        elif "/" in token:
+            continue  # a resource or label name (nvidia.com/gpu)
+        else:
+            found = all(
+                re.search(rf"\b{re.escape(part)}\b", code) for part in token.removesuffix("()").split(".")
+            )
+        if not found:
+            missing.append(token)
+    assert missing == []
