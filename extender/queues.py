@@ -325,11 +325,10 @@ def queue_statuses(
     """Status of every queue, with subtree sums for parents; ``previous`` maps queue -> old conditions."""
     problems = validate_hierarchy(specs)
     tree = QueueTree(specs, usage)
+    used_below = _resources_used_below(tree)
     statuses: dict[str, dict[str, Any]] = {}
     for name, spec in tree.specs.items():
-        resources = {r for r in fair_shares.get(name, {})} | set(spec.quota) | set(spec.limit)
-        for queue in [name, *_descendants(tree, name)]:
-            resources |= set(tree.own(queue).allocated) | set(tree.own(queue).requested)
+        resources = set(fair_shares.get(name, {})) | set(spec.quota) | set(spec.limit) | used_below[name]
         allocated = {r: tree.subtree(name, "allocated", r) for r in resources}
         requested = {r: tree.subtree(name, "requested", r) for r in resources}
         statuses[name] = queue_status(
@@ -344,11 +343,13 @@ def queue_statuses(
     return statuses
 
 
-def _descendants(tree: QueueTree, name: str) -> list[str]:
-    found: list[str] = []
-    stack = list(tree.children.get(name, []))
-    while stack:
-        child = stack.pop()
-        found.append(child)
-        stack.extend(tree.children.get(child, []))
-    return found
+def _resources_used_below(tree: QueueTree) -> dict[str, set[str]]:
+    """Per queue, the resources that pods of its subtree hold or wait for: each queue's own,
+    folded into its parent's from the leaves up, so O(queues) at any depth (a walk of every
+    queue's descendants was quadratic: 6 s for a chain of 5000)."""
+    used = {name: set(tree.own(name).allocated) | set(tree.own(name).requested) for name in tree.specs}
+    for name in reversed(tree.top_down()):
+        parent = tree.specs[name].parent
+        if parent is not None:
+            used[parent] |= used[name]
+    return used
