@@ -21,6 +21,7 @@ from kubernetes_asyncio.client import ApiClient
 from contract.names import ADMISSION_GATE, DRIVER_NAME, NAMESPACE_SCHEDULER_LABEL, PREEMPTIBLE_LABEL
 from extender.controllers.consolidate import ConsolidationOptions
 from extender.controllers.endpoint import Advertise
+from extender.controllers.evictions import EvictionLimits
 from extender.controllers.reclaim import ReclaimOptions
 from extender.kubeapi import resolve_environment_once
 from extender.picture.cluster import ClusterPicture, PictureConfig
@@ -90,6 +91,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--max-evictions-per-cycle", type=int, default=16, help="pods evicted per reclaim cycle at most"
+    )
+    parser.add_argument(
+        "--eviction-concurrency",
+        type=int,
+        default=16,
+        help="reclaim and consolidation: Eviction API calls in flight at once (default 16)",
+    )
+    parser.add_argument(
+        "--eviction-timeout",
+        type=float,
+        default=5.0,
+        help="reclaim and consolidation: seconds an Eviction API call may take before it is given "
+        "up (default 5)",
     )
     parser.add_argument(
         "--max-moves-per-cycle",
@@ -205,6 +219,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
     if args.metrics_port and args.metrics_port == args.port:
         parser.error("--metrics-port must differ from --port")
+    if args.eviction_concurrency < 1 or not args.eviction_timeout > 0:
+        parser.error("--eviction-concurrency must be at least 1 and --eviction-timeout above 0")
     args.webhook_cert_file = args.webhook_cert_file or args.tls_cert_file
     args.webhook_key_file = args.webhook_key_file or args.tls_key_file
     if args.webhook_port and not (args.webhook_cert_file and args.webhook_key_file):
@@ -235,6 +251,7 @@ async def run(args: argparse.Namespace) -> None:
             non_preemptible_priority=args.non_preemptible_priority,
         )
     )
+    evictions = EvictionLimits(concurrency=args.eviction_concurrency, timeout_s=args.eviction_timeout)
     options = ServiceOptions(
         host=args.listen_address,
         port=args.port,
@@ -248,7 +265,12 @@ async def run(args: argparse.Namespace) -> None:
         idle_timeout_s=args.idle_timeout,
         picture=picture,
         reclaim=(
-            ReclaimOptions(args.reclaim_interval, args.reclaim_hold, args.max_evictions_per_cycle)
+            ReclaimOptions(
+                interval_s=args.reclaim_interval,
+                hold_s=args.reclaim_hold,
+                max_evictions_per_cycle=args.max_evictions_per_cycle,
+                evictions=evictions,
+            )
             if args.reclaim_interval > 0
             else None
         ),
@@ -261,6 +283,7 @@ async def run(args: argparse.Namespace) -> None:
                 replace_timeout_s=args.move_replace_timeout,
                 drain_nodes=args.drain_gpu_nodes,
                 drain_hold_s=args.drain_hold,
+                evictions=evictions,
             )
             if args.max_moves_per_cycle > 0
             else None

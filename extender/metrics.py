@@ -80,7 +80,8 @@ class ExtenderMetrics:
         self.evictions = Counter(
             "tessera_reclaim_evictions_total",
             "Pods the reclaim loop asked the Eviction API to evict, by goal (reclaim, preempt), the "
-            "victim's queue and outcome (evicted, blocked by a PodDisruptionBudget, gone, failed).",
+            "victim's queue and outcome (evicted, blocked by a PodDisruptionBudget, gone, timed_out: no "
+            "answer within the timeout, failed).",
             ["goal", "queue", "outcome"],
             registry=self.registry,
         )
@@ -120,7 +121,7 @@ class ExtenderMetrics:
             "tessera_consolidation_moves_total",
             "Pods the consolidation loop asked the Eviction API to evict so they are recreated "
             "elsewhere, by goal (consolidate, drain) and outcome (evicted, blocked by a "
-            "PodDisruptionBudget, gone, failed).",
+            "PodDisruptionBudget, gone, timed_out, failed).",
             ["goal", "outcome"],
             registry=self.registry,
         )

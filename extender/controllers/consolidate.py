@@ -7,8 +7,10 @@ to empty whole GPU nodes for a node autoscaler to remove. For each plan:
 
 1. hold the slot being freed - for the served pod (the filter shows other pods the node minus the
    hold), or the whole emptied node - so the movers' successors cannot land back in it;
-2. evict the movers through the Eviction API: a PodDisruptionBudget that blocks one is reported
-   on the mover and the served pod, the plan is dropped and its hold released (never bypassed);
+2. evict the movers through the Eviction API, every plan's at once (`evictions.evict_all`: a
+   bounded number of calls in flight, each with a short timeout): a PodDisruptionBudget that
+   blocks one, a failure or no answer in time is reported on the mover and the served pod, the
+   plan is dropped and its hold released (a budget is never bypassed);
 3. afterwards, check that each mover was re-placed: its controller's new pod (same controller,
    created after the eviction) bound to a node within `replace_timeout_s`; counted and reported
    either way.
@@ -21,14 +23,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from kubernetes_asyncio.client import ApiClient
 
 from contract.kube import controller_of, mapping, meta
-from extender.controllers.evictions import evict, pod_event, report_cut_off, uid_of
+from extender.controllers.evictions import (
+    EvictionLimits,
+    EvictionOutcome,
+    evict_all,
+    pod_event,
+    report_cut_off,
+    uid_of,
+)
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture, pod_created
 from extender.policy.consolidation import ConsolidationRules, MovePlan, NodeRooms, plan_drain, plan_moves
@@ -52,6 +61,7 @@ class ConsolidationOptions:
     drain_nodes: int = 0  # scale-down: GPU nodes emptied per cycle while nothing waits; 0 = off
     drain_hold_s: float = 600.0  # an emptied node is kept empty this long (for the autoscaler)
     blocked_retry_s: float = 60.0  # a pod whose move a budget blocked is not tried again sooner
+    evictions: EvictionLimits = field(default_factory=EvictionLimits)  # calls in flight, timeout
 
 
 @dataclass(frozen=True)
@@ -110,7 +120,7 @@ class Consolidator:
             plans = plan_drain(snapshot, now, self.rules, self.options.drain_nodes, draining, pinned, work)
             report_cut_off(self.metrics, "drain", work)
         self.metrics.consolidation_cycle.observe(time.perf_counter() - started)
-        return [each for each in plans if await self._execute(each)]
+        return await self.carry_out(plans)
 
     def _pinned(self) -> frozenset[str]:
         """Pods whose move was blocked lately: not tried again until their retry time."""
@@ -138,31 +148,50 @@ class Consolidator:
         self.picture.inventory.hold(key, chosen.node, GpuDemand(gpus), self.options.drain_hold_s)
         return key
 
-    async def _execute(self, chosen: MovePlan) -> bool:
+    async def carry_out(self, plans: Sequence[MovePlan]) -> list[MovePlan]:
+        """Hold what each plan frees, evict every plan's movers at once (`evict_all`), then settle
+        each plan by its movers' outcomes. Returns the plans carried out."""
+        # Held before the first eviction: nothing else lands in the slots while the movers go.
+        holds = [self._hold(chosen) for chosen in plans]
+        # Read now: an evicted pod may leave the picture before its move is recorded.
+        pods = {m.pod.key: self.picture.kind("Pod").get(m.pod.key) or {} for p in plans for m in p.moves}
+        outcomes = await evict_all(self.api, list(pods), self.options.evictions)
+        return [
+            chosen
+            for chosen, hold_key in zip(plans, holds, strict=True)
+            if await self._settle(chosen, hold_key, outcomes, pods)
+        ]
+
+    async def _settle(
+        self,
+        chosen: MovePlan,
+        hold_key: str,
+        outcomes: Mapping[str, EvictionOutcome],
+        mover_pods: Mapping[str, Mapping[str, Any]],
+    ) -> bool:
+        """Record a plan's moves; drop it (and its hold) when a mover was not evicted - blocked
+        by a PodDisruptionBudget, failed, or no answer in time. Whether it was carried out."""
         target = chosen.pod.key if chosen.pod is not None else f"node {chosen.node}"
-        # Held before the first eviction: nothing else lands in the slot while the movers go.
-        hold_key = self._hold(chosen)
+        refusals = []
         for move in chosen.moves:
-            pod = self.picture.kind("Pod").get(move.pod.key) or {}
-            outcome = await evict(self.api, move.pod.key)
+            outcome = outcomes[move.pod.key]
             self.metrics.moves.labels(chosen.goal, outcome).inc()
-            if outcome in ("blocked", "failed"):
-                why = "failed"
-                if outcome == "blocked":
-                    why = "is blocked by a PodDisruptionBudget; not bypassed"
+            if outcome in ("blocked", "failed", "timed_out"):
+                why = {
+                    "blocked": "is blocked by a PodDisruptionBudget; not bypassed",
+                    "failed": "failed",
+                    "timed_out": f"got no answer within {self.options.evictions.timeout_s:.3g}s",
+                }[outcome]
                 text = (
                     f"{chosen.goal}: moving {move.pod.key} for {target} {why}; the plan is dropped "
                     f"and this pod not tried again for {self.options.blocked_retry_s:.0f}s"
                 )
                 await self._event(move.pod.key, "MoveBlocked", text, "Warning")
-                if chosen.pod is not None:
-                    await self._event(chosen.pod.key, "MoveBlocked", text, "Warning")
-                self.picture.inventory.release_hold(hold_key)
                 self._blocked[move.pod.key] = time.monotonic() + self.options.blocked_retry_s
-                self.metrics.move_plans.labels(chosen.goal, outcome).inc()
+                refusals.append((outcome, text))
                 log.warning("%s", text)
-                return False
-            if outcome == "evicted":
+            elif outcome == "evicted":
+                pod = mover_pods[move.pod.key]
                 await self._event(move.pod.key, "Moved", move.message, "Normal")
                 self.moved.append(
                     _Moved(
@@ -175,6 +204,13 @@ class Consolidator:
                         chosen.pod.key if chosen.pod is not None else "",
                     )
                 )
+        if refusals:
+            if chosen.pod is not None:
+                await self._event(chosen.pod.key, "MoveBlocked", "; ".join(t for _, t in refusals), "Warning")
+            self.picture.inventory.release_hold(hold_key)
+            blocked = any(outcome == "blocked" for outcome, _ in refusals)
+            self.metrics.move_plans.labels(chosen.goal, "blocked" if blocked else "failed").inc()
+            return False
         self.metrics.move_plans.labels(chosen.goal, "carried_out").inc()
         self.metrics.gpus_freed.labels(chosen.goal).inc(chosen.gpus_freed)
         movers = ", ".join(f"{m.pod.key} (to fit on {m.to_node})" for m in chosen.moves)

@@ -1,10 +1,12 @@
 """The reclaim loop: the executor of `extender.policy.reclaim`'s plans.
 
 About every second, while this replica is the active one: take a snapshot of the picture, plan
-(pure, on a fork), then for each plan evict its victims through the Eviction API - so
-PodDisruptionBudgets hold; a blocked eviction is reported on the pods, never bypassed - and hold
-the freed GPUs for the pod they were freed for (the filter honours the hold) until it binds or
-the hold expires. Events name the queues and the numbers on every victim and on the served pod;
+(pure, on a fork), then evict the victims of every plan through the Eviction API - all at once,
+a bounded number of calls in flight, each with a short timeout (`evictions.evict_all`), so a slow
+API costs the cycle about one timeout, not one per victim; PodDisruptionBudgets hold: a blocked
+eviction is reported on the pods, never bypassed - and for each plan none of whose victims was
+blocked, hold the freed GPUs for the pod they were freed for (the filter honours the hold) until
+it binds or the hold expires. Events name the queues and the numbers on every victim and on the served pod;
 counts go to metrics and to the Queue status.
 
 A cycle plans only when a waiting GPU pod is one kube-scheduler tried and could not place
@@ -21,13 +23,20 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from kubernetes_asyncio.client import ApiClient
 
-from extender.controllers.evictions import evict, pod_event, report_cut_off, uid_of
+from extender.controllers.evictions import (
+    EvictionLimits,
+    EvictionOutcome,
+    evict_all,
+    pod_event,
+    report_cut_off,
+    uid_of,
+)
 from extender.controllers.periodic import PeriodicPass
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
@@ -61,6 +70,7 @@ class ReclaimOptions:
     max_evictions_per_cycle: int = 16
     # A victim whose eviction a PodDisruptionBudget refused is left alone this long.
     blocked_retry_s: float = 30.0
+    evictions: EvictionLimits = field(default_factory=EvictionLimits)  # calls in flight, timeout
 
 
 @dataclass
@@ -127,10 +137,7 @@ class ReclaimLoop:
         plans = plan(snapshot, waiting, time.time(), rules, work, self.fits)
         self.metrics.reclaim_cycle.observe(time.perf_counter() - started)
         report_cut_off(self.metrics, "reclaim", work)
-        done = []
-        for each in plans:
-            if await self._execute(each):
-                done.append(each)
+        done = await self.carry_out(plans)
         self.counts.reclaiming = {
             q for q in self.counts.reclaiming | {p.pod.queue for p in done} if self._holds_for(q)
         }
@@ -154,32 +161,52 @@ class ReclaimLoop:
                     return True
         return False
 
-    async def _execute(self, chosen: Plan) -> bool:
-        served = chosen.pod
-        self.metrics.plans.labels(chosen.goal, served.queue).inc()
+    async def carry_out(self, plans: Sequence[Plan]) -> list[Plan]:
+        """Evict the victims of every plan at once (`evict_all`: a slow Eviction API costs the
+        cycle about one timeout, not one per victim), then settle each plan by its victims'
+        outcomes. Returns the plans carried out (none of their victims blocked)."""
         # Read now: an evicted pod may leave the picture before its event is written.
         uids = {
-            key: uid_of(self.picture, key) for key in (served.key, *(e.pod.key for e in chosen.evictions))
+            key: uid_of(self.picture, key)
+            for chosen in plans
+            for key in (chosen.pod.key, *(e.pod.key for e in chosen.evictions))
         }
+        victims = [e.pod.key for chosen in plans for e in chosen.evictions]
+        outcomes = await evict_all(self.api, victims, self.options.evictions)
+        return [chosen for chosen in plans if await self._settle(chosen, outcomes, uids)]
+
+    async def _settle(
+        self, chosen: Plan, outcomes: Mapping[str, EvictionOutcome], uids: Mapping[str, str | None]
+    ) -> bool:
+        """Count and report a plan's evictions; hold the freed GPUs for its pod unless a
+        PodDisruptionBudget blocked one of its victims. Whether it was carried out."""
+        served = chosen.pod
+        self.metrics.plans.labels(chosen.goal, served.queue).inc()
+        blocked = []
         for eviction in chosen.evictions:
             victim = eviction.pod
-            outcome = await evict(self.api, victim.key)
+            outcome = outcomes[victim.key]
             self.metrics.evictions.labels(chosen.goal, victim.queue, outcome).inc()
             if outcome == "blocked":
                 self._blocked[victim.key] = time.monotonic() + self.options.blocked_retry_s
-                text = (
-                    f"{chosen.goal}: evicting {victim.key} for {served.key} is blocked by a "
-                    "PodDisruptionBudget; not bypassed (not tried again for "
-                    f"{self.options.blocked_retry_s:.0f}s)"
+                blocked.append(victim.key)
+                await pod_event(
+                    self.api,
+                    victim.key,
+                    uids[victim.key],
+                    "EvictionBlocked",
+                    self._blocked_text(chosen, [victim.key]),
+                    "Warning",
                 )
-                await pod_event(self.api, victim.key, uids[victim.key], "EvictionBlocked", text, "Warning")
-                await pod_event(self.api, served.key, uids[served.key], "EvictionBlocked", text, "Warning")
-                return False  # what it already freed stays with whoever the scheduler picks
-            if outcome == "evicted":
+            elif outcome == "evicted":
                 self.counts.evicted_from[victim.queue] += 1
                 self.counts.reclaimed_for[served.queue] += chosen.goal == "reclaim"
                 reason = "Reclaimed" if chosen.goal == "reclaim" else "Preempted"
                 await pod_event(self.api, victim.key, uids[victim.key], reason, eviction.message, "Normal")
+        if blocked:
+            text = self._blocked_text(chosen, blocked)
+            await pod_event(self.api, served.key, uids[served.key], "EvictionBlocked", text, "Warning")
+            return False  # what the other victims freed stays with whoever the scheduler picks
         self.picture.inventory.hold(
             served.key,
             chosen.node,
@@ -208,6 +235,13 @@ class ReclaimLoop:
             chosen.gpus_needed,
         )
         return True
+
+    def _blocked_text(self, chosen: Plan, blocked: Sequence[str]) -> str:
+        return (
+            f"{chosen.goal}: evicting {', '.join(blocked)} for {chosen.pod.key} is blocked by a "
+            "PodDisruptionBudget; not bypassed (not tried again for "
+            f"{self.options.blocked_retry_s:.0f}s)"
+        )
 
     def _track_starvation(self) -> None:
         """Time from a queue falling below its fair share with GPU pods waiting to holding it."""

@@ -22,6 +22,8 @@ to min(pool, total demand).
 Cost per resource: one pass down the tree to order the queues, one up for the capped demands, one
 down dividing each parent's share among its children (leaves divide nothing); each division sorts
 its siblings once (water-filling), so O(n log n) for n queues, whatever the shape of the tree.
+Every walk over the tree (these passes, subtree sums, broken ancestries) is a loop, never a
+recursion, so a chain of thousands of queues is ordered and divided like a wide tree.
 
 Admission (``FairnessSnapshot.admit``) is work-conserving: a pod is refused only by a limit on its
 queue's path, or, when it is not preemptible, by a quota on that path. Fair shares refuse nothing;
@@ -220,18 +222,40 @@ class QueueTree:
         return self.usage.get(name, _NO_USAGE)
 
     def subtree(self, name: str, kind: Literal["allocated", "requested"], resource: str) -> float:
-        """Sum of allocated or requested amounts over a queue and its descendants."""
-        sums = self._sums.get(name)
-        if sums is None:
-            sums = self._sums[name] = {}
+        """Sum of allocated or requested amounts over a queue and its descendants.
+
+        Summed children first with a stack of its own, not by recursion, so a chain of any depth
+        is summed (Python's stack held ~500 levels); each sum is the queue's own amount plus its
+        children's sums, added in the children's order, the floats of any earlier version."""
         key = (kind, resource)
-        if key not in sums:
-            own_usage = self.own(name)
+        sums = self._sums.setdefault(name, {})
+        if key in sums:
+            return sums[key]
+        pending: list[tuple[str, bool]] = [(name, False)]  # (queue, its children already summed)
+        while pending:
+            queue, children_summed = pending.pop()
+            queue_sums = self._sums.setdefault(queue, {})
+            if key in queue_sums:
+                continue
+            children = self.children.get(queue, ())
+            if not children_summed:
+                pending.append((queue, True))
+                pending.extend((child, False) for child in children)
+                continue
+            own_usage = self.own(queue)
             own = (own_usage.allocated if kind == "allocated" else own_usage.requested).get(resource, 0.0)
-            sums[key] = own + sum(
-                self.subtree(child, kind, resource) for child in self.children.get(name, [])
-            )
+            queue_sums[key] = own + sum(self._sums[child][key] for child in children)
         return sums[key]
+
+    def top_down(self) -> list[str]:
+        """The queues of sound ancestry from the roots down, level by level: every parent comes
+        before its children (reversed, every child before its parent)."""
+        order: list[str] = []
+        level = self.children.get(None, [])
+        while level:
+            order.extend(level)
+            level = [child for name in level for child in self.children.get(name, ())]
+        return order
 
     def path_to_root(self, name: str) -> list[str]:
         """The queue itself, then its parent, up to its root."""
@@ -296,12 +320,7 @@ class _Division:
     def __init__(self, tree: QueueTree, resource: str, pool: float) -> None:
         self.tree, self.resource, self.pool = tree, resource, pool
         children = tree.children
-        # Queues from the roots down, level by level: every parent comes before its children.
-        self.order: list[str] = []
-        level = children.get(None, [])
-        while level:
-            self.order.extend(level)
-            level = [child for name in level for child in children.get(name, ())]
+        self.order = tree.top_down()
         self.position = {name: index for index, name in enumerate(self.order)}
         # Per parent, what its division takes of each child's spec (key, quota, weight,
         # priority): all but the demand, the same at every division.

@@ -254,3 +254,33 @@ async def test_restarting_the_extender_loses_and_double_counts_nothing(
         await refused(env, 2, "limit (3)")
         assert await env.bound_by_queue() == {team: 3}
         await queue_status_equals(env, team, allocated="3", fair="3")
+
+
+async def test_the_borrowing_condition_on_a_queue_within_quota(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    """A queue within its GPU quota is not Borrowing, though every GPU it holds is also counted
+    under its model (gpu/H100-80GB, with no quota of its own) and its pods hold cpu (no quota
+    either); one GPU above the quota, it is, and says by how much."""
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=4) as env:
+        team = await env.create_queue("q", resources={"gpu": {"quota": 2}})
+        await env.submit(team, 2, "within")
+        await converge(env, {team: 2}, {})
+
+        async def borrowing(status: str) -> dict[str, Any] | None:
+            found = (await env.get_queue(team)).get("status") or {}
+            condition = next((c for c in found.get("conditions") or [] if c["type"] == "Borrowing"), None)
+            return found if condition is not None and condition["status"] == status else None
+
+        within = await wait_until(lambda: borrowing("False"), timeout=15, what="Borrowing=False")
+        models = [r for r in within["allocated"] if r.startswith("gpu/")]
+        assert within["allocated"]["gpu"] == "2" and [within["allocated"][r] for r in models] == ["2"]
+        assert "cpu" in within["allocated"]
+        (condition,) = [c for c in within["conditions"] if c["type"] == "Borrowing"]
+        assert (condition["reason"], condition["message"]) == ("WithinQuota", "allocations are within quota")
+
+        await env.submit(team, 1, "borrowed")  # 3 of its quota of 2: an idle GPU lent
+        await converge(env, {team: 3}, {})
+        above = await wait_until(lambda: borrowing("True"), timeout=15, what="Borrowing=True")
+        (condition,) = [c for c in above["conditions"] if c["type"] == "Borrowing"]
+        assert (condition["reason"], condition["message"]) == ("OverQuota", "gpu allocated 3 above quota 2")

@@ -107,6 +107,8 @@ def test_the_extender_service_selects_the_extender_pods(install: list[dict[str, 
     # Queue demand from the chart's scheduler only; GPUs of the chart's driver.
     assert {"--scheduler-name=tessera", "--gpu-driver=gpu.tessera.dev"} <= set(container["args"])
     assert {"--leader-elect", "--advertise-service=tessera-extender"} <= set(container["args"])
+    # Evictions side by side, each with a short timeout (extender.reclaim values).
+    assert {"--eviction-concurrency=16", "--eviction-timeout=5"} <= set(container["args"])
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True

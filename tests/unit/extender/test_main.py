@@ -34,6 +34,18 @@ def test_metrics_port_flag() -> None:
         parse_args(["--port=9090", "--metrics-port=9090"])
 
 
+@pytest.mark.parametrize(
+    "bad", [["--eviction-concurrency=0"], ["--eviction-timeout=0"], ["--eviction-timeout=-1"]]
+)
+def test_eviction_flags(bad: list[str]) -> None:
+    args = parse_args([])
+    assert (args.eviction_concurrency, args.eviction_timeout) == (16, 5.0)
+    args = parse_args(["--eviction-concurrency=4", "--eviction-timeout=2.5"])
+    assert (args.eviction_concurrency, args.eviction_timeout) == (4, 2.5)
+    with pytest.raises(SystemExit):  # no call could ever go out, or none could wait for its answer
+        parse_args(bad)
+
+
 def test_webhook_flags() -> None:
     assert parse_args([]).webhook_port == 0  # off
     tls = ["--tls-cert-file=a.crt", "--tls-key-file=a.key"]

@@ -204,13 +204,74 @@ def test_queue_status_amounts_and_conditions() -> None:
     conditions = conditions_by_type(status)
     assert conditions["Valid"]["status"] == "True"
     assert conditions["Borrowing"]["status"] == "True"
-    # Unset quota means no guarantee, so any cpu held is borrowed too.
-    assert (
-        conditions["Borrowing"]["message"] == "cpu allocated 0.5 above quota 0; gpu allocated 3 above quota 2"
-    )
+    # The cpu held has no quota to be above (see the table below).
+    assert conditions["Borrowing"]["message"] == "gpu allocated 3 above quota 2"
     assert conditions["Starved"]["status"] == "True"
     assert conditions["Starved"]["message"] == "gpu allocated 3 below fair share 4 with 2 pending"
     assert {c["lastTransitionTime"] for c in status["conditions"]} == {"2026-01-02T03:04:05Z"}
+
+
+H100 = "gpu/H100-80GB"  # counted beside "gpu" for every H100 a queue holds or waits for
+
+
+@pytest.mark.parametrize(
+    ("spec", "allocated", "borrowing"),
+    [
+        # Within its GPU quota of 4: the 2 H100s (no model quota) and the cpu (no cpu quota) are
+        # not borrowed. This queue said Borrowing=True before ("gpu/H100-80GB ... above quota 0").
+        (QueueSpec("a", quota={"gpu": 4}), {"gpu": 2, H100: 2, "cpu": 1.5}, ""),
+        (QueueSpec("a", quota={"gpu": 4}), {"gpu": 4, H100: 4}, ""),  # at the quota: 4 of 4
+        (QueueSpec("a", quota={"gpu": 4}), {"gpu": 6, H100: 6}, "gpu allocated 6 above quota 4"),
+        # A model quota the admin set counts: 3 H100s above its 2, within the 8 GPUs.
+        (QueueSpec("a", quota={"gpu": 8, H100: 2}), {"gpu": 3, H100: 3}, f"{H100} allocated 3 above quota 2"),
+        # So does a cpu quota: 3 cores above 2.
+        (QueueSpec("a", quota={"gpu": 4, "cpu": 2}), {"gpu": 1, "cpu": 3}, "cpu allocated 3 above quota 2"),
+        # No GPU quota guarantees no GPU (admission counts it as 0): every GPU held is borrowed.
+        (
+            QueueSpec("default"),
+            {"gpu": 2, H100: 2},
+            "gpu allocated 2 above quota 0 (none set: no GPU is guaranteed)",
+        ),
+        (QueueSpec("default"), {"cpu": 4}, ""),  # cpu only, no quota for it
+    ],
+)
+def test_borrowing_means_above_a_quota_the_admin_set(
+    spec: QueueSpec, allocated: dict[str, float], borrowing: str
+) -> None:
+    condition = conditions_by_type(queue_status(spec, allocated, {}, {}, [], now=NOW))["Borrowing"]
+    if borrowing:
+        assert (condition["status"], condition["reason"], condition["message"]) == (
+            "True",
+            "OverQuota",
+            borrowing,
+        )
+    else:
+        assert (condition["status"], condition["reason"]) == ("False", "WithinQuota")
+        assert condition["message"] == "allocations are within quota"
+
+
+@pytest.mark.parametrize(
+    ("spec", "starved"),
+    [
+        # 2 GPUs held of a fair share of 2, 1 waiting; the H100 pool alone would give it 4 (the
+        # model's share is divided without model quotas). Not starved: it never named the model.
+        (QueueSpec("a", quota={"gpu": 2}), ""),
+        # The same queue declaring the model (a limit is enough) is starved of it: 2 below 4.
+        (
+            QueueSpec("a", quota={"gpu": 2}, limit={H100: 8}),
+            f"{H100} allocated 2 below fair share 4 with 1 pending",
+        ),
+        (
+            QueueSpec("a", quota={"gpu": 2}, over_quota_weight={H100: 2}),
+            f"{H100} allocated 2 below fair share 4 with 1 pending",
+        ),
+    ],
+)
+def test_starved_looks_at_a_gpu_model_only_where_the_queue_declares_it(spec: QueueSpec, starved: str) -> None:
+    status = queue_status(spec, {"gpu": 2, H100: 2}, {"gpu": 1, H100: 1}, {"gpu": 2, H100: 4}, [], now=NOW)
+    condition = conditions_by_type(status)["Starved"]
+    assert condition["status"] == ("True" if starved else "False")
+    assert condition["message"] == (starved or "no pending demand below fair share")
 
 
 def test_queue_status_keeps_transition_time_while_unchanged() -> None:

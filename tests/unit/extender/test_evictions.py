@@ -1,0 +1,277 @@
+"""Evictions go out together, a bounded number at a time, each given up after a short timeout.
+
+Against a fake API server (in-process aiohttp, the real kubernetes-asyncio client in front of it)
+that counts the evictions in flight at once and can be made slow: it answers none before a given
+number are in flight (`together`), or leaves one unanswered (HANG). A cycle's 16 evictions are
+so shown to run side by side - against a slow API they cost the cycle one wait, not 16 - without
+timing anything: evictions made one after the other would never be answered. Each outcome
+(evicted, blocked by a budget, gone, failed, no answer in time) is handled as the reclaim and
+consolidation executors always did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from extender.controllers.consolidate import ConsolidationOptions, Consolidator
+from extender.controllers.evictions import EvictionLimits, evict_all
+from extender.controllers.reclaim import ReclaimLoop, ReclaimOptions
+from extender.metrics import ExtenderMetrics
+from extender.picture.cluster import ClusterPicture
+from extender.policy.consolidation import Move, MovePlan
+from extender.policy.placement import GpuDemand
+from extender.policy.reclaim import Eviction, PendingPod, Plan
+from extender.policy.snapshot import RunningPod
+from tests import extender_objects as objects
+
+HANG = 0  # an answer the fake never gives: the call waits until the client gives up
+SHORT_S = 0.2  # the timeout where a call is meant to go unanswered (the test ends quickly)
+# The timeout where every call is answered: far above what reaching the fake takes on a busy
+# machine, so `together` calls are in flight before any is given up.
+LONG_S = 30.0
+
+
+class FakeEvictionApi:
+    """Answers evictions with the status set per pod (201 by default, HANG for none) and takes
+    events; counts the evictions in flight at once. With `together` set, no eviction is answered
+    before that many are in flight (calls made one after the other would wait for ever)."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, int] = {}
+        self.default = 201
+        self.calls: list[str] = []
+        self.in_flight = 0
+        self.peak = 0
+        self.together = 0
+        self.all_in = asyncio.Event()
+        self.events: list[tuple[str, str]] = []  # (pod name, reason)
+        self.messages: dict[tuple[str, str], str] = {}  # (pod name, reason) -> the last message
+        self.release = asyncio.Event()  # ends the unanswered calls at teardown
+        self.app = web.Application()
+        self.app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self.evict)
+        self.app.router.add_post("/api/v1/namespaces/{ns}/events", self.event)
+
+    async def evict(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        self.calls.append(name)
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        if self.in_flight >= self.together:
+            self.all_in.set()
+        try:
+            status = self.answers.get(name, self.default)
+            await (self.release if status == HANG else self.all_in).wait()
+            return web.json_response(
+                {"kind": "Status", "code": status, "message": f"answer {status}"}, status=status
+            )
+        finally:
+            self.in_flight -= 1
+
+    async def event(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        subject = (body["involvedObject"]["name"], body["reason"])
+        self.events.append(subject)
+        self.messages[subject] = body["message"]
+        return web.json_response(body, status=201)
+
+
+@pytest.fixture
+async def apiserver() -> AsyncIterator[tuple[FakeEvictionApi, ApiClient]]:
+    fake = FakeEvictionApi()
+    async with TestServer(fake.app) as server:
+        configuration = Configuration(host=str(server.make_url("")).rstrip("/"))
+        async with ApiClient(configuration) as api:
+            yield fake, api
+        fake.release.set()
+
+
+def keys(count: int, prefix: str = "a") -> list[str]:
+    return [f"ns/{prefix}-{i}" for i in range(count)]
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "peak"),
+    [
+        (16, 16),  # all 16 at once: the cycle waits for the API server once
+        (4, 4),  # 4 at a time (the slow API answers the first 4 together), never more
+        (32, 16),  # the bound above the number of victims: all of them
+    ],
+)
+async def test_sixteen_slow_evictions_are_in_flight_together(
+    apiserver: tuple[FakeEvictionApi, ApiClient], concurrency: int, peak: int
+) -> None:
+    fake, api = apiserver
+    fake.together = peak  # nothing is answered before `peak` evictions are in flight
+    outcomes = await evict_all(api, keys(16), EvictionLimits(concurrency, LONG_S))
+    assert outcomes == dict.fromkeys(keys(16), "evicted")
+    assert fake.peak == peak
+    assert sorted(fake.calls) == sorted(f"a-{i}" for i in range(16))  # each tried once
+
+
+async def test_each_outcome_of_an_eviction(apiserver: tuple[FakeEvictionApi, ApiClient]) -> None:
+    fake, api = apiserver
+    fake.answers = {"ok": 201, "budget": 429, "gone": 404, "broken": 500, "slow": HANG}
+    outcomes = await evict_all(api, [f"ns/{name}" for name in fake.answers], EvictionLimits(4, SHORT_S))
+    assert outcomes == {
+        "ns/ok": "evicted",
+        "ns/budget": "blocked",  # a PodDisruptionBudget refused (429): reported, never bypassed
+        "ns/gone": "gone",
+        "ns/broken": "failed",
+        "ns/slow": "timed_out",  # given up; the picture shows later whether the pod went
+    }
+
+
+async def test_an_unreachable_api_server_is_a_failed_eviction() -> None:
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with ApiClient(Configuration(host=f"http://127.0.0.1:{port}")) as api:
+        assert await evict_all(api, ["ns/p"], EvictionLimits(1, SHORT_S)) == {"ns/p": "failed"}
+
+
+def picture(*names: str) -> ClusterPicture:
+    state = ClusterPicture()
+    state.replace("Pod", [objects.pod("ns", name, queue=name.split("-")[0]) for name in names])
+    return state
+
+
+def victim(key: str, gpu: int) -> RunningPod:
+    return RunningPod(key, "a", "n1", ((gpu, 1000),))
+
+
+def waiting(key: str, gpus: int = 1) -> PendingPod:
+    return PendingPod(key, "b", GpuDemand(gpus), {"gpu": float(gpus)})
+
+
+def reclaim_plan(served: str, victims: list[str]) -> Plan:
+    evictions = tuple(Eviction(victim(key, i), f"reclaimed for {served}") for i, key in enumerate(victims))
+    return Plan("reclaim", waiting(served, len(victims)), "n1", evictions, len(victims), len(victims))
+
+
+def counter(metrics: ExtenderMetrics, name: str, **labels: str) -> float:
+    return sum(
+        s.value
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if s.name == name and labels.items() <= s.labels.items()
+    )
+
+
+async def test_a_sixteen_victim_plan_evicts_side_by_side_and_holds_the_gpus(
+    apiserver: tuple[FakeEvictionApi, ApiClient],
+) -> None:
+    fake, api = apiserver
+    fake.together = 16  # a slow Eviction API: it answers once all 16 are asked
+    state = picture("b-0", *(f"a-{i}" for i in range(16)))
+    metrics = ExtenderMetrics(state)
+    loop = ReclaimLoop(api, state, metrics, ReclaimOptions(evictions=EvictionLimits(16, LONG_S)))
+    chosen = reclaim_plan("ns/b-0", keys(16))
+    assert await loop.carry_out([chosen]) == [chosen]
+    assert fake.peak == 16
+    assert state.inventory.held_for("ns/b-0") is not None
+    assert counter(metrics, "tessera_reclaim_evictions_total", outcome="evicted") == 16
+    assert loop.counts.evicted_from["a"] == 16 and loop.counts.reclaimed_for["b"] == 16
+    assert sorted(fake.events) == sorted(
+        [*((f"a-{i}", "Reclaimed") for i in range(16)), ("b-0", "ReclaimPlanned")]
+    )
+
+
+async def test_a_victim_without_an_answer_still_leaves_the_gpus_held(
+    apiserver: tuple[FakeEvictionApi, ApiClient],
+) -> None:
+    fake, api = apiserver
+    fake.answers = {"a-1": HANG}
+    state = picture("b-0", "a-0", "a-1")
+    metrics = ExtenderMetrics(state)
+    loop = ReclaimLoop(api, state, metrics, ReclaimOptions(evictions=EvictionLimits(16, SHORT_S)))
+    chosen = reclaim_plan("ns/b-0", ["ns/a-0", "ns/a-1"])
+    assert await loop.carry_out([chosen]) == [chosen]
+    # No answer is no refusal: as for a failed call, the GPUs are held for the served pod (a-1
+    # may well be going; the next cycle sees it in the picture), and a-1 is not counted evicted.
+    assert state.inventory.held_for("ns/b-0") is not None
+    timed_out = counter(metrics, "tessera_reclaim_evictions_total", outcome="timed_out")
+    assert (timed_out, loop.counts.evicted_from["a"]) == (1, 1)
+    assert sorted(fake.events) == [("a-0", "Reclaimed"), ("b-0", "ReclaimPlanned")]
+
+
+async def test_a_blocked_victim_drops_its_plan_only(apiserver: tuple[FakeEvictionApi, ApiClient]) -> None:
+    fake, api = apiserver
+    fake.answers = {"a-1": 429, "a-3": 404}
+    fake.together = 4  # both plans' victims at once, or no answer
+    state = picture("b-0", "b-1", "a-0", "a-1", "a-2", "a-3")
+    metrics = ExtenderMetrics(state)
+    loop = ReclaimLoop(api, state, metrics, ReclaimOptions(evictions=EvictionLimits(16, LONG_S)))
+    blocked = reclaim_plan("ns/b-0", ["ns/a-0", "ns/a-1"])
+    served = reclaim_plan("ns/b-1", ["ns/a-2", "ns/a-3"])
+    assert await loop.carry_out([blocked, served]) == [served]
+    # b-0's plan: a-1's budget refused; a-0 went (its GPU goes to whoever the scheduler picks),
+    # no hold for b-0, and a-1 is left alone for blocked_retry_s.
+    assert state.inventory.held_for("ns/b-0") is None and "ns/a-1" in loop._blocked
+    # b-1's plan: a-2 evicted, a-3 was gone already: carried out, its GPUs held.
+    assert state.inventory.held_for("ns/b-1") is not None
+    assert loop.counts.evicted_from["a"] == 2 and loop.counts.reclaimed_for["b"] == 2  # a-0, a-2
+    assert sorted(fake.events) == [
+        ("a-0", "Reclaimed"),
+        ("a-1", "EvictionBlocked"),
+        ("a-2", "Reclaimed"),
+        ("b-0", "EvictionBlocked"),
+        ("b-1", "ReclaimPlanned"),
+    ]
+    outcomes = {
+        o: counter(metrics, "tessera_reclaim_evictions_total", outcome=o)
+        for o in ("evicted", "blocked", "gone")
+    }
+    assert outcomes == {"evicted": 2, "blocked": 1, "gone": 1}
+
+
+def move_plan(served: str, movers: list[str], first_gpu: int) -> MovePlan:
+    moves = tuple(
+        Move(RunningPod(key, "a", "n1", ((first_gpu + i, 500),), movable=True), "n2", f"moved for {served}")
+        for i, key in enumerate(movers)
+    )
+    return MovePlan("consolidate", "n1", moves, 1.0, waiting(served))
+
+
+@pytest.mark.parametrize(
+    ("answer", "result", "why"),
+    [
+        (429, "blocked", "is blocked by a PodDisruptionBudget; not bypassed"),
+        (500, "failed", "failed"),
+        (HANG, "failed", "got no answer within 0.2s"),
+    ],
+)
+async def test_a_mover_not_evicted_drops_its_move_plan(
+    apiserver: tuple[FakeEvictionApi, ApiClient], answer: int, result: str, why: str
+) -> None:
+    fake, api = apiserver
+    fake.answers = {"a-1": answer}
+    state = picture("b-0", "b-1", "a-0", "a-1", "a-2", "a-3")
+    metrics = ExtenderMetrics(state)
+    options = ConsolidationOptions(evictions=EvictionLimits(16, SHORT_S))
+    consolidator = Consolidator(api, state, metrics, options)
+    dropped = move_plan("ns/b-0", ["ns/a-0", "ns/a-1"], 0)
+    moved = move_plan("ns/b-1", ["ns/a-2", "ns/a-3"], 2)
+    assert await consolidator.carry_out([dropped, moved]) == [moved]
+    # b-0's plan is dropped and its hold released; a-1 is not tried again for blocked_retry_s.
+    assert state.inventory.held_for("ns/b-0") is None and "ns/a-1" in consolidator._pinned()
+    assert state.inventory.held_for("ns/b-1") is not None
+    # Every mover evicted is followed up (its successor checked), a-0 too.
+    assert sorted(m.key for m in consolidator.moved) == ["ns/a-0", "ns/a-2", "ns/a-3"]
+    assert counter(metrics, "tessera_consolidation_plans_total", result=result) == 1
+    assert counter(metrics, "tessera_consolidation_plans_total", result="carried_out") == 1
+    assert sorted(fake.events) == [
+        ("a-0", "Moved"),
+        ("a-1", "MoveBlocked"),
+        ("a-2", "Moved"),
+        ("a-3", "Moved"),
+        ("b-0", "MoveBlocked"),
+        ("b-1", "ConsolidationPlanned"),
+    ]
+    assert f"moving ns/a-1 for ns/b-0 {why}; the plan is dropped" in fake.messages[("b-0", "MoveBlocked")]
