@@ -650,7 +650,7 @@ class _Replay:
         of each of its GPUs, as much of it as is free (its victims may still be terminating)."""
         hold = self.holds[index]
         free = self.cluster.free[hold.node]
-        taken = [
+        taken: list[tuple[int, GpuDemand, tuple[int, ...]]] = [
             (hold.node, GpuDemand(1, min(milli, free[gpu])), (gpu,))
             for gpu, milli in hold.gpus
             if free[gpu] > 0
