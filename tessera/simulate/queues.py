@@ -551,6 +551,7 @@ class _Replay:
             held = pod.index in self.holds
             if pod.signature in refused:
                 self.refused.setdefault(refused[pod.signature], set()).add(pod.index)
+                self._release(pod.index)
                 continue
             if not held and pod.demand in unfit:
                 self.refused.setdefault("no_node_fits", set()).add(pod.index)
@@ -560,6 +561,7 @@ class _Replay:
                 if not decision.admit:
                     refused[pod.signature] = decision.kind
                     self.refused.setdefault(decision.kind, set()).add(pod.index)
+                    self._release(pod.index)
                     continue
                 admitted.add(pod.signature)
             if held:
@@ -658,6 +660,13 @@ class _Replay:
         for node, demand, gpus in taken:
             self.cluster.place(node, demand, gpus)
         self.phantoms[index] = taken
+
+    def _release(self, index: int) -> None:
+        """Let go of what is held for a pod admission refused (the filter's refusal does): GPUs
+        kept for a pod that may not go would idle until the hold expires."""
+        if self.holds.pop(index, None) is not None:
+            self._unreserve(index)
+            self.served_from.pop(index, None)
 
     def _unreserve(self, index: int) -> None:
         for node, demand, gpus in self.phantoms.pop(index, []):

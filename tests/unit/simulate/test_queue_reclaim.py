@@ -315,3 +315,15 @@ def test_fractions_evict_what_they_need(workload: dict[str, Any] | str, eviction
     assert result.gpus_evicted == result.gpus_needed == evictions  # every plan at evicted/needed 1.0
     assert result.max_plan_ratio == 1.0
     assert result.late_evictions == 0  # no victim had started on GPUs freed for a waiting pod
+
+
+@pytest.mark.parametrize("delay", [0.0, 8.0])
+def test_a_held_pod_that_admission_refuses_gives_its_gpus_back(delay: float) -> None:
+    # mixed.yaml: reclaim serves a non-preemptible serve-big pod (2 GPUs of org's quota 16);
+    # before its GPUs are free, preemptible pods of its queue take the rest of org's quota, so
+    # admission refuses it (15 + 2 > 16). As the filter's refusal does, the refusal lets go of
+    # its hold: the 2 GPUs do not idle for the hold's 90 s (before: 169.5 GPU-s idle while a
+    # fitting pod waited with a termination delay of 8 s; 180 GPU-s once holds named devices).
+    result = run_queue_workload(load_workload(EXAMPLES / "mixed.yaml"), termination_delay_s=delay)
+    assert result.idle_gpu_s_while_fitting_pod_waits == 0.0
+    assert all(q.finished == q.pods for q in result.queues)
