@@ -33,9 +33,9 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
 5. Every plan is applied to a fork of the snapshot (victims off, pod placed) before the next one
    is made, so one cycle's plans never count the same GPUs twice. The live picture is untouched.
 
-7. Holds name the GPUs freed. Applying a plan places its pod on the GPUs the filter's placement
-   chooses among those it freed, and the plan holds exactly those devices for it (`HeldGpus`:
-   node, GPU indexes, the share of each). A pod placed later in the cycle on shares a plan freed
+7. Holds name the GPUs freed. Applying a plan places its pod on the node it made room on, on the
+   GPUs the filter's placement chooses there, and the plan holds exactly those devices for it
+   (`HeldGpus`: node, GPU indexes, the share of each). A pod placed later in the cycle on shares a plan freed
    and its pod did not take rides on that plan (`Served`): the plan holds those devices for it
    too and counts its GPUs as needed - provided its queue could have had a plan of its own.
    Example: `a` borrowed all 4 GPUs of a node, `b` (share 2) waits with 4 half-GPU pods. The
