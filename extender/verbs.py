@@ -6,7 +6,10 @@ server applies those effects and speaks HTTP. Both cost O(nodes in the request).
 
 Filter first asks the queue's fairness snapshot whether the pod may take what it asks for; a
 refusal fails every node with the reason (FailedAndUnresolvableNodes: preempting pods on a node
-cannot fix a queue's share). An admitted pod then keeps only the nodes whose free GPUs fit it.
+cannot fix a queue's share). An admitted pod then keeps only the nodes whose free GPUs fit it:
+its supply on a node is the node less the GPUs reclaim holds there for other pods (the shares of
+the very devices a plan freed). A pod GPUs are held for keeps only its hold's node when it fits
+there, so it takes the GPUs freed for it, not free ones the planner counted on for other pods.
 
 A pod of a gang whose minimum is neither placed nor admitted is admitted with its whole gang or
 not at all, once its controller has created at least the minimum: the queue is asked for the
@@ -292,6 +295,8 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     else:  # every kind fits (the common case)
         kept, failed = nodes, {}
     passed = kept.names
+    if kept.held:
+        passed, failed = _to_hold(picture, key, passed, failed)
     remembered_nodes = None if kept.held else PassedNodes(key, owner, version, kept)
     return FilterDecision(
         filter_result(args, passed, failed),
@@ -304,6 +309,19 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         gang=reservation,
         passed=remembered_nodes,
     )
+
+
+def _to_hold(
+    picture: ClusterPicture, key: str, passed: list[str], failed: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """A pod reclaim holds GPUs for goes where they are, when it fits there: the other nodes
+    that fit fail, so it takes the very GPUs freed for it rather than other free ones (which the
+    planner counted on for other pods)."""
+    hold = picture.inventory.held_for(key)
+    if hold is None or not hold.gpus or hold.node not in passed or len(passed) == 1:
+        return passed, failed
+    reason = f"GPUs are held for this pod on node {hold.node}"
+    return [hold.node], failed | {name: reason for name in passed if name != hold.node}
 
 
 def _gang_text(gang: GangState, what: str) -> str:

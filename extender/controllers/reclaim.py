@@ -5,8 +5,11 @@ About every second, while this replica is the active one: take a snapshot of the
 a bounded number of calls in flight, each with a short timeout (`evictions.evict_all`), so a slow
 API costs the cycle about one timeout, not one per victim; PodDisruptionBudgets hold: a blocked
 eviction is reported on the pods, never bypassed - and for each plan none of whose victims was
-blocked, hold the freed GPUs for the pod they were freed for (the filter honours the hold) until
-it binds or the hold expires. Events name the queues and the numbers on every victim and on the served pod;
+blocked, hold the freed GPUs for the pods the plan serves until each binds or its hold expires:
+the devices the plan names (node, GPU indexes, the share of each), for the pod it was made for
+and for those riding on what it freed (`Plan.holds`). The filter keeps exactly those shares from
+other pods and passes a held pod only its hold's node, and the next cycles' planning forks place
+held pods there. Events name the queues and the numbers on every victim and on the served pod;
 counts go to metrics and to the Queue status.
 
 A cycle plans only when a waiting GPU pod is one kube-scheduler tried and could not place
@@ -207,14 +210,17 @@ class ReclaimLoop:
             text = self._blocked_text(chosen, blocked)
             await pod_event(self.api, served.key, uids[served.key], "EvictionBlocked", text, "Warning")
             return False  # what the other victims freed stays with whoever the scheduler picks
-        self.picture.inventory.hold(
-            served.key,
-            chosen.node,
-            served.demand_on(self.picture.gpu_memory.get(chosen.node, 0)),
-            self.options.hold_s,
-            owner=served.workload,  # a gang's: any of its members may take it
-        )
+        for held in chosen.holds:  # the served pod's, then those riding on what it freed
+            self.picture.inventory.hold(
+                held.key,
+                held.node,
+                held.demand,
+                self.options.hold_s,
+                owner=held.workload,  # a gang's: any of its members may take it
+                gpus=held.gpus,  # the very devices freed: only these are kept from other pods
+            )
         victims = ", ".join(e.pod.key for e in chosen.evictions)
+        riders = [held.key for held in chosen.holds if held.key != served.key]
         await pod_event(
             self.api,
             served.key,
@@ -222,9 +228,20 @@ class ReclaimLoop:
             "ReclaimPlanned" if chosen.goal == "reclaim" else "PreemptionPlanned",
             f"evicted {len(chosen.evictions)} pod(s) ({chosen.gpus_evicted:.3g} GPUs for "
             f"{chosen.gpus_needed:.3g} needed) on node {chosen.node} for this pod of queue "
-            f"'{served.queue}': {victims}; the GPUs are held for it for {self.options.hold_s:.0f}s",
+            f"'{served.queue}': {victims}; the GPUs are held for it for {self.options.hold_s:.0f}s"
+            + (f" (shared with {', '.join(riders)})" if riders else ""),
             "Normal",
         )
+        for rider in riders:
+            await pod_event(
+                self.api,
+                rider,
+                uid_of(self.picture, rider),
+                "ReclaimPlanned",
+                f"GPUs freed on node {chosen.node} for pod {served.key} ({chosen.gpus_evicted:.3g} GPUs for "
+                f"{chosen.gpus_needed:.3g} needed) are held for this pod too for {self.options.hold_s:.0f}s",
+                "Normal",
+            )
         log.info(
             "%s for %s on %s: evicted %s (%.3g GPUs for %.3g)",
             chosen.goal,

@@ -13,6 +13,7 @@ through the few questions below; planners read a `snapshot()`, which they may fo
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -39,6 +40,7 @@ from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import (
     ClusterSnapshot,
+    HeldGpus,
     RunningPod,
     could_move,
     count_victims,
@@ -303,7 +305,25 @@ class ClusterPicture:
             terminating=terminating,
             victims=victims,
             movers=movers,
+            holds=self._held_gpus(),
         )
+
+    def _held_gpus(self) -> list[HeldGpus]:
+        """Reclaim's holds that name their GPUs, as the planners see them: the pod, its queue,
+        the devices, and its fairness vector if its queue still counts it waiting (not when a
+        filter's admission already counts it allocated)."""
+        contributions = self.accounting.ledger.contributions
+        now = time.monotonic()
+        held: list[HeldGpus] = []
+        for node, on_node in self.inventory.holds.items():
+            for key, hold in on_node.items():
+                contribution = contributions.get(key)
+                if not hold.gpus or hold.expires < now or contribution is None:
+                    continue
+                waiting = contribution.bucket == "requested"
+                amounts = dict(contribution.amounts) if waiting else {}
+                held.append(HeldGpus(key, contribution.queue, node, hold.gpus, amounts, hold.owner))
+        return held
 
     def _minimums(self, running: Mapping[str, RunningPod]) -> dict[str, int]:
         """The minimum of each gang workload with running members (found from the gangs'

@@ -55,12 +55,17 @@ DeviceKey = tuple[str, str, str]  # (driver, pool, device name)
 
 @dataclass(frozen=True)
 class Hold:
-    """GPUs on a node kept for one pending pod (reclaim freed them for it)."""
+    """GPUs on a node kept for one pending pod (reclaim freed them for it).
+
+    A reclaim hold names the devices its plan freed (`gpus`: each GPU's index and the thousandths
+    kept there): only those shares are kept from other pods. A hold without them (a gang's slot,
+    consolidation's) keeps `demand` wherever the placement would put it on the node."""
 
     node: str
     demand: GpuDemand
     expires: float  # time.monotonic()
     owner: str = ""  # a workload whose members may all use it ("": only the pod it is held for)
+    gpus: tuple[tuple[int, int], ...] = ()  # (GPU index on the node, thousandths kept)
 
 
 _NO_MIX = WorkloadMix(demands=())
@@ -98,6 +103,15 @@ def _discard(index: dict[str, dict[str, None]], key: str, member: str) -> None:
         members.pop(member, None)
         if not members:
             del index[key]
+
+
+def _keep(supply: NodeGpus, gpus: tuple[tuple[int, int], ...]) -> NodeGpus:
+    """`supply` less the held shares of these GPUs (down to nothing free on one)."""
+    free = list(supply.free_milli)
+    for index, milli in gpus:
+        if 0 <= index < len(free):
+            free[index] = max(0, free[index] - milli)
+    return replace(supply, free_milli=tuple(free))
 
 
 def _allocatable(node: Mapping[str, Any], resource: str) -> float:
@@ -210,8 +224,9 @@ class GpuInventory:
         """A node's free GPUs as pod `key` (of workload `owner`) may use them: minus what is held
         for other pods and workloads.
 
-        A hold that cannot be placed yet (its victims are still terminating) keeps the whole node:
-        nothing else may take GPUs there until the pod it is for has them.
+        A hold that names its GPUs keeps their shares (all that is free of each, up to the share,
+        while its victims are still terminating). One that does not and cannot be placed yet keeps
+        the whole node: nothing else may take GPUs there until the pod it is for has them.
         """
         supply = self.node_gpus(name)
         on_node = self.holds.get(name)
@@ -222,16 +237,29 @@ class GpuInventory:
             if hold.expires < now:
                 self.release_hold(holder)
             elif holder != key and not (owner and hold.owner == owner):
+                if hold.gpus:
+                    supply = _keep(supply, hold.gpus)
+                    continue
                 occupied = occupy(supply, hold.demand, _NO_MIX)
                 if occupied is None:
                     return replace(supply, free_milli=(0,) * len(supply.free_milli))
                 supply = occupied[0]
         return supply
 
-    def hold(self, key: str, node: str, demand: GpuDemand, ttl_s: float, owner: str = "") -> None:
+    def hold(
+        self,
+        key: str,
+        node: str,
+        demand: GpuDemand,
+        ttl_s: float,
+        owner: str = "",
+        gpus: tuple[tuple[int, int], ...] = (),
+    ) -> None:
+        """Keep GPUs on `node` for pod `key` for `ttl_s`: the shares of `gpus` when named, else
+        `demand` wherever it fits there (see `Hold`)."""
         self.release_hold(key)
         self.version += 1
-        self.holds.setdefault(node, {})[key] = Hold(node, demand, time.monotonic() + ttl_s, owner)
+        self.holds.setdefault(node, {})[key] = Hold(node, demand, time.monotonic() + ttl_s, owner, gpus)
 
     def release_hold(self, key: str) -> None:
         for node, on_node in list(self.holds.items()):

@@ -587,7 +587,7 @@ def plan_moves(
     fork = planning_fork(snapshot)
     for done in served:
         apply_plan(fork, done)
-    served_keys = {done.pod.key for done in served}
+    served_keys = {key for done in served for key in done.served}  # riders too
     # A demand that fit nowhere is looked for again only where room came free (and with kept
     # rooms, across cycles only where the nodes changed).
     search = Search(fork, rooms.fits if rooms is not None else None)

@@ -33,8 +33,22 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
 5. Every plan is applied to a fork of the snapshot (victims off, pod placed) before the next one
    is made, so one cycle's plans never count the same GPUs twice. The live picture is untouched.
 
+7. Holds name the GPUs freed. Applying a plan places its pod on the node it made room on, on the
+   GPUs the filter's placement chooses there, and the plan holds exactly those devices for it
+   (`HeldGpus`: node, GPU indexes, the share of each). A pod placed later in the cycle on shares a plan freed
+   and its pod did not take rides on that plan (`Served`): the plan holds those devices for it
+   too and counts its GPUs as needed - provided its queue could have had a plan of its own.
+   Example: `a` borrowed all 4 GPUs of a node, `b` (share 2) waits with 4 half-GPU pods. The
+   first plan evicts one of `a`'s pods (1 GPU) for `b-0`, which takes half of that GPU; `b-1`
+   takes the other half, riding: 1 GPU evicted for 0.5 + 0.5 needed. The second plan does the
+   same for `b-2` and `b-3`: 2 evictions for 2 GPUs needed, every plan at ratio 1.0. (Without
+   the devices, holds of "half a GPU somewhere on the node" were packed onto one GPU, the other
+   freed GPU went whole to `a`'s evicted pod, and a third eviction - of that same pod - followed.)
+
 Pods with a `terminating` flag are evicted in the fork first: their GPUs are already coming free,
-so nothing is evicted for a pod that will fit once they are gone.
+so nothing is evicted for a pod that will fit once they are gone. Pods GPUs are held for (the
+snapshot's `holds`) are then placed on exactly those GPUs: they count as their queues' and take
+those devices, so a later cycle neither gives them to another pod nor frees more for the same pod.
 
 Workloads are the unit (extender.policy.workloads). A running member of a gang beyond its
 workload's minimum is elastic: it goes alone, and before any other candidate on the node. A member
@@ -52,13 +66,13 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from contract.names import GPU_MILLI
 from extender.policy.fairness import EPSILON, GPU_MODEL_PREFIX, FairnessSnapshot, Resources, format_amount
 from extender.policy.placement import GpuDemand, NodeGpus, fits
-from extender.policy.snapshot import ClusterSnapshot, RunningPod, changed_keys
+from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, changed_keys
 
 Goal = Literal["reclaim", "preempt"]
 
@@ -133,12 +147,21 @@ class Plan:
     pod: PendingPod
     node: str
     evictions: tuple[Eviction, ...]
-    gpus_needed: float
+    gpus_needed: float  # by the pods it serves: `pod`, and those riding on what it frees
     gpus_evicted: float
+    # The GPUs it keeps for the pods it serves, each naming its devices: `pod`'s first, then the
+    # pods of the cycle placed on what it freed that `pod` did not take (rule 7). Empty until
+    # the plan is applied to a fork (`apply_plan`).
+    holds: tuple[HeldGpus, ...] = ()
 
     @property
     def ratio(self) -> float:
         return self.gpus_evicted / self.gpus_needed if self.gpus_needed > 0 else math.inf
+
+    @property
+    def served(self) -> tuple[str, ...]:
+        """The keys of the pods it serves."""
+        return tuple(hold.key for hold in self.holds) or (self.pod.key,)
 
 
 def gpu_amounts(resources: Resources) -> dict[str, float]:
@@ -610,10 +633,16 @@ def _on(waiting: PendingPod, fork: ClusterSnapshot, node: str) -> GpuDemand:
 
 
 def planning_fork(snapshot: ClusterSnapshot) -> ClusterSnapshot:
-    """A fork to plan on: pods already terminating are gone in it (their GPUs are coming free)."""
+    """A fork to plan on: pods already terminating are gone in it (their GPUs are coming free),
+    and each pod GPUs are held for is on exactly those GPUs (they are its own: no plan gives them
+    to another pod, or frees more for it). A hold whose GPUs another pod took meanwhile places
+    nothing."""
     fork = snapshot.fork()
     for key in sorted(fork.terminating()):
         fork.evict(key)
+    for key, hold in sorted(snapshot.holds.items()):
+        if key not in fork.running:
+            fork.place(_held(hold), hold.demand, hold.node, gpus=tuple(index for index, _ in hold.gpus))
     return fork
 
 
@@ -635,42 +664,158 @@ def place_if_it_fits(fork: ClusterSnapshot, waiting: PendingPod, search: Search 
     return fitting
 
 
-def apply_plan(fork: ClusterSnapshot, done: Plan, search: Search | None = None) -> None:
-    """The fork after a plan: its victims off (a gang's on other nodes too), its pod on the node
-    it was made room on."""
+def apply_plan(fork: ClusterSnapshot, done: Plan, search: Search | None = None) -> Plan:
+    """The fork after a plan: its victims off (a gang's on other nodes too), and the pods it
+    serves on the GPUs it holds for them - or, for a plan just made (no holds yet), its pod on the
+    node it was made room on, on the GPUs the filter's placement chooses there. Returns the plan
+    with its holds (then the GPUs its pod took)."""
     for eviction in done.evictions:
         fork.evict(eviction.pod.key)
     if search is not None:
         search.touched.extend(sorted({e.pod.node for e in done.evictions} | {done.node}))
-    fork.place(_arriving(done.pod), _on(done.pod, fork, done.node), done.node)
+    if done.holds:
+        for hold in done.holds:
+            fork.place(_held(hold), hold.demand, hold.node, gpus=tuple(index for index, _ in hold.gpus))
+        return done
+    placed = fork.place(_arriving(done.pod), _on(done.pod, fork, done.node), done.node)
+    if placed is None:
+        return done
+    return replace(done, holds=(_hold_for(done.pod, placed),))
+
+
+def _hold_for(waiting: PendingPod, placed: RunningPod) -> HeldGpus:
+    """The hold that keeps what `waiting` was placed on in a fork for it."""
+    return HeldGpus(waiting.key, waiting.queue, placed.node, placed.gpus, waiting.resources, waiting.workload)
+
+
+class Served:
+    """A cycle's plans, and the GPU shares they freed that no pod they serve has taken yet.
+
+    A pod the fork places later in the cycle on such shares fits only because of that plan: it
+    rides on it (rule 7) - a hold of its own in the plan, its GPUs added to what the plan needs.
+    So the plan that evicts a whole GPU for a half-GPU pod serves the next half-GPU pod too
+    (evicted/needed 1.0), and the GPU's other half is kept for that pod rather than left to
+    whoever the scheduler tries first. Freed shares are taken in the order the plans freed them,
+    before any share that was free already (the least for a pod to ride on)."""
+
+    def __init__(self) -> None:
+        self.plans: list[Plan] = []
+        # (node, GPU index) -> [plan index, thousandths freed and not taken], oldest plan first
+        self._left: dict[tuple[str, int], list[list[int]]] = {}
+
+    def copy(self) -> Served:
+        twin = Served()
+        twin.plans = list(self.plans)
+        twin._left = {at: [list(entry) for entry in entries] for at, entries in self._left.items()}
+        return twin
+
+    def adopt(self, trial: Served) -> list[Plan]:
+        """Take a copy's plans and shares as its own; the plans it added."""
+        added = trial.plans[len(self.plans) :]
+        self.plans, self._left = trial.plans, trial._left
+        return added
+
+    @property
+    def freeing(self) -> bool:
+        """Whether shares freed by the plans are left for a pod to ride on."""
+        return bool(self._left)
+
+    def add(self, done: Plan) -> None:
+        """A plan applied to the fork (its holds known): what it frees, less what its pod took."""
+        index = len(self.plans)
+        self.plans.append(done)
+        for eviction in done.evictions:
+            for gpu, milli in eviction.pod.gpus:
+                self._left.setdefault((eviction.pod.node, gpu), []).append([index, milli])
+        for hold in done.holds:
+            self._take(hold.node, hold.gpus)
+
+    def ride(self, fork: ClusterSnapshot, waiting: PendingPod, may_ride: bool) -> None:
+        """`waiting` was just placed in the fork: if it took shares a plan freed (and `may_ride`:
+        its queue could have had a plan of its own), that plan serves it too."""
+        if not self._left:
+            return
+        placed = fork.running.get(waiting.key)
+        if placed is None:
+            return
+        index = self._take(placed.node, placed.gpus)
+        if index is None or not may_ride:
+            return
+        done = self.plans[index]
+        self.plans[index] = replace(
+            done,
+            holds=(*done.holds, _hold_for(waiting, placed)),
+            gpus_needed=done.gpus_needed + placed.gpus_held,
+        )
+
+    def _take(self, node: str, gpus: Sequence[tuple[int, int]]) -> int | None:
+        """Take these shares from what plans freed on the node's GPUs; the first plan taken from."""
+        first: int | None = None
+        for gpu, milli in gpus:
+            entries = self._left.get((node, gpu), [])
+            while milli > 0 and entries:
+                entry = entries[0]
+                taken = min(milli, entry[1])
+                entry[1] -= taken
+                milli -= taken
+                first = entry[0] if first is None else first
+                if entry[1] <= 0:
+                    entries.pop(0)
+            if not entries:
+                self._left.pop((node, gpu), None)
+        return first
+
+
+def _serve(
+    fork: ClusterSnapshot,
+    search: Search,
+    served: Served,
+    waiting: PendingPod,
+    now: float,
+    rules: Rules,
+    evictions_left: int,
+    work: Budget,
+) -> bool:
+    """Serve one waiting pod on the fork: placed where it fits already (riding on a plan of the
+    cycle if it takes what that plan freed), else by a plan of its own; False when neither."""
+    may_ride = served.freeing and _goal_for(fork.fairness, waiting) is not None
+    if place_if_it_fits(fork, waiting, search):
+        served.ride(fork, waiting, may_ride)
+        return True
+    found = _plan_for(fork, search, waiting, now, rules, evictions_left, work)
+    if found is None:
+        return False
+    served.add(apply_plan(fork, found, search))
+    return True
 
 
 def _plan_gang(
     fork: ClusterSnapshot,
     search: Search,
+    served: Served,
     members: Sequence[PendingPod],
     now: float,
     rules: Rules,
     budget: int,
     work: Budget,
 ) -> list[Plan] | None:
-    """Plans making room for every waiting member of a gang, or None (and the fork untouched)."""
+    """Plans making room for every waiting member of a gang (added to `served`), or None (and
+    the fork and `served` untouched)."""
     trial = fork.fork()
     trial_search = Search(trial)
-    plans: list[Plan] = []
+    trial_served = served.copy()
     for member in members:
-        if place_if_it_fits(trial, member, trial_search):
-            continue
-        found = _plan_for(
-            trial, trial_search, member, now, rules, budget - sum(len(p.evictions) for p in plans), work
-        )
-        if found is None:
+        evicted = sum(len(p.evictions) for p in trial_served.plans[len(served.plans) :])
+        if not _serve(trial, trial_search, trial_served, member, now, rules, budget - evicted, work):
             return None
-        apply_plan(trial, found, trial_search)
-        plans.append(found)
     fork.adopt(trial)
     search.touched.extend(trial_search.touched)
-    return plans
+    return served.adopt(trial_served)
+
+
+def _held(hold: HeldGpus) -> RunningPod:
+    """The pod GPUs are held for, as placed in a fork: arriving, no victim (`_arriving`)."""
+    return RunningPod(hold.key, hold.queue, "", (), hold.resources, preemptible=False)
 
 
 def _arriving(waiting: PendingPod) -> RunningPod:
@@ -696,7 +841,7 @@ def plan(
     work = work if work is not None else Budget(rules.max_trials)
     fork = planning_fork(snapshot)
     search = Search(fork, fit_index)
-    plans: list[Plan] = []
+    served = Served()
     evictions_left = rules.max_evictions
     order = serving_order(fork.fairness, pending, rules.max_pending)
     served_gangs: set[str] = set()
@@ -706,23 +851,18 @@ def plan(
         if work.trials <= 0:
             work.cut_off += 1
             continue
+        if waiting.key in fork.running:
+            continue  # GPUs are held for it: placed there by the planning fork
         if waiting.workload:
             if waiting.workload not in served_gangs:
                 served_gangs.add(waiting.workload)
                 members = [p for p in order if p.workload == waiting.workload]
-                for done in _plan_gang(fork, search, members, now, rules, evictions_left, work) or ():
+                for done in _plan_gang(fork, search, served, members, now, rules, evictions_left, work) or ():
                     evictions_left -= len(done.evictions)
-                    plans.append(done)
             continue
-        if place_if_it_fits(fork, waiting, search):
+        refused, planned = work.refused, len(served.plans)
+        if not _serve(fork, search, served, waiting, now, rules, evictions_left, work):
+            work.cut_off += work.refused > refused  # its search stopped short
             continue
-        refused = work.refused
-        found = _plan_for(fork, search, waiting, now, rules, evictions_left, work)
-        if found is None and work.refused > refused:
-            work.cut_off += 1  # its search stopped short
-        if found is None:
-            continue
-        apply_plan(fork, found, search)
-        evictions_left -= len(found.evictions)
-        plans.append(found)
-    return plans
+        evictions_left -= sum(len(done.evictions) for done in served.plans[planned:])
+    return served.plans

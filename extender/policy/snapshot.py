@@ -15,6 +15,10 @@ with its own changes.
 An eviction frees the pod's GPUs and moves its fairness vector from the queue's `allocated` to
 its `requested` (a controller recreates an evicted pod, so its queue still wants it); fair shares,
 which depend on allocated plus requested, stay as they were.
+
+GPUs held for a pod still to bind (`HeldGpus`: a reclaim plan freed them for it) are handed in
+with the snapshot, naming the devices; a planner's fork places each held pod on exactly those GPUs
+(`place` with `gpus`), so no later plan gives them to another pod or frees more for the same one.
 """
 
 from __future__ import annotations
@@ -61,6 +65,30 @@ class RunningPod:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpus_held", sum(milli for _, milli in self.gpus) / GPU_MILLI)
+
+
+@dataclass(frozen=True)
+class HeldGpus:
+    """GPUs kept on a node for a pod that is still to bind: a plan freed them for it (reclaim).
+
+    The devices are named - each GPU's index and the thousandths kept there - so the pod is placed
+    exactly where they were freed, and only those shares are kept from other pods (a half-GPU pod
+    holds half of one GPU, never "some half somewhere on the node")."""
+
+    key: str  # the pod it is held for
+    queue: str
+    node: str
+    gpus: tuple[tuple[int, int], ...]  # (GPU index on the node, thousandths kept)
+    # Its fairness vector as far as its queue still counts it waiting (empty when the queue
+    # counts it allocated already, e.g. admitted by a filter whose bind is still to come): what
+    # placing it moves to `allocated`.
+    resources: Resources = field(default_factory=dict)
+    workload: str = ""  # a gang's: any of its waiting members may take it
+
+    @property
+    def demand(self) -> GpuDemand:
+        """The GPUs kept, as a demand (a fraction: one GPU's share)."""
+        return GpuDemand(len(self.gpus), max((milli for _, milli in self.gpus), default=GPU_MILLI))
 
 
 def can_be_victim(pod: RunningPod) -> bool:
@@ -215,6 +243,7 @@ class ClusterSnapshot:
         terminating: Iterable[str] | None = None,
         victims: Mapping[str, Mapping[str, int]] | None = None,
         movers: Mapping[str, tuple[RunningPod, ...]] | None = None,
+        holds: Iterable[HeldGpus] = (),
     ) -> None:
         self._node_changes: dict[str, NodeGpus | None] = {}
         self._pod_changes: dict[str, RunningPod | None] = {}
@@ -239,6 +268,9 @@ class ClusterSnapshot:
         # Per node, the base running pods that could be moved (`could_move`) in `mover_order`,
         # when the caller keeps them (else sorted out by a pass on first use); forks share them.
         self._movers: Mapping[str, tuple[RunningPod, ...]] | None = movers
+        # GPUs held for pods still to bind, by pod key (shared, read-only): not placed in this
+        # snapshot; a planning fork places them (extender.policy.reclaim.planning_fork).
+        self.holds: Mapping[str, HeldGpus] = {hold.key: hold for hold in holds}
 
     def members(self, workload: str) -> list[RunningPod]:
         """The running members of a gang workload in this snapshot, terminating ones aside."""
@@ -289,6 +321,7 @@ class ClusterSnapshot:
         child._gangs = self._gangs  # members in the base; `members` leaves out what a fork evicted
         child._victims = self._victims
         child._movers = self._movers
+        child.holds = self.holds
         return child
 
     @property
@@ -420,12 +453,14 @@ class ClusterSnapshot:
         demand: GpuDemand,
         node: str,
         strategy: Strategy = "binpack",
+        gpus: tuple[int, ...] | None = None,
     ) -> RunningPod | None:
-        """Put a pod on `node` with the filter's GPU choice; None (and no change) when it does not fit."""
+        """Put a pod on `node` with the filter's GPU choice, or on exactly `gpus` (GPUs held for
+        it); None (and no change) when it does not fit there."""
         supply = self.nodes.get(node)
         if supply is None:
             return None
-        occupied = occupy(supply, demand, self.mix, strategy)
+        occupied = occupy(supply, demand, self.mix, strategy) if gpus is None else take(supply, demand, gpus)
         if occupied is None:
             return None
         self._node_changes[node], chosen = occupied
@@ -474,12 +509,22 @@ def occupy(
     """The node after `demand` takes the GPUs the filter would choose (and its CPU and memory,
     where the node tracks them), and which GPUs; None: no fit."""
     chosen = choose_gpus(node, demand, mix, strategy)
-    if chosen is None:
-        return None
+    return None if chosen is None else take(node, demand, chosen)
+
+
+def take(node: NodeGpus, demand: GpuDemand, gpus: tuple[int, ...]) -> tuple[NodeGpus, tuple[int, ...]] | None:
+    """The node after `demand` takes these GPUs (and its CPU and memory, where the node tracks
+    them), and the GPUs; None when they are not `demand.count` GPUs of the node each with the
+    demand's share free, or the node lacks the CPU or memory."""
     free = list(node.free_milli)
-    for index in chosen:
+    if len(set(gpus)) != demand.count or any(not 0 <= index < len(free) for index in gpus):
+        return None
+    host = GpuDemand(0, cpu_milli=demand.cpu_milli, memory_mib=demand.memory_mib)
+    if any(free[index] < demand.milli for index in gpus) or not fits(node, host):
+        return None
+    for index in gpus:
         free[index] -= demand.milli
-    return _with_free(node, free, -demand.cpu_milli, -demand.memory_mib), chosen
+    return _with_free(node, free, -demand.cpu_milli, -demand.memory_mib), gpus
 
 
 def _with_free(node: NodeGpus, free: list[int], cpu_milli: int = 0, memory_mib: int = 0) -> NodeGpus:

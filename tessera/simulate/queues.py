@@ -32,11 +32,15 @@ The replay plays the three actors of a live cluster, each with the code it runs 
   tried in the scheduler's order - priority, then creation time - and starts when
   ``FairnessSnapshot.admit`` admits it (work-conserving: only a limit on its queue's path, or a
   quota for a pod that is not preemptible, refuses) and the placement policy finds a node. GPUs
-  held for another pod (a reclaim hold) are not offered to it, as the filter's ``supply_for`` does.
+  held for another pod (a reclaim hold: the shares of the very GPUs a plan freed for it) are not
+  offered to it, as the filter's ``supply_for`` does; a pod GPUs are held for starts on exactly
+  those GPUs once they are free (elsewhere only if they are not and it fits there), as the
+  filter passes it only its hold's node.
 * **the reclaim loop.** Every ``reclaimInterval`` seconds, ``extender.policy.reclaim.plan`` runs on
   a ``ClusterSnapshot`` of the simulated cluster with the waiting GPU pods the live loop would
-  hand it (admissible, not already held for); each plan's victims are evicted and the freed GPUs
-  held for the pod they were freed for.
+  hand it (admissible, not already held for), and the GPUs held for pods still to start
+  (``HeldGpus``, placed by the planner's fork); each plan's victims are evicted and the devices it
+  names held for the pods it serves (the pod it was made for, and those riding on what it freed).
 * **the pods' controller.** An evicted pod terminates for ``terminationDelay`` seconds, then its
   GPUs are free and it waits again with its original creation time, at the head of its queue; its
   runtime starts over.
@@ -67,9 +71,9 @@ from contract.names import GPU_MILLI
 from contract.quantity import parse_quantity
 from extender.picture.ledger import Contribution, QueueLedger
 from extender.policy.fairness import EPSILON, FairnessSnapshot, QueueSpec
-from extender.policy.placement import GpuDemand, WorkloadMix, fits
+from extender.policy.placement import GpuDemand, fits
 from extender.policy.reclaim import PendingPod, Plan, Rules, plan
-from extender.policy.snapshot import ClusterSnapshot, RunningPod, occupy
+from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, take
 from extender.queues import QueueSpecError, parse_queue, validate_hierarchy
 
 from .cluster import Cluster
@@ -82,7 +86,6 @@ MIB = 2**20
 # (--non-preemptible-priority), and freed GPUs are held this long for the pod they were freed for.
 NON_PREEMPTIBLE_PRIORITY = 100
 HOLD_S = 90.0
-_NO_MIX = WorkloadMix(demands=())
 
 
 class WorkloadError(ValueError):
@@ -397,10 +400,10 @@ class _Event(IntEnum):
 
 @dataclass(frozen=True)
 class _Hold:
-    """Freed GPUs kept for one pod (the extender's `GpuInventory.hold`)."""
+    """Freed GPUs kept for one pod (the extender's `GpuInventory.hold`): the devices a plan names."""
 
     node: int
-    demand: GpuDemand
+    gpus: tuple[tuple[int, int], ...]  # (GPU index, thousandths kept)
     expires: float
 
 
@@ -548,6 +551,7 @@ class _Replay:
             held = pod.index in self.holds
             if pod.signature in refused:
                 self.refused.setdefault(refused[pod.signature], set()).add(pod.index)
+                self._release(pod.index)
                 continue
             if not held and pod.demand in unfit:
                 self.refused.setdefault("no_node_fits", set()).add(pod.index)
@@ -557,11 +561,12 @@ class _Replay:
                 if not decision.admit:
                     refused[pod.signature] = decision.kind
                     self.refused.setdefault(decision.kind, set()).add(pod.index)
+                    self._release(pod.index)
                     continue
                 admitted.add(pod.signature)
             if held:
                 self._unreserve(pod.index)
-            placement = self.placer.place(pod.demand)
+            placement = self._place(pod)
             if placement is None:
                 if held:
                     self._reserve(pod.index)
@@ -603,7 +608,7 @@ class _Replay:
             self._unreserve(index)
         placements: list[tuple[int, tuple[int, ...]]] = []
         for member in chosen:
-            placement = self.placer.place(member.demand)
+            placement = self._place(member)
             if placement is None:
                 break
             placements.append(placement)
@@ -631,23 +636,37 @@ class _Replay:
         self._push(now + pod.duration, _Event.FINISH, pod)
         self.version += 1
 
+    def _place(self, pod: _Pod) -> tuple[int, tuple[int, ...]] | None:
+        """Where `pod` starts: on exactly the GPUs held for it once they are free, else (none held,
+        or its victims still terminating) where the placement policy puts it; None: nowhere."""
+        hold = self.holds.get(pod.index)
+        if hold is not None:
+            gpus = tuple(gpu for gpu, _ in hold.gpus)
+            if take(self.cluster.node_gpus(hold.node), pod.demand, gpus) is not None:
+                self.cluster.place(hold.node, pod.demand, gpus)
+                return hold.node, gpus
+        return self.placer.place(pod.demand)
+
     def _reserve(self, index: int) -> None:
-        """Take what is held for pod `index` out of the cluster while others are placed: its GPUs
-        where they are free, else - its victims still terminating - every free GPU of the node."""
+        """Take what is held for pod `index` out of the cluster while others are placed: the share
+        of each of its GPUs, as much of it as is free (its victims may still be terminating)."""
         hold = self.holds[index]
-        supply = self.cluster.node_gpus(hold.node)
-        wanted = GpuDemand(hold.demand.count, hold.demand.milli, hold.demand.models)
-        occupied = occupy(supply, wanted, _NO_MIX)
-        taken: list[tuple[int, GpuDemand, tuple[int, ...]]]
-        if occupied is not None:
-            taken = [(hold.node, wanted, occupied[1])]
-        else:
-            taken = [
-                (hold.node, GpuDemand(1, free), (gpu,)) for gpu, free in enumerate(supply.free_milli) if free
-            ]
+        free = self.cluster.free[hold.node]
+        taken: list[tuple[int, GpuDemand, tuple[int, ...]]] = [
+            (hold.node, GpuDemand(1, min(milli, free[gpu])), (gpu,))
+            for gpu, milli in hold.gpus
+            if free[gpu] > 0
+        ]
         for node, demand, gpus in taken:
             self.cluster.place(node, demand, gpus)
         self.phantoms[index] = taken
+
+    def _release(self, index: int) -> None:
+        """Let go of what is held for a pod admission refused (the filter's refusal does): GPUs
+        kept for a pod that may not go would idle until the hold expires."""
+        if self.holds.pop(index, None) is not None:
+            self._unreserve(index)
+            self.served_from.pop(index, None)
 
     def _unreserve(self, index: int) -> None:
         for node, demand, gpus in self.phantoms.pop(index, []):
@@ -674,6 +693,7 @@ class _Replay:
             fairness,
             self.cluster.mix,
             minimums=self.minimums,
+            holds=[self._held(index, hold) for index, hold in self.holds.items()],
         )
         pending = self._pending(fairness)
         plans = plan(snapshot, pending, now, self.rules)
@@ -716,6 +736,11 @@ class _Replay:
                 )
             )
         return pending
+
+    def _held(self, index: int, hold: _Hold) -> HeldGpus:
+        """A hold as the planner sees it (a waiting pod: its whole request still counts waiting)."""
+        pod = self.pods[index]
+        return HeldGpus(pod.key, pod.queue, self.nodes[hold.node].name, hold.gpus, pod.request, pod.gang)
 
     def _running_pod(self, pod: _Pod) -> RunningPod:
         return RunningPod(
@@ -764,7 +789,8 @@ class _Replay:
             gpus = victim.demand.total_milli / GPU_MILLI
             if served.queue in self.served_from.pop(victim.index, set()):
                 self.result.ping_pong += 1
-            self.served_from.setdefault(served.index, set()).add(victim.queue)
+            for key in chosen.served:  # the pod it was made for, and those riding on it
+                self.served_from.setdefault(int(key), set()).add(victim.queue)
             self.result.evictions.append(
                 EvictionRecord(
                     now,
@@ -786,8 +812,10 @@ class _Replay:
             else:
                 self._free(victim)
                 self._wait(victim, now)
-        self.holds[served.index] = _Hold(self.node_index[chosen.node], chosen.pod.demand, now + HOLD_S)
-        heapq.heappush(self.events, (now + HOLD_S, int(_Event.HOLD_EXPIRES), served.index, served.runs))
+        for hold in chosen.holds:
+            held = self.pods[int(hold.key)]
+            self.holds[held.index] = _Hold(self.node_index[hold.node], hold.gpus, now + HOLD_S)
+            self._push(now + HOLD_S, _Event.HOLD_EXPIRES, held)
 
     # ---- measuring ---------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from contract.names import QUEUE_LABEL
 from extender.kubeapi import JsonObject, request
 from extender.service import ExtenderService
 from tessera.dev.localcluster import LocalCluster, wait_until
+from tests import extender_objects as objects
 from tests.integration.extender_harness import GpuCluster, gpu_cluster, stop_service
 
 pytestmark = pytest.mark.integration
@@ -148,6 +149,32 @@ async def test_borrowed_gpus_are_reclaimed_through_the_eviction_api_and_never_tw
         assert metric(env.service, EVICTIONS, outcome="evicted", queue=team_a) == 4
         assert subjects(await events(env, "Reclaimed")) == reclaimed
         assert by_queue(await running(env)) == {team_a: 4, team_b: 4}
+
+
+async def test_half_gpu_pods_take_back_one_gpu_per_two_of_them(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=4, agent=True) as env:
+        assert env.service is not None
+        team_a = await env.create_queue("a", resources={"gpu": {"quota": 2}})
+        team_b = await env.create_queue("b", resources={"gpu": {"quota": 2}})
+        half = objects.claim_template(namespace, "half-gpu", objects.claim_spec(env.driver, memory="40Gi"))
+        templates = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+        await request(env.api, "POST", templates, body=half)
+        # A borrowed all 4 GPUs; B (share 2) submits 4 half-GPU pods (40Gi of 80Gi): it needs
+        # 2 GPUs. Each plan evicts one of A's pods and holds both halves of that very GPU for
+        # B's pods, so A's replacements (whole GPUs) cannot take a freed GPU back: 2 evictions
+        # for 2 GPUs, no pod evicted twice.
+        await env.create_replicaset(team_a, "a", 4)
+        first_a = set(await wait_running(env, {team_a: 4}))
+        await env.submit(team_b, 4, "b", template="half-gpu")
+        await wait_running(env, {team_a: 2, team_b: 4})
+        reclaimed = subjects(await events(env, "Reclaimed"))
+        assert sum(reclaimed.values()) == 2 and set(reclaimed.values()) == {1}, reclaimed
+        assert set(reclaimed) <= first_a
+        await more_cycles(env.service, 5)
+        assert metric(env.service, EVICTIONS) == 2
+        assert by_queue(await running(env)) == {team_a: 2, team_b: 4}
 
 
 async def test_a_pod_disruption_budget_blocks_an_eviction_and_is_reported(

@@ -28,7 +28,7 @@ from extender.picture.cluster import ClusterPicture
 from extender.policy.consolidation import Move, MovePlan
 from extender.policy.placement import GpuDemand
 from extender.policy.reclaim import Eviction, PendingPod, Plan
-from extender.policy.snapshot import RunningPod
+from extender.policy.snapshot import HeldGpus, RunningPod
 from tests import extender_objects as objects
 
 HANG = 0  # an answer the fake never gives: the call waits until the client gives up
@@ -151,8 +151,12 @@ def waiting(key: str, gpus: int = 1) -> PendingPod:
 
 
 def reclaim_plan(served: str, victims: list[str]) -> Plan:
+    """A plan as `apply_plan` leaves it: it holds the GPUs its victims free for the served pod."""
     evictions = tuple(Eviction(victim(key, i), f"reclaimed for {served}") for i, key in enumerate(victims))
-    return Plan("reclaim", waiting(served, len(victims)), "n1", evictions, len(victims), len(victims))
+    hold = HeldGpus(served, "b", "n1", tuple((i, 1000) for i in range(len(victims))))
+    return Plan(
+        "reclaim", waiting(served, len(victims)), "n1", evictions, len(victims), len(victims), (hold,)
+    )
 
 
 def counter(metrics: ExtenderMetrics, name: str, **labels: str) -> float:
