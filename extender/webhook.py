@@ -3,18 +3,21 @@
 ```
 kube-apiserver ─POST /mutate-pods──────────▶ owners (GET up the controller chain), Namespace
    AdmissionReview (CREATE of a Pod)           resolve_queue ─ the queue label; schedulerName
+                                                tenancy_refusal ─ may its namespace use the queue?
                                                 gate_reason(picture's fairness view) ─ the gate
-               ◀─ allowed + JSON Patch (+ a warning naming why the pod is gated)
+               ◀─ allowed + JSON Patch (+ a warning naming why the pod is gated), or refused
 kube-apiserver ─POST /validate-queues──────▶ the stored Queues (GET) ─ queue_problems ─ allowed?
 kube-apiserver ─POST /validate-resourceclaims▶ claim_config_problems (GpuConfig) ─ allowed?
 ```
 
 HTTP only, like `extender.server`: a malformed review gets a 400 with the reason (and costs only
-itself); the decisions are the pure functions of `extender.admission`. The mutating webhook
-never refuses a pod: whatever it cannot look up (an owner it may not read, an API error, a
-picture not yet synced) it leaves out, and the extender's filter still holds the pod to its
-queue. Every replica serves the webhooks (each keeps the whole picture); only the active one
-lifts gates (`extender.controllers.gates`).
+itself); the decisions are the pure functions of `extender.admission` and `extender.policy`. The
+mutating webhook refuses a pod for one reason only: its namespace may not use its queue
+(`extender.policy.tenancy`, the message naming both). Whatever it cannot look up (an owner it may
+not read, an API error, a picture not yet synced) it leaves out, and the extender's filter still
+holds the pod to its queue - and refuses it the same way if its namespace may not use it. Every
+replica serves the webhooks (each keeps the whole picture); only the active one lifts gates
+(`extender.controllers.gates`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,14 @@ from contract.names import (
     QUEUE_VERSION,
 )
 from extender import kubeapi
-from extender.admission import claim_config_problems, gate_reason, pod_patch, queue_problems, resolve_queue
+from extender.admission import (
+    QueueChoice,
+    claim_config_problems,
+    gate_reason,
+    pod_patch,
+    queue_problems,
+    resolve_queue,
+)
 from extender.controllers.gates import ahead_of, gang_count, waiting_ungated
 from extender.kubeapi import JsonObject, KubeError
 from extender.metrics import ExtenderMetrics
@@ -183,13 +193,16 @@ class PodAdmission:
             )
         return mapping(meta(stored).get("labels"))
 
-    async def mutate(self, pod: JsonObject, namespace: str) -> tuple[list[dict[str, Any]], list[str], str]:
-        """The patch for a pod being created, warnings for the user, and the outcome (metrics)."""
+    async def mutate(self, pod: JsonObject, namespace: str) -> PodVerdict:
+        """The patch for a pod being created, warnings for the user, and the outcome (metrics);
+        or why it is refused: its namespace may not use its queue."""
         owners: list[Mapping[str, Any]] = []
         namespace_labels: Mapping[str, Any] = {}
+        read_namespace = False
         try:
             async with asyncio.timeout(self.options.lookup_timeout_s):
                 namespace_labels = await self.namespace_labels(namespace)
+                read_namespace = True
                 if not mapping(meta(pod).get("labels")).get(QUEUE_LABEL):
                     owners = await self.owner_labels(namespace, pod)
         except (TimeoutError, KubeError, OSError) as exc:
@@ -206,16 +219,35 @@ class PodAdmission:
             and spec.get("schedulerName") in (None, "", "default-scheduler")
             else None
         )
+        stored = _patched(pod, namespace, queue, scheduler)
+        # Judged with the Namespace's labels as read; without them the filter judges it instead.
+        refusal = self.tenancy_refusal(stored, choice, namespace_labels) if read_namespace else ""
+        if refusal:
+            return PodVerdict([], [], "refused", refusal)
         patch = pod_patch(pod, queue, scheduler, gate=False)
-        reason = self.gate_reason(_patched(pod, namespace, queue, scheduler)) if self.options.gate else ""
+        reason = self.gate_reason(stored) if self.options.gate else ""
         if reason:
             patch = pod_patch(pod, queue, scheduler, gate=True)
-            return (
+            return PodVerdict(
                 patch,
                 [f"held back by the scheduling gate {ADMISSION_GATE} until it is admissible: {reason}"],
                 "gated",
             )
-        return patch, [], "labelled" if patch else "unchanged"
+        return PodVerdict(patch, [], "labelled" if patch else "unchanged")
+
+    def tenancy_refusal(
+        self, pod: JsonObject, choice: QueueChoice, namespace_labels: Mapping[str, Any]
+    ) -> str:
+        """Why the pod's namespace may not use its queue ('' when it may, or cannot be told yet).
+
+        Only pods Tessera holds to a queue are judged, as in the filter: those naming one (on
+        themselves, an owner or their Namespace) and GPU pods, which fall in the default queue."""
+        picture = self.picture
+        if not picture.ready():
+            return ""  # the Queues are not all known yet: the filter judges the pod
+        if choice.source == "default" and not picture.demand(pod).wants_gpu:
+            return ""
+        return picture.tenancy_refusal(choice.queue, str(meta(pod).get("namespace", "")), namespace_labels)
 
     def gate_reason(self, pod: JsonObject) -> str:
         """Why the pod should wait gated ('' when it should not, or when that cannot be told)."""
@@ -236,6 +268,16 @@ class PodAdmission:
             ahead=ahead_of(picture, gang, waiting_ungated(picture).get(demand.queue, {})),
             gang=gang,
         )
+
+
+@dataclass(frozen=True)
+class PodVerdict:
+    """The pod webhook's answer: a JSON Patch and warnings, or a refusal (then nothing else)."""
+
+    patch: list[dict[str, Any]]
+    warnings: list[str]
+    outcome: str  # metric label: refused, gated, labelled, unchanged
+    refusal: str = ""
 
 
 def _patched(pod: JsonObject, namespace: str, queue: str | None, scheduler: str | None) -> JsonObject:
@@ -265,9 +307,11 @@ async def handle_mutate_pod(request: web.Request) -> web.StreamResponse:
     pod = req.object
     if req.operation != "CREATE" or req.kind.kind != "Pod" or pod is None:
         return _answer(review_answer(req.uid))
-    patch, warnings, outcome = await request.app[ADMISSION_KEY].mutate(pod, req.namespace)
-    request.app[METRICS_KEY].decisions.labels("mutate_pods", outcome, "").inc()
-    return _answer(review_answer(req.uid, patch=patch, warnings=warnings))
+    verdict = await request.app[ADMISSION_KEY].mutate(pod, req.namespace)
+    request.app[METRICS_KEY].decisions.labels("mutate_pods", verdict.outcome, "").inc()
+    if verdict.refusal:
+        return _answer(review_answer(req.uid, [verdict.refusal]))
+    return _answer(review_answer(req.uid, patch=verdict.patch, warnings=verdict.warnings))
 
 
 async def handle_validate_queue(request: web.Request) -> web.StreamResponse:

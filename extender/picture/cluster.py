@@ -45,6 +45,7 @@ from extender.policy.snapshot import (
     keep_movers,
     mover_order,
 )
+from extender.policy.tenancy import selector_labels, tenancy_refusal
 
 # The reason of kube-scheduler's PodScheduled=False condition after a cycle in which no node fit
 # (its own filters, or the extender's refused every node); not after an error ("SchedulerError":
@@ -220,6 +221,16 @@ class ClusterPicture:
 
     def fairness(self) -> QueueView:
         return self.accounting.view()
+
+    def tenancy_refusal(self, queue: str, namespace: str, labels: Mapping[str, Any] | None = None) -> str:
+        """Why pods of `namespace` may not use `queue` ('' when they may; extender.policy.tenancy).
+        `labels`: the Namespace's, when the caller has them; else the picture's."""
+        if labels is None:
+            stored = self.store.get("Namespace", namespace)
+            labels = mapping(meta(stored).get("labels")) if stored is not None else None
+        return tenancy_refusal(
+            self.fairness().tree.specs, queue, namespace, selector_labels(namespace, labels)
+        )
 
     def settle(self) -> None:
         """Count what changed into the ledger, without the fair shares `fairness` computes too:
