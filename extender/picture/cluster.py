@@ -417,6 +417,8 @@ class ClusterPicture:
             if pod is None or meta(pod).get("deletionTimestamp") or self.inventory.held_for(key):
                 continue
             demand = self.demands.of(pod)
+            if self.tenancy_refusal(demand.queue, demand.namespace):
+                continue  # its namespace may not use its queue: no eviction would let it run
             request = contribution.amounts
             gang = self._gang_now(pod)  # `view` above brought the reservations in line
             if gang.reading or gang.members < gang.minimum:

@@ -453,3 +453,15 @@ async def test_the_queue_webhook_validates_tenancy(
     else:
         assert answer["allowed"] is False and needle in answer["status"]["message"]
         assert "queue 'team-z'" in answer["status"]["message"]
+
+
+def test_reclaim_plans_for_no_pod_whose_namespace_may_not_use_its_queue() -> None:
+    # Both wait for a GPU in team-y; only tenant-y's is one the planners may free GPUs for.
+    objs = tenants(
+        objects.pod("tenant-x", "outsider", queue="team-y", template="one"),
+        objects.pod("tenant-y", "insider", queue="team-y", template="one"),
+    )
+    picture = ClusterPicture()
+    for kind in WATCHED_PATHS:
+        picture.replace(kind, [o for o in objs if o["kind"] == kind])
+    assert [pod.key for pod in picture.waiting_pods()] == ["tenant-y/insider"]
