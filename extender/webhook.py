@@ -8,6 +8,7 @@ kube-apiserver ─POST /mutate-pods──────────▶ owners (GET
                ◀─ allowed + JSON Patch (+ a warning naming why the pod is gated), or refused
 kube-apiserver ─POST /validate-queues──────▶ the stored Queues (GET) ─ queue_problems ─ allowed?
 kube-apiserver ─POST /validate-resourceclaims▶ claim_config_problems (GpuConfig) ─ allowed?
+kube-apiserver ─POST /validate-namespaces──▶ its default-queue label: a queue it may use? ─ allowed?
 ```
 
 HTTP only, like `extender.server`: a malformed review gets a 400 with the reason (and costs only
@@ -39,6 +40,7 @@ from contract.kube import controller_of, mapping, meta, sequence, validation_pro
 from contract.names import (
     ADMISSION_GATE,
     DRIVER_NAME,
+    NAMESPACE_QUEUE_LABEL,
     NAMESPACE_SCHEDULER_LABEL,
     QUEUE_GROUP,
     QUEUE_LABEL,
@@ -65,6 +67,7 @@ log = logging.getLogger(__name__)
 MUTATE_PODS_PATH = "/mutate-pods"
 VALIDATE_QUEUES_PATH = "/validate-queues"
 VALIDATE_CLAIMS_PATH = "/validate-resourceclaims"
+VALIDATE_NAMESPACES_PATH = "/validate-namespaces"
 # Owners above this many levels are not read (Pod -> ReplicaSet -> Deployment is two).
 MAX_OWNER_DEPTH = 4
 # An AdmissionReview carries one object (and its old version): far below this.
@@ -347,6 +350,25 @@ async def handle_validate_claim(request: web.Request) -> web.StreamResponse:
     return _answer(review_answer(req.uid, problems))
 
 
+async def handle_validate_namespace(request: web.Request) -> web.StreamResponse:
+    """A Namespace's default-queue label must name a queue the namespace may use (judged with
+    the labels it is being given; a queue not known yet is not judged: its pods will be)."""
+    review = await parse_body(request, _review, "validate_namespaces")
+    req = review.request
+    if req.operation not in ("CREATE", "UPDATE") or req.object is None:
+        return _answer(review_answer(req.uid))
+    picture = request.app[PICTURE_KEY]
+    name = str(meta(req.object).get("name", ""))
+    labels = mapping(meta(req.object).get("labels"))
+    queue = labels.get(NAMESPACE_QUEUE_LABEL)
+    refusal = picture.tenancy_refusal(str(queue), name, labels) if queue and picture.ready() else ""
+    problems = [f"label {NAMESPACE_QUEUE_LABEL}={queue}: {refusal}"] if refusal else []
+    request.app[METRICS_KEY].decisions.labels(
+        "validate_namespaces", "refused" if problems else "allowed", ""
+    ).inc()
+    return _answer(review_answer(req.uid, problems))
+
+
 def webhook_app(
     api: ApiClient, picture: ClusterPicture, metrics: ExtenderMetrics, options: WebhookOptions
 ) -> web.Application:
@@ -361,4 +383,5 @@ def webhook_app(
     app.router.add_post(MUTATE_PODS_PATH, timed("mutate_pods", handle_mutate_pod))
     app.router.add_post(VALIDATE_QUEUES_PATH, timed("validate_queues", handle_validate_queue))
     app.router.add_post(VALIDATE_CLAIMS_PATH, timed("validate_claims", handle_validate_claim))
+    app.router.add_post(VALIDATE_NAMESPACES_PATH, timed("validate_namespaces", handle_validate_namespace))
     return app

@@ -18,7 +18,7 @@ from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.fairness import QueueSpec
 from extender.policy.tenancy import OPEN, LabelRequirement, NamespaceSelector, Tenancy, tenancy_refusal
 from extender.queues import QueueSpecError, parse_queue, queue_object
-from extender.webhook import MUTATE_PODS_PATH, VALIDATE_QUEUES_PATH
+from extender.webhook import MUTATE_PODS_PATH, VALIDATE_NAMESPACES_PATH, VALIDATE_QUEUES_PATH
 from tests import extender_objects as objects
 
 # Fixtures of test_server (extender: the verbs' app) and test_webhook (webhooks: the webhooks' app).
@@ -465,3 +465,40 @@ def test_reclaim_plans_for_no_pod_whose_namespace_may_not_use_its_queue() -> Non
     for kind in WATCHED_PATHS:
         picture.replace(kind, [o for o in objs if o["kind"] == kind])
     assert [pod.key for pod in picture.waiting_pods()] == ["tenant-y/insider"]
+
+
+@pytest.mark.parametrize(
+    ("obj", "operation", "refusal"),
+    [
+        # tenant-x may not use team-y (tenant-y only): its default-queue label is refused.
+        (
+            namespace("tenant-x", {NAMESPACE_QUEUE_LABEL: "team-y"}),
+            "CREATE",
+            f"label {NAMESPACE_QUEUE_LABEL}=team-y: " + REFUSAL,
+        ),
+        (namespace("tenant-y", {NAMESPACE_QUEUE_LABEL: "team-y"}), "UPDATE", ""),
+        # A queue not known (yet) is not judged here; its pods will be.
+        (namespace("tenant-x", {NAMESPACE_QUEUE_LABEL: "later"}), "CREATE", ""),
+        # Selected by its labels, "research" may default to team-r; without the label it may not.
+        (namespace("research", {NAMESPACE_QUEUE_LABEL: "team-r", "team": "r"}), "UPDATE", ""),
+        (
+            namespace("research", {NAMESPACE_QUEUE_LABEL: "team-r"}),
+            "UPDATE",
+            f"label {NAMESPACE_QUEUE_LABEL}=team-r: namespace 'research' may not use queue 'team-r': it "
+            "takes only pods of namespaces labelled team=r",
+        ),
+        (namespace("tenant-x", {NAMESPACE_QUEUE_LABEL: "team-y"}), "DELETE", ""),
+    ],
+)
+async def test_the_namespace_webhook_refuses_a_default_queue_the_namespace_may_not_use(
+    webhooks: Webhooks,  # noqa: F811
+    obj: dict[str, Any],
+    operation: str,
+    refusal: str,
+) -> None:
+    team_r = objects.queue("team-r")
+    team_r["spec"]["namespaceSelector"] = {"matchLabels": {"team": "r"}}
+    webhooks.sync(tenants(team_r))
+    answer = await webhooks.review(VALIDATE_NAMESPACES_PATH, obj, operation)
+    assert answer["allowed"] is (not refusal)
+    assert answer.get("status", {}).get("message", "") == refusal
