@@ -45,7 +45,6 @@ from extender.policy.snapshot import (
     keep_movers,
     mover_order,
 )
-from extender.policy.tenancy import selector_labels, tenancy_refusal
 
 # The reason of kube-scheduler's PodScheduled=False condition after a cycle in which no node fit
 # (its own filters, or the extender's refused every node); not after an error ("SchedulerError":
@@ -225,12 +224,7 @@ class ClusterPicture:
     def tenancy_refusal(self, queue: str, namespace: str, labels: Mapping[str, Any] | None = None) -> str:
         """Why pods of `namespace` may not use `queue` ('' when they may; extender.policy.tenancy).
         `labels`: the Namespace's, when the caller has them; else the picture's."""
-        if labels is None:
-            stored = self.store.get("Namespace", namespace)
-            labels = mapping(meta(stored).get("labels")) if stored is not None else None
-        return tenancy_refusal(
-            self.fairness().tree.specs, queue, namespace, selector_labels(namespace, labels)
-        )
+        return self.accounting.tenancy_refusal(queue, namespace, labels)
 
     def settle(self) -> None:
         """Count what changed into the ledger, without the fair shares `fairness` computes too:
@@ -417,8 +411,6 @@ class ClusterPicture:
             if pod is None or meta(pod).get("deletionTimestamp") or self.inventory.held_for(key):
                 continue
             demand = self.demands.of(pod)
-            if self.tenancy_refusal(demand.queue, demand.namespace):
-                continue  # its namespace may not use its queue: no eviction would let it run
             request = contribution.amounts
             gang = self._gang_now(pod)  # `view` above brought the reservations in line
             if gang.reading or gang.members < gang.minimum:

@@ -502,3 +502,31 @@ async def test_the_namespace_webhook_refuses_a_default_queue_the_namespace_may_n
     answer = await webhooks.review(VALIDATE_NAMESPACES_PATH, obj, operation)
     assert answer["allowed"] is (not refusal)
     assert answer.get("status", {}).get("message", "") == refusal
+
+
+def test_a_pod_its_namespace_may_not_use_the_queue_of_is_no_demand_of_that_queue() -> None:
+    # team-y (tenant-y only) with two pending 1-GPU pods: tenant-y's is demand (requested 1),
+    # tenant-x's is not (the filter refuses it); once tenant-x carries team-y's selector label,
+    # both are (requested 2); the Queue opened to all, likewise.
+    objs = tenants(
+        objects.pod("tenant-x", "outsider", queue="team-y", template="one"),
+        objects.pod("tenant-y", "insider", queue="team-y", template="one"),
+    )
+    picture = ClusterPicture()
+    for kind in WATCHED_PATHS:
+        picture.replace(kind, [o for o in objs if o["kind"] == kind])
+
+    def requested() -> float:
+        return picture.fairness().usage["team-y"].requested.get("gpu", 0.0)
+
+    assert requested() == 1
+    picture.apply(
+        "Queue", "MODIFIED", team_y(namespaces=["tenant-y"], namespaceSelector={"matchLabels": {"team": "y"}})
+    )
+    assert requested() == 1  # tenant-x has no label team=y yet
+    picture.apply("Namespace", "MODIFIED", namespace("tenant-x", {"team": "y"}))
+    assert requested() == 2
+    picture.apply("Namespace", "MODIFIED", namespace("tenant-x", {}))
+    assert requested() == 1
+    picture.apply("Queue", "MODIFIED", {**team_y(), "spec": {**team_y()["spec"], "namespaces": None}})
+    assert requested() == 2
