@@ -110,7 +110,8 @@ async def test_a_pod_labelled_with_another_namespace_s_queue_is_refused_at_apply
             assert scheduled["reason"] == "Unschedulable" and at_filter in scheduled["message"]
             assert admitted["message"] == at_filter
 
-            # team-y's own pod, beside it, is admitted and binds; team-y holds that one GPU only.
+            # team-y's own pod, beside it, is admitted and binds; team-y holds that one GPU, and
+            # the outsider's pending pod is none of its demand.
             await request(
                 env.api, "POST", f"/api/v1/namespaces/{own}/pods", body=gpu_pod(env, own, "p", team)
             )
@@ -121,11 +122,15 @@ async def test_a_pod_labelled_with_another_namespace_s_queue_is_refused_at_apply
 
             await wait_until(own_bound, timeout=30, what="team-y's own pod bound")
 
-            async def allocated_one() -> bool:
+            async def own_gpu_only() -> bool:
                 status = (await env.get_queue(team)).get("status") or {}
-                return bool(status.get("allocated", {}).get("gpu") == "1")
+                return status.get("allocated", {}).get("gpu") == "1" and "gpu" not in status.get(
+                    "requested", {}
+                )
 
-            await wait_until(allocated_one, timeout=30, what=f"{team} holding its own pod's GPU")
+            await wait_until(
+                own_gpu_only, timeout=30, what=f"{team} holding its own pod's GPU, asked for none"
+            )
             assert not (await request(env.api, "GET", f"/api/v1/namespaces/{outsider}/pods/p"))["spec"].get(
                 "nodeName"
             )
