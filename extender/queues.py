@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from contract.kube import validation_problems
-from contract.names import QUEUE_GROUP, QUEUE_KIND, QUEUE_VERSION
+from contract.names import NAMESPACE_QUEUE_LABEL, QUEUE_GROUP, QUEUE_KIND, QUEUE_VERSION
 from contract.quantity import parse_quantity
 from extender.policy.fairness import (
     MAX_OVER_QUOTA_WEIGHT,
@@ -33,7 +33,15 @@ from extender.policy.fairness import (
     broken_ancestries,
     format_amount,
 )
-from extender.policy.tenancy import OPEN, LabelRequirement, NamespaceSelector, Operator, Tenancy
+from extender.policy.tenancy import (
+    OPEN,
+    LabelRequirement,
+    NamespaceSelector,
+    Operator,
+    Tenancy,
+    selector_labels,
+    tenancy_refusal,
+)
 
 # Same shape as the pattern in manifests/crds/queues.yaml: gpu, cpu, memory or gpu/<model>.
 RESOURCE_NAME = re.compile(r"^(gpu|cpu|memory|gpu/[A-Za-z0-9]([A-Za-z0-9._-]{0,62}))$")
@@ -254,6 +262,44 @@ def validate_hierarchy(specs: Sequence[QueueSpec]) -> dict[str, list[str]]:
                     f"queue's quota {format_amount(resource, own)}"
                 )
     return problems
+
+
+def defaults_shut_out(
+    queue: Mapping[str, Any],
+    others: Sequence[Mapping[str, Any]],
+    namespaces: Mapping[str, Mapping[str, Any]],
+) -> list[str]:
+    """What a Queue write takes away from namespaces that default to a queue (for warnings).
+
+    `queue`: the Queue as written; `others`: the Queues stored (its old version among them);
+    `namespaces`: namespace -> its labels. Each namespace whose default-queue label names a queue
+    it may use before the write and not after is reported with the refusal. A write that does not
+    parse reports nothing (it is refused for that)."""
+    try:
+        spec = parse_queue(queue)
+    except QueueSpecError:
+        return []
+    before: dict[str, QueueSpec] = {}
+    for other in others:
+        try:
+            parsed = parse_queue(other)
+        except QueueSpecError:
+            continue
+        before[parsed.name] = parsed
+    after = {**before, spec.name: spec}
+    found = []
+    for namespace, labels in sorted(namespaces.items()):
+        default = labels.get(NAMESPACE_QUEUE_LABEL)
+        if not default:
+            continue
+        seen_as = selector_labels(namespace, labels)
+        refusal = tenancy_refusal(after, str(default), namespace, seen_as)
+        if refusal and not tenancy_refusal(before, str(default), namespace, seen_as):
+            found.append(
+                f"label {NAMESPACE_QUEUE_LABEL}={default} of namespace '{namespace}': {refusal} "
+                "(its pods that name no queue will be refused)"
+            )
+    return found
 
 
 def format_quantity(resource: str, amount: float) -> str:

@@ -7,6 +7,7 @@ kube-apiserver ─POST /mutate-pods──────────▶ owners (GET
                                                 gate_reason(picture's fairness view) ─ the gate
                ◀─ allowed + JSON Patch (+ a warning naming why the pod is gated), or refused
 kube-apiserver ─POST /validate-queues──────▶ the stored Queues (GET) ─ queue_problems ─ allowed?
+                                                (+ warnings: namespaces whose default queue it shuts out)
 kube-apiserver ─POST /validate-resourceclaims▶ claim_config_problems (GpuConfig) ─ allowed?
 kube-apiserver ─POST /validate-namespaces──▶ its default-queue label: a queue it may use? ─ allowed?
 ```
@@ -60,6 +61,7 @@ from extender.controllers.gates import ahead_of, gang_count, waiting_ungated
 from extender.kubeapi import JsonObject, KubeError
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
+from extender.queues import defaults_shut_out
 from extender.server import IN_FLIGHT_KEY, MAX_IN_FLIGHT, METRICS_KEY, parse_body, timed
 
 log = logging.getLogger(__name__)
@@ -330,11 +332,18 @@ async def handle_validate_queue(request: web.Request) -> web.StreamResponse:
     except (KubeError, OSError, TimeoutError) as exc:
         log.warning("queue admission reads the picture's Queues: %r", exc)
         others = list(request.app[PICTURE_KEY].kind("Queue").values())
-    problems = queue_problems(req.object, [mapping(q) for q in others])
+    stored = [mapping(q) for q in others]
+    problems = queue_problems(req.object, stored)
     request.app[METRICS_KEY].decisions.labels(
         "validate_queues", "refused" if problems else "allowed", ""
     ).inc()
-    return _answer(review_answer(req.uid, problems))
+    if problems:
+        return _answer(review_answer(req.uid, problems))
+    namespaces = {
+        key: mapping(meta(obj).get("labels"))
+        for key, obj in request.app[PICTURE_KEY].kind("Namespace").items()
+    }
+    return _answer(review_answer(req.uid, warnings=defaults_shut_out(req.object, stored, namespaces)))
 
 
 async def handle_validate_claim(request: web.Request) -> web.StreamResponse:

@@ -8,6 +8,7 @@ namespace reaches the scheduler as it would with failurePolicy Ignore and the we
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -152,6 +153,22 @@ async def test_a_pod_labelled_with_another_namespace_s_queue_is_refused_at_apply
                 local_cluster, "label", "namespace", own, f"{NAMESPACE_QUEUE_LABEL}={team}", input_text=""
             )
             assert labelled.returncode == 0, labelled.stderr
+            # Closing team-y to every namespace is the admin's right; kubectl warns whom it shuts out.
+            closed = await kubectl(
+                local_cluster,
+                "patch",
+                "queues.scheduling.tessera.dev",
+                team,
+                "--type=merge",
+                "-p",
+                json.dumps({"spec": {"namespaces": []}}),
+                input_text="",
+            )
+            assert closed.returncode == 0, closed.stderr
+            assert (
+                f"Warning: label {NAMESPACE_QUEUE_LABEL}={team} of namespace '{own}': namespace '{own}' "
+                f"may not use queue '{team}': it takes pods of no namespace"
+            ) in closed.stderr, closed.stderr
         finally:
             for name in (own, outsider):
                 await drop_namespace(env, name)

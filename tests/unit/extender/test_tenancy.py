@@ -530,3 +530,27 @@ def test_a_pod_its_namespace_may_not_use_the_queue_of_is_no_demand_of_that_queue
     assert requested() == 1
     picture.apply("Queue", "MODIFIED", {**team_y(), "spec": {**team_y()["spec"], "namespaces": None}})
     assert requested() == 2
+
+
+async def test_a_queue_write_warns_of_the_namespaces_whose_default_it_shuts_out(
+    webhooks: Webhooks,  # noqa: F811
+) -> None:
+    # team-y takes tenant-y and y-ci; y-ci and tenant-x default to it (tenant-x already may not).
+    objs = [
+        o
+        for o in tenants(namespace("y-ci", {NAMESPACE_QUEUE_LABEL: "team-y"}))
+        if o["metadata"]["name"] != "team-y"
+    ]
+    webhooks.sync([*objs, team_y(namespaces=["tenant-y", "y-ci"])])
+    # Narrowed to tenant-y: admitted, with a warning for y-ci only (tenant-x lost nothing).
+    answer = await webhooks.review(VALIDATE_QUEUES_PATH, team_y(namespaces=["tenant-y"]), "UPDATE")
+    assert answer["allowed"] is True
+    assert answer["warnings"] == [
+        f"label {NAMESPACE_QUEUE_LABEL}=team-y of namespace 'y-ci': namespace 'y-ci' may not use queue "
+        "'team-y': it takes only pods of namespace tenant-y (its pods that name no queue will be refused)"
+    ]
+    # A write that takes nothing away warns of nothing.
+    answer = await webhooks.review(
+        VALIDATE_QUEUES_PATH, team_y(namespaces=["tenant-y", "y-ci", "ops"]), "UPDATE"
+    )
+    assert answer["allowed"] is True and "warnings" not in answer
