@@ -44,11 +44,17 @@ log = logging.getLogger(__name__)
 
 
 def _tenancy_inputs(queue: Stored | None) -> tuple[object, ...] | None:
-    """What of a Queue decides which namespaces' pods may use it (its parent: its ancestors')."""
+    """What of a Queue decides which namespaces' pods may use it: its parent (for its ancestors'
+    restrictions), namespaces, namespaceSelector."""
     if queue is None:
         return None
     spec = mapping(queue.get("spec"))
     return spec.get("parent"), spec.get("namespaces"), spec.get("namespaceSelector")
+
+
+def _restricts(inputs: tuple[object, ...] | None) -> bool:
+    """A Queue with either field says who may use it (`namespaces: []` too: nobody)."""
+    return inputs is not None and (inputs[1] is not None or inputs[2] is not None)
 
 
 # Distinct contributions shared between pods; past this many the table starts over (a cluster
@@ -109,6 +115,7 @@ class QueueAccounting:
         # last view with the queues and capacity they divide: a view with the same queues and
         # capacity updates them with the queues whose totals moved (none: reused as they are).
         self._specs: _Specs | None = None
+        self._restricted = False  # some queue restricted who may use it, when last parsed
         self._shares: tuple[object, FairShares, QueueTree] | None = None
         # Told which pods were recounted (None: all), so caches derived from pods follow.
         self.recounted: list[Callable[[Iterable[str] | None], None]] = []
@@ -128,8 +135,11 @@ class QueueAccounting:
     def _queues_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         self._specs = None
         self._view = None
-        if _tenancy_inputs(old) != _tenancy_inputs(new):
-            self._all_dirty = True  # who may wait in which queue changed (rare: a spec edit)
+        before, after = _tenancy_inputs(old), _tenancy_inputs(new)
+        if before != after and (self._restricted or _restricts(before) or _restricts(after)):
+            # Who may wait in which queue changed (a spec edit, rare); while every queue is open
+            # a new queue or parent changes nothing of it.
+            self._all_dirty = True
 
     def _namespace_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         """Its labels decide which queues its pods may wait in (queues' namespaceSelector)."""
@@ -369,6 +379,7 @@ class QueueAccounting:
             by_key.setdefault(DEFAULT_QUEUE, QueueSpec(name=DEFAULT_QUEUE))
             restricted = any(not spec.tenancy.open for spec in by_key.values())
             self._specs = _Specs(tuple(by_key.values()), frozenset(by_key), invalid, by_key, restricted)
+            self._restricted = restricted
         return self._specs
 
     def tenancy_refusal(self, queue: str, namespace: str, labels: Mapping[str, Any] | None = None) -> str:

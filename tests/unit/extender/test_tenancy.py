@@ -554,3 +554,33 @@ async def test_a_queue_write_warns_of_the_namespaces_whose_default_it_shuts_out(
         VALIDATE_QUEUES_PATH, team_y(namespaces=["tenant-y", "y-ci", "ops"]), "UPDATE"
     )
     assert answer["allowed"] is True and "warnings" not in answer
+
+
+def test_a_restricted_queue_created_in_an_open_cluster_recounts_its_waiting_pods() -> None:
+    # Every queue open, team-y not there yet: tenant-x's pod counts as its demand (1 GPU), until
+    # team-y is created taking nobody (namespaces: [], falsy yet a restriction).
+    waiting = objects.pod("tenant-x", "early", queue="team-y", template="one")
+    objs = [o for o in tenants(waiting) if o["metadata"]["name"] != "team-y"]
+    picture = ClusterPicture()
+    for kind in WATCHED_PATHS:
+        picture.replace(kind, [o for o in objs if o["kind"] == kind])
+    assert picture.fairness().usage["team-y"].requested.get("gpu", 0.0) == 1
+    picture.apply("Queue", "ADDED", team_y(namespaces=[]))
+    assert picture.fairness().usage["team-y"].requested.get("gpu", 0.0) == 0
+
+
+def test_while_every_queue_is_open_a_new_queue_recounts_no_pod() -> None:
+    # A full recount (told as None) costs a pass over every pod: only a tenancy edit needs one.
+    objs = [o for o in webhook_cluster() if o["kind"] != "Queue"]
+    picture = ClusterPicture()
+    for kind in WATCHED_PATHS:
+        picture.replace(kind, [o for o in objs if o["kind"] == kind])
+    picture.fairness()
+    told: list[object] = []
+    picture.accounting.recounted.append(lambda keys: told.append(keys if keys is None else sorted(keys)))
+    picture.apply("Queue", "ADDED", objects.queue("team-c", parent="team-a"))
+    picture.fairness()
+    assert None not in told
+    picture.apply("Queue", "ADDED", team_y())  # the first restricted queue: every pod is judged again
+    picture.fairness()
+    assert None in told
