@@ -143,6 +143,8 @@ class QueueAccounting:
 
     def _namespace_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         """Its labels decide which queues its pods may wait in (queues' namespaceSelector)."""
+        if not self._restricted:
+            return  # every queue open: labels decide nothing (a restricted queue recounts all)
         if old is not None and new is not None and meta(old).get("labels") == meta(new).get("labels"):
             return
         prefix = f"{key}/"

@@ -18,8 +18,9 @@ Parent `research` takes namespaces labelled `org=research`; its child `nlp` take
 
 `tenancy_refusal` is the one decision: '' (may use it) or why not, naming the queue and the
 namespace. The pod webhook refuses the pod with it, the filter refuses every node with it (the
-webhook may be bypassed), the gate controller keeps such a pod gated, and the Namespace webhook
-refuses a default-queue label naming a queue the namespace may not use. A queue that does not
+webhook may be bypassed), the accounting counts such a pending pod as no demand of the queue, the
+gate controller keeps such a pod gated, and the Namespace webhook refuses a default-queue label
+naming a queue the namespace may not use. A queue that does not
 exist, or whose ancestry is broken, is not judged here: admission refuses it with its own reason.
 """
 
