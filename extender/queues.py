@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from contract.kube import validation_problems
-from contract.names import QUEUE_GROUP, QUEUE_KIND, QUEUE_VERSION
+from contract.names import NAMESPACE_QUEUE_LABEL, QUEUE_GROUP, QUEUE_KIND, QUEUE_VERSION
 from contract.quantity import parse_quantity
 from extender.policy.fairness import (
     GPU_MODEL_PREFIX,
@@ -33,6 +33,15 @@ from extender.policy.fairness import (
     QueueUsage,
     broken_ancestries,
     format_amount,
+)
+from extender.policy.tenancy import (
+    OPEN,
+    LabelRequirement,
+    NamespaceSelector,
+    Operator,
+    Tenancy,
+    selector_labels,
+    tenancy_refusal,
 )
 
 # Same shape as the pattern in manifests/crds/queues.yaml: gpu, cpu, memory or gpu/<model>.
@@ -96,6 +105,55 @@ def parse_duration(value: object) -> float:
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
+# Kubernetes' own rules (the CRD's schema has the same patterns): a namespace name is a DNS label;
+# a label key an optional DNS-subdomain prefix and a name of up to 63 characters; a value up to 63.
+_NAMESPACE_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+MAX_TENANT_NAMES = 256  # names in spec.namespaces, values in one requirement (the CRD's maxItems)
+MAX_SELECTOR_TERMS = 32  # matchLabels entries, and matchExpressions (each)
+LabelKey = Annotated[str, Field(max_length=317, pattern=_LABEL_KEY)]
+LabelValue = Annotated[str, Field(max_length=63, pattern=_LABEL_VALUE)]
+
+
+class LabelRequirementModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: LabelKey
+    operator: Operator
+    values: list[LabelValue] = Field(default_factory=list, max_length=MAX_TENANT_NAMES)
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> LabelRequirementModel:
+        with_values = self.operator in ("In", "NotIn")
+        if with_values and not self.values:
+            raise ValueError(f"operator {self.operator} needs at least one value")
+        if not with_values and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        return self
+
+
+class NamespaceSelectorModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    match_labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, alias="matchLabels", max_length=MAX_SELECTOR_TERMS
+    )
+    match_expressions: list[LabelRequirementModel] = Field(
+        default_factory=list, alias="matchExpressions", max_length=MAX_SELECTOR_TERMS
+    )
+
+    def selector(self) -> NamespaceSelector:
+        return NamespaceSelector(
+            (
+                *(LabelRequirement(k, "In", (v,)) for k, v in sorted(self.match_labels.items())),
+                *(LabelRequirement(e.key, e.operator, tuple(e.values)) for e in self.match_expressions),
+            )
+        )
+
 
 class QueueSpecModel(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -110,6 +168,19 @@ class QueueSpecModel(BaseModel):
     # it is not refused as carrying an unknown field.
     placement: Literal["binpack", "spread"] = "binpack"
     resources: dict[str, QueueResourceModel] = Field(default_factory=dict)
+    # Who may use the queue (extender.policy.tenancy); neither: any namespace.
+    namespaces: list[Annotated[str, Field(max_length=63, pattern=_NAMESPACE_NAME)]] | None = Field(
+        default=None, max_length=MAX_TENANT_NAMES
+    )
+    namespace_selector: NamespaceSelectorModel | None = Field(default=None, alias="namespaceSelector")
+
+    def tenancy(self) -> Tenancy:
+        if self.namespaces is None and self.namespace_selector is None:
+            return OPEN
+        return Tenancy(
+            None if self.namespaces is None else frozenset(self.namespaces),
+            None if self.namespace_selector is None else self.namespace_selector.selector(),
+        )
 
     @model_validator(mode="after")
     def _known_resource_names(self) -> QueueSpecModel:
@@ -154,6 +225,7 @@ def parse_queue(obj: Mapping[str, Any]) -> QueueSpec:
         over_quota_weight={r: v.over_quota_weight for r, v in resources if v.over_quota_weight is not None},
         reclaim_min_runtime_s=spec.reclaim_min_runtime,
         preempt_min_runtime_s=spec.preempt_min_runtime,
+        tenancy=spec.tenancy(),
     )
 
 
@@ -191,6 +263,44 @@ def validate_hierarchy(specs: Sequence[QueueSpec]) -> dict[str, list[str]]:
                     f"queue's quota {format_amount(resource, own)}"
                 )
     return problems
+
+
+def defaults_shut_out(
+    queue: Mapping[str, Any],
+    others: Sequence[Mapping[str, Any]],
+    namespaces: Mapping[str, Mapping[str, Any]],
+) -> list[str]:
+    """What a Queue write takes away from namespaces that default to a queue (for warnings).
+
+    `queue`: the Queue as written; `others`: the Queues stored (its old version among them);
+    `namespaces`: namespace -> its labels. Each namespace whose default-queue label names a queue
+    it may use before the write and not after is reported with the refusal. A write that does not
+    parse reports nothing (it is refused for that)."""
+    try:
+        spec = parse_queue(queue)
+    except QueueSpecError:
+        return []
+    before: dict[str, QueueSpec] = {}
+    for other in others:
+        try:
+            parsed = parse_queue(other)
+        except QueueSpecError:
+            continue
+        before[parsed.name] = parsed
+    after = {**before, spec.name: spec}
+    found = []
+    for namespace, labels in sorted(namespaces.items()):
+        default = labels.get(NAMESPACE_QUEUE_LABEL)
+        if not default:
+            continue
+        seen_as = selector_labels(namespace, labels)
+        refusal = tenancy_refusal(after, str(default), namespace, seen_as)
+        if refusal and not tenancy_refusal(before, str(default), namespace, seen_as):
+            found.append(
+                f"label {NAMESPACE_QUEUE_LABEL}={default} of namespace '{namespace}': {refusal} "
+                "(its pods that name no queue will be refused)"
+            )
+    return found
 
 
 def format_quantity(resource: str, amount: float) -> str:

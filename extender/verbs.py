@@ -4,11 +4,13 @@ They read the cluster picture (no API call, no mutation) and return what to answ
 server should do about it (a wait reason to report, a reservation to make, a metric label); the
 server applies those effects and speaks HTTP. Both cost O(nodes in the request).
 
-Filter first asks the queue's fairness snapshot whether the pod may take what it asks for; a
-refusal fails every node with the reason (FailedAndUnresolvableNodes: preempting pods on a node
-cannot fix a queue's share). An admitted pod then keeps only the nodes whose free GPUs fit it:
-its supply on a node is the node less the GPUs reclaim holds there for other pods (the shares of
-the very devices a plan freed). A pod GPUs are held for keeps only its hold's node when it fits
+Filter first refuses a pod whose namespace may not use its queue (`extender.policy.tenancy`; the
+pod webhook refuses it at creation, but a webhook with failurePolicy Ignore can be bypassed), then
+asks the queue's fairness snapshot whether the pod may take what it asks for; a refusal fails
+every node with the reason (FailedAndUnresolvableNodes: preempting pods on a node cannot fix a
+queue's share, nor who may use it). An admitted pod then keeps only the nodes whose free GPUs fit
+it: its supply on a node is the node less the GPUs reclaim holds there for other pods (the shares
+of the very devices a plan freed). A pod GPUs are held for keeps only its hold's node when it fits
 there, so it takes the GPUs freed for it, not free ones the planner counted on for other pods.
 
 A pod of a gang whose minimum is neither placed nor admitted is admitted with its whole gang or
@@ -232,6 +234,12 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     if not demand.wants_gpu and not demand.labelled:
         # Neither a GPU pod nor one that names a queue: not ours to hold back.
         return FilterDecision(filter_result(args, names, {}), "passed", "no_gpu")
+    # Its namespace may not use its queue (the webhook that refuses such pods was bypassed).
+    refusal = picture.tenancy_refusal(demand.queue, demand.namespace)
+    if refusal:
+        refused = filter_result(args, [], {})
+        refused.FailedAndUnresolvableNodes = dict.fromkeys(names, refusal)
+        return FilterDecision(refused, "refused", "queue_not_allowed", demand.queue, False, refusal)
     key = args.pod.key
     view = picture.fairness()
     gang = picture.gang(pod)

@@ -3,18 +3,23 @@
 ```
 kube-apiserver ─POST /mutate-pods──────────▶ owners (GET up the controller chain), Namespace
    AdmissionReview (CREATE of a Pod)           resolve_queue ─ the queue label; schedulerName
+                                                tenancy_refusal ─ may its namespace use the queue?
                                                 gate_reason(picture's fairness view) ─ the gate
-               ◀─ allowed + JSON Patch (+ a warning naming why the pod is gated)
+               ◀─ allowed + JSON Patch (+ a warning naming why the pod is gated), or refused
 kube-apiserver ─POST /validate-queues──────▶ the stored Queues (GET) ─ queue_problems ─ allowed?
+                                                (+ warnings: namespaces whose default queue it shuts out)
 kube-apiserver ─POST /validate-resourceclaims▶ claim_config_problems (GpuConfig) ─ allowed?
+kube-apiserver ─POST /validate-namespaces──▶ its default-queue label: a queue it may use? ─ allowed?
 ```
 
 HTTP only, like `extender.server`: a malformed review gets a 400 with the reason (and costs only
-itself); the decisions are the pure functions of `extender.admission`. The mutating webhook
-never refuses a pod: whatever it cannot look up (an owner it may not read, an API error, a
-picture not yet synced) it leaves out, and the extender's filter still holds the pod to its
-queue. Every replica serves the webhooks (each keeps the whole picture); only the active one
-lifts gates (`extender.controllers.gates`).
+itself); the decisions are the pure functions of `extender.admission` and `extender.policy`. The
+mutating webhook refuses a pod for one reason only: its namespace may not use its queue
+(`extender.policy.tenancy`, the message naming both). Whatever it cannot look up (an owner it may
+not read, an API error, a picture not yet synced) it leaves out, and the extender's filter still
+holds the pod to its queue - and refuses it the same way if its namespace may not use it. Every
+replica serves the webhooks (each keeps the whole picture); only the active one lifts gates
+(`extender.controllers.gates`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from contract.kube import controller_of, mapping, meta, sequence, validation_pro
 from contract.names import (
     ADMISSION_GATE,
     DRIVER_NAME,
+    NAMESPACE_QUEUE_LABEL,
     NAMESPACE_SCHEDULER_LABEL,
     QUEUE_GROUP,
     QUEUE_LABEL,
@@ -43,11 +49,19 @@ from contract.names import (
     QUEUE_VERSION,
 )
 from extender import kubeapi
-from extender.admission import claim_config_problems, gate_reason, pod_patch, queue_problems, resolve_queue
+from extender.admission import (
+    QueueChoice,
+    claim_config_problems,
+    gate_reason,
+    pod_patch,
+    queue_problems,
+    resolve_queue,
+)
 from extender.controllers.gates import ahead_of, gang_count, waiting_ungated
 from extender.kubeapi import JsonObject, KubeError
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
+from extender.queues import defaults_shut_out
 from extender.server import IN_FLIGHT_KEY, MAX_IN_FLIGHT, METRICS_KEY, parse_body, timed
 
 log = logging.getLogger(__name__)
@@ -55,6 +69,7 @@ log = logging.getLogger(__name__)
 MUTATE_PODS_PATH = "/mutate-pods"
 VALIDATE_QUEUES_PATH = "/validate-queues"
 VALIDATE_CLAIMS_PATH = "/validate-resourceclaims"
+VALIDATE_NAMESPACES_PATH = "/validate-namespaces"
 # Owners above this many levels are not read (Pod -> ReplicaSet -> Deployment is two).
 MAX_OWNER_DEPTH = 4
 # An AdmissionReview carries one object (and its old version): far below this.
@@ -183,13 +198,16 @@ class PodAdmission:
             )
         return mapping(meta(stored).get("labels"))
 
-    async def mutate(self, pod: JsonObject, namespace: str) -> tuple[list[dict[str, Any]], list[str], str]:
-        """The patch for a pod being created, warnings for the user, and the outcome (metrics)."""
+    async def mutate(self, pod: JsonObject, namespace: str) -> PodVerdict:
+        """The patch for a pod being created, warnings for the user, and the outcome (metrics);
+        or why it is refused: its namespace may not use its queue."""
         owners: list[Mapping[str, Any]] = []
         namespace_labels: Mapping[str, Any] = {}
+        read_namespace = False
         try:
             async with asyncio.timeout(self.options.lookup_timeout_s):
                 namespace_labels = await self.namespace_labels(namespace)
+                read_namespace = True
                 if not mapping(meta(pod).get("labels")).get(QUEUE_LABEL):
                     owners = await self.owner_labels(namespace, pod)
         except (TimeoutError, KubeError, OSError) as exc:
@@ -206,16 +224,35 @@ class PodAdmission:
             and spec.get("schedulerName") in (None, "", "default-scheduler")
             else None
         )
+        stored = _patched(pod, namespace, queue, scheduler)
+        # Judged with the Namespace's labels as read; without them the filter judges it instead.
+        refusal = self.tenancy_refusal(stored, choice, namespace_labels) if read_namespace else ""
+        if refusal:
+            return PodVerdict([], [], "refused", refusal)
         patch = pod_patch(pod, queue, scheduler, gate=False)
-        reason = self.gate_reason(_patched(pod, namespace, queue, scheduler)) if self.options.gate else ""
+        reason = self.gate_reason(stored) if self.options.gate else ""
         if reason:
             patch = pod_patch(pod, queue, scheduler, gate=True)
-            return (
+            return PodVerdict(
                 patch,
                 [f"held back by the scheduling gate {ADMISSION_GATE} until it is admissible: {reason}"],
                 "gated",
             )
-        return patch, [], "labelled" if patch else "unchanged"
+        return PodVerdict(patch, [], "labelled" if patch else "unchanged")
+
+    def tenancy_refusal(
+        self, pod: JsonObject, choice: QueueChoice, namespace_labels: Mapping[str, Any]
+    ) -> str:
+        """Why the pod's namespace may not use its queue ('' when it may, or cannot be told yet).
+
+        Only pods Tessera holds to a queue are judged, as in the filter: those naming one (on
+        themselves, an owner or their Namespace) and GPU pods, which fall in the default queue."""
+        picture = self.picture
+        if not picture.ready():
+            return ""  # the Queues are not all known yet: the filter judges the pod
+        if choice.source == "default" and not picture.demand(pod).wants_gpu:
+            return ""
+        return picture.tenancy_refusal(choice.queue, str(meta(pod).get("namespace", "")), namespace_labels)
 
     def gate_reason(self, pod: JsonObject) -> str:
         """Why the pod should wait gated ('' when it should not, or when that cannot be told)."""
@@ -236,6 +273,16 @@ class PodAdmission:
             ahead=ahead_of(picture, gang, waiting_ungated(picture).get(demand.queue, {})),
             gang=gang,
         )
+
+
+@dataclass(frozen=True)
+class PodVerdict:
+    """The pod webhook's answer: a JSON Patch and warnings, or a refusal (then nothing else)."""
+
+    patch: list[dict[str, Any]]
+    warnings: list[str]
+    outcome: str  # metric label: refused, gated, labelled, unchanged
+    refusal: str = ""
 
 
 def _patched(pod: JsonObject, namespace: str, queue: str | None, scheduler: str | None) -> JsonObject:
@@ -265,9 +312,11 @@ async def handle_mutate_pod(request: web.Request) -> web.StreamResponse:
     pod = req.object
     if req.operation != "CREATE" or req.kind.kind != "Pod" or pod is None:
         return _answer(review_answer(req.uid))
-    patch, warnings, outcome = await request.app[ADMISSION_KEY].mutate(pod, req.namespace)
-    request.app[METRICS_KEY].decisions.labels("mutate_pods", outcome, "").inc()
-    return _answer(review_answer(req.uid, patch=patch, warnings=warnings))
+    verdict = await request.app[ADMISSION_KEY].mutate(pod, req.namespace)
+    request.app[METRICS_KEY].decisions.labels("mutate_pods", verdict.outcome, "").inc()
+    if verdict.refusal:
+        return _answer(review_answer(req.uid, [verdict.refusal]))
+    return _answer(review_answer(req.uid, patch=verdict.patch, warnings=verdict.warnings))
 
 
 async def handle_validate_queue(request: web.Request) -> web.StreamResponse:
@@ -283,11 +332,18 @@ async def handle_validate_queue(request: web.Request) -> web.StreamResponse:
     except (KubeError, OSError, TimeoutError) as exc:
         log.warning("queue admission reads the picture's Queues: %r", exc)
         others = list(request.app[PICTURE_KEY].kind("Queue").values())
-    problems = queue_problems(req.object, [mapping(q) for q in others])
+    stored = [mapping(q) for q in others]
+    problems = queue_problems(req.object, stored)
     request.app[METRICS_KEY].decisions.labels(
         "validate_queues", "refused" if problems else "allowed", ""
     ).inc()
-    return _answer(review_answer(req.uid, problems))
+    if problems:
+        return _answer(review_answer(req.uid, problems))
+    namespaces = {
+        key: mapping(meta(obj).get("labels"))
+        for key, obj in request.app[PICTURE_KEY].kind("Namespace").items()
+    }
+    return _answer(review_answer(req.uid, warnings=defaults_shut_out(req.object, stored, namespaces)))
 
 
 async def handle_validate_claim(request: web.Request) -> web.StreamResponse:
@@ -299,6 +355,25 @@ async def handle_validate_claim(request: web.Request) -> web.StreamResponse:
     problems = claim_config_problems(obj, request.app[OPTIONS_KEY].config_drivers)
     request.app[METRICS_KEY].decisions.labels(
         "validate_claims", "refused" if problems else "allowed", ""
+    ).inc()
+    return _answer(review_answer(req.uid, problems))
+
+
+async def handle_validate_namespace(request: web.Request) -> web.StreamResponse:
+    """A Namespace's default-queue label must name a queue the namespace may use (judged with
+    the labels it is being given; a queue not known yet is not judged: its pods will be)."""
+    review = await parse_body(request, _review, "validate_namespaces")
+    req = review.request
+    if req.operation not in ("CREATE", "UPDATE") or req.object is None:
+        return _answer(review_answer(req.uid))
+    picture = request.app[PICTURE_KEY]
+    name = str(meta(req.object).get("name", ""))
+    labels = mapping(meta(req.object).get("labels"))
+    queue = labels.get(NAMESPACE_QUEUE_LABEL)
+    refusal = picture.tenancy_refusal(str(queue), name, labels) if queue and picture.ready() else ""
+    problems = [f"label {NAMESPACE_QUEUE_LABEL}={queue}: {refusal}"] if refusal else []
+    request.app[METRICS_KEY].decisions.labels(
+        "validate_namespaces", "refused" if problems else "allowed", ""
     ).inc()
     return _answer(review_answer(req.uid, problems))
 
@@ -317,4 +392,5 @@ def webhook_app(
     app.router.add_post(MUTATE_PODS_PATH, timed("mutate_pods", handle_mutate_pod))
     app.router.add_post(VALIDATE_QUEUES_PATH, timed("validate_queues", handle_validate_queue))
     app.router.add_post(VALIDATE_CLAIMS_PATH, timed("validate_claims", handle_validate_claim))
+    app.router.add_post(VALIDATE_NAMESPACES_PATH, timed("validate_namespaces", handle_validate_namespace))
     return app

@@ -9,6 +9,10 @@ counted ahead of it; a pod with no reason left loses its gate (a JSON Patch that
 gate is still where it was read) and counts ahead of the next one. Limit 4 GPUs, 2 held, gated
 pods of 1, 1 and 1 GPU: the first two are lifted (2 + 1, 2 + 1 + 1), the third waits.
 
+A pod whose namespace may not use its queue (`extender.policy.tenancy`: the Queue or the
+Namespace changed after the pod was gated) keeps its gate whatever room its queue has; the filter
+would refuse it with the same reason.
+
 A gang not admitted yet is judged once, at its oldest gated pod, as a whole (`gate_reason` with
 its `GangCount`): when it has its minimum and its queue takes all its missing pods, every gated
 pod of it is lifted in the same pass, and its whole missing demand counts ahead of the next pods.
@@ -122,6 +126,8 @@ class GateController:
             if demand.problem:
                 lifted.append((key, pod))  # unreadable: the filter refuses it with the reason
                 continue
+            if picture.tenancy_refusal(demand.queue, demand.namespace):
+                continue  # its namespace may not use its queue (since it was gated): no room fixes that
             gang = gang_count(picture, pod)
             if gang is not None and gang.workload in gangs:
                 if gangs[gang.workload]:

@@ -3,8 +3,11 @@
 Each pod contributes its fairness vector (GPUs - by model too -, cpu cores, memory bytes) to its
 queue, as `allocated` once it runs or is bound (or assumed bound, or reserved by a filter whose
 bind has not come yet) and as `requested` while it waits for one of the schedulers whose demand
-counts. Contributions are kept in a ledger and only pods that changed - or whose claims, nodes or
-devices did - are recounted; the fair shares are recomputed only when something moved.
+counts - unless its namespace may not use its queue (`extender.policy.tenancy`): the filter refuses
+such a pod, so it is no demand of that queue (no fair share, no reclaim for it). Contributions are
+kept in a ledger and only pods that changed - or whose claims, nodes or devices did, or whose
+Namespace's labels or queue's tenancy did - are recounted; the fair shares are recomputed only
+when something moved.
 
 Contributions are shared: pods with the same queue, bucket, amounts and GPU shape (most pods of
 a large cluster repeat a few) hold one `Contribution` object, not one each.
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any
 
-from contract.kube import mapping
+from contract.kube import mapping, meta
 from contract.names import DEFAULT_QUEUE, GPU_MILLI
 from extender.picture.demands import PodDemand, PodDemands, claim_names, is_terminal
 from extender.picture.inventory import GpuInventory, add_amounts, gpu_amounts
@@ -34,9 +37,25 @@ from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import GangReservation, WorkloadMap, remaining_slots
 from extender.policy.fairness import FairnessSnapshot, FairShares, QueueSpec, QueueTree
 from extender.policy.placement import WorkloadMix
+from extender.policy.tenancy import selector_labels, tenancy_refusal
 from extender.queues import QueueSpecError, parse_queue
 
 log = logging.getLogger(__name__)
+
+
+def _tenancy_inputs(queue: Stored | None) -> tuple[object, ...] | None:
+    """What of a Queue decides which namespaces' pods may use it: its parent (for its ancestors'
+    restrictions), namespaces, namespaceSelector."""
+    if queue is None:
+        return None
+    spec = mapping(queue.get("spec"))
+    return spec.get("parent"), spec.get("namespaces"), spec.get("namespaceSelector")
+
+
+def _restricts(inputs: tuple[object, ...] | None) -> bool:
+    """A Queue with either field says who may use it (`namespaces: []` too: nobody)."""
+    return inputs is not None and (inputs[1] is not None or inputs[2] is not None)
+
 
 # Distinct contributions shared between pods; past this many the table starts over (a cluster
 # whose pods are all different shares little anyway).
@@ -59,6 +78,8 @@ class _Specs:
     specs: tuple[QueueSpec, ...]
     names: frozenset[str]
     invalid: Mapping[str, str]  # Queue objects that failed to parse -> why
+    by_name: Mapping[str, QueueSpec]
+    restricted: bool  # some queue says which namespaces may use it (else tenancy refuses nothing)
 
 
 class QueueAccounting:
@@ -94,11 +115,13 @@ class QueueAccounting:
         # last view with the queues and capacity they divide: a view with the same queues and
         # capacity updates them with the queues whose totals moved (none: reused as they are).
         self._specs: _Specs | None = None
+        self._restricted = False  # some queue restricted who may use it, when last parsed
         self._shares: tuple[object, FairShares, QueueTree] | None = None
         # Told which pods were recounted (None: all), so caches derived from pods follow.
         self.recounted: list[Callable[[Iterable[str] | None], None]] = []
         store.subscribe("Pod", self._pod_changed, self._pods_relisted)
         store.subscribe("Queue", self._queues_changed)
+        store.subscribe("Namespace", self._namespace_changed)
         store.subscribe("Node", self._stale)
         store.subscribe("ResourceSlice", self._stale)
         demands.listeners.append(self._pods_moved)
@@ -112,6 +135,20 @@ class QueueAccounting:
     def _queues_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         self._specs = None
         self._view = None
+        before, after = _tenancy_inputs(old), _tenancy_inputs(new)
+        if before != after and (self._restricted or _restricts(before) or _restricts(after)):
+            # Who may wait in which queue changed (a spec edit, rare); while every queue is open
+            # a new queue or parent changes nothing of it.
+            self._all_dirty = True
+
+    def _namespace_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
+        """Its labels decide which queues its pods may wait in (queues' namespaceSelector)."""
+        if not self._restricted:
+            return  # every queue open: labels decide nothing (a restricted queue recounts all)
+        if old is not None and new is not None and meta(old).get("labels") == meta(new).get("labels"):
+            return
+        prefix = f"{key}/"
+        self._dirty.update(pod for pod in self.store.kind("Pod") if pod.startswith(prefix))
 
     def _pods_moved(self, keys: Iterable[str] | None) -> None:
         if keys is None:
@@ -313,9 +350,13 @@ class QueueAccounting:
         if self.inventory.pod_node(key, pod) or key in self.reserved:
             bucket = "allocated"
         elif (
-            self.is_pending(key, pod) and self.workloads.workload_key(key) not in self.workloads.reservations
+            self.is_pending(key, pod)
+            and self.workloads.workload_key(key) not in self.workloads.reservations
+            and not self.tenancy_refusal(demand.queue, demand.namespace)
         ):
-            bucket = "requested"  # (a member of a gang being placed is counted by its slots)
+            # (A member of a gang being placed is counted by its slots; a pod whose namespace may
+            # not use its queue is refused by the filter, so it is no demand of that queue's.)
+            bucket = "requested"
         # Every pod's placement demand (GPUs, CPU, memory) joins the workload mix, GPU-less ones too.
         placement = demand.placement_at(self.inventory.reference_memory(demand.models))
         identity = (demand.queue, bucket, placement, *amounts.items())
@@ -326,9 +367,8 @@ class QueueAccounting:
             shared = self._shared[identity] = Contribution(demand.queue, bucket, amounts, placement)
         return shared
 
-    def _compute_view(self) -> QueueView:
-        """O(queues whose totals moved, and the paths their change reaches) while the queues and
-        the capacity stay as they were; O(queues) when they change."""
+    def _parsed(self) -> _Specs:
+        """The Queue objects parsed (again only after one of them changed)."""
         if self._specs is None:
             by_key: dict[str, QueueSpec] = {}
             invalid: dict[str, str] = {}
@@ -339,8 +379,26 @@ class QueueAccounting:
                     invalid[key] = str(exc)
             # Pods without a queue label go to the default queue, which need not be declared.
             by_key.setdefault(DEFAULT_QUEUE, QueueSpec(name=DEFAULT_QUEUE))
-            self._specs = _Specs(tuple(by_key.values()), frozenset(by_key), invalid)
-        specs = self._specs
+            restricted = any(not spec.tenancy.open for spec in by_key.values())
+            self._specs = _Specs(tuple(by_key.values()), frozenset(by_key), invalid, by_key, restricted)
+            self._restricted = restricted
+        return self._specs
+
+    def tenancy_refusal(self, queue: str, namespace: str, labels: Mapping[str, Any] | None = None) -> str:
+        """Why pods of `namespace` may not use `queue` ('' when they may; extender.policy.tenancy).
+        `labels`: the Namespace's, when the caller has them; else the stored Namespace's."""
+        specs = self._parsed()
+        if not specs.restricted:
+            return ""  # every queue open (a cluster of one team): nothing to look up per pod
+        if labels is None:
+            stored = self.store.get("Namespace", namespace)
+            labels = mapping(meta(stored).get("labels")) if stored is not None else None
+        return tenancy_refusal(specs.by_name, queue, namespace, selector_labels(namespace, labels))
+
+    def _compute_view(self) -> QueueView:
+        """O(queues whose totals moved, and the paths their change reaches) while the queues and
+        the capacity stay as they were; O(queues) when they change."""
+        specs = self._parsed()
         usage = self.ledger.usage(specs.names)
         moved = self.ledger.take_touched()
         capacity = self.inventory.capacity()

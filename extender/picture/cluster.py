@@ -223,6 +223,11 @@ class ClusterPicture:
     def fairness(self) -> QueueView:
         return self.accounting.view()
 
+    def tenancy_refusal(self, queue: str, namespace: str, labels: Mapping[str, Any] | None = None) -> str:
+        """Why pods of `namespace` may not use `queue` ('' when they may; extender.policy.tenancy).
+        `labels`: the Namespace's, when the caller has them; else the picture's."""
+        return self.accounting.tenancy_refusal(queue, namespace, labels)
+
     def settle(self) -> None:
         """Count what changed into the ledger, without the fair shares `fairness` computes too:
         the watcher calls it after a burst of events, ahead of the next request (kube-scheduler

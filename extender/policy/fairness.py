@@ -45,6 +45,8 @@ from heapq import heapify, heappop, heappush
 from itertools import accumulate
 from typing import Literal, NamedTuple
 
+from extender.policy.tenancy import OPEN, Tenancy
+
 Resources = Mapping[str, float]
 
 GPU_MODEL_PREFIX = "gpu/"
@@ -71,6 +73,7 @@ class QueueSpec:
     over_quota_weight: Mapping[str, float] = field(default_factory=dict)  # missing = 1.0
     reclaim_min_runtime_s: float = 0.0  # its pods run this long before reclaim may evict them
     preempt_min_runtime_s: float = 0.0  # ... before a higher-priority pod of the queue may
+    tenancy: Tenancy = OPEN  # the namespaces whose pods may use it (extender.policy.tenancy)
 
 
 @dataclass(frozen=True)

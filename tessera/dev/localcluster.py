@@ -35,6 +35,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import kube_config
 
+from contract.names import NAMESPACE_QUEUE_LABEL
 from tessera.dev.pki import CertificateAuthority, KeyPair, write_service_account_key
 
 log = logging.getLogger(__name__)
@@ -503,6 +504,17 @@ WEBHOOK_RULES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "scope": "Cluster",
         },
     ),
+    "namespaces.scheduling.tessera.dev": (
+        "ValidatingWebhookConfiguration",
+        "/validate-namespaces",
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["namespaces"],
+            "scope": "Cluster",
+        },
+    ),
     "resourceclaims.scheduling.tessera.dev": (
         "ValidatingWebhookConfiguration",
         "/validate-resourceclaims",
@@ -514,6 +526,13 @@ WEBHOOK_RULES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "scope": "Namespaced",
         },
     ),
+}
+
+# The objects a webhook is sent, beyond its rule (the chart's objectSelector, the same here).
+WEBHOOK_OBJECT_SELECTORS: dict[str, dict[str, Any]] = {
+    "namespaces.scheduling.tessera.dev": {
+        "matchExpressions": [{"key": NAMESPACE_QUEUE_LABEL, "operator": "Exists"}]
+    },
 }
 
 
@@ -528,7 +547,8 @@ def webhook_configurations(
     """The Mutating- and ValidatingWebhookConfiguration `name` calling the webhooks at `url`.
 
     Scope (tests share one control plane): `namespaces` limits pods and claims to those
-    namespaces (None: all but kube-system), `queue_suffix` Queues to names ending in it."""
+    namespaces (None: all but kube-system), `queue_suffix` Queues (and Namespaces with a
+    default-queue label) to names ending in it."""
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for webhook, (kind, path, rule) in WEBHOOK_RULES.items():
         entry: dict[str, Any] = {
@@ -556,6 +576,8 @@ def webhook_configurations(
                     "expression": f"object.metadata.name.endsWith({json.dumps(queue_suffix)})",
                 }
             ]
+        if webhook in WEBHOOK_OBJECT_SELECTORS:
+            entry["objectSelector"] = WEBHOOK_OBJECT_SELECTORS[webhook]
         if kind == "MutatingWebhookConfiguration":
             entry["reinvocationPolicy"] = "Never"
         by_kind.setdefault(kind, []).append(entry)

@@ -156,6 +156,22 @@ INVALID_SPECS = [
     ({"resources": ["gpu"]}, "spec.resources"),
     ({"priority": "high"}, "spec.priority"),
     ({"parent": "Not_A_Name"}, "spec.parent"),
+    ({"namespaces": ["Not_A_Name"]}, "spec.namespaces[0]"),
+    ({"namespaces": "tenant-x"}, "spec.namespaces"),
+    ({"namespaceSelector": {"matchLabels": {"bad key": "y"}}}, "label keys are [prefix/]name"),
+    ({"namespaceSelector": {"matchLabels": {"team": "not ok"}}}, "spec.namespaceSelector.matchLabels.team"),
+    (
+        {"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "In"}]}},
+        "In and NotIn need values; Exists and DoesNotExist take none",
+    ),
+    (
+        {"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists", "values": ["y"]}]}},
+        "In and NotIn need values; Exists and DoesNotExist take none",
+    ),
+    (
+        {"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Near", "values": ["y"]}]}},
+        "spec.namespaceSelector.matchExpressions[0].operator",
+    ),
 ]
 
 
@@ -216,5 +232,39 @@ def test_bounds_of_weights_and_amounts_are_accepted(queue_crd: LocalCluster, uni
         stored = json.loads(queue_crd.kubectl("get", QUEUE_PLURAL, *names, "-o", "json").stdout)["items"]
         weights = sorted(parse_queue(obj).over_quota_weight["gpu"] for obj in stored)
         assert weights == [0, 0.001, 1000]
+    finally:
+        queue_crd.kubectl("delete", QUEUE_PLURAL, *names, "--ignore-not-found", check=False)
+
+
+def test_tenancy_fields_are_accepted_and_parse_as_stored(queue_crd: LocalCluster, unique: str) -> None:
+    """Every selector operator, a prefixed key, an empty value, an empty list: what the schema
+    stores is what the parser reads."""
+    names = [f"{unique}-{i}" for i in range(2)]
+    selector = {
+        "matchLabels": {"example.com/team": "y", "tier": ""},
+        "matchExpressions": [
+            {"key": "env", "operator": "In", "values": ["prod", "staging"]},
+            {"key": "legacy", "operator": "NotIn", "values": ["true"]},
+            {"key": "gpu", "operator": "Exists"},
+            {"key": "frozen", "operator": "DoesNotExist"},
+        ],
+    }
+    specs: list[dict[str, Any]] = [
+        {"namespaces": ["tenant-y", "ops"], "namespaceSelector": selector},
+        {"namespaces": []},
+    ]
+    try:
+        for name, spec in zip(names, specs, strict=True):
+            assert create(queue_crd, queue_object(name, spec)) == (0, "")
+        stored = json.loads(queue_crd.kubectl("get", QUEUE_PLURAL, *names, "-o", "json").stdout)["items"]
+        tenancies = {obj["metadata"]["name"]: parse_queue(obj).tenancy for obj in stored}
+        assert tenancies[names[0]].admits(
+            "ns", {"example.com/team": "y", "tier": "", "env": "prod", "gpu": "a100"}
+        )
+        assert not tenancies[names[0]].admits(
+            "ns", {"example.com/team": "y", "tier": "", "env": "dev", "gpu": "a100"}
+        )
+        assert tenancies[names[0]].admits("ops", {})
+        assert tenancies[names[1]].namespaces == frozenset() and tenancies[names[1]].selector is None
     finally:
         queue_crd.kubectl("delete", QUEUE_PLURAL, *names, "--ignore-not-found", check=False)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tessera.cli import EXTENDER_WEIGHT, SCHEDULER_PROFILE
-from tessera.dev.localcluster import WEBHOOK_RULES
+from tessera.dev.localcluster import WEBHOOK_OBJECT_SELECTORS, WEBHOOK_RULES
 from tessera.simulate.deployed import SHIPPED_PROFILE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,6 +173,7 @@ def test_the_webhooks_reach_every_replica_with_the_rules_the_local_cluster_uses(
             )
             assert webhook["failurePolicy"] == "Ignore" and webhook["sideEffects"] == "None"
             found[webhook["name"]] = (kind, service_ref["path"], webhook["rules"][0])
+            assert webhook.get("objectSelector") == WEBHOOK_OBJECT_SELECTORS.get(webhook["name"])
     assert found == WEBHOOK_RULES
     mutating = one(install, "MutatingWebhookConfiguration", "tessera-extender")["webhooks"][0]
     # The pod webhook never sees the system's pods nor Tessera's own.

@@ -59,6 +59,20 @@ webhooks:
     rules:
       - {apiGroups: [scheduling.tessera.dev], apiVersions: [v1alpha1], operations: [CREATE, UPDATE], resources: [queues], scope: Cluster}
     {{- toYaml $common | nindent 4 }}
+  # A namespace's default queue must be one the namespace may use (the Queue's namespaces and
+  # namespaceSelector); only namespaces that carry the label are sent.
+  - name: namespaces.scheduling.tessera.dev
+    clientConfig:
+      service: {{ toJson (merge (dict "path" "/validate-namespaces") $service) }}
+      {{- with $caBundle }}
+      caBundle: {{ . }}
+      {{- end }}
+    rules:
+      - {apiGroups: [""], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [namespaces], scope: Cluster}
+    objectSelector:
+      matchExpressions:
+        - {key: scheduling.tessera.dev/default-queue, operator: Exists}
+    {{- toYaml $common | nindent 4 }}
   # The driver's opaque GpuConfig: a bad one is refused at kubectl apply, naming the field.
   - name: resourceclaims.scheduling.tessera.dev
     clientConfig:
