@@ -398,7 +398,7 @@ class ClusterPicture:
         view = self.fairness()
         ledger = self.accounting.ledger
         held_gangs: dict[str, bool] = {}  # gang workload -> GPUs held for one of its members
-        candidates: list[tuple[tuple[int, float, str], Waiting, PodDemand, Stored, GpuDemand]] = []
+        candidates: list[tuple[tuple[int, float, str], Waiting, PodDemand, GpuDemand]] = []
         for key in ledger.waiting:
             contribution = ledger.contributions[key]
             placement = contribution.gpu_demand
@@ -418,13 +418,13 @@ class ClusterPicture:
                 held = held_gangs[workload]
             ask = Ask(demand.queue, contribution.amounts, demand.preemptible, gang)
             order = (-demand.priority, pod_created(pod), key)
-            candidates.append((order, Waiting(key, ask, held), demand, pod, placement))
+            candidates.append((order, Waiting(key, ask, held), demand, placement))
         candidates.sort(key=lambda candidate: candidate[0])
-        found = {entry.key: (demand, pod, placement) for _, entry, demand, pod, placement in candidates}
+        found = {entry.key: (order[1], demand, placement) for order, entry, demand, placement in candidates}
         waiting: list[PendingPod] = []
         for listed in waiting_list(view, [candidate[1] for candidate in candidates]):
             key = listed.waiting.key
-            demand, pod, placement = found[key]
+            created, demand, placement = found[key]
             fraction = demand.gpu_requests[0].memory_bytes if demand.fractional else None
             waiting.append(
                 PendingPod(
@@ -433,7 +433,7 @@ class ClusterPicture:
                     demand=placement,
                     resources=listed.waiting.ask.request,
                     priority=demand.priority,
-                    created=pod_created(pod),
+                    created=created,
                     fraction_memory=fraction,
                     preemptible=demand.preemptible,
                     workload=listed.workload,
