@@ -159,13 +159,13 @@ def _picture(replay: _Replay) -> ClusterPicture:
                 "batch.kubernetes.io/job-completion-index": name.rsplit("-", 1)[1]
             }
         if pod.index in replay.running:
-            node = WORKLOAD.nodes[pod.node].name
-            obj["spec"]["nodeName"] = node
+            node_name = WORKLOAD.nodes[pod.node].name
+            obj["spec"]["nodeName"] = node_name
             obj["status"] = {
                 "phase": "Running",
                 "resourceClaimStatuses": [{"name": CLAIM, "resourceClaimName": f"{name}-{CLAIM}"}],
             }
-            found.append(_claim(name, template, node, list(pod.gpus), pod.demand.milli))
+            found.append(_claim(name, template, node_name, list(pod.gpus), pod.demand.milli))
         found += [template, obj]
     picture = ClusterPicture()
     for kind in WATCHED_PATHS:
