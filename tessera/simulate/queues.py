@@ -29,20 +29,22 @@ ones go first, and a waiting gang is served whole.
 The replay plays the three actors of a live cluster, each with the code it runs there:
 
 * **kube-scheduler + the extender's filter.** Whenever something changes, every waiting pod is
-  tried in the scheduler's order - priority, then creation time - and starts when
-  ``FairnessSnapshot.admit`` admits it (work-conserving: only a limit on its queue's path, or a
-  quota for a pod that is not preemptible, refuses) and the placement policy finds a node. GPUs
-  held for another pod (a reclaim hold) are not offered to it, as the filter's ``supply_for`` does.
+  tried in the scheduler's order - priority, then creation time - and starts when the extender's
+  admission rule (``extender.policy.admission.admit``: work-conserving, only a limit on its
+  queue's path, or a quota against the non-preemptible use for a pod that is not preemptible,
+  refuses; a gang is judged whole) admits it and the placement policy finds a node. GPUs held for
+  another pod (a reclaim hold) are not offered to it, as the filter's ``supply_for`` does.
 * **the reclaim loop.** Every ``reclaimInterval`` seconds, ``extender.policy.reclaim.plan`` runs on
   a ``ClusterSnapshot`` of the simulated cluster with the waiting GPU pods the live loop would
-  hand it (admissible, not already held for); each plan's victims are evicted and the freed GPUs
-  held for the pod they were freed for.
+  hand it (``extender.policy.admission.waiting_list``: admissible, not already held for); each
+  plan's victims are evicted and the freed GPUs held for the pod they were freed for.
 * **the pods' controller.** An evicted pod terminates for ``terminationDelay`` seconds, then its
   GPUs are free and it waits again with its original creation time, at the head of its queue; its
   runtime starts over.
 
 Queue usage is kept in the extender's own ``QueueLedger``, one contribution per pod as in the live
-picture. Everything measured is integrated exactly over the event timeline (the state is
+picture, each pod's fairness vector and the cluster's capacity counted with the extender's
+``fairness_vector``. Everything measured is integrated exactly over the event timeline (the state is
 constant between events).
 """
 
@@ -589,7 +591,8 @@ class _Replay:
 
     def _missing(self, gang: str) -> int:
         """Members the gang misses to reach its minimum (terminating ones do not run)."""
-        return self._gang(gang).missing
+        running = sum(1 for p in self.running.values() if p.gang == gang and p.state == "running")
+        return max(self.minimums[gang] - running, 0)
 
     def _gang(self, gang: str) -> GangState:
         """The gang as admission reads it: its members that exist are those waiting or running
@@ -702,11 +705,12 @@ class _Replay:
         """What the live loop hands the planner (`ClusterPicture.waiting_pods`): the waiting GPU
         pods the admission rule's waiting list takes (`waiting_list`), in the scheduler's order."""
         held_gangs = {p.gang for i, p in self.waiting.items() if p.gang and i in self.holds}
+        gangs = {gang: self._gang(gang) for gang in {p.gang for p in self.waiting.values() if p.gang}}
         candidates = []
         for pod in sorted(self.waiting.values(), key=lambda p: p.order):
             if not pod.demand.count:
                 continue
-            gang = self._gang(pod.gang) if pod.gang else None
+            gang = gangs.get(pod.gang)
             whole = gang is not None and not gang.admitted
             held = pod.gang in held_gangs if whole else pod.index in self.holds
             candidates.append(Waiting(pod.key, Ask(pod.queue, pod.request, pod.preemptible, gang), held))
