@@ -20,17 +20,18 @@ The gate. A pod whose queue refuses it for a reason that no new node would fix (
 quota for non-preemptible pods, an unknown or unusable queue) is created with the scheduling
 gate `scheduling.tessera.dev/admission`: kube-scheduler skips it, so it never turns
 Unschedulable and cluster autoscalers (cluster-autoscaler, Karpenter) never add nodes for it.
-`gate_reason` decides, both at creation and when the gate controller asks whether to lift it;
-`ahead` is what the queue's pods already in the scheduler's hands ask for, which is admitted
-before this pod: limit 4 GPUs, 2 held, 2 waiting ungated, a new pod of 1 is gated (2 + 2 + 1 > 4).
+`gate_reason` decides, both at creation and when the gate controller asks whether to lift it,
+with the admission rule the filter uses (`extender.policy.admission.admit`); the ask's `ahead` is
+what the queue's pods already in the scheduler's hands ask for, which is admitted before this
+pod: limit 4 GPUs, 2 held, 2 waiting ungated, a new pod of 1 is gated (2 + 2 + 1 > 4).
 
-A pod of a gang not admitted yet (`extender.picture.workloads.GangState`) is judged with its
-gang (`GangCount`): it is gated while the gang has fewer pods than its minimum (gated pods count
-as present; at creation the pod itself too), and then until its queue takes the gang's whole
-missing demand (minimum - placed members, each asking what this pod asks), with `ahead` not
-counting the gang's own ungated pods (they are in that demand). Limit 4 GPUs, nothing held, a
-gang of minimum 4 one-GPU pods: gated with 1, 2 and 3 pods present; with 4 the demand is
-4 x 1 = 4 <= 4 and all four go; at limit 2 they stay gated (4 > 2) until the limit is raised.
+A pod of a gang not admitted yet (`extender.policy.admission.GangState`) is judged with its gang:
+it is gated while the gang has fewer pods than its minimum (gated pods count as present; at
+creation the pod itself too), and then until its queue takes the gang's whole missing demand
+(minimum - placed members, each asking what this pod asks), with `ahead` not counting the gang's
+own ungated pods (they are in that demand). Limit 4 GPUs, nothing held, a gang of minimum 4
+one-GPU pods: gated with 1, 2 and 3 pods present; with 4 the demand is 4 x 1 = 4 <= 4 and all
+four go; at limit 2 they stay gated (4 > 2) until the limit is raised.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Any, Literal
 from contract.gpuconfig import ClaimConfigError, parse_gpu_config
 from contract.kube import mapping, meta, sequence
 from contract.names import ADMISSION_GATE, DEFAULT_QUEUE, NAMESPACE_QUEUE_LABEL, QUEUE_LABEL
+from extender.policy.admission import Ask, admit
 from extender.policy.fairness import FairnessSnapshot, QueueSpec
 from extender.queues import QueueSpecError, parse_queue, validate_hierarchy
 
@@ -71,58 +73,13 @@ def resolve_queue(
     return QueueChoice(DEFAULT_QUEUE, "default")
 
 
-@dataclass(frozen=True)
-class GangCount:
-    """A pod's gang that is not admitted yet, as the gate counts it."""
-
-    workload: str
-    minimum: int
-    members: int  # its pods that exist, gated or not (at creation: with the pod being created)
-    placed: int
-    reading: bool = False  # its minimum is still to be read from its owner's spec
-
-    @property
-    def missing(self) -> int:
-        """The pods its queue must take at once: those of its minimum not placed."""
-        return self.minimum - self.placed
-
-
-def pods_asked(gang: GangCount | None) -> int:
-    """How many pods like this one its queue must take to let it go: its gang's missing, or 1."""
-    return 1 if gang is None else gang.missing
-
-
-def gate_reason(
-    view: FairnessSnapshot,
-    queue: str,
-    request: Mapping[str, float],
-    *,
-    preemptible: bool = True,
-    ahead: Mapping[str, float] | None = None,
-    gang: GangCount | None = None,
-) -> str:
-    """Why the pod must wait outside the scheduler ('' when it may be scheduled now).
-
-    `request`: the pod's fairness vector; `ahead`: the vectors of its queue's pods the scheduler
-    already has, summed (for a gang: without its own); `gang`: its gang, when not admitted yet.
-    One place for every reason a pod is held back before scheduling.
-    """
-    if gang is not None and gang.reading:
-        return f"workload {gang.workload} waits for its minimum: its owner's spec is being read"
-    if gang is not None and gang.members < gang.minimum:
-        return (
-            f"workload {gang.workload} is incomplete: {gang.members} of its minimum {gang.minimum} pods exist"
-        )
-    count = pods_asked(gang)
-    total = dict(ahead or {})
-    for resource, amount in request.items():
-        total[resource] = total.get(resource, 0.0) + amount * count
-    decision = view.admit(queue, total, preemptible=preemptible)
-    if decision.admit:
-        return ""
-    if gang is not None:
-        return f"workload {gang.workload} starts whole: its {count} missing pods together: {decision.reason}"
-    return decision.reason
+def gate_reason(view: FairnessSnapshot, ask: Ask) -> str:
+    """Why the pod must wait outside the scheduler ('' when it may be scheduled now): the admission
+    rule's refusal (`extender.policy.admission.admit`), so the gate holds back exactly what the
+    filter would refuse. `ask.ahead`: its queue's pods the scheduler already has (for a gang: not
+    its own)."""
+    decision = admit(view, ask)
+    return "" if decision.admit else decision.reason
 
 
 def is_gated(pod: Mapping[str, Any]) -> bool:

@@ -40,7 +40,7 @@ from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, requ
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.queues import queue_statuses, with_reclaim, with_workloads
-from extender.verbs import admit_gang
+from extender.verbs import queue_admission
 
 log = logging.getLogger(__name__)
 
@@ -222,8 +222,9 @@ class StatusWriter:
             # Nothing to check: leave the fairness view to be brought up to date by the next
             # request, which then pays once for a burst of watch events.
             return []
-        view = self.state.fairness()
         pods = self.state.kind("Pod")
+        nodes = list(self.state.kind("Node"))
+        sizes = sorted(set(self.state.gpu_memory.values())) or [0]  # every GPU size, for fractions
         eligible: list[WaitingPod] = []
         gangs: dict[str, bool] = {}  # gang workload -> admissible whole now
         for key, entry in list(self.waiting.waiting.items()):
@@ -237,15 +238,18 @@ class StatusWriter:
             if demand.problem:  # an unreadable pod is never eligible
                 continue
             gang = self.state.gang(pod)
-            if not gang.admitted:  # a gang goes whole: its queue and the GPUs must take all it misses
-                workload = gang.workload.key
-                if workload not in gangs:  # judged once for all its waiting members
-                    nodes = list(self.state.kind("Node"))
-                    gangs[workload] = admit_gang(self.state, nodes, key, pod, demand, gang)[0].admit
+            # The filter's decision with every node a candidate: a gang goes whole (its queue and
+            # the GPUs must take all it misses), judged once for all its waiting members.
+            workload = "" if gang.admitted else gang.workload.key
+            if workload and workload in gangs:
                 admissible = gangs[workload]
             else:
-                resources = self.state.accounting.resources(key, pod, demand)
-                admissible = view.admit(entry.queue, resources, preemptible=demand.preemptible).admit
+                decisions, _ = queue_admission(
+                    self.state, nodes, key, pod, demand, gang, sizes if demand.fractional else [0]
+                )
+                admissible = any(decision.admit for decision in decisions.values())
+                if workload:
+                    gangs[workload] = admissible
             if admissible:
                 eligible.append(entry)
         return eligible

@@ -6,12 +6,13 @@ server applies those effects and speaks HTTP. Both cost O(nodes in the request).
 
 Filter first refuses a pod whose namespace may not use its queue (`extender.policy.tenancy`; the
 pod webhook refuses it at creation, but a webhook with failurePolicy Ignore can be bypassed), then
-asks the queue's fairness snapshot whether the pod may take what it asks for; a refusal fails
-every node with the reason (FailedAndUnresolvableNodes: preempting pods on a node cannot fix a
-queue's share, nor who may use it). An admitted pod then keeps only the nodes whose free GPUs fit
-it: its supply on a node is the node less the GPUs reclaim holds there for other pods (the shares
-of the very devices a plan freed). A pod GPUs are held for keeps only its hold's node when it fits
-there, so it takes the GPUs freed for it, not free ones the planner counted on for other pods.
+asks the admission rule (`extender.policy.admission.admit`, with the queue's fairness snapshot)
+whether the pod may take what it asks for; a refusal fails every node with the reason
+(FailedAndUnresolvableNodes: preempting pods on a node cannot fix a queue's share, nor who may use
+it). An admitted pod then keeps only the nodes whose free GPUs fit it: its supply on a node is the
+node less the GPUs reclaim holds there for other pods (the shares of the very devices a plan
+freed). A pod GPUs are held for keeps only its hold's node when it fits there, so it takes the
+GPUs freed for it, not free ones the planner counted on for other pods.
 
 A pod of a gang whose minimum is neither placed nor admitted is admitted with its whole gang or
 not at all, once its controller has created at least the minimum: the queue is asked for the
@@ -41,7 +42,8 @@ from typing import Any, NamedTuple
 from contract.names import GPU_MILLI
 from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import PodDemand
-from extender.picture.workloads import GangReservation, GangState
+from extender.picture.workloads import GangReservation
+from extender.policy.admission import GANG, GANG_READING, Ask, GangState, admit, gang_text
 from extender.policy.fairness import AdmissionDecision
 from extender.policy.placement import GpuDemand, NodeGpus, ShapeMemo, Strategy, fits, score_kinds
 from extender.policy.reclaim import reclaim_refusal
@@ -61,7 +63,6 @@ NOT_READY = "tessera extender is still syncing its cluster picture; retry"
 # A gang whose missing members do not all fit yet (GPUs reclaim freed for it are still coming), or
 # whose minimum is still being read from its owner: refusals that keep what reclaim holds for it.
 GANG_NO_FIT = "gang_no_fit"
-GANG_READING = "gang_reading"
 KEEPS_HOLDS = frozenset({GANG_NO_FIT, GANG_READING})
 
 
@@ -241,7 +242,6 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         refused.FailedAndUnresolvableNodes = dict.fromkeys(names, refusal)
         return FilterDecision(refused, "refused", "queue_not_allowed", demand.queue, False, refusal)
     key = args.pod.key
-    view = picture.fairness()
     gang = picture.gang(pod)
     owner = "" if gang.workload.single else gang.workload.key
     reservation: GangReservation | None = None
@@ -254,21 +254,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         {kind: gpu_memory.get(name) or 0 for kind, name in nodes.one_of_kind.items()} if gpu_memory else {}
     )
     sizes = sorted(set(size_of.values())) or [0]
-    if not gang.admitted:
-        unit, reservation = admit_gang(picture, names, key, pod, demand, gang)
-        by_size = dict.fromkeys(sizes, unit)
-    elif gang.reservation is not None and gang.placed < gang.minimum:  # the unit it is in was judged
-        unit = AdmissionDecision(True, _gang_text(gang, "is being placed"), "gang")
-        by_size = dict.fromkeys(sizes, unit)
-    else:
-        by_size = {
-            memory: view.admit(
-                demand.queue,
-                picture.accounting.resources(key, pod, demand, memory),
-                preemptible=demand.preemptible,
-            )
-            for memory in sizes
-        }
+    by_size, reservation = queue_admission(picture, names, key, pod, demand, gang, sizes)
     admitted = [d for d in by_size.values() if d.admit]
     decision = admitted[0] if admitted else next(iter(by_size.values()))
     if not decision.admit:
@@ -332,11 +318,32 @@ def _to_hold(
     return [hold.node], failed | {name: reason for name in passed if name != hold.node}
 
 
-def _gang_text(gang: GangState, what: str) -> str:
-    return (
-        f"workload {gang.workload.key} (minimum {gang.minimum} pods, {gang.placed} placed, "
-        f"{gang.members} present) {what}"
-    )
+def queue_admission(
+    picture: ClusterPicture,
+    names: list[str],
+    key: str,
+    pod: Mapping[str, Any],
+    demand: PodDemand,
+    gang: GangState,
+    sizes: list[int],
+) -> tuple[dict[int, AdmissionDecision], GangReservation | None]:
+    """The admission rule's decision (`extender.policy.admission.admit`) for the pod on the nodes
+    `names`, per GPU size among them (`sizes`, bytes; 0: the largest it could land on): a fraction
+    is a larger share of a smaller GPU. A gang not admitted yet is judged whole, once for every
+    size (`admit_gang`: its queue, and the GPUs of `names`), and may leave a reservation."""
+    if not gang.admitted:
+        unit, reservation = admit_gang(picture, names, key, pod, demand, gang)
+        return dict.fromkeys(sizes, unit), reservation
+    view = picture.fairness()
+    return {
+        memory: admit(
+            view,
+            Ask(
+                demand.queue, picture.accounting.resources(key, pod, demand, memory), demand.preemptible, gang
+            ),
+        )
+        for memory in sizes
+    }, None
 
 
 def admit_gang(
@@ -347,32 +354,20 @@ def admit_gang(
     demand: PodDemand,
     gang: GangState,
 ) -> tuple[AdmissionDecision, GangReservation | None]:
-    """Admit the members a gang still misses, all at once: its queue must take their summed
-    demand, and all of them must fit the candidates' GPUs not held for others."""
-    if gang.reading:
-        spec = gang.workload.spec
-        owner = f"{spec[1]} {spec[2]}" if spec else "owner"
-        text = f"workload {gang.workload.key} waits for its minimum: reading the spec of its {owner}"
-        return AdmissionDecision(False, text, GANG_READING), None
-    if gang.members < gang.minimum:  # its controller has not created all of them yet
-        text = _gang_text(gang, f"waits for its pods: {gang.members} of its minimum {gang.minimum} exist")
-        return AdmissionDecision(False, text, "gang_incomplete"), None
-    missing = gang.minimum - gang.placed
+    """Admit the members a gang still misses, all at once: the admission rule must admit them
+    together, and all of them must fit the candidates' GPUs not held for others."""
     amounts = picture.accounting.resources(key, pod, demand)
-    total = {resource: amount * missing for resource, amount in amounts.items()}
-    queued = picture.fairness().admit(demand.queue, total, preemptible=demand.preemptible)
+    queued = admit(picture.fairness(), Ask(demand.queue, amounts, demand.preemptible, gang))
     if not queued.admit:
-        text = _gang_text(
-            gang, f"starts whole or not at all; its {missing} missing pods together: {queued.reason}"
-        )
-        return AdmissionDecision(False, text, queued.kind), None
+        return queued, None
+    missing = gang.missing
     gpus = demand.gpus_at(picture.inventory.reference_memory(demand.models))
     nodes = [""] * missing
     if gpus is not None:
         supplies = picture.inventory.supplies_for(key, names, gang.workload.key)
         planned = plan_gang(supplies, gpus, missing)
         if len(planned) < missing:
-            text = _gang_text(
+            text = gang_text(
                 gang,
                 f"starts whole or not at all: GPUs free for {len(planned)} of its {missing} missing pods "
                 f"({describe(gpus)} each)",
@@ -384,11 +379,12 @@ def admit_gang(
         queue=demand.queue,
         amounts=amounts,
         demand=gpus,
+        preemptible=demand.preemptible,
         nodes=nodes,
         target=gang.minimum,
     )
-    text = _gang_text(gang, f"admitted whole: {missing} pods held for; {queued.reason}")
-    return AdmissionDecision(True, text, "gang"), reservation
+    text = gang_text(gang, f"admitted whole: {missing} pods held for; {queued.reason}")
+    return AdmissionDecision(True, text, GANG), reservation
 
 
 @dataclass(frozen=True)

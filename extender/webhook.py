@@ -57,10 +57,11 @@ from extender.admission import (
     queue_problems,
     resolve_queue,
 )
-from extender.controllers.gates import ahead_of, gang_count, waiting_ungated
+from extender.controllers.gates import ahead_of, gang_of, waiting_ungated
 from extender.kubeapi import JsonObject, KubeError
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
+from extender.policy.admission import Ask
 from extender.queues import defaults_shut_out
 from extender.server import IN_FLIGHT_KEY, MAX_IN_FLIGHT, METRICS_KEY, parse_body, timed
 
@@ -264,14 +265,10 @@ class PodAdmission:
         if demand.problem or not (demand.wants_gpu or demand.labelled):
             return ""
         view = picture.fairness()
-        gang = gang_count(picture, pod, creating=True)  # not in the picture yet: counted in
+        gang = gang_of(picture, pod, creating=True)  # not in the picture yet: counted in
+        ahead = ahead_of(picture, gang, waiting_ungated(picture).get(demand.queue, {}))
         return gate_reason(
-            view,
-            demand.queue,
-            picture.pod_resources(key, pod),
-            preemptible=demand.preemptible,
-            ahead=ahead_of(picture, gang, waiting_ungated(picture).get(demand.queue, {})),
-            gang=gang,
+            view, Ask(demand.queue, picture.pod_resources(key, pod), demand.preemptible, gang, ahead)
         )
 
 

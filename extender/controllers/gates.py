@@ -14,7 +14,7 @@ Namespace changed after the pod was gated) keeps its gate whatever room its queu
 would refuse it with the same reason.
 
 A gang not admitted yet is judged once, at its oldest gated pod, as a whole (`gate_reason` with
-its `GangCount`): when it has its minimum and its queue takes all its missing pods, every gated
+its `GangState`): when it has its minimum and its queue takes all its missing pods, every gated
 pod of it is lifted in the same pass, and its whole missing demand counts ahead of the next pods.
 """
 
@@ -22,17 +22,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
 from contract.kube import meta
-from extender.admission import GangCount, gate_reason, gate_removal, is_gated, pods_asked
+from extender.admission import gate_reason, gate_removal, is_gated
 from extender.controllers.periodic import PeriodicPass
 from extender.kubeapi import KubeError, request
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture, pod_created
 from extender.picture.ledger import Contribution
+from extender.policy.admission import Ask, GangState
 
 log = logging.getLogger(__name__)
 JSON_PATCH = "application/json-patch+json"
@@ -67,22 +69,21 @@ def waiting_ungated(picture: ClusterPicture) -> dict[str, dict[str, float]]:
     return ahead
 
 
-def gang_count(picture: ClusterPicture, pod: Mapping[str, Any], creating: bool = False) -> GangCount | None:
-    """The pod's gang as the gate counts it (None: a single pod, or a gang admitted already).
-    `creating`: the pod is being created, so not in the picture yet: it counts as a member."""
+def gang_of(picture: ClusterPicture, pod: Mapping[str, Any], creating: bool = False) -> GangState:
+    """The pod's gang as the gate counts it. `creating`: the pod is being created, so not in the
+    picture yet: it counts as a member of a gang not admitted yet."""
     gang = picture.gang(pod)
-    if gang.admitted:
-        return None
-    return GangCount(gang.workload.key, gang.minimum, gang.members + int(creating), gang.placed, gang.reading)
+    if creating and not gang.admitted:
+        return replace(gang, members=gang.members + 1)
+    return gang
 
 
-def ahead_of(
-    picture: ClusterPicture, gang: GangCount | None, queued: Mapping[str, float]
-) -> dict[str, float]:
-    """`queued` (its queue's ungated pods) without the gang's own: they are in its missing demand."""
+def ahead_of(picture: ClusterPicture, gang: GangState, queued: Mapping[str, float]) -> dict[str, float]:
+    """`queued` (its queue's ungated pods) without, for a gang judged whole, its own: they are in
+    its missing demand."""
     ahead = dict(queued)
-    if gang is not None:
-        for key in picture.workloads.members.get(gang.workload, ()):
+    if not gang.admitted:
+        for key in picture.workloads.members.get(gang.workload.key, ()):
             contribution = _ungated(picture, key)
             if contribution is not None:
                 _add(ahead, contribution.amounts, -1.0)
@@ -128,21 +129,21 @@ class GateController:
                 continue
             if picture.tenancy_refusal(demand.queue, demand.namespace):
                 continue  # its namespace may not use its queue (since it was gated): no room fixes that
-            gang = gang_count(picture, pod)
-            if gang is not None and gang.workload in gangs:
-                if gangs[gang.workload]:
+            gang = gang_of(picture, pod)
+            workload = "" if gang.admitted else gang.workload.key
+            if workload in gangs:
+                if gangs[workload]:
                     lifted.append((key, pod))
                 continue
             resources = picture.pod_resources(key, pod)
             queued = ahead_of(picture, gang, ahead.get(demand.queue, {}))
-            go = not gate_reason(
-                view, demand.queue, resources, preemptible=demand.preemptible, ahead=queued, gang=gang
-            )
-            if gang is not None:
-                gangs[gang.workload] = go
+            ask = Ask(demand.queue, resources, demand.preemptible, gang, queued)
+            go = not gate_reason(view, ask)
+            if workload:
+                gangs[workload] = go
             if go:
                 lifted.append((key, pod))
-                _add(queued, resources, pods_asked(gang))
+                _add(queued, resources, ask.pods)
                 ahead[demand.queue] = queued
         return lifted
 

@@ -9,8 +9,10 @@ kept in a ledger and only pods that changed - or whose claims, nodes or devices 
 Namespace's labels or queue's tenancy did - are recounted; the fair shares are recomputed only
 when something moved.
 
-Contributions are shared: pods with the same queue, bucket, amounts and GPU shape (most pods of
-a large cluster repeat a few) hold one `Contribution` object, not one each.
+Contributions are shared: pods with the same queue, bucket, amounts, GPU shape and preemptibility
+(most pods of a large cluster repeat a few) hold one `Contribution` object, not one each. What a
+pod that is not preemptible holds is also its queue's non-preemptible use, which the quota for
+non-preemptible pods is checked against (`FairnessSnapshot.admit`).
 
 Reservations: the scheduler runs the next pod's filter while the previous one is still binding,
 so an admission in flight counts against its queue until the bind or `ttl_s`, or a burst could
@@ -31,10 +33,11 @@ from typing import Any
 from contract.kube import mapping, meta
 from contract.names import DEFAULT_QUEUE, GPU_MILLI
 from extender.picture.demands import PodDemand, PodDemands, claim_names, is_terminal
-from extender.picture.inventory import GpuInventory, add_amounts, gpu_amounts
+from extender.picture.inventory import GpuInventory
 from extender.picture.ledger import Bucket, Contribution, QueueLedger
 from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import GangReservation, WorkloadMap, remaining_slots
+from extender.policy.admission import fairness_vector
 from extender.policy.fairness import FairnessSnapshot, FairShares, QueueSpec, QueueTree
 from extender.policy.placement import WorkloadMix
 from extender.policy.tenancy import selector_labels, tenancy_refusal
@@ -219,7 +222,15 @@ class QueueAccounting:
         for index, node in enumerate(slots):
             key = reservation.slot_key(index)
             if index < counted:
-                self.ledger.put(key, Contribution(reservation.queue, "allocated", reservation.amounts))
+                self.ledger.put(
+                    key,
+                    Contribution(
+                        reservation.queue,
+                        "allocated",
+                        reservation.amounts,
+                        preemptible=reservation.preemptible,
+                    ),
+                )
             if node and reservation.demand is not None:
                 self.inventory.hold(key, node, reservation.demand, reservation.expires - now, owner=workload)
 
@@ -264,21 +275,18 @@ class QueueAccounting:
         A pod whose claims are allocated counts the devices it really holds; otherwise what it asks,
         a fraction sized against GPUs of `gpu_memory` bytes (0: the largest it could land on).
         """
-        amounts: dict[str, float] = {"cpu": demand.cpu, "memory": demand.memory}
         held = self.inventory.held_devices(demand.namespace, claim_names(pod))
-        if held:
-            for _, device, milli in held:
-                add_amounts(amounts, gpu_amounts(device.model, milli / GPU_MILLI))
-        elif demand.wants_gpu:
-            gpus = demand.gpu_amount_at(gpu_memory or self.inventory.reference_memory(demand.models))
+        gpus: list[tuple[str, float]] = [(device.model, milli / GPU_MILLI) for _, device, milli in held]
+        if not held and demand.wants_gpu:
+            amount = demand.gpu_amount_at(gpu_memory or self.inventory.reference_memory(demand.models))
             if len(demand.models) == 1:
                 model = next(iter(demand.models))
             elif demand.classic_gpus:
                 model = self.inventory.classic_model(self.inventory.pod_node(key, pod))
             else:
                 model = ""
-            add_amounts(amounts, gpu_amounts(model, gpus))
-        return {r: a for r, a in amounts.items() if a > 0}
+            gpus.append((model, amount))
+        return fairness_vector(demand.cpu, demand.memory, gpus)
 
     def view(self) -> QueueView:
         """Queue specs, usage, capacity and fair shares, brought up to date with the picture.
@@ -359,12 +367,14 @@ class QueueAccounting:
             bucket = "requested"
         # Every pod's placement demand (GPUs, CPU, memory) joins the workload mix, GPU-less ones too.
         placement = demand.placement_at(self.inventory.reference_memory(demand.models))
-        identity = (demand.queue, bucket, placement, *amounts.items())
+        identity = (demand.queue, bucket, placement, demand.preemptible, *amounts.items())
         shared = self._shared.get(identity)
         if shared is None:
             if len(self._shared) >= _SHARED_LIMIT:
                 self._shared.clear()
-            shared = self._shared[identity] = Contribution(demand.queue, bucket, amounts, placement)
+            shared = self._shared[identity] = Contribution(
+                demand.queue, bucket, amounts, placement, demand.preemptible
+            )
         return shared
 
     def _parsed(self) -> _Specs:

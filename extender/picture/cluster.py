@@ -35,7 +35,8 @@ from extender.picture.accounting import QueueAccounting, QueueView
 from extender.picture.demands import PodDemand, PodDemands, claim_names, is_terminal
 from extender.picture.inventory import GpuInventory
 from extender.picture.store import ObjectStore, Stored
-from extender.picture.workloads import GangReservation, GangState, OwnerRef, WorkloadMap
+from extender.picture.workloads import GangReservation, OwnerRef, WorkloadMap
+from extender.policy.admission import Ask, GangState, Waiting, waiting_list
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import (
@@ -200,7 +201,7 @@ class ClusterPicture:
         """`gang`, with the reservations already brought in line (by a `settle()` just before)."""
         workload = self.workloads.workload(pod)
         if workload.single:
-            return GangState(workload, 1, 1, 0, None)
+            return GangState(workload, 1, 1, 0)
         members = self.workloads.members.get(workload.key, set())
         landed, admitted = self.accounting.placement(members)
         return GangState(
@@ -208,7 +209,7 @@ class ClusterPicture:
             self.workloads.minimum(workload),
             len(members),
             len(landed) + admitted,
-            self.workloads.reservations.get(workload.key),
+            workload.key in self.workloads.reservations,
             self.workloads.reading(pod, workload),
         )
 
@@ -414,56 +415,53 @@ class ClusterPicture:
         return used[len(used) - self._classic_used(node) :]
 
     def waiting_pods(self) -> list[PendingPod]:
-        """Pending GPU pods the planners may serve: admissible now, not already held for.
+        """Pending GPU pods the planners may serve: those the admission rule admits now and no
+        GPUs are held for (`extender.policy.admission.waiting_list`), in the scheduler's order.
 
         Of a gang not admitted yet, as many waiting members as it misses, marked with their
         workload (the planner serves them all or none), and none while GPUs are held for it."""
         view = self.fairness()
-        waiting: list[PendingPod] = []
-        missing: dict[str, int] = {}  # gang workload -> members still to list (0: skip it)
         ledger = self.accounting.ledger
-        for key in sorted(ledger.waiting):  # a stable order (a set has none)
+        held_gangs: dict[str, bool] = {}  # gang workload -> GPUs held for one of its members
+        candidates: list[tuple[tuple[int, float, str], Waiting, PodDemand, GpuDemand]] = []
+        for key in ledger.waiting:
             contribution = ledger.contributions[key]
             placement = contribution.gpu_demand
             if placement is None:
                 continue
             pod = self.store.get("Pod", key)
-            if pod is None or meta(pod).get("deletionTimestamp") or self.inventory.held_for(key):
+            if pod is None or meta(pod).get("deletionTimestamp"):
                 continue
             demand = self.demands.of(pod)
-            request = contribution.amounts
             gang = self._gang_now(pod)  # `view` above brought the reservations in line
-            if gang.reading or gang.members < gang.minimum:
-                continue  # its minimum is not known yet, or its pods are not all there
-            workload = "" if gang.admitted else gang.workload.key
-            if workload:
-                if workload not in missing:
-                    held = any(self.inventory.held_for(k) for k in self.workloads.members.get(workload, ()))
-                    missing[workload] = 0 if held else gang.minimum - gang.placed
-                    request = {r: a * missing[workload] for r, a in request.items()}
-                elif missing[workload] <= 0:
-                    continue
-                else:
-                    request = {}  # the gang's queue was asked for all of its members already
-                if missing[workload] <= 0:
-                    continue
-                missing[workload] -= 1
-            if request and not view.admit(demand.queue, request, preemptible=demand.preemptible).admit:
-                if workload:
-                    missing[workload] = 0
-                continue  # a limit or quota holds it back: evicting others would not help
+            held = self.inventory.held_for(key) is not None
+            if not gang.admitted:
+                workload = gang.workload.key
+                if workload not in held_gangs:
+                    members = self.workloads.members.get(workload, ())
+                    held_gangs[workload] = any(self.inventory.held_for(k) for k in members)
+                held = held_gangs[workload]
+            ask = Ask(demand.queue, contribution.amounts, demand.preemptible, gang)
+            order = (-demand.priority, pod_created(pod), key)
+            candidates.append((order, Waiting(key, ask, held), demand, placement))
+        candidates.sort(key=lambda candidate: candidate[0])
+        found = {entry.key: (order[1], demand, placement) for order, entry, demand, placement in candidates}
+        waiting: list[PendingPod] = []
+        for listed in waiting_list(view, [candidate[1] for candidate in candidates]):
+            key = listed.waiting.key
+            created, demand, placement = found[key]
             fraction = demand.gpu_requests[0].memory_bytes if demand.fractional else None
             waiting.append(
                 PendingPod(
                     key=key,
                     queue=demand.queue,
                     demand=placement,
-                    resources=contribution.amounts,
+                    resources=listed.waiting.ask.request,
                     priority=demand.priority,
-                    created=pod_created(pod),
+                    created=created,
                     fraction_memory=fraction,
                     preemptible=demand.preemptible,
-                    workload=workload,
+                    workload=listed.workload,
                 )
             )
         return waiting

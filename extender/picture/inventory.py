@@ -38,6 +38,7 @@ from contract.quantity import parse_quantity
 from extender.demand import allocated_devices, fraction_milli
 from extender.picture.demands import PodDemands, is_terminal
 from extender.picture.store import ObjectStore, Stored
+from extender.policy.admission import add_amounts, gpu_amounts
 from extender.policy.placement import (
     GpuDemand,
     NodeGpus,
@@ -78,16 +79,6 @@ class GpuDevice:
     model: str
     memory_bytes: int
     index: int = 0  # position among its node's GPUs (the order of NodeGpus.free_milli)
-
-
-def gpu_amounts(model: str, amount: float) -> dict[str, float]:
-    """A GPU amount counted both in "gpu" and, when the model is known, in "gpu/<model>"."""
-    return {"gpu": amount, f"gpu/{model}": amount} if model else {"gpu": amount}
-
-
-def add_amounts(into: dict[str, float], amounts: Mapping[str, float]) -> None:
-    for resource, amount in amounts.items():
-        into[resource] = into.get(resource, 0.0) + amount
 
 
 def _string_attribute(attributes: Mapping[str, Any], driver: str, name: str, default: str) -> str:

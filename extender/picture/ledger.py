@@ -2,7 +2,8 @@
 
 The cluster picture changes a few pods at a time (a bind, a claim allocation, a deletion), so
 instead of summing every pod after each change it keeps each pod's last contribution and moves
-only the difference: a change costs O(resources of that pod), not O(pods).
+only the difference: a change costs O(resources of that pod), not O(pods). Besides what each queue
+holds and waits for, it keeps what its non-preemptible pods hold (the use a quota guarantees).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Contribution:
     bucket: Bucket
     amounts: Mapping[str, float]
     demand: GpuDemand | None = None  # its placement demand (GPUs, CPU, memory), for the workload mix
+    preemptible: bool = True  # not: what it holds also counts as its queue's non-preemptible use
 
     @property
     def gpu_demand(self) -> GpuDemand | None:
@@ -50,6 +52,7 @@ class QueueLedger:
     contributions: dict[str, Contribution] = field(default_factory=dict)
     allocated: dict[str, dict[str, float]] = field(default_factory=dict)
     requested: dict[str, dict[str, float]] = field(default_factory=dict)
+    non_preemptible: dict[str, dict[str, float]] = field(default_factory=dict)  # of `allocated`
     pending: Counter[str] = field(default_factory=Counter)
     waiting: set[str] = field(default_factory=set)  # pods whose contribution is `requested`
     demands: Counter[GpuDemand] = field(default_factory=Counter)
@@ -80,6 +83,8 @@ class QueueLedger:
     def _account(self, contribution: Contribution, sign: float) -> None:
         if contribution.bucket == "allocated":
             _move(self.allocated, contribution.queue, contribution.amounts, sign)
+            if not contribution.preemptible:
+                _move(self.non_preemptible, contribution.queue, contribution.amounts, sign)
         elif contribution.bucket == "requested":
             _move(self.requested, contribution.queue, contribution.amounts, sign)
             self.pending[contribution.queue] += int(sign)
@@ -96,6 +101,7 @@ class QueueLedger:
         self.waiting.clear()
         self.allocated.clear()
         self.requested.clear()
+        self.non_preemptible.clear()
         self.pending.clear()
         self.demands.clear()
         self._mix_stale = True
@@ -124,6 +130,7 @@ class QueueLedger:
                 usage[queue] = QueueUsage(
                     allocated=dict(self.allocated.get(queue, {})),
                     requested=dict(self.requested.get(queue, {})),
+                    non_preemptible=dict(self.non_preemptible.get(queue, {})),
                 )
             else:  # not named, and its pods are gone (`clear`)
                 usage.pop(queue, None)

@@ -49,6 +49,7 @@ class GangReservation:
     queue: str
     amounts: Mapping[str, float]  # one member's fairness vector
     demand: GpuDemand | None  # one member's GPU shape (None: no GPU)
+    preemptible: bool  # its members are (not: its slots count as non-preemptible use)
     nodes: Sequence[str]  # the node planned for each member still to place when admitted
     target: int  # placed members at which the reservation is complete (the minimum)
     expires: float = 0.0  # monotonic; renewed whenever a member is placed
@@ -57,23 +58,6 @@ class GangReservation:
 
     def slot_key(self, index: int) -> str:
         return f"{self.workload.key}#{index}"
-
-
-@dataclass(frozen=True)
-class GangState:
-    """What a filter needs to know of a pod's workload."""
-
-    workload: Workload
-    minimum: int
-    members: int
-    placed: int
-    reservation: GangReservation | None
-    reading: bool = False  # its minimum is about to be read from its owner's spec
-
-    @property
-    def admitted(self) -> bool:
-        """Its minimum is placed, or admitted as a unit and being placed: members go pod by pod."""
-        return self.workload.single or self.placed >= self.minimum or self.reservation is not None
 
 
 class WorkloadMap:

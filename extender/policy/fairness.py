@@ -26,8 +26,10 @@ Every walk over the tree (these passes, subtree sums, broken ancestries) is a lo
 recursion, so a chain of thousands of queues is ordered and divided like a wide tree.
 
 Admission (``FairnessSnapshot.admit``) is work-conserving: a pod is refused only by a limit on its
-queue's path, or, when it is not preemptible, by a quota on that path. Fair shares refuse nothing;
-they decide who gets capacity back (``extender.policy.reclaim``) and in which order.
+queue's path, or, when it is not preemptible, by a quota on that path, against what the path's
+non-preemptible pods hold (``QueueUsage.non_preemptible``): a queue of quota 8 running 8 of its own
+preemptible pods still admits a non-preemptible one, which then preempts one of them. Fair shares
+refuse nothing; they decide who gets capacity back (``extender.policy.reclaim``) and in which order.
 
 Queues whose ancestry is broken (unknown parent or a cycle) take no part: their fair share is 0
 and admission refuses their pods with the reason, so a misconfiguration is visible, not silent.
@@ -80,6 +82,9 @@ class QueueSpec:
 class QueueUsage:
     allocated: Resources  # what the queue's running/bound pods hold
     requested: Resources  # pending demand (not yet allocated)
+    # Of `allocated`, what its pods that are not preemptible hold: what a quota guarantees, so
+    # what a non-preemptible pod is checked against (its queue's preemptible pods can make room).
+    non_preemptible: Resources = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -224,8 +229,11 @@ class QueueTree:
     def own(self, name: str) -> QueueUsage:
         return self.usage.get(name, _NO_USAGE)
 
-    def subtree(self, name: str, kind: Literal["allocated", "requested"], resource: str) -> float:
-        """Sum of allocated or requested amounts over a queue and its descendants.
+    def subtree(
+        self, name: str, kind: Literal["allocated", "requested", "non_preemptible"], resource: str
+    ) -> float:
+        """Sum of allocated, requested or non-preemptible allocated amounts over a queue and its
+        descendants.
 
         Summed children first with a stack of its own, not by recursion, so a chain of any depth
         is summed (Python's stack held ~500 levels); each sum is the queue's own amount plus its
@@ -246,7 +254,14 @@ class QueueTree:
                 pending.extend((child, False) for child in children)
                 continue
             own_usage = self.own(queue)
-            own = (own_usage.allocated if kind == "allocated" else own_usage.requested).get(resource, 0.0)
+            amounts = (
+                own_usage.allocated
+                if kind == "allocated"
+                else own_usage.requested
+                if kind == "requested"
+                else own_usage.non_preemptible
+            )
+            own = amounts.get(resource, 0.0)
             queue_sums[key] = own + sum(self._sums[child][key] for child in children)
         return sums[key]
 
@@ -533,8 +548,9 @@ class FairnessSnapshot:
 
         Refused only when the queue is unusable (unknown, broken ancestry, or not a leaf), when it
         would take the queue or an ancestor past a ``limit``, or - for a pod that is not
-        preemptible - past a ``quota`` on its path: use beyond quota is for pods that reclaim can
-        take back. Fair shares refuse nothing here; reclaim restores them.
+        preemptible - the non-preemptible use of the queue or an ancestor past its ``quota``: use
+        beyond quota is for pods that reclaim and preemption can take back. Fair shares refuse
+        nothing here; reclaim restores them.
         """
         tree = self.tree
         if queue not in tree.specs:
@@ -565,11 +581,22 @@ class FairnessSnapshot:
                     )
                 if preemptible or not _quota_guards(spec, resource):
                     continue
+                # A quota guarantees non-preemptible work: the queue's preemptible pods beyond
+                # it can be preempted to make room, so only non-preemptible use counts here.
+                guaranteed = tree.subtree(node, "non_preemptible", resource)
                 quota = spec.quota.get(resource, 0.0)
-                if held + amount > quota + EPSILON:
+                if guaranteed + amount > quota + EPSILON:
                     return AdmissionDecision(
                         False,
-                        _exceeds(queue, resource, held, amount, owner.format("quota"), quota)
+                        _exceeds(
+                            queue,
+                            resource,
+                            guaranteed,
+                            amount,
+                            owner.format("quota"),
+                            quota,
+                            "non-preemptible ",
+                        )
                         + "; only preemptible pods may use more than the quota",
                         "over_quota",
                     )
@@ -581,10 +608,14 @@ class FairnessSnapshot:
             > self.fair_shares.get(queue, {}).get(resource, 0.0) + EPSILON
         ]
         if borrowing:
+            why = (
+                "(preemptible: reclaim may take it back)"
+                if preemptible
+                else "(not preemptible: within its quota for non-preemptible pods)"
+            )
             return AdmissionDecision(
                 True,
-                f"queue '{queue}' borrows idle {', '.join(borrowing)} beyond its fair share "
-                "(preemptible: reclaim may take it back)",
+                f"queue '{queue}' borrows idle {', '.join(borrowing)} beyond its fair share {why}",
                 "borrowing",
             )
         return AdmissionDecision(
@@ -592,9 +623,11 @@ class FairnessSnapshot:
         )
 
 
-def _exceeds(queue: str, resource: str, held: float, amount: float, what: str, bound: float) -> str:
+def _exceeds(
+    queue: str, resource: str, held: float, amount: float, what: str, bound: float, counted: str = ""
+) -> str:
     return (
-        f"queue '{queue}': {resource} allocated {format_amount(resource, held)} + request "
+        f"queue '{queue}': {resource} {counted}allocated {format_amount(resource, held)} + request "
         f"{format_amount(resource, amount)} would exceed {what} ({format_amount(resource, bound)})"
     )
 

@@ -13,8 +13,10 @@ the movers per node (`movers`), the terminating pods, the gangs' minimums. A for
 with its own changes.
 
 An eviction frees the pod's GPUs and moves its fairness vector from the queue's `allocated` to
-its `requested` (a controller recreates an evicted pod, so its queue still wants it); fair shares,
-which depend on allocated plus requested, stay as they were.
+its `requested` (a controller recreates an evicted pod, so its queue still wants it), and out of
+its `non_preemptible` use when the pod is not preemptible; a placement the other way (a pod placed
+in the fork counts as its `preemptible` says: the planners' arriving pods, never victims, count as
+non-preemptible). Fair shares, which depend on allocated plus requested, stay as they were.
 
 GPUs held for a pod still to bind (`HeldGpus`: a reclaim plan freed them for it) are handed in
 with the snapshot, naming the devices; a planner's fork places each held pod on exactly those GPUs
@@ -170,13 +172,21 @@ def count_victims(counts: dict[str, dict[str, int]], pod: RunningPod, sign: int)
             del counts[pod.queue]
 
 
-def _shift(usage: QueueUsage, amounts: Resources, sign: float) -> QueueUsage:
-    """Move `amounts` from requested to allocated (sign 1) or back (sign -1)."""
+def _shift(usage: QueueUsage, amounts: Resources, sign: float, preemptible: bool) -> QueueUsage:
+    """Move `amounts` from requested to allocated (sign 1) or back (sign -1); a pod that is not
+    preemptible moves its non-preemptible use with them."""
     allocated, requested = dict(usage.allocated), dict(usage.requested)
+    guaranteed = dict(usage.non_preemptible)
     for resource, amount in amounts.items():
         allocated[resource] = allocated.get(resource, 0.0) + sign * amount
         requested[resource] = max(0.0, requested.get(resource, 0.0) - sign * amount)
-    return QueueUsage(allocated={r: a for r, a in allocated.items() if a > 1e-9}, requested=requested)
+        if not preemptible:
+            guaranteed[resource] = guaranteed.get(resource, 0.0) + sign * amount
+    return QueueUsage(
+        allocated={r: a for r, a in allocated.items() if a > 1e-9},
+        requested=requested,
+        non_preemptible={r: a for r, a in guaranteed.items() if a > 1e-9},
+    )
 
 
 class _Layered(Mapping[str, V]):
@@ -435,7 +445,7 @@ class ClusterSnapshot:
         for index, milli in pod.gpus:
             free[index] = min(GPU_MILLI, free[index] + milli)
         self._node_changes[pod.node] = _with_free(node, free, pod.cpu_milli, pod.memory_mib)
-        self._move(pod.queue, pod.resources, -1.0)
+        self._move(pod.queue, pod.resources, -1.0, pod.preemptible)
         return pod
 
     def fits_without(self, node: str, demand: GpuDemand, gone: Iterable[RunningPod]) -> bool:
@@ -473,12 +483,12 @@ class ClusterSnapshot:
             memory_mib=demand.memory_mib,
         )
         self._pod_changes[pod.key] = placed
-        self._move(pod.queue, pod.resources, 1.0)
+        self._move(pod.queue, pod.resources, 1.0, pod.preemptible)
         return placed
 
-    def _move(self, queue: str, amounts: Resources, sign: float) -> None:
+    def _move(self, queue: str, amounts: Resources, sign: float, preemptible: bool) -> None:
         usage = self._usage.get(queue, QueueUsage(allocated={}, requested={}))
-        self._usage[queue] = _shift(usage, amounts, sign)
+        self._usage[queue] = _shift(usage, amounts, sign, preemptible)
         self._fairness = None
 
 

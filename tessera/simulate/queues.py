@@ -29,24 +29,27 @@ ones go first, and a waiting gang is served whole.
 The replay plays the three actors of a live cluster, each with the code it runs there:
 
 * **kube-scheduler + the extender's filter.** Whenever something changes, every waiting pod is
-  tried in the scheduler's order - priority, then creation time - and starts when
-  ``FairnessSnapshot.admit`` admits it (work-conserving: only a limit on its queue's path, or a
-  quota for a pod that is not preemptible, refuses) and the placement policy finds a node. GPUs
-  held for another pod (a reclaim hold: the shares of the very GPUs a plan freed for it) are not
-  offered to it, as the filter's ``supply_for`` does; a pod GPUs are held for starts on exactly
-  those GPUs once they are free (elsewhere only if they are not and it fits there), as the
-  filter passes it only its hold's node.
+  tried in the scheduler's order - priority, then creation time - and starts when the extender's
+  admission rule (``extender.policy.admission.admit``: work-conserving, only a limit on its
+  queue's path, or a quota against the non-preemptible use for a pod that is not preemptible,
+  refuses; a gang is judged whole) admits it and the placement policy finds a node. GPUs held for
+  another pod (a reclaim hold: the shares of the very GPUs a plan freed for it) are not offered to
+  it, as the filter's ``supply_for`` does; a pod GPUs are held for starts on exactly those GPUs
+  once they are free (elsewhere only if they are not and it fits there), as the filter passes it
+  only its hold's node.
 * **the reclaim loop.** Every ``reclaimInterval`` seconds, ``extender.policy.reclaim.plan`` runs on
   a ``ClusterSnapshot`` of the simulated cluster with the waiting GPU pods the live loop would
-  hand it (admissible, not already held for), and the GPUs held for pods still to start
-  (``HeldGpus``, placed by the planner's fork); each plan's victims are evicted and the devices it
-  names held for the pods it serves (the pod it was made for, and those riding on what it freed).
+  hand it (``extender.policy.admission.waiting_list``: admissible, not already held for), and the
+  GPUs held for pods still to start (``HeldGpus``, placed by the planner's fork); each plan's
+  victims are evicted and the devices it names held for the pods it serves (the pod it was made
+  for, and those riding on what it freed).
 * **the pods' controller.** An evicted pod terminates for ``terminationDelay`` seconds, then its
   GPUs are free and it waits again with its original creation time, at the head of its queue; its
   runtime starts over.
 
 Queue usage is kept in the extender's own ``QueueLedger``, one contribution per pod as in the live
-picture. Everything measured is integrated exactly over the event timeline (the state is
+picture, each pod's fairness vector and the cluster's capacity counted with the extender's
+``fairness_vector``. Everything measured is integrated exactly over the event timeline (the state is
 constant between events).
 """
 
@@ -70,10 +73,20 @@ from contract.kube import validation_problems
 from contract.names import GPU_MILLI
 from contract.quantity import parse_quantity
 from extender.picture.ledger import Contribution, QueueLedger
+from extender.policy.admission import (
+    Ask,
+    GangState,
+    Waiting,
+    add_amounts,
+    admit,
+    fairness_vector,
+    waiting_list,
+)
 from extender.policy.fairness import EPSILON, FairnessSnapshot, QueueSpec
 from extender.policy.placement import GpuDemand, fits
 from extender.policy.reclaim import PendingPod, Plan, Rules, plan
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, take
+from extender.policy.workloads import Workload
 from extender.queues import QueueSpecError, parse_queue, validate_hierarchy
 
 from .cluster import Cluster
@@ -347,7 +360,12 @@ def _pods(workload: QueueWorkload) -> list[_Pod]:
         for i in range(job.count):
             arrival = job.arrival + i * job.interval
             pod = _Pod(0, job.name, job.queue, demand, {}, job.priority, preemptible, arrival, job.duration)
-            pod.request, pod.waiting_since = _request(demand, None), arrival
+            # Not placed yet: its GPUs count in the model it can land on when it names only one.
+            model = next(iter(demand.models)) if len(demand.models) == 1 else ""
+            pod.request, pod.waiting_since = (
+                _vector(demand, [(model, demand.total_milli / GPU_MILLI)]),
+                arrival,
+            )
             pod.gang = f"{number}/{job.name}" if job.min_members > 1 else ""
             pods.append(pod)
     pods.sort(key=lambda pod: pod.created)
@@ -356,30 +374,13 @@ def _pods(workload: QueueWorkload) -> list[_Pod]:
     return pods
 
 
-def _request(demand: GpuDemand, node_model: str | None) -> dict[str, float]:
-    """A pod's resources in the fairness vocabulary (GPUs, cores, bytes), as the extender counts
-    them: ``gpu/<model>`` once the node is known, or when the pod can land on one model only."""
-    gpus = demand.total_milli / GPU_MILLI
-    request = {"gpu": gpus, "cpu": demand.cpu_milli / 1000, "memory": float(demand.memory_mib * MIB)}
-    model = (
-        node_model
-        if node_model is not None
-        else (next(iter(demand.models)) if len(demand.models) == 1 else None)
+def _vector(demand: GpuDemand, gpus: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """A pod's fairness vector as the extender's accounting counts it (`fairness_vector`): its
+    CPU and memory, and its GPUs (model, amount) - those it asks for while it waits, each GPU it
+    holds, of its node's model, once placed."""
+    return fairness_vector(
+        demand.cpu_milli / 1000, float(demand.memory_mib * MIB), gpus if demand.count else ()
     )
-    if model and gpus:
-        request[f"gpu/{model}"] = gpus
-    return {resource: amount for resource, amount in request.items() if amount > 0}
-
-
-def _capacity(nodes: Sequence[SimNode]) -> dict[str, float]:
-    capacity: dict[str, float] = {"gpu": 0.0, "cpu": 0.0, "memory": 0.0}
-    for node in nodes:
-        capacity["gpu"] += node.gpus
-        capacity["cpu"] += node.cpu_milli / 1000
-        capacity["memory"] += float(node.memory_mib * MIB)
-        if node.model and node.gpus:
-            capacity[f"gpu/{node.model}"] = capacity.get(f"gpu/{node.model}", 0.0) + node.gpus
-    return capacity
 
 
 def _percentile(values: Sequence[float], pct: float) -> float:
@@ -425,7 +426,13 @@ class _Replay:
         mix = workload_mix([SimPod(p.job, p.demand) for p in self.pods])
         self.cluster = Cluster(self.nodes, mix)
         self.placer = Placer(self.cluster, make_policy(policy_name, mix), random.Random(seed))
-        self.capacity = _capacity(self.nodes)
+        # The capacity in the same vocabulary: each node's CPU, memory and GPUs of its model.
+        self.capacity: dict[str, float] = {}
+        for node in self.nodes:
+            vector = fairness_vector(
+                node.cpu_milli / 1000, float(node.memory_mib * MIB), [(node.model, node.gpus)]
+            )
+            add_amounts(self.capacity, vector)
         self.specs = list(workload.queues)
         self.names = [q.name for q in self.specs]
         self.interval, self.delay = interval, delay
@@ -434,11 +441,15 @@ class _Replay:
             preempt_min_runtime_s={q.name: q.preempt_min_runtime_s for q in self.specs},
         )
         self.ledger = QueueLedger()
-        # Gang workload -> its minimum (docs/workloads.md).
+        # Gang workload -> its minimum (docs/workloads.md), and the workload as admission reads it.
         self.minimums = {
             f"{number}/{job.name}": job.min_members
             for number, job in enumerate(workload.jobs)
             if job.min_members > 1
+        }
+        self.workloads = {
+            gang: Workload(gang, "Job", gang, minimum, "minMembers")
+            for gang, minimum in self.minimums.items()
         }
         self.waiting: dict[int, _Pod] = {}
         self.running: dict[int, _Pod] = {}  # running and terminating
@@ -517,7 +528,9 @@ class _Replay:
     def _wait(self, pod: _Pod, now: float) -> None:
         pod.state, pod.waiting_since = "waiting", now
         self.waiting[pod.index] = pod
-        self.ledger.put(pod.key, Contribution(pod.queue, "requested", pod.request))
+        self.ledger.put(
+            pod.key, Contribution(pod.queue, "requested", pod.request, preemptible=pod.preemptible)
+        )
 
     def _free(self, pod: _Pod) -> None:
         self.cluster.release(pod.node, pod.demand, pod.gpus)
@@ -557,7 +570,7 @@ class _Replay:
                 self.refused.setdefault("no_node_fits", set()).add(pod.index)
                 continue
             if pod.signature not in admitted:
-                decision = admission.admit(pod.queue, pod.request, preemptible=pod.preemptible)
+                decision = admit(admission, Ask(pod.queue, pod.request, pod.preemptible))
                 if not decision.admit:
                     refused[pod.signature] = decision.kind
                     self.refused.setdefault(decision.kind, set()).add(pod.index)
@@ -587,22 +600,23 @@ class _Replay:
         running = sum(1 for p in self.running.values() if p.gang == gang and p.state == "running")
         return max(self.minimums[gang] - running, 0)
 
+    def _gang(self, gang: str) -> GangState:
+        """The gang as admission reads it: its members that exist are those waiting or running
+        (an evicted one is recreated once it has terminated); those running are placed."""
+        running = sum(1 for p in self.running.values() if p.gang == gang and p.state == "running")
+        waiting = sum(1 for p in self.waiting.values() if p.gang == gang)
+        return GangState(self.workloads[gang], self.minimums[gang], running + waiting, running)
+
     def _start_gang(self, gang: str, admission: FairnessSnapshot, now: float) -> bool:
         """Start the members a gang misses, all of them or none (the extender's `admit_gang`)."""
-        missing = self._missing(gang)
+        state = self._gang(gang)
         members = sorted((p for p in self.waiting.values() if p.gang == gang), key=lambda p: p.order)
-        if len(members) < missing:
-            self.refused.setdefault("gang_incomplete", set()).update(p.index for p in members)
-            return False
-        chosen = members[:missing]
-        total: dict[str, float] = {}
-        for member in chosen:
-            for resource, amount in member.request.items():
-                total[resource] = total.get(resource, 0.0) + amount
-        decision = admission.admit(chosen[0].queue, total, preemptible=chosen[0].preemptible)
+        head = members[0]
+        decision = admit(admission, Ask(head.queue, head.request, head.preemptible, state))
         if not decision.admit:
             self.refused.setdefault(decision.kind, set()).update(p.index for p in members)
             return False
+        chosen = members[: state.missing]
         held = [member.index for member in chosen if member.index in self.holds]
         for index in held:
             self._unreserve(index)
@@ -631,8 +645,9 @@ class _Replay:
         pod.runs += 1
         del self.waiting[pod.index]
         self.running[pod.index] = pod
-        model = self.nodes[pod.node].model
-        self.ledger.put(pod.key, Contribution(pod.queue, "allocated", _request(pod.demand, model)))
+        self.ledger.put(
+            pod.key, Contribution(pod.queue, "allocated", self._running_vector(pod), preemptible=pod.preemptible)
+        )
         self._push(now + pod.duration, _Event.FINISH, pod)
         self.version += 1
 
@@ -708,34 +723,37 @@ class _Replay:
         return True
 
     def _pending(self, fairness: FairnessSnapshot) -> list[PendingPod]:
-        """What the live loop hands the planner: admissible waiting pods not held for; of a gang
-        that misses members, as many as it misses, marked with the gang (served whole), and none
-        while GPUs are held for one of them."""
-        pending: list[PendingPod] = []
-        listed: Counter[str] = Counter()
-        for pod in sorted(self._admissible(fairness), key=lambda p: p.order):
-            if pod.index in self.holds:
+        """What the live loop hands the planner (`ClusterPicture.waiting_pods`): the waiting GPU
+        pods the admission rule's waiting list takes (`waiting_list`), in the scheduler's order."""
+        held_gangs = {p.gang for i, p in self.waiting.items() if p.gang and i in self.holds}
+        gangs = {gang: self._gang(gang) for gang in {p.gang for p in self.waiting.values() if p.gang}}
+        candidates = []
+        for pod in sorted(self.waiting.values(), key=lambda p: p.order):
+            if not pod.demand.count:
                 continue
-            workload = ""
-            if pod.gang:
-                missing = self._missing(pod.gang)
-                if missing:
-                    held = any(i in self.holds for i, p in self.waiting.items() if p.gang == pod.gang)
-                    whole = {r: a * missing for r, a in pod.request.items()}
-                    if (
-                        held
-                        or listed[pod.gang] >= missing
-                        or not fairness.admit(pod.queue, whole, preemptible=pod.preemptible).admit
-                    ):
-                        continue
-                    listed[pod.gang] += 1
-                    workload = pod.gang
-            pending.append(
-                PendingPod(
-                    pod.key, pod.queue, pod.demand, pod.request, pod.priority, pod.created, workload=workload
-                )
+            gang = gangs.get(pod.gang)
+            whole = gang is not None and not gang.admitted
+            held = pod.gang in held_gangs if whole else pod.index in self.holds
+            candidates.append(Waiting(pod.key, Ask(pod.queue, pod.request, pod.preemptible, gang), held))
+        return [
+            PendingPod(
+                listed.waiting.key,
+                pod.queue,
+                pod.demand,
+                pod.request,
+                pod.priority,
+                pod.created,
+                preemptible=pod.preemptible,
+                workload=listed.workload,
             )
-        return pending
+            for listed in waiting_list(fairness, candidates)
+            for pod in (self.pods[int(listed.waiting.key)],)
+        ]
+
+    def _running_vector(self, pod: _Pod) -> dict[str, float]:
+        """A running pod's fairness vector: each GPU it holds, of its node's model."""
+        model = self.nodes[pod.node].model
+        return _vector(pod.demand, [(model, pod.demand.milli / GPU_MILLI) for _ in pod.gpus])
 
     def _held(self, index: int, hold: _Hold) -> HeldGpus:
         """A hold as the planner sees it (a waiting pod: its whole request still counts waiting)."""
@@ -748,7 +766,7 @@ class _Replay:
             queue=pod.queue,
             node=self.nodes[pod.node].name,
             gpus=tuple((gpu, pod.demand.milli) for gpu in pod.gpus),
-            resources=_request(pod.demand, self.nodes[pod.node].model),
+            resources=self._running_vector(pod),
             priority=pod.priority,
             preemptible=pod.preemptible,
             started=pod.started,
@@ -856,9 +874,7 @@ class _Replay:
             if not pod.demand.count:
                 continue
             if pod.signature not in verdicts:
-                verdicts[pod.signature] = fairness.admit(
-                    pod.queue, pod.request, preemptible=pod.preemptible
-                ).admit
+                verdicts[pod.signature] = admit(fairness, Ask(pod.queue, pod.request, pod.preemptible)).admit
             if verdicts[pod.signature]:
                 admissible.append(pod)
         return admissible

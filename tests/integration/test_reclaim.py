@@ -260,6 +260,48 @@ async def test_reclaim_waits_for_the_victim_queues_min_runtime(
         assert metric(env.service, EVICTIONS) == 2
 
 
+async def test_an_urgent_pod_preempts_one_of_its_own_queues_batch_pods(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    # 4 GPUs; queue a (quota 4) runs 4 of its own priority-0 batch pods. A pod of priority 1000
+    # (a PriorityClass; not preemptible: above --non-preemptible-priority) arrives. The quota
+    # guarantees non-preemptible work: a's non-preemptible pods hold 0, 0 + 1 <= 4, so it is
+    # admitted (before: 4 + 1 > 4, refused over_quota until a batch pod ended) and one batch pod
+    # makes room for it - the scheduler's preemption, which the extender's preempt verb allows
+    # within a queue, or the reclaim loop's; whichever comes first. The ReplicaSet's replacement
+    # waits (a holds its quota) and nothing more is evicted.
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=4, agent=True) as env:
+        assert env.service is not None
+        team = await env.create_queue("a", resources={"gpu": {"quota": 4}})
+        await env.create_replicaset(team, "batch", 4)
+        batch = set(await wait_running(env, {team: 4}))
+        classes = "/apis/scheduling.k8s.io/v1/priorityclasses"
+        urgent_class = f"urgent-{env.suffix}"
+        body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "value": 1000}
+        await request(k8s, "POST", classes, body={**body, "metadata": {"name": urgent_class}})
+        try:
+            pod = env.pod(team, "urgent")
+            pod["spec"]["priorityClassName"] = urgent_class
+            submitted = time.monotonic()
+            await request(k8s, "POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
+
+            async def urgent_runs() -> dict[str, JsonObject] | None:
+                pods = await running(env)
+                return pods if "urgent" in pods and len(pods) == 4 else None
+
+            now_running = await wait_until(
+                urgent_runs, timeout=60, interval=0.2, what="the urgent pod running"
+            )
+            print(f"\nthe urgent pod ran {time.monotonic() - submitted:.1f}s after submitting")
+            assert time.monotonic() - submitted < 30
+            # One batch pod made room; its replacement waits and no further cycle evicts anything.
+            assert len(batch - set(now_running)) == 1
+            await more_cycles(env.service, 3)
+            assert set(await running(env)) == set(now_running)
+        finally:
+            await request(k8s, "DELETE", f"{classes}/{urgent_class}")
+
+
 async def test_only_the_lease_holder_evicts(
     local_cluster: LocalCluster, k8s: ApiClient, namespace: str
 ) -> None:

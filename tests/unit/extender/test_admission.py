@@ -9,7 +9,6 @@ import pytest
 
 from contract.names import ADMISSION_GATE, NAMESPACE_QUEUE_LABEL, QUEUE_LABEL
 from extender.admission import (
-    GangCount,
     claim_config_problems,
     gate_reason,
     gate_removal,
@@ -17,7 +16,9 @@ from extender.admission import (
     queue_problems,
     resolve_queue,
 )
+from extender.policy.admission import Ask, GangState
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
+from extender.policy.workloads import Workload
 from extender.webhook import owner_path
 from tests import extender_objects as objects
 
@@ -69,38 +70,58 @@ def _view(limit: float, held: float) -> FairnessSnapshot:
 def test_gate_reason_counts_the_pods_ahead(
     limit: float, held: float, ahead: float, asked: float, gated: bool
 ) -> None:
-    reason = gate_reason(_view(limit, held), "team", {"gpu": asked}, ahead={"gpu": ahead})
+    reason = gate_reason(_view(limit, held), Ask("team", {"gpu": asked}, ahead={"gpu": ahead}))
     assert bool(reason) is gated
     if gated:
         assert "queue 'team'" in reason and "limit" in reason
 
 
+def _gang(minimum: int, members: int, placed: int, reading: bool = False) -> GangState:
+    kind = "PyTorchJob" if reading else "Job"
+    spec = ("kubeflow.org/v1", kind, "j") if reading else None
+    return GangState(
+        Workload(f"{kind}/ns/j", kind, "j", minimum, "test", spec), minimum, members, placed, reading=reading
+    )
+
+
 @pytest.mark.parametrize(
     ("limit", "held", "ahead", "gang", "needle"),
     [
-        # 3 of its minimum 4 pods exist: incomplete, whatever the queue's room.
-        (8, 0, 0, GangCount("Job/ns/j", 4, 3, 0), "is incomplete: 3 of its minimum 4 pods exist"),
+        # 3 of its minimum 4 pods exist: incomplete, whatever the queue's room (the filter's words).
+        (
+            8,
+            0,
+            0,
+            _gang(4, 3, 0),
+            "(minimum 4 pods, 0 placed, 3 present) waits for its pods: 3 of its minimum 4 exist",
+        ),
         # Complete: its 4 missing pods together, 4 x 1 = 4 <= 4.
-        (4, 0, 0, GangCount("Job/ns/j", 4, 4, 0), ""),
+        (4, 0, 0, _gang(4, 4, 0), ""),
         # The same gang at limit 2: 4 x 1 = 4 > 2, all of it waits.
-        (2, 0, 0, GangCount("Job/ns/j", 4, 4, 0), "its 4 missing pods together"),
+        (2, 0, 0, _gang(4, 4, 0), "its 4 missing pods together"),
         # Other pods ahead count too: 1 + 4 = 5 > 4.
-        (4, 0, 1, GangCount("Job/ns/j", 4, 4, 0), "its 4 missing pods together"),
+        (4, 0, 1, _gang(4, 4, 0), "its 4 missing pods together"),
         # 2 of its minimum 4 placed, 5 present: the 2 missing, 2 + 2 x 1 = 4 <= 4.
-        (4, 2, 0, GangCount("Job/ns/j", 4, 5, 2), ""),
+        (4, 2, 0, _gang(4, 5, 2), ""),
         # Its minimum is still being read from its owner: it waits for it.
-        (8, 0, 0, GangCount("PyTorchJob/ns/j", 1, 1, 0, reading=True), "its owner's spec is being read"),
+        (
+            8,
+            0,
+            0,
+            _gang(1, 1, 0, reading=True),
+            "waits for its minimum: reading the spec of its PyTorchJob j",
+        ),
     ],
 )
 def test_gate_reason_of_a_gang_counts_its_whole_missing_demand(
-    limit: float, held: float, ahead: float, gang: GangCount, needle: str
+    limit: float, held: float, ahead: float, gang: GangState, needle: str
 ) -> None:
-    reason = gate_reason(_view(limit, held), "team", {"gpu": 1}, ahead={"gpu": ahead}, gang=gang)
+    reason = gate_reason(_view(limit, held), Ask("team", {"gpu": 1}, gang=gang, ahead={"gpu": ahead}))
     assert (needle in reason) if needle else reason == ""
 
 
 def test_gate_reason_for_a_queue_that_does_not_exist() -> None:
-    assert "does not exist" in gate_reason(_view(4, 0), "nobody", {"gpu": 1})
+    assert "does not exist" in gate_reason(_view(4, 0), Ask("nobody", {"gpu": 1}))
 
 
 def test_pod_patch_sets_label_scheduler_and_gate() -> None:

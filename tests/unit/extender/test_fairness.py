@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -315,6 +315,8 @@ class AdmissionCase:
     kind: str
     reason_has: tuple[str, ...]
     preemptible: bool = True
+    # queue -> of its allocated GPUs, those its non-preemptible pods hold (what a quota guarantees)
+    non_preemptible: dict[str, float] = field(default_factory=dict)
 
 
 ADMISSION_CASES = [
@@ -369,7 +371,8 @@ ADMISSION_CASES = [
         kind="borrowing",
         reason_has=("'a'", "borrows idle gpu", "preemptible"),
     ),
-    # The same pod, not preemptible: a's quota is 4 and it holds 4, so 4 + 1 > 4.
+    # The same pod, not preemptible, and a's 4 GPUs held by non-preemptible pods: a's quota is
+    # 4, so 4 + 1 > 4.
     AdmissionCase(
         "not preemptible: refused beyond quota",
         queue="a",
@@ -380,7 +383,28 @@ ADMISSION_CASES = [
         capacity=8,
         admit=False,
         kind="over_quota",
-        reason_has=("queue 'a'", "allocated 4 + request 1", "its quota (4)", "only preemptible pods"),
+        reason_has=(
+            "queue 'a'",
+            "gpu non-preemptible allocated 4 + request 1",
+            "its quota (4)",
+            "only preemptible pods",
+        ),
+        preemptible=False,
+        non_preemptible={"a": 4},
+    ),
+    # a's 4 GPUs held by its own preemptible pods: the quota guarantees non-preemptible work, so
+    # 0 + 1 <= 4 and the pod is admitted (it then preempts one of them: docs/queues.md).
+    AdmissionCase(
+        "not preemptible: the queue's own preemptible pods do not count against the quota",
+        queue="a",
+        request=1,
+        queues=[q("a", quota=4), q("b", quota=4)],
+        usage={"a": (4, 3), "b": (2, 2)},
+        fair={"a": 4, "b": 4},
+        capacity=8,
+        admit=True,
+        kind="borrowing",
+        reason_has=("'a'", "beyond its fair share", "within its quota for non-preemptible pods"),
         preemptible=False,
     ),
     # 3 + 1 = 4 <= quota 4: a non-preemptible pod is fine within the quota.
@@ -396,8 +420,10 @@ ADMISSION_CASES = [
         kind="within_fair_share",
         reason_has=("within",),
         preemptible=False,
+        non_preemptible={"a": 3},
     ),
-    # c holds 1 of its own quota 2, but its parent p (quota 3) holds 1 + d's 2 = 3: 3 + 1 > 3.
+    # c holds 1 of its own quota 2, but its parent p (quota 3) holds 1 + d's 2 = 3, all
+    # non-preemptible: 3 + 1 > 3.
     AdmissionCase(
         "not preemptible: ancestor quota",
         queue="c",
@@ -408,8 +434,28 @@ ADMISSION_CASES = [
         capacity=8,
         admit=False,
         kind="over_quota",
-        reason_has=("queue 'c'", "allocated 3 + request 1", "the quota of ancestor queue 'p' (3)"),
+        reason_has=(
+            "queue 'c'",
+            "non-preemptible allocated 3 + request 1",
+            "the quota of ancestor queue 'p' (3)",
+        ),
         preemptible=False,
+        non_preemptible={"c": 1, "d": 2},
+    ),
+    # The same, d's 2 preemptible: p's non-preemptible use is c's 1, 1 + 1 <= 3.
+    AdmissionCase(
+        "not preemptible: a sibling's preemptible pods do not count against the ancestor's quota",
+        queue="c",
+        request=1,
+        queues=[q("p", quota=3), q("c", "p", quota=2), q("d", "p", quota=2)],
+        usage={"c": (1, 1), "d": (2, 0)},
+        fair={"p": 4, "c": 2, "d": 2},
+        capacity=8,
+        admit=True,
+        kind="within_fair_share",
+        reason_has=("within",),
+        preemptible=False,
+        non_preemptible={"c": 1},
     ),
     # No GPU quota means no GPU guarantee (0): only preemptible pods of such a queue run.
     AdmissionCase(
@@ -481,7 +527,10 @@ ADMISSION_CASES = [
 
 @pytest.mark.parametrize("case", ADMISSION_CASES, ids=lambda c: c.name)
 def test_admission(case: AdmissionCase) -> None:
-    usages = {name: usage(alloc, req) for name, (alloc, req) in case.usage.items()}
+    usages = {
+        name: replace(usage(alloc, req), non_preemptible={"gpu": case.non_preemptible.get(name, 0.0)})
+        for name, (alloc, req) in case.usage.items()
+    }
     fair = {name: {"gpu": share} for name, share in case.fair.items()}
     request, capacity = {"gpu": case.request}, {"gpu": case.capacity}
     snapshot = FairnessSnapshot(case.queues, usages, capacity, fair)

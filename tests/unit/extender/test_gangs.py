@@ -19,9 +19,9 @@ from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.placement import GpuDemand
 from extender.server import build_app
-from extender.status import WaitingPods
-from extender.verbs import decide_preemption
-from extender.wire import ExtenderPreemptionArgs, decode
+from extender.status import StatusWriter, WaitingPods
+from extender.verbs import decide_filter, decide_preemption
+from extender.wire import ExtenderArgs, ExtenderPreemptionArgs, decode
 from tests import extender_objects as objects
 from tests.unit.extender.test_server import CLASS, Extender, args
 
@@ -156,6 +156,27 @@ async def test_a_gang_counts_its_reserved_members_against_the_queue(extender: Ex
     assert (
         "gpu allocated 2 + request 3 would exceed its limit (4)" in result["FailedAndUnresolvableNodes"]["a"]
     )
+
+
+async def test_the_requeue_check_lets_a_member_of_a_gang_being_placed_through_as_the_filter_does(
+    extender: Extender,
+) -> None:
+    # Limit 4: ja's minimum of 4 is admitted whole, its 3 slots and ja-0 (admitted, its bind to
+    # come: 1 placed) count 4 of 4. ja-1 was refused before (its condition False). The filter
+    # lets it through now - the unit it is in was judged ("is being placed") - and so does the
+    # requeue check, which asks the same rule (it asked the queue for ja-1 alone before:
+    # 4 + 1 > 4, never nudged).
+    pods = [member("ja", i) for i in range(4)]
+    extender.sync(cluster(job("ja", 4), *pods, limit=4))
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    assert result["NodeNames"] == NODES
+    assert extender.state.fairness().usage["team"].allocated["gpu"] == 4
+    extender.waiting.refused("ns", "ja-1", "uid-ns-ja-1", "team", "waited for its gang")
+    filtered = decide_filter(extender.state, decode(ExtenderArgs, json.dumps(args(pods[1], NODES)).encode()))
+    assert (filtered.admitted, filtered.reason) == (True, "fits")
+    assert "(minimum 4 pods, 1 placed, 4 present) is being placed" in filtered.message
+    writer = StatusWriter(extender.api, extender.state, extender.waiting, ExtenderMetrics(extender.state))
+    assert [entry.name for entry in writer.eligible_now()] == ["ja-1"]
 
 
 async def test_min_two_of_four_starts_with_two_and_grows(extender: Extender) -> None:

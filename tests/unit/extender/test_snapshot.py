@@ -6,12 +6,14 @@ team-b waits for one whole GPU. Every assertion on the fork is checked again on 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.placement import GpuDemand
+from extender.policy.reclaim import Rules, plan
 from extender.policy.snapshot import ClusterSnapshot, RunningPod, can_be_victim
 from tests import extender_objects as objects
 from tests.unit.extender.test_gangs import job, member
@@ -179,3 +181,37 @@ def test_a_snapshot_knows_the_minimum_of_each_gang_with_running_members() -> Non
     snapshot = live.snapshot()
     train = snapshot.running["ns/train-0"].workload
     assert train and snapshot.minimums == {train: 2}
+
+
+def test_an_urgent_pod_is_listed_and_preempts_its_queues_newest_preemptible_pod() -> None:
+    # Node a, 4 H100; team-a (quota 4) runs 4 of its own preemptible pods (priority 0, w1 the
+    # newest). An urgent pod of team-a (priority 1000: not preemptible) waits. The quota counts
+    # non-preemptible use: 0 + 1 <= 4, so the waiting list has it (before, 4 + 1 > 4 refused it
+    # over_quota forever) and the planner preempts within the queue: the newest preemptible pod.
+    pods = [
+        *held_pod("w0", "gpu-0"),
+        *held_pod("w2", "gpu-2"),
+        *held_pod("w3", "gpu-3"),
+        *held_pod("w1", "gpu-1"),
+    ]
+    for index, obj in enumerate(o for o in pods if o["kind"] == "Pod"):
+        obj["status"]["startTime"] = f"2026-12-01T10:00:0{index}Z"
+    urgent = objects.pod("ns", "urgent", queue="team-a", template="one")
+    urgent["spec"]["priority"] = 1000
+    objs = [
+        objects.node("a"),
+        objects.gpu_slice("a", 4),
+        objects.device_class(CLASS),
+        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        objects.queue("team-a", resources={"gpu": {"quota": 4}}),
+        *pods,
+        urgent,
+    ]
+    live = ClusterPicture()
+    for kind in WATCHED_PATHS:
+        live.replace(kind, [o for o in objs if o["kind"] == kind])
+    waiting = live.waiting_pods()
+    assert [(p.key, p.preemptible) for p in waiting] == [("ns/urgent", False)]
+    assert live.fairness().usage["team-a"].non_preemptible == {}
+    plans = plan(live.snapshot(), waiting, datetime(2026, 12, 1, 11, tzinfo=UTC).timestamp(), Rules())
+    assert [(p.goal, [e.pod.key for e in p.evictions]) for p in plans] == [("preempt", ["ns/w1"])]

@@ -179,7 +179,11 @@ async def test_a_gang_pod_is_gated_until_the_one_being_created_completes_its_gan
     webhooks.sync(cluster(job("train", 3, namespace="plain"), workers[0]))
     answer = await webhooks.review(MUTATE_PODS_PATH, workers[1])
     assert [op["path"] for op in patch_of(answer)] == ["/spec/schedulingGates"]
-    assert "workload Job/plain/train is incomplete: 2 of its minimum 3 pods exist" in answer["warnings"][0]
+    # The filter's words (one admission rule): the gang, its numbers, what it waits for.
+    assert (
+        "workload Job/plain/train (minimum 3 pods, 0 placed, 2 present) waits for its pods: "
+        "2 of its minimum 3 exist" in answer["warnings"][0]
+    )
     # With 2 there (gated ones count), the third completes it: 2 + 1 = 3, and team-b takes all 3.
     webhooks.picture.apply("Pod", "ADDED", gated(workers[1]))
     assert patch_of(await webhooks.review(MUTATE_PODS_PATH, workers[2])) == []

@@ -269,6 +269,39 @@ def test_a_high_priority_pod_preempts_within_its_queue_after_the_min_runtime() -
     assert a.p95_wait_s == 100.0  # low/0: evicted at 30, restarted at 130
 
 
+def test_an_urgent_pod_preempts_its_own_queues_batch_within_a_cycle() -> None:
+    # examples/urgent.yaml: 1 node x 8 GPUs; a (quota 8) runs 8 of its own priority-0 batch
+    # pods from t=0. At t=10 a priority-1000 pod (not preemptible) asks for 1 GPU. The quota
+    # guarantees non-preemptible work: a's non-preemptible pods hold 0, 0 + 1 <= 8, admitted;
+    # nothing is free, and a is at its fair share (8 of 8) with it waiting, so it preempts within
+    # its queue: the batch pod of lowest priority, newest (all started at t=0: the first by key).
+    # The evicted pod waits at a's head and preempts nobody (no pod of a is below priority 0).
+    result = run_queue_workload(load_workload(EXAMPLES / "urgent.yaml"))
+    assert [(e.time, e.goal, e.victim, e.served) for e in result.evictions] == [
+        (10.0, "preempt", "batch/0", "urgent/8")
+    ]
+    assert "over_quota" not in result.refusals
+    a = next(q for q in result.queues if q.name == "a")
+    # The urgent pod waited 0 s; batch/0 waits 600 s for the urgent pod's GPU.
+    assert (a.p50_wait_s, a.p95_wait_s, a.finished) == (0.0, 600.0, 9)
+
+
+def test_an_urgent_pod_waits_when_non_preemptible_pods_hold_the_quota() -> None:
+    # The same queue full of non-preemptible pods (8 of its quota 8): 8 + 1 > 8, refused
+    # over_quota until one of them ends at t=3600; nothing is evicted.
+    result = run(
+        [{"name": "n", "gpus": 8, "cpu": 64, "memory": "512Gi"}],
+        [queue("a", 8)],
+        [
+            job("fixed", "a", 8, duration=3600, preemptible=False),
+            job("urgent", "a", 1, arrival=10, duration=600, priority=1000),
+        ],
+    )
+    assert result.evictions == []
+    assert result.refusals == {"over_quota": 1}
+    assert next(q for q in result.queues if q.name == "a").p95_wait_s == 3590.0
+
+
 @pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_examples_run_every_pod_without_ping_pong(example: Path) -> None:
     result = run_queue_workload(load_workload(example))
