@@ -204,10 +204,9 @@ def reclaim_refusal(
     """Why a pod of `reclaimer` asking `request` may not take `taken` from a pod of `victim`
     ('' when it may): rule 1 of the module docstring, on the GPU resources the pod asks for.
 
-    With R' and V' the queues where the two paths diverge, and a queue's surplus its holdings
-    minus its fair share (negative: owed): every queue from the reclaimer up to R' is owed; every
-    queue from the victim's up to V' has a surplus, and keeps more than -owed(R') after giving
-    `taken` - ends less owed than R' is now. Worked examples in the module docstring.
+    With R' and V' the queues where the two paths diverge: every queue from the reclaimer up to
+    R' is below its fair share (owed); every queue from the victim's up to V' is above its own,
+    and ends, `taken` poorer, less owed than R' is now. Worked examples in the module docstring.
 
     A running pod also holds its GPU model's resource (`gpu/<model>`), which a pending pod that
     takes any model does not ask for; the victim's share of that resource is no reason to keep
