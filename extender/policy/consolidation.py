@@ -594,7 +594,7 @@ def plan_moves(
     movers = _Movers(fork, now, rules, avoid, pinned, rooms if rooms is not None else NodeRooms())
     plans: list[MovePlan] = []
     moves_left = rules.max_moves_per_cycle
-    for waiting in serving_order(fork.fairness, pending, rules.max_pending):
+    for waiting in serving_order(fork.fairness, pending, rules.max_pending, rules.max_pending):
         if moves_left <= 0:
             break
         if work.trials <= 0:

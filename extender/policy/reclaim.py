@@ -9,12 +9,49 @@ Goals (design-next.md, "one planner, three goals"); this module serves two of th
 
 Rules (each a test in tests/unit/extender/test_reclaim.py):
 
-1. Queues are compared where their paths in the tree diverge: for a reclaimer R and a victim's
-   queue V below their lowest common ancestor, R' and V' are the children of that ancestor on
-   each path (the roots when they share none). Every queue from R up to R' stays within its fair
-   share with the pod; every queue from V up to V' stays at or above its fair share without the
-   victim. So no GPU is taken from a subtree at or below its share on behalf of one above it,
-   and an eviction can never be undone by the reverse reclaim (no ping-pong).
+1. Every reclaim makes things fairer, in whole pods. A queue's surplus is what its subtree holds
+   minus its fair share (negative: it is owed). Queues are compared where their paths in the
+   tree diverge: for a reclaimer R and a victim's queue V below their lowest common ancestor, R'
+   and V' are the children of that ancestor on each path (the roots when they share none). A
+   pod of R asking r GPUs may take the t GPUs of a victim when every queue from R up to R' is
+   owed, every queue from V up to V' has a surplus, and each of those ends, t GPUs poorer, owed
+   less than R' is now: surplus(X) - t > surplus(R') for X from V to V'.
+
+   Why: R' gains r and V' loses t, everything else at that level stays (and the fair shares stay:
+   a move changes no queue's demand, the victims waiting again as their controllers recreate
+   them). The less well off of the two was R'; after the move both
+   are better off than R' was, so the lowest surplus of the pair rises - and, with the queues
+   between V and V' held to the same bound, no queue anywhere ends below the lowest surplus the
+   move raised: the surpluses of all queues, sorted, grow lexicographically (max-min). So no
+   sequence of reclaims can come back to where it started (no ping-pong, not only no immediate
+   reversal), and each one is a step towards the max-min fair allocation in whole pods.
+   Comparing after the move with before it ("less owed than R' is now") is what lets a whole
+   pod move although fair shares are fractional; the strict "less" refuses a swap that only
+   changes who is owed (its reverse would be allowed by the same numbers).
+
+   Worked examples (tests/unit/extender/test_reclaim.py):
+
+   * 4 GPUs; a and b hold 2 each and want more, c holds 0 and wants 1: shares 1.5 / 1.5 / 1. c is
+     owed 1; a (surplus 0.5) gives one GPU and ends 0.5 owed (1 of 1.5), less than c's 1: c is
+     served. Next cycle a (owed 0.5) may take neither from b (0.5 above: it would end owed 0.5,
+     a swap) nor from c (at its share). The rule it replaces - "the victim stays at or above its
+     fair share" - refused both victims (2 - 1 < 1.5), and c waited for a pod to finish.
+   * The newcomer among n queues holding k GPUs each (all wanting more): shares nk/(n+1), above
+     k - 1 when k <= n, so the old rule evicted nothing. Now each victim ends nk/(n+1) - (k - 1)
+     owed, less than the newcomer's nk/(n+1), as long as the newcomer is owed more than that
+     (n = k = 3: shares 2.25; the newcomer takes two GPUs, from two queues, each ending 0.25
+     owed; at 2 of 2.25 it would leave a third queue as owed as itself: it stops).
+   * A hierarchy: 4 GPUs, org (a, b) and c at the root; c wants 1: shares org 3 (a 1.5, b 1.5),
+     c 1. c and a diverge at the root: org holds 4 of 3 and ends at its share, a ends 0.5 owed,
+     both less owed than c (1): a's pod goes. Then a (owed 0.5) diverges from c at the root,
+     where org is owed nothing: nothing from outside org; inside org, b would end as owed as a.
+   * A queue owed less than a pod: a at 1 of 1.5 wanting a GPU takes it from a queue at 2.5 of
+     1.5 (that ends at its share, 0 owed < 0.5), not from one at 2 of 1.5 (a swap).
+
+   So where R' is owed at least the pod's r GPUs, any victim of no more than r GPUs whose queues
+   up to V' are above their shares may go (surplus(X) - t > -t >= -r >= surplus(R')): a queue
+   owed a whole pod (what the simulator's "below fair s" counts) is served from any borrower; one
+   owed less takes only from a queue further above its share than the pod's size.
 2. Victims are running, preemptible, not already terminating, and have run at least their
    queue's `reclaimMinRuntime` (reclaim) or `preemptMinRuntime` (preempt).
 3. On each node, victims are taken lowest priority first, then newest, until the pod fits; then
@@ -23,11 +60,16 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
 4. Never more than needed: GPUs evicted / GPUs needed <= `max_ratio` (1.1), unless a single
    victim no bigger than the whole GPUs the pod needs is evicted (a whole-GPU pod for a half-GPU
    pod: no smaller eviction exists); and at most `max_evictions` pods per cycle.
-6. Bounded time: at most `max_pending` waiting pods per cycle, and for each the `node_trials`
-   nodes holding possible victims with the most free GPU; and a work budget per cycle
-   (`Budget`: `max_trials` node searches in all), after which the remaining waiting pods are
-   not tried. What is cut off waits for a later cycle and is counted in the budget, which the
-   controller reports (metric and log). A node searched whose GPUs rule out a plan within the
+6. Bounded time, per queue and per cycle, never by a window of the oldest pods: waiting pods
+   are taken queue by queue, the most owed first (`FairnessSnapshot.order`), of each queue its
+   head (highest priority, then oldest) - at most `max_pending_per_queue` pods or gangs, a
+   gang's waiting members together - and at most `max_pending` pods or gangs in all
+   (`serving_order`); for each the `node_trials` nodes holding possible victims with the most
+   free GPU; and a work budget per cycle (`Budget`: `max_trials` node searches in all), after
+   which the remaining waiting pods are not tried. So a queue below its share is planned in the
+   first cycle after its pod fails to fit, whatever other queues' backlogs. What is cut off
+   waits for a later cycle and is counted in the budget, which the controller reports (metric
+   and log). A node searched whose GPUs rule out a plan within the
    cycle's evictions left (`fewest_evictions`, a lower bound on the pods to evict there) costs
    its trial but no trial evictions.
 5. Every plan is applied to a fork of the snapshot (victims off, pod placed) before the next one
@@ -53,12 +95,12 @@ those devices, so a later cycle neither gives them to another pod nor frees more
 Workloads are the unit (extender.policy.workloads). A running member of a gang beyond its
 workload's minimum is elastic: it goes alone, and before any other candidate on the node. A member
 at the minimum goes only with its whole gang, on every node (`ClusterSnapshot.unit_of`): rules 1
-and 2 are checked for the gang as one victim (all members eligible; its queue at or above its
-fair share without all of them), and rule 4 counts all the GPUs it frees. So no plan leaves a
+and 2 are checked for the gang as one victim (all members eligible; rule 1 with t all the GPUs
+of its members), and rule 4 counts all the GPUs it frees. So no plan leaves a
 gang below its minimum, and a gang is broken up for nobody whose need is much smaller. A waiting
 gang is served as one: its missing members are planned one after the other on a trial fork (each
-within its queue's fair share with the ones before), and the plans stand only if every member
-fits; otherwise nothing is evicted for any of them.
+by rule 1 with the ones before placed), and the plans stand only if every member fits; otherwise
+nothing is evicted for any of them.
 """
 
 from __future__ import annotations
@@ -107,7 +149,10 @@ class Rules:
     preempt_min_runtime_s: Mapping[str, float] = field(default_factory=dict)
     max_ratio: float = 1.1
     max_evictions: int = 16  # pods per cycle
-    max_pending: int = 64  # pending pods considered per cycle (bounds the planning time)
+    # Waiting pods considered per cycle (`serving_order`): of each queue its head, at most this
+    # many pods or gangs; of all queues, most owed first, at most `max_pending` pods or gangs.
+    max_pending_per_queue: int = 16
+    max_pending: int = 1024
     # Nodes searched for victims per pending pod: those with possible victims, most free first.
     node_trials: int = 16
     # Node searches per cycle, all pending pods together (the cycle's work budget, see `Budget`).
@@ -182,6 +227,10 @@ def reclaim_refusal(
     """Why a pod of `reclaimer` asking `request` may not take `taken` from a pod of `victim`
     ('' when it may): rule 1 of the module docstring, on the GPU resources the pod asks for.
 
+    With R' and V' the queues where the two paths diverge: every queue from the reclaimer up to
+    R' is below its fair share (owed); every queue from the victim's up to V' is above its own,
+    and ends, `taken` poorer, less owed than R' is now. Worked examples in the module docstring.
+
     A running pod also holds its GPU model's resource (`gpu/<model>`), which a pending pod that
     takes any model does not ask for; the victim's share of that resource is no reason to keep
     GPUs from such a pod (the victim queue may be the only one holding the model, so its share
@@ -192,23 +241,36 @@ def reclaim_refusal(
         return "reclaim is between queues"
     up_reclaimer, up_victim = _diverging(fairness, reclaimer, victim)
     tree, shares = fairness.tree, fairness.fair_shares
+
+    def standing(queue: str, resource: str) -> tuple[float, float]:
+        return tree.subtree(queue, "allocated", resource), shares.get(queue, {}).get(resource, 0.0)
+
     for queue in up_reclaimer:
-        for resource, amount in wanted.items():
-            held, fair = tree.subtree(queue, "allocated", resource), shares.get(queue, {}).get(resource, 0.0)
-            if held + amount > fair + EPSILON:
+        for resource in wanted:
+            held, fair = standing(queue, resource)
+            if held >= fair - EPSILON:
                 return (
-                    f"queue '{queue}' would go above its fair share ({resource} "
-                    f"{format_amount(resource, held)} + {format_amount(resource, amount)} > "
-                    f"{format_amount(resource, fair)})"
+                    f"queue '{queue}' is not below its fair share ({resource} "
+                    f"{format_amount(resource, held)} of {format_amount(resource, fair)})"
                 )
-    for queue in up_victim:
-        for resource, amount in freed.items():
-            held, fair = tree.subtree(queue, "allocated", resource), shares.get(queue, {}).get(resource, 0.0)
-            if held - amount < fair - EPSILON:
+    diverging = up_reclaimer[-1]  # R'
+    for resource, amount in freed.items():
+        reclaimer_held, reclaimer_fair = standing(diverging, resource)
+        owed = reclaimer_fair - reclaimer_held
+        for queue in up_victim:
+            held, fair = standing(queue, resource)
+            if held <= fair + EPSILON:
                 return (
-                    f"queue '{queue}' would fall below its fair share ({resource} "
-                    f"{format_amount(resource, held)} - {format_amount(resource, amount)} < "
-                    f"{format_amount(resource, fair)})"
+                    f"queue '{queue}' is not above its fair share ({resource} "
+                    f"{format_amount(resource, held)} of {format_amount(resource, fair)})"
+                )
+            if fair - (held - amount) >= owed - EPSILON:
+                return (
+                    f"queue '{queue}' would end {format_amount(resource, fair - held + amount)} below "
+                    f"its fair share ({resource} {format_amount(resource, held)} - "
+                    f"{format_amount(resource, amount)} of {format_amount(resource, fair)}), no less than "
+                    f"queue '{diverging}' is now ({format_amount(resource, reclaimer_held)} of "
+                    f"{format_amount(resource, reclaimer_fair)}): no fairer"
                 )
     return ""
 
@@ -348,13 +410,20 @@ def _gpu_share_text(fairness: FairnessSnapshot, queue: str) -> str:
 
 
 def _goal_for(fairness: FairnessSnapshot, waiting: PendingPod) -> Goal | None:
+    """Reclaim for a pod of a queue below its fair share (holding less than it, in every GPU
+    resource the pod asks for), however little below: whether a victim may give is decided per
+    victim by `reclaim_refusal`, in whole pods. A queue at 1 of a fair share of 1.5 wanting a
+    GPU may take it from a queue holding 2.5 of 1.5 (that one ends at its share, 0 below, less
+    owed than the reclaimer's 0.5), not from one holding 2 of 1.5 (it would end 0.5 below, as
+    owed as the reclaimer was: a swap, no fairer). Preempt (its own lower-priority pods) for a
+    queue at or within its fair share; nothing for a queue above it."""
     tree, shares = fairness.tree, fairness.fair_shares
     wanted = gpu_amounts(waiting.resources)
     if waiting.queue not in tree.specs or not wanted:
         return None
     below = all(
-        tree.subtree(waiting.queue, "allocated", r) + a <= shares.get(waiting.queue, {}).get(r, 0.0) + EPSILON
-        for r, a in wanted.items()
+        tree.subtree(waiting.queue, "allocated", r) < shares.get(waiting.queue, {}).get(r, 0.0) - EPSILON
+        for r in wanted
     )
     if below:
         return "reclaim"
@@ -646,13 +715,50 @@ def planning_fork(snapshot: ClusterSnapshot) -> ClusterSnapshot:
     return fork
 
 
-def serving_order(fairness: FairnessSnapshot, pending: Sequence[PendingPod], limit: int) -> list[PendingPod]:
-    """Waiting pods in the order plans serve them: most deserving queue first, then within a queue
-    highest priority, then oldest; at most `limit` pods (bounds the planning time)."""
+def serving_order(
+    fairness: FairnessSnapshot, pending: Sequence[PendingPod], per_queue: int, limit: int
+) -> list[PendingPod]:
+    """Waiting pods in the order plans serve them: queue by queue, the most owed first
+    (`FairnessSnapshot.order`: below its fair share first, over whole subtrees, so across the
+    hierarchy), and of each queue its head - highest priority, then oldest - at most `per_queue`
+    units: a pod, or a gang's waiting members, listed together (one unit, however many). At most
+    `limit` units in all, taken in that order, so the queues that lose out are the least owed;
+    a gang is never split. Pods of a queue the tree does not know are left out.
+
+    No window of the oldest pods across queues: a borrower's backlog, however long, takes at most
+    `per_queue` places, behind every queue more owed (before, the 64 oldest waiting pods were
+    taken and only then ordered by queue: 64 of a borrower's older pods hid every starved queue,
+    and the window cut gangs in pieces)."""
     by_queue: dict[str, list[PendingPod]] = {}
-    for pod in sorted(pending, key=lambda p: (-p.priority, p.created, p.key))[:limit]:
+    for pod in pending:
         by_queue.setdefault(pod.queue, []).append(pod)
-    return [pod for queue in fairness.order() for pod in by_queue.get(queue, ())]
+    order: list[PendingPod] = []
+    units = 0
+    for queue in fairness.order():
+        pods = by_queue.get(queue)
+        if not pods:
+            continue
+        pods.sort(key=lambda p: (-p.priority, p.created, p.key))
+        gangs: dict[str, list[PendingPod]] = {}
+        for pod in pods:
+            if pod.workload:
+                gangs.setdefault(pod.workload, []).append(pod)
+        taken = 0
+        for pod in pods:
+            if taken >= per_queue or units >= limit:
+                break
+            if pod.workload:
+                members = gangs.pop(pod.workload, None)
+                if members is None:
+                    continue  # listed with its gang's first member
+                order.extend(members)
+            else:
+                order.append(pod)
+            taken += 1
+            units += 1
+        if units >= limit:
+            break
+    return order
 
 
 def place_if_it_fits(fork: ClusterSnapshot, waiting: PendingPod, search: Search | None = None) -> str | None:
@@ -843,7 +949,11 @@ def plan(
     search = Search(fork, fit_index)
     served = Served()
     evictions_left = rules.max_evictions
-    order = serving_order(fork.fairness, pending, rules.max_pending)
+    order = serving_order(fork.fairness, pending, rules.max_pending_per_queue, rules.max_pending)
+    gangs: dict[str, list[PendingPod]] = {}  # a gang's waiting members (listed together)
+    for waiting in order:
+        if waiting.workload:
+            gangs.setdefault(waiting.workload, []).append(waiting)
     served_gangs: set[str] = set()
     for waiting in order:
         if evictions_left <= 0:
@@ -856,7 +966,7 @@ def plan(
         if waiting.workload:
             if waiting.workload not in served_gangs:
                 served_gangs.add(waiting.workload)
-                members = [p for p in order if p.workload == waiting.workload]
+                members = gangs[waiting.workload]
                 for done in _plan_gang(fork, search, served, members, now, rules, evictions_left, work) or ():
                     evictions_left -= len(done.evictions)
             continue
@@ -865,4 +975,29 @@ def plan(
             work.cut_off += work.refused > refused  # its search stopped short
             continue
         evictions_left -= sum(len(done.evictions) for done in served.plans[planned:])
+    _ride_beyond_the_cap(fork, search, served, pending, order)
     return served.plans
+
+
+def _ride_beyond_the_cap(
+    fork: ClusterSnapshot,
+    search: Search,
+    served: Served,
+    pending: Sequence[PendingPod],
+    order: Sequence[PendingPod],
+) -> None:
+    """Pods left out of the cycle by the per-queue cap get no plan of their own, but may still
+    ride on shares the cycle's plans freed and their pods did not take (rule 7; a fit, no
+    search): a queue's 17th half-GPU pod takes the other half of the GPU evicted for its 16th,
+    rather than leave it to the next cycle's first comer and a plan at evicted/needed 2.0."""
+    if not served.freeing:
+        return
+    listed = {pod.key for pod in order}
+    rest = [pod for pod in pending if pod.key not in listed and not pod.workload]
+    for waiting in serving_order(fork.fairness, rest, len(rest), len(rest)):
+        if not served.freeing:
+            return
+        if waiting.key in fork.running or _goal_for(fork.fairness, waiting) is None:
+            continue
+        if place_if_it_fits(fork, waiting, search):
+            served.ride(fork, waiting, True)

@@ -646,7 +646,8 @@ class _Replay:
         del self.waiting[pod.index]
         self.running[pod.index] = pod
         self.ledger.put(
-            pod.key, Contribution(pod.queue, "allocated", self._running_vector(pod), preemptible=pod.preemptible)
+            pod.key,
+            Contribution(pod.queue, "allocated", self._running_vector(pod), preemptible=pod.preemptible),
         )
         self._push(now + pod.duration, _Event.FINISH, pod)
         self.version += 1

@@ -3,14 +3,14 @@ in; evictions and placements out. The arithmetic of each case is in its comment.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
 from contract.names import GPU_MILLI
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
-from extender.policy.reclaim import Budget, PendingPod, Rules, plan, reclaim_refusal
+from extender.policy.reclaim import Budget, PendingPod, Plan, Rules, plan, reclaim_refusal, serving_order
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 
 NOW = 10_000.0
@@ -40,6 +40,8 @@ class Wait:
     milli: int = GPU_MILLI
     priority: int = 0
     model: str = ""
+    age_s: float = 0.0  # how long it has waited (created at NOW - age_s)
+    workload: str = ""  # a gang waiting whole
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,13 @@ def build(case: Scenario) -> tuple[ClusterSnapshot, list[PendingPod]]:
         models = frozenset({wait.model}) if wait.model else frozenset()
         pending.append(
             PendingPod(
-                wait.key, wait.queue, GpuDemand(wait.gpus, wait.milli, models), {"gpu": amount}, wait.priority
+                wait.key,
+                wait.queue,
+                GpuDemand(wait.gpus, wait.milli, models),
+                {"gpu": amount},
+                wait.priority,
+                NOW - wait.age_s,
+                workload=wait.workload,
             )
         )
     usage = {
@@ -291,8 +299,8 @@ def test_reclaim_scenario(case: Scenario) -> None:
 
 
 def test_refusal_names_the_queue_and_the_numbers() -> None:
-    # b holds 2 = its fair share 2 (a wants 6 of 8 with quota 6): taking one of b's GPUs for a is
-    # refused, the message naming b and the arithmetic.
+    # b holds 2 = its fair share 2 (a wants 6 of 8 with quota 6): b is no borrower, so taking one
+    # of b's GPUs for a is refused, the message naming b and the numbers.
     snapshot, _ = build(
         Scenario(
             "",
@@ -305,7 +313,7 @@ def test_refusal_names_the_queue_and_the_numbers() -> None:
         )
     )
     refusal = reclaim_refusal(snapshot.fairness, "a", {"gpu": 1}, "b", {"gpu": 1})
-    assert refusal == "queue 'b' would fall below its fair share (gpu 2 - 1 < 2)"
+    assert refusal == "queue 'b' is not above its fair share (gpu 2 of 2)"
 
 
 def test_a_node_that_tracks_cpu_gives_it_back_on_eviction() -> None:
@@ -370,9 +378,9 @@ def test_a_victims_model_resource_does_not_block_a_pod_that_takes_any_model() ->
     fairness = FairnessSnapshot.build([q("a", quota=4), q("b", quota=4)], usage, {"gpu": 8.0, model: 8.0})
     assert fairness.fair_shares["a"][model] == 8.0
     assert reclaim_refusal(fairness, "b", {"gpu": 1.0}, "a", {"gpu": 1.0, model: 1.0}) == ""
-    # A pod that asks for the model is checked on it too.
+    # A pod that asks for the model is checked on it too: b's share of it is 0 (b never asked).
     refusal = reclaim_refusal(fairness, "b", {"gpu": 1.0, model: 1.0}, "a", {"gpu": 1.0, model: 1.0})
-    assert refusal.startswith(f"queue 'b' would go above its fair share ({model}")
+    assert refusal == f"queue 'b' is not below its fair share ({model} 0 of 0)"
 
 
 @pytest.mark.parametrize(
@@ -410,3 +418,369 @@ def test_a_cycle_stops_at_its_work_budget_and_counts_what_it_cut_off(
     assert [p.pod.key for p in plans] == served
     assert work.cut_off == cut_off
     assert work.trials == 0 or cut_off == 0
+
+
+# ---- the reclaim rule: every move makes things fairer, in whole pods ----------------------------
+#
+# A queue's surplus is what its subtree holds minus its fair share (negative: it is owed). A pod
+# of R may take `taken` from a pod of V when, with R' and V' the queues where their paths diverge,
+# every queue from R up to R' is owed, every queue from V up to V' has a surplus, and each of
+# those ends owed less than R' is now. (Before: V's side had to stay at or above its share, which
+# fractional shares never allow for a whole GPU.)
+
+
+def standing(
+    held: dict[str, float], shares: dict[str, float], parents: dict[str, str] | None = None
+) -> FairnessSnapshot:
+    """Queues holding `held` GPUs with the fair shares given (as a planner's fork reads them)."""
+    parents = parents or {}
+    specs = [QueueSpec(name, parent=parents.get(name)) for name in shares]
+    usage = {name: QueueUsage({"gpu": held.get(name, 0.0)}, {}) for name in shares}
+    return FairnessSnapshot(
+        tuple(specs), usage, {"gpu": sum(held.values())}, {n: {"gpu": s} for n, s in shares.items()}
+    )
+
+
+ORG = {"a": "org", "b": "org"}  # org (a, b) and c at the root
+
+REFUSALS = [
+    # (case, held, shares, parents, reclaimer, victim, GPUs taken, refusal ('' = allowed))
+    # c owed 1 (0 of 1); a 0.5 above (2 of 1.5) ends 0.5 below (1 of 1.5): less owed than c was.
+    # The old rule refused it: 2 - 1 < 1.5.
+    (
+        "owed a GPU, from a queue half a GPU above",
+        {"a": 2, "b": 2, "c": 0},
+        {"a": 1.5, "b": 1.5, "c": 1},
+        None,
+        "c",
+        "a",
+        1,
+        "",
+    ),
+    # r owed 0.5 (1 of 1.5); v 1 above (2.5 of 1.5) ends at its share: 0 < 0.5 owed.
+    (
+        "owed half a GPU, from a queue a GPU above",
+        {"r": 1, "v": 2.5},
+        {"r": 1.5, "v": 1.5},
+        None,
+        "r",
+        "v",
+        1,
+        "",
+    ),
+    # v 0.5 above would end 0.5 below, as owed as r is now: a swap, no fairer (and its reverse
+    # would be allowed by the same numbers: ping-pong).
+    (
+        "owed half a GPU, from a queue half a GPU above",
+        {"r": 1, "v": 2},
+        {"r": 1.5, "v": 1.5},
+        None,
+        "r",
+        "v",
+        1,
+        "queue 'v' would end 0.5 below its fair share (gpu 2 - 1 of 1.5), no less than queue 'r' is now "
+        "(1 of 1.5): no fairer",
+    ),
+    # The newcomer among 3 queues holding 3 of 9 GPUs each: shares 9 / 4 = 2.25. A victim ends 0.25
+    # below (2 of 2.25), the newcomer was 2.25 below; at 2 of 2.25 itself, it would be a swap.
+    ("the newcomer", {"d": 0, "v": 3}, {"d": 2.25, "v": 2.25}, None, "d", "v", 1, ""),
+    (
+        "the newcomer 0.25 below",
+        {"d": 2, "v": 3},
+        {"d": 2.25, "v": 2.25},
+        None,
+        "d",
+        "v",
+        1,
+        "queue 'v' would end 0.25 below its fair share (gpu 3 - 1 of 2.25), no less than queue 'd' is now "
+        "(2 of 2.25): no fairer",
+    ),
+    # Only an owed queue reclaims, only from one above its share.
+    (
+        "a reclaimer at its share",
+        {"r": 2, "v": 5},
+        {"r": 2, "v": 2},
+        None,
+        "r",
+        "v",
+        1,
+        "queue 'r' is not below its fair share (gpu 2 of 2)",
+    ),
+    (
+        "a victim at its share",
+        {"r": 0, "v": 2},
+        {"r": 2, "v": 2},
+        None,
+        "r",
+        "v",
+        1,
+        "queue 'v' is not above its fair share (gpu 2 of 2)",
+    ),
+    # All the victim's GPUs count: r owed 2; v 1 above gives a 2-GPU pod, ends 1 below (fairer),
+    # or a 3-GPU pod, ends 2 below (no fairer).
+    ("a 2-GPU victim", {"r": 0, "v": 3}, {"r": 2, "v": 2}, None, "r", "v", 2, ""),
+    (
+        "a 3-GPU victim",
+        {"r": 0, "v": 3},
+        {"r": 2, "v": 2},
+        None,
+        "r",
+        "v",
+        3,
+        "queue 'v' would end 2 below its fair share (gpu 3 - 3 of 2), no less than queue 'r' is now "
+        "(0 of 2): no fairer",
+    ),
+    # A hierarchy: 4 GPUs, shares org 3 (a 1.5, b 1.5), c 1. c and a diverge at the root: c owed 1;
+    # org (4 of 3) ends at its share, a (2 of 1.5) 0.5 below, both less owed than c was.
+    (
+        "c from a, across the root",
+        {"a": 2, "b": 2, "c": 0, "org": 0},
+        {"org": 3, "a": 1.5, "b": 1.5, "c": 1},
+        ORG,
+        "c",
+        "a",
+        1,
+        "",
+    ),
+    # a (1 of 1.5, owed) against c (1 of 1): they diverge at the root, where org (3 of 3) is owed
+    # nothing: not from outside org. Inside org, b (2 of 1.5) would end as owed as a: no fairer.
+    (
+        "a from c, across the root",
+        {"a": 1, "b": 2, "c": 1, "org": 0},
+        {"org": 3, "a": 1.5, "b": 1.5, "c": 1},
+        ORG,
+        "a",
+        "c",
+        1,
+        "queue 'org' is not below its fair share (gpu 3 of 3)",
+    ),
+    (
+        "a from b, inside org",
+        {"a": 1, "b": 2, "c": 1, "org": 0},
+        {"org": 3, "a": 1.5, "b": 1.5, "c": 1},
+        ORG,
+        "a",
+        "b",
+        1,
+        "queue 'b' would end 0.5 below its fair share (gpu 2 - 1 of 1.5), no less than queue 'a' is now "
+        "(1 of 1.5): no fairer",
+    ),
+    # org above its share (4 of 3) but b at its own (1 of 1, a 3 of 2): b gives nothing, a does.
+    (
+        "c from b at its share inside a borrowing org",
+        {"a": 3, "b": 1, "c": 0, "org": 0},
+        {"org": 3, "a": 2, "b": 1, "c": 1},
+        ORG,
+        "c",
+        "b",
+        1,
+        "queue 'b' is not above its fair share (gpu 1 of 1)",
+    ),
+    (
+        "c from a above its share inside a borrowing org",
+        {"a": 3, "b": 1, "c": 0, "org": 0},
+        {"org": 3, "a": 2, "b": 1, "c": 1},
+        ORG,
+        "c",
+        "a",
+        1,
+        "",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("held", "shares", "parents", "reclaimer", "victim", "taken", "refusal"),
+    [row[1:] for row in REFUSALS],
+    ids=[f"{row[0]}: {row[4]} from {row[5]}" for row in REFUSALS],
+)
+def test_a_reclaim_leaves_the_victim_less_owed_than_the_reclaimer_was(
+    held: dict[str, float],
+    shares: dict[str, float],
+    parents: dict[str, str] | None,
+    reclaimer: str,
+    victim: str,
+    taken: float,
+    refusal: str,
+) -> None:
+    fairness = standing(held, shares, parents)
+    assert reclaim_refusal(fairness, reclaimer, {"gpu": 1.0}, victim, {"gpu": taken}) == refusal
+
+
+def after(case: Scenario, plans: list[Plan]) -> Scenario:
+    """The next cycle's state: the plans' victims waiting again, their pods running (just started)."""
+    evicted = {e.pod.key for p in plans for e in p.evictions}
+    served = {p.pod.key: p.node for p in plans}
+    waits = {w.key: w for w in case.pending}
+    return replace(
+        case,
+        running=[r for r in case.running if r.key not in evicted]
+        + [Run(key, waits[key].queue, node, gpus=waits[key].gpus, age_s=0) for key, node in served.items()],
+        pending=[w for w in case.pending if w.key not in served]
+        + [Wait(r.key, r.queue, gpus=r.gpus, age_s=r.age_s) for r in case.running if r.key in evicted],
+    )
+
+
+def older(queue: str, count: int, start: int = 0) -> list[Wait]:
+    """`count` waiting one-GPU pods of `queue`, each older than any pod of the scenario's others."""
+    return [Wait(f"{queue}{i}", queue, age_s=100_000.0 - i) for i in range(start, start + count)]
+
+
+def runs(queue: str, count: int, node: str, age_s: float) -> list[Run]:
+    """`count` one-GPU pods of `queue` on `node`, the higher index the younger."""
+    return [Run(f"{queue}{i}", queue, node, age_s=age_s - i) for i in range(count)]
+
+
+FAIRER = [
+    # 4 GPUs; a and b hold 2 each and wait for 2 more, c waits for 1 (no quotas): shares c 1, a 1.5,
+    # b 1.5. c is owed 1; a's newest pod goes (a ends at 1 of 1.5, 0.5 below: less owed than c
+    # was). Before: both victims would fall below 1.5, nothing was evicted, c waited.
+    Scenario(
+        "fractional shares: a queue owed a GPU is served",
+        nodes={"n1": 4},
+        queues=[q("a"), q("b"), q("c")],
+        running=runs("a", 2, "n1", age_s=100) + runs("b", 2, "n1", age_s=200),
+        pending=[*older("a", 2, start=2), *older("b", 2, start=2), Wait("c0", "c")],
+        evicted={"a1"},
+        served={"c0": "n1"},
+    ),
+    # The same one level down: org (a, b) and c at the root; shares org 3 (a 1.5, b 1.5), c 1.
+    # Where c and a diverge (the root) org holds 4 of 3: it ends at its share, a 0.5 below.
+    Scenario(
+        "fractional shares in a hierarchy",
+        nodes={"n1": 4},
+        queues=[q("org"), q("a", "org"), q("b", "org"), q("c")],
+        running=runs("a", 2, "n1", age_s=100) + runs("b", 2, "n1", age_s=200),
+        pending=[*older("a", 2, start=2), *older("b", 2, start=2), Wait("c0", "c")],
+        evicted={"a1"},
+        served={"c0": "n1"},
+    ),
+    # The newcomer d among a, b, c holding 3 of 9 GPUs each (all want more): shares 2.25. d0 takes
+    # c's newest pod (c ends 0.25 below; d was 2.25 below), d1 one of b's (c, at 2 of 2.25, has no
+    # surplus left; d was 1.25 below); d2 would leave a 0.25 below, as owed as d is then: waits.
+    Scenario(
+        "the newcomer among n queues holding k GPUs each (share nk/(n+1) > k - 1)",
+        nodes={"n1": 9},
+        queues=[q("a"), q("b"), q("c"), q("d")],
+        running=runs("a", 3, "n1", age_s=300) + runs("b", 3, "n1", age_s=200) + runs("c", 3, "n1", age_s=100),
+        pending=[*older("a", 3, start=3), *older("b", 3, start=3), *older("c", 3, start=3)]
+        + [Wait(f"d{i}", "d", age_s=3 - i) for i in range(3)],
+        evicted={"c2", "b2"},
+        served={"d0": "n1", "d1": "n1"},
+    ),
+    # 5 GPUs; quotas r 1.5, v 1.5, w 2; r holds 1 and wants 1 more, v holds 2.5 (a half and two
+    # whole GPUs), w holds 1.5 and wants no more. Guarantees 1.5 each, the 0.5 left split between
+    # r and v: shares r 1.75, v 1.75, w 1.5. r is owed 0.75, less than its pod: before, 1 + 1 >
+    # 1.75 made its goal "preempt" and nothing was planned. v's newest whole pod goes: v ends 0.25
+    # below (1.5 of 1.75), less owed than r's 0.75.
+    Scenario(
+        "a queue owed less than a pod takes it from a queue further above its share",
+        nodes={"n1": 5},
+        queues=[q("r", quota=1.5), q("v", quota=1.5), q("w", quota=2)],
+        running=[
+            Run("v0", "v", "n1", milli=500, gpu=0, age_s=300),
+            Run("w0", "w", "n1", milli=500, gpu=0, age_s=300),
+            Run("v1", "v", "n1", age_s=200),
+            Run("v2", "v", "n1", age_s=100),
+            Run("r0", "r", "n1", age_s=100),
+            Run("w1", "w", "n1", age_s=300),
+        ],
+        pending=[Wait("r1", "r")],
+        evicted={"v2"},
+        served={"r1": "n1"},
+    ),
+]
+
+BACKLOGS = [
+    # 8 GPUs; a (quota 4) holds 8 and has `backlog` older pods waiting; b (quota 4) waits for 1:
+    # shares b 1, a 7. b is the most owed queue: planned first whatever a's backlog. Before, the 64
+    # oldest waiting pods were all a's: b was not looked at.
+    Scenario(
+        f"a borrower's backlog of {backlog} older pods hides no starved queue",
+        nodes={"n1": 8},
+        queues=[q("a", quota=4), q("b", quota=4)],
+        running=runs("a", 8, "n1", age_s=200_000),
+        pending=[*older("a", backlog, start=8), Wait("b0", "b")],
+        evicted={"a7"},
+        served={"b0": "n1"},
+    )
+    for backlog in (64, 2000)
+] + [
+    # 2 x 8 GPUs; a (quota 8) holds 16 and has 60 older pods waiting; b (quota 8) waits with a gang
+    # of 8 (shares 8 / 8). The gang is planned whole: a's 8 newest pods (all on n2) go, one per
+    # member. Before, 60 + 4 members filled the window of 64: 4 members were planned, which cannot
+    # start without the other 4.
+    Scenario(
+        "a gang behind a borrower's backlog is planned whole",
+        nodes={"n1": 8, "n2": 8},
+        queues=[q("a", quota=8), q("b", quota=8)],
+        running=[
+            replace(r, node="n1" if i < 8 else "n2") for i, r in enumerate(runs("a", 16, "n1", 200_000))
+        ],
+        pending=[*older("a", 60, start=16)]
+        + [Wait(f"g{i}", "b", age_s=8 - i, workload="Job/ns/gang") for i in range(8)],
+        evicted={f"a{i}" for i in range(8, 16)},
+        served={f"g{i}": "n2" for i in range(8)},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FAIRER + BACKLOGS, ids=lambda c: c.name)
+def test_reclaim_serves_every_starved_queue(case: Scenario) -> None:
+    test_reclaim_scenario(case)
+
+
+@pytest.mark.parametrize("case", FAIRER, ids=lambda c: c.name)
+def test_the_next_cycle_undoes_nothing(case: Scenario) -> None:
+    # The plan carried out, its victims waiting again: every queue's surplus in the next state is
+    # where the rule leaves it, so no reclaim is fairer, the reverse one least of all.
+    snapshot, pending = build(case)
+    first = plan(snapshot, pending, NOW, case.rules)
+    assert first
+    snapshot, pending = build(after(case, first))
+    assert plan(snapshot, pending, NOW, case.rules) == []
+
+
+@pytest.mark.parametrize("case", [c for c in SCENARIOS if c.served], ids=lambda c: c.name)
+def test_no_pod_served_is_a_victim_of_the_next_cycle(case: Scenario) -> None:
+    # Where a cycle may rightly plan more (its eviction cap was reached), none of it undoes this one.
+    snapshot, pending = build(case)
+    first = plan(snapshot, pending, NOW, case.rules)
+    snapshot, pending = build(after(case, first))
+    served = {p.pod.key for p in first}
+    assert served
+    assert not served & {e.pod.key for p in plan(snapshot, pending, NOW, case.rules) for e in p.evictions}
+
+
+@pytest.mark.parametrize(
+    ("per_queue", "limit", "order"),
+    [
+        # b is below its fair share (3 of 8 GPUs, holding 0), a above (holds 8 of 5): b first. In b:
+        # b2 (priority 5), then by age the gang g (g0, g1: one unit), b0, b1. a's pods are older
+        # than all of b's, and come after them.
+        (16, 1024, ["b2", "g0", "g1", "b0", "b1", "a0", "a1", "a2", "a3", "a4"]),
+        (2, 1024, ["b2", "g0", "g1", "a0", "a1"]),  # 2 units per queue: the gang is one
+        (1, 2, ["b2", "a0"]),
+        (16, 2, ["b2", "g0", "g1"]),  # 2 units in all: the gang whole, never split
+        (1, 1, ["b2"]),
+    ],
+)
+def test_serving_order_takes_each_queues_head_most_owed_queue_first(
+    per_queue: int, limit: int, order: list[str]
+) -> None:
+    usage = {"a": QueueUsage({"gpu": 8.0}, {"gpu": 5.0}), "b": QueueUsage({}, {"gpu": 5.0})}
+    fairness = FairnessSnapshot.build([q("a", quota=4), q("b", quota=4)], usage, {"gpu": 8.0})
+    assert fairness.order()[0] == "b"
+
+    def pod(key: str, queue: str, created: float, priority: int = 0, workload: str = "") -> PendingPod:
+        return PendingPod(key, queue, GpuDemand(1), {"gpu": 1.0}, priority, created, workload=workload)
+
+    pending = [
+        *(pod(f"a{i}", "a", float(i)) for i in range(5)),
+        pod("b1", "b", 11.0),
+        pod("g1", "b", 6.0, workload="Job/ns/g"),
+        pod("b0", "b", 10.0),
+        pod("g0", "b", 5.0, workload="Job/ns/g"),
+        pod("b2", "b", 20.0, priority=5),
+    ]
+    assert [p.key for p in serving_order(fairness, pending, per_queue, limit)] == order

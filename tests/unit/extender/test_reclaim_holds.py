@@ -162,7 +162,11 @@ def test_half_gpu_pods_cost_one_eviction_per_two_of_them(nodes: int, a_pods: int
         "halves", names, [q("a", quota=a_pods / 2), q("b", quota=a_pods / 2)], running, b_halves(halves), []
     )
     snapshot, pending = snapshot_with_holds(case)
-    plans = plan(snapshot, pending, NOW, Rules(max_evictions=32, max_trials=1024))
+    # Every half in one cycle: the per-queue cap (16 pods by default) would leave 24's last 8 to
+    # the next cycle.
+    plans = plan(
+        snapshot, pending, NOW, Rules(max_evictions=32, max_trials=1024, max_pending_per_queue=halves)
+    )
     victims = [e.pod.key for done in plans for e in done.evictions]
     assert len(victims) == len(set(victims)) == halves // 2
     assert all(done.ratio == 1.0 for done in plans)

@@ -325,28 +325,34 @@ def halves(nodes: int, gpus: int, count: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize("delay", [0.0, 30.0])
 @pytest.mark.parametrize(
-    ("workload", "evictions"),
+    ("workload", "evictions", "worst"),
     [
         # 4 GPUs, a borrowed all; b's 4 halves need 2 GPUs (its share is 2): 2 evictions, one per
         # 2 halves (before: 3, one pod evicted twice - the holds of b0 and b2 were packed on one
         # GPU and a's evicted pod took the other freed one back whole).
-        (halves(1, 4, 4), 2),
+        (halves(1, 4, 4), 2, 1.0),
         # 2 x 8 GPUs, b's 16 halves need 8 GPUs: 8 evictions (before: 15, a pod evicted 4 times).
-        (halves(2, 8, 16), 8),
-        # docs/queues.md's table: halves, quarters and whole GPUs in two bursts, 8 + 6 GPUs needed
-        # (before: 20 evictions for 8.75 GPUs, plans up to 4 GPUs evicted per GPU needed).
-        ("fractions.yaml", 14),
+        (halves(2, 8, 16), 8, 1.0),
+        # docs/queues.md's table: halves, quarters and whole GPUs in two bursts, 8 + 6 GPUs used
+        # by infer: 14 evictions (before: 20 for 8.75 GPUs, plans up to 4 GPUs evicted per GPU
+        # needed). The second burst comes a half and a quarter every 2 s: a plan made when only
+        # a half, or a half and a quarter, wait evicts one GPU for 0.5 or 0.75 (the least
+        # eviction there is then: 2.0 or 4/3 at plan time); the pods arriving next take the rest
+        # a cycle later, free, so no GPU evicted goes unused.
+        ("fractions.yaml", 14, 2.0),
     ],
     ids=["4 halves", "16 halves", "fractions.yaml"],
 )
-def test_fractions_evict_what_they_need(workload: dict[str, Any] | str, evictions: int, delay: float) -> None:
+def test_fractions_evict_what_they_need(
+    workload: dict[str, Any] | str, evictions: int, worst: float, delay: float
+) -> None:
     if isinstance(workload, str):
         result = run_queue_workload(load_workload(EXAMPLES / workload), termination_delay_s=delay)
     else:
         result = run_queue_workload(parse_workload({"name": "case", **workload}), termination_delay_s=delay)
     assert len(result.evictions) == evictions
-    assert result.gpus_evicted == result.gpus_needed == evictions  # every plan at evicted/needed 1.0
-    assert result.max_plan_ratio == 1.0
+    assert result.gpus_evicted == evictions  # one whole-GPU victim per GPU the served pods use
+    assert result.max_plan_ratio <= worst + 1e-9
     assert result.late_evictions == 0  # no victim had started on GPUs freed for a waiting pod
 
 
@@ -360,3 +366,41 @@ def test_a_held_pod_that_admission_refuses_gives_its_gpus_back(delay: float) -> 
     result = run_queue_workload(load_workload(EXAMPLES / "mixed.yaml"), termination_delay_s=delay)
     assert result.idle_gpu_s_while_fitting_pod_waits == 0.0
     assert all(q.finished == q.pods for q in result.queues)
+
+
+@pytest.mark.parametrize(
+    ("example", "starved"),
+    [
+        # Shares 1.5 / 1.5 / 1: c is owed a whole GPU; a or b gives one (ending 0.5 owed).
+        ("fractional-shares", "c"),
+        ("fractional-hierarchy", "c"),  # the same below a parent queue
+        # 3 queues holding 3 of 9 GPUs each, shares 2.25: the newcomer gets 2 at once.
+        ("newcomer", "d"),
+        ("backlog", "b"),  # b (share 1) behind 64 older pods of a borrower
+        ("gang-backlog", "b"),  # b's gang of 8 behind 60
+    ],
+)
+def test_a_queue_owed_a_pod_is_served_within_a_minute(example: str, starved: str) -> None:
+    # Before (the victim had to stay at or above its share; the planner looked at the 64 oldest
+    # waiting pods only) the starved queue waited for pods to finish: 3990, 3990, 5990, 4990 and
+    # 5040 s owed at least one of its pods.
+    result = run_queue_workload(load_workload(EXAMPLES / f"{example}.yaml"))
+    summary = next(q for q in result.queues if q.name == starved)
+    assert summary.below_fair_share_s <= 60
+    assert result.ping_pong == 0
+
+
+@pytest.mark.parametrize("backlog", [63, 64, 1000])
+def test_a_starved_queue_is_served_at_once_whatever_the_borrowers_backlog(backlog: int) -> None:
+    # 8 GPUs, a (quota 4) runs 8 pods with `backlog` more waiting, all older than b's one pod (b
+    # quota 4, share 1): b's pod is planned in the reclaim cycle after it arrives, one of a's goes.
+    result = run(
+        [{"name": "n", "gpus": 8, "cpu": 64, "memory": "512Gi"}],
+        [queue("a", 4), queue("b", 4)],
+        [job("a-train", "a", 8 + backlog, duration=5000), job("b-job", "b", 1, arrival=10, duration=600)],
+    )
+    b = next(q for q in result.queues if q.name == "b")
+    assert b.p95_wait_s <= 1.0
+    assert [(e.time, e.victim_queue, e.served) for e in result.evictions] == [
+        (10.0, "a", f"b-job/{8 + backlog}")
+    ]
