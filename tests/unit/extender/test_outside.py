@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from contract.names import CLASSIC_GPU_RESOURCE, NAMESPACE_QUEUE_LABEL
+from extender.controllers.outside import BYPASS_CONDITION, bypassing
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
 from extender.picture.workloads import rehold_slots
 from extender.policy.placement import GpuDemand, NodeGpus, node_supply
@@ -187,3 +188,38 @@ def test_rehold_slots(
         )
         == after
     )
+
+
+def marked(pod: dict[str, Any]) -> dict[str, Any]:
+    condition = {"type": BYPASS_CONDITION, "status": "True", "reason": "BypassesQueue", "message": "m"}
+    return {**pod, "status": {**pod["status"], "conditions": [condition]}}
+
+
+# (case, the pod and its claim) -> whether it is to be marked as bypassing its queue
+MARKS = [
+    ("default-scheduler pod holding a GPU", gpu_pod("p", "default-scheduler", "a", "gpu-0"), True),
+    (
+        "the same, marked already",
+        [
+            marked(pod) if pod["kind"] == "Pod" else pod
+            for pod in gpu_pod("p", "default-scheduler", "a", "gpu-0")
+        ],
+        False,
+    ),
+    ("Tessera's pod holding a GPU", gpu_pod("p", TESSERA, "a", "gpu-0"), False),
+    ("default-scheduler pod without GPUs", [objects.pod("ns", "p", node_name="a")], False),
+    ("default-scheduler pod waiting for a GPU", gpu_pod("p", "default-scheduler", None, None), False),
+]
+
+
+@pytest.mark.parametrize(("objs", "expected"), [case[1:] for case in MARKS], ids=[case[0] for case in MARKS])
+def test_pods_holding_gpus_outside_tessera_are_marked(objs: list[dict[str, Any]], expected: bool) -> None:
+    picture = picture_of(*objs)
+    found = bypassing(picture, ["ns/p"])
+    assert [key for key, _, _ in found] == (["ns/p"] if expected else [])
+    if expected:
+        assert found[0][2] == (
+            "placed by scheduler 'default-scheduler', not by Tessera: it bypasses queue ordering, limits "
+            "and fair shares. What it holds (1 GPU) is charged to queue 'ns-queue', its namespace's "
+            "default, against that queue's quota; set schedulerName to Tessera's to wait in a queue instead"
+        )
