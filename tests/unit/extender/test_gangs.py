@@ -19,7 +19,7 @@ from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.placement import GpuDemand
 from extender.server import build_app
-from extender.status import WaitingPods
+from extender.status import StatusWriter, WaitingPods
 from extender.verbs import decide_preemption
 from extender.wire import ExtenderPreemptionArgs, decode
 from tests import extender_objects as objects
@@ -405,3 +405,31 @@ async def test_a_gang_whose_last_gpu_another_scheduler_took_is_judged_again_at_o
     assert "workload Job/ns/ja (minimum 4 pods, 3 placed, 4 present) starts whole or not at all" in reason
     assert "GPUs free for 0 of its 1 missing pods" in reason
     assert [(p.key, p.workload) for p in extender.state.waiting_pods()] == [("ns/ja-3", "Job/ns/ja")]
+
+
+async def test_a_refused_members_reason_follows_its_gangs_binds(extender: Extender) -> None:
+    """The live 3 Running + 1 Pending said "0 placed": ja-3 was refused before its gang started,
+    and kube-scheduler's own DRA filter (no device left) never asked the extender about it again
+    while the others bound. The status writer writes its refusal again when the count moves."""
+    pods = [member("ja", i) for i in range(4)]
+    extender.sync(cluster(job("ja", 4), *pods))
+    foreign_takes(extender, "b", "gpu-1")  # 3 GPUs free for a gang of 4
+    _, result = await extender.call("filter", args(pods[3], NODES))
+    assert "(minimum 4 pods, 0 placed, 4 present)" in result["FailedAndUnresolvableNodes"]["a"]
+    assert "GPUs free for 3 of its 4 missing pods" in result["FailedAndUnresolvableNodes"]["a"]
+    writer = StatusWriter(extender.api, extender.state, extender.waiting, ExtenderMetrics(extender.state))
+    extender.waiting.reports.clear()
+    assert writer.eligible_now() == [] and extender.waiting.reports == {}  # nothing moved yet
+    for version, (pod, (node, device)) in enumerate(
+        zip(pods[:3], [("a", "gpu-0"), ("a", "gpu-1"), ("b", "gpu-0")], strict=False), start=10
+    ):
+        bind(extender, pod, node, device, version)
+    assert writer.eligible_now() == []
+    report = extender.waiting.reports["ns/ja-3"]
+    assert (report.admitted, report.post_event) == (False, True)  # condition False and an Event
+    assert (
+        "workload Job/ns/ja (minimum 4 pods, 3 placed, 4 present) starts whole or not at all" in report.reason
+    )
+    assert "GPUs free for 0 of its 1 missing pods" in report.reason
+    extender.waiting.reports.clear()
+    assert writer.eligible_now() == [] and extender.waiting.reports == {}  # once per count
