@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from contract.names import QUEUE_LABEL
+from contract.names import NAMESPACE_QUEUE_LABEL, QUEUE_LABEL
 from extender.controllers.outside import BYPASS_CONDITION
 from extender.kubeapi import JsonObject, request
 from extender.picture.cluster import scheduler_gave_up
@@ -357,7 +357,17 @@ async def test_a_default_scheduler_pod_taking_a_gpu_mid_admission_leaves_the_gan
             return (await bound_by_job(env))["gang"] == 3 and workload in picture.workloads.reservations
 
         await wait_until(three_bound, timeout=60, interval=0.2, what="3 members bound, the 4th's GPU held")
-        foreign = objects.pod(namespace, "outside", template=TEMPLATE)
+        # The namespace's default queue is another queue; the pod's label names the gang's (which
+        # it may not spend: it passes no admission).
+        fallback = await env.create_queue("ns-default")
+        await request(
+            env.api,
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}",
+            body={"metadata": {"labels": {NAMESPACE_QUEUE_LABEL: fallback}}},
+            content_type="application/merge-patch+json",
+        )
+        foreign = objects.pod(namespace, "outside", queue=team, template=TEMPLATE)
         del foreign["metadata"]["uid"], foreign["status"]
         await request(env.api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=foreign)
 
@@ -385,9 +395,9 @@ async def test_a_default_scheduler_pod_taking_a_gpu_mid_admission_leaves_the_gan
         state = picture.gang(pod)
         assert (state.minimum, state.placed, state.members, state.reservation) == (4, 3, 4, None)
         assert [(p.key, p.workload) for p in picture.waiting_pods()] == [(f"{namespace}/{last}", workload)]
-        # The outside pod's GPU is its namespace's default queue's (the namespace names none).
+        # The outside pod's GPU is its namespace's default queue's, whatever its label says.
         usage = picture.fairness().usage
-        assert (usage["default"].allocated.get("gpu"), usage[team].allocated.get("gpu")) == (1.0, 3.0)
+        assert (usage[fallback].allocated.get("gpu"), usage[team].allocated.get("gpu")) == (1.0, 3.0)
 
         async def marked() -> JsonObject | None:
             pod = await request(env.api, "GET", f"/api/v1/namespaces/{namespace}/pods/outside")
@@ -395,7 +405,7 @@ async def test_a_default_scheduler_pod_taking_a_gpu_mid_admission_leaves_the_gan
             return next((c for c in conditions if c["type"] == BYPASS_CONDITION), None)
 
         mark = await wait_until(marked, timeout=30, interval=0.2, what="the BypassesQueue condition")
-        assert mark["status"] == "True" and "charged to queue 'default'" in mark["message"]
+        assert mark["status"] == "True" and f"charged to queue '{fallback}'" in mark["message"]
         listing = await request(env.api, "GET", f"/api/v1/namespaces/{namespace}/events")
         warnings = [e for e in listing["items"] if e["reason"] == "BypassesQueue"]
         assert [(e["type"], e["involvedObject"]["name"]) for e in warnings] == [("Warning", "outside")]
