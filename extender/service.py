@@ -17,6 +17,7 @@ from extender.controllers.consolidate import ConsolidationOptions, Consolidator
 from extender.controllers.endpoint import Advertise, LeaderEndpoint
 from extender.controllers.gates import GateController
 from extender.controllers.lease import LeaderLease
+from extender.controllers.outside import BypassReporter
 from extender.controllers.owners import OwnerReader
 from extender.controllers.reclaim import ReclaimLoop, ReclaimOptions
 from extender.metrics import ExtenderMetrics
@@ -130,6 +131,10 @@ class ExtenderService:
             if webhooks and webhooks.gate
             else None
         )
+        # Marks pods that hold GPUs outside Tessera (a condition, one Warning event): the active replica.
+        self.bypass = BypassReporter(
+            api, self.picture, is_leader=self.lease.is_leader if self.lease else (lambda: True)
+        )
         # A connection that completes no request within this long - idle, or still sending its
         # headers (a half-sent request) - is closed: nothing holds a connection for long.
         self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=options.idle_timeout_s)
@@ -139,6 +144,7 @@ class ExtenderService:
         self.watcher.start()
         self.owners.start()
         self.writer.start()
+        self.bypass.start()
         if self.lease:
             self.lease.start()
         if self.reclaimer:
@@ -192,6 +198,7 @@ class ExtenderService:
         if self.lease:
             await self.lease.stop(release=True)
         await self._runner.cleanup()
+        await self.bypass.stop()
         await self.writer.stop()
         await self.owners.stop()
         await self.watcher.stop()

@@ -39,6 +39,7 @@ from extender.events import now_rfc3339, post_pod_event
 from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, request
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
+from extender.policy.fairness import AdmissionDecision
 from extender.queues import queue_statuses, with_reclaim, with_workloads
 from extender.verbs import queue_admission
 
@@ -62,6 +63,8 @@ class WaitingPod:
     reason: str
     nudged: bool = False
     last_nudge: float = 0.0  # monotonic time of the last nudge
+    # Of a gang's member: its gang's placed members when `reason` was written (None: not known).
+    placed: int | None = None
 
 
 class PodReport(NamedTuple):
@@ -226,13 +229,11 @@ class StatusWriter:
         nodes = list(self.state.kind("Node"))
         sizes = sorted(set(self.state.gpu_memory.values())) or [0]  # every GPU size, for fractions
         eligible: list[WaitingPod] = []
-        gangs: dict[str, bool] = {}  # gang workload -> admissible whole now
+        gangs: dict[str, AdmissionDecision] = {}  # gang workload -> its decision, judged whole now
         for key, entry in list(self.waiting.waiting.items()):
             pod = pods.get(key)
             if pod is None or not self.state.is_pending(key, pod):
                 del self.waiting.waiting[key]
-                continue
-            if entry.nudged:
                 continue
             demand = self.state.demand(pod)
             if demand.problem:  # an unreadable pod is never eligible
@@ -240,19 +241,38 @@ class StatusWriter:
             gang = self.state.gang(pod)
             # The filter's decision with every node a candidate: a gang goes whole (its queue and
             # the GPUs must take all it misses), judged once for all its waiting members.
-            workload = "" if gang.admitted else gang.workload.key
-            if workload and workload in gangs:
-                admissible = gangs[workload]
+            if not gang.admitted:
+                workload = gang.workload.key
+                if workload not in gangs:
+                    gangs[workload] = queue_admission(self.state, nodes, key, pod, demand, gang, [0])[0][0]
+                entry = self._follow_gang(key, entry, gang.placed, gangs[workload])
+                if entry.nudged:
+                    continue
+                admissible = gangs[workload].admit
             else:
+                if entry.nudged:
+                    continue
                 decisions, _ = queue_admission(
                     self.state, nodes, key, pod, demand, gang, sizes if demand.fractional else [0]
                 )
                 admissible = any(decision.admit for decision in decisions.values())
-                if workload:
-                    gangs[workload] = admissible
             if admissible:
                 eligible.append(entry)
         return eligible
+
+    def _follow_gang(self, key: str, entry: WaitingPod, placed: int, unit: AdmissionDecision) -> WaitingPod:
+        """A gang member's refusal says how many of its gang are placed. Once it is refused, its
+        filter may never run again - kube-scheduler's own filters (no device free for its claim)
+        reject it before asking the extender - while its gang's members bind: when the count
+        moved since it was written, the refusal is written again as it stands (condition and
+        event: "3 placed ... GPUs free for 0 of its 1 missing pods", not the "0 placed" of then)."""
+        if entry.placed is None:
+            entry.placed = placed  # as the filter wrote it, moments ago
+        elif entry.placed != placed and not unit.admit:
+            self.waiting.refused(entry.namespace, entry.name, entry.uid, entry.queue, unit.reason)
+            entry = self.waiting.waiting[key]
+            entry.placed = placed
+        return entry
 
     async def _recheck_loop(self) -> None:
         # Some things that make a pod eligible are no event of the picture (an admission

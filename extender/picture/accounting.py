@@ -2,9 +2,12 @@
 
 Each pod contributes its fairness vector (GPUs - by model too -, cpu cores, memory bytes) to its
 queue, as `allocated` once it runs or is bound (or assumed bound, or reserved by a filter whose
-bind has not come yet) and as `requested` while it waits for one of the schedulers whose demand
-counts - unless its namespace may not use its queue (`extender.policy.tenancy`): the filter refuses
-such a pod, so it is no demand of that queue (no fair share, no reclaim for it). Contributions are
+bind has not come yet) and as `requested` while it waits for one of Tessera's schedulers -
+unless its namespace may not use its queue (`extender.policy.tenancy`): the filter refuses such a
+pod, so it is no demand of that queue (no fair share, no reclaim for it). A pod of another
+scheduler (`PodDemand.outside`) waits in no queue, but what it holds is charged to its
+namespace's default queue like any pod's - from the moment its claims are allocated, which that
+scheduler does before it binds - so quotas and fair shares see every GPU taken. Contributions are
 kept in a ledger and only pods that changed - or whose claims, nodes or devices did, or whose
 Namespace's labels or queue's tenancy did - are recounted; the fair shares are recomputed only
 when something moved.
@@ -36,7 +39,7 @@ from extender.picture.demands import PodDemand, PodDemands, claim_names, is_term
 from extender.picture.inventory import GpuInventory
 from extender.picture.ledger import Bucket, Contribution, QueueLedger
 from extender.picture.store import ObjectStore, Stored
-from extender.picture.workloads import GangReservation, WorkloadMap, remaining_slots
+from extender.picture.workloads import GangReservation, WorkloadMap, rehold_slots, remaining_slots
 from extender.policy.admission import fairness_vector
 from extender.policy.fairness import FairnessSnapshot, FairShares, QueueSpec, QueueTree
 from extender.policy.placement import WorkloadMix
@@ -92,14 +95,11 @@ class QueueAccounting:
         demands: PodDemands,
         inventory: GpuInventory,
         workloads: WorkloadMap,
-        scheduler_names: frozenset[str] = frozenset(),
     ) -> None:
         self.store = store
         self.demands = demands
         self.inventory = inventory
         self.workloads = workloads
-        # Pending pods count as queue demand only when addressed to one of these (empty: any).
-        self.scheduler_names = scheduler_names
         self.ledger = QueueLedger()
         # Pods filter admitted whose bind has not come yet: pod key -> expiry (monotonic), and
         # the wire pod, for a pod the watch has not delivered yet.
@@ -111,6 +111,7 @@ class QueueAccounting:
         self.reserved_pods: dict[str, Mapping[str, Any]] = {}
         self._dirty: set[str] = set()
         self._gangs: set[str] = set()  # workloads whose reservation may have to follow its members
+        self._inventory_seen = -1  # the inventory's version when the reservations were last synced
         self._all_dirty = True
         self._view: QueueView | None = None
         self._shared: dict[tuple[object, ...], Contribution] = {}
@@ -210,6 +211,21 @@ class QueueAccounting:
             reservation.expires = now + self.workloads.hold_s
         reservation.placed = placed
         slots = [] if end else remaining_slots(reservation.nodes, landed, reservation.target - len(landed))
+        if slots and reservation.demand is not None:
+            # Slots whose GPUs a pod of another scheduler took move to nodes with room (none: the
+            # reservation ends now, not when it expires, and the gang is judged again).
+            held = rehold_slots(
+                slots,
+                reservation.demand,
+                self.inventory.node_gpus,
+                lambda node: self.inventory.supply_for("", node, workload),
+                self.store.kind("Node"),
+            )
+            if held is None:
+                log.info("gang %s: GPUs held for its members were taken by others; judged again", workload)
+            elif held != slots:
+                reservation.nodes = [*landed, *held]  # the plan its next members follow
+            slots = held or []
         counted = max(reservation.target - placed, 0)  # slots not standing for an admitted member
         for index in range(len(reservation.slots)):
             self.ledger.put(reservation.slot_key(index), None)
@@ -246,26 +262,35 @@ class QueueAccounting:
         admitted = 0
         for key in members:
             pod = self.store.get("Pod", key)
-            node = self.inventory.pod_node(key, pod) if pod is not None else ""
-            if node and pod is not None and self._holds_its_gpus(pod):
+            node = self._gpus_node(key, pod) if pod is not None else ""
+            if node:
                 landed.append(node)
-            elif node or key in self.reserved:
+            elif key in self.reserved or (pod is not None and self.inventory.pod_node(key, pod)):
                 admitted += 1  # bound, but the picture has not seen its claims' devices yet
         return landed, admitted
 
-    def _holds_its_gpus(self, pod: Mapping[str, Any]) -> bool:
-        """The picture counts the GPUs of a bound pod on its node (its claims' devices are known)."""
+    def _gpus_node(self, key: str, pod: Mapping[str, Any]) -> str:
+        """The node where the picture counts the pod's GPUs as taken: where it is bound, or where
+        its claims' devices are (the scheduler allocates them before it binds); "" when neither."""
         demand = self.demands.of(pod)
+        node = self.inventory.pod_node(key, pod)
         if demand.classic_gpus or not demand.gpu_requests:
-            return True
-        return bool(self.inventory.held_devices(demand.namespace, claim_names(pod)))
+            return node
+        held = self.inventory.held_devices(demand.namespace, claim_names(pod))
+        if not held:
+            return ""
+        return node or held[0][1].node
+
+    def _holds_before_bind(self, pod: Mapping[str, Any], demand: PodDemand) -> bool:
+        """A pod outside Tessera whose claims hold devices before its bind shows: the other
+        scheduler allocates them first, then binds (a Tessera pod is reserved by its filter)."""
+        return demand.outside and bool(self.inventory.held_devices(demand.namespace, claim_names(pod)))
 
     def is_pending(self, key: str, pod: Mapping[str, Any]) -> bool:
-        """Waits for scheduling by a scheduler whose demand counts."""
+        """Waits for scheduling by one of Tessera's schedulers (a pod outside waits in no queue)."""
         if self.inventory.pod_node(key, pod) or is_terminal(pod):
             return False
-        names = self.scheduler_names
-        return not names or mapping(pod.get("spec")).get("schedulerName", "default-scheduler") in names
+        return not self.demands.is_outside(pod)
 
     def resources(
         self, key: str, pod: Mapping[str, Any], demand: PodDemand, gpu_memory: int = 0
@@ -329,9 +354,13 @@ class QueueAccounting:
                 listener(None)
         of_pod = self.workloads.of_pod
         self._gangs.update(of_pod[key] for key in self._dirty if key in of_pod)
+        if self.workloads.reservations and self.inventory.version != self._inventory_seen:
+            # GPUs changed hands somewhere: a slot's may have been taken by a pod outside its gang.
+            self._gangs.update(self.workloads.reservations)
         for workload in self._gangs:
             self._sync_gang(workload)
         self._gangs.clear()
+        self._inventory_seen = self.inventory.version  # (the holds just made moved it too)
         if self._dirty:
             for key in self._dirty:
                 try:
@@ -355,7 +384,7 @@ class QueueAccounting:
             return None
         amounts = self.resources(key, pod, demand)
         bucket: Bucket = "none"
-        if self.inventory.pod_node(key, pod) or key in self.reserved:
+        if self.inventory.pod_node(key, pod) or key in self.reserved or self._holds_before_bind(pod, demand):
             bucket = "allocated"
         elif (
             self.is_pending(key, pod)

@@ -82,12 +82,15 @@ class ClusterPicture:
     def __init__(self, config: PictureConfig | None = None) -> None:
         self.config = config or PictureConfig()
         self.store = ObjectStore(WATCHED_PATHS)
-        self.demands = PodDemands(self.store, self.config.gpu_drivers, self.config.non_preemptible_priority)
+        self.demands = PodDemands(
+            self.store,
+            self.config.gpu_drivers,
+            self.config.non_preemptible_priority,
+            self.config.scheduler_names,
+        )
         self.inventory = GpuInventory(self.store, self.demands, self.config.gpu_drivers)
         self.workloads = WorkloadMap(self.store)
-        self.accounting = QueueAccounting(
-            self.store, self.demands, self.inventory, self.workloads, self.config.scheduler_names
-        )
+        self.accounting = QueueAccounting(self.store, self.demands, self.inventory, self.workloads)
         # Called after every change (the status writer uses it to notice newly eligible pods).
         self.listeners: list[Callable[[], None]] = []
         # Running pods as the planners see them (those holding GPUs; pods with classic GPUs,

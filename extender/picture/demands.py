@@ -9,6 +9,16 @@ changes, so the parse is cached by the pod's resourceVersion and dropped only wh
 its claims or templates, a DeviceClass or its Namespace's default queue changes.
 `users_of` answers which pods read a given claim or template, so a claim event recounts only them.
 
+Pods outside Tessera: a pod addressed to a scheduler that is not one of Tessera's (`outside`:
+`default-scheduler`, say) never passed Tessera's admission, yet a GPU of Tessera's DeviceClass
+that the other scheduler's DRA allocator gives it is as taken as any other. It is charged to its
+Namespace's default queue (label `scheduling.tessera.dev/default-queue`, else `default`), never to
+the queue its own label names: the label is what admission reads, and this pod skipped admission.
+A pod asking `nvidia.com/gpu` on a node without a device plugin is served through the DeviceClass's
+`extendedResourceName`: kube-scheduler makes a claim for it, named in the pod's
+`status.extendedResourceClaimStatus` (not in `spec.resourceClaims`); once that claim is known, its
+requests are the pod's GPUs, and its `nvidia.com/gpu` no classic GPUs.
+
 Memory: the cache is one entry per stored pod, made when the pod arrives (under the store's own
 key string) and holding its demand once parsed. A demand says nothing that is the pod's own -
 which claims it names is read from the pod again (`claim_names`) - so equal demands (the pods of
@@ -75,6 +85,9 @@ class PodDemand:
     # Why the pod cannot be read (e.g. a quantity no real amount has): it then asks for nothing,
     # counts nothing, and only its own requests are refused.
     problem: str = ""
+    # Addressed to a scheduler that is not Tessera's: it bypasses queue ordering (its namespace's
+    # default queue is charged with what it holds).
+    outside: bool = False
     # GPU demand per GPU memory size it is sized against (fractions are relative to it).
     _by_memory: dict[int, GpuDemand | None] = field(default_factory=dict, compare=False, repr=False)
     _placement: dict[int, GpuDemand] = field(default_factory=dict, compare=False, repr=False)
@@ -124,11 +137,24 @@ class PodDemand:
         return demand.count * demand.milli / GPU_MILLI if demand is not None else 0.0
 
 
+def extended_resource_claim(pod: Mapping[str, Any]) -> str:
+    """The claim kube-scheduler made for the pod's extended resources (`nvidia.com/gpu` served by
+    a DeviceClass's `extendedResourceName`); "" when there is none."""
+    status = pod.get("status")
+    if not status:
+        return ""
+    name = mapping(mapping(status).get("extendedResourceClaimStatus")).get("resourceClaimName")
+    return name if isinstance(name, str) else ""
+
+
 def claim_names(pod: Mapping[str, Any]) -> list[str]:
-    """The claims a pod uses that exist by name (a template's claim once it was generated)."""
+    """The claims a pod uses that exist by name (a template's claim once it was generated, and
+    the claim made for its extended resources)."""
+    extended = extended_resource_claim(pod)
     if not mapping(pod.get("spec")).get("resourceClaims"):
-        return []  # (most pods: no need to read their claims' statuses)
-    return [ref.claim for ref in pod_claim_refs(pod) if ref.claim]
+        return [extended] if extended else []  # (most pods: no need to read their claims' statuses)
+    names = [ref.claim for ref in pod_claim_refs(pod) if ref.claim]
+    return [*names, extended] if extended else names
 
 
 def _demand_inputs(pod: Stored) -> tuple[object, ...]:
@@ -142,7 +168,9 @@ def _demand_inputs(pod: Stored) -> tuple[object, ...]:
         spec.get("containers"),
         spec.get("initContainers"),
         spec.get("resourceClaims"),
+        spec.get("schedulerName"),
         mapping(pod.get("status")).get("resourceClaimStatuses"),
+        extended_resource_claim(pod),
     )
 
 
@@ -159,6 +187,9 @@ def _sources(pod: Mapping[str, Any]) -> set[Source]:
             sources.add(("ResourceClaim", f"{namespace}/{ref.claim}"))
         if ref.template:
             sources.add(("ResourceClaimTemplate", f"{namespace}/{ref.template}"))
+    extended = extended_resource_claim(pod)
+    if extended:
+        sources.add(("ResourceClaim", f"{namespace}/{extended}"))
     return sources
 
 
@@ -166,11 +197,17 @@ class PodDemands:
     """The demand cache over a store; `changed(keys)` is told which pods' demands moved."""
 
     def __init__(
-        self, store: ObjectStore, gpu_drivers: frozenset[str], non_preemptible_priority: int = 100
+        self,
+        store: ObjectStore,
+        gpu_drivers: frozenset[str],
+        non_preemptible_priority: int = 100,
+        scheduler_names: frozenset[str] = frozenset(),
     ) -> None:
         self.store = store
         self.gpu_drivers = gpu_drivers
         self.non_preemptible_priority = non_preemptible_priority
+        # Tessera's schedulers: a pod addressed to another is `outside` (empty: none is).
+        self.scheduler_names = scheduler_names
         # GPU DeviceClass name -> the models it pins (empty: any model).
         self.gpu_classes: dict[str, frozenset[str]] = {}
         # Stored pod key -> the demand of the version the store holds (None: not parsed since it came).
@@ -193,11 +230,17 @@ class PodDemands:
         store.subscribe("DeviceClass", self._class_changed)
         store.subscribe("Namespace", self._namespace_changed)
 
+    def is_outside(self, pod: Mapping[str, Any]) -> bool:
+        """Addressed to a scheduler that is not one of Tessera's."""
+        names = self.scheduler_names
+        return bool(names) and mapping(pod.get("spec")).get("schedulerName", "default-scheduler") not in names
+
     def queue_of(self, pod: Mapping[str, Any]) -> QueueChoice:
-        """The pod's queue: its label, else its Namespace's default queue, else the default."""
+        """The pod's queue: its label, else its Namespace's default queue, else the default (a pod
+        outside Tessera: its Namespace's default queue, whatever its label says)."""
         namespace = self.store.get("Namespace", str(meta(pod).get("namespace", "")))
         return resolve_queue(
-            mapping(meta(pod).get("labels")),
+            {} if self.is_outside(pod) else mapping(meta(pod).get("labels")),
             (),
             mapping(meta(namespace).get("labels")) if namespace else None,
         )
@@ -240,6 +283,7 @@ class PodDemands:
                 gpu_requests=(),
                 labelled=choice.source != "default",
                 problem=str(exc),
+                outside=self.is_outside(pod),
             )
             return unreadable
 
@@ -260,6 +304,12 @@ class PodDemands:
             else:
                 continue
             requests.extend(claim_gpu_requests(claim_spec, self.gpu_classes))
+        classic_gpus = pod_classic_gpus(pod)
+        extended = extended_resource_claim(pod)
+        claim = self.store.get("ResourceClaim", f"{namespace}/{extended}") if extended else None
+        if claim is not None:  # its nvidia.com/gpu is served by this claim's devices, not a device plugin
+            requests.extend(claim_gpu_requests(mapping(claim.get("spec")), self.gpu_classes))
+            classic_gpus = 0
         labels = mapping(meta(pod).get("labels"))
         priority = int(mapping(pod.get("spec")).get("priority") or 0)
         said = str(labels.get(PREEMPTIBLE_LABEL, "")).lower()
@@ -272,11 +322,12 @@ class PodDemands:
             namespace=namespace,
             cpu=pod_resource_request(pod, "cpu"),
             memory=pod_resource_request(pod, "memory"),
-            classic_gpus=pod_classic_gpus(pod),
+            classic_gpus=classic_gpus,
             gpu_requests=tuple(requests),
             labelled=choice.source != "default",
             priority=priority,
             preemptible=preemptible,
+            outside=self.is_outside(pod),
         )
         return remembered(self._shared, demand, _SHARED_LIMIT, lambda: demand)
 

@@ -112,6 +112,8 @@ PROJECTIONS: dict[str, Keep] = {
         "status": {
             **dict.fromkeys(("phase", "nominatedNodeName", "startTime", "qosClass"), KEEP),
             "resourceClaimStatuses": _CLAIM_REF,
+            # The claim kube-scheduler made for the pod's nvidia.com/gpu (extender.picture.demands).
+            "extendedResourceClaimStatus": {"resourceClaimName": OWN},
             "conditions": _CONDITION,
         },
     },

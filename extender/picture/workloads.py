@@ -16,21 +16,29 @@ members are placed (bound, assumed bound, or admitted by a filter whose bind is 
 first those on the nodes the members landed on. The reservation ends when the minimum is placed,
 or when no member was placed for `hold_s` (a gang the scheduler cannot complete gives back
 everything it holds; its placed members stay, it is admitted again from there).
+
+A slot's GPUs can be taken under it: a pod of another scheduler (`default-scheduler` with a claim
+of Tessera's DeviceClass, or `nvidia.com/gpu` through its extended-resource mapping) sees no
+holds. Such a slot moves to a node where its member fits (`rehold_slots`); when none has room the
+reservation ends at once rather than holding the other slots for a member that cannot land, so
+the gang is judged again with its true count ("3 placed ... GPUs free for 0 of its 1 missing
+pods") and reclaim can serve it.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from contract.kube import mapping, meta, object_key
 from extender.picture.demands import is_terminal
 from extender.picture.store import ObjectStore, Stored
-from extender.policy.placement import GpuDemand
-from extender.policy.workloads import JOBSET_LABEL, Workload, workload_of
+from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
+from extender.policy.snapshot import occupy
+from extender.policy.workloads import JOBSET_LABEL, Workload, plan_gang, workload_of
 
 # How long an admitted gang keeps its reservation without any member being placed.
 GANG_HOLD_S = 60.0
@@ -185,3 +193,45 @@ def remaining_slots(planned: Iterable[str], landed: Iterable[str], count: int) -
         else:
             left.append(node)
     return left[: max(count, 0)]
+
+
+_NO_MIX = WorkloadMix(demands=())
+
+
+def rehold_slots(
+    slots: Sequence[str],
+    demand: GpuDemand,
+    free_of: Callable[[str], NodeGpus],
+    spare_of: Callable[[str], NodeGpus],
+    nodes: Iterable[str],
+) -> list[str] | None:
+    """The slots' nodes once those whose GPUs were taken under them are moved to nodes with room
+    (binpack, `plan_gang`); None when they cannot all be held any more. `free_of(node)`: the GPUs
+    no pod takes there (holds aside: a slot is lost to pods, not to holds made after it);
+    `spare_of(node)`: those not held for others either, where a lost slot may go.
+
+    Slots on a, a, b, b; a pod of another scheduler took one of b's two GPUs; c has 2 free:
+    a and a still fit, one b fits, the other b moves to c -> [a, a, b, c]. No room anywhere -> None.
+    """
+    free: dict[str, NodeGpus] = {}
+    kept: list[str] = []
+    lost = 0
+    for node in slots:
+        if not node:  # (a member without GPUs holds nothing)
+            kept.append(node)
+            continue
+        after = occupy(free.get(node) or free_of(node), demand, _NO_MIX)
+        if after is None:
+            lost += 1
+        else:
+            free[node] = after[0]
+            kept.append(node)
+    if not lost:
+        return list(slots)
+    spare = {node: spare_of(node) for node in nodes}
+    for node in kept:  # the kept slots' GPUs are not spare
+        after = occupy(spare[node], demand, _NO_MIX) if node in spare else None
+        if after is not None:
+            spare[node] = after[0]
+    moved = plan_gang(list(spare.values()), demand, lost)
+    return kept + moved if len(moved) == lost else None

@@ -132,10 +132,14 @@ class GpuCluster:
         parallelism: int,
         min_members: int | None = None,
         template: str = TEMPLATE,
+        gates: tuple[str, ...] = (),
     ) -> None:
-        """An indexed Job of `parallelism` GPU pods (a gang of that many, or of `min_members`)."""
+        """An indexed Job of `parallelism` GPU pods (a gang of that many, or of `min_members`);
+        `gates`: scheduling gates its pods are created with (the test lifts them one by one)."""
         pod = self.pod(queue, name, template)
         pod["spec"]["restartPolicy"] = "Never"
+        if gates:
+            pod["spec"]["schedulingGates"] = [{"name": gate} for gate in gates]
         annotations = {MIN_MEMBERS_ANNOTATION: str(min_members)} if min_members is not None else {}
         body = {
             "apiVersion": "batch/v1",

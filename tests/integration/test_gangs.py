@@ -14,12 +14,15 @@ from collections import Counter
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from contract.names import QUEUE_LABEL
+from contract.names import NAMESPACE_QUEUE_LABEL, QUEUE_LABEL
+from extender.controllers.outside import BYPASS_CONDITION
 from extender.kubeapi import JsonObject, request
+from extender.picture.cluster import scheduler_gave_up
 from extender.status import ADMITTED_CONDITION
 from tessera.dev.localcluster import LocalCluster, wait_until
+from tests import extender_objects as objects
 from tests.extender_objects import open_crd
-from tests.integration.extender_harness import GpuCluster, gpu_cluster
+from tests.integration.extender_harness import TEMPLATE, GpuCluster, gpu_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +36,7 @@ def live(pod: JsonObject) -> bool:
 async def bound_by_job(env: GpuCluster) -> Counter[str]:
     """Pods bound and not finished, per Job."""
     return Counter(
-        p["metadata"]["labels"].get(JOB_LABEL, "")
+        (p["metadata"].get("labels") or {}).get(JOB_LABEL, "")
         for p in await env.pods()
         if p["spec"].get("nodeName") and live(p)
     )
@@ -319,3 +322,104 @@ async def test_a_pytorchjobs_minimum_comes_from_its_spec(
 
         await wait_until(all_run, timeout=90, interval=0.2, what="the 4 pods of the PyTorchJob running")
     await asyncio.to_thread(local_cluster.kubectl, "delete", "crd/pytorchjobs.kubeflow.org", "--wait=false")
+
+
+async def test_a_default_scheduler_pod_taking_a_gpu_mid_admission_leaves_the_gang_judged_truly(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    """The live 3 Running + 1 Pending (issue 25): a gang of 4 on 4 GPUs is admitted whole, 3 of its
+    members bind, and a default-scheduler pod (which sees no holds) takes the GPU held for the 4th.
+    The gang can no longer complete: its reservation ends at once (not after its 60 s hold), the
+    picture counts it as it is (3 placed) and lists its 4th member for reclaim; the outside pod is
+    charged to its namespace's default queue and marked as bypassing queue ordering, once.
+
+    The members are created with a scheduling gate of the test's, lifted one by one, so that the
+    moment between binds is the test's to choose (no pod of Tessera's in its binding cycle: two DRA
+    allocators racing for one device is kube-scheduler's business, not the picture's)."""
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=4, agent=True) as env:
+        assert env.service is not None
+        picture = env.service.picture
+        team = await env.create_queue("t")
+        workload = f"Job/{namespace}/gang"
+        await env.create_job(team, "gang", 4, gates=(HOLD_GATE,))
+
+        async def members() -> list[JsonObject] | None:
+            pods = [
+                p for p in await env.pods() if (p["metadata"].get("labels") or {}).get(JOB_LABEL) == "gang"
+            ]
+            return sorted(pods, key=lambda p: p["metadata"]["name"]) if len(pods) == 4 else None
+
+        gang = await wait_until(members, timeout=30, what="the gang's 4 pods")
+        for pod in gang[:3]:
+            await lift(env, pod["metadata"]["name"])
+
+        async def three_bound() -> bool:
+            return (await bound_by_job(env))["gang"] == 3 and workload in picture.workloads.reservations
+
+        await wait_until(three_bound, timeout=60, interval=0.2, what="3 members bound, the 4th's GPU held")
+        # The namespace's default queue is another queue; the pod's label names the gang's (which
+        # it may not spend: it passes no admission).
+        fallback = await env.create_queue("ns-default")
+        await request(
+            env.api,
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}",
+            body={"metadata": {"labels": {NAMESPACE_QUEUE_LABEL: fallback}}},
+            content_type="application/merge-patch+json",
+        )
+        foreign = objects.pod(namespace, "outside", queue=team, template=TEMPLATE)
+        del foreign["metadata"]["uid"], foreign["status"]
+        await request(env.api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=foreign)
+
+        async def foreign_runs() -> bool:
+            pod = await request(env.api, "GET", f"/api/v1/namespaces/{namespace}/pods/outside")
+            return (pod.get("status") or {}).get("phase") == "Running"
+
+        await wait_until(foreign_runs, timeout=60, interval=0.2, what="the default-scheduler pod running")
+
+        async def ended() -> bool:
+            return workload not in picture.workloads.reservations
+
+        await wait_until(ended, timeout=15, what="the reservation ended")
+        last = gang[3]["metadata"]["name"]
+        await lift(env, last)
+
+        # kube-scheduler's own DRA filter finds no device for it (the extender is not asked); the
+        # picture counts the gang as it is - 3 placed, 1 missing - and lists the 4th for reclaim.
+        async def unschedulable() -> bool:
+            pod = await request(env.api, "GET", f"/api/v1/namespaces/{namespace}/pods/{last}")
+            return scheduler_gave_up(pod)
+
+        await wait_until(unschedulable, timeout=60, interval=0.2, what=f"{last} unschedulable")
+        pod = await request(env.api, "GET", f"/api/v1/namespaces/{namespace}/pods/{last}")
+        state = picture.gang(pod)
+        assert (state.minimum, state.placed, state.members, state.reserved) == (4, 3, 4, False)
+        assert [(p.key, p.workload) for p in picture.waiting_pods()] == [(f"{namespace}/{last}", workload)]
+        # The outside pod's GPU is its namespace's default queue's, whatever its label says.
+        usage = picture.fairness().usage
+        assert (usage[fallback].allocated.get("gpu"), usage[team].allocated.get("gpu")) == (1.0, 3.0)
+
+        async def marked() -> JsonObject | None:
+            pod = await request(env.api, "GET", f"/api/v1/namespaces/{namespace}/pods/outside")
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            return next((c for c in conditions if c["type"] == BYPASS_CONDITION), None)
+
+        mark = await wait_until(marked, timeout=30, interval=0.2, what="the BypassesQueue condition")
+        assert mark["status"] == "True" and f"charged to queue '{fallback}'" in mark["message"]
+        listing = await request(env.api, "GET", f"/api/v1/namespaces/{namespace}/events")
+        warnings = [e for e in listing["items"] if e["reason"] == "BypassesQueue"]
+        assert [(e["type"], e["involvedObject"]["name"]) for e in warnings] == [("Warning", "outside")]
+
+
+HOLD_GATE = "test.tessera.dev/hold"
+
+
+async def lift(env: GpuCluster, name: str) -> None:
+    """Remove the test's scheduling gate from a pod: the scheduler may try it from now on."""
+    await request(
+        env.api,
+        "PATCH",
+        f"/api/v1/namespaces/{env.namespace}/pods/{name}",
+        body={"spec": {"schedulingGates": None}},
+        content_type="application/merge-patch+json",
+    )

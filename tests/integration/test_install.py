@@ -57,6 +57,7 @@ NON_DEFAULT_VALUES = (
     "imagePullSecrets[0].name=registry",
     "commonLabels.team=gpu",
     "extender.bind=true",
+    "gpuPodPolicy.enabled=true",
 )
 
 

@@ -374,3 +374,83 @@ async def test_an_owner_that_cannot_be_read_leaves_the_minimum_to_the_pods(exten
     _, result = await extender.call("filter", args(pods[0], NODES))
     assert result["NodeNames"] == NODES  # the 2 present are the gang
     assert extender.state.workloads.reservations["PyTorchJob/ns/pt"].target == 2
+
+
+def foreign_takes(extender: Extender, node: str, device: str) -> None:
+    """A default-scheduler pod (it sees no holds) gets `device` on `node`: claim allocated, then bound."""
+    claim = objects.claim("ns", "foreign-gpu", objects.claim_spec(CLASS), allocated=[(node, device, None)])
+    extender.state.apply(
+        "ResourceClaim", "ADDED", {**claim, "metadata": {**claim["metadata"], "resourceVersion": "1"}}
+    )
+    pod = objects.pod("ns", "foreign", claim_name="foreign-gpu", node_name=node)
+    extender.state.apply("Pod", "ADDED", {**pod, "metadata": {**pod["metadata"], "resourceVersion": "2"}})
+
+
+async def test_a_slot_whose_gpu_another_scheduler_took_moves_to_a_node_with_room(extender: Extender) -> None:
+    # A gang of 2 on 4 free GPUs: binpack plans both on a. A default-scheduler pod then takes
+    # a's gpu-0: one slot still fits a (gpu-1), the other moves to b, where its member fits.
+    pods = [member("ja", i) for i in range(2)]
+    extender.sync(cluster(job("ja", 2), *pods))
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    assert extender.state.workloads.reservations["Job/ns/ja"].nodes == ["a", "a"]
+    foreign_takes(extender, "a", "gpu-0")
+    extender.state.fairness()
+    assert sorted(extender.state.workloads.reservations["Job/ns/ja"].slots) == ["a", "b"]
+    # Both members still have GPUs (a's gpu-1, and b's, held for their gang); others see neither.
+    _, result = await extender.call("filter", args(pods[1], NODES))
+    assert result["NodeNames"] == NODES
+    assert extender.state.inventory.supply_for("ns/other", "b").free_milli == (0, 1000)
+
+
+async def test_a_gang_whose_last_gpu_another_scheduler_took_is_judged_again_at_once(
+    extender: Extender,
+) -> None:
+    """The live 3 Running + 1 Pending: 3 members bound, a default-scheduler pod takes the GPU held
+    for the 4th. Nowhere else has room, so the reservation ends now (not after its 60 s hold): the
+    4th is refused with the true count and is listed for reclaim at once."""
+    pods = [member("ja", i) for i in range(4)]
+    extender.sync(cluster(job("ja", 4), *pods))
+    await extender.call("filter", args(pods[0], NODES))
+    for version, (pod, (node, device)) in enumerate(
+        zip(pods[:3], [("a", "gpu-0"), ("a", "gpu-1"), ("b", "gpu-0")], strict=False), start=10
+    ):
+        bind(extender, pod, node, device, version)
+        extender.state.fairness()
+    assert extender.state.workloads.reservations["Job/ns/ja"].slots == ["b"]
+    foreign_takes(extender, "b", "gpu-1")
+    extender.state.fairness()
+    assert "Job/ns/ja" not in extender.state.workloads.reservations
+    assert extender.state.inventory.holds == {}
+    _, result = await extender.call("filter", args(pods[3], NODES))
+    reason = result["FailedAndUnresolvableNodes"]["b"]
+    assert "workload Job/ns/ja (minimum 4 pods, 3 placed, 4 present) starts whole or not at all" in reason
+    assert "GPUs free for 0 of its 1 missing pods" in reason
+    assert [(p.key, p.workload) for p in extender.state.waiting_pods()] == [("ns/ja-3", "Job/ns/ja")]
+
+
+async def test_a_refused_members_reason_follows_its_gangs_binds(extender: Extender) -> None:
+    """The live 3 Running + 1 Pending said "0 placed": ja-3 was refused before its gang started,
+    and kube-scheduler's own DRA filter (no device left) never asked the extender about it again
+    while the others bound. The status writer writes its refusal again when the count moves."""
+    pods = [member("ja", i) for i in range(4)]
+    extender.sync(cluster(job("ja", 4), *pods))
+    foreign_takes(extender, "b", "gpu-1")  # 3 GPUs free for a gang of 4
+    _, result = await extender.call("filter", args(pods[3], NODES))
+    assert "(minimum 4 pods, 0 placed, 4 present)" in result["FailedAndUnresolvableNodes"]["a"]
+    assert "GPUs free for 3 of its 4 missing pods" in result["FailedAndUnresolvableNodes"]["a"]
+    writer = StatusWriter(extender.api, extender.state, extender.waiting, ExtenderMetrics(extender.state))
+    extender.waiting.reports.clear()
+    assert writer.eligible_now() == [] and extender.waiting.reports == {}  # nothing moved yet
+    for version, (pod, (node, device)) in enumerate(
+        zip(pods[:3], [("a", "gpu-0"), ("a", "gpu-1"), ("b", "gpu-0")], strict=False), start=10
+    ):
+        bind(extender, pod, node, device, version)
+    assert writer.eligible_now() == []
+    report = extender.waiting.reports["ns/ja-3"]
+    assert (report.admitted, report.post_event) == (False, True)  # condition False and an Event
+    assert (
+        "workload Job/ns/ja (minimum 4 pods, 3 placed, 4 present) starts whole or not at all" in report.reason
+    )
+    assert "GPUs free for 0 of its 1 missing pods" in report.reason
+    extender.waiting.reports.clear()
+    assert writer.eligible_now() == [] and extender.waiting.reports == {}  # once per count
