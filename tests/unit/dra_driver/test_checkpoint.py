@@ -11,8 +11,9 @@ import pytest
 
 from contract.gpuconfig import SharingStrategy
 from dra_driver.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice
+from dra_driver.devices.share import Command, GpuShare
 from dra_driver.prepare import ClaimRef
-from dra_driver.sharing import Command, GpuShare, RecordingRunner
+from dra_driver.sharing import RecordingRunner
 
 from .fakes import GIB, FakeClaims, Result, claim, make_preparer
 
