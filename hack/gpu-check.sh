@@ -53,8 +53,8 @@ from typing import Any
 from contract.quantity import parse_quantity
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.prepare import ClaimRef, Preparer, node_devices
-from dra_driver.sharing import ProcessRunner, SharingManager
 from dra_driver.profiles.registry import build_profile
+from dra_driver.sharing import ProcessRunner, SharingManager
 from dra_driver.slices import NodeRef, SharingMode, build_slices
 
 DRIVER = "gpu.tessera.dev"

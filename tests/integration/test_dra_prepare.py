@@ -35,6 +35,7 @@ from dra_driver.config import DriverConfig
 from dra_driver.devices.share import Command
 from dra_driver.plugin import SIMULATED_COMMAND_LOG, build_plugin
 from dra_driver.prepare import ApiClaimReader
+from dra_driver.profiles.nvidia.simulated import PROFILE_DIR
 from dra_driver.profiles.registry import build_profile
 from dra_driver.sharing import RecordingRunner
 from dra_driver.slices import SliceReconciler
@@ -43,7 +44,7 @@ from tessera.dev.nodeagent import KubeletStandIn, Registrar, node_driver_config,
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
-SHIPPED_PROFILES = REPO / "dra_driver" / "devices" / "profiles"
+SHIPPED_PROFILES = PROFILE_DIR
 
 
 def unique(prefix: str) -> str:
