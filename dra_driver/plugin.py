@@ -469,7 +469,7 @@ def build_plugin(
         profile=profile,
         claims=claims,
         checkpoint=Checkpoint(checkpoint_dir),
-        # The directory keeps its old name: MPS's, the one profile that keeps host state today.
+        # Named for MPS, the one strategy that keeps host state today (its pipe and log directories).
         sharing=SharingManager(runner, profile.sharing(plugin_dir / driver_name / "mps")),
         cdi_dir=cdi_dir,
     )

@@ -21,6 +21,7 @@ from dra_driver.profiles.nvidia.sharing import NvidiaSharing
 # Nodes every CUDA container needs besides its GPUs' own /dev/nvidia<minor>.
 COMMON_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+STRATEGIES = frozenset(SharingStrategy)  # every one the contract names: nvidia-smi and MPS set them up
 
 
 class NvidiaProfile:
@@ -43,7 +44,7 @@ class NvidiaProfile:
 
     @property
     def strategies(self) -> frozenset[SharingStrategy]:
-        return frozenset(SharingStrategy)
+        return STRATEGIES
 
     def device_nodes(self, gpu: Gpu) -> tuple[str, ...]:
         return () if gpu.simulated else (f"/dev/nvidia{gpu.minor}",)

@@ -33,6 +33,7 @@ from dra_driver.devices.share import Command, ContainerEdits, GpuShare
 from dra_driver.profiles.common import SYSFS_PCI_DEVICES, MemorySize, pcie_root_of
 
 GONE_MESSAGE = "gone from sysfs"
+STRATEGIES = frozenset({SharingStrategy.EXCLUSIVE})
 
 
 class PciSettings(BaseModel):
@@ -188,7 +189,7 @@ class PciProfile:
 
     @property
     def strategies(self) -> frozenset[SharingStrategy]:
-        return frozenset({SharingStrategy.EXCLUSIVE})
+        return STRATEGIES
 
     def device_nodes(self, gpu: Gpu) -> tuple[str, ...]:
         return self._discovery.device_nodes(gpu.uuid)
