@@ -52,7 +52,7 @@ from kubernetes_asyncio.config import kube_config
 from prometheus_client.parser import text_string_to_metric_families
 
 from contract.names import DEFAULT_QUEUE, DRIVER_NAME, QUEUE_LABEL
-from dra_driver.devices.simulated import PROFILE_DIR, SimulatedBackend
+from dra_driver.profiles.nvidia.simulated import PROFILE_DIR, SimulatedDiscovery
 from dra_driver.slices import NodeRef, SharingMode, build_slices
 from extender.kubeapi import JsonObject, KubeError, request, request_bytes, watch_lines
 from extender.policy.fairness import QueueSpec
@@ -316,7 +316,7 @@ def slice_layout(slices: Iterable[JsonObject]) -> str:
 
 def gpu_slices(node: str) -> list[JsonObject]:
     """The ResourceSlices the simulated DRA driver publishes for one h100x8 node."""
-    gpus = SimulatedBackend.from_file(PROFILE, node).inventory()
+    gpus = SimulatedDiscovery.from_file(PROFILE, node).inventory()
     return build_slices(NodeRef(node), DRIVER_NAME, gpus, SharingMode.CONSUMABLE_CAPACITY, generation=1)
 
 

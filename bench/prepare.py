@@ -31,9 +31,9 @@ import grpc
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from dra_driver.devices import load_backend
 from dra_driver.plugin import build_plugin
 from dra_driver.prepare import ApiClaimReader
+from dra_driver.profiles.registry import build_profile
 from dra_driver.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from dra_driver.sharing import RecordingRunner
 from tessera.simulate.report import format_table
@@ -111,10 +111,12 @@ async def _serve(kind: str, root: Path, api_url: str) -> None:
         await server.stop(0)
         return
     api = ApiClient(Configuration(host=api_url))
+    profile = build_profile("simulated", Path(PROFILE), node_name=NODE)
     plugin, _ = build_plugin(
         driver_name=DRIVER,
         node_name=NODE,
-        gpus=load_backend("simulated", Path(PROFILE), node_name=NODE).inventory(),
+        profile=profile,
+        gpus=profile.discovery.inventory(),
         claims=ApiClaimReader(api),
         runner=RecordingRunner(),
         plugin_dir=root / "plugins",

@@ -1,7 +1,8 @@
 """``tessera-dra-driver``: the per-node DRA driver process (discovery, ResourceSlices, kubelet plugin).
 
-Runs until SIGTERM/SIGINT: publishes the node's GPUs as ResourceSlices and keeps them current,
-serves the kubelet plugin sockets, and answers ``/healthz`` and ``/metrics`` over HTTP.
+Runs until SIGTERM/SIGINT: publishes the node's devices (found by the device profile that
+``--backend`` names) as ResourceSlices and keeps them current, serves the kubelet plugin sockets,
+and answers ``/healthz`` and ``/metrics`` over HTTP.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
+from contract.gpuconfig import SharingStrategy
 from contract.names import DRIVER_NAME
 from dra_driver.config import (
     DEFAULT_CDI_DIR,
@@ -30,8 +32,9 @@ from dra_driver.config import (
     DEFAULT_REGISTRY_DIR,
     DriverConfig,
 )
-from dra_driver.devices import BackendUnavailable, load_backend
+from dra_driver.devices.profile import BackendUnavailable, DeviceProfile
 from dra_driver.plugin import serve_plugin
+from dra_driver.profiles.registry import PROFILES, build_profile
 from dra_driver.slices import SharingMode, SliceReconciler
 
 log = logging.getLogger("dra_driver")
@@ -39,14 +42,20 @@ log = logging.getLogger("dra_driver")
 
 def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
     parser = argparse.ArgumentParser(
-        prog="tessera-dra-driver", description="Tessera DRA driver for NVIDIA GPUs (one per node)."
+        prog="tessera-dra-driver", description="Tessera DRA driver for GPUs and accelerators (one per node)."
     )
     parser.add_argument(
         "--node-name", default=os.environ.get("NODE_NAME", ""), help="this node (env NODE_NAME)"
     )
     parser.add_argument("--driver-name", default=DRIVER_NAME)
-    parser.add_argument("--backend", choices=["nvml", "simulated"], default="nvml")
-    parser.add_argument("--profile", type=Path, help="simulated GPU profile: a YAML file or a shipped name")
+    parser.add_argument(
+        "--backend", choices=sorted(PROFILES), default="nvml", help="the device profile (default: nvml)"
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="the device profile's settings: simulated GPUs (a YAML file or a shipped name), pci settings",
+    )
     parser.add_argument("--kubeconfig", type=Path, help="default: in-cluster service account")
     parser.add_argument("--plugin-dir", type=Path, default=DEFAULT_PLUGIN_DIR)
     parser.add_argument("--registry-dir", type=Path, default=DEFAULT_REGISTRY_DIR)
@@ -111,22 +120,31 @@ async def start_http(port: int, ready: asyncio.Event) -> web.AppRunner:
     return runner
 
 
+def publishing_mode(config: DriverConfig, profile: DeviceProfile) -> SharingMode | None:
+    """The forced slice publishing mode; None probes the apiserver. A profile that cannot share
+    a device in fractions publishes whole devices, so the scheduler hands out no fraction."""
+    if SharingStrategy.MPS not in profile.strategies:
+        return SharingMode.WHOLE_DEVICE
+    return None if config.sharing_mode == "auto" else SharingMode(config.sharing_mode)
+
+
 async def run_driver(config: DriverConfig, stop: asyncio.Event) -> None:
     """Wire discovery, slices and the kubelet plugin; return after ``stop`` is set."""
-    backend = load_backend(config.backend, config.profile, node_name=config.node_name)
-    gpus = backend.inventory()
+    profile = build_profile(config.backend, config.profile, node_name=config.node_name)
+    gpus = profile.discovery.inventory()
     log.info("discovered %d GPU(s) on %s: %s", len(gpus), config.node_name, [g.product_name for g in gpus])
     api = await kube_client(config.kubeconfig)
     ready = asyncio.Event()
     runner = await start_http(config.health_port, ready) if config.health_port else None
-    forced_mode = None if config.sharing_mode == "auto" else SharingMode(config.sharing_mode)
-    reconciler = SliceReconciler(api, config.node_name, config.driver_name, backend, mode=forced_mode)
+    reconciler = SliceReconciler(
+        api, config.node_name, config.driver_name, profile.discovery, mode=publishing_mode(config, profile)
+    )
     try:
         async with asyncio.TaskGroup() as group:
             slices = group.create_task(reconciler.run(), name="slices")
             plugin_started = asyncio.Event()
             serving = group.create_task(
-                serve_plugin(config, backend, api, stop, started=plugin_started),
+                serve_plugin(config, profile, api, stop, started=plugin_started),
                 name="plugin",
             )
             await plugin_started.wait()

@@ -2,8 +2,9 @@
 
 The container runtime reads ``<cdi-dir>/<vendor>-claim_<claim uid>.json`` and applies the edits of
 every device id the kubelet passes on (``<vendor>/claim=<claim uid>-<device name>``). Claim-wide
-edits (environment, common device nodes) sit at spec level; each GPU adds its own device node and
-mounts.
+edits (environment, the device nodes every container of the vendor needs) sit at spec level; each
+device adds its own device nodes and mounts. What the edits are is the device profile's; this
+module only writes them down.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.checkpoint import TEMP_SUFFIX, remove_temp_files
+from dra_driver.devices.share import ContainerEdits
+from dra_driver.files import TEMP_SUFFIX, remove_temp_files
 
 CDI_VERSION = "0.6.0"
 CDI_CLASS = "claim"
-# Nodes every CUDA container needs besides its GPUs' own /dev/nvidia<minor>.
-COMMON_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 _BIND_OPTIONS = ["rw", "nosuid", "nodev", "bind"]
 _CDI_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 
@@ -37,7 +37,7 @@ def cdi_kind(driver_name: str) -> str:
 
 @dataclass(frozen=True)
 class CdiDevice:
-    """One GPU (or MIG device) of a claim as the container should see it."""
+    """One device (or MIG device) of a claim as the container should see it."""
 
     device_name: str  # ResourceSlice device name, e.g. "gpu-3"
     device_nodes: tuple[str, ...]
@@ -75,29 +75,33 @@ def remove_leftover_temp_files(cdi_dir: Path, driver_name: str) -> list[Path]:
     return remove_temp_files(cdi_dir, _spec_prefix(driver_name))
 
 
+def _mounts(mounts: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+    return [
+        {"hostPath": host, "containerPath": container, "options": _BIND_OPTIONS} for host, container in mounts
+    ]
+
+
 def build_claim_spec(
-    driver_name: str, claim_uid: str, devices: Sequence[CdiDevice], env: Mapping[str, str]
+    driver_name: str, claim_uid: str, devices: Sequence[CdiDevice], claim_edits: ContainerEdits
 ) -> dict[str, Any]:
-    """The CDI spec document for one claim (pure). The common device nodes come with GPUs that
-    have device nodes of their own: a claim of simulated GPUs names none (no runtime could add
-    them where they do not exist)."""
-    common = COMMON_DEVICE_NODES if any(device.device_nodes for device in devices) else ()
+    """The CDI spec document for one claim (pure); ``claim_edits`` apply to every container of
+    the claim."""
+    common: dict[str, Any] = {
+        "env": [f"{key}={value}" for key, value in sorted(claim_edits.env.items())],
+        "deviceNodes": [{"path": path} for path in claim_edits.device_nodes],
+    }
+    if claim_edits.mounts:
+        common["mounts"] = _mounts(claim_edits.mounts)
     return {
         "cdiVersion": CDI_VERSION,
         "kind": cdi_kind(driver_name),
-        "containerEdits": {
-            "env": [f"{key}={value}" for key, value in sorted(env.items())],
-            "deviceNodes": [{"path": path} for path in common],
-        },
+        "containerEdits": common,
         "devices": [
             {
                 "name": cdi_device_name(claim_uid, device.device_name),
                 "containerEdits": {
                     "deviceNodes": [{"path": path} for path in device.device_nodes],
-                    "mounts": [
-                        {"hostPath": host, "containerPath": container, "options": _BIND_OPTIONS}
-                        for host, container in device.mounts
-                    ],
+                    "mounts": _mounts(device.mounts),
                 },
             }
             for device in devices

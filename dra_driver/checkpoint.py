@@ -25,35 +25,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dra_driver.sharing import GpuShare
+from dra_driver.devices.share import GpuShare
+from dra_driver.files import remove_temp_files, sync_directory
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION = 2
 SLOT_FILES = ("checkpoint.0.json", "checkpoint.1.json")
 LEGACY_FILE = "checkpoint.json"  # format 1
-TEMP_SUFFIX = ".tmp"
 
 
 class CheckpointError(RuntimeError):
     """No checkpoint file can be trusted (corrupt, wrong version, bad checksum)."""
-
-
-def sync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove_temp_files(directory: Path, name_prefix: str) -> list[Path]:
-    """Delete the temp files a crash left behind in ``directory`` (those of files named
-    ``name_prefix...``); the removed paths."""
-    leftovers = sorted(directory.glob(f".{name_prefix}*{TEMP_SUFFIX}"))
-    for path in leftovers:
-        path.unlink(missing_ok=True)
-    return leftovers
 
 
 @dataclass(frozen=True)

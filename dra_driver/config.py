@@ -16,7 +16,6 @@ DEFAULT_CHECKPOINT_DIR = Path("/var/lib/tessera-dra")
 # Longest wait for one Kubernetes API call; past it the call fails (a per-claim error for prepare).
 API_TIMEOUT_S = 10.0
 
-BackendKind = Literal["nvml", "simulated"]
 # "auto" probes the apiserver for consumable capacity; the other two force a publishing mode.
 SharingModeSetting = Literal["auto", "consumable-capacity", "whole-device"]
 
@@ -28,7 +27,8 @@ class DriverConfig(BaseModel):
 
     node_name: str = Field(min_length=1, max_length=253)
     driver_name: str = Field(default=DRIVER_NAME, min_length=1, max_length=63)
-    backend: BackendKind = "nvml"
+    # A device profile of dra_driver.profiles.registry (checked when it is built), and its settings file.
+    backend: str = Field(default="nvml", min_length=1)
     profile: Path | None = None
     kubeconfig: Path | None = None
     plugin_dir: Path = DEFAULT_PLUGIN_DIR

@@ -39,9 +39,9 @@ from kubernetes_asyncio import client
 
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.config import DriverConfig
-from dra_driver.devices.backend import Backend
-from dra_driver.devices.model import Gpu
-from dra_driver.prepare import ApiClaimReader, ClaimReader, ClaimRef, NodeDevice, Preparer, node_devices
+from dra_driver.devices.model import Gpu, NodeDevice
+from dra_driver.devices.profile import DeviceProfile
+from dra_driver.prepare import ApiClaimReader, ClaimReader, ClaimRef, Preparer, node_devices
 from dra_driver.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -211,15 +211,9 @@ class DeviceHealthBoard:
         self._reports: dict[str, DeviceHealthReport] = {}
         self._changed = asyncio.Event()
 
-    def update(self, gpus: Sequence[Gpu]) -> None:
-        # A device inherits its physical GPU's health (MIG devices included).
-        reports = {
-            name: DeviceHealthReport(name, gpu.healthy, gpu.health_message)
-            for gpu in gpus
-            for name in node_devices([gpu])
-        }
+    def update(self, reports: Mapping[str, DeviceHealthReport]) -> None:
         if reports != self._reports:
-            self._reports = reports
+            self._reports = dict(reports)
             changed, self._changed = self._changed, asyncio.Event()
             changed.set()
 
@@ -422,22 +416,31 @@ class DraPlugin:
 
 
 class DeviceInventory:
-    """The node's devices as prepare and the health service see them; fed by the backend."""
+    """The node's devices as prepare and the health service see them; fed by the profile's
+    discovery."""
 
-    def __init__(self, node_name: str, gpus: Sequence[Gpu]) -> None:
+    def __init__(self, node_name: str, profile: DeviceProfile, gpus: Sequence[Gpu]) -> None:
         self.health = DeviceHealthBoard(pool_name=node_name)
+        self._profile = profile
         self._devices: Mapping[str, NodeDevice] = {}
         self.update(gpus)
 
     def update(self, gpus: Sequence[Gpu]) -> None:
-        self._devices = node_devices(gpus)
-        self.health.update(gpus)
+        self._devices = node_devices(gpus, self._profile)
+        # A device inherits its physical GPU's health (MIG devices included).
+        self.health.update(
+            {
+                name: DeviceHealthReport(name, gpu.healthy, gpu.health_message)
+                for gpu in gpus
+                for name in node_devices([gpu], self._profile)
+            }
+        )
 
     def devices(self) -> Mapping[str, NodeDevice]:
         return self._devices
 
-    async def follow(self, backend: Backend) -> None:
-        async for gpus in backend.watch_health():
+    async def follow(self) -> None:
+        async for gpus in self._profile.discovery.watch_health():
             self.update(gpus)
 
 
@@ -445,6 +448,7 @@ def build_plugin(
     *,
     driver_name: str,
     node_name: str,
+    profile: DeviceProfile,
     gpus: Sequence[Gpu],
     claims: ClaimReader,
     runner: CommandRunner,
@@ -454,16 +458,19 @@ def build_plugin(
     checkpoint_dir: Path,
     health_refresh_s: float = HEALTH_REFRESH_S,
 ) -> tuple[DraPlugin, DeviceInventory]:
-    """Wire checkpoint, sharing, preparer and servers together (nothing is started yet)."""
-    inventory = DeviceInventory(node_name, gpus)
+    """Wire checkpoint, sharing, preparer and servers together (nothing is started yet);
+    ``gpus`` is the profile's first inventory."""
+    inventory = DeviceInventory(node_name, profile, gpus)
     sockets = PluginSockets.for_driver(driver_name, plugin_dir, registry_dir)
     preparer = Preparer(
         driver_name=driver_name,
         node_name=node_name,
         devices=inventory.devices,
+        profile=profile,
         claims=claims,
         checkpoint=Checkpoint(checkpoint_dir),
-        sharing=SharingManager(runner, mps_root=plugin_dir / driver_name / "mps"),
+        # Named for MPS, the one strategy that keeps host state today (its pipe and log directories).
+        sharing=SharingManager(runner, profile.sharing(plugin_dir / driver_name / "mps")),
         cdi_dir=cdi_dir,
     )
     plugin = DraPlugin(
@@ -477,16 +484,16 @@ def build_plugin(
     return plugin, inventory
 
 
-def default_runner(config: DriverConfig) -> CommandRunner:
-    """Real commands on real GPUs; with the simulated backend, recorded to a JSON-lines file."""
-    if config.backend == "simulated":
+def default_runner(config: DriverConfig, profile: DeviceProfile) -> CommandRunner:
+    """Real commands on real devices; on simulated ones, recorded to a JSON-lines file."""
+    if profile.simulated:
         return RecordingRunner(log_path=config.checkpoint_dir / SIMULATED_COMMAND_LOG)
     return ProcessRunner()
 
 
 async def serve_plugin(
     config: DriverConfig,
-    backend: Backend,
+    profile: DeviceProfile,
     api: client.ApiClient,
     stop: asyncio.Event,
     *,
@@ -495,16 +502,17 @@ async def serve_plugin(
 ) -> None:
     """Run the kubelet plugin until ``stop`` is set, then shut down gracefully.
 
-    ``runner`` performs GPU sharing commands (default: ``default_runner(config)``). ``started``
+    ``runner`` performs sharing commands (default: ``default_runner(config, profile)``). ``started``
     (optional) is set once both sockets are served.
     """
     config.checkpoint_dir.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
     plugin, inventory = build_plugin(
         driver_name=config.driver_name,
         node_name=config.node_name,
-        gpus=backend.inventory(),
+        profile=profile,
+        gpus=profile.discovery.inventory(),
         claims=ApiClaimReader(api),
-        runner=runner if runner is not None else default_runner(config),
+        runner=runner if runner is not None else default_runner(config, profile),
         plugin_dir=config.plugin_dir,
         registry_dir=config.registry_dir,
         cdi_dir=config.cdi_dir,
@@ -521,7 +529,7 @@ async def serve_plugin(
             await starting
         return
     starting.result()
-    follower = asyncio.create_task(inventory.follow(backend), name="plugin-inventory")
+    follower = asyncio.create_task(inventory.follow(), name="plugin-inventory")
     if started is not None:
         started.set()
     try:

@@ -2,8 +2,9 @@
 
 For each claim: read it from the API (UID must match, it must be allocated), keep the allocation
 results of this driver, apply the opaque configs (class first, then claim; strictly validated),
-decide how each GPU is shared, record the plan in the checkpoint as ``started``, set up sharing,
-write the claim's CDI spec and record it ``completed``. Every failure is reported for that claim
+decide how each GPU is shared (among the strategies the device profile sets up), record the plan
+in the checkpoint as ``started``, set up sharing, write the claim's CDI spec (the profile's
+container edits) and record it ``completed``. Every failure is reported for that claim
 only. A ``completed`` claim is answered from the checkpoint; a ``started`` one (a crash
 interrupted it) is rolled back and redone.
 """
@@ -31,16 +32,12 @@ from dra_driver import cdi
 from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from dra_driver.claimconfig import effective_sharing, parse_quantity
 from dra_driver.config import API_TIMEOUT_S
-from dra_driver.devices.model import Gpu
-from dra_driver.devices.naming import gpu_device_name, mig_device_name
-from dra_driver.sharing import (
-    ContainerEdits,
-    GpuShare,
-    SharingCommandError,
-    SharingConflict,
-    SharingManager,
-)
-from dra_driver.slices import memory_quantity, published_memory, read_json
+from dra_driver.devices.model import Gpu, NodeDevice
+from dra_driver.devices.naming import gpu_device_name, mig_device_name, published_memory
+from dra_driver.devices.profile import DeviceProfile
+from dra_driver.devices.share import ContainerEdits, GpuShare, SharingCommandError
+from dra_driver.sharing import SharingConflict, SharingManager
+from dra_driver.slices import memory_quantity, read_json
 
 log = logging.getLogger(__name__)
 
@@ -107,27 +104,15 @@ class ResourceClaimView(_ApiModel):
 # ---- what the node has ----
 
 
-@dataclass(frozen=True)
-class NodeDevice:
-    """A device this node publishes, with what prepare needs to hand it to a container."""
-
-    name: str
-    uuid: str
-    memory_bytes: int  # as published: floored to whole MiB
-    device_nodes: tuple[str, ...]
-    is_mig: bool = False
-
-
-def node_devices(gpus: Sequence[Gpu]) -> dict[str, NodeDevice]:
+def node_devices(gpus: Sequence[Gpu], profile: DeviceProfile) -> dict[str, NodeDevice]:
     """Published device name -> NodeDevice, using the same naming as the ResourceSlices.
 
-    A GPU in MIG mode is published as its MIG devices only: work cannot run outside them. A
-    simulated GPU has no device node: a container runtime refuses a CDI spec naming a node that
-    does not exist (e.g. on a kind node), so none is named.
+    A GPU in MIG mode is published as its MIG devices only: work cannot run outside them. Its
+    device nodes are the profile's (a MIG device's are its GPU's).
     """
     devices: dict[str, NodeDevice] = {}
     for gpu in gpus:
-        nodes = () if gpu.simulated else (f"/dev/nvidia{gpu.minor}",)
+        nodes = profile.device_nodes(gpu)
         if not gpu.mig_enabled:
             name = gpu_device_name(gpu)
             devices[name] = NodeDevice(name, gpu.uuid, published_memory(gpu), nodes)
@@ -185,9 +170,15 @@ def _thread_percentage(result: _AllocationResult, memory: int, whole_memory: int
 
 
 def plan_claim(
-    claim: ResourceClaimView, expected_uid: str, driver: str, pool: str, devices: Mapping[str, NodeDevice]
+    claim: ResourceClaimView,
+    expected_uid: str,
+    driver: str,
+    pool: str,
+    devices: Mapping[str, NodeDevice],
+    profile: DeviceProfile,
 ) -> list[PlannedDevice]:
-    """Decide, without side effects, which devices the claim gets and how each is shared."""
+    """Decide, without side effects, which devices the claim gets and how each is shared (only
+    ``profile.strategies`` are read of the profile)."""
     if claim.metadata.uid != expected_uid:
         raise ClaimPrepareError(
             f"claim UID is {claim.metadata.uid}, the kubelet asked for {expected_uid} (recreated claim?)"
@@ -218,6 +209,16 @@ def plan_claim(
         fraction = memory < device.memory_bytes
         default = SharingStrategy.MPS if fraction else SharingStrategy.EXCLUSIVE
         strategy = sharing.strategy if sharing else default
+        if strategy not in profile.strategies:
+            asked = (
+                f"holds {memory} of {device.memory_bytes} bytes of {device.name}: a fraction needs {strategy}"
+                if fraction and not sharing
+                else f"asks for {strategy} on {device.name}"
+            )
+            raise ClaimPrepareError(
+                f"request {result.request} {asked}, which the {profile.name} device profile does not set "
+                f"up (it supports {', '.join(sorted(profile.strategies))} only)"
+            )
         if fraction and strategy != SharingStrategy.MPS:
             raise ClaimPrepareError(
                 f"request {result.request} holds {memory} of {device.memory_bytes} bytes of {device.name}; "
@@ -347,12 +348,14 @@ class Preparer:
         driver_name: str,
         node_name: str,
         devices: Callable[[], Mapping[str, NodeDevice]],
+        profile: DeviceProfile,
         claims: ClaimReader,
         checkpoint: Checkpoint,
         sharing: SharingManager,
         cdi_dir: Path,
     ) -> None:
         self._driver = driver_name
+        self._profile = profile
         self._pool = node_name
         self._devices = devices
         self._claims = claims
@@ -422,7 +425,7 @@ class Preparer:
         """The claim's plan, or the error that costs this claim (and only it) its prepare."""
         try:
             claim = ResourceClaimView.model_validate(await self._claims.read_claim(ref.namespace, ref.name))
-            devices = plan_claim(claim, ref.uid, self._driver, self._pool, self._devices())
+            devices = plan_claim(claim, ref.uid, self._driver, self._pool, self._devices(), self._profile)
         except ValidationError as err:
             return self._failed("prepare", ref, f"unexpected ResourceClaim shape: {err}")
         except ClaimPrepareError as err:
@@ -521,12 +524,16 @@ class Preparer:
         return acquired
 
     def _claim_spec(self, planned: _Planned, edits: Sequence[ContainerEdits]) -> dict[str, Any]:
-        env: dict[str, str] = {"NVIDIA_VISIBLE_DEVICES": ",".join(d.device.uuid for d in planned.devices)}
+        """The profile's edits for the claim, with each share's environment added to them."""
+        common = self._profile.claim_edits([d.device for d in planned.devices])
+        env = dict(common.env)
         cdi_devices: list[cdi.CdiDevice] = []
         for device, edit in zip(planned.devices, edits, strict=True):
             env.update(edit.env)
-            cdi_devices.append(cdi.CdiDevice(device.device.name, device.device.device_nodes, edit.mounts))
-        return cdi.build_claim_spec(self._driver, planned.ref.uid, cdi_devices, env)
+            nodes = device.device.device_nodes + edit.device_nodes
+            cdi_devices.append(cdi.CdiDevice(device.device.name, nodes, edit.mounts))
+        claim_edits = ContainerEdits(env=env, device_nodes=common.device_nodes, mounts=common.mounts)
+        return cdi.build_claim_spec(self._driver, planned.ref.uid, cdi_devices, claim_edits)
 
     def _answer(self, planned: _Planned) -> tuple[PreparedDevice, ...]:
         return tuple(

@@ -1,7 +1,8 @@
-"""Publish the node's GPUs as ResourceSlices (resource.k8s.io/v1) and keep them current.
+"""Publish the node's devices as ResourceSlices (resource.k8s.io/v1) and keep them current.
 
 Two halves:
 - pure builders (``build_devices``, ``build_slices``): GPUs in, ResourceSlice dicts out, no I/O;
+  each device carries the common attributes and the ones its profile's discovery gave it;
 - ``SliceReconciler``: detects whether the cluster supports consumable capacity, publishes at
   start, republishes (with a pool generation bump) when the inventory or a device's health
   changes, and deletes this node's stale slices.
@@ -34,15 +35,15 @@ from prometheus_client import Counter, Gauge
 
 from contract.names import COMPUTE_CAPACITY, GPU_MILLI, MEMORY_CAPACITY
 from dra_driver.config import API_TIMEOUT_S
-from dra_driver.devices.backend import Backend
-from dra_driver.devices.model import Gpu, MigDevice
-from dra_driver.devices.naming import gpu_device_name, mig_device_name
+from dra_driver.devices.attributes import string_attribute
+from dra_driver.devices.model import DeviceAttribute, Gpu, MigDevice
+from dra_driver.devices.naming import gpu_device_name, mig_device_name, published_memory
+from dra_driver.devices.profile import Discovery
 
 log = logging.getLogger(__name__)
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_TAINTED_SLICE = 64  # the API's lower limit once any device has taints
-MAX_STRING_ATTRIBUTE = 64
 _MIB = 1 << 20
 _MAX_NAME = 253
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -70,17 +71,6 @@ class NodeRef:
     uid: str = ""
 
 
-def semver(text: str) -> str:
-    """A "version" attribute value: semver, so "9.0" -> "9.0.0" and "535.104.05" -> "535.104.5"."""
-    numbers = [int(part) for part in re.findall(r"\d+", text)[:3]]
-    numbers += [0] * (3 - len(numbers))
-    return ".".join(str(n) for n in numbers)
-
-
-def _string(value: str) -> dict[str, str]:
-    return {"string": value[:MAX_STRING_ATTRIBUTE]}
-
-
 def normalized_pci_bus_id(pci_bus_id: str) -> str:
     """NVML pads the PCI domain to 8 digits; the standard attribute uses the sysfs form."""
     return pci_bus_id.lower()[-12:]
@@ -92,22 +82,18 @@ def taint_value(message: str) -> str:
     return value.strip("-._")
 
 
-def _gpu_attributes(gpu: Gpu) -> dict[str, dict[str, Any]]:
-    attributes: dict[str, dict[str, Any]] = {
-        "type": _string("gpu"),
-        "uuid": _string(gpu.uuid),
+def _gpu_attributes(gpu: Gpu) -> dict[str, DeviceAttribute]:
+    attributes: dict[str, DeviceAttribute] = {
+        "type": string_attribute("gpu"),
+        "uuid": string_attribute(gpu.uuid),
         "index": {"int": gpu.index},
         "minor": {"int": gpu.minor},
-        "productName": _string(gpu.product_name),
-        "brand": _string(gpu.brand),
-        "architecture": _string(gpu.architecture),
-        "cudaComputeCapability": {"version": semver(gpu.cuda_compute_capability)},
-        "driverVersion": {"version": semver(gpu.driver_version)},
-        "cudaDriverVersion": {"version": semver(gpu.cuda_driver_version)},
-        "resource.kubernetes.io/pciBusID": _string(normalized_pci_bus_id(gpu.pci_bus_id)),
+        "productName": string_attribute(gpu.product_name),
+        **gpu.attributes,
+        "resource.kubernetes.io/pciBusID": string_attribute(normalized_pci_bus_id(gpu.pci_bus_id)),
     }
     if gpu.pcie_root:
-        attributes["resource.kubernetes.io/pcieRoot"] = _string(gpu.pcie_root)
+        attributes["resource.kubernetes.io/pcieRoot"] = string_attribute(gpu.pcie_root)
     return attributes
 
 
@@ -128,12 +114,6 @@ def memory_quantity(size: int) -> str:
         if size >= unit and size % unit == 0:
             return f"{size // unit}{suffix}"
     return str(size)
-
-
-def published_memory(gpu: Gpu) -> int:
-    """The memory capacity a whole GPU is published with: floored to whole MiB, so the memory
-    request policy's default stays on its MiB step grid."""
-    return gpu.memory_bytes - gpu.memory_bytes % _MIB
 
 
 def _whole_gpu_device(gpu: Gpu, driver: str, mode: SharingMode, effect: TaintEffect) -> dict[str, Any]:
@@ -169,10 +149,10 @@ def _mig_device(gpu: Gpu, mig: MigDevice, driver: str, effect: TaintEffect) -> d
     attributes = _gpu_attributes(gpu)
     attributes.update(
         {
-            "type": _string("mig"),
-            "uuid": _string(mig.uuid),
-            "parentUUID": _string(gpu.uuid),
-            "profile": _string(mig.profile),
+            "type": string_attribute("mig"),
+            "uuid": string_attribute(mig.uuid),
+            "parentUUID": string_attribute(gpu.uuid),
+            "profile": string_attribute(mig.profile),
             "gpuInstance": {"int": mig.gi},
             "computeInstance": {"int": mig.ci},
         }
@@ -331,7 +311,7 @@ class SliceReconciler:
         api: client.ApiClient,
         node_name: str,
         driver: str,
-        backend: Backend,
+        discovery: Discovery,
         mode: SharingMode | None = None,
         taint_effect: TaintEffect = "NoSchedule",
     ) -> None:
@@ -340,7 +320,7 @@ class SliceReconciler:
         self._core = client.CoreV1Api(api)
         self._node_name = node_name
         self._driver = driver
-        self._backend = backend
+        self._discovery = discovery
         self._taint_effect = taint_effect
         self.mode = mode
         self.generation = 0
@@ -461,8 +441,8 @@ class SliceReconciler:
         deleted or left behind by someone else are repaired. API errors are logged and retried
         with back-off, never fatal.
         """
-        changes = self._backend.watch_health()  # before the first read: no change slips between
-        gpus = self._backend.inventory()
+        changes = self._discovery.watch_health()  # before the first read: no change slips between
+        gpus = self._discovery.inventory()
         # A task, not wait_for: a timeout must not cancel (and so end) the change iterator.
         next_change: asyncio.Future[list[Gpu]] = asyncio.ensure_future(anext(changes))
         try:
@@ -473,7 +453,7 @@ class SliceReconciler:
                     gpus = next_change.result()
                     next_change = asyncio.ensure_future(anext(changes))
                 else:
-                    gpus = self._backend.inventory()
+                    gpus = self._discovery.inventory()
         finally:
             next_change.cancel()
 

@@ -52,8 +52,8 @@ from typing import Any
 
 from contract.quantity import parse_quantity
 from dra_driver.checkpoint import Checkpoint
-from dra_driver.devices import load_backend
 from dra_driver.prepare import ClaimRef, Preparer, node_devices
+from dra_driver.profiles.registry import build_profile
 from dra_driver.sharing import ProcessRunner, SharingManager
 from dra_driver.slices import NodeRef, SharingMode, build_slices
 
@@ -108,7 +108,8 @@ def compute_mode(uuid: str) -> None:
 
 async def main() -> int:
     step("1. NVML discovery: the ResourceSlices this node would publish")
-    gpus = load_backend("nvml").inventory()
+    profile = build_profile("nvml")
+    gpus = profile.discovery.inventory()
     slices = build_slices(NodeRef(node), DRIVER, gpus, SharingMode.CONSUMABLE_CAPACITY, generation=1)
     print(json.dumps(slices, indent=2))
     if not gpus:
@@ -116,7 +117,7 @@ async def main() -> int:
         return 1
 
     step(f"2. prepare a {memory} fraction of gpu-0 with MPS (real commands)")
-    devices = node_devices(gpus)
+    devices = node_devices(gpus, profile)
     gpu0 = next(d for d in devices.values() if not d.is_mig)
     result = {"request": "gpu", "driver": DRIVER, "pool": node, "device": gpu0.name,
               "consumedCapacity": {"memory": memory}}  # fmt: skip
@@ -128,9 +129,10 @@ async def main() -> int:
         driver_name=DRIVER,
         node_name=node,
         devices=lambda: devices,
+        profile=profile,
         claims=OneClaim(claim),
         checkpoint=Checkpoint(work / "state"),
-        sharing=SharingManager(ProcessRunner(), mps_root=work / "mps"),
+        sharing=SharingManager(ProcessRunner(), profile.sharing(work / "mps")),
         cdi_dir=work / "cdi",
     )
     ref = ClaimRef("gpu-check", "gpu-check-fraction", "fraction")

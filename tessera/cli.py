@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from dra_driver.devices.simulated import PROFILE_DIR
+from dra_driver.profiles.nvidia.simulated import PROFILE_DIR
 from tessera.dev.demo import DEMO_DIR, DemoError, run_demo, summary
 from tessera.dev.localcluster import REPO_ROOT, ClusterError, LocalCluster, free_port
 

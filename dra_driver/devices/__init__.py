@@ -1,15 +1,2 @@
-"""GPU discovery: the device model, the backend interface and its NVML and simulated backends."""
-
-from dra_driver.devices.backend import Backend, BackendUnavailable, load_backend
-from dra_driver.devices.model import Gpu, MigDevice
-from dra_driver.devices.naming import gpu_device_name, mig_device_name
-
-__all__ = [
-    "Backend",
-    "BackendUnavailable",
-    "Gpu",
-    "MigDevice",
-    "gpu_device_name",
-    "load_backend",
-    "mig_device_name",
-]
+"""The driver's device contract: the device model, the share model and the ``DeviceProfile``
+interface every vendor implements (``dra_driver.profiles``). Imports nothing of the driver."""

@@ -1,8 +1,18 @@
-"""What discovery knows about the GPUs of one node: plain, immutable data shared by every backend."""
+"""What discovery knows about the devices of one node: plain, immutable data shared by every
+device profile.
+
+A ``Gpu`` is one physical device as every profile describes it (identity, memory, health, MIG
+partitions); what only its vendor knows (NVIDIA's CUDA compute capability, driver versions...)
+comes in ``attributes``, already in ResourceSlice form, and is published as it is.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# One ResourceSlice attribute value: {"string": ...}, {"int": ...}, {"bool": ...} or {"version": ...}.
+DeviceAttribute = Mapping[str, str | int | bool]
 
 
 @dataclass(frozen=True)
@@ -18,17 +28,12 @@ class MigDevice:
 
 @dataclass(frozen=True)
 class Gpu:
-    """One physical GPU as seen by the driver."""
+    """One physical device as seen by the driver."""
 
     minor: int
     index: int
     uuid: str
     product_name: str
-    brand: str
-    architecture: str
-    cuda_compute_capability: str  # "9.0"
-    driver_version: str
-    cuda_driver_version: str
     pci_bus_id: str
     memory_bytes: int
     mig_enabled: bool = False
@@ -36,5 +41,18 @@ class Gpu:
     healthy: bool = True
     health_message: str = ""
     pcie_root: str = ""  # e.g. "pci0000:00"; empty when unknown
-    # The simulated backend's GPUs have no /dev/nvidia<minor> (nor /dev/nvidiactl...) behind them.
+    # A simulated device has no device node behind it (no /dev/nvidia<minor>, /dev/nvidiactl...).
     simulated: bool = False
+    # The vendor's own attributes (name -> ResourceSlice value), published beside the common ones.
+    attributes: Mapping[str, DeviceAttribute] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeDevice:
+    """A device this node publishes, with what prepare needs to hand it to a container."""
+
+    name: str
+    uuid: str
+    memory_bytes: int  # as published: floored to whole MiB
+    device_nodes: tuple[str, ...]
+    is_mig: bool = False

@@ -1,8 +1,11 @@
-"""Device names as published in ResourceSlices; the plugin uses the same functions to map back."""
+"""Device names and memory as published in ResourceSlices; the plugin uses the same functions to
+map back."""
 
 from __future__ import annotations
 
 from dra_driver.devices.model import Gpu, MigDevice
+
+_MIB = 1 << 20
 
 
 def gpu_device_name(gpu: Gpu) -> str:
@@ -12,3 +15,9 @@ def gpu_device_name(gpu: Gpu) -> str:
 def mig_device_name(gpu: Gpu, mig: MigDevice) -> str:
     # Profile names contain dots, which a DNS label forbids; the instance ids are unique per GPU.
     return f"gpu-{gpu.minor}-mig-{mig.gi}-{mig.ci}"
+
+
+def published_memory(gpu: Gpu) -> int:
+    """The memory capacity a whole GPU is published with: floored to whole MiB, so the memory
+    request policy's default stays on its MiB step grid."""
+    return gpu.memory_bytes - gpu.memory_bytes % _MIB

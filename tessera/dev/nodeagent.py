@@ -14,7 +14,7 @@ of DRA over the real sockets:
   (gone without a graceful termination) get their claims unprepared on the next pass, and so do
   pods marked Succeeded or Failed (tests finish a Job's pods that way: containers never exit here).
 
-Usage: ``tessera-node-agent --kubeconfig KC --profile dra_driver/devices/profiles/h100x8.yaml
+Usage: ``tessera-node-agent --kubeconfig KC --profile dra_driver/profiles/nvidia/nodes/h100x8.yaml
 --node-name sim-1 --node-name sim-2 --state-dir /tmp/tessera-nodes --create-nodes``.
 """
 

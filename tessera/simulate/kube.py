@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from contract.names import DRIVER_NAME, GPU_MILLI, MODEL_ATTRIBUTE
-from dra_driver.devices.simulated import ProfileSpec, build_inventory
+from dra_driver.profiles.nvidia.simulated import ProfileSpec, build_inventory
 from dra_driver.slices import NodeRef, SharingMode, build_slices
 from extender.policy.placement import GpuDemand
 
@@ -34,7 +34,7 @@ CLAIM = "gpus"
 
 
 def node_profile(node: SimNode) -> JsonObject:
-    """The simulated driver's profile for the node's GPUs (``dra_driver.devices.simulated``)."""
+    """The simulated driver's profile for the node's GPUs (``dra_driver.profiles.nvidia.simulated``)."""
     return {
         "description": f"{node.gpus}x {node.model} from the trace",
         "driverVersion": "535.104.05",

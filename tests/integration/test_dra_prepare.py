@@ -32,17 +32,19 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, ResourceV1Api
 from contract.names import DRIVER_NAME
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.config import DriverConfig
-from dra_driver.devices.simulated import SimulatedBackend
+from dra_driver.devices.share import Command
 from dra_driver.plugin import SIMULATED_COMMAND_LOG, build_plugin
 from dra_driver.prepare import ApiClaimReader
-from dra_driver.sharing import Command, RecordingRunner
+from dra_driver.profiles.nvidia.simulated import PROFILE_DIR
+from dra_driver.profiles.registry import build_profile
+from dra_driver.sharing import RecordingRunner
 from dra_driver.slices import SliceReconciler
 from tessera.dev.localcluster import LocalCluster, create_fake_node, delete_nodes, wait_until
 from tessera.dev.nodeagent import KubeletStandIn, Registrar, node_driver_config, run_kubelet_stand_in
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
-SHIPPED_PROFILES = REPO / "dra_driver" / "devices" / "profiles"
+SHIPPED_PROFILES = PROFILE_DIR
 
 
 def unique(prefix: str) -> str:
@@ -398,7 +400,8 @@ async def test_driver_killed_mid_prepare_is_rolled_back_and_redone(
 ) -> None:
     node = unique("h100")
     config = node_driver_config(node, short_dir, h100_profile, local_cluster.kubeconfig, driver)
-    backend = SimulatedBackend.from_file(h100_profile, node_name=node)
+    profile = build_profile("simulated", h100_profile, node_name=node)
+    backend = profile.discovery
     await create_fake_node(k8s, node)
     reconciler = SliceReconciler(k8s, node, driver, backend)
 
@@ -406,6 +409,7 @@ async def test_driver_killed_mid_prepare_is_rolled_back_and_redone(
         plugin, _ = build_plugin(
             driver_name=driver,
             node_name=node,
+            profile=profile,
             gpus=backend.inventory(),
             claims=ApiClaimReader(k8s),
             runner=runner,

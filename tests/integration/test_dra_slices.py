@@ -27,7 +27,7 @@ from kubernetes_asyncio.client import ApiClient, ResourceV1Api
 
 from contract.names import CLASSIC_GPU_RESOURCE, DRIVER_NAME
 from contract.quantity import parse_quantity
-from dra_driver.devices.simulated import SimulatedBackend
+from dra_driver.profiles.nvidia.simulated import SimulatedDiscovery
 from dra_driver.slices import SharingMode, SliceReconciler, read_json
 from tessera.dev.localcluster import (
     LocalCluster,
@@ -59,7 +59,7 @@ def unique(prefix: str) -> str:
 @dataclass
 class DriverNode:
     name: str
-    backend: SimulatedBackend
+    backend: SimulatedDiscovery
     reconciler: SliceReconciler
 
 
@@ -93,7 +93,7 @@ async def pools(local_cluster: LocalCluster, k8s: ApiClient, tmp_path: Path) -> 
     for prefix, source in (("h100", profile), ("t4", Path("t4x2"))):
         name = unique(prefix)
         await create_fake_node(k8s, name)
-        backend = SimulatedBackend.from_file(source, node_name=name)
+        backend = SimulatedDiscovery.from_file(source, node_name=name)
         nodes.append(DriverNode(name, backend, SliceReconciler(k8s, name, driver, backend)))
     try:
         yield Pools(driver, nodes[0], nodes[1])
@@ -446,7 +446,7 @@ async def test_driver_process_publishes_serves_and_stops_cleanly(
         if process.returncode is None:
             process.kill()
             await process.wait()
-        await SliceReconciler(k8s, node, driver, SimulatedBackend([])).delete_all()
+        await SliceReconciler(k8s, node, driver, SimulatedDiscovery([])).delete_all()
         await delete_nodes(k8s, [node])
 
 
@@ -461,7 +461,7 @@ async def test_without_consumable_capacity_whole_gpus_are_published_and_shared_b
         try:
             node, driver = unique("t4"), f"{unique('gpu')}.tessera.dev"
             await create_fake_node(api, node)
-            backend = SimulatedBackend.from_file(Path("t4x2"), node_name=node)
+            backend = SimulatedDiscovery.from_file(Path("t4x2"), node_name=node)
             reconciler = SliceReconciler(api, node, driver, backend)
             assert await reconciler.detect_sharing_mode() is SharingMode.WHOLE_DEVICE
             assert await reconciler.publish(backend.inventory())

@@ -100,5 +100,5 @@ def test_kinds_validation_is_really_applied(configcheck: Path, tmp_path: Path) -
 def test_kind_values_select_the_simulated_backend() -> None:
     assert KIND_VALUES["draDriver"]["backend"] == "simulated"
     assert KIND_VALUES["image"]["pullPolicy"] == "Never"  # loaded by `kind load`, never pulled
-    profiles = {p.stem for p in (ROOT / "dra_driver" / "devices" / "profiles").glob("*.yaml")}
+    profiles = {p.stem for p in (ROOT / "dra_driver" / "profiles" / "nvidia" / "nodes").glob("*.yaml")}
     assert KIND_VALUES["draDriver"]["simulatedProfile"] in profiles

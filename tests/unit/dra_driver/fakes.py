@@ -10,6 +10,9 @@ from dra_driver.checkpoint import Checkpoint
 from dra_driver.devices.model import Gpu
 from dra_driver.plugin import HEALTH_REFRESH_S, DeviceInventory, DraPlugin, build_plugin
 from dra_driver.prepare import ClaimPrepareError, ClaimReader, Preparer, node_devices
+from dra_driver.profiles.nvidia.attributes import nvidia_attributes
+from dra_driver.profiles.nvidia.profile import NvidiaProfile
+from dra_driver.profiles.nvidia.simulated import SimulatedDiscovery
 from dra_driver.sharing import RecordingRunner, SharingManager
 
 DRIVER = "gpu.tessera.dev"
@@ -23,15 +26,24 @@ def gpu(minor: int, memory_gib: int = 80, healthy: bool = True) -> Gpu:
         index=minor,
         uuid=f"GPU-{minor:08d}-test",
         product_name="NVIDIA H100 80GB HBM3",
-        brand="Nvidia",
-        architecture="Hopper",
-        cuda_compute_capability="9.0",
-        driver_version="570.124.06",
-        cuda_driver_version="12.8",
         pci_bus_id=f"00000000:{minor + 10:02x}:00.0",
         memory_bytes=memory_gib * GIB,
         healthy=healthy,
         health_message="" if healthy else "XID 79",
+        attributes=nvidia_attributes(
+            brand="Nvidia",
+            architecture="Hopper",
+            cuda_compute_capability="9.0",
+            driver_version="570.124.06",
+            cuda_driver_version="12.8",
+        ),
+    )
+
+
+def nvidia(gpus: list[Gpu] | None = None) -> NvidiaProfile:
+    """The NVIDIA profile as on a real node (device nodes, real commands), over ``gpus``."""
+    return NvidiaProfile(
+        "nvml", SimulatedDiscovery(gpus if gpus is not None else [gpu(0), gpu(1)]), simulated=False
     )
 
 
@@ -119,14 +131,16 @@ def make_preparer(
     tmp_path: Path, claims: FakeClaims, runner: RecordingRunner, gpus: list[Gpu] | None = None
 ) -> Preparer:
     """A Preparer on tmp dirs; build a second one on the same tmp_path to simulate a restart."""
-    devices = node_devices(gpus if gpus is not None else [gpu(0), gpu(1)])
+    profile = nvidia(gpus)
+    devices = node_devices(profile.discovery.inventory(), profile)
     return Preparer(
         driver_name=DRIVER,
         node_name=NODE,
         devices=lambda: devices,
+        profile=profile,
         claims=claims,
         checkpoint=Checkpoint(tmp_path / "checkpoint"),
-        sharing=SharingManager(runner, mps_root=tmp_path / "mps"),
+        sharing=SharingManager(runner, profile.sharing(tmp_path / "mps")),
         cdi_dir=tmp_path / "cdi",
     )
 
@@ -139,10 +153,12 @@ def make_plugin(
 ) -> tuple[DraPlugin, DeviceInventory]:
     """A plugin (not started) with all its directories under ``root``, recording sharing commands;
     a second one on the same ``root`` is a second instance of the driver on the same node."""
+    profile = nvidia(gpus)
     return build_plugin(
         driver_name=DRIVER,
         node_name=NODE,
-        gpus=gpus if gpus is not None else [gpu(0), gpu(1)],
+        profile=profile,
+        gpus=profile.discovery.inventory(),
         claims=claims,
         runner=RecordingRunner(),
         plugin_dir=root / "plugins",

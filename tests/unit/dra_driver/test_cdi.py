@@ -7,18 +7,22 @@ import stat
 from pathlib import Path
 
 from dra_driver import cdi
+from dra_driver.devices.share import ContainerEdits
+
+NODES = ContainerEdits(env={"B": "2", "A": "1"}, device_nodes=("/dev/ctl",))
 
 
-def test_spec_has_claim_env_common_nodes_and_per_device_edits() -> None:
+def test_spec_has_the_claim_edits_and_per_device_edits() -> None:
     devices = [
         cdi.CdiDevice("gpu-0", ("/dev/nvidia0",), mounts=(("/host/mps/pipe", "/tmp/nvidia-mps"),)),
         cdi.CdiDevice("gpu-1", ("/dev/nvidia1",)),
     ]
-    spec = cdi.build_claim_spec("gpu.tessera.dev", "uid-1", devices, {"B": "2", "A": "1"})
+    spec = cdi.build_claim_spec("gpu.tessera.dev", "uid-1", devices, NODES)
     assert spec["cdiVersion"] == cdi.CDI_VERSION
     assert spec["kind"] == "k8s.gpu.tessera.dev/claim"
     assert spec["containerEdits"]["env"] == ["A=1", "B=2"]
-    assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == list(cdi.COMMON_DEVICE_NODES)
+    assert spec["containerEdits"]["deviceNodes"] == [{"path": "/dev/ctl"}]
+    assert "mounts" not in spec["containerEdits"]  # written only when the profile has some
     first, second = spec["devices"]
     assert first["name"] == "uid-1-gpu-0"
     assert first["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
@@ -39,7 +43,9 @@ def test_device_id_names_the_spec_device() -> None:
 def test_write_is_atomic_readable_and_removable(tmp_path: Path) -> None:
     path = cdi.spec_path(tmp_path / "cdi", "gpu.tessera.dev", "uid-1")
     assert path.name == "k8s.gpu.tessera.dev-claim_uid-1.json"
-    spec = cdi.build_claim_spec("gpu.tessera.dev", "uid-1", [cdi.CdiDevice("gpu-0", ("/dev/nvidia0",))], {})
+    spec = cdi.build_claim_spec(
+        "gpu.tessera.dev", "uid-1", [cdi.CdiDevice("gpu-0", ("/dev/nvidia0",))], ContainerEdits()
+    )
     cdi.write_claim_specs({path: spec})
     cdi.write_claim_specs({path: spec})  # replacing an existing spec works the same way
     assert json.loads(path.read_text()) == spec
@@ -54,7 +60,7 @@ def test_write_is_atomic_readable_and_removable(tmp_path: Path) -> None:
 def test_many_specs_in_one_write(tmp_path: Path) -> None:
     specs = {
         cdi.spec_path(tmp_path, "gpu.tessera.dev", f"uid-{i}"): cdi.build_claim_spec(
-            "gpu.tessera.dev", f"uid-{i}", [cdi.CdiDevice("gpu-0", ("/dev/nvidia0",))], {}
+            "gpu.tessera.dev", f"uid-{i}", [cdi.CdiDevice("gpu-0", ("/dev/nvidia0",))], ContainerEdits()
         )
         for i in range(20)
     }

@@ -11,10 +11,13 @@ import pytest
 
 from contract.gpuconfig import SharingStrategy
 from dra_driver.checkpoint import Checkpoint, CheckpointError, ClaimRecord, PreparedDevice
+from dra_driver.devices.share import Command, GpuShare
 from dra_driver.prepare import ClaimRef
-from dra_driver.sharing import Command, GpuShare, RecordingRunner
+from dra_driver.sharing import RecordingRunner
 
 from .fakes import GIB, FakeClaims, Result, claim, make_preparer
+
+DATA = Path(__file__).parent / "data"
 
 RECORD = ClaimRecord(
     namespace="ns",
@@ -187,3 +190,20 @@ async def test_a_completed_claim_whose_spec_was_lost_is_prepared_again(tmp_path:
     again = await preparer.prepare([REF])
     assert again == first and claims.reads == reads + 1
     assert spec.read_text() == text
+
+
+def test_a_checkpoint_written_before_the_device_profiles_still_loads(tmp_path: Path) -> None:
+    """data/ holds the two slot files the driver wrote before the share model moved to
+    ``dra_driver.devices.share`` (format 2, generations 1 and 2): the format did not change, so
+    the newer slot is read with both claims, shares and all."""
+    for slot in ("checkpoint.0.json", "checkpoint.1.json"):
+        (tmp_path / slot).write_bytes((DATA / slot).read_bytes())
+    checkpoint = Checkpoint(tmp_path)
+    assert checkpoint.path == tmp_path / "checkpoint.0.json"  # generation 2
+    assert sorted(checkpoint.claims) == ["uid-mps", "uid-ts"]
+    mps = checkpoint.claims["uid-mps"]
+    assert (mps.state, mps.devices[0].share_id) == ("completed", "share-1")
+    assert mps.shares == (GpuShare("GPU-aaaa", "gpu-0", SharingStrategy.MPS, 20 * GIB, 25),)
+    sliced = checkpoint.claims["uid-ts"]
+    assert sliced.state == "started"
+    assert sliced.shares == (GpuShare("GPU-bbbb", "gpu-1", SharingStrategy.TIME_SLICING, timeslice="Long"),)

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.devices import BackendUnavailable, gpu_device_name, load_backend, mig_device_name
-from dra_driver.devices.nvml import cuda_version_text, mig_profile_from_name
-from dra_driver.devices.simulated import PROFILE_DIR, SimulatedBackend, parse_bytes
+from dra_driver.devices.naming import gpu_device_name, mig_device_name
+from dra_driver.devices.profile import BackendUnavailable
+from dra_driver.profiles.common import parse_bytes
+from dra_driver.profiles.nvidia.nvml import cuda_version_text, mig_profile_from_name
+from dra_driver.profiles.nvidia.simulated import PROFILE_DIR, SimulatedDiscovery
+from dra_driver.profiles.registry import build_profile
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -31,7 +34,7 @@ MIB = 1 << 20
 def test_shipped_profiles_expand_to_expected_gpus(
     profile: str, count: int, product: str, memory: int, mig_counts: list[int]
 ) -> None:
-    gpus = load_backend("simulated", Path(profile), node_name="node-a").inventory()
+    gpus = build_profile("simulated", Path(profile), node_name="node-a").discovery.inventory()
     assert len(gpus) == count
     assert gpus[0].product_name == product
     assert gpus[0].memory_bytes == memory
@@ -46,15 +49,15 @@ def test_every_shipped_profile_is_covered() -> None:
 
 
 def test_uuids_are_stable_per_node_and_differ_between_nodes() -> None:
-    first = load_backend("simulated", Path("t4x2"), node_name="node-a").inventory()
-    again = load_backend("simulated", Path("t4x2"), node_name="node-a").inventory()
-    other = load_backend("simulated", Path("t4x2"), node_name="node-b").inventory()
+    first = build_profile("simulated", Path("t4x2"), node_name="node-a").discovery.inventory()
+    again = build_profile("simulated", Path("t4x2"), node_name="node-a").discovery.inventory()
+    other = build_profile("simulated", Path("t4x2"), node_name="node-b").discovery.inventory()
     assert [g.uuid for g in first] == [g.uuid for g in again]
     assert not {g.uuid for g in first} & {g.uuid for g in other}
 
 
 def test_mig_profile_is_read_from_yaml() -> None:
-    gpus = load_backend("simulated", Path("mixed"), node_name="n").inventory()
+    gpus = build_profile("simulated", Path("mixed"), node_name="n").discovery.inventory()
     mig_gpu = gpus[2]
     assert mig_gpu.mig_enabled
     assert [m.profile for m in mig_gpu.mig_devices] == ["3g.20gb", "2g.10gb", "1g.5gb"]
@@ -64,7 +67,7 @@ def test_mig_profile_is_read_from_yaml() -> None:
 
 
 def test_device_names() -> None:
-    gpu = load_backend("simulated", Path("a100x4-mig"), node_name="n").inventory()[3]
+    gpu = build_profile("simulated", Path("a100x4-mig"), node_name="n").discovery.inventory()[3]
     assert gpu_device_name(gpu) == "gpu-3"
     assert mig_device_name(gpu, gpu.mig_devices[4]) == "gpu-3-mig-5-0"
 
@@ -96,22 +99,22 @@ def test_bad_profile_gives_a_clear_error(tmp_path: Path) -> None:
         "driverVersion: '1'\ncudaDriverVersion: '12.0'\ngpus:\n  - productName: X\n    bogus: 1\n"
     )
     with pytest.raises(BackendUnavailable, match="invalid GPU profile") as error:
-        load_backend("simulated", profile)
+        build_profile("simulated", profile)
     assert "bogus" in str(error.value)
 
 
 def test_missing_profile_gives_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailable, match="cannot read GPU profile"):
-        load_backend("simulated", tmp_path / "absent.yaml")
+        build_profile("simulated", tmp_path / "absent.yaml")
 
 
 def test_simulated_backend_needs_a_profile() -> None:
     with pytest.raises(BackendUnavailable, match="needs a profile"):
-        load_backend("simulated")
+        build_profile("simulated")
 
 
 async def test_health_flip_wakes_every_watcher_with_the_new_inventory() -> None:
-    backend = SimulatedBackend.from_file(Path("h100x8"), node_name="n")
+    backend = SimulatedDiscovery.from_file(Path("h100x8"), node_name="n")
     first, second = backend.watch_health(), backend.watch_health()
     next_first = asyncio.ensure_future(anext(first))
     next_second = asyncio.ensure_future(anext(second))
@@ -126,7 +129,7 @@ async def test_health_flip_wakes_every_watcher_with_the_new_inventory() -> None:
 
 
 async def test_change_made_while_consumer_is_busy_is_not_lost() -> None:
-    backend = SimulatedBackend.from_file(Path("t4x2"), node_name="n")
+    backend = SimulatedDiscovery.from_file(Path("t4x2"), node_name="n")
     watcher = backend.watch_health()
     pending = asyncio.ensure_future(anext(watcher))
     await asyncio.sleep(0)
@@ -139,7 +142,7 @@ async def test_change_made_while_consumer_is_busy_is_not_lost() -> None:
 
 
 def test_set_health_of_unknown_gpu_is_an_error() -> None:
-    backend = SimulatedBackend.from_file(Path("t4x2"), node_name="n")
+    backend = SimulatedDiscovery.from_file(Path("t4x2"), node_name="n")
     with pytest.raises(KeyError):
         backend.set_health(9, healthy=False)
 
@@ -155,7 +158,7 @@ def test_nvml_backend_without_the_library_is_a_clear_error() -> None:
     if Path("/dev/nvidiactl").exists():
         pytest.skip("this machine has an NVIDIA driver")
     with pytest.raises(BackendUnavailable, match="NVML could not start"):
-        load_backend("nvml")
+        build_profile("nvml")
 
 
 class FakeNvml(types.ModuleType):
@@ -259,12 +262,17 @@ class FakeNvml(types.ModuleType):
 def test_nvml_backend_reads_every_field(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    gpus = load_backend("nvml").inventory()
+    gpus = build_profile("nvml").discovery.inventory()
     assert [(g.minor, g.uuid, g.mig_enabled) for g in gpus] == [(0, "GPU-0", False), (1, "GPU-1", True)]
     whole = gpus[0]
     assert whole.product_name == "NVIDIA A100-SXM4-40GB"
-    assert (whole.brand, whole.architecture, whole.cuda_compute_capability) == ("Tesla", "Ampere", "8.0")
-    assert (whole.driver_version, whole.cuda_driver_version) == ("550.54.15", "12.4")
+    assert whole.attributes == {
+        "brand": {"string": "Tesla"},
+        "architecture": {"string": "Ampere"},
+        "cudaComputeCapability": {"version": "8.0.0"},
+        "driverVersion": {"version": "550.54.15"},
+        "cudaDriverVersion": {"version": "12.4.0"},
+    }
     assert (whole.pci_bus_id, whole.memory_bytes) == ("00000000:10:00.0", 40 * GIB)
     (mig,) = gpus[1].mig_devices
     assert (mig.gi, mig.ci, mig.profile, mig.uuid, mig.memory_bytes) == (2, 0, "3g.20gb", "MIG-7", 20 * GIB)
@@ -273,7 +281,7 @@ def test_nvml_backend_reads_every_field(monkeypatch: pytest.MonkeyPatch) -> None
 def test_nvml_gpu_that_stops_answering_is_reported_unhealthy(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    backend = load_backend("nvml")
+    backend = build_profile("nvml").discovery
     assert all(g.healthy for g in backend.inventory())
     fake.lost.add(1)
     gpus = backend.inventory()
@@ -286,7 +294,7 @@ async def test_nvml_xid_event_marks_the_gpu_unhealthy_but_application_xids_do_no
 ) -> None:
     fake = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    backend = load_backend("nvml")
+    backend = build_profile("nvml").discovery
     fake.xids = [(0, 13), (1, 79)]  # 13: the application's fault; 79: the GPU fell off the bus
     watcher = backend.watch_health()
     gpus = await asyncio.wait_for(anext(watcher), 10)

@@ -10,19 +10,32 @@ from typing import Any
 import pytest
 
 from contract.gpuconfig import SharingStrategy
-from dra_driver.cdi import COMMON_DEVICE_NODES, CdiDevice, build_claim_spec
 from dra_driver.devices.model import MigDevice
-from dra_driver.devices.simulated import SimulatedBackend
 from dra_driver.prepare import ClaimPrepareError, ClaimRef, ResourceClaimView, node_devices, plan_claim
+from dra_driver.profiles.nvidia.profile import COMMON_DEVICE_NODES
+from dra_driver.profiles.nvidia.simulated import SimulatedDiscovery
 from dra_driver.sharing import RecordingRunner
 
-from .fakes import DRIVER, GIB, NODE, FakeClaims, Result, claim, gpu, gpu_config, make_preparer, opaque
+from .fakes import (
+    DRIVER,
+    GIB,
+    NODE,
+    FakeClaims,
+    Result,
+    claim,
+    gpu,
+    gpu_config,
+    make_preparer,
+    nvidia,
+    opaque,
+)
 
-DEVICES = node_devices([gpu(0), gpu(1)])
+NVIDIA = nvidia()
+DEVICES = node_devices([gpu(0), gpu(1)], NVIDIA)
 
 
 def plan(obj: dict[str, Any], uid: str = "u") -> list[Any]:
-    return plan_claim(ResourceClaimView.model_validate(obj), uid, DRIVER, NODE, DEVICES)
+    return plan_claim(ResourceClaimView.model_validate(obj), uid, DRIVER, NODE, DEVICES, NVIDIA)
 
 
 def test_whole_gpu_is_exclusive() -> None:
@@ -106,11 +119,11 @@ def test_unpreparable_claims_name_the_problem(obj: dict[str, Any], message: str)
 
 def test_mig_devices_are_not_shared() -> None:
     mig = MigDevice(gi=1, ci=0, profile="3g.40gb", uuid="MIG-1", memory_bytes=40 * GIB)
-    devices = node_devices([dataclasses.replace(gpu(0), mig_enabled=True, mig_devices=(mig,))])
+    devices = node_devices([dataclasses.replace(gpu(0), mig_enabled=True, mig_devices=(mig,))], NVIDIA)
     assert sorted(devices) == ["gpu-0-mig-1-0"]  # a GPU in MIG mode is only its MIG devices
     obj = claim("u", [Result("gpu-0-mig-1-0")], configs=[opaque(gpu_config({"strategy": "TimeSlicing"}))])
     with pytest.raises(ClaimPrepareError, match="MIG device gpu-0-mig-1-0 is not shared"):
-        plan_claim(ResourceClaimView.model_validate(obj), "u", DRIVER, NODE, devices)
+        plan_claim(ResourceClaimView.model_validate(obj), "u", DRIVER, NODE, devices, NVIDIA)
 
 
 async def test_one_bad_claim_does_not_fail_the_others(tmp_path: Path) -> None:
@@ -167,7 +180,7 @@ async def test_simulated_gpus_name_no_device_nodes_in_the_cdi_spec(tmp_path: Pat
     # The simulated backend's GPUs (kind nodes, fake nodes) have no /dev/nvidia* behind them: a
     # runtime refuses a CDI spec naming a device node that does not exist, so the spec names none,
     # neither the GPU's own nor the common ones; the claim's environment is still set.
-    simulated = SimulatedBackend.from_file(Path("h100x8")).inventory()[0]
+    simulated = SimulatedDiscovery.from_file(Path("h100x8")).inventory()[0]
     assert simulated.simulated
     claims = FakeClaims()
     claims.add(claim("sim", [Result("gpu-0")], name="sim"))
@@ -181,7 +194,8 @@ async def test_simulated_gpus_name_no_device_nodes_in_the_cdi_spec(tmp_path: Pat
 
 
 def test_real_gpus_name_their_device_node_and_the_common_ones() -> None:
-    devices = node_devices([gpu(3)])  # as the NVML backend reports a GPU of minor 3
+    devices = node_devices([gpu(3)], NVIDIA)  # as NVML discovery reports a GPU of minor 3
     assert devices["gpu-3"].device_nodes == ("/dev/nvidia3",)
-    spec = build_claim_spec(DRIVER, "u", [CdiDevice("gpu-3", devices["gpu-3"].device_nodes)], {})
-    assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == list(COMMON_DEVICE_NODES)
+    edits = NVIDIA.claim_edits([devices["gpu-3"]])
+    assert edits.device_nodes == COMMON_DEVICE_NODES
+    assert edits.env == {"NVIDIA_VISIBLE_DEVICES": gpu(3).uuid}

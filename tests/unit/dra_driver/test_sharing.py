@@ -1,4 +1,5 @@
-"""Sharing setup and reset commands, conflicts between claims, and the MPS container limits."""
+"""Sharing setup and reset commands (NVIDIA's, through the manager), conflicts between claims, and
+the MPS container limits."""
 
 from __future__ import annotations
 
@@ -7,13 +8,9 @@ from pathlib import Path
 import pytest
 
 from contract.gpuconfig import SharingStrategy
-from dra_driver.sharing import (
-    MPS_CONTAINER_PIPE_DIR,
-    GpuShare,
-    RecordingRunner,
-    SharingConflict,
-    SharingManager,
-)
+from dra_driver.devices.share import GpuShare
+from dra_driver.profiles.nvidia.sharing import MPS_CONTAINER_PIPE_DIR, NvidiaSharing
+from dra_driver.sharing import RecordingRunner, SharingConflict, SharingManager
 
 GIB = 1 << 30
 UUID = "GPU-aaaa"
@@ -29,7 +26,7 @@ def timesliced(interval: str = "Short") -> GpuShare:
 
 async def test_mps_daemon_starts_once_and_stops_after_the_last_claim(tmp_path: Path) -> None:
     runner = RecordingRunner()
-    sharing = SharingManager(runner, tmp_path)
+    sharing = SharingManager(runner, NvidiaSharing(tmp_path))
     edits = await sharing.acquire("c1", mps(20, 25))
     await sharing.acquire("c2", mps(40, 50))
     await sharing.acquire("c2", mps(40, 50))  # a repeated prepare changes nothing
@@ -58,7 +55,7 @@ async def test_mps_daemon_starts_once_and_stops_after_the_last_claim(tmp_path: P
 
 async def test_time_slicing_sets_and_resets_the_interval(tmp_path: Path) -> None:
     runner = RecordingRunner()
-    sharing = SharingManager(runner, tmp_path)
+    sharing = SharingManager(runner, NvidiaSharing(tmp_path))
     edits = await sharing.acquire("c1", timesliced("Long"))
     assert edits.env == {} and edits.mounts == ()
     await sharing.release("c1", timesliced("Long"))
@@ -71,7 +68,7 @@ async def test_time_slicing_sets_and_resets_the_interval(tmp_path: Path) -> None
 
 async def test_exclusive_runs_no_command(tmp_path: Path) -> None:
     runner = RecordingRunner()
-    sharing = SharingManager(runner, tmp_path)
+    sharing = SharingManager(runner, NvidiaSharing(tmp_path))
     whole = GpuShare(UUID, "gpu-0", SharingStrategy.EXCLUSIVE)
     await sharing.acquire("c1", whole)
     await sharing.release("c1", whole)
@@ -91,7 +88,7 @@ async def test_conflicting_claims_on_one_gpu_are_refused(
     tmp_path: Path, held: GpuShare, asked: GpuShare, message: str
 ) -> None:
     runner = RecordingRunner()
-    sharing = SharingManager(runner, tmp_path)
+    sharing = SharingManager(runner, NvidiaSharing(tmp_path))
     await sharing.acquire("c1", held)
     before = list(runner.commands)
     with pytest.raises(SharingConflict, match=message):
@@ -102,7 +99,7 @@ async def test_conflicting_claims_on_one_gpu_are_refused(
 
 async def test_restore_rebuilds_users_without_commands(tmp_path: Path) -> None:
     runner = RecordingRunner()
-    sharing = SharingManager(runner, tmp_path)
+    sharing = SharingManager(runner, NvidiaSharing(tmp_path))
     sharing.restore({"c1": [mps()], "c2": [mps()]})
     assert runner.commands == []
     await sharing.release("c1", mps())
@@ -113,7 +110,7 @@ async def test_restore_rebuilds_users_without_commands(tmp_path: Path) -> None:
 
 async def test_reset_failure_is_logged_not_raised(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     runner = RecordingRunner(fail_when=lambda c: c.stdin == "quit\n")
-    sharing = SharingManager(runner, tmp_path)
+    sharing = SharingManager(runner, NvidiaSharing(tmp_path))
     await sharing.acquire("c1", mps())
     await sharing.release("c1", mps())
     assert "resetting GPU GPU-aaaa" in caplog.text
@@ -123,7 +120,7 @@ async def test_reset_failure_is_logged_not_raised(tmp_path: Path, caplog: pytest
 
 async def test_recording_runner_writes_a_command_log(tmp_path: Path) -> None:
     log_path = tmp_path / "commands.jsonl"
-    sharing = SharingManager(RecordingRunner(log_path=log_path), tmp_path / "mps")
+    sharing = SharingManager(RecordingRunner(log_path=log_path), NvidiaSharing(tmp_path / "mps"))
     await sharing.acquire("c1", timesliced())
     lines = log_path.read_text().splitlines()
     assert len(lines) == 2 and '"--set-timeslice", "1"' in lines[1]

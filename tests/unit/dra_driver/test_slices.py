@@ -12,7 +12,9 @@ import pytest
 
 from contract.names import GPU_MILLI
 from contract.quantity import parse_quantity
-from dra_driver.devices import Gpu, load_backend
+from dra_driver.devices.attributes import semver
+from dra_driver.devices.model import Gpu
+from dra_driver.profiles.nvidia.simulated import SimulatedDiscovery
 from dra_driver.slices import (
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_TAINTED_SLICE,
@@ -23,7 +25,6 @@ from dra_driver.slices import (
     chunk_devices,
     memory_quantity,
     read_json,
-    semver,
     slice_name,
     taint_value,
 )
@@ -38,7 +39,7 @@ SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
 
 
 def inventory(profile: str, node: str = "node-a") -> list[Gpu]:
-    return load_backend("simulated", Path(profile), node_name=node).inventory()
+    return SimulatedDiscovery.from_file(Path(profile), node_name=node).inventory()
 
 
 def by_name(devices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Discovery and health through NVML (the ``pynvml`` module of nvidia-ml-py).
+"""NVIDIA discovery and health through NVML (the ``pynvml`` module of nvidia-ml-py).
 
 Every NVML call goes through this module. Health comes from an NVML event set listening for
 critical XID errors; where events are not supported (some vGPU and container setups) a poll
@@ -14,12 +14,13 @@ import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dra_driver.devices.backend import BackendUnavailable
 from dra_driver.devices.model import Gpu, MigDevice
+from dra_driver.devices.profile import BackendUnavailable
+from dra_driver.profiles.common import SYSFS_PCI_DEVICES, pcie_root_of
+from dra_driver.profiles.nvidia.attributes import nvidia_attributes
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,6 @@ log = logging.getLogger(__name__)
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 EVENT_WAIT_MS = 1000
 POLL_INTERVAL_S = 10.0
-_SYSFS_PCI = Path("/sys/bus/pci/devices")
 
 _ARCHITECTURES = {
     2: "Kepler",
@@ -78,21 +78,12 @@ def mig_profile_from_name(name: str) -> str:
     return profile.strip() if marker else ""
 
 
-def pcie_root_of(pci_bus_id: str) -> str:
-    """The PCIe root complex (e.g. "pci0000:00") above a device, from sysfs; "" when unknown."""
-    # NVML pads the domain to 8 hex digits; sysfs uses 4.
-    short_id = pci_bus_id.lower()[-12:]
-    try:
-        resolved = (_SYSFS_PCI / short_id).resolve(strict=True)
-    except OSError:
-        return ""
-    for part in resolved.parts:
-        if part.startswith("pci") and ":" in part:
-            return part
-    return ""
+def sysfs_bus_id(pci_bus_id: str) -> str:
+    """NVML pads the PCI domain to 8 hex digits; sysfs uses 4."""
+    return pci_bus_id.lower()[-12:]
 
 
-class NvmlBackend:
+class NvmlDiscovery:
     """Reads the node's GPUs from NVML; health from XID events or polling."""
 
     def __init__(self) -> None:
@@ -159,16 +150,18 @@ class NvmlBackend:
             index=index,
             uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
             product_name=_text(nvml.nvmlDeviceGetName(handle)),
-            brand=_BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "Unknown"),
-            architecture=self._architecture(nvml, handle),
-            cuda_compute_capability=f"{major}.{minor_cc}",
-            driver_version=driver,
-            cuda_driver_version=cuda,
             pci_bus_id=pci_bus_id,
             memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
             mig_enabled=mig_enabled,
             mig_devices=self._mig_devices(nvml, handle) if mig_enabled else (),
-            pcie_root=pcie_root_of(pci_bus_id),
+            pcie_root=pcie_root_of(SYSFS_PCI_DEVICES / sysfs_bus_id(pci_bus_id)),
+            attributes=nvidia_attributes(
+                brand=_BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "Unknown"),
+                architecture=self._architecture(nvml, handle),
+                cuda_compute_capability=f"{major}.{minor_cc}",
+                driver_version=driver,
+                cuda_driver_version=cuda,
+            ),
         )
 
     @staticmethod

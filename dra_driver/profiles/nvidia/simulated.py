@@ -1,7 +1,8 @@
-"""A backend that serves GPUs described by a small YAML profile, so everything runs without a GPU.
+"""NVIDIA GPUs described by a small YAML file (a "GPU profile"), so everything runs without a GPU:
+the NVIDIA device profile's simulated discovery (``--backend simulated``).
 
 Tests (and the simulated node agent) flip a device's health with ``set_health``; every
-``watch_health`` iterator then yields the new inventory, exactly as the NVML backend does on an
+``watch_health`` iterator then yields the new inventory, exactly as NVML discovery does on an
 XID error.
 """
 
@@ -12,28 +13,17 @@ import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from contract.quantity import parse_decimal
-from dra_driver.devices.backend import BackendUnavailable
 from dra_driver.devices.model import Gpu, MigDevice
+from dra_driver.devices.profile import BackendUnavailable
+from dra_driver.profiles.common import MemorySize
+from dra_driver.profiles.nvidia.attributes import nvidia_attributes
 
-PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+PROFILE_DIR = Path(__file__).resolve().parent / "nodes"
 _UUID_NAMESPACE = uuid.UUID("6f1c1f0e-6a43-4e0f-9b1e-746573736572")
-
-
-def parse_bytes(value: object) -> int:
-    """Bytes from an int or a quantity string such as ``"80Gi"``: a positive, whole number of bytes."""
-    size = parse_decimal(value)
-    if size <= 0 or size != size.to_integral_value():
-        raise ValueError(f"{value!r} is not a memory size (a positive whole number of bytes, e.g. 80Gi)")
-    return int(size)
-
-
-MemorySize = Annotated[int, BeforeValidator(parse_bytes)]
 
 
 class MigSpec(BaseModel):
@@ -96,17 +86,19 @@ def build_inventory(spec: ProfileSpec, seed: str) -> list[Gpu]:
                     index=index,
                     uuid=gpu_uuid,
                     product_name=group.product_name,
-                    brand=group.brand,
-                    architecture=group.architecture,
-                    cuda_compute_capability=group.cuda_compute_capability,
-                    driver_version=spec.driver_version,
-                    cuda_driver_version=spec.cuda_driver_version,
                     pci_bus_id=f"0000:{bus:02x}:00.0",
                     memory_bytes=group.memory,
                     mig_enabled=group.mig is not None,
                     mig_devices=migs,
                     pcie_root=f"pci0000:{root:02x}",
                     simulated=True,
+                    attributes=nvidia_attributes(
+                        brand=group.brand,
+                        architecture=group.architecture,
+                        cuda_compute_capability=group.cuda_compute_capability,
+                        driver_version=spec.driver_version,
+                        cuda_driver_version=spec.cuda_driver_version,
+                    ),
                 )
             )
     return gpus
@@ -126,7 +118,7 @@ def load_profile(path: Path) -> ProfileSpec:
         raise BackendUnavailable(f"invalid GPU profile {path}: {exc}") from exc
 
 
-class SimulatedBackend:
+class SimulatedDiscovery:
     """GPUs from a profile, held in memory; health changes come from ``set_health``."""
 
     def __init__(self, gpus: list[Gpu]) -> None:
@@ -135,7 +127,7 @@ class SimulatedBackend:
         self._changed = asyncio.Event()
 
     @classmethod
-    def from_file(cls, profile: Path, node_name: str = "") -> SimulatedBackend:
+    def from_file(cls, profile: Path, node_name: str = "") -> SimulatedDiscovery:
         return cls(build_inventory(load_profile(profile), seed=node_name or str(profile)))
 
     def inventory(self) -> list[Gpu]:

@@ -1,0 +1,50 @@
+"""The share model: what a claim holds on a device (persisted in the checkpoint), the commands a
+profile runs to set a device up for it, and the container edits that come with a device or a
+share (merged into the claim's CDI spec)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from contract.gpuconfig import SharingStrategy, TimeSliceInterval
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """What one claim holds on one physical GPU; persisted in the checkpoint."""
+
+    gpu_uuid: str
+    device_name: str
+    strategy: SharingStrategy
+    memory_limit_bytes: int = 0  # MPS only: per-client pinned device memory
+    active_thread_percentage: int = 100  # MPS only
+    timeslice: TimeSliceInterval = "Default"  # TimeSlicing only
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    stdin: str = ""
+
+    def describe(self) -> str:
+        env = " ".join(f"{k}={v}" for k, v in self.env)
+        text = " ".join(self.argv)
+        if self.stdin:
+            text = f"echo {self.stdin.strip()!r} | {text}"
+        return f"{env} {text}" if env else text
+
+
+class SharingCommandError(RuntimeError):
+    """A sharing command failed; the message carries the command and its output."""
+
+
+@dataclass(frozen=True)
+class ContainerEdits:
+    """What a claim's containers need besides its devices' own nodes: environment, device nodes
+    and bind mounts (host path, container path)."""
+
+    env: Mapping[str, str] = field(default_factory=dict)
+    device_nodes: tuple[str, ...] = ()
+    mounts: tuple[tuple[str, str], ...] = ()

@@ -1,0 +1,1 @@
+"""NVIDIA GPUs: discovery through NVML or a simulated node, CDI edits, MPS and time-slicing."""
