@@ -267,12 +267,14 @@ async def test_the_borrowing_condition_on_a_queue_within_quota(
         await env.submit(team, 2, "within")
         await converge(env, {team: 2}, {})
 
-        async def borrowing(status: str) -> dict[str, Any] | None:
+        async def borrowing(status: str, gpus: str) -> dict[str, Any] | None:
+            # The status as written once the pods are counted (one written before says 0 GPUs).
             found = (await env.get_queue(team)).get("status") or {}
             condition = next((c for c in found.get("conditions") or [] if c["type"] == "Borrowing"), None)
-            return found if condition is not None and condition["status"] == status else None
+            counted = (found.get("allocated") or {}).get("gpu") == gpus
+            return found if counted and condition is not None and condition["status"] == status else None
 
-        within = await wait_until(lambda: borrowing("False"), timeout=15, what="Borrowing=False")
+        within = await wait_until(lambda: borrowing("False", "2"), timeout=15, what="Borrowing=False")
         models = [r for r in within["allocated"] if r.startswith("gpu/")]
         assert within["allocated"]["gpu"] == "2" and [within["allocated"][r] for r in models] == ["2"]
         assert "cpu" in within["allocated"]
@@ -281,6 +283,6 @@ async def test_the_borrowing_condition_on_a_queue_within_quota(
 
         await env.submit(team, 1, "borrowed")  # 3 of its quota of 2: an idle GPU lent
         await converge(env, {team: 3}, {})
-        above = await wait_until(lambda: borrowing("True"), timeout=15, what="Borrowing=True")
+        above = await wait_until(lambda: borrowing("True", "3"), timeout=15, what="Borrowing=True")
         (condition,) = [c for c in above["conditions"] if c["type"] == "Borrowing"]
         assert (condition["reason"], condition["message"]) == ("OverQuota", "gpu allocated 3 above quota 2")
