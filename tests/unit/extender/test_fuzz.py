@@ -22,7 +22,7 @@ from kubernetes_asyncio.client import ApiClient
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
-from extender.server import build_app
+from extender.server import SERVER_SETTINGS, build_app
 from extender.status import WaitingPods
 from tests import extender_objects as objects
 
@@ -129,7 +129,7 @@ async def client() -> AsyncIterator[TestClient[Any, Any]]:
     for kind in WATCHED_PATHS:
         picture.replace(kind, [o for o in cluster() if o["kind"] == kind])
     app = build_app(picture, Binder(api, picture), WaitingPods(), ExtenderMetrics(picture), 256 * 1024)
-    async with TestClient(TestServer(app)) as test_client:
+    async with TestClient(TestServer(app, **SERVER_SETTINGS)) as test_client:
         yield test_client
     await api.close()
 

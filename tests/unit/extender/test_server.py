@@ -17,7 +17,7 @@ from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.placement import GpuDemand
-from extender.server import build_app
+from extender.server import SERVER_SETTINGS, build_app
 from extender.status import ADMITTED_CONDITION, StatusWriter, WaitingPods
 from tests import extender_objects as objects
 
@@ -46,7 +46,7 @@ async def extender() -> AsyncIterator[Extender]:
     state, waiting = ClusterPicture(), WaitingPods()
     api = ApiClient()
     app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state), max_body_bytes=64 * 1024)
-    async with TestClient(TestServer(app)) as client:
+    async with TestClient(TestServer(app, **SERVER_SETTINGS)) as client:
         yield Extender(client, state, waiting, api)
     await api.close()
 
@@ -406,7 +406,7 @@ async def test_bind_accepts_only_a_node_the_filter_passed_for_the_pod() -> None:
     state, api = ClusterPicture(), ApiClient()
     pod = objects.pod("ns", "p", queue="team-b", template="two")
     app = build_app(state, Binder(api, state, require_filtered=True), WaitingPods(), ExtenderMetrics(state))
-    async with TestClient(TestServer(app)) as client:
+    async with TestClient(TestServer(app, **SERVER_SETTINGS)) as client:
         extender = Extender(client, state, WaitingPods(), api)
         extender.sync(cluster(pod))
         status, result = await extender.call("filter", args(pod, ["a", "b"]))

@@ -18,6 +18,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from contract.names import ADMISSION_GATE, NAMESPACE_QUEUE_LABEL, NAMESPACE_SCHEDULER_LABEL
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
+from extender.server import SERVER_SETTINGS
 from extender.webhook import (
     MUTATE_PODS_PATH,
     VALIDATE_CLAIMS_PATH,
@@ -88,7 +89,7 @@ async def webhooks() -> AsyncIterator[Webhooks]:
     picture = ClusterPicture()
     api = ApiClient(Configuration(host="http://127.0.0.1:1"))  # nothing listens there
     app = webhook_app(api, picture, ExtenderMetrics(picture), WebhookOptions(scheduler_name="tessera"))
-    async with TestClient(TestServer(app)) as client:
+    async with TestClient(TestServer(app, **SERVER_SETTINGS)) as client:
         yield Webhooks(client, picture)
     await api.close()
 
