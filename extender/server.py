@@ -176,7 +176,7 @@ async def parse_body(request: web.Request, decode_body: Callable[[bytes], T], ve
 
 
 class _NamesShape(msgspec.Struct):
-    NodeNames: msgspec.Raw | None = None
+    NodeNames: msgspec.Raw = msgspec.Raw(b"null")  # (msgspec takes no Raw in a union)
 
 
 _NAMES_SHAPE = msgspec.json.Decoder(_NamesShape)
@@ -193,7 +193,7 @@ async def parse_candidates(request: web.Request, verb: str) -> ExtenderArgs:
     max_nodes = request.app[MAX_NODES_KEY]
     if len(body) > POD_BYTES + NAME_BYTES * max_nodes:
         shape = decoded(request, body, _NAMES_SHAPE.decode, verb)
-        if shape.NodeNames is not None and bytes(shape.NodeNames) != b"null":
+        if bytes(shape.NodeNames) != b"null":
             raise _too_large(
                 request, verb, f"{len(body)} bytes of node names: more than {max_nodes} candidate nodes"
             )

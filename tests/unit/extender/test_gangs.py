@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio.client import ApiClient
 
 from contract.names import MIN_MEMBERS_ANNOTATION, WORKLOAD_LABEL
@@ -18,11 +17,12 @@ from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.placement import GpuDemand
-from extender.server import SERVER_SETTINGS, build_app
+from extender.server import build_app
 from extender.status import WaitingPods
 from extender.verbs import decide_preemption
 from extender.wire import ExtenderPreemptionArgs, decode
 from tests import extender_objects as objects
+from tests.unit.extender.serving import serve
 from tests.unit.extender.test_server import CLASS, Extender, args
 
 
@@ -30,7 +30,7 @@ from tests.unit.extender.test_server import CLASS, Extender, args
 async def extender() -> AsyncIterator[Extender]:
     state, waiting, api = ClusterPicture(), WaitingPods(), ApiClient()
     app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state))
-    async with TestClient(TestServer(app, **SERVER_SETTINGS)) as client:
+    async with serve(app) as client:
         yield Extender(client, state, waiting, api)
     await api.close()
 
