@@ -37,12 +37,13 @@ VERBS = ("filter", "prioritize", "preempt", "bind")
 
 def valid(verb: str) -> dict[str, Any]:
     pod = objects.pod("ns", "p", queue="team", template="one")
-    return {
+    bodies: dict[str, dict[str, Any]] = {
         "filter": {"Pod": pod, "NodeNames": ["a"]},
         "prioritize": {"Pod": pod, "NodeNames": ["a"]},
         "preempt": {"Pod": pod, "NodeNameToMetaVictims": {}},
         "bind": {"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "a"},
-    }[verb]
+    }
+    return bodies[verb]
 
 
 def nested(depth: int) -> bytes:
