@@ -12,7 +12,8 @@ Why a process and not a thread: a review is decoded in C (pydantic-core, msgspec
 for the whole call, ~10-25 ms for a 2 MB review on the 2-core test machine, and a thread running
 such decodes back to back held the verbs' event loop up for 14 ms at the median, 34 ms at p99 of
 its wake-ups (a worker thread decoding a filter request held it as long as decoding inline). In a
-process the operating system shares the CPUs instead; `python -m bench.webhookflood` measures it.
+process the operating system shares the CPUs instead, and the child runs niced
+(WEBHOOK_NICENESS), so the verbs come first; `python -m bench.webhookflood` measures it.
 
 The price: the child keeps a picture of its own (the API server serves the watches twice and the
 pod holds the picture twice: docs/install.md, "Admission webhooks"), and it does not see the
@@ -32,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -51,6 +53,9 @@ from extender.webhook import WebhookOptions, webhook_app
 log = logging.getLogger(__name__)
 
 REPORT_INTERVAL_S = 1.0
+# The child's niceness above its parent's: where both want the pod's CPUs, the verbs (which
+# kube-scheduler waits for, 5 s at most) get them first; a flood of reviews slows only itself.
+WEBHOOK_NICENESS = 10
 # Spawning re-imports the extender (seconds on a busy machine) before the port is open.
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -98,6 +103,7 @@ class Report:
 
 def child_main(config: WebhookProcessConfig, parent: Connection) -> None:
     """The child process: serve the webhooks until the parent closes the pipe."""
+    os.nice(WEBHOOK_NICENESS)
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s [webhooks] %(message)s"
     )
