@@ -8,15 +8,16 @@ API client points at a closed port: their lookups fail at once, so what a review
 the port does with it (TLS aside: plain HTTP here), mostly decoding it.
 
 In the same run, per arrangement: filter requests (node names, a new pending pod each, one at a
-time) are timed for `--seconds` with nothing else running, then for `--seconds` while
-`--senders` processes post large valid reviews (a pod with `--review-kib` KiB of environment,
-`--concurrency` at once each) as fast as they are answered. Printed: filter p50 and p99 unloaded
-and flooded, the ratio of the p99s (the target: within 2x, `process`), reviews answered per
-second and their statuses (503: over the webhooks' limit of reviews in flight).
+time) are timed for `--seconds` in all with nothing else running, and as long while `--senders`
+processes post large valid reviews (a pod with `--review-kib` KiB of environment, `--concurrency`
+at once each) as fast as they are answered. Quiet and flooded phases alternate (ROUNDS of each),
+so that whatever else the machine runs weighs on both. Printed: filter p50 and p99 quiet and
+flooded, the ratio of the p99s (the target: within 2x, `process`), reviews answered per second
+and their statuses (503: over the webhooks' limit of reviews in flight).
 
-The senders run niced: in a cluster they are elsewhere (the API server, or whoever reaches the
-port), not on the extender's CPUs; here they share the machine. The webhook process nices itself
-(`WEBHOOK_NICENESS`).
+The senders run at the lowest priority (nice 19): in a cluster they are elsewhere (the API
+server, or whoever reaches the port), not on the extender's CPUs; here they share the machine.
+The webhook process nices itself (`WEBHOOK_NICENESS`).
 
     python -m bench.webhookflood [--nodes 500] [--seconds 5] [--senders 2] [--review-kib 2048]
 """
@@ -61,7 +62,8 @@ contexts: [{{name: none, context: {{cluster: none, user: none}}}}]
 current-context: none
 """
 WARM_UP = 20
-SENDER_NICENESS = 10
+ROUNDS = 3
+SENDER_NICENESS = 19
 
 
 def review(kib: int) -> bytes:
@@ -110,6 +112,7 @@ async def _serve(arrangement: str, nodes: int, pods: int) -> None:
             await webhooks.stop()
         else:
             await webhooks.cleanup()
+            await nowhere.close()
     await runner.cleanup()
     await api.close()
 
@@ -203,18 +206,23 @@ def run_flood(
             raise RuntimeError(f"bench server failed to start (exit {server.poll()})")
         verbs, webhook = f"http://127.0.0.1:{ready[1]}", f"http://127.0.0.1:{ready[2]}{MUTATE_PODS_PATH}"
         payloads = Payloads(nodes, "names")
-        quiet = asyncio.run(_filters(verbs, payloads, seconds, 0))
-        flood_s = seconds + 2.0  # the senders ramp up before, and still send after, the timing
-        floods = [
-            _spawn("flood", webhook, str(concurrency), str(kib), str(flood_s), nice=SENDER_NICENESS)
-            for _ in range(senders)
-        ]
-        time.sleep(1.0)
-        flooded = asyncio.run(_filters(verbs, payloads, seconds, len(quiet) + 2 * WARM_UP))
+        # Quiet and flooded phases alternate, so that what else the machine runs weighs on both.
+        quiet: list[float] = []
+        flooded: list[float] = []
         statuses: Counter[str] = Counter()
-        for flood in floods:
-            out, _ = flood.communicate(timeout=120)
-            statuses.update(json.loads(out.strip().splitlines()[-1]))
+        phase_s = seconds / ROUNDS
+        flood_s = phase_s + 2.0  # the senders ramp up before, and still send after, the timing
+        for _ in range(ROUNDS):
+            quiet += asyncio.run(_filters(verbs, payloads, phase_s, len(quiet) + len(flooded)))
+            floods = [
+                _spawn("flood", webhook, str(concurrency), str(kib), str(flood_s), nice=SENDER_NICENESS)
+                for _ in range(senders)
+            ]
+            time.sleep(1.0)
+            flooded += asyncio.run(_filters(verbs, payloads, phase_s, len(quiet) + len(flooded)))
+            for flood in floods:
+                out, _ = flood.communicate(timeout=120)
+                statuses.update(json.loads(out.strip().splitlines()[-1]))
     finally:
         if server.stdin is not None:
             server.stdin.close()
@@ -225,7 +233,7 @@ def run_flood(
         _percentile(quiet, 99),
         _percentile(flooded, 50),
         _percentile(flooded, 99),
-        sum(statuses.values()) / flood_s,
+        sum(statuses.values()) / (flood_s * ROUNDS),
         dict(statuses),
     )
 
@@ -271,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     flood.add_argument("seconds", type=float)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--pods", type=int, default=5000)
-    parser.add_argument("--seconds", type=float, default=5.0, help="timing per phase (quiet, flooded)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="filter timing, quiet and again flooded")
     parser.add_argument("--senders", type=int, default=2, help="flood processes")
     parser.add_argument("--concurrency", type=int, default=24, help="reviews in flight per sender")
     parser.add_argument("--review-kib", type=int, default=2048, help="size of each review")

@@ -53,9 +53,11 @@ from extender.webhook import WebhookOptions, webhook_app
 log = logging.getLogger(__name__)
 
 REPORT_INTERVAL_S = 1.0
-# The child's niceness above its parent's: where both want the pod's CPUs, the verbs (which
-# kube-scheduler waits for, 5 s at most) get them first; a flood of reviews slows only itself.
-WEBHOOK_NICENESS = 10
+# The child's niceness above its parent's (19: the lowest priority). Where both want the pod's
+# CPUs, the verbs, which kube-scheduler waits for (5 s at most), get them first; a flood of reviews
+# slows only the webhooks (whose failure policy then applies, and the filter still holds every
+# pod to its queue). While the verbs wait for the scheduler, the webhooks get all the CPU.
+WEBHOOK_NICENESS = 19
 # Spawning re-imports the extender (seconds on a busy machine) before the port is open.
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
