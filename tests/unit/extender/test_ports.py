@@ -18,7 +18,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from extender.binder import Binder
@@ -26,7 +27,14 @@ from extender.metrics import ExtenderMetrics, merged_exposition
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.server import NAME_BYTES, POD_BYTES, build_app
 from extender.status import WaitingPods
-from extender.webhook import MAX_REVIEW_BYTES, MUTATE_PODS_PATH, WebhookOptions, webhook_app
+from extender.webhook import (
+    MAX_API_READS,
+    MAX_REVIEW_BYTES,
+    MAX_REVIEWS_IN_FLIGHT,
+    MUTATE_PODS_PATH,
+    WebhookOptions,
+    webhook_app,
+)
 from tests import extender_objects as objects
 from tests.unit.extender.serving import serve
 
@@ -250,3 +258,50 @@ async def test_the_webhook_port_refuses_alike(
     text = await response.text()
     assert response.status == status, text
     assert needle in text
+
+
+async def test_the_webhooks_bound_their_api_reads_and_the_reviews_they_take_at_once() -> None:
+    """20 pod reviews at once, each reading its Namespace from an API that answers after 0.5 s:
+    16 are taken (MAX_REVIEWS_IN_FLIGHT; the other 4 get 503 at once) and at most 8 reads
+    (MAX_API_READS) are in flight at the API together, however many reviews wait for one."""
+    in_flight, most = 0, 0
+
+    async def namespace(request: web.Request) -> web.Response:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.5)
+        in_flight -= 1
+        return web.json_response({"metadata": {"name": request.match_info["name"], "labels": {}}})
+
+    fake_api = web.Application()
+    fake_api.router.add_get("/api/v1/namespaces/{name}", namespace)
+    async with TestServer(fake_api) as api_server:
+        picture = ClusterPicture()
+        api = ApiClient(Configuration(host=str(api_server.make_url(""))))
+        options = WebhookOptions(lookup_timeout_s=30)
+        app = webhook_app(api, picture, ExtenderMetrics(picture), options)
+        async with serve(app) as webhooks:
+            body = json.dumps(
+                {
+                    "apiVersion": "admission.k8s.io/v1",
+                    "kind": "AdmissionReview",
+                    "request": {
+                        "uid": "u",
+                        "kind": {"version": "v1", "kind": "Pod"},
+                        "namespace": "ns",
+                        "operation": "CREATE",
+                        "object": objects.pod("ns", "p", template="one"),
+                    },
+                }
+            )
+
+            async def post() -> int:
+                response = await webhooks.post(MUTATE_PODS_PATH, data=body)
+                await response.read()
+                return response.status
+
+            statuses = await asyncio.gather(*(post() for _ in range(20)))
+        await api.close()
+    assert sorted(statuses) == [200] * MAX_REVIEWS_IN_FLIGHT + [503] * (20 - MAX_REVIEWS_IN_FLIGHT)
+    assert most == MAX_API_READS
