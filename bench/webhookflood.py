@@ -19,7 +19,7 @@ The senders run at the lowest priority (nice 19): in a cluster they are elsewher
 server, or whoever reaches the port), not on the extender's CPUs; here they share the machine.
 The webhook process nices itself (`WEBHOOK_NICENESS`).
 
-    python -m bench.webhookflood [--nodes 500] [--seconds 5] [--senders 2] [--review-kib 2048]
+    python -m bench.webhookflood [--nodes 500] [--seconds 12] [--senders 2] [--review-kib 2048]
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ contexts: [{{name: none, context: {{cluster: none, user: none}}}}]
 current-context: none
 """
 WARM_UP = 20
-ROUNDS = 3
+ROUNDS = 6
 SENDER_NICENESS = 19
 
 
@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     flood.add_argument("seconds", type=float)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--pods", type=int, default=5000)
-    parser.add_argument("--seconds", type=float, default=5.0, help="filter timing, quiet and again flooded")
+    parser.add_argument("--seconds", type=float, default=12.0, help="filter timing, quiet and again flooded")
     parser.add_argument("--senders", type=int, default=2, help="flood processes")
     parser.add_argument("--concurrency", type=int, default=24, help="reviews in flight per sender")
     parser.add_argument("--review-kib", type=int, default=2048, help="size of each review")
