@@ -46,15 +46,16 @@ from extender.wire import (
 log = logging.getLogger(__name__)
 
 # The largest request body a verb reads, compressed or not. kube-scheduler sends node names
-# (nodeCacheCapable: true, the chart's mode: ~4 MB at MAX_CANDIDATE_NODES of the longest names) or
-# whole Nodes (a NodeList: ~1 KB to ~15 KB a node). Decoding holds the event loop (~2-7 ms per MB on
-# the 2-core test machine, in a worker thread as much as inline: msgspec keeps the GIL), so the cap
-# also bounds how long one request holds the others up.
+# (nodeCacheCapable: true, the chart's mode: under 6 MB with a pod as large as the API server takes
+# and DEFAULT_MAX_CANDIDATE_NODES of the longest names) or whole Nodes (a NodeList: ~1 KB to ~15 KB
+# a node). Decoding holds the event loop (~2-7 ms per MB on the 2-core test machine, in a worker
+# thread as much as inline: msgspec keeps the GIL), so the cap also bounds how long one request
+# holds the others up.
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 # Candidate nodes a filter or prioritize may name: twice the 5000 nodes Kubernetes supports in one
 # cluster, and the scheduler sends at most its nodes (fewer by default: percentageOfNodesToScore).
-# A decision over 10,000 names takes 2-9 ms when the picture knows the nodes, ~45 ms when it knows
-# none of them (the slowest case, measured on the 2-core test machine: docs/extender.md, "Limits").
+# A decision over 10,000 names takes 2-9 ms when the picture knows the nodes, ~40 ms of CPU when it
+# knows none of them (the slowest case, on the 2-core test machine: docs/extender.md, "The verbs").
 DEFAULT_MAX_CANDIDATE_NODES = 10_000
 # In names mode a body holds one pod (the API server takes no request over 3 MB) and the names
 # (a DNS name is at most 253 characters, quoted, with its comma): a body above this many bytes per
