@@ -16,7 +16,10 @@
    kube-scheduler's priority preemption, then churn counting evictions later undone
    (``bench.reclaim``);
 9. packing: a 50-node slice of the Alibaba trace end to end (kube-scheduler + extender + DRA
-   allocator) beside the simulator's deployed mode on the same slice and order (``bench.packing``).
+   allocator) beside the simulator's deployed mode on the same slice and order (``bench.packing``);
+10. filter latency while large AdmissionReviews flood the webhook port, against the same filters
+   with nothing else, the webhooks in their own process and (for contrast) on the verbs' event
+   loop (``bench.webhookflood``).
 
 Default sizes fit a 2-core machine in a few minutes; ``--full`` runs the sizes of the issue
 (hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; 500 nodes / 4000 pods end to end;
@@ -37,7 +40,7 @@ from collections.abc import Sequence
 
 from tessera.simulate.report import format_table
 
-from . import e2e, fairshare, packing, planning, prepare, reaction, reclaim
+from . import e2e, fairshare, packing, planning, prepare, reaction, reclaim, webhookflood
 from .hotpath import HotPathRow, run_hotpath
 from .memory import MemoryRow, run_memory
 from .prepare import prepare_table, run_prepare
@@ -143,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "planning",
             "reclaim",
             "packing",
+            "webhookflood",
         ),
         help="run one benchmark",
     )
@@ -197,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         reclaim.main(cluster_args)
     if args.only in (None, "packing") and not (args.no_cluster and args.only is None):
         packing.main([])
+    if args.only in (None, "webhookflood"):
+        print("\n[10] webhook flood")
+        webhookflood.main([])
     return 0
 
 

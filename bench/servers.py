@@ -25,7 +25,7 @@ from kubernetes_asyncio.client import ApiClient
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.picture.store import project
-from extender.server import build_app
+from extender.server import SERVER_SETTINGS, build_app
 from extender.status import WaitingPods
 
 from .picture import Picture, build_picture, load_state, queue_tree
@@ -138,7 +138,7 @@ async def _serve(kind: str, nodes: int, pods: int, tree: bool, port: int = 0) ->
     # Built inside the running loop: the extender's API client wants one.
     api = ApiClient()
     app, objects = tessera_app(nodes, pods, api, tree) if kind == "tessera" else (floor_app(kind), 0)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, **SERVER_SETTINGS)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()

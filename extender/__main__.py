@@ -15,19 +15,23 @@ import socket
 from collections.abc import Sequence
 
 from aiohttp import web
-from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio.client import ApiClient
 
 from contract.names import ADMISSION_GATE, DRIVER_NAME, NAMESPACE_SCHEDULER_LABEL, PREEMPTIBLE_LABEL
 from extender.controllers.consolidate import ConsolidationOptions
 from extender.controllers.endpoint import Advertise
 from extender.controllers.evictions import EvictionLimits
 from extender.controllers.reclaim import ReclaimOptions
-from extender.kubeapi import resolve_environment_once
 from extender.picture.cluster import ClusterPicture, PictureConfig
-from extender.server import DEFAULT_MAX_BODY_BYTES, operations_app, server_ssl_context
+from extender.server import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CANDIDATE_NODES,
+    SERVER_SETTINGS,
+    operations_app,
+    server_ssl_context,
+)
 from extender.service import ExtenderService, ServiceOptions
 from extender.webhook import WebhookOptions
+from extender.webhook_process import WebhookTLS, api_client
 
 log = logging.getLogger("extender")
 
@@ -180,6 +184,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--webhook-key-file", default=_env("WEBHOOK_KEY_FILE"), help="its key (default --tls-key-file)"
     )
     parser.add_argument(
+        "--webhook-client-ca-file",
+        default=_env("WEBHOOK_CLIENT_CA_FILE"),
+        help="require on the webhook port a client certificate signed by this CA: the API server's, "
+        "which it presents when its --admission-control-config-file names a kubeconfig for the "
+        "webhook's host (docs/install.md, 'Admission webhooks'); default: no client certificate",
+    )
+    parser.add_argument(
         "--webhook-scheduler-name",
         default=_env("WEBHOOK_SCHEDULER_NAME"),
         help=f"give pods of Namespaces labelled {NAMESPACE_SCHEDULER_LABEL}=true this schedulerName "
@@ -198,7 +209,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help=f"DRA driver whose opaque configs in ResourceClaims must be valid GpuConfigs "
         f"(repeatable; default {DRIVER_NAME})",
     )
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help=f"largest verb request body, compressed or decompressed; larger ones get 413 "
+        f"(default {DEFAULT_MAX_BODY_BYTES // 2**20} MiB: NodeLists of whole Nodes need room; "
+        "node names far less)",
+    )
+    parser.add_argument(
+        "--max-candidate-nodes",
+        type=int,
+        default=DEFAULT_MAX_CANDIDATE_NODES,
+        help=f"most candidate nodes a filter or prioritize may name; more get 413 "
+        f"(default {DEFAULT_MAX_CANDIDATE_NODES}: twice the nodes Kubernetes supports in a cluster)",
+    )
     parser.add_argument(
         "--idle-timeout",
         type=float,
@@ -228,19 +253,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "--webhook-port needs a certificate: --webhook-cert-file and --webhook-key-file "
             "(or --tls-cert-file and --tls-key-file): the API server calls webhooks over https only"
         )
+    if args.webhook_client_ca_file and not args.webhook_port:
+        parser.error("--webhook-client-ca-file needs --webhook-port")
     if args.webhook_port and args.webhook_port in (args.port, args.metrics_port):
         parser.error("--webhook-port must differ from --port and --metrics-port")
     if args.advertise_service and not (args.leader_elect and args.advertise_address):
         parser.error("--advertise-service needs --leader-elect and --advertise-address (or $POD_IP)")
     return args
-
-
-async def _api_client(kubeconfig: str | None) -> ApiClient:
-    if kubeconfig:
-        await kube_config.load_kube_config(config_file=kubeconfig)
-    else:
-        kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
-    return resolve_environment_once(ApiClient())
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -256,6 +275,7 @@ async def run(args: argparse.Namespace) -> None:
         host=args.listen_address,
         port=args.port,
         max_body_bytes=args.max_body_bytes,
+        max_candidate_nodes=args.max_candidate_nodes,
         ssl_context=(
             server_ssl_context(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
             if args.tls_cert_file
@@ -305,11 +325,12 @@ async def run(args: argparse.Namespace) -> None:
             if args.webhook_port
             else None
         ),
-        webhook_ssl_context=(
-            server_ssl_context(args.webhook_cert_file, args.webhook_key_file, None)
+        webhook_tls=(
+            WebhookTLS(args.webhook_cert_file, args.webhook_key_file, args.webhook_client_ca_file)
             if args.webhook_port
             else None
         ),
+        kubeconfig=args.kubeconfig,
         advertise=(
             Advertise(args.lease_namespace, args.advertise_service, args.advertise_address)
             if args.advertise_service
@@ -320,11 +341,18 @@ async def run(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with await _api_client(args.kubeconfig) as api:
+    async with await api_client(args.kubeconfig) as api:
         service = ExtenderService(api, options)
         await service.start()
         operations = web.AppRunner(
-            operations_app(service.picture, service.metrics, service.watcher.problem), access_log=None
+            operations_app(
+                service.picture,
+                service.metrics,
+                service.problem,
+                service.webhook_process.metrics if service.webhook_process else None,
+            ),
+            access_log=None,
+            **SERVER_SETTINGS,
         )
         if args.metrics_port:
             await operations.setup()

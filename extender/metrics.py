@@ -163,3 +163,24 @@ class ExtenderMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def merged_exposition(own: bytes, other: bytes) -> bytes:
+    """Two processes' metrics as one text exposition: the samples of a family both have go under
+    one HELP and TYPE (Prometheus refuses a family named twice). A family is the lines from its
+    `# HELP` line to the next, as prometheus_client writes them."""
+    families: dict[bytes, tuple[list[bytes], list[bytes]]] = {}  # name: (HELP and TYPE, samples)
+    for text in (own, other):
+        family: tuple[list[bytes], list[bytes]] = ([], [])
+        first = False
+        for line in text.splitlines(keepends=True):
+            if line.startswith(b"# HELP "):
+                name = line.split(b" ", 3)[2]
+                first = name not in families
+                family = families.setdefault(name, ([], []))
+            if line.startswith((b"# HELP ", b"# TYPE ")):
+                if first:
+                    family[0].append(line)
+            else:
+                family[1].append(line)
+    return b"".join(b"".join(header) + b"".join(samples) for header, samples in families.values())

@@ -12,15 +12,17 @@ import asyncio
 import logging
 import ssl
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import msgspec
 from aiohttp import web
 
 from extender.binder import Binder
-from extender.metrics import CONTENT_TYPE, ExtenderMetrics
+from extender.metrics import CONTENT_TYPE, ExtenderMetrics, merged_exposition
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.status import WaitingPods
 from extender.verbs import (
@@ -43,13 +45,33 @@ from extender.wire import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 64 * 2**20  # a NodeList of thousands of nodes still fits
+# The largest request body a verb reads, compressed or not. kube-scheduler sends node names
+# (nodeCacheCapable: true, the chart's mode: under 6 MB with a pod as large as the API server takes
+# and DEFAULT_MAX_CANDIDATE_NODES of the longest names) or whole Nodes (a NodeList: ~1 KB to ~15 KB
+# a node). Decoding holds the event loop (~2-7 ms per MB on the 2-core test machine, in a worker
+# thread as much as inline: msgspec keeps the GIL), so the cap also bounds how long one request
+# holds the others up.
+DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+# Candidate nodes a filter or prioritize may name: twice the 5000 nodes Kubernetes supports in one
+# cluster, and the scheduler sends at most its nodes (fewer by default: percentageOfNodesToScore).
+# A decision over 10,000 names takes 2-9 ms when the picture knows the nodes, ~40 ms of CPU when it
+# knows none of them (the slowest case, on the 2-core test machine: docs/extender.md, "The verbs").
+DEFAULT_MAX_CANDIDATE_NODES = 10_000
+# In names mode a body holds one pod (the API server takes no request over 3 MB) and the names
+# (a DNS name is at most 253 characters, quoted, with its comma): a body above this many bytes per
+# allowed name is a NodeList, or not the scheduler's.
+POD_BYTES = 3 * 2**20
+NAME_BYTES = 256
 # kube-scheduler gives up on an extender after 5 s: a body still arriving after this is not its.
 BODY_TIMEOUT_S = 5.0
-# Bodies above this are decoded in a worker thread, so an absurd body never stalls the requests
-# beside it. A thread costs a third more than decoding inline, so the NodeLists of real clusters
-# (5000 nodes: 5.6 MB, ~0.2 s) stay on the loop.
-OFF_LOOP_BYTES = 8 * 2**20
+# Content-Encodings a body may come in (kube-scheduler and the API server send none): zlib detects
+# a gzip or zlib header itself (wbits 32 + 15).
+_DECOMPRESSIBLE = frozenset({"gzip", "x-gzip", "deflate"})
+_ZLIB_AUTO_HEADER = 32 + zlib.MAX_WBITS
+# How the HTTP server must run for parse_body to see the body as sent: aiohttp would otherwise
+# decompress it before the handler, without a bound on the output, and drop the connection on a
+# body its Content-Encoding does not fit. For web.AppRunner and aiohttp's TestServer.
+SERVER_SETTINGS: dict[str, Any] = {"auto_decompress": False}
 # How long an admitted pod counts against its queue while the scheduler binds it; a pod that
 # is not bound by then (its cycle failed after filter) stops counting.
 RESERVATION_TTL_S = 15.0
@@ -61,6 +83,12 @@ BINDER_KEY = web.AppKey("binder", Binder)
 HealthCheck = Callable[[], str]
 HEALTH_KEY: web.AppKey[HealthCheck] = web.AppKey("health")
 IN_FLIGHT_KEY = web.AppKey("in_flight", asyncio.Semaphore)
+# The most bytes a body may have, compressed or decompressed.
+BODY_LIMIT_KEY = web.AppKey("body_limit", int)
+MAX_NODES_KEY = web.AppKey("max_candidate_nodes", int)
+Exposition = Callable[[], bytes]
+# Metrics of another process (the webhooks'), merged into /metrics.
+RELAYED_METRICS_KEY: web.AppKey[Exposition] = web.AppKey("relayed_metrics")
 
 
 @dataclass
@@ -76,38 +104,105 @@ MAX_IN_FLIGHT = 64
 T = TypeVar("T")
 
 
-async def parse_body(request: web.Request, decode_body: Callable[[bytes], T], verb: str) -> T:
-    """The request body, decoded by `decode_body`; a 4xx with the reason when it is too large, slow or
-    malformed (`decode_body` raises a ValueError naming the problem: msgspec's and pydantic's errors
-    are ValueErrors).
+def _bad_request(request: web.Request, verb: str, problem: str) -> web.HTTPBadRequest:
+    request.app[METRICS_KEY].bad_requests.labels(verb).inc()
+    return web.HTTPBadRequest(text=f"malformed {verb} request: {problem}")
 
-    A body that takes longer than BODY_TIMEOUT_S to arrive is dropped (a half-sent request holds
-    nothing for long), and a large one is decoded off the event loop, so one big request never
-    stalls the small ones beside it.
+
+def _too_large(request: web.Request, verb: str, problem: str) -> web.HTTPRequestEntityTooLarge:
+    request.app[METRICS_KEY].bad_requests.labels(verb).inc()
+    limit = request.app[BODY_LIMIT_KEY]
+    return web.HTTPRequestEntityTooLarge(limit, text=f"{verb} request too large: {problem}")
+
+
+async def read_body(request: web.Request, verb: str) -> bytes:
+    """The request body as sent, decompressed; a 4xx with the reason when it is too large (413, told
+    by Content-Length before reading, or while decompressing), slow (408), in an encoding not
+    supported (415) or broken (400).
+
+    The body is read whole before its encoding is looked at, so a refused one still ends where its
+    Content-Length says and the connection serves the next request. Decompression stops at the
+    limit: a small body that inflates to gigabytes costs the limit, not its size.
     """
-    metrics = request.app[METRICS_KEY]
+    limit = request.app[BODY_LIMIT_KEY]
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(request, verb, f"Content-Length {request.content_length} over {limit} bytes")
     try:
         async with asyncio.timeout(BODY_TIMEOUT_S):  # (no task per request, as wait_for makes)
             body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        metrics.bad_requests.labels(verb).inc()
-        raise
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise _too_large(request, verb, f"body over {limit} bytes") from exc
     except TimeoutError as exc:
-        metrics.bad_requests.labels(verb).inc()
+        request.app[METRICS_KEY].bad_requests.labels(verb).inc()
         message = f"malformed {verb} request: body not received within {BODY_TIMEOUT_S:g}s"
         raise web.HTTPRequestTimeout(text=message) from exc
     except web.HTTPException:
         raise
-    except Exception as exc:  # undecodable content encoding, broken chunking: the client's fault
-        metrics.bad_requests.labels(verb).inc()
-        raise web.HTTPBadRequest(text=f"malformed {verb} request: body could not be read: {exc}") from exc
+    except Exception as exc:  # broken chunking, a connection reset: the client's fault
+        raise _bad_request(request, verb, f"body could not be read: {exc}") from exc
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in _DECOMPRESSIBLE:
+        request.app[METRICS_KEY].bad_requests.labels(verb).inc()
+        raise web.HTTPUnsupportedMediaType(
+            text=f"malformed {verb} request: Content-Encoding {encoding!r} is not supported "
+            f"(identity, {', '.join(sorted(_DECOMPRESSIBLE))})"
+        )
+    inflate = zlib.decompressobj(_ZLIB_AUTO_HEADER)
     try:
-        if len(body) > OFF_LOOP_BYTES:
-            return await asyncio.to_thread(decode_body, body)
+        plain = inflate.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise _bad_request(request, verb, f"body is not valid {encoding}: {exc}") from exc
+    if len(plain) > limit:
+        raise _too_large(request, verb, f"body decompresses to over {limit} bytes")
+    if not inflate.eof:
+        raise _bad_request(request, verb, f"body is not valid {encoding}: it ends early")
+    return plain
+
+
+def decoded(request: web.Request, body: bytes, decode_body: Callable[[bytes], T], verb: str) -> T:
+    """`decode_body(body)`; a 400 with the reason when it raises a ValueError naming the problem
+    (msgspec's and pydantic's errors are ValueErrors) or a RecursionError (JSON nested deeper
+    than the decoder goes: msgspec raises that, not a DecodeError)."""
+    try:
         return decode_body(body)
-    except ValueError as exc:
-        metrics.bad_requests.labels(verb).inc()
-        raise web.HTTPBadRequest(text=f"malformed {verb} request: {exc}") from exc
+    except (ValueError, RecursionError) as exc:
+        raise _bad_request(request, verb, str(exc)) from exc
+
+
+async def parse_body(request: web.Request, decode_body: Callable[[bytes], T], verb: str) -> T:
+    """The request body (`read_body`), decoded by `decode_body` (`decoded`)."""
+    return decoded(request, await read_body(request, verb), decode_body, verb)
+
+
+class _NamesShape(msgspec.Struct):
+    NodeNames: msgspec.Raw = msgspec.Raw(b"null")  # (msgspec takes no Raw in a union)
+
+
+_NAMES_SHAPE = msgspec.json.Decoder(_NamesShape)
+
+
+async def parse_candidates(request: web.Request, verb: str) -> ExtenderArgs:
+    """A filter or prioritize request; a 413 when it names more candidate nodes than the app's cap
+    (MAX_NODES_KEY), before the decision looks at them.
+
+    A names-mode body larger than POD_BYTES + NAME_BYTES per allowed name is refused after a scan
+    that builds none of its names (`_NamesShape`), so an absurd list is never decoded.
+    """
+    body = await read_body(request, verb)
+    max_nodes = request.app[MAX_NODES_KEY]
+    if len(body) > POD_BYTES + NAME_BYTES * max_nodes:
+        shape = decoded(request, body, _NAMES_SHAPE.decode, verb)
+        if bytes(shape.NodeNames) != b"null":
+            raise _too_large(
+                request, verb, f"{len(body)} bytes of node names: more than {max_nodes} candidate nodes"
+            )
+    args = decoded(request, body, partial(decode, ExtenderArgs), verb)
+    count = len(args.candidate_names())
+    if count > max_nodes:
+        raise _too_large(request, verb, f"{count} candidate nodes, more than {max_nodes}")
+    return args
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -122,7 +217,7 @@ def timed(verb: str, handler: Handler) -> Handler:
         in_flight = request.app[IN_FLIGHT_KEY]
         if in_flight.locked():
             request.app[METRICS_KEY].bad_requests.labels(verb).inc()
-            raise web.HTTPServiceUnavailable(text=f"{verb}: {MAX_IN_FLIGHT} requests in flight; retry")
+            raise web.HTTPServiceUnavailable(text=f"{verb}: too many requests in flight; retry")
         async with in_flight:
             try:
                 return await handler(request)
@@ -147,7 +242,7 @@ def _unreadable_pod(request: web.Request, verb: str, error: ValueError) -> web.H
 
 
 async def handle_filter(request: web.Request) -> web.StreamResponse:
-    args = await parse_body(request, partial(decode, ExtenderArgs), "filter")
+    args = await parse_candidates(request, "filter")
     app = request.app
     picture, waiting = app[PICTURE_KEY], app[WAITING_KEY]
     meta = args.pod
@@ -180,7 +275,7 @@ async def handle_filter(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_prioritize(request: web.Request) -> web.StreamResponse:
-    args = await parse_body(request, partial(decode, ExtenderArgs), "prioritize")
+    args = await parse_candidates(request, "prioritize")
     try:
         decision = decide_priorities(request.app[PICTURE_KEY], args, request.app[LAST_FILTER_KEY].passed)
     except UnreadablePod as exc:
@@ -233,7 +328,10 @@ async def handle_readyz(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_metrics(request: web.Request) -> web.StreamResponse:
-    return web.Response(body=request.app[METRICS_KEY].render(), headers={"Content-Type": CONTENT_TYPE})
+    body = request.app[METRICS_KEY].render()
+    if RELAYED_METRICS_KEY in request.app:
+        body = merged_exposition(body, request.app[RELAYED_METRICS_KEY]())
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 def build_app(
@@ -243,11 +341,18 @@ def build_app(
     metrics: ExtenderMetrics,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     health: HealthCheck = lambda: "",
+    max_candidate_nodes: int = DEFAULT_MAX_CANDIDATE_NODES,
+    relayed_metrics: Exposition | None = None,
 ) -> web.Application:
-    """The HTTP app; `health` names what is broken in the process ('' when all runs)."""
+    """The HTTP app; `health` names what is broken in the process ('' when all runs);
+    `relayed_metrics`, another process's metrics to serve with this one's."""
     app = web.Application(client_max_size=max_body_bytes)
+    app[BODY_LIMIT_KEY] = max_body_bytes
+    app[MAX_NODES_KEY] = max_candidate_nodes
     app[PICTURE_KEY] = picture
     app[HEALTH_KEY] = health
+    if relayed_metrics is not None:
+        app[RELAYED_METRICS_KEY] = relayed_metrics
     app[IN_FLIGHT_KEY] = asyncio.Semaphore(MAX_IN_FLIGHT)
     app[WAITING_KEY] = waiting
     app[METRICS_KEY] = metrics
@@ -263,12 +368,19 @@ def build_app(
     return app
 
 
-def operations_app(picture: ClusterPicture, metrics: ExtenderMetrics, health: HealthCheck) -> web.Application:
+def operations_app(
+    picture: ClusterPicture,
+    metrics: ExtenderMetrics,
+    health: HealthCheck,
+    relayed_metrics: Exposition | None = None,
+) -> web.Application:
     """/metrics, /healthz and /readyz on their own port: no verb, so no client certificate needed."""
     app = web.Application()
     app[PICTURE_KEY] = picture
     app[METRICS_KEY] = metrics
     app[HEALTH_KEY] = health
+    if relayed_metrics is not None:
+        app[RELAYED_METRICS_KEY] = relayed_metrics
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)

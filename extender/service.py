@@ -1,5 +1,6 @@
 """The extender process assembled: the cluster picture and its watcher, the status writer, the
-binder and the HTTP server, started and stopped together (the composition root)."""
+binder and the HTTP server, and the admission webhooks' own process, started and stopped
+together (the composition root)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ from extender.controllers.reclaim import ReclaimLoop, ReclaimOptions
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.picture.watcher import ClusterWatcher
-from extender.server import DEFAULT_MAX_BODY_BYTES, build_app
+from extender.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CANDIDATE_NODES, SERVER_SETTINGS, build_app
 from extender.status import StatusWriter, WaitingPods
-from extender.webhook import WebhookOptions, webhook_app
+from extender.webhook import WebhookOptions
+from extender.webhook_process import WebhookProcess, WebhookProcessConfig, WebhookTLS
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ class ServiceOptions:
     host: str = "0.0.0.0"
     port: int = 8888
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_candidate_nodes: int = DEFAULT_MAX_CANDIDATE_NODES
     ssl_context: ssl.SSLContext | None = None
     queue_status_interval_s: float = 2.0
     # Seconds a connection may sit without completing a request (kube-scheduler reconnects).
@@ -52,11 +55,13 @@ class ServiceOptions:
     # With a lease: the Service the leader points at itself (its EndpointSlice); None: the
     # scheduler reaches every replica some other way.
     advertise: Advertise | None = None
-    # The admission webhooks on their own port, and (with their gate) the gate controller; None:
-    # no webhooks.
+    # The admission webhooks in their own process on their own port, and (with their gate) the
+    # gate controller; None: no webhooks.
     webhooks: WebhookOptions | None = None
-    # TLS of the webhook port (the API server calls only https); None: plain HTTP (unit tests).
-    webhook_ssl_context: ssl.SSLContext | None = None
+    # TLS of the webhook port (the API server calls only https); None: plain HTTP (benchmarks).
+    webhook_tls: WebhookTLS | None = None
+    # The webhook process's API access: a kubeconfig file; None: the in-cluster service account.
+    kubeconfig: str | None = None
 
 
 class ExtenderService:
@@ -104,21 +109,32 @@ class ExtenderService:
             options.queue_status_interval_s,
             self.reclaimer.counts if self.reclaimer else None,
         )
+        webhooks = options.webhooks
+        self.webhook_process = (
+            WebhookProcess(
+                WebhookProcessConfig(
+                    webhooks,
+                    self.picture.config,
+                    options.kubeconfig,
+                    options.webhook_tls,
+                    options.idle_timeout_s,
+                    logging.getLogger().getEffectiveLevel(),
+                )
+            )
+            if webhooks
+            else None
+        )
+        self.webhook_port = webhooks.port if webhooks else 0
         self.app = build_app(
             self.picture,
             Binder(api, self.picture, require_filtered=True),
             self.waiting,
             self.metrics,
             options.max_body_bytes,
-            health=self.watcher.problem,
+            health=self.problem,
+            max_candidate_nodes=options.max_candidate_nodes,
+            relayed_metrics=self.webhook_process.metrics if self.webhook_process else None,
         )
-        webhooks = options.webhooks
-        self.webhook_runner = (
-            web.AppRunner(webhook_app(api, self.picture, self.metrics, webhooks), access_log=None)
-            if webhooks
-            else None
-        )
-        self.webhook_port = webhooks.port if webhooks else 0
         # Lifts admission gates: only the active replica, like reclaim.
         self.gates = (
             GateController(
@@ -137,8 +153,15 @@ class ExtenderService:
         )
         # A connection that completes no request within this long - idle, or still sending its
         # headers (a half-sent request) - is closed: nothing holds a connection for long.
-        self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=options.idle_timeout_s)
+        self._runner = web.AppRunner(
+            self.app, access_log=None, keepalive_timeout=options.idle_timeout_s, **SERVER_SETTINGS
+        )
         self.port = options.port
+
+    def problem(self) -> str:
+        """What is broken in the process ('' when all runs): its watches, the webhook process."""
+        problems = [self.watcher.problem(), self.webhook_process.problem() if self.webhook_process else ""]
+        return "; ".join(p for p in problems if p)
 
     async def start(self) -> None:
         self.watcher.start()
@@ -159,17 +182,10 @@ class ExtenderService:
             self.port = int(sockets[0][1])
         if self.endpoint:  # only once the port is known
             self.endpoint.start()
-        if self.webhook_runner and self.options.webhooks:
-            await self.webhook_runner.setup()
-            webhooks = self.options.webhooks
-            await web.TCPSite(
-                self.webhook_runner,
-                webhooks.host,
-                webhooks.port,
-                ssl_context=self.options.webhook_ssl_context,
-            ).start()
-            self.webhook_port = int(self.webhook_runner.addresses[0][1])
-            log.info("admission webhooks on %s:%d", webhooks.host, self.webhook_port)
+        if self.webhook_process and self.options.webhooks:
+            self.webhook_port = await self.webhook_process.start()
+            host = self.options.webhooks.host
+            log.info("admission webhooks on %s:%d (own process)", host, self.webhook_port)
         if self.gates:
             self.gates.start()
         log.info(
@@ -180,8 +196,9 @@ class ExtenderService:
         )
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Until the picture (and the webhook process's) is synced."""
         deadline = time.monotonic() + timeout_s
-        while not self.picture.ready():
+        while not (self.picture.ready() and (self.webhook_process is None or self.webhook_process.ready())):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"cluster picture not synced after {timeout_s:.0f}s")
             await asyncio.sleep(0.05)
@@ -189,8 +206,8 @@ class ExtenderService:
     async def stop(self) -> None:
         if self.gates:
             await self.gates.stop()
-        if self.webhook_runner:
-            await self.webhook_runner.cleanup()
+        if self.webhook_process:
+            await self.webhook_process.stop()
         if self.endpoint:
             await self.endpoint.stop()
         if self.reclaimer:

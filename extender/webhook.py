@@ -1,4 +1,5 @@
-"""The admission webhooks, served by the extender process on their own TLS port.
+"""The admission webhooks, served on their own TLS port by a process of their own
+(`extender.webhook_process`).
 
 ```
 kube-apiserver ─POST /mutate-pods──────────▶ owners (GET up the controller chain), Namespace
@@ -13,13 +14,15 @@ kube-apiserver ─POST /validate-namespaces──▶ its default-queue label: a 
 ```
 
 HTTP only, like `extender.server`: a malformed review gets a 400 with the reason (and costs only
-itself); the decisions are the pure functions of `extender.admission` and `extender.policy`. The
-mutating webhook refuses a pod for one reason only: its namespace may not use its queue
-(`extender.policy.tenancy`, the message naming both). Whatever it cannot look up (an owner it may
-not read, an API error, a picture not yet synced) it leaves out, and the extender's filter still
-holds the pod to its queue - and refuses it the same way if its namespace may not use it. Every
-replica serves the webhooks (each keeps the whole picture); only the active one lifts gates
-(`extender.controllers.gates`).
+itself); the decisions are the pure functions of `extender.admission` and `extender.policy`.
+Limits of their own: a review body (MAX_REVIEW_BYTES), reviews handled at once
+(MAX_REVIEWS_IN_FLIGHT, then 503s), API reads at once (MAX_API_READS) and each review's time
+spent reading (`lookup_timeout_s`). The mutating webhook refuses a pod for one reason only: its
+namespace may not use its queue (`extender.policy.tenancy`, the message naming both). Whatever it
+cannot look up (an owner it may not read, an API error, a picture not yet synced) it leaves out,
+and the extender's filter still holds the pod to its queue - and refuses it the same way if its
+namespace may not use it. Every replica serves the webhooks (each keeps the whole picture); only
+the active one lifts gates (`extender.controllers.gates`).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.admission import Ask
 from extender.queues import defaults_shut_out
-from extender.server import IN_FLIGHT_KEY, MAX_IN_FLIGHT, METRICS_KEY, parse_body, timed
+from extender.server import BODY_LIMIT_KEY, IN_FLIGHT_KEY, METRICS_KEY, parse_body, timed
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +76,15 @@ VALIDATE_CLAIMS_PATH = "/validate-resourceclaims"
 VALIDATE_NAMESPACES_PATH = "/validate-namespaces"
 # Owners above this many levels are not read (Pod -> ReplicaSet -> Deployment is two).
 MAX_OWNER_DEPTH = 4
-# An AdmissionReview carries one object (and its old version): far below this.
+# An AdmissionReview carries one object and, for an UPDATE, its old version: the API server takes
+# no request over 3 MB, and etcd stores no object over 1.5 MiB.
 MAX_REVIEW_BYTES = 4 * 2**20
+# Reviews answered at once; more get a 503 at once (the API server's failurePolicy then applies)
+# rather than queueing past its timeout.
+MAX_REVIEWS_IN_FLIGHT = 16
+# API reads (owners, a Namespace, the Queues) in flight at once, over all reviews: a flood of
+# reviews costs the API server at most this many requests at a time.
+MAX_API_READS = 8
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
 _KIND = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,62}$")
 _API_VERSION = re.compile(r"^([a-z0-9.-]+/)?v[0-9a-z]+$")
@@ -172,6 +182,12 @@ class PodAdmission:
         self.api = api
         self.picture = picture
         self.options = options
+        self.reads = asyncio.Semaphore(MAX_API_READS)
+
+    async def read(self, path: str) -> JsonObject:
+        """GET `path`, one of at most MAX_API_READS at a time, within the lookup timeout."""
+        async with self.reads:
+            return await kubeapi.request(self.api, "GET", path, timeout=self.options.lookup_timeout_s)
 
     async def owner_labels(self, namespace: str, pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         """Labels of the pod's controllers, its own first; stops at one it cannot read."""
@@ -182,7 +198,7 @@ class PodAdmission:
             if path is None:
                 break
             try:
-                current = await kubeapi.request(self.api, "GET", path, timeout=self.options.lookup_timeout_s)
+                current = await self.read(path)
             except KubeError as exc:  # forbidden (a kind the chart grants no get on) or gone
                 log.debug("owner %s not read: %s", path, exc)
                 break
@@ -194,9 +210,7 @@ class PodAdmission:
             return {}  # not a namespace name: nothing to read (and no path to build from it)
         stored = self.picture.store.get("Namespace", namespace)
         if stored is None:  # created a moment ago: the watch has not delivered it yet
-            stored = await kubeapi.request(
-                self.api, "GET", f"/api/v1/namespaces/{namespace}", timeout=self.options.lookup_timeout_s
-            )
+            stored = await self.read(f"/api/v1/namespaces/{namespace}")
         return mapping(meta(stored).get("labels"))
 
     async def mutate(self, pod: JsonObject, namespace: str) -> PodVerdict:
@@ -295,7 +309,6 @@ def _patched(pod: JsonObject, namespace: str, queue: str | None, scheduler: str 
 
 ADMISSION_KEY = web.AppKey("pod_admission", PodAdmission)
 OPTIONS_KEY = web.AppKey("webhook_options", WebhookOptions)
-API_KEY = web.AppKey("api", ApiClient)
 PICTURE_KEY = web.AppKey("webhook_picture", ClusterPicture)
 
 
@@ -323,9 +336,7 @@ async def handle_validate_queue(request: web.Request) -> web.StreamResponse:
         return _answer(review_answer(req.uid))
     path = f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/{QUEUE_PLURAL}"
     try:  # the stored Queues, not the picture's: one created a moment ago may be this one's parent
-        others = sequence(
-            (await kubeapi.request(request.app[API_KEY], "GET", path, timeout=5.0)).get("items")
-        )
+        others = sequence((await request.app[ADMISSION_KEY].read(path)).get("items"))
     except (KubeError, OSError, TimeoutError) as exc:
         log.warning("queue admission reads the picture's Queues: %r", exc)
         others = list(request.app[PICTURE_KEY].kind("Queue").values())
@@ -380,9 +391,9 @@ def webhook_app(
 ) -> web.Application:
     """The webhooks' HTTP app (its own port: the API server presents no scheduler certificate)."""
     app = web.Application(client_max_size=MAX_REVIEW_BYTES)
+    app[BODY_LIMIT_KEY] = MAX_REVIEW_BYTES
     app[METRICS_KEY] = metrics
-    app[IN_FLIGHT_KEY] = asyncio.Semaphore(MAX_IN_FLIGHT)
-    app[API_KEY] = api
+    app[IN_FLIGHT_KEY] = asyncio.Semaphore(MAX_REVIEWS_IN_FLIGHT)
     app[PICTURE_KEY] = picture
     app[OPTIONS_KEY] = options
     app[ADMISSION_KEY] = PodAdmission(api, picture, options)

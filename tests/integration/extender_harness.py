@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 import sys
 import tempfile
 import uuid
@@ -29,6 +28,7 @@ from extender.kubeapi import JsonObject, KubeError, request
 from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.service import ExtenderService, ServiceOptions
 from extender.webhook import WebhookOptions
+from extender.webhook_process import WebhookTLS
 from tessera.dev.localcluster import (
     LocalCluster,
     SchedulerHandle,
@@ -186,9 +186,10 @@ class GpuCluster:
         reclaim: ReclaimOptions | None = None,
         lease: tuple[str, str, str] | None = None,
         webhooks: WebhookOptions | None = None,
-        webhook_ssl_context: ssl.SSLContext | None = None,
+        webhook_tls: WebhookTLS | None = None,
     ) -> ExtenderService:
-        """An extender service of this cluster, started and synced (the caller stops it)."""
+        """An extender service of this cluster, started and synced (the caller stops it); its
+        webhooks, if any, in their own process."""
         state = ClusterPicture(
             PictureConfig(
                 gpu_drivers=frozenset({self.driver}), scheduler_names=frozenset({self.scheduler_name})
@@ -205,7 +206,8 @@ class GpuCluster:
                 reclaim=reclaim or ReclaimOptions(),
                 lease=lease,
                 webhooks=webhooks,
-                webhook_ssl_context=webhook_ssl_context,
+                webhook_tls=webhook_tls,
+                kubeconfig=str(self.cluster.kubeconfig),
             ),
         )
         await service.start()
@@ -217,12 +219,10 @@ class GpuCluster:
         port: int = 0,
         lease: tuple[str, str, str] | None = None,
         webhooks: WebhookOptions | None = None,
-        webhook_ssl_context: ssl.SSLContext | None = None,
+        webhook_tls: WebhookTLS | None = None,
     ) -> ExtenderService:
         """The extender the scheduler calls."""
-        self.service = await self.new_extender(
-            port, lease=lease, webhooks=webhooks, webhook_ssl_context=webhook_ssl_context
-        )
+        self.service = await self.new_extender(port, lease=lease, webhooks=webhooks, webhook_tls=webhook_tls)
         return self.service
 
     async def stop_extender(self) -> None:

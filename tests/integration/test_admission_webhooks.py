@@ -21,8 +21,8 @@ from kubernetes_asyncio.client import ApiClient
 
 from contract.names import ADMISSION_GATE, NAMESPACE_QUEUE_LABEL, NAMESPACE_SCHEDULER_LABEL, QUEUE_LABEL
 from extender.kubeapi import JsonObject, request
-from extender.server import server_ssl_context
 from extender.webhook import MUTATE_PODS_PATH, WebhookOptions
+from extender.webhook_process import WebhookTLS
 from tessera.dev.localcluster import LocalCluster, wait_until
 from tests import extender_objects as objects
 from tests.integration.extender_harness import QUEUES_PATH, TEMPLATE, GpuCluster, gpu_cluster
@@ -47,7 +47,7 @@ async def webhooked(
                 config_drivers=frozenset({env.driver}),
                 gate_interval_s=0.25,
             ),
-            webhook_ssl_context=server_ssl_context(str(cert.cert_path), str(cert.key_path), None),
+            webhook_tls=WebhookTLS(str(cert.cert_path), str(cert.key_path)),
         )
         await env.start_scheduler(env.url)
         assert env.service is not None

@@ -198,8 +198,9 @@ OWN_ISSUER_VALUES = (
     "extender.tls.certManager.issuerRef.kind=ClusterIssuer",
     "extender.metricsPort=0",
 )
-# Secrets made by hand (docs/install.md), and the documented insecure opt-out.
-OWN_SECRETS_VALUES = ("extender.tls.source=secrets",)
+# Secrets made by hand (docs/install.md), with the API server's webhook client certificate
+# required; and the documented insecure opt-out.
+OWN_SECRETS_VALUES = ("extender.tls.source=secrets", "extender.webhooks.clientCA.secretName=apiserver-ca")
 PLAIN_HTTP_VALUES = (
     "extender.tls.enabled=false",
     "extender.networkPolicy.enabled=false",
@@ -273,6 +274,20 @@ def test_the_apiserver_accepts_every_rendered_object(
         container = extender["spec"]["template"]["spec"]["containers"][0]
         assert "tcpSocket" in container["readinessProbe"]
         assert not any(arg.startswith("--metrics-port") for arg in container["args"])
+    if values == OWN_SECRETS_VALUES:
+        # The webhook port requires a client certificate signed by the CA in that Secret.
+        (extender,) = (
+            o for o in objects if o["kind"] == "Deployment" and "extender" in o["metadata"]["name"]
+        )
+        pod_spec = extender["spec"]["template"]["spec"]
+        (container,) = pod_spec["containers"]
+        assert "--webhook-client-ca-file=/etc/tessera/webhook-client-ca/ca.crt" in container["args"]
+        assert {
+            "name": "webhook-client-ca",
+            "mountPath": "/etc/tessera/webhook-client-ca",
+            "readOnly": True,
+        } in (container["volumeMounts"])
+        assert {"name": "webhook-client-ca", "secret": {"secretName": "apiserver-ca"}} in pod_spec["volumes"]
     if values == PLAIN_HTTP_VALUES:
         assert not {"Secret", "NetworkPolicy", "Certificate"} & kinds
     else:

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio.client import ApiClient
 
 from contract.names import MIN_MEMBERS_ANNOTATION, WORKLOAD_LABEL
@@ -23,6 +22,7 @@ from extender.status import StatusWriter, WaitingPods
 from extender.verbs import decide_filter, decide_preemption
 from extender.wire import ExtenderArgs, ExtenderPreemptionArgs, decode
 from tests import extender_objects as objects
+from tests.unit.extender.serving import serve
 from tests.unit.extender.test_server import CLASS, Extender, args
 
 
@@ -30,7 +30,7 @@ from tests.unit.extender.test_server import CLASS, Extender, args
 async def extender() -> AsyncIterator[Extender]:
     state, waiting, api = ClusterPicture(), WaitingPods(), ApiClient()
     app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state))
-    async with TestClient(TestServer(app)) as client:
+    async with serve(app) as client:
         yield Extender(client, state, waiting, api)
     await api.close()
 

@@ -59,6 +59,18 @@ def test_webhook_flags() -> None:
         parse_args(["--webhook-port=8443"])
     with pytest.raises(SystemExit):
         parse_args(["--webhook-port=8888", *tls])  # the scheduler's port
+    # The API server's client certificate, required on the webhook port only.
+    assert parse_args(
+        ["--webhook-port=8443", "--webhook-client-ca-file=api.crt", *tls]
+    ).webhook_client_ca_file == ("api.crt")
+    with pytest.raises(SystemExit):
+        parse_args(["--webhook-client-ca-file=api.crt", *tls])  # no webhook port to require it on
+
+
+def test_size_caps_flags() -> None:
+    defaults = parse_args([])
+    assert (defaults.max_body_bytes, defaults.max_candidate_nodes) == (16 * 2**20, 10_000)
+    assert parse_args(["--max-candidate-nodes=20000"]).max_candidate_nodes == 20_000
 
 
 async def test_a_half_sent_request_does_not_hold_its_connection() -> None:

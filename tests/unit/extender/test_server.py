@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from kubernetes_asyncio.client import ApiClient
 
 from extender import server
@@ -20,6 +20,7 @@ from extender.policy.placement import GpuDemand
 from extender.server import build_app
 from extender.status import ADMITTED_CONDITION, StatusWriter, WaitingPods
 from tests import extender_objects as objects
+from tests.unit.extender.serving import serve
 
 CLASS = "gpu.tessera.dev"
 
@@ -46,7 +47,7 @@ async def extender() -> AsyncIterator[Extender]:
     state, waiting = ClusterPicture(), WaitingPods()
     api = ApiClient()
     app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state), max_body_bytes=64 * 1024)
-    async with TestClient(TestServer(app)) as client:
+    async with serve(app) as client:
         yield Extender(client, state, waiting, api)
     await api.close()
 
@@ -406,7 +407,7 @@ async def test_bind_accepts_only_a_node_the_filter_passed_for_the_pod() -> None:
     state, api = ClusterPicture(), ApiClient()
     pod = objects.pod("ns", "p", queue="team-b", template="two")
     app = build_app(state, Binder(api, state, require_filtered=True), WaitingPods(), ExtenderMetrics(state))
-    async with TestClient(TestServer(app)) as client:
+    async with serve(app) as client:
         extender = Extender(client, state, WaitingPods(), api)
         extender.sync(cluster(pod))
         status, result = await extender.call("filter", args(pod, ["a", "b"]))

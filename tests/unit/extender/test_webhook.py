@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from contract.names import ADMISSION_GATE, NAMESPACE_QUEUE_LABEL, NAMESPACE_SCHEDULER_LABEL
@@ -26,6 +26,7 @@ from extender.webhook import (
     webhook_app,
 )
 from tests import extender_objects as objects
+from tests.unit.extender.serving import serve
 from tests.unit.extender.test_gangs import job, member
 
 CLASS = "gpu.tessera.dev"
@@ -88,7 +89,7 @@ async def webhooks() -> AsyncIterator[Webhooks]:
     picture = ClusterPicture()
     api = ApiClient(Configuration(host="http://127.0.0.1:1"))  # nothing listens there
     app = webhook_app(api, picture, ExtenderMetrics(picture), WebhookOptions(scheduler_name="tessera"))
-    async with TestClient(TestServer(app)) as client:
+    async with serve(app) as client:
         yield Webhooks(client, picture)
     await api.close()
 
