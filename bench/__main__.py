@@ -24,6 +24,10 @@ memory: 5000 nodes, 100,000 pods; reclaim: 16 nodes and a 10-minute churn). 2, 3
 the control-plane binaries (``make bench`` builds them); ``--no-cluster`` skips them. 2, 3 and 8
 race KAI Scheduler too when ``hack/build-kai.sh`` built it (``bench.kai``; ``--no-kai`` leaves it
 out); without that build they say so and run without it.
+
+``--smoke`` runs every benchmark module at tiny sizes, one round each (the two in-process ones
+not in the list above, ``bench.codec`` and ``bench.queuecycle``, too): what ``make test`` runs to
+catch a benchmark that no longer works, not a measurement.
 """
 
 from __future__ import annotations
@@ -37,10 +41,30 @@ from collections.abc import Sequence
 
 from tessera.simulate.report import format_table
 
-from . import e2e, fairshare, packing, planning, prepare, reaction, reclaim
+from . import SMOKE_HELP, codec, e2e, fairshare, packing, planning, prepare, queuecycle, reaction, reclaim
 from .hotpath import HotPathRow, run_hotpath
 from .memory import MemoryRow, run_memory
 from .prepare import prepare_table, run_prepare
+
+# What --only picks; 2, 3, 8 and 9 need the local control plane.
+BENCHMARKS = (
+    "hotpath",
+    "e2e",
+    "reaction",
+    "memory",
+    "prepare",
+    "fairshare",
+    "planning",
+    "reclaim",
+    "packing",
+    "codec",
+    "queuecycle",
+)
+ON_A_CLUSTER = ("e2e", "reaction", "reclaim", "packing")
+# The smoke's in-process sizes: one small cluster picture, a fraction of a second per hot-path case.
+SMOKE_NODES = [50]
+SMOKE_PODS = 400
+SMOKE_HOT_SECONDS = 0.3
 
 
 def _machine() -> str:
@@ -133,17 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="the issue's sizes (slower, more memory)")
     parser.add_argument(
         "--only",
-        choices=(
-            "hotpath",
-            "e2e",
-            "reaction",
-            "memory",
-            "prepare",
-            "fairshare",
-            "planning",
-            "reclaim",
-            "packing",
-        ),
+        choices=BENCHMARKS,
         help="run one benchmark",
     )
     parser.add_argument("--no-cluster", action="store_true", help="skip 2, 3, 8 and 9 (local control plane)")
@@ -163,17 +177,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="runs of each scheduler in 2, 3 and 5; the median is reported (default 3)",
     )
     parser.add_argument("--no-kai", action="store_true", help="leave KAI Scheduler out of 2, 3 and 8")
+    parser.add_argument("--smoke", action="store_true", help=f"every benchmark module: {SMOKE_HELP}")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    smoke = ["--smoke"] if args.smoke else []
     cluster_args = [
         f"--rounds={args.rounds}",
         *(["--full"] if args.full else []),
         *(["--no-kai"] if args.no_kai else []),
+        *smoke,
     ]
 
-    hot_nodes = [int(n) for n in args.hot_nodes.split(",")]
-    hot_pods = 50_000 if args.full else 20_000
-    mem_nodes, mem_pods = (5000, 100_000) if args.full else (1000, 20_000)
-    seconds = args.seconds or (10.0 if args.full else 3.0)
+    hot_nodes = SMOKE_NODES if args.smoke else [int(n) for n in args.hot_nodes.split(",")]
+    hot_pods = SMOKE_PODS if args.smoke else 50_000 if args.full else 20_000
+    mem_nodes, mem_pods = (
+        (SMOKE_NODES[0], SMOKE_PODS) if args.smoke else (5000, 100_000) if args.full else (1000, 20_000)
+    )
+    seconds = SMOKE_HOT_SECONDS if args.smoke else args.seconds or (10.0 if args.full else 3.0)
     print(f"Tessera benchmarks, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {_machine()}")
     if args.only in (None, "hotpath"):
         print(f"\n[1] extender hot path over HTTP, {seconds:g} s per case (cycle = filter + prioritize)")
@@ -188,15 +207,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(memory_table(run_memory(mem_nodes, mem_pods)))
     if args.only in (None, "prepare"):
         print(f"\n[5] {prepare.TITLE}")
-        print(prepare_table(run_prepare()))
+        print(prepare_table(run_prepare(*prepare.SMOKE if args.smoke else ())))
     if args.only in (None, "fairshare"):
-        fairshare.main([])
+        fairshare.main(smoke)
     if args.only in (None, "planning"):
-        planning.main([] if args.full else ["--nodes", "1000", "--pods", "10000"])
+        planning.main(smoke or ([] if args.full else ["--nodes", "1000", "--pods", "10000"]))
     if args.only in (None, "reclaim") and not (args.no_cluster and args.only is None):
         reclaim.main(cluster_args)
     if args.only in (None, "packing") and not (args.no_cluster and args.only is None):
-        packing.main([])
+        packing.main(smoke)
+    # Not in the full run (their own commands measure them); in the smoke, so they keep working.
+    for name, module_main in (("codec", codec.main), ("queuecycle", queuecycle.main)):
+        if args.only == name or (args.only is None and args.smoke):
+            module_main(smoke)
     return 0
 
 
