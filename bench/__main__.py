@@ -194,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     seconds = SMOKE_HOT_SECONDS if args.smoke else args.seconds or (10.0 if args.full else 3.0)
     print(f"Tessera benchmarks, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {_machine()}")
+    failed = False  # a benchmark that could not run (it said why), the others run all the same
     if args.only in (None, "hotpath"):
         print(f"\n[1] extender hot path over HTTP, {seconds:g} s per case (cycle = filter + prioritize)")
         modes = ("names",) if args.queue_tree else ("names", "nodelist")
@@ -201,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(hotpath_table(rows))
     for name, runner in (("e2e", e2e.main), ("reaction", reaction.main)):
         if args.only in (None, name) and not (args.no_cluster and args.only is None):
-            runner(cluster_args)
+            failed |= runner(cluster_args) != 0
     if args.only in (None, "memory"):
         print(f"\n[4] extender memory, {mem_nodes} nodes x 8 GPUs, {mem_pods} pods in the picture")
         print(memory_table(run_memory(mem_nodes, mem_pods)))
@@ -209,18 +210,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n[5] {prepare.TITLE}")
         print(prepare_table(run_prepare(*prepare.SMOKE if args.smoke else ())))
     if args.only in (None, "fairshare"):
-        fairshare.main(smoke)
+        failed |= fairshare.main(smoke) != 0
     if args.only in (None, "planning"):
-        planning.main(smoke or ([] if args.full else ["--nodes", "1000", "--pods", "10000"]))
+        failed |= planning.main(smoke or ([] if args.full else ["--nodes", "1000", "--pods", "10000"])) != 0
     if args.only in (None, "reclaim") and not (args.no_cluster and args.only is None):
-        reclaim.main(cluster_args)
+        failed |= reclaim.main(cluster_args) != 0
     if args.only in (None, "packing") and not (args.no_cluster and args.only is None):
-        packing.main(smoke)
+        failed |= packing.main(smoke) != 0
     # Not in the full run (their own commands measure them); in the smoke, so they keep working.
     for name, module_main in (("codec", codec.main), ("queuecycle", queuecycle.main)):
         if args.only == name or (args.only is None and args.smoke):
-            module_main(smoke)
-    return 0
+            failed |= module_main(smoke) != 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
