@@ -38,7 +38,8 @@ CASES = [
     (
         "reclaim",
         rf"priority preemption \(classic GPUs\)\s+8\s+4(\s+\S+){{3}}\s+4 / 4 = 1\.00.*1\.00x\n"
-        rf"kube-scheduler \+ Tessera reclaim \(DRA claims\)\s+8\s+4(\s+\S+){{3}}\s+\d+ / 4 = \d\.\d\d.*{RATIO}"
+        rf"kube-scheduler \+ Tessera reclaim \(DRA claims\)\s+8\s+4(\s+\S+){{3}}"
+        rf"\s+\d+ / 4 = \d\.\d\d.*{RATIO}"
         r"[\s\S]*churn, Tessera only: 3 queues",
     ),
     # 6 trace nodes: the cluster beside the simulator, in points.
