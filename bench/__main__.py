@@ -27,6 +27,10 @@ memory: 5000 nodes, 100,000 pods; reclaim: 16 nodes and a 10-minute churn). 2, 3
 the control-plane binaries (``make bench`` builds them); ``--no-cluster`` skips them. 2, 3 and 8
 race KAI Scheduler too when ``hack/build-kai.sh`` built it (``bench.kai``; ``--no-kai`` leaves it
 out); without that build they say so and run without it.
+
+``--smoke`` runs every benchmark module at tiny sizes, one round each (the two in-process ones
+not in the list above, ``bench.codec`` and ``bench.queuecycle``, too): what ``make test`` runs to
+catch a benchmark that no longer works, not a measurement.
 """
 
 from __future__ import annotations
@@ -40,10 +44,43 @@ from collections.abc import Sequence
 
 from tessera.simulate.report import format_table
 
-from . import e2e, fairshare, packing, planning, prepare, reaction, reclaim, webhookflood
+from . import (
+    SMOKE_HELP,
+    codec,
+    e2e,
+    fairshare,
+    packing,
+    planning,
+    prepare,
+    queuecycle,
+    reaction,
+    reclaim,
+    webhookflood,
+)
 from .hotpath import HotPathRow, run_hotpath
 from .memory import MemoryRow, run_memory
 from .prepare import prepare_table, run_prepare
+
+# What --only picks; 2, 3, 8 and 9 need the local control plane.
+BENCHMARKS = (
+    "hotpath",
+    "e2e",
+    "reaction",
+    "memory",
+    "prepare",
+    "fairshare",
+    "planning",
+    "reclaim",
+    "packing",
+    "webhookflood",
+    "codec",
+    "queuecycle",
+)
+ON_A_CLUSTER = ("e2e", "reaction", "reclaim", "packing")
+# The smoke's in-process sizes: one small cluster picture, a fraction of a second per hot-path case.
+SMOKE_NODES = [50]
+SMOKE_PODS = 400
+SMOKE_HOT_SECONDS = 0.3
 
 
 def _machine() -> str:
@@ -136,18 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="the issue's sizes (slower, more memory)")
     parser.add_argument(
         "--only",
-        choices=(
-            "hotpath",
-            "e2e",
-            "reaction",
-            "memory",
-            "prepare",
-            "fairshare",
-            "planning",
-            "reclaim",
-            "packing",
-            "webhookflood",
-        ),
+        choices=BENCHMARKS,
         help="run one benchmark",
     )
     parser.add_argument("--no-cluster", action="store_true", help="skip 2, 3, 8 and 9 (local control plane)")
@@ -167,18 +193,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="runs of each scheduler in 2, 3 and 5; the median is reported (default 3)",
     )
     parser.add_argument("--no-kai", action="store_true", help="leave KAI Scheduler out of 2, 3 and 8")
+    parser.add_argument("--smoke", action="store_true", help=f"every benchmark module: {SMOKE_HELP}")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    smoke = ["--smoke"] if args.smoke else []
     cluster_args = [
         f"--rounds={args.rounds}",
         *(["--full"] if args.full else []),
         *(["--no-kai"] if args.no_kai else []),
+        *smoke,
     ]
 
-    hot_nodes = [int(n) for n in args.hot_nodes.split(",")]
-    hot_pods = 50_000 if args.full else 20_000
-    mem_nodes, mem_pods = (5000, 100_000) if args.full else (1000, 20_000)
-    seconds = args.seconds or (10.0 if args.full else 3.0)
+    hot_nodes = SMOKE_NODES if args.smoke else [int(n) for n in args.hot_nodes.split(",")]
+    hot_pods = SMOKE_PODS if args.smoke else 50_000 if args.full else 20_000
+    mem_nodes, mem_pods = (
+        (SMOKE_NODES[0], SMOKE_PODS) if args.smoke else (5000, 100_000) if args.full else (1000, 20_000)
+    )
+    seconds = SMOKE_HOT_SECONDS if args.smoke else args.seconds or (10.0 if args.full else 3.0)
     print(f"Tessera benchmarks, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {_machine()}")
+    failed = False  # a benchmark that could not run (it said why), the others run all the same
     if args.only in (None, "hotpath"):
         print(f"\n[1] extender hot path over HTTP, {seconds:g} s per case (cycle = filter + prioritize)")
         modes = ("names",) if args.queue_tree else ("names", "nodelist")
@@ -186,25 +218,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(hotpath_table(rows))
     for name, runner in (("e2e", e2e.main), ("reaction", reaction.main)):
         if args.only in (None, name) and not (args.no_cluster and args.only is None):
-            runner(cluster_args)
+            failed |= runner(cluster_args) != 0
     if args.only in (None, "memory"):
         print(f"\n[4] extender memory, {mem_nodes} nodes x 8 GPUs, {mem_pods} pods in the picture")
         print(memory_table(run_memory(mem_nodes, mem_pods)))
     if args.only in (None, "prepare"):
         print(f"\n[5] {prepare.TITLE}")
-        print(prepare_table(run_prepare()))
+        print(prepare_table(run_prepare(*prepare.SMOKE if args.smoke else ())))
     if args.only in (None, "fairshare"):
-        fairshare.main([])
+        failed |= fairshare.main(smoke) != 0
     if args.only in (None, "planning"):
-        planning.main([] if args.full else ["--nodes", "1000", "--pods", "10000"])
+        failed |= planning.main(smoke or ([] if args.full else ["--nodes", "1000", "--pods", "10000"])) != 0
     if args.only in (None, "reclaim") and not (args.no_cluster and args.only is None):
-        reclaim.main(cluster_args)
+        failed |= reclaim.main(cluster_args) != 0
     if args.only in (None, "packing") and not (args.no_cluster and args.only is None):
-        packing.main([])
+        failed |= packing.main(smoke) != 0
     if args.only in (None, "webhookflood"):
-        print("\n[10] webhook flood")
-        webhookflood.main([])
-    return 0
+        print("\n[12] webhook flood")
+        failed |= webhookflood.main(smoke) != 0
+    # Not in the full run (their own commands measure them); in the smoke, so they keep working.
+    for name, module_main in (("codec", codec.main), ("queuecycle", queuecycle.main)):
+        if args.only == name or (args.only is None and args.smoke):
+            failed |= module_main(smoke) != 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -23,44 +23,51 @@ import msgspec
 from extender.wire import ExtenderArgs, decode, encode, filter_result
 from tessera.simulate.report import format_table
 
+from . import SMOKE_HELP
 from .hotpath import Payloads
 
+BUDGET_S, SMOKE_BUDGET_S = 0.5, 0.005  # timing per codec and payload
 
-def _ms(action: Callable[[], object], budget_s: float = 0.5) -> float:
+
+def _ms(action: Callable[[], object], budget_s: float) -> float:
     number = max(1, int(budget_s / max(timeit.timeit(action, number=1), 1e-6)))
     return min(timeit.repeat(action, number=number, repeat=3)) / number * 1000
 
 
-def _row(nodes: int, mode: str, orjson: Any) -> list[str]:
+def _row(nodes: int, mode: str, orjson: Any, budget_s: float) -> list[str]:
     body = Payloads(nodes, mode).body(1)
     args = decode(ExtenderArgs, body)
     answer = filter_result(args, args.candidate_names(), {})
     plain = msgspec.json.decode(encode(answer))
     times: list[float | None] = [
-        _ms(lambda: json.loads(body)),
-        _ms(lambda: msgspec.json.decode(body)),
-        _ms(lambda: decode(ExtenderArgs, body)),
-        _ms(lambda: orjson.loads(body)) if orjson is not None else None,
-        _ms(lambda: json.dumps(plain).encode()),
-        _ms(lambda: msgspec.json.encode(plain)),
-        _ms(lambda: encode(answer)),
-        _ms(lambda: orjson.dumps(plain)) if orjson is not None else None,
+        _ms(lambda: json.loads(body), budget_s),
+        _ms(lambda: msgspec.json.decode(body), budget_s),
+        _ms(lambda: decode(ExtenderArgs, body), budget_s),
+        _ms(lambda: orjson.loads(body), budget_s) if orjson is not None else None,
+        _ms(lambda: json.dumps(plain).encode(), budget_s),
+        _ms(lambda: msgspec.json.encode(plain), budget_s),
+        _ms(lambda: encode(answer), budget_s),
+        _ms(lambda: orjson.dumps(plain), budget_s) if orjson is not None else None,
     ]
     return [str(nodes), mode, f"{len(body) / 1000:.0f}", *("-" if t is None else f"{t:.3f}" for t in times)]
 
 
-def run_codec(node_counts: Sequence[int]) -> list[list[str]]:
+def run_codec(node_counts: Sequence[int], budget_s: float = BUDGET_S) -> list[list[str]]:
     try:
         orjson: Any = importlib.import_module("orjson")
     except ImportError:
         orjson = None
-    return [_row(nodes, mode, orjson) for nodes in node_counts for mode in ("names", "nodelist")]
+    return [_row(nodes, mode, orjson, budget_s) for nodes in node_counts for mode in ("names", "nodelist")]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.codec", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="500,5000")
+    parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_HELP} (50 nodes)")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    node_counts, budget_s = (
+        ([50], SMOKE_BUDGET_S) if args.smoke else ([int(n) for n in args.nodes.split(",")], BUDGET_S)
+    )
     print("\n[codec] ms per filter request (decode) and answer (encode), best of 3")
     headers = [
         "nodes",
@@ -75,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "typed enc",
         "orjson enc",
     ]
-    print(format_table(headers, run_codec([int(n) for n in args.nodes.split(",")])))
+    print(format_table(headers, run_codec(node_counts, budget_s)))
     print("typed: extender.wire's structs (what the extender runs); '-': orjson not installed")
     return 0
 

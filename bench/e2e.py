@@ -67,6 +67,7 @@ from tessera.dev.localcluster import (
 )
 from tessera.simulate.report import format_table
 
+from . import SMOKE_HELP
 from .hotpath import ServerProcess
 from .kai import DEFAULT_ACTIONS, KAI_SCHEDULER, Kai, KaiVariant, find_kai, kai_pod, skip_reason
 
@@ -84,6 +85,7 @@ SAME_CLIENT = KaiVariant(
     f"KAI Scheduler, client QPS/burst {CLIENT_QPS}/{CLIENT_BURST}", client=(CLIENT_QPS, CLIENT_BURST)
 )
 CREATE_CONCURRENCY = 48
+SMOKE_NODES, SMOKE_PODS = 2, 16
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
 PLAIN_SCHEDULER = "bench-plain"
 TESSERA_SCHEDULER = "bench-tessera"
@@ -773,9 +775,10 @@ def profile_path(argument: str | None) -> Path | None:
 
 
 def bench_parser(
-    prog: str, description: str | None, full: str, nodes: str, pods: str
+    prog: str, description: str | None, full: str, nodes: str, pods: str, smoke: str
 ) -> argparse.ArgumentParser:
-    """The options the cluster benchmarks share: sizes, rounds, whether KAI races."""
+    """The options the cluster benchmarks share: sizes, rounds, whether KAI races, the smoke
+    (`smoke`: its sizes; one round whatever ``--rounds`` says)."""
     parser = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -788,6 +791,7 @@ def bench_parser(
     parser.add_argument(
         "--no-kai", action="store_true", help="leave out KAI Scheduler even when hack/build-kai.sh built it"
     )
+    parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_HELP}; {smoke}")
     return parser
 
 
@@ -798,6 +802,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         full="the issue's size: 500 nodes, 4000 pods",
         nodes="default 100",
         pods="single-GPU pods; default 800",
+        smoke=f"{SMOKE_NODES} nodes, {SMOKE_PODS} pods",
     )
     parser.add_argument(
         "--profile-extender", metavar="FILE", help=f"cProfile the extender (or ${PROFILE_ENV})"
@@ -814,6 +819,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.smoke:
+        args.nodes, args.pods, args.rounds = SMOKE_NODES, SMOKE_PODS, 1
     nodes = args.nodes or (500 if args.full else 100)
     pods = args.pods or (4000 if args.full else 800)
     profile = profile_path(args.profile_extender)

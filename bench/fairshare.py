@@ -36,6 +36,8 @@ from extender.policy.fairness import (
 )
 from tessera.simulate.report import format_table
 
+from . import SMOKE_HELP
+
 WaterFill = Callable[[float, Sequence[tuple[_Claimant, float]], dict[str, float]], float]
 
 
@@ -138,10 +140,17 @@ def _median_ms(picture: Picture, repeats: int) -> tuple[float, dict[str, dict[st
     return statistics.median(times), result
 
 
-def run_fairshare(repeats: int = 3, seed: int = 7) -> list[FairShareRow]:
+# The tree's fan-out per level (10 x 9 x 10 = 900 leaves) and the siblings' count; the smoke's.
+TREE, SIBLINGS = (10, 9, 10), 4000
+SMOKE_TREE, SMOKE_SIBLINGS = (2, 2, 3), 50
+
+
+def run_fairshare(
+    repeats: int = 3, seed: int = 7, tree: tuple[int, int, int] = TREE, sibling_count: int = SIBLINGS
+) -> list[FairShareRow]:
     rng = random.Random(seed)
     rows = []
-    for case, picture in (("3 levels", three_levels(rng)), ("siblings", siblings(rng))):
+    for case, picture in (("3 levels", three_levels(rng, *tree)), ("siblings", siblings(rng, sibling_count))):
         fast, fast_result = _median_ms(picture, repeats)
         with water_filling(quadratic_water_fill):
             slow, slow_result = _median_ms(picture, repeats)
@@ -155,10 +164,12 @@ def run_fairshare(repeats: int = 3, seed: int = 7) -> list[FairShareRow]:
     return rows
 
 
-def run_updates(updates: int = 20, seed: int = 7) -> list[FairShareRow]:
+def run_updates(
+    updates: int = 20, seed: int = 7, shape: tuple[int, int, int] = TREE, sibling_count: int = SIBLINGS
+) -> list[FairShareRow]:
     """Median time of `updates` new pending pods (a random leaf's demand +1 GPU) per case."""
     rng = random.Random(seed)
-    tree = three_levels(rng)
+    tree = three_levels(rng, *shape)
     roomy = (
         tree[0],
         tree[1],
@@ -168,7 +179,7 @@ def run_updates(updates: int = 20, seed: int = 7) -> list[FairShareRow]:
     for case, (specs, usage, capacity) in (
         ("3 levels, contended", tree),
         ("3 levels, with room", roomy),
-        ("siblings, contended", siblings(rng)),
+        ("siblings, contended", siblings(rng, sibling_count)),
     ):
         parents = {spec.parent for spec in specs}
         leaves = [spec.name for spec in specs if spec.name not in parents]
@@ -207,11 +218,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fairshare", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per case; the median is reported")
     parser.add_argument("--updates", type=int, default=20, help="new pending pods timed per case")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(list(argv) if argv is not None else None)
-    print("\n[6] fair-share recompute (compute_fair_shares, one resource), median of", args.repeats)
-    print(fairshare_table(run_fairshare(args.repeats)))
-    print(f"\n[6] a new pending pod: kept shares updated vs the whole tree divided, median of {args.updates}")
-    print(fairshare_table(run_updates(args.updates), ("update ms", "whole tree ms", "whole / update")))
+    tree, sibling_count = (SMOKE_TREE, SMOKE_SIBLINGS) if args.smoke else (TREE, SIBLINGS)
+    repeats, updates = (1, 3) if args.smoke else (args.repeats, args.updates)
+    print("\n[6] fair-share recompute (compute_fair_shares, one resource), median of", repeats)
+    print(fairshare_table(run_fairshare(repeats, tree=tree, sibling_count=sibling_count)))
+    print(f"\n[6] a new pending pod: kept shares updated vs the whole tree divided, median of {updates}")
+    rows = run_updates(updates, shape=tree, sibling_count=sibling_count)
+    print(fairshare_table(rows, ("update ms", "whole tree ms", "whole / update")))
     return 0
 
 

@@ -34,6 +34,7 @@ from extender.picture.store import ObjectStore, project
 from extender.picture.workloads import WorkloadMap
 from tessera.simulate.report import format_table
 
+from . import SMOKE_HELP
 from .hotpath import ServerProcess
 from .picture import Picture, build_picture, load_state
 
@@ -162,7 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=20_000)
+    parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_HELP} (50 nodes, 400 pods)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.nodes, args.pods = 50, 400
     objects, rows = breakdown(args.nodes, args.pods)
     print(f"{args.nodes} nodes, {args.pods} pods, {objects} objects in the picture")
     print(breakdown_table(objects, rows))

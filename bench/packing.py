@@ -60,6 +60,8 @@ from tessera.simulate.trace import (
     load_pods,
 )
 
+from . import SMOKE_HELP
+
 log = logging.getLogger(__name__)
 
 SCHEDULER = "tessera"
@@ -69,6 +71,7 @@ CLIENT_QPS = 200
 CLIENT_BURST = 400
 POD_TIMEOUT_S = 60.0
 POLL_S = 0.05
+SMOKE_NODES = 6
 
 
 @dataclass
@@ -345,7 +348,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="shipped",
         help="the chart's profile or kube-scheduler's default scoring plugins (default %(default)s)",
     )
+    parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_HELP} ({SMOKE_NODES} trace nodes)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.nodes = SMOKE_NODES
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.trace_dir is None:
         print("error: no trace directory found; pass --trace-dir", file=sys.stderr)

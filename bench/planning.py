@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from bench import SMOKE_HELP
 from bench.picture import (
     DEVICE_CLASS,
     GPUS_PER_NODE,
@@ -59,7 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=54_000)
     parser.add_argument("--waiting", type=int, default=200)
     parser.add_argument("--cycles", type=int, default=15)
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"{SMOKE_HELP} (50 nodes, 540 pods: every GPU held, 2 cycles)"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.nodes, args.pods, args.waiting, args.cycles = 50, 540, 5, 2
     built = build_picture(args.nodes, args.pods, fill=1.0, borrower=QUEUES[0])
     exactly = {"deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": GPUS_PER_NODE}
     built.objects["ResourceClaimTemplate"].append(

@@ -38,6 +38,7 @@ from dra_driver.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from dra_driver.sharing import RecordingRunner
 from tessera.simulate.report import format_table
 
+from . import SMOKE_HELP
 from .hotpath import _percentile
 
 DRIVER = "gpu.tessera.dev"
@@ -46,6 +47,7 @@ PROFILE = "h100x8"
 GPUS = 8
 CLAIM_MEMORY = "1Gi"
 SIZES = (1, 10, 100)
+SMOKE = ((1, 10), 20)  # run_prepare's sizes and claims per size in the smoke
 TARGET_P99_MS = 20.0
 TITLE = "DRA driver prepare/unprepare over its unix socket vs a do-nothing gRPC server (ms)"
 
@@ -311,12 +313,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("root", type=Path)
     serve.add_argument("api_url")
     parser.add_argument("--calls", type=int, default=400, help="claims per request size (default 400)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
     if args.command == "serve":
         asyncio.run(_serve(args.kind, args.root, args.api_url))
         return 0
     print(f"\n[5] {TITLE}")
-    rows = run_prepare(calls=args.calls)
+    rows = run_prepare(*SMOKE) if args.smoke else run_prepare(calls=args.calls)
     print(prepare_table(rows))
     single = next(r for r in rows if r.claims == 1)
     verdict = "met" if single.prepare.p99_ms < TARGET_P99_MS else "NOT met"

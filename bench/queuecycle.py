@@ -27,6 +27,7 @@ from extender.verbs import decide_filter, decide_priorities
 from extender.wire import ExtenderArgs, decode
 from tessera.simulate.report import format_table
 
+from . import SMOKE_HELP
 from .hotpath import Payloads
 from .picture import build_picture, load_state, queue_tree
 
@@ -102,7 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", default="500,5000", help="comma-separated node counts (all candidates)")
     parser.add_argument("--pods", type=int, default=20_000)
     parser.add_argument("--cycles", type=int, default=400)
+    parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_HELP} (50 nodes, 400 pods, 10 cycles)")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.smoke:
+        args.nodes, args.pods, args.cycles = "50", 400, 10
     node_counts = [int(n) for n in args.nodes.split(",")]
     print("\nCPU ms per cycle (filter + prioritize of a new pending pod, node names), in process")
     headers = ["nodes", "queues", "cycles", "cpu ms", "view ms", "filter ms", "prio ms", "cpu / flat"]

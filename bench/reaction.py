@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 QUEUE_A = "bench-queue-a"
 QUEUE_B = "bench-queue-b"
 QUEUES_PATH = f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/{QUEUE_PLURAL}"
+SMOKE_RATE = 8.0
 
 
 # -- pure helpers ------------------------------------------------------------------------------
@@ -244,9 +245,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         full="a larger cluster: 32 nodes (256 GPUs)",
         nodes="default 4",
         pods="queue A's pods; default twice the GPUs",
+        smoke=f"1 node, A's pods finishing {SMOKE_RATE:g} per second",
     )
     parser.add_argument("--rate", type=float, default=4.0, help="A's pods finishing per second (default 4)")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.smoke:
+        args.nodes, args.rate, args.rounds = 1, SMOKE_RATE, 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     nodes = args.nodes or (32 if args.full else 4)
     result = run_reaction(nodes, args.pods, args.rate, args.rounds, kai=not args.no_kai)

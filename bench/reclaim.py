@@ -13,7 +13,11 @@ bound). Two setups take turns on the same nodes (``--rounds``: a, b, b, a, ...; 
     It cannot do so for GPUs taken through DRA claims (its DynamicResources filter reports "cannot
     allocate all claims" as unresolvable, so preemption "is not helpful"; a probe shows it), so
     these rounds run on as many nodes with 8 classic device-plugin GPUs (``nvidia.com/gpu``),
-    which exist only during them, their pods run by the kubelet stand-in;
+    which exist only during them, their pods run by the kubelet stand-in. The pods select those
+    nodes by label (``CLASSIC_NODE_LABEL``): the shipped DeviceClass maps ``nvidia.com/gpu``
+    (``extendedResourceName``), so from Kubernetes 1.37 the stock scheduler would otherwise also
+    place a classic GPU pod on a DRA node through a claim it makes itself, and A would spill onto
+    the DRA nodes, out of reach of the preemption measured here;
 (b) kube-scheduler + Tessera (``python -m extender``, reclaim on, 1-second cycle), all pods at
     priority 0 (preemptible): the reclaim loop evicts through the Eviction API and holds the
     freed GPUs for B's pods.
@@ -108,7 +112,12 @@ KAI_PER_GPU_S = 13.9
 KAI_WORST = (376, 48)
 RECLAIMED_FOR = re.compile(r"reclaimed for queue '([^']+)' \(pod [^/]+/([^)]+)\)")
 CLASSIC_GPU = "nvidia.com/gpu"
+# On the classic-GPU nodes only; the classic pods select it (see (a) above).
+CLASSIC_NODE_LABEL = ("bench.tessera.dev/gpus", "device-plugin")
 DRA_PROBE_S = 30.0
+ROUND_TIMEOUT_S = 300.0
+# A stuck smoke fails in a minute: its round of 8 GPUs takes a few seconds.
+SMOKE_PROBE_S, SMOKE_CHURN_S, SMOKE_TIMEOUT_S = 5.0, 10.0, 60.0
 JOB_BACKOFF_LIMIT = 1000
 KAI_B_TIMEOUT_S = 120.0  # a KAI round whose B is not served by then is reported as such
 
@@ -327,25 +336,36 @@ async def _submit(
     classic: bool = False,
     jobs: bool = False,
 ) -> None:
-    """Single-GPU pods: a DRA claim from the template, or one classic GPU with `classic`; with
-    `jobs`, each pod the template of a Job of the same name (an evicted pod comes back pending)."""
+    """Single-GPU pods: a DRA claim from the template, or with `classic` one classic GPU on a
+    classic-GPU node (never a DRA node's claim made for it); with `jobs`, each pod the template of
+    a Job of the same name (an evicted pod comes back pending)."""
     path = f"/apis/batch/v1/namespaces/{namespace}/jobs" if jobs else f"/api/v1/namespaces/{namespace}/pods"
 
     async def create(name: str) -> None:
         body = gpu_pod(namespace, name, scheduler, queue)
+        if classic:
+            body = classic_gpu_pod(body)
         spec = body["spec"]
         # The default graceful termination (30 s), which the node agent finishes as a kubelet does.
         del spec["terminationGracePeriodSeconds"]
-        if classic:
-            del spec["resourceClaims"]
-            resources = spec["containers"][0]["resources"]
-            del resources["claims"]
-            resources["limits"] = {CLASSIC_GPU: "1"}
         if priority_class:
             spec["priorityClassName"] = priority_class
         await request(bench.api, "POST", path, body=as_job(body) if jobs else body)
 
     await bounded(CREATE_CONCURRENCY, (functools.partial(create, name) for name in names))
+
+
+def classic_gpu_pod(pod: JsonObject) -> JsonObject:
+    """`pod` with one classic device-plugin GPU instead of its claim, kept to the classic-GPU nodes
+    (CLASSIC_NODE_LABEL): the shipped DeviceClass would otherwise let the scheduler serve the GPU
+    on a DRA node through a claim of its own."""
+    spec = {key: value for key, value in pod["spec"].items() if key != "resourceClaims"}
+    main, *others = spec["containers"]
+    resources = {key: value for key, value in main["resources"].items() if key != "claims"}
+    resources["limits"] = {CLASSIC_GPU: "1"}
+    spec["containers"] = [{**main, "resources": resources}, *others]
+    spec["nodeSelector"] = dict([CLASSIC_NODE_LABEL])
+    return {**pod, "spec": spec}
 
 
 def as_job(pod: JsonObject) -> JsonObject:
@@ -381,12 +401,13 @@ async def _all_running(bench: BenchCluster, namespace: str, count: int) -> bool:
 
 @contextlib.asynccontextmanager
 async def classic_nodes(bench: BenchCluster, count: int) -> AsyncIterator[None]:
-    """`count` nodes with 8 classic GPUs each, run by the kubelet stand-in, for as long as the block."""
+    """`count` nodes with 8 classic GPUs each, labelled CLASSIC_NODE_LABEL, run by the kubelet
+    stand-in, for as long as the block."""
     names = [f"classic-{index:04d}" for index in range(count)]
     stop = asyncio.Event()
     with tempfile.TemporaryDirectory(prefix="tbc-", dir="/tmp") as registry:
         for name in names:
-            await create_fake_node(bench.api, name)
+            await create_fake_node(bench.api, name, labels=dict([CLASSIC_NODE_LABEL]))
             capacity = {CLASSIC_GPU: str(GPUS_PER_NODE)}
             await request(
                 bench.api,
@@ -498,9 +519,9 @@ async def _rounds(
     return plain, tessera, kai_runs
 
 
-async def _dra_preemption_probe(bench: BenchCluster) -> str:
+async def _dra_preemption_probe(bench: BenchCluster, wait_s: float) -> str:
     """Plain priority preemption with DRA claims: A (low priority) fills the GPUs, one pod of B
-    (high priority) comes; what the scheduler said about it after DRA_PROBE_S seconds, or that it
+    (high priority) comes; what the scheduler said about it after `wait_s` seconds, or that it
     was bound."""
     gpus = len(bench.nodes) * GPUS_PER_NODE
     namespace = await bench.new_namespace("probe")
@@ -511,7 +532,7 @@ async def _dra_preemption_probe(bench: BenchCluster) -> str:
             await tracker.wait_for(lambda t: len(t.bound) >= gpus, 300, "A to fill the GPUs")
             await _submit(bench, namespace, PLAIN_SCHEDULER, ["b-00000"], QUEUE_B, HIGH)
             try:
-                await tracker.wait_for(lambda t: "b-00000" in t.bound, DRA_PROBE_S, "B's pod")
+                await tracker.wait_for(lambda t: "b-00000" in t.bound, wait_s, "B's pod")
                 return "bound: preemption worked"
             except TimeoutError:
                 pass
@@ -522,7 +543,7 @@ async def _dra_preemption_probe(bench: BenchCluster) -> str:
             query={"fieldSelector": "reason=FailedScheduling,involvedObject.name=b-00000"},
         )
         messages = [e["message"] for e in listing.get("items") or []]
-        return f"not bound after {DRA_PROBE_S:.0f} s: {messages[-1] if messages else 'no event'}"
+        return f"not bound after {wait_s:.0f} s: {messages[-1] if messages else 'no event'}"
     finally:
         await bench.clear(namespace)
 
@@ -639,11 +660,14 @@ async def run_reclaim_async(
     rounds: int,
     churn_seconds: float,
     churn_queues: int,
-    timeout: float = 300.0,
+    timeout: float = ROUND_TIMEOUT_S,
     kai: bool = True,
     slices: SharingModeSetting = "auto",
     jobs: bool = False,
+    probe_s: float = DRA_PROBE_S,
 ) -> tuple[ReclaimResult, ChurnResult | None]:
+    """The benchmark on a fresh cluster; `timeout`: the longest wait of a round (A filling the
+    GPUs, B its share, the victims going); `probe_s`: the DRA probe's wait."""
     gpus = nodes * GPUS_PER_NODE
     async with reclaim_cluster(nodes, slices) as bench:
         layout = slice_layout((await request(bench.api, "GET", SLICES_PATH)).get("items") or [])
@@ -653,7 +677,7 @@ async def run_reclaim_async(
         variants = [DEFAULT_ACTIONS, NO_CONSOLIDATION] if kai and await bench.enable_kai(queues) else []
         await asyncio.to_thread(bench.start_scheduler, PLAIN_SCHEDULER)
         await asyncio.to_thread(bench.start_scheduler, TESSERA_SCHEDULER, True)
-        probe = await _dra_preemption_probe(bench)
+        probe = await _dra_preemption_probe(bench, probe_s)
         log.info("plain priority preemption with DRA claims: %s", probe)
         plain, tessera, kai_runs = await _rounds(bench, rounds, timeout, variants, jobs)
         churn = None
@@ -687,6 +711,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         full="a larger cluster (16 nodes, 128 GPUs) and the issue's 10-minute churn with 3 queues",
         nodes="default 4",
         pods="unused (A fills every GPU, B asks for half)",
+        smoke=(
+            f"1 node, {SMOKE_CHURN_S:g} s of churn, the DRA probe waits {SMOKE_PROBE_S:g} s "
+            "(--jobs and --slices still apply)"
+        ),
     )
     parser.add_argument(
         "--churn-seconds", type=float, help="length of the churn phase (default 60; --full 600)"
@@ -709,6 +737,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for noisy in ("dra_driver", "tessera.dev.nodeagent"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.smoke:
+        args.nodes, args.rounds, args.churn_seconds = 1, 1, SMOKE_CHURN_S
     nodes = args.nodes or (16 if args.full else 4)
     churn_seconds = args.churn_seconds if args.churn_seconds is not None else (600.0 if args.full else 60.0)
     result, churn = asyncio.run(
@@ -720,6 +750,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             kai=not args.no_kai,
             slices=args.slices,
             jobs=args.jobs,
+            timeout=SMOKE_TIMEOUT_S if args.smoke else ROUND_TIMEOUT_S,
+            probe_s=SMOKE_PROBE_S if args.smoke else DRA_PROBE_S,
         )
     )
     print(

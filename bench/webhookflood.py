@@ -49,6 +49,7 @@ from extender.webhook import MUTATE_PODS_PATH, WebhookOptions, webhook_app
 from extender.webhook_process import WebhookProcess, WebhookProcessConfig
 from tessera.simulate.report import format_table
 
+from . import SMOKE_HELP
 from .hotpath import Payloads
 from .picture import pod_object
 from .servers import tessera_app
@@ -202,7 +203,14 @@ def _spawn(*args: str, nice: int = 0) -> subprocess.Popen[str]:
 
 
 def run_flood(
-    arrangement: str, nodes: int, pods: int, seconds: float, senders: int, concurrency: int, kib: int
+    arrangement: str,
+    nodes: int,
+    pods: int,
+    seconds: float,
+    senders: int,
+    concurrency: int,
+    kib: int,
+    rounds: int = ROUNDS,
 ) -> FloodRow:
     server = _spawn("serve", arrangement, "--nodes", str(nodes), "--pods", str(pods))
     try:
@@ -217,9 +225,9 @@ def run_flood(
         flooded: list[float] = []
         statuses: Counter[str] = Counter()
         answered: list[float] = []
-        phase_s = seconds / ROUNDS
+        phase_s = seconds / rounds
         flood_s = phase_s + 2.0  # the senders ramp up before, and still send after, the timing
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             quiet += asyncio.run(_filters(verbs, payloads, phase_s, len(quiet) + len(flooded)))
             floods = [
                 _spawn("flood", webhook, str(concurrency), str(kib), str(flood_s), nice=SENDER_NICENESS)
@@ -242,7 +250,7 @@ def run_flood(
         _percentile(quiet, 99),
         _percentile(flooded, 50),
         _percentile(flooded, 99),
-        sum(statuses.values()) / (flood_s * ROUNDS),
+        sum(statuses.values()) / (flood_s * rounds),
         _percentile(answered, 99) if answered else float("nan"),
         dict(statuses),
     )
@@ -296,7 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=24, help="reviews in flight per sender")
     parser.add_argument("--review-kib", type=int, default=2048, help="size of each review")
     parser.add_argument("--arrangements", default=",".join(ARRANGEMENTS))
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="quiet and flooded phases, alternating")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.smoke:
+        args.nodes, args.pods, args.seconds = 50, 400, 1.0
+        args.senders, args.concurrency, args.review_kib, args.rounds = 1, 4, 256, 1
     if args.role == "serve":
         asyncio.run(_serve(args.arrangement, args.nodes, args.pods))
         return 0
@@ -316,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.senders,
             args.concurrency,
             args.review_kib,
+            args.rounds,
         )
         for arrangement in args.arrangements.split(",")
     ]

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from bench.reclaim import Eviction, ReclaimRun, reverse_reclaims, undone
+from bench.e2e import PLAIN_SCHEDULER, gpu_pod
+from bench.reclaim import (
+    CLASSIC_GPU,
+    CLASSIC_NODE_LABEL,
+    Eviction,
+    ReclaimRun,
+    classic_gpu_pod,
+    reverse_reclaims,
+    undone,
+)
 
 
 def test_an_eviction_is_undone_when_the_pod_it_served_is_evicted_back() -> None:
@@ -26,3 +35,19 @@ def test_figures_of_a_round() -> None:
     run = ReclaimRun("tessera", needed=16, seconds=8.0, evicted=16)
     assert run.per_gpu_s == 0.5
     assert run.ratio == 1.0
+
+
+def test_the_baselines_classic_gpu_pod_stays_on_the_classic_gpu_nodes() -> None:
+    # The shipped DeviceClass maps nvidia.com/gpu (extendedResourceName), so from Kubernetes 1.37
+    # kube-scheduler could serve a classic GPU on a DRA node through a claim it makes itself; the
+    # baseline's pods select the classic nodes' label instead, and carry no claim of their own.
+    pod = gpu_pod("ns", "a-00000", PLAIN_SCHEDULER, "queue-a")
+    classic = classic_gpu_pod(pod)
+    assert classic["spec"]["nodeSelector"] == {CLASSIC_NODE_LABEL[0]: CLASSIC_NODE_LABEL[1]}
+    assert "resourceClaims" not in classic["spec"]
+    (container,) = classic["spec"]["containers"]
+    assert container["resources"]["limits"] == {CLASSIC_GPU: "1"}
+    assert "claims" not in container["resources"]
+    assert container["resources"]["requests"] == {"cpu": "100m", "memory": "64Mi"}
+    # The DRA pod it came from is left as it was (the Tessera rounds use it).
+    assert pod["spec"]["resourceClaims"] and "nodeSelector" not in pod["spec"]

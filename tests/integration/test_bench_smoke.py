@@ -1,0 +1,72 @@
+"""The cluster benchmarks run as shipped: ``python -m bench --smoke --only NAME --no-kai`` (one
+to two nodes, one round, each on a fresh local control plane of its own) must finish and print
+its table with every contender's ratio to the plain kube-scheduler, so a benchmark that stops
+working fails ``make test`` instead of a release. The in-process ones are in
+tests/unit/test_bench_smoke.py.
+
+KAI Scheduler races only in its own smoke below, when ``hack/build-kai.sh`` built it; without a
+build that test is skipped with the reason and the command that builds it. The figures are not
+checked (they depend on the machine); the rows, the ratios and the counts the sizes fix are.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bench.__main__ import ON_A_CLUSTER
+from bench.__main__ import main as bench_main
+from bench.kai import find_kai, skip_reason
+from tessera.simulate.trace import default_trace_dir
+
+RATIO = r"\d+\.\d+x"
+
+# (--only NAME, what its output must hold), at the smoke's sizes.
+CASES = [
+    # 2 nodes (16 GPUs), 16 pods; plain, Tessera and the do-nothing extender, each against plain.
+    (
+        "e2e",
+        rf"plain kube-scheduler\s+2\s+16\s+16(\s+\S+){{7}}\s+1\.00x\n"
+        rf"kube-scheduler \+ Tessera\s+2\s+16\s+16(\s+\S+){{7}}\s+{RATIO}\n"
+        rf"kube-scheduler \+ do-nothing extender\s+2\s+16\s+16(\s+\S+){{7}}\s+{RATIO}",
+    ),
+    # 1 node (8 GPUs): B's fair share is 4; Tessera's time against plain's.
+    ("reaction", rf"plain kube-scheduler\s+8\s+4[\s\S]*kube-scheduler \+ Tessera\s+8\s+4.*{RATIO}"),
+    # A fills 8 GPUs, B needs 4: the baseline's preemption on classic GPUs evicts exactly 4 (it
+    # hung here when its pods could land on the DRA nodes), Tessera's reclaim 4; then churn.
+    (
+        "reclaim",
+        rf"priority preemption \(classic GPUs\)\s+8\s+4(\s+\S+){{3}}\s+4 / 4 = 1\.00.*1\.00x\n"
+        rf"kube-scheduler \+ Tessera reclaim \(DRA claims\)\s+8\s+4(\s+\S+){{3}}"
+        rf"\s+\d+ / 4 = \d\.\d\d.*{RATIO}"
+        r"[\s\S]*churn, Tessera only: 3 queues",
+    ),
+    # 6 trace nodes: the cluster beside the simulator, in points.
+    ("packing", r"end to end - simulated as deployed: [+-]\d+\.\d\d points"),
+]
+
+
+def test_every_cluster_benchmark_has_a_smoke_case() -> None:
+    assert {name for name, _ in CASES} == set(ON_A_CLUSTER)
+
+
+@pytest.mark.parametrize(("name", "expected"), CASES, ids=[name for name, _ in CASES])
+def test_each_cluster_benchmark_runs_its_smoke_and_prints_its_ratios(
+    name: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if name == "packing" and default_trace_dir() is None:
+        pytest.skip("the shared Alibaba trace is not checked out (shared/traces)")
+    assert bench_main(["--smoke", "--only", name, "--no-kai"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(expected, out), out
+
+
+def test_kai_races_in_the_reclaim_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    # Its parts that need no build (pin, configuration) are tests/unit/test_bench_smoke.py's.
+    if find_kai() is None:
+        pytest.skip(skip_reason())
+    assert bench_main(["--smoke", "--only", "reclaim"]) == 0
+    out = capsys.readouterr().out
+    for variant in ("default actions", "no consolidation"):
+        assert re.search(rf"KAI Scheduler, {variant} \(DRA claims\)\s+8\s+4.*{RATIO}", out), out

@@ -1,0 +1,81 @@
+"""Every in-process benchmark runs as shipped: ``python -m bench --smoke --only NAME`` (tiny sizes,
+one round, a second or a few) must finish and print its table with the ratio to its baseline, so
+a benchmark that stops working fails ``make test`` instead of a release. The cluster benchmarks'
+smokes are in tests/integration/test_bench_smoke.py.
+
+The figures are not checked (they depend on the machine and mean nothing at these sizes); what is
+checked is that each table has its rows and its ratio column filled in.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from bench import memory
+from bench.__main__ import BENCHMARKS, ON_A_CLUSTER
+from bench.__main__ import main as bench_main
+from bench.kai import PIN_FILE, read_pin, scheduler_config
+
+RATIO = r"\d+\.\d+x"
+
+# (--only NAME, what its output must hold). Rows as the smoke's sizes make them.
+CASES = [
+    # 50 nodes, both request modes, each against the do-nothing servers: p50 / floor ... cpu / fast.
+    ("hotpath", rf"50\s+400\s+names(\s+\S+){{9}}\s+{RATIO}.*\n50\s+400\s+nodelist(\s+\S+){{9}}\s+{RATIO}"),
+    # RSS of the extender holding 50 nodes / 400 pods over the empty process's.
+    ("memory", rf"50\s+400\s+\d+\s+\d+\s+\d+\s+{RATIO}"),
+    # 1 and 10 claims per request, 20 requests each, against the do-nothing gRPC server.
+    ("prepare", rf"1\s+20(\s+\S+){{4}}\s+{RATIO}[\s\S]*\n10\s+20(\s+\S+){{4}}\s+{RATIO}"),
+    # 2 x 2 x 3 queues (18) and 50 siblings: against the quadratic water-filling, then updates.
+    (
+        "fairshare",
+        rf"3 levels\s+18(\s+\S+){{2}}\s+{RATIO}[\s\S]*siblings, contended\s+50(\s+\S+){{2}}\s+{RATIO}",
+    ),
+    # Every GPU of 50 nodes held, 5 waiting 8-GPU pods: at least one plan, then the ratio.
+    ("planning", rf"[1-9]\d* plans per cycle[\s\S]*cycle / snapshot \(p50\): {RATIO}"),
+    # 50 nodes, one sender of 4 reviews of 256 KiB: flooded over quiet filter p99, in each arrangement.
+    ("webhookflood", rf"process(\s+\S+){{4}}\s+{RATIO}[\s\S]*\nshared(\s+\S+){{4}}\s+{RATIO}"),
+    # No baseline ratio here: the codecs side by side, a time in every column but orjson's.
+    ("codec", r"50\s+names\s+\d+(\s+(\d+\.\d{3}|-)){8}\n50\s+nodelist"),
+    # Two flat queues, then 1000 in three levels over them.
+    (
+        "queuecycle",
+        rf"50\s+2 flat\s+10(\s+\S+){{4}}\s+1\.00x\n50\s+1000 in 3 levels\s+10(\s+\S+){{4}}\s+{RATIO}",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "expected"), CASES, ids=[name for name, _ in CASES])
+def test_each_in_process_benchmark_runs_its_smoke_and_prints_its_ratio(
+    name: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench_main(["--smoke", "--only", name]) == 0
+    out = capsys.readouterr().out
+    assert re.search(expected, out), out
+
+
+def test_every_benchmark_has_a_smoke_test() -> None:
+    # The in-process ones here, the cluster ones in tests/integration/test_bench_smoke.py (its
+    # list is ON_A_CLUSTER): a benchmark added to --only without a smoke case fails here.
+    assert {name for name, _ in CASES} == set(BENCHMARKS) - set(ON_A_CLUSTER)
+
+
+def test_the_memory_breakdown_runs_its_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    assert memory.main(["--smoke"]) == 0
+    assert re.match(r"50 nodes, 400 pods, \d+ objects in the picture", capsys.readouterr().out)
+
+
+def test_kais_contender_parts_that_need_no_kai_build() -> None:
+    # What can run without a KAI build: the pin parsed, the scheduler's configuration file as
+    # Kai.start writes it (YAML, read back unchanged, with and without consolidation). Running
+    # KAI itself is tests/integration/test_bench_smoke.py's (skipped without a build, saying how
+    # to make one).
+    pin = read_pin(PIN_FILE.read_text())
+    assert set(pin) >= {"KAI_MODULE", "KAI_REVISION"}
+    for consolidation in (True, False):
+        config = scheduler_config(consolidation)
+        assert yaml.safe_load(yaml.safe_dump(config, sort_keys=False)) == config
+        assert ("consolidation" in config["actions"].split(", ")) is consolidation
