@@ -33,13 +33,16 @@ from typing import Any, NamedTuple
 
 from kubernetes_asyncio.client import ApiClient
 
+from contract.kube import controller_of
 from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
+from extender.admission import is_gated
 from extender.controllers.reclaim import ReclaimCounts
-from extender.events import now_rfc3339, post_pod_event
+from extender.events import InvolvedObject, now_rfc3339, post_event, post_pod_event
 from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, request
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import AdmissionDecision
+from extender.policy.waiting import owner_summary, wait_message, wait_reason
 from extender.queues import queue_statuses, with_reclaim, with_workloads
 from extender.verbs import queue_admission
 
@@ -48,10 +51,14 @@ log = logging.getLogger(__name__)
 ADMITTED_CONDITION = f"{QUEUE_GROUP}/QueueAdmitted"
 # The condition reason of a nudge: the pod was refused, and its queue has room now.
 NUDGE_REASON = "QueueHasRoom"
+# The reason of the event on a waiting pod's owner that sums its pods up.
+OWNER_EVENT = "PodsWaiting"
 # One pod is nudged at most this often, so a disagreement between the requeue check and the
 # next filter call can never turn into a tight patch loop.
 MIN_NUDGE_INTERVAL_S = 1.0
 RECHECK_INTERVAL_S = 5.0
+# A pod's wait reason whose numbers moved (same code) is written again at most this often.
+MIN_REWRITE_S = 30.0
 
 
 @dataclass
@@ -65,6 +72,8 @@ class WaitingPod:
     last_nudge: float = 0.0  # monotonic time of the last nudge
     # Of a gang's member: its gang's placed members when `reason` was written (None: not known).
     placed: int | None = None
+    code: str = ""  # the reason's code (`extender.policy.waiting.WAIT_REASONS`)
+    said_at: float = 0.0  # monotonic time `reason` was reported
 
 
 class PodReport(NamedTuple):
@@ -76,17 +85,38 @@ class PodReport(NamedTuple):
     admitted: bool
     reason: str
     post_event: bool
+    code: str = ""  # why it waits (`extender.policy.waiting`); "": it does not
 
 
 @dataclass
 class WaitingPods:
-    """Pods refused by admission, and condition reports still to write (filled by the hot path)."""
+    """Pods Tessera holds back, and condition reports still to write (filled by the hot path and
+    the gate controller).
+
+    `waiting`: pods its admission refuses (filter or gate), watched for room (the requeue);
+    `unplaced`: pods their queue admits that no node fits (fair share 0, waiting for reclaim).
+    A pod's report is written when its reason changes; a reason of the same code whose numbers
+    moved is written again at most every `MIN_REWRITE_S`, so a queue whose usage moves every
+    second costs one write per pod per interval, not per pass."""
 
     waiting: dict[str, WaitingPod] = field(default_factory=dict)
+    unplaced: dict[str, WaitingPod] = field(default_factory=dict)
     reports: dict[str, PodReport] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    clock: Callable[[], float] = time.monotonic
 
-    def refused(self, namespace: str, name: str, uid: str, queue: str, reason: str) -> None:
+    def refused(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        queue: str,
+        reason: str,
+        code: str = "",
+        moved: bool = False,
+    ) -> bool:
+        """Admission holds the pod back for `reason`; True when that is reported (now or again).
+        `moved`: its gang's placed count moved, said at once (at most once per member bound)."""
         key = f"{namespace}/{name}"
         known = self.waiting.get(key)
         if known is not None and known.reason == reason:
@@ -94,25 +124,54 @@ class WaitingPods:
                 # The nudge set the condition to True; it waits again (same reason: no new Event).
                 # Writing False now also makes the next nudge a real change of the pod.
                 known.nudged = False
-                self.reports[key] = PodReport(namespace, name, uid, False, reason, post_event=False)
+                self.reports[key] = PodReport(namespace, name, uid, False, reason, False, code)
                 self.wake.set()
+            return False
+        now = self.clock()
+        if known is not None and not (known.nudged or moved) and _too_soon(known, code, now):
+            return False
+        self.unplaced.pop(key, None)
+        self.waiting[key] = WaitingPod(namespace, name, uid, queue, reason, code=code, said_at=now)
+        self.reports[key] = PodReport(namespace, name, uid, False, reason, True, code)
+        self.wake.set()
+        return True
+
+    def no_node_fits(self, namespace: str, name: str, uid: str, queue: str, reason: str, code: str) -> None:
+        """Its queue admits the pod, no candidate node fits it: why it still waits (`unplaced`)."""
+        key = f"{namespace}/{name}"
+        self.waiting.pop(key, None)
+        known = self.unplaced.get(key)
+        now = self.clock()
+        if known is not None and (known.reason == reason or _too_soon(known, code, now)):
             return
-        self.waiting[key] = WaitingPod(namespace, name, uid, queue, reason)
-        self.reports[key] = PodReport(namespace, name, uid, False, reason, post_event=True)
+        self.unplaced[key] = WaitingPod(namespace, name, uid, queue, reason, code=code, said_at=now)
+        self.reports[key] = PodReport(namespace, name, uid, True, reason, True, code)
         self.wake.set()
 
     def admitted_whole(self, namespace: str, name: str, uid: str, reason: str) -> None:
         """The pod's filter admitted its workload's minimum as a unit: condition and Event."""
         key = f"{namespace}/{name}"
         self.waiting.pop(key, None)
+        self.unplaced.pop(key, None)
         self.reports[key] = PodReport(namespace, name, uid, True, reason, post_event=True)
         self.wake.set()
 
     def admitted(self, namespace: str, name: str, uid: str, reason: str) -> None:
         key = f"{namespace}/{name}"
-        if self.waiting.pop(key, None) is not None:
+        held_back = self.waiting.pop(key, None) is not None
+        if self.unplaced.pop(key, None) is not None or held_back:
             self.reports[key] = PodReport(namespace, name, uid, True, reason, post_event=False)
             self.wake.set()
+
+    def forget(self, key: str) -> None:
+        """The pod is gone or placed: nothing to say about it any more."""
+        self.waiting.pop(key, None)
+        self.unplaced.pop(key, None)
+
+
+def _too_soon(known: WaitingPod, code: str, now: float) -> bool:
+    """The same reason with other numbers, said less than `MIN_REWRITE_S` ago."""
+    return known.code == code and now - known.said_at < MIN_REWRITE_S
 
 
 class StatusWriter:
@@ -136,6 +195,7 @@ class StatusWriter:
         self._changed = asyncio.Event()
         self._seeded = False
         self._written: dict[str, dict[str, Any]] = {}
+        self._owner_said: dict[str, str] = {}  # owner uid -> the reason its last event summed up
         self._tasks: list[asyncio.Task[None]] = []
         state.listeners.append(self._changed.set)
 
@@ -166,17 +226,67 @@ class StatusWriter:
     # ---- pod wait reasons -------------------------------------------------------------------
 
     async def _report_once(self) -> None:
+        reported: list[str] = []
         while self.waiting.reports:
-            key, (namespace, name, uid, admitted, reason, post_event) = self.waiting.reports.popitem()
+            key, report = self.waiting.reports.popitem()
+            namespace, name, uid, admitted, reason, post_event, code = report
+            # A wait reason says what would let the pod go, under its own condition reason.
+            kind = wait_reason(code).condition if code else ""
+            message = wait_message(code, reason) if code else reason
             try:
-                await self._write_condition(namespace, name, admitted, reason)
+                await self._write_condition(namespace, name, admitted, message, kind)
                 if post_event:
-                    event = "WorkloadAdmitted" if admitted else "WaitingForQueue"
-                    await post_pod_event(self.api, namespace, name, uid, event, reason)
+                    event = kind or ("WorkloadAdmitted" if admitted else "WaitingForQueue")
+                    await post_pod_event(self.api, namespace, name, uid, event, message)
+                reported.append(key)
             except KubeError as exc:
                 # A pod deleted meanwhile is normal; anything else is worth a line.
                 if exc.status != 404:
                     log.warning("could not report wait reason of %s: %s", key, exc)
+        await self._summarise_owners(reported)
+
+    def _said(self, key: str) -> WaitingPod | None:
+        """What the pod was last said to wait for (None: it does not wait, or was nudged)."""
+        entry = self.waiting.waiting.get(key) or self.waiting.unplaced.get(key)
+        return None if entry is None or entry.nudged else entry
+
+    async def _summarise_owners(self, keys: Sequence[str]) -> None:
+        """One event on the owner (its controller: a Job, a JobSet's Job, ...) of the pods just
+        reported, summing up its pods: posted when the reason most of them wait for changes."""
+        pods = self.state.kind("Pod")
+        owners: dict[str, InvolvedObject] = {}
+        for key in keys:
+            ref = controller_of(pods.get(key) or {})
+            if ref.get("uid"):
+                namespace = key.partition("/")[0]
+                owners[str(ref["uid"])] = InvolvedObject(
+                    str(ref.get("apiVersion", "")),
+                    str(ref.get("kind", "")),
+                    namespace,
+                    str(ref.get("name")),
+                    str(ref["uid"]),
+                )
+        if not owners:
+            return
+        members: dict[str, list[str]] = {uid: [] for uid in owners}
+        for key, pod in pods.items():
+            uid = str(controller_of(pod).get("uid", ""))
+            if uid in members:
+                members[uid].append(key)
+        for uid, about in owners.items():
+            said = [entry for entry in map(self._said, members[uid]) if entry is not None]
+            if not said:
+                self._owner_said.pop(uid, None)  # none waits: the next wait is news again
+                continue
+            summary = owner_summary([wait_message(e.code, e.reason) for e in said], len(members[uid]))
+            if self._owner_said.get(uid) == summary.reason:
+                continue
+            self._owner_said[uid] = summary.reason
+            try:
+                await post_event(self.api, about, OWNER_EVENT, summary.text)
+            except KubeError as exc:
+                if exc.status != 404:
+                    log.warning("could not report wait reasons on %s %s: %s", about.kind, about.name, exc)
 
     async def _write_condition(
         self, namespace: str, name: str, admitted: bool, reason: str, kind: str = ""
@@ -221,11 +331,15 @@ class StatusWriter:
         if not self._seeded and self.state.ready():
             self.seed_from_conditions()
             self._seeded = True
-        if not self.waiting.waiting:
+        if not self.waiting.waiting and not self.waiting.unplaced:
             # Nothing to check: leave the fairness view to be brought up to date by the next
             # request, which then pays once for a burst of watch events.
             return []
         pods = self.state.kind("Pod")
+        for key in list(self.waiting.unplaced):
+            pod = pods.get(key)
+            if pod is None or not self.state.is_pending(key, pod):
+                self.waiting.forget(key)
         nodes = list(self.state.kind("Node"))
         sizes = sorted(set(self.state.gpu_memory.values())) or [0]  # every GPU size, for fractions
         eligible: list[WaitingPod] = []
@@ -235,6 +349,8 @@ class StatusWriter:
             if pod is None or not self.state.is_pending(key, pod):
                 del self.waiting.waiting[key]
                 continue
+            if is_gated(pod):
+                continue  # the gate controller lifts its gate when it may go (no nudge needed)
             demand = self.state.demand(pod)
             if demand.problem:  # an unreadable pod is never eligible
                 continue
@@ -269,7 +385,9 @@ class StatusWriter:
         if entry.placed is None:
             entry.placed = placed  # as the filter wrote it, moments ago
         elif entry.placed != placed and not unit.admit:
-            self.waiting.refused(entry.namespace, entry.name, entry.uid, entry.queue, unit.reason)
+            self.waiting.refused(
+                entry.namespace, entry.name, entry.uid, entry.queue, unit.reason, unit.kind, moved=True
+            )
             entry = self.waiting.waiting[key]
             entry.placed = placed
         return entry

@@ -429,3 +429,44 @@ async def test_a_refused_pod_gives_up_the_gpus_held_for_it(extender: Extender) -
     status, result = await extender.call("filter", args(pod, ["a", "b"]))
     assert status == 200 and "its limit (2)" in next(iter(result["FailedAndUnresolvableNodes"].values()))
     assert extender.state.inventory.held_for("ns/p") is None
+
+
+async def test_a_default_queue_pod_no_node_fits_says_its_fair_share_is_zero(extender: Extender) -> None:
+    # Quotas 1 + 3 cover the cluster's 4 GPUs and both queues ask for theirs (team-a holds 1,
+    # team-b waits for 2 + 1): the default queue's fair share is 0. Node a has 1 GPU free, the
+    # pod asks 2: admitted (it may borrow idle GPUs), but it fits nowhere.
+    pod = objects.pod("ns", "p", template="two")
+    team_b = [
+        objects.pod("ns", "b1", queue="team-b", template="two"),
+        objects.pod("ns", "b2", queue="team-b", template="one"),
+    ]
+    extender.sync(cluster(pod, *team_b))
+    _, result = await extender.call("filter", args(pod, ["a"]))
+    assert result["NodeNames"] == [] and "not enough free GPU" in result["FailedNodes"]["a"]
+    report = extender.waiting.reports["ns/p"]
+    assert (report.admitted, report.code, report.post_event) == (True, "fair_share_zero", True)
+    assert (
+        report.reason
+        == "queue 'default' has fair share 0 GPUs (quotas of the queues that ask cover the cluster)"
+    )
+    assert "ns/p" not in extender.waiting.waiting  # admitted: nothing to requeue
+
+
+async def test_a_pod_within_its_fair_share_no_node_fits_waits_for_reclaim(extender: Extender) -> None:
+    # team-b: quota 3, nothing allocated: 0 + 2 <= its fair share, reclaim frees GPUs for it.
+    pod = objects.pod("ns", "p", queue="team-b", template="two")
+    extender.sync(cluster(pod))
+    await extender.call("filter", args(pod, ["a"]))
+    report = extender.waiting.reports["ns/p"]
+    assert report.code == "waiting_for_reclaim"
+    assert (
+        report.reason.startswith("queue 'team-b' fair share ")
+        and "0 allocated + 2 asked, within it" in report.reason
+    )
+
+
+async def test_a_refusal_is_reported_with_its_code(extender: Extender) -> None:
+    pod = objects.pod("ns", "p", queue="team-a", template="two")
+    extender.sync(cluster(pod))
+    await extender.call("filter", args(pod, ["a", "b"]))
+    assert extender.waiting.reports["ns/p"].code == "over_limit"
