@@ -42,9 +42,9 @@ from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, requ
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import AdmissionDecision
-from extender.policy.waiting import owner_summary, wait_message, wait_reason
+from extender.policy.waiting import QUEUE_NOT_ALLOWED, owner_summary, wait_message, wait_reason
 from extender.queues import queue_statuses, with_reclaim, with_workloads
-from extender.verbs import queue_admission
+from extender.verbs import queue_admission, why_unplaced
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,14 @@ class WaitingPods:
 def _too_soon(known: WaitingPod, code: str, now: float) -> bool:
     """The same reason with other numbers, said less than `MIN_REWRITE_S` ago."""
     return known.code == code and now - known.said_at < MIN_REWRITE_S
+
+
+def _unschedulable(pod: Mapping[str, Any]) -> bool:
+    """kube-scheduler tried the pod and found no node (PodScheduled False, Unschedulable)."""
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
 
 
 class StatusWriter:
@@ -394,10 +402,46 @@ class StatusWriter:
 
     async def _recheck_loop(self) -> None:
         # Some things that make a pod eligible are no event of the picture (an admission
-        # reservation expiring), so the requeue check also runs on a slow tick.
+        # reservation expiring), so the requeue check also runs on a slow tick; so does the
+        # look for pods the filter never saw.
         while True:
             await asyncio.sleep(RECHECK_INTERVAL_S)
             self._changed.set()
+            if self.state.ready():
+                self.explain_unschedulable()
+
+    def explain_unschedulable(self) -> int:
+        """Why GPU pods wait that kube-scheduler found Unschedulable without asking the extender
+        (its own filters - no device free for the claim - refused every node first): the
+        admission rule's refusal, or, admitted, whether reclaim comes (`why_unplaced`). Each pod
+        once, until its reason changes (then the filter or this pass says it again). Returns how
+        many pods were explained."""
+        explained = 0
+        nodes: list[str] | None = None  # every node a candidate, as in the requeue check
+        for key, pod in self.state.kind("Pod").items():
+            if key in self.waiting.waiting or key in self.waiting.unplaced or not _unschedulable(pod):
+                continue
+            if is_gated(pod) or not self.state.is_pending(key, pod):
+                continue
+            demand = self.state.demand(pod)
+            if demand.problem or not demand.wants_gpu:
+                continue
+            namespace, _, name = key.partition("/")
+            uid = str((pod.get("metadata") or {}).get("uid", ""))
+            refusal = self.state.tenancy_refusal(demand.queue, demand.namespace)
+            gang = self.state.gang(pod)
+            if refusal:
+                decision = AdmissionDecision(False, refusal, QUEUE_NOT_ALLOWED)
+            else:
+                nodes = list(self.state.kind("Node")) if nodes is None else nodes
+                decision = queue_admission(self.state, nodes, key, pod, demand, gang, [0])[0][0]
+            if decision.admit:
+                code, reason = why_unplaced(self.state, key, pod, demand)
+                self.waiting.no_node_fits(namespace, name, uid, demand.queue, reason, code)
+            else:
+                self.waiting.refused(namespace, name, uid, demand.queue, decision.reason, decision.kind)
+            explained += 1
+        return explained
 
     async def _requeue_once(self) -> None:
         now = time.monotonic()

@@ -296,7 +296,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     if kept.held:
         passed, failed = _to_hold(picture, key, passed, failed)
     remembered_nodes = None if kept.held else PassedNodes(key, owner, version, kept)
-    waits, message = ("", decision.reason) if passed else _why_unplaced(picture, key, pod, demand)
+    waits, message = ("", decision.reason) if passed else why_unplaced(picture, key, pod, demand)
     return FilterDecision(
         filter_result(args, passed, failed),
         "admitted",
@@ -311,7 +311,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     )
 
 
-def _why_unplaced(
+def why_unplaced(
     picture: ClusterPicture, key: str, pod: Mapping[str, Any], demand: PodDemand
 ) -> tuple[str, str]:
     """Why an admitted pod no candidate fits waits: its queue's fair share in GPUs against what

@@ -470,3 +470,33 @@ async def test_a_refusal_is_reported_with_its_code(extender: Extender) -> None:
     extender.sync(cluster(pod))
     await extender.call("filter", args(pod, ["a", "b"]))
     assert extender.waiting.reports["ns/p"].code == "over_limit"
+
+
+def unschedulable(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes ..."}
+    ]
+    return pod
+
+
+async def test_a_pod_kube_scheduler_refused_before_asking_the_extender_is_explained_once(
+    extender: Extender,
+) -> None:
+    """No node's devices could take its claim, so the filter never saw it: the status writer's
+    slow pass says why it waits. Quotas 1 + 3 cover the 4 GPUs and both queues ask for theirs:
+    the default queue's pod has fair share 0; team-a's (limit 2, 1 held, asks 2) is at its limit."""
+    default_pod = unschedulable(objects.pod("ns", "p", template="two"))
+    capped = unschedulable(objects.pod("ns", "c", queue="team-a", template="two"))
+    team_b = [
+        objects.pod("ns", "b1", queue="team-b", template="two"),
+        objects.pod("ns", "b2", queue="team-b", template="one"),
+    ]
+    extender.sync(cluster(default_pod, capped, *team_b))
+    writer = StatusWriter(extender.api, extender.state, extender.waiting, ExtenderMetrics(extender.state))
+    assert writer.explain_unschedulable() == 2  # b1 and b2 were never tried: not Unschedulable
+    reports = extender.waiting.reports
+    assert (reports["ns/p"].admitted, reports["ns/p"].code) == (True, "fair_share_zero")
+    assert (reports["ns/c"].admitted, reports["ns/c"].code) == (False, "over_limit")
+    assert "would exceed its limit (2)" in reports["ns/c"].reason
+    reports.clear()
+    assert writer.explain_unschedulable() == 0 and reports == {}  # said: not again
