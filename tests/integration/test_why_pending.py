@@ -3,7 +3,8 @@ queue's limit carry the `QueueAdmitted` condition and an event saying the queue,
 what would let them go, read as `kubectl describe pod` reads them (the pod's status.conditions,
 the events whose involvedObject is the pod); the Job gets one event summing its pods up. Before,
 a gated pod had no condition and no event: the reason was an apply-time warning, which a Job's
-pods never show.
+pods never show. A pod of the default queue, whose fair share is 0 while the quotas cover the
+cluster, says that no reclaim will come, where before it said only what kube-scheduler said.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from kubernetes_asyncio.client import ApiClient
 from extender.kubeapi import JsonObject, request
 from extender.status import ADMITTED_CONDITION, OWNER_EVENT
 from tessera.dev.localcluster import LocalCluster, wait_until
-from tests.integration.extender_harness import GpuCluster
+from tests import extender_objects as objects
+from tests.integration.extender_harness import TEMPLATE, GpuCluster, gpu_cluster
 from tests.integration.test_admission_webhooks import webhooked
 
 pytestmark = pytest.mark.integration
@@ -97,3 +99,41 @@ async def test_a_jobs_pods_gated_at_the_queue_limit_say_why_on_the_pod_and_the_j
             return all(admitted_condition(p).get("status") == "True" for p in await env.pods())
 
         await wait_until(admitted, timeout=60, interval=0.2, what="both pods' conditions True")
+
+
+async def test_a_default_queue_pod_says_its_fair_share_is_zero_and_no_reclaim_comes(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=4) as env:
+        # team: quota 4 of the 4 GPUs, holding all 4: the default queue's fair share is 0.
+        team = await env.create_queue("team", resources={"gpu": {"quota": 4}})
+        await env.submit(team, 4, "t")
+
+        async def all_bound() -> bool:
+            return (await env.bound_by_queue()).get(team) == 4
+
+        await wait_until(all_bound, timeout=60, interval=0.2, what="team's 4 pods bound")
+        # No queue named anywhere: the default queue. No device is free, so kube-scheduler's DRA
+        # filter refuses every node before asking the extender.
+        pod = objects.pod(namespace, "idle-only", template=TEMPLATE, scheduler=env.scheduler_name)
+        del pod["metadata"]["uid"], pod["status"]
+        await request(env.api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
+
+        async def explained() -> JsonObject | None:
+            got = await request(env.api, "GET", f"/api/v1/namespaces/{namespace}/pods/idle-only")
+            condition = admitted_condition(got)
+            return condition if condition.get("reason") == "FairShareZero" else None
+
+        condition = await wait_until(explained, timeout=60, interval=0.2, what="the FairShareZero condition")
+        assert condition["status"] == "True"  # its queue admits it; no GPU is idle for it
+        assert condition["message"] == (
+            "queue 'default' has fair share 0 GPUs (quotas of the queues that ask cover the cluster); "
+            "runs only on idle GPUs and is reclaimed first; no reclaim frees GPUs for it"
+        )
+
+        async def its_event() -> list[JsonObject] | None:  # written just after the condition
+            found = [e for e in await events_about(env, "Pod", "idle-only") if e["reason"] == "FairShareZero"]
+            return found or None
+
+        events = await wait_until(its_event, timeout=30, interval=0.2, what="the FairShareZero event")
+        assert [e["message"] for e in events] == [condition["message"]]
