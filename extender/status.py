@@ -42,7 +42,7 @@ from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, requ
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import AdmissionDecision
-from extender.policy.waiting import QUEUE_NOT_ALLOWED, owner_summary, wait_message, wait_reason
+from extender.policy.waiting import QUEUE_NOT_ALLOWED, as_written, owner_summary, wait_message, wait_reason
 from extender.queues import queue_statuses, with_reclaim, with_workloads
 from extender.verbs import queue_admission, why_unplaced
 
@@ -326,12 +326,15 @@ class StatusWriter:
             )
             if refusal is not None and key not in self.waiting.waiting and self.state.is_pending(key, pod):
                 meta = pod.get("metadata") or {}
+                code, reason = as_written(str(refusal.get("reason", "")), str(refusal.get("message", "")))
                 self.waiting.waiting[key] = WaitingPod(
                     str(meta.get("namespace")),
                     str(meta.get("name")),
                     str(meta.get("uid", "")),
                     self.state.demand(pod).queue,
-                    str(refusal.get("message", "")),
+                    reason,
+                    code=code,
+                    said_at=self.waiting.clock(),
                 )
 
     def eligible_now(self) -> list[WaitingPod]:
@@ -409,6 +412,18 @@ class StatusWriter:
             self._changed.set()
             if self.state.ready():
                 self.explain_unschedulable()
+                self._forget_owners()
+
+    def _forget_owners(self) -> None:
+        """Owners none of whose pods waits any more (deleted with them, say): their next wait is
+        news, and what was said about them is not kept."""
+        if not self._owner_said:
+            return
+        pods = self.state.kind("Pod")
+        keys = [*self.waiting.waiting, *self.waiting.unplaced]
+        waiting = {str(controller_of(pods.get(key) or {}).get("uid", "")) for key in keys}
+        for uid in [uid for uid in self._owner_said if uid not in waiting]:
+            del self._owner_said[uid]
 
     def explain_unschedulable(self) -> int:
         """Why GPU pods wait that kube-scheduler found Unschedulable without asking the extender

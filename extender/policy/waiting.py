@@ -86,6 +86,16 @@ def wait_message(code: str, reason: str) -> str:
     return f"{reason}; {lets_it_go}" if lets_it_go else reason
 
 
+def as_written(condition: str, message: str) -> tuple[str, str]:
+    """The code and reason a condition was written from (`wait_reason`, `wait_message`): how a
+    new extender instance knows the reasons an earlier one said, so it does not say them again."""
+    for code, row in WAIT_REASONS.items():
+        suffix = f"; {row.lets_it_go}"
+        if row.condition == condition and message.endswith(suffix):
+            return code, message[: -len(suffix)]
+    return "", message
+
+
 def unplaced(queue: str, fair_share: float, allocated: float, request: float) -> tuple[str, str]:
     """Why a pod its queue admits waits when no node fits it (code, reason with the numbers):
     its queue's fair share in GPUs, what the queue holds, and what the pod asks."""

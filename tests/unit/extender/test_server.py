@@ -17,6 +17,7 @@ from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.placement import GpuDemand
+from extender.policy.waiting import wait_message, wait_reason
 from extender.server import build_app
 from extender.status import ADMITTED_CONDITION, StatusWriter, WaitingPods
 from tests import extender_objects as objects
@@ -500,3 +501,26 @@ async def test_a_pod_kube_scheduler_refused_before_asking_the_extender_is_explai
     assert "would exceed its limit (2)" in reports["ns/c"].reason
     reports.clear()
     assert writer.explain_unschedulable() == 0 and reports == {}  # said: not again
+
+
+async def test_a_new_instance_does_not_say_again_what_an_earlier_one_said(extender: Extender) -> None:
+    """Restarted: the reason on the pod's condition is the one the filter refuses it for again, so
+    no second event (it compares the reason the condition was written from, not its words)."""
+    pod = objects.pod("ns", "p", queue="team-a", template="two")
+    extender.sync(cluster(pod))
+    _, result = await extender.call("filter", args(pod, ["a", "b"]))
+    reason = result["FailedAndUnresolvableNodes"]["a"]  # team-a: limit 2, 1 held: 1 + 2 > 2
+    pod["status"]["conditions"] = [
+        {
+            "type": ADMITTED_CONDITION,
+            "status": "False",
+            "reason": wait_reason("over_limit").condition,
+            "message": wait_message("over_limit", reason),
+        }
+    ]
+    restarted = WaitingPods()
+    extender.sync(cluster(pod))
+    writer = StatusWriter(extender.api, extender.state, restarted, ExtenderMetrics(extender.state))
+    writer.seed_from_conditions()
+    assert restarted.refused("ns", "p", "uid-ns-p", "team-a", reason, "over_limit") is False
+    assert restarted.reports == {}

@@ -14,6 +14,7 @@ from extender.policy.waiting import (
     QUEUE_NOT_ALLOWED,
     UNLISTED,
     WAIT_REASONS,
+    as_written,
     owner_summary,
     unplaced,
     wait_message,
@@ -189,3 +190,13 @@ def test_an_owner_hears_how_many_wait_and_the_most_common_reason() -> None:
     assert summary.reason == LIMIT
     assert summary.text == f"3 of 4 pods wait: {LIMIT} (and 1 other reasons)"
     assert owner_summary([LIMIT], 1).text == f"1 of 1 pods wait: {LIMIT}"
+
+
+@pytest.mark.parametrize("code", sorted(WAIT_REASONS))
+def test_a_written_condition_gives_back_its_code_and_reason(code: str) -> None:
+    """A new extender instance reads what an earlier one wrote: the same reason is not news."""
+    assert as_written(wait_reason(code).condition, wait_message(code, LIMIT)) == (code, LIMIT)
+
+
+def test_a_condition_of_other_words_is_taken_as_it_is() -> None:
+    assert as_written("WaitingForQueue", "queue 'a': over its limit") == ("", "queue 'a': over its limit")
