@@ -428,13 +428,15 @@ class StatusWriter:
     def explain_unschedulable(self) -> int:
         """Why GPU pods wait that kube-scheduler found Unschedulable without asking the extender
         (its own filters - no device free for the claim - refused every node first): the
-        admission rule's refusal, or, admitted, whether reclaim comes (`why_unplaced`). Each pod
-        once, until its reason changes (then the filter or this pass says it again). Returns how
-        many pods were explained."""
+        admission rule's refusal, or, admitted, whether reclaim comes (`why_unplaced`), judged
+        again every pass (the filter may never see them) and written when it changes
+        (`WaitingPods`). A pod admission refuses is the requeue check's from then on. Returns
+        how many pods were judged."""
         explained = 0
         nodes: list[str] | None = None  # every node a candidate, as in the requeue check
+        gangs: dict[str, AdmissionDecision] = {}  # gang workload -> its decision, judged once
         for key, pod in self.state.kind("Pod").items():
-            if key in self.waiting.waiting or key in self.waiting.unplaced or not _unschedulable(pod):
+            if key in self.waiting.waiting or not _unschedulable(pod):
                 continue
             if is_gated(pod) or not self.state.is_pending(key, pod):
                 continue
@@ -447,9 +449,13 @@ class StatusWriter:
             gang = self.state.gang(pod)
             if refusal:
                 decision = AdmissionDecision(False, refusal, QUEUE_NOT_ALLOWED)
+            elif not gang.admitted and gang.workload.key in gangs:
+                decision = gangs[gang.workload.key]
             else:
                 nodes = list(self.state.kind("Node")) if nodes is None else nodes
                 decision = queue_admission(self.state, nodes, key, pod, demand, gang, [0])[0][0]
+                if not gang.admitted:
+                    gangs[gang.workload.key] = decision
             if decision.admit:
                 code, reason = why_unplaced(self.state, key, pod, demand)
                 self.waiting.no_node_fits(namespace, name, uid, demand.queue, reason, code)

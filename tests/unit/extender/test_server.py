@@ -500,7 +500,18 @@ async def test_a_pod_kube_scheduler_refused_before_asking_the_extender_is_explai
     assert (reports["ns/c"].admitted, reports["ns/c"].code) == (False, "over_limit")
     assert "would exceed its limit (2)" in reports["ns/c"].reason
     reports.clear()
-    assert writer.explain_unschedulable() == 0 and reports == {}  # said: not again
+    # Judged again (the filter may never see them), said again only when the reason changes:
+    # "c" is the requeue check's now; "p" still has fair share 0.
+    assert writer.explain_unschedulable() == 1 and reports == {}
+    # team-b's pods go: it asks for nothing, so the default queue's fair share is the 2 GPUs it
+    # asks (of the 3 team-a does not hold): 0 + 2 <= 2, reclaim would come; said at once.
+    for name in ("b1", "b2"):
+        extender.state.apply("Pod", "DELETED", objects.pod("ns", name))
+    assert writer.explain_unschedulable() == 1
+    assert (reports["ns/p"].code, reports["ns/p"].reason) == (
+        "waiting_for_reclaim",
+        "queue 'default' fair share 2 GPUs: 0 allocated + 2 asked, within it",
+    )
 
 
 async def test_a_new_instance_does_not_say_again_what_an_earlier_one_said(extender: Extender) -> None:
