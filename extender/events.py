@@ -1,8 +1,9 @@
-"""Kubernetes Events about pods, the one way the extender tells a user why something happened."""
+"""Kubernetes Events about pods and their owners: how the extender tells a user why something happened."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -28,17 +29,39 @@ async def post_pod_event(
     kind: Literal["Normal", "Warning"] = "Normal",
 ) -> None:
     """Record an event on a pod (raises KubeError; a pod deleted meanwhile gives 404)."""
+    await post_event(api, InvolvedObject("v1", "Pod", namespace, name, uid), reason, message, kind)
+
+
+@dataclass(frozen=True)
+class InvolvedObject:
+    """The object an event is about (a pod, or the Job or workload that owns pods)."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+
+
+async def post_event(
+    api: ApiClient,
+    about: InvolvedObject,
+    reason: str,
+    message: str,
+    kind: Literal["Normal", "Warning"] = "Normal",
+) -> None:
+    """Record an event on any namespaced object (raises KubeError)."""
     now = now_rfc3339()
     event = {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{name}.", "namespace": namespace},
+        "metadata": {"generateName": f"{about.name}.", "namespace": about.namespace},
         "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "namespace": namespace,
-            "name": name,
-            "uid": uid,
+            "apiVersion": about.api_version,
+            "kind": about.kind,
+            "namespace": about.namespace,
+            "name": about.name,
+            "uid": about.uid,
         },
         "reason": reason,
         "message": message[:MAX_MESSAGE],
@@ -50,4 +73,4 @@ async def post_pod_event(
         "lastTimestamp": now,
         "count": 1,
     }
-    await request(api, "POST", f"/api/v1/namespaces/{namespace}/events", body=event)
+    await request(api, "POST", f"/api/v1/namespaces/{about.namespace}/events", body=event)

@@ -255,13 +255,19 @@ async def handle_filter(request: web.Request) -> web.StreamResponse:
         raise _unreadable_pod(request, "filter", exc) from exc
     app[METRICS_KEY].decisions.labels("filter", decision.outcome, decision.reason).inc()
     if decision.admitted is False:
-        waiting.refused(meta.namespace, meta.name, meta.uid, decision.queue, decision.message)
+        waiting.refused(
+            meta.namespace, meta.name, meta.uid, decision.queue, decision.message, decision.reason
+        )
         if decision.reason not in KEEPS_HOLDS:
             # GPUs reclaim held for it would sit idle while admission refuses it: let them go. (Not
             # for a gang waiting for GPUs to come free: those held for it are what it waits for.)
             picture.inventory.release_hold(key)
     elif decision.gang is not None:
         waiting.admitted_whole(meta.namespace, meta.name, meta.uid, decision.message)
+    elif decision.waits:
+        waiting.no_node_fits(
+            meta.namespace, meta.name, meta.uid, decision.queue, decision.message, decision.waits
+        )
     elif decision.admitted:
         waiting.admitted(meta.namespace, meta.name, meta.uid, decision.message)
     if decision.gang is not None:

@@ -143,6 +143,7 @@ class ExtenderService:
                 self.metrics,
                 webhooks.gate_interval_s,
                 self.lease.is_leader if self.lease else (lambda: True),
+                self.waiting,
             )
             if webhooks and webhooks.gate
             else None

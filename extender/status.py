@@ -33,25 +33,32 @@ from typing import Any, NamedTuple
 
 from kubernetes_asyncio.client import ApiClient
 
+from contract.kube import controller_of
 from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
+from extender.admission import is_gated
 from extender.controllers.reclaim import ReclaimCounts
-from extender.events import now_rfc3339, post_pod_event
+from extender.events import InvolvedObject, now_rfc3339, post_event, post_pod_event
 from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, request
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import AdmissionDecision
+from extender.policy.waiting import QUEUE_NOT_ALLOWED, as_written, owner_summary, wait_message, wait_reason
 from extender.queues import queue_statuses, with_reclaim, with_workloads
-from extender.verbs import queue_admission
+from extender.verbs import queue_admission, why_unplaced
 
 log = logging.getLogger(__name__)
 
 ADMITTED_CONDITION = f"{QUEUE_GROUP}/QueueAdmitted"
 # The condition reason of a nudge: the pod was refused, and its queue has room now.
 NUDGE_REASON = "QueueHasRoom"
+# The reason of the event on a waiting pod's owner that sums its pods up.
+OWNER_EVENT = "PodsWaiting"
 # One pod is nudged at most this often, so a disagreement between the requeue check and the
 # next filter call can never turn into a tight patch loop.
 MIN_NUDGE_INTERVAL_S = 1.0
 RECHECK_INTERVAL_S = 5.0
+# A pod's wait reason whose numbers moved (same code) is written again at most this often.
+MIN_REWRITE_S = 30.0
 
 
 @dataclass
@@ -65,6 +72,8 @@ class WaitingPod:
     last_nudge: float = 0.0  # monotonic time of the last nudge
     # Of a gang's member: its gang's placed members when `reason` was written (None: not known).
     placed: int | None = None
+    code: str = ""  # the reason's code (`extender.policy.waiting.WAIT_REASONS`)
+    said_at: float = 0.0  # monotonic time `reason` was reported
 
 
 class PodReport(NamedTuple):
@@ -76,17 +85,38 @@ class PodReport(NamedTuple):
     admitted: bool
     reason: str
     post_event: bool
+    code: str = ""  # why it waits (`extender.policy.waiting`); "": it does not
 
 
 @dataclass
 class WaitingPods:
-    """Pods refused by admission, and condition reports still to write (filled by the hot path)."""
+    """Pods Tessera holds back, and condition reports still to write (filled by the hot path and
+    the gate controller).
+
+    `waiting`: pods its admission refuses (filter or gate), watched for room (the requeue);
+    `unplaced`: pods their queue admits that no node fits (fair share 0, waiting for reclaim).
+    A pod's report is written when its reason changes; a reason of the same code whose numbers
+    moved is written again at most every `MIN_REWRITE_S`, so a queue whose usage moves every
+    second costs one write per pod per interval, not per pass."""
 
     waiting: dict[str, WaitingPod] = field(default_factory=dict)
+    unplaced: dict[str, WaitingPod] = field(default_factory=dict)
     reports: dict[str, PodReport] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    clock: Callable[[], float] = time.monotonic
 
-    def refused(self, namespace: str, name: str, uid: str, queue: str, reason: str) -> None:
+    def refused(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        queue: str,
+        reason: str,
+        code: str = "",
+        moved: bool = False,
+    ) -> bool:
+        """Admission holds the pod back for `reason`; True when that is reported (now or again).
+        `moved`: its gang's placed count moved, said at once (at most once per member bound)."""
         key = f"{namespace}/{name}"
         known = self.waiting.get(key)
         if known is not None and known.reason == reason:
@@ -94,25 +124,62 @@ class WaitingPods:
                 # The nudge set the condition to True; it waits again (same reason: no new Event).
                 # Writing False now also makes the next nudge a real change of the pod.
                 known.nudged = False
-                self.reports[key] = PodReport(namespace, name, uid, False, reason, post_event=False)
+                self.reports[key] = PodReport(namespace, name, uid, False, reason, False, code)
                 self.wake.set()
+            return False
+        now = self.clock()
+        if known is not None and not (known.nudged or moved) and _too_soon(known, code, now):
+            return False
+        self.unplaced.pop(key, None)
+        self.waiting[key] = WaitingPod(namespace, name, uid, queue, reason, code=code, said_at=now)
+        self.reports[key] = PodReport(namespace, name, uid, False, reason, True, code)
+        self.wake.set()
+        return True
+
+    def no_node_fits(self, namespace: str, name: str, uid: str, queue: str, reason: str, code: str) -> None:
+        """Its queue admits the pod, no candidate node fits it: why it still waits (`unplaced`)."""
+        key = f"{namespace}/{name}"
+        self.waiting.pop(key, None)
+        known = self.unplaced.get(key)
+        now = self.clock()
+        if known is not None and (known.reason == reason or _too_soon(known, code, now)):
             return
-        self.waiting[key] = WaitingPod(namespace, name, uid, queue, reason)
-        self.reports[key] = PodReport(namespace, name, uid, False, reason, post_event=True)
+        self.unplaced[key] = WaitingPod(namespace, name, uid, queue, reason, code=code, said_at=now)
+        self.reports[key] = PodReport(namespace, name, uid, True, reason, True, code)
         self.wake.set()
 
     def admitted_whole(self, namespace: str, name: str, uid: str, reason: str) -> None:
         """The pod's filter admitted its workload's minimum as a unit: condition and Event."""
         key = f"{namespace}/{name}"
         self.waiting.pop(key, None)
+        self.unplaced.pop(key, None)
         self.reports[key] = PodReport(namespace, name, uid, True, reason, post_event=True)
         self.wake.set()
 
     def admitted(self, namespace: str, name: str, uid: str, reason: str) -> None:
         key = f"{namespace}/{name}"
-        if self.waiting.pop(key, None) is not None:
+        held_back = self.waiting.pop(key, None) is not None
+        if self.unplaced.pop(key, None) is not None or held_back:
             self.reports[key] = PodReport(namespace, name, uid, True, reason, post_event=False)
             self.wake.set()
+
+    def forget(self, key: str) -> None:
+        """The pod is gone or placed: nothing to say about it any more."""
+        self.waiting.pop(key, None)
+        self.unplaced.pop(key, None)
+
+
+def _too_soon(known: WaitingPod, code: str, now: float) -> bool:
+    """The same reason with other numbers, said less than `MIN_REWRITE_S` ago."""
+    return known.code == code and now - known.said_at < MIN_REWRITE_S
+
+
+def _unschedulable(pod: Mapping[str, Any]) -> bool:
+    """kube-scheduler tried the pod and found no node (PodScheduled False, Unschedulable)."""
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
 
 
 class StatusWriter:
@@ -136,6 +203,7 @@ class StatusWriter:
         self._changed = asyncio.Event()
         self._seeded = False
         self._written: dict[str, dict[str, Any]] = {}
+        self._owner_said: dict[str, str] = {}  # owner uid -> the reason its last event summed up
         self._tasks: list[asyncio.Task[None]] = []
         state.listeners.append(self._changed.set)
 
@@ -166,17 +234,67 @@ class StatusWriter:
     # ---- pod wait reasons -------------------------------------------------------------------
 
     async def _report_once(self) -> None:
+        reported: list[str] = []
         while self.waiting.reports:
-            key, (namespace, name, uid, admitted, reason, post_event) = self.waiting.reports.popitem()
+            key, report = self.waiting.reports.popitem()
+            namespace, name, uid, admitted, reason, post_event, code = report
+            # A wait reason says what would let the pod go, under its own condition reason.
+            kind = wait_reason(code).condition if code else ""
+            message = wait_message(code, reason) if code else reason
             try:
-                await self._write_condition(namespace, name, admitted, reason)
+                await self._write_condition(namespace, name, admitted, message, kind)
                 if post_event:
-                    event = "WorkloadAdmitted" if admitted else "WaitingForQueue"
-                    await post_pod_event(self.api, namespace, name, uid, event, reason)
+                    event = kind or ("WorkloadAdmitted" if admitted else "WaitingForQueue")
+                    await post_pod_event(self.api, namespace, name, uid, event, message)
+                reported.append(key)
             except KubeError as exc:
                 # A pod deleted meanwhile is normal; anything else is worth a line.
                 if exc.status != 404:
                     log.warning("could not report wait reason of %s: %s", key, exc)
+        await self._summarise_owners(reported)
+
+    def _said(self, key: str) -> WaitingPod | None:
+        """What the pod was last said to wait for (None: it does not wait, or was nudged)."""
+        entry = self.waiting.waiting.get(key) or self.waiting.unplaced.get(key)
+        return None if entry is None or entry.nudged else entry
+
+    async def _summarise_owners(self, keys: Sequence[str]) -> None:
+        """One event on the owner (its controller: a Job, a JobSet's Job, ...) of the pods just
+        reported, summing up its pods: posted when the reason most of them wait for changes."""
+        pods = self.state.kind("Pod")
+        owners: dict[str, InvolvedObject] = {}
+        for key in keys:
+            ref = controller_of(pods.get(key) or {})
+            if ref.get("uid"):
+                namespace = key.partition("/")[0]
+                owners[str(ref["uid"])] = InvolvedObject(
+                    str(ref.get("apiVersion", "")),
+                    str(ref.get("kind", "")),
+                    namespace,
+                    str(ref.get("name")),
+                    str(ref["uid"]),
+                )
+        if not owners:
+            return
+        members: dict[str, list[str]] = {uid: [] for uid in owners}
+        for key, pod in pods.items():
+            uid = str(controller_of(pod).get("uid", ""))
+            if uid in members:
+                members[uid].append(key)
+        for uid, about in owners.items():
+            said = [entry for entry in map(self._said, members[uid]) if entry is not None]
+            if not said:
+                self._owner_said.pop(uid, None)  # none waits: the next wait is news again
+                continue
+            summary = owner_summary([wait_message(e.code, e.reason) for e in said], len(members[uid]))
+            if self._owner_said.get(uid) == summary.reason:
+                continue
+            self._owner_said[uid] = summary.reason
+            try:
+                await post_event(self.api, about, OWNER_EVENT, summary.text)
+            except KubeError as exc:
+                if exc.status != 404:
+                    log.warning("could not report wait reasons on %s %s: %s", about.kind, about.name, exc)
 
     async def _write_condition(
         self, namespace: str, name: str, admitted: bool, reason: str, kind: str = ""
@@ -208,12 +326,15 @@ class StatusWriter:
             )
             if refusal is not None and key not in self.waiting.waiting and self.state.is_pending(key, pod):
                 meta = pod.get("metadata") or {}
+                code, reason = as_written(str(refusal.get("reason", "")), str(refusal.get("message", "")))
                 self.waiting.waiting[key] = WaitingPod(
                     str(meta.get("namespace")),
                     str(meta.get("name")),
                     str(meta.get("uid", "")),
                     self.state.demand(pod).queue,
-                    str(refusal.get("message", "")),
+                    reason,
+                    code=code,
+                    said_at=self.waiting.clock(),
                 )
 
     def eligible_now(self) -> list[WaitingPod]:
@@ -221,11 +342,15 @@ class StatusWriter:
         if not self._seeded and self.state.ready():
             self.seed_from_conditions()
             self._seeded = True
-        if not self.waiting.waiting:
+        if not self.waiting.waiting and not self.waiting.unplaced:
             # Nothing to check: leave the fairness view to be brought up to date by the next
             # request, which then pays once for a burst of watch events.
             return []
         pods = self.state.kind("Pod")
+        for key in list(self.waiting.unplaced):
+            pod = pods.get(key)
+            if pod is None or not self.state.is_pending(key, pod):
+                self.waiting.forget(key)
         nodes = list(self.state.kind("Node"))
         sizes = sorted(set(self.state.gpu_memory.values())) or [0]  # every GPU size, for fractions
         eligible: list[WaitingPod] = []
@@ -235,6 +360,8 @@ class StatusWriter:
             if pod is None or not self.state.is_pending(key, pod):
                 del self.waiting.waiting[key]
                 continue
+            if is_gated(pod):
+                continue  # the gate controller lifts its gate when it may go (no nudge needed)
             demand = self.state.demand(pod)
             if demand.problem:  # an unreadable pod is never eligible
                 continue
@@ -269,17 +396,73 @@ class StatusWriter:
         if entry.placed is None:
             entry.placed = placed  # as the filter wrote it, moments ago
         elif entry.placed != placed and not unit.admit:
-            self.waiting.refused(entry.namespace, entry.name, entry.uid, entry.queue, unit.reason)
+            self.waiting.refused(
+                entry.namespace, entry.name, entry.uid, entry.queue, unit.reason, unit.kind, moved=True
+            )
             entry = self.waiting.waiting[key]
             entry.placed = placed
         return entry
 
     async def _recheck_loop(self) -> None:
         # Some things that make a pod eligible are no event of the picture (an admission
-        # reservation expiring), so the requeue check also runs on a slow tick.
+        # reservation expiring), so the requeue check also runs on a slow tick; so does the
+        # look for pods the filter never saw.
         while True:
             await asyncio.sleep(RECHECK_INTERVAL_S)
             self._changed.set()
+            if self.state.ready():
+                self.explain_unschedulable()
+                self._forget_owners()
+
+    def _forget_owners(self) -> None:
+        """Owners none of whose pods waits any more (deleted with them, say): their next wait is
+        news, and what was said about them is not kept."""
+        if not self._owner_said:
+            return
+        pods = self.state.kind("Pod")
+        keys = [*self.waiting.waiting, *self.waiting.unplaced]
+        waiting = {str(controller_of(pods.get(key) or {}).get("uid", "")) for key in keys}
+        for uid in [uid for uid in self._owner_said if uid not in waiting]:
+            del self._owner_said[uid]
+
+    def explain_unschedulable(self) -> int:
+        """Why GPU pods wait that kube-scheduler found Unschedulable without asking the extender
+        (its own filters - no device free for the claim - refused every node first): the
+        admission rule's refusal, or, admitted, whether reclaim comes (`why_unplaced`), judged
+        again every pass (the filter may never see them) and written when it changes
+        (`WaitingPods`). A pod admission refuses is the requeue check's from then on. Returns
+        how many pods were judged."""
+        explained = 0
+        nodes: list[str] | None = None  # every node a candidate, as in the requeue check
+        gangs: dict[str, AdmissionDecision] = {}  # gang workload -> its decision, judged once
+        for key, pod in self.state.kind("Pod").items():
+            if key in self.waiting.waiting or not _unschedulable(pod):
+                continue
+            if is_gated(pod) or not self.state.is_pending(key, pod):
+                continue
+            demand = self.state.demand(pod)
+            if demand.problem or not demand.wants_gpu:
+                continue
+            namespace, _, name = key.partition("/")
+            uid = str((pod.get("metadata") or {}).get("uid", ""))
+            refusal = self.state.tenancy_refusal(demand.queue, demand.namespace)
+            gang = self.state.gang(pod)
+            if refusal:
+                decision = AdmissionDecision(False, refusal, QUEUE_NOT_ALLOWED)
+            elif not gang.admitted and gang.workload.key in gangs:
+                decision = gangs[gang.workload.key]
+            else:
+                nodes = list(self.state.kind("Node")) if nodes is None else nodes
+                decision = queue_admission(self.state, nodes, key, pod, demand, gang, [0])[0][0]
+                if not gang.admitted:
+                    gangs[gang.workload.key] = decision
+            if decision.admit:
+                code, reason = why_unplaced(self.state, key, pod, demand)
+                self.waiting.no_node_fits(namespace, name, uid, demand.queue, reason, code)
+            else:
+                self.waiting.refused(namespace, name, uid, demand.queue, decision.reason, decision.kind)
+            explained += 1
+        return explained
 
     async def _requeue_once(self) -> None:
         now = time.monotonic()

@@ -47,6 +47,7 @@ from extender.policy.admission import GANG, GANG_READING, Ask, GangState, admit,
 from extender.policy.fairness import AdmissionDecision
 from extender.policy.placement import GpuDemand, NodeGpus, ShapeMemo, Strategy, fits, score_kinds
 from extender.policy.reclaim import reclaim_refusal
+from extender.policy.waiting import unplaced
 from extender.policy.workloads import plan_gang
 from extender.wire import (
     ExtenderArgs,
@@ -82,6 +83,9 @@ class FilterDecision:
     reserve: bool = False  # count the pod against its queue until it is bound
     gang: GangReservation | None = None  # its workload's minimum, admitted as a unit
     passed: PassedNodes | None = None  # the nodes passed, by kind, for the prioritize that follows
+    # Admitted, but no candidate fits: why it waits (`extender.policy.waiting.unplaced`), with
+    # `message` saying it; "": it does not wait.
+    waits: str = ""
 
 
 @dataclass(frozen=True)
@@ -292,17 +296,31 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     if kept.held:
         passed, failed = _to_hold(picture, key, passed, failed)
     remembered_nodes = None if kept.held else PassedNodes(key, owner, version, kept)
+    waits, message = ("", decision.reason) if passed else why_unplaced(picture, key, pod, demand)
     return FilterDecision(
         filter_result(args, passed, failed),
         "admitted",
         "fits" if passed else "no_gpu_fit",
         demand.queue,
         True,
-        decision.reason,
+        message,
         reserve=bool(passed),
         gang=reservation,
         passed=remembered_nodes,
+        waits=waits,
     )
+
+
+def why_unplaced(
+    picture: ClusterPicture, key: str, pod: Mapping[str, Any], demand: PodDemand
+) -> tuple[str, str]:
+    """Why an admitted pod no candidate fits waits: its queue's fair share in GPUs against what
+    the queue holds and the pod asks (`extender.policy.waiting.unplaced`)."""
+    view = picture.fairness()
+    share = view.fair_shares.get(demand.queue, {}).get("gpu", 0.0)
+    held = view.tree.subtree(demand.queue, "allocated", "gpu")
+    asked = picture.accounting.resources(key, pod, demand).get("gpu", 0.0)
+    return unplaced(demand.queue, share, held, asked)
 
 
 def _to_hold(

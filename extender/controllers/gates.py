@@ -3,18 +3,24 @@
 The pod webhook (`extender.webhook`) creates a pod that its queue holds back with the scheduling
 gate `scheduling.tessera.dev/admission`; kube-scheduler leaves such a pod alone, so it never shows
 as Unschedulable to cluster autoscalers. About every second, while this replica is the active one
-(the reclaim loop's Lease), this controller takes the gated pods oldest first and asks
-`extender.admission.gate_reason` for each, with the queue's pods already in the scheduler's hands
+(the reclaim loop's Lease), this controller takes the gated pods oldest first and asks the
+admission rule (`extender.policy.admission.admit`, what `extender.admission.gate_reason` reads) for
+each, with the queue's pods already in the scheduler's hands
 counted ahead of it; a pod with no reason left loses its gate (a JSON Patch that first tests the
 gate is still where it was read) and counts ahead of the next one. Limit 4 GPUs, 2 held, gated
 pods of 1, 1 and 1 GPU: the first two are lifted (2 + 1, 2 + 1 + 1), the third waits.
+
+Why a pod keeps its gate (the refusal, with its code) goes to the status writer
+(`extender.status.WaitingPods`), which writes it on the pod as a condition and an event, and sums
+up the pods of its owner in one event: each written when the reason changes, not every pass. A
+lifted pod's condition turns True.
 
 A pod whose namespace may not use its queue (`extender.policy.tenancy`: the Queue or the
 Namespace changed after the pod was gated) keeps its gate whatever room its queue has; the filter
 would refuse it with the same reason.
 
-A gang not admitted yet is judged once, at its oldest gated pod, as a whole (`gate_reason` with
-its `GangState`): when it has its minimum and its queue takes all its missing pods, every gated
+A gang not admitted yet is judged once, at its oldest gated pod, as a whole (the rule with its
+`GangState`): when it has its minimum and its queue takes all its missing pods, every gated
 pod of it is lifted in the same pass, and its whole missing demand counts ahead of the next pods.
 """
 
@@ -22,22 +28,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 from kubernetes_asyncio.client import ApiClient
 
 from contract.kube import meta
-from extender.admission import gate_reason, gate_removal, is_gated
+from extender.admission import gate_removal, is_gated
 from extender.controllers.periodic import PeriodicPass
 from extender.kubeapi import KubeError, request
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture, pod_created
 from extender.picture.ledger import Contribution
-from extender.policy.admission import Ask, GangState
+from extender.policy.admission import Ask, GangState, admit
+from extender.policy.fairness import AdmissionDecision
+from extender.policy.waiting import QUEUE_NOT_ALLOWED
+from extender.status import WaitingPods
 
 log = logging.getLogger(__name__)
 JSON_PATCH = "application/json-patch+json"
+# What a pod whose gate is lifted says (its condition turns True).
+LIFTED = "admission gate lifted: its queue has room; the scheduler places it"
 
 
 def _ungated(picture: ClusterPicture, key: str) -> Contribution | None:
@@ -98,10 +109,12 @@ class GateController:
         metrics: ExtenderMetrics,
         interval_s: float = 1.0,
         is_leader: Callable[[], bool] = lambda: True,
+        waiting: WaitingPods | None = None,
     ) -> None:
         self.api = api
         self.picture = picture
         self.metrics = metrics
+        self.waiting = waiting  # where why a gated pod waits is reported (None: not reported)
         self._loop = PeriodicPass("gates", interval_s, lambda: is_leader() and picture.ready(), self.run_once)
 
     def start(self) -> None:
@@ -112,45 +125,64 @@ class GateController:
 
     def admissible(self) -> list[tuple[str, Mapping[str, Any]]]:
         """Gated pods that may be scheduled now, oldest first, each counted before the next."""
+        return self.judge().lifted
+
+    def judge(self) -> GateVerdicts:
+        """Every gated pod: lifted (oldest first, each counted before the next) or held, why."""
         picture = self.picture
+        verdicts = GateVerdicts()
         gated = [(key, pod) for key, pod in picture.kind("Pod").items() if is_gated(pod)]
         if not gated:
-            return []
+            return verdicts
         view = picture.fairness()
         ahead = waiting_ungated(picture)
-        gangs: dict[str, bool] = {}  # gang workload -> lifted (judged at its oldest gated pod)
-        lifted: list[tuple[str, Mapping[str, Any]]] = []
+        gangs: dict[str, AdmissionDecision] = {}  # gang workload -> judged at its oldest gated pod
         for key, pod in sorted(gated, key=lambda item: (pod_created(item[1]), item[0])):
             if meta(pod).get("deletionTimestamp"):
                 continue
             demand = picture.demand(pod)
             if demand.problem:
-                lifted.append((key, pod))  # unreadable: the filter refuses it with the reason
+                verdicts.lifted.append((key, pod))  # unreadable: the filter refuses it with the reason
                 continue
-            if picture.tenancy_refusal(demand.queue, demand.namespace):
-                continue  # its namespace may not use its queue (since it was gated): no room fixes that
+            refusal = picture.tenancy_refusal(demand.queue, demand.namespace)
+            if refusal:
+                # Its namespace may not use its queue (since it was gated): no room fixes that.
+                verdicts.held.append(
+                    Held(key, pod, demand.queue, AdmissionDecision(False, refusal, QUEUE_NOT_ALLOWED))
+                )
+                continue
             gang = gang_of(picture, pod)
             workload = "" if gang.admitted else gang.workload.key
-            if workload in gangs:
-                if gangs[workload]:
-                    lifted.append((key, pod))
-                continue
-            resources = picture.pod_resources(key, pod)
-            queued = ahead_of(picture, gang, ahead.get(demand.queue, {}))
-            ask = Ask(demand.queue, resources, demand.preemptible, gang, queued)
-            go = not gate_reason(view, ask)
-            if workload:
-                gangs[workload] = go
-            if go:
-                lifted.append((key, pod))
-                _add(queued, resources, ask.pods)
-                ahead[demand.queue] = queued
-        return lifted
+            decision = gangs.get(workload) if workload else None
+            if decision is None:
+                resources = picture.pod_resources(key, pod)
+                queued = ahead_of(picture, gang, ahead.get(demand.queue, {}))
+                ask = Ask(demand.queue, resources, demand.preemptible, gang, queued)
+                decision = admit(view, ask)
+                if workload:
+                    gangs[workload] = decision
+                if decision.admit:
+                    _add(queued, resources, ask.pods)
+                    ahead[demand.queue] = queued
+            if decision.admit:
+                verdicts.lifted.append((key, pod))
+            else:
+                verdicts.held.append(Held(key, pod, demand.queue, decision))
+        return verdicts
 
     async def run_once(self) -> int:
-        """One pass: lift the gates of the admissible pods; returns how many were lifted."""
+        """One pass: lift the gates of the admissible pods; returns how many were lifted. Why
+        each other gated pod waits goes to the status writer (written when it changes)."""
+        verdicts = self.judge()
+        if self.waiting is not None:
+            for held in verdicts.held:
+                namespace, _, name = held.key.partition("/")
+                uid = str(meta(held.pod).get("uid", ""))
+                self.waiting.refused(
+                    namespace, name, uid, held.queue, held.decision.reason, held.decision.kind
+                )
         lifted = 0
-        for key, pod in self.admissible():
+        for key, pod in verdicts.lifted:
             namespace, _, name = key.partition("/")
             try:
                 await request(
@@ -163,6 +195,24 @@ class GateController:
                 lifted += 1
                 self.metrics.decisions.labels("gates", "lifted", "").inc()
                 log.info("pod %s: admission gate lifted, its queue has room", key)
+                if self.waiting is not None:
+                    uid = str(meta(pod).get("uid", ""))
+                    self.waiting.admitted(namespace, name, uid, LIFTED)
             except KubeError as exc:  # gone, or its gates changed: the next pass reads it again
                 log.info("pod %s: gate not lifted: %s", key, exc)
         return lifted
+
+
+class Held(NamedTuple):
+    """A gated pod that keeps its gate, and the refusal that keeps it there."""
+
+    key: str
+    pod: Mapping[str, Any]
+    queue: str
+    decision: AdmissionDecision
+
+
+@dataclass
+class GateVerdicts:
+    lifted: list[tuple[str, Mapping[str, Any]]] = field(default_factory=list)
+    held: list[Held] = field(default_factory=list)

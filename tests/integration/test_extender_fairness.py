@@ -114,7 +114,7 @@ async def test_queues_converge_to_fair_shares_with_lending_limits_and_wait_reaso
             "-n",
             namespace,
             "--field-selector",
-            "reason=WaitingForQueue",
+            "reason=QueueAtLimit",
             "-o",
             "json",
         )

@@ -109,7 +109,10 @@ async def test_a_pod_labelled_with_another_namespace_s_queue_is_refused_at_apply
             scheduled, admitted = condition(pod, "PodScheduled"), condition(pod, ADMITTED_CONDITION)
             assert scheduled is not None and admitted is not None
             assert scheduled["reason"] == "Unschedulable" and at_filter in scheduled["message"]
-            assert admitted["message"] == at_filter
+            # The pod's condition says the same words, and what would let it go.
+            assert admitted["reason"] == "QueueNotAllowed" and admitted["message"].startswith(
+                f"{at_filter}; "
+            )
 
             # team-y's own pod, beside it, is admitted and binds; team-y holds that one GPU, and
             # the outsider's pending pod is none of its demand.

@@ -11,6 +11,7 @@ from contract.names import ADMISSION_GATE
 from extender.controllers.gates import GateController, waiting_ungated
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
+from extender.status import WaitingPods
 from tests import extender_objects as objects
 from tests.unit.extender.test_gangs import job, member
 from tests.unit.extender.test_webhook import cluster
@@ -94,3 +95,68 @@ async def test_a_gang_is_lifted_whole_when_complete_and_its_queue_takes_it(
     async with ApiClient() as api:
         controller = GateController(api, picture, ExtenderMetrics(picture))
         assert [key for key, _ in controller.admissible()] == lifted
+
+
+@pytest.mark.parametrize(
+    ("limit", "workers", "code", "says"),
+    [
+        # Limit 3, 1 held: the gang's 3 missing pods together, 1 + 3 = 4 > 3.
+        (
+            3,
+            [worker(i, f"2026-01-01T00:00:0{i}Z") for i in range(3)],
+            "over_limit",
+            "starts whole or not at all; its 3 missing pods together: queue 'team-a': gpu allocated 1 + "
+            "request 3 would exceed its limit (3)",
+        ),
+        # 2 of its 3 pods exist.
+        (
+            4,
+            [worker(i, f"2026-01-01T00:00:0{i}Z") for i in range(2)],
+            "gang_incomplete",
+            "waits for its pods: 2 of its minimum 3 exist",
+        ),
+    ],
+)
+async def test_every_gated_pod_of_a_gang_that_stays_carries_the_gangs_refusal(
+    limit: int, workers: list[dict[str, Any]], code: str, says: str
+) -> None:
+    objs = [o for o in cluster() if o["metadata"]["name"] != "team-a"]
+    objs += [
+        objects.queue("team-a", resources={"gpu": {"quota": 1, "limit": limit}}),
+        job("train", 3, "plain"),
+    ]
+    objs += workers
+    picture = ClusterPicture()
+    for kind in WATCHED_PATHS:
+        picture.replace(kind, [o for o in objs if o["kind"] == kind])
+    async with ApiClient() as api:
+        held = GateController(api, picture, ExtenderMetrics(picture)).judge().held
+    assert [h.key for h in held] == [f"plain/train-{i}" for i in range(len(workers))]
+    assert all(h.decision.kind == code and says in h.decision.reason for h in held), held
+
+
+async def test_a_pass_hands_why_each_gated_pod_waits_to_the_status_writer_once() -> None:
+    # team-a: limit 1 GPU, 1 held: 1 + 1 > 1. "lost" names a queue that does not exist.
+    objs = [
+        *cluster(),
+        gated("early", "2026-01-01T00:00:01Z"),
+        gated("lost", "2026-01-01T00:00:02Z", "team-x"),
+    ]
+    picture = ClusterPicture()
+    for kind in WATCHED_PATHS:
+        picture.replace(kind, [o for o in objs if o["kind"] == kind])
+    waiting = WaitingPods()
+    async with ApiClient() as api:
+        controller = GateController(api, picture, ExtenderMetrics(picture), waiting=waiting)
+        assert await controller.run_once() == 0
+        assert {key: (r.admitted, r.code, r.post_event) for key, r in waiting.reports.items()} == {
+            "plain/early": (False, "over_limit", True),
+            "plain/lost": (False, "unknown_queue", True),
+        }
+        assert waiting.reports["plain/early"].reason == (
+            "queue 'team-a': gpu allocated 1 + request 1 would exceed its limit (1)"
+        )
+        assert waiting.reports["plain/lost"].reason == "queue 'team-x' does not exist"
+        waiting.reports.clear()
+        await controller.run_once()  # the next pass: the same reasons, nothing to write
+        assert waiting.reports == {}

@@ -17,6 +17,7 @@ from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.placement import GpuDemand
+from extender.policy.waiting import wait_message, wait_reason
 from extender.server import build_app
 from extender.status import ADMITTED_CONDITION, StatusWriter, WaitingPods
 from tests import extender_objects as objects
@@ -430,3 +431,108 @@ async def test_a_refused_pod_gives_up_the_gpus_held_for_it(extender: Extender) -
     status, result = await extender.call("filter", args(pod, ["a", "b"]))
     assert status == 200 and "its limit (2)" in next(iter(result["FailedAndUnresolvableNodes"].values()))
     assert extender.state.inventory.held_for("ns/p") is None
+
+
+async def test_a_default_queue_pod_no_node_fits_says_its_fair_share_is_zero(extender: Extender) -> None:
+    # Quotas 1 + 3 cover the cluster's 4 GPUs and both queues ask for theirs (team-a holds 1,
+    # team-b waits for 2 + 1): the default queue's fair share is 0. Node a has 1 GPU free, the
+    # pod asks 2: admitted (it may borrow idle GPUs), but it fits nowhere.
+    pod = objects.pod("ns", "p", template="two")
+    team_b = [
+        objects.pod("ns", "b1", queue="team-b", template="two"),
+        objects.pod("ns", "b2", queue="team-b", template="one"),
+    ]
+    extender.sync(cluster(pod, *team_b))
+    _, result = await extender.call("filter", args(pod, ["a"]))
+    assert result["NodeNames"] == [] and "not enough free GPU" in result["FailedNodes"]["a"]
+    report = extender.waiting.reports["ns/p"]
+    assert (report.admitted, report.code, report.post_event) == (True, "fair_share_zero", True)
+    assert (
+        report.reason
+        == "queue 'default' has fair share 0 GPUs (quotas of the queues that ask cover the cluster)"
+    )
+    assert "ns/p" not in extender.waiting.waiting  # admitted: nothing to requeue
+
+
+async def test_a_pod_within_its_fair_share_no_node_fits_waits_for_reclaim(extender: Extender) -> None:
+    # team-b: quota 3, nothing allocated: 0 + 2 <= its fair share, reclaim frees GPUs for it.
+    pod = objects.pod("ns", "p", queue="team-b", template="two")
+    extender.sync(cluster(pod))
+    await extender.call("filter", args(pod, ["a"]))
+    report = extender.waiting.reports["ns/p"]
+    assert report.code == "waiting_for_reclaim"
+    assert (
+        report.reason.startswith("queue 'team-b' fair share ")
+        and "0 allocated + 2 asked, within it" in report.reason
+    )
+
+
+async def test_a_refusal_is_reported_with_its_code(extender: Extender) -> None:
+    pod = objects.pod("ns", "p", queue="team-a", template="two")
+    extender.sync(cluster(pod))
+    await extender.call("filter", args(pod, ["a", "b"]))
+    assert extender.waiting.reports["ns/p"].code == "over_limit"
+
+
+def unschedulable(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes ..."}
+    ]
+    return pod
+
+
+async def test_a_pod_kube_scheduler_refused_before_asking_the_extender_is_explained_once(
+    extender: Extender,
+) -> None:
+    """No node's devices could take its claim, so the filter never saw it: the status writer's
+    slow pass says why it waits. Quotas 1 + 3 cover the 4 GPUs and both queues ask for theirs:
+    the default queue's pod has fair share 0; team-a's (limit 2, 1 held, asks 2) is at its limit."""
+    default_pod = unschedulable(objects.pod("ns", "p", template="two"))
+    capped = unschedulable(objects.pod("ns", "c", queue="team-a", template="two"))
+    team_b = [
+        objects.pod("ns", "b1", queue="team-b", template="two"),
+        objects.pod("ns", "b2", queue="team-b", template="one"),
+    ]
+    extender.sync(cluster(default_pod, capped, *team_b))
+    writer = StatusWriter(extender.api, extender.state, extender.waiting, ExtenderMetrics(extender.state))
+    assert writer.explain_unschedulable() == 2  # b1 and b2 were never tried: not Unschedulable
+    reports = extender.waiting.reports
+    assert (reports["ns/p"].admitted, reports["ns/p"].code) == (True, "fair_share_zero")
+    assert (reports["ns/c"].admitted, reports["ns/c"].code) == (False, "over_limit")
+    assert "would exceed its limit (2)" in reports["ns/c"].reason
+    reports.clear()
+    # Judged again (the filter may never see them), said again only when the reason changes:
+    # "c" is the requeue check's now; "p" still has fair share 0.
+    assert writer.explain_unschedulable() == 1 and reports == {}
+    # team-b's pods go: it asks for nothing, so the default queue's fair share is the 2 GPUs it
+    # asks (of the 3 team-a does not hold): 0 + 2 <= 2, reclaim would come; said at once.
+    for name in ("b1", "b2"):
+        extender.state.apply("Pod", "DELETED", objects.pod("ns", name))
+    assert writer.explain_unschedulable() == 1
+    assert (reports["ns/p"].code, reports["ns/p"].reason) == (
+        "waiting_for_reclaim",
+        "queue 'default' fair share 2 GPUs: 0 allocated + 2 asked, within it",
+    )
+
+
+async def test_a_new_instance_does_not_say_again_what_an_earlier_one_said(extender: Extender) -> None:
+    """Restarted: the reason on the pod's condition is the one the filter refuses it for again, so
+    no second event (it compares the reason the condition was written from, not its words)."""
+    pod = objects.pod("ns", "p", queue="team-a", template="two")
+    extender.sync(cluster(pod))
+    _, result = await extender.call("filter", args(pod, ["a", "b"]))
+    reason = result["FailedAndUnresolvableNodes"]["a"]  # team-a: limit 2, 1 held: 1 + 2 > 2
+    pod["status"]["conditions"] = [
+        {
+            "type": ADMITTED_CONDITION,
+            "status": "False",
+            "reason": wait_reason("over_limit").condition,
+            "message": wait_message("over_limit", reason),
+        }
+    ]
+    restarted = WaitingPods()
+    extender.sync(cluster(pod))
+    writer = StatusWriter(extender.api, extender.state, restarted, ExtenderMetrics(extender.state))
+    writer.seed_from_conditions()
+    assert restarted.refused("ns", "p", "uid-ns-p", "team-a", reason, "over_limit") is False
+    assert restarted.reports == {}
