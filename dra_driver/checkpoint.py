@@ -12,8 +12,8 @@ API.
 A slot that fails to read is never taken to mean "the other slot is current": a write torn by a
 crash and a slot corrupted after the kubelet was answered look the same on disk, and the second
 would forget acknowledged claims. So the checkpoint says when it cannot prove it is complete
-(``doubts``: a slot unreadable, in the wrong slot for its generation, or missing although the
-other slot's generation says it was written; or no checkpoint at all) and keeps a copy of each
+(``doubts``: a slot unreadable, in the wrong slot for its generation, or missing; or no
+checkpoint at all) and keeps a copy of each
 unreadable slot (``<slot>.unreadable``) before it is written over; the preparer then recovers
 the claims from their CDI specs, which carry their records. With both slots unreadable nothing
 can be trusted and the driver refuses to start.
@@ -153,11 +153,8 @@ def _load(directory: Path) -> _Loaded:
     doubts: list[str] = []
     if other in problems:
         doubts.append(f"{problems[other]}; it may hold a newer state than generation {newest.generation}")
-    elif other not in valid and newest.generation > 1:
-        doubts.append(
-            f"{directory / SLOT_FILES[other]} is missing although generation {newest.generation} "
-            f"was written after it; it may have held a newer state"
-        )
+    elif other not in valid:  # after the first write too: that slot may have been removed since
+        doubts.append(f"{directory / SLOT_FILES[other]} is missing; it may have held a newer state")
     return _Loaded(newest, tuple(doubts), unreadable, True)
 
 

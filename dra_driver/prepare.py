@@ -490,6 +490,8 @@ class Preparer:
             if adopted is not None:
                 report.adopted[uid] = adopted
                 continue
+            if record is not None:  # "started", its spec without a record: rolled back below
+                continue
             names = cdi.spec_device_names(spec, uid) if spec is not None else set()
             devices = self._devices()
             gpus = frozenset(devices[name].uuid for name in names if name in devices)

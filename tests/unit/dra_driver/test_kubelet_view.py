@@ -305,7 +305,10 @@ async def test_start_removes_what_a_crash_left_behind(root: Path, claims: FakeCl
     for path in (ours, theirs, checkpoint_tmp, orphan, half):
         path.write_text("{")
     record = ClaimRecord(namespace="ns", name="half", state="started", cdi_spec=str(half))
-    Checkpoint(state_dir).put("uid-half", record)  # after the plugin was built: read again at start
+    checkpoint = Checkpoint(state_dir)  # after the plugin was built: read again at start
+    # Two generations, so both slots are whole and the checkpoint proves it is complete.
+    checkpoint.put("uid-half", record.model_copy(update={"name": "earlier"}))
+    checkpoint.put("uid-half", record)
     await plugin.start()
     try:
         # The half-prepared claim is rolled back at start too (all such claims at once, so each
