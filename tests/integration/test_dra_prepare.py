@@ -33,7 +33,7 @@ from contract.names import DRIVER_NAME
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.config import DriverConfig
 from dra_driver.devices.share import Command
-from dra_driver.plugin import SIMULATED_COMMAND_LOG, build_plugin
+from dra_driver.plugin import RECOVERY_EVENT_REASON, SIMULATED_COMMAND_LOG, build_plugin, report_recovery
 from dra_driver.prepare import ApiClaimReader
 from dra_driver.profiles.nvidia.simulated import PROFILE_DIR
 from dra_driver.profiles.registry import build_profile
@@ -521,6 +521,15 @@ async def test_a_damaged_newest_checkpoint_slot_loses_no_running_pod(
                 spec = config.cdi_dir / f"k8s.{driver}-claim_{b_uid}.json"
                 recovered = Checkpoint(config.checkpoint_dir).get(b_uid)
                 assert recovered is not None and recovered.state == "completed" and spec.exists()
+                # Reported on the node (serve_plugin posts this after a start that recovered).
+                await report_recovery(k8s, node, driver, second.recovery)
+                events = await CoreV1Api(k8s).list_namespaced_event(
+                    "default", field_selector=f"involvedObject.name={node},reason={RECOVERY_EVENT_REASON}"
+                )
+                (event,) = events.items
+                assert (
+                    event.type == "Warning" and "1 claim(s) recovered from their CDI specs" in event.message
+                )
                 await pods.delete("a")
                 await wait_until(lambda: pods.gone("a"), timeout=60, what="a unprepared and deleted")
                 assert runner.commands == [] and spec.exists()  # b's pod keeps its MPS daemon
