@@ -183,7 +183,11 @@ class Checkpoint:
     def _load(self) -> None:
         loaded = _load(self.directory)
         for path in loaded.unreadable:  # kept before the next write reuses the slot
-            shutil.copyfile(path, path.with_name(path.name + UNREADABLE_SUFFIX))
+            copy = path.with_name(path.name + UNREADABLE_SUFFIX)
+            try:
+                shutil.copyfile(path, copy)
+            except OSError as err:  # a full disk must not keep the driver from starting
+                log.warning("could not keep %s as %s: %r", path, copy, err)
         self._body = loaded.body
         self._doubts = loaded.doubts
         self._found = loaded.found

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from kubernetes_asyncio.client import ApiClient, Configuration
 
 from dra_driver import cdi
 from dra_driver.checkpoint import Checkpoint, CheckpointError
-from dra_driver.prepare import ClaimRef, PrepareOutcome, Preparer
+from dra_driver.plugin import report_recovery
+from dra_driver.prepare import ClaimRef, PrepareOutcome, Preparer, RecoveryReport
 from dra_driver.sharing import RecordingRunner
 from tests.kubelet import client as kubelet_client
 from tests.kubelet.client import Kubelet
@@ -316,3 +318,14 @@ async def test_recovery_resets_each_gpu_once_however_many_claims_a_crash_interru
     for ref in refs:  # as the kubelet retries: one request per pod
         assert (await preparer.prepare([ref]))[ref.uid].error == ""
     assert len(runner.commands) - len(resets) == 4
+
+
+async def test_an_unreachable_apiserver_costs_the_node_event_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Warning event is the last of three reports (ERROR logs and gauges come first): failing
+    to post it is a WARNING, not a failed start."""
+    report = RecoveryReport(doubts=("slot damaged",), unaccounted=[tmp_path / "spec.json"])
+    async with ApiClient(Configuration(host="http://127.0.0.1:9")) as api:  # discard port: refused
+        await report_recovery(api, "node-a", DRIVER, report)
+    assert "could not post the DRACheckpointRecovered event on node node-a" in caplog.text
