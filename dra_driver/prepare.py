@@ -7,6 +7,14 @@ in the checkpoint as ``started``, set up sharing, write the claim's CDI spec (th
 container edits) and record it ``completed``. Every failure is reported for that claim
 only. A ``completed`` claim is answered from the checkpoint; a ``started`` one (a crash
 interrupted it) is rolled back and redone.
+
+Recovery (``Preparer.recover``, before the driver serves): every ``started`` claim is rolled back
+at once, so each GPU is reset at most once however many claims a crash interrupted. A claim's
+CDI spec carries its ``completed`` record; when the checkpoint cannot prove it is complete (a
+slot unreadable or missing, see ``dra_driver.checkpoint``), every spec it does not record as
+completed is taken for a prepared claim and its record restored from the spec, and a spec with
+no record is kept and pins the GPUs it names (never reset while it exists). So no damage to the
+checkpoint makes the driver drop a claim the kubelet was told is prepared, or reset a GPU under it.
 """
 
 from __future__ import annotations
@@ -348,7 +356,8 @@ def _spec_record(spec: Mapping[str, Any], driver: str, path: Path) -> ClaimRecor
 
 @dataclass
 class RecoveryReport:
-    """What recover() found: shown in the log, the metrics and the driver's /healthz."""
+    """What recover() found: logged, set in the gauges, and posted as a Warning event on the
+    Node when claims had to be recovered (``plugin.report_recovery``)."""
 
     doubts: tuple[str, ...] = ()  # why the checkpoint may have lacked acknowledged claims
     adopted: dict[str, ClaimRecord] = field(default_factory=dict)  # restored from their specs
@@ -360,13 +369,15 @@ class RecoveryReport:
         return bool(self.adopted or self.unaccounted)
 
     def summary(self) -> str:
-        """One line for /healthz ("" when the checkpoint accounted for every claim)."""
+        """One line for the Node event ("" when the checkpoint accounted for every claim)."""
         if not self.degraded:
             return ""
+        kept = f"{len(self.unaccounted)} spec(s) kept without a record"
+        if self.unaccounted:
+            kept += " (the GPUs they name are not reset while they exist)"
         return (
-            f"checkpoint incomplete ({'; '.join(self.doubts)}): {len(self.adopted)} claim(s) recovered "
-            f"from their CDI specs, {len(self.unaccounted)} spec(s) kept without a record (their GPUs "
-            f"are not reset)"
+            f"checkpoint incomplete ({'; '.join(self.doubts) or 'no checkpoint file'}): "
+            f"{len(self.adopted)} claim(s) recovered from their CDI specs, {kept}"
         )
 
     def log(self) -> None:
