@@ -614,6 +614,7 @@ class Preparer:
         edits: dict[str, list[ContainerEdits]] = {}
         for p in with_devices:
             try:
+                self._check_not_pinned(p.ref.uid, p.devices)
                 edits[p.ref.uid] = await self._acquire(p.ref.uid, p.devices)
             except (SharingConflict, SharingCommandError, OSError) as err:
                 outcomes[p.ref.uid] = PrepareOutcome(error=self._failed("prepare", p.ref, str(err)))
@@ -644,6 +645,19 @@ class Preparer:
             outcomes[uid] = PrepareOutcome(devices=devices)
             log.info("prepared claim %s: %s", uid, [d.device_name for d in devices])
         return outcomes
+
+    def _check_not_pinned(self, claim_uid: str, devices: Sequence[PlannedDevice]) -> None:
+        """A GPU a spec without a record names may run that claim's pod, set up in a way nobody
+        knows: setting it up again (its first known claim) could break the pod, so it waits."""
+        for device in devices:
+            share = device.share
+            holders = sorted(uid for uid, (_, gpus) in self._unaccounted.items() if share.gpu_uuid in gpus)
+            if holders and self._sharing.needs_setup(claim_uid, share):
+                raise SharingConflict(
+                    f"GPU {share.gpu_uuid} may be in use by claim(s) {', '.join(holders)}, known only by "
+                    f"a CDI spec without a record (how they share it is unknown): it is set up for "
+                    f"{share.strategy} once they are unprepared"
+                )
 
     async def _acquire(self, claim_uid: str, devices: Sequence[PlannedDevice]) -> list[ContainerEdits]:
         """Sharing for every device of the claim, or for none of them."""

@@ -171,10 +171,17 @@ async def test_a_spec_without_a_record_keeps_its_gpu_from_being_reset(tmp_path: 
     assert preparer.recovery.unaccounted == [_spec(tmp_path, B)] and preparer.recovery.adopted == {}
     assert await preparer.unprepare([A]) == {"uid-a": ""}
     assert runner.commands == []  # B's pod may still use the daemon
+    # A new fraction on gpu-0 would set the GPU up again under B's pod: it waits for B.
+    claims.add(claim("uid-c", [Result("gpu-0", memory="10Gi")], name="c"))
+    waiting = await preparer.prepare([ClaimRef("ns", "uid-c", "c")])
+    assert "may be in use by claim(s) uid-b, known only by a CDI spec" in waiting["uid-c"].error
+    assert runner.commands == []
     assert await preparer.unprepare([B]) == {"uid-b": ""}
     assert not _spec(tmp_path, B).exists()
     # Which strategy B used is unknown: the GPU is reset from each one the profile sets up.
-    assert sorted(c.argv for c in runner.commands) == sorted(
+    resets = [c.argv for c in runner.commands]
+    assert (await preparer.prepare([ClaimRef("ns", "uid-c", "c")]))["uid-c"].error == ""  # now it may
+    assert sorted(resets) == sorted(
         [
             QUIT,
             ("nvidia-smi", "-i", GPU0, "-c", "DEFAULT"),
