@@ -11,6 +11,14 @@ one resident fraction, as on a busy node (so no MPS daemon starts in the measure
 request size (1, 10, 100 claims) the benchmark prepares, then unprepares, fresh claims, one request
 at a time; then the floor process (``serve floor``, same socket path) answers the same requests
 with one empty entry per claim: the cost of gRPC over a unix socket alone.
+
+The recovery row: the driver died while 150 claims (MPS fractions spread over the 8 GPUs) were
+being prepared, so all 150 are ``started`` in its checkpoint. After the restart the driver rolls
+them back and the kubelet prepares each pod's claim again (150 concurrent one-claim requests).
+Measured in-process, with each sharing command costing ``SIMULATED_COMMAND_S`` (an
+``nvidia-smi`` call is tens of milliseconds, mostly NVML start-up): once as the driver does it now
+(``recover()`` rolls all of them back, each GPU reset once), and once as before (each claim
+released on its own, so each finds its GPU idle and resets it again).
 """
 
 from __future__ import annotations
@@ -31,11 +39,13 @@ import grpc
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from dra_driver.plugin import build_plugin
-from dra_driver.prepare import ApiClaimReader
+from dra_driver.checkpoint import Checkpoint
+from dra_driver.devices.share import Command
+from dra_driver.plugin import DeviceInventory, build_plugin
+from dra_driver.prepare import ApiClaimReader, ClaimRef, Preparer
 from dra_driver.profiles.registry import build_profile
 from dra_driver.proto import dra_v1_pb2, dra_v1_pb2_grpc
-from dra_driver.sharing import RecordingRunner
+from dra_driver.sharing import RecordingRunner, SharingManager
 from tessera.simulate.report import format_table
 
 from . import SMOKE_HELP
@@ -50,6 +60,14 @@ SIZES = (1, 10, 100)
 SMOKE = ((1, 10), 20)  # run_prepare's sizes and claims per size in the smoke
 TARGET_P99_MS = 20.0
 TITLE = "DRA driver prepare/unprepare over its unix socket vs a do-nothing gRPC server (ms)"
+RECOVERY_CLAIMS = 150
+SMOKE_RECOVERY_CLAIMS = 12  # the smoke's interrupted claims (the old path costs ~0.1 s each)
+SIMULATED_COMMAND_S = 0.03
+TARGET_RECOVERY_S = 2.0
+RECOVERY_TITLE = (
+    f"DRA driver crash recovery: {RECOVERY_CLAIMS} interrupted claims on {GPUS} GPUs rolled back and "
+    f"prepared again, {SIMULATED_COMMAND_S * 1000:g} ms per sharing command"
+)
 
 
 def claim_object(namespace: str, name: str) -> dict[str, Any]:
@@ -305,6 +323,103 @@ def prepare_table(rows: Sequence[PrepareRow]) -> str:
     return format_table(headers, body)
 
 
+# ---- crash recovery ----
+
+
+class _BenchClaims:
+    """The claims as the stand-in API server would answer them, without the HTTP round trip."""
+
+    async def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return claim_object(namespace, name)
+
+
+class _TimedRunner(RecordingRunner):
+    """Records each command after a simulated command's run time."""
+
+    async def run(self, command: Command) -> str:
+        await asyncio.sleep(SIMULATED_COMMAND_S)
+        return await super().run(command)
+
+
+@dataclass(frozen=True)
+class RecoveryRow:
+    path: str
+    claims: int
+    seconds: float
+    commands: int
+
+
+def _node(root: Path, runner: RecordingRunner) -> tuple[Preparer, SharingManager, Checkpoint]:
+    """A preparer of the simulated node on ``root``, with the sharing and checkpoint it uses."""
+    profile = build_profile("simulated", Path(PROFILE), node_name=NODE)
+    inventory = DeviceInventory(NODE, profile, profile.discovery.inventory())
+    sharing = SharingManager(runner, profile.sharing(root / "mps"))
+    checkpoint = Checkpoint(root / "state")
+    preparer = Preparer(
+        driver_name=DRIVER,
+        node_name=NODE,
+        devices=inventory.devices,
+        profile=profile,
+        claims=_BenchClaims(),
+        checkpoint=checkpoint,
+        sharing=sharing,
+        cdi_dir=root / "cdi",
+    )
+    return preparer, sharing, checkpoint
+
+
+async def _recover_once(root: Path, claims: int, bulk: bool) -> RecoveryRow:
+    refs = [ClaimRef("bench", f"uid-c-{n}", f"c-{n}") for n in range(claims)]
+    crashed, _, checkpoint = _node(root, RecordingRunner())
+    await crashed.prepare(refs)
+    # The crash: every claim still "started".
+    checkpoint.update(
+        {uid: r.model_copy(update={"state": "started"}) for uid, r in checkpoint.claims.items()}
+    )
+    runner = _TimedRunner()
+    restarted, sharing, checkpoint = _node(root, runner)
+    began = time.perf_counter()
+    if bulk:
+        await restarted.recover()
+    else:  # as before: each interrupted claim released on its own (its GPU idle each time)
+        for uid, record in checkpoint.claims.items():
+            for share in record.shares:
+                await sharing.release(uid, share)
+            checkpoint.update({uid: None})
+    outcomes = await asyncio.gather(*(restarted.prepare([ref]) for ref in refs))
+    seconds = time.perf_counter() - began
+    errors = [o.error for outcome in outcomes for o in outcome.values() if o.error]
+    if errors:
+        raise RuntimeError(f"re-preparing after the crash: {errors[:3]}")
+    path = "recover(): each GPU once" if bulk else "per claim (before)"
+    return RecoveryRow(path, claims, seconds, len(runner.commands))
+
+
+async def _recovery(claims: int) -> list[RecoveryRow]:
+    rows = []
+    for bulk in (False, True):
+        root = Path(tempfile.mkdtemp(prefix="tbr-"))
+        try:
+            rows.append(await _recover_once(root, claims, bulk))
+        finally:
+            await asyncio.to_thread(shutil.rmtree, root, ignore_errors=True)
+    return rows
+
+
+def run_recovery(claims: int = RECOVERY_CLAIMS) -> list[RecoveryRow]:
+    """The old path first, then the new one, on fresh directories."""
+    return asyncio.run(_recovery(claims))
+
+
+def recovery_table(rows: Sequence[RecoveryRow]) -> str:
+    before = rows[0]
+    body = [
+        [r.path, str(r.claims), f"{r.seconds:.2f}", str(r.commands), f"{before.seconds / r.seconds:.1f}x"]
+        for r in rows
+    ]
+    return format_table(["rollback", "claims", "seconds", "commands", "speed-up"], body)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.prepare", description=__doc__)
     sub = parser.add_subparsers(dest="command")
@@ -325,6 +440,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     verdict = "met" if single.prepare.p99_ms < TARGET_P99_MS else "NOT met"
     p99 = single.prepare.p99_ms
     print(f"prepare p99 for 1 claim/request: {p99:.2f} ms, target {TARGET_P99_MS:g} ms: {verdict}")
+    print(f"\n[5b] {RECOVERY_TITLE}")
+    claims = SMOKE_RECOVERY_CLAIMS if args.smoke else RECOVERY_CLAIMS
+    recovery = run_recovery(claims)
+    print(recovery_table(recovery))
+    seconds = recovery[-1].seconds
+    verdict = "met" if seconds < TARGET_RECOVERY_S else "NOT met"
+    print(f"recovery of {claims} claims: {seconds:.2f} s, target {TARGET_RECOVERY_S:g} s: {verdict}")
     return 0
 
 

@@ -81,8 +81,18 @@ def _mounts(mounts: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
     ]
 
 
+def record_annotation(driver_name: str) -> str:
+    """The spec annotation holding the driver's record of the claim (its checkpoint entry), so a
+    claim can be recovered from its spec when the checkpoint lost it."""
+    return f"{driver_name}/claim-record"
+
+
 def build_claim_spec(
-    driver_name: str, claim_uid: str, devices: Sequence[CdiDevice], claim_edits: ContainerEdits
+    driver_name: str,
+    claim_uid: str,
+    devices: Sequence[CdiDevice],
+    claim_edits: ContainerEdits,
+    annotations: Mapping[str, str],
 ) -> dict[str, Any]:
     """The CDI spec document for one claim (pure); ``claim_edits`` apply to every container of
     the claim."""
@@ -95,6 +105,7 @@ def build_claim_spec(
     return {
         "cdiVersion": CDI_VERSION,
         "kind": cdi_kind(driver_name),
+        "annotations": dict(annotations),
         "containerEdits": common,
         "devices": [
             {
@@ -141,6 +152,20 @@ def read_claim_spec(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return spec if isinstance(spec, dict) else None
+
+
+def spec_annotation(spec: Mapping[str, Any], key: str) -> str | None:
+    annotations = spec.get("annotations")
+    value = annotations.get(key) if isinstance(annotations, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def spec_device_names(spec: Mapping[str, Any], claim_uid: str) -> set[str]:
+    """The ResourceSlice device names a claim's spec gives containers (see ``cdi_device_name``)."""
+    devices = spec.get("devices")
+    prefix = f"{claim_uid}-"
+    names = (d.get("name") for d in devices if isinstance(d, dict)) if isinstance(devices, list) else ()
+    return {name[len(prefix) :] for name in names if isinstance(name, str) and name.startswith(prefix)}
 
 
 def remove_claim_specs(paths: Sequence[Path]) -> None:

@@ -1,13 +1,22 @@
 """The driver's crash-safe memory of prepared claims.
 
-Two slot files, ``checkpoint.0.json`` and ``checkpoint.1.json``, written in turn: each change
-overwrites the slot that does not hold the current state and syncs only that file's data (one
-``fdatasync``, no rename, no directory sync). Every document carries a format version, a
-generation number and a checksum; at start the valid slot with the highest generation wins, so a
-write torn by a crash costs only that unacknowledged change, and a corrupt or foreign file is
-detected instead of trusted. A claim is recorded as ``started`` before any command runs and
-``completed`` once its CDI spec is written, so after a crash the driver knows what to roll back,
-and Unprepare knows what to undo even when the ResourceClaim is gone from the API.
+Two slot files, ``checkpoint.0.json`` and ``checkpoint.1.json``, written in turn: generation ``g``
+goes to slot ``g % 2``, overwriting the slot that does not hold the current state, and syncs only
+that file's data (one ``fdatasync``, no rename, no directory sync). Every document carries a
+format version, a generation number and a checksum; at start the valid slot with the highest
+generation wins (never the newer file by mtime). A claim is recorded as ``started`` before any
+command runs and ``completed`` once its CDI spec is written, so after a crash the driver knows
+what to roll back, and Unprepare knows what to undo even when the ResourceClaim is gone from the
+API.
+
+A slot that fails to read is never taken to mean "the other slot is current": a write torn by a
+crash and a slot corrupted after the kubelet was answered look the same on disk, and the second
+would forget acknowledged claims. So the checkpoint says when it cannot prove it is complete
+(``doubts``: a slot unreadable, in the wrong slot for its generation, or missing; or no
+checkpoint at all) and keeps a copy of each
+unreadable slot (``<slot>.unreadable``) before it is written over; the preparer then recovers
+the claims from their CDI specs, which carry their records. With both slots unreadable nothing
+can be trusted and the driver refuses to start.
 
 A ``checkpoint.json`` of format 1 (one file, replaced by rename) is read when no slot exists yet.
 """
@@ -18,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +43,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_VERSION = 2
 SLOT_FILES = ("checkpoint.0.json", "checkpoint.1.json")
 LEGACY_FILE = "checkpoint.json"  # format 1
+UNREADABLE_SUFFIX = ".unreadable"  # the copy of a slot that failed to read, kept for inspection
 
 
 class CheckpointError(RuntimeError):
@@ -97,40 +108,95 @@ def _parse(path: Path, raw: bytes, version: int) -> _CheckpointBody:
     return parsed.body
 
 
+@dataclass(frozen=True)
+class _Loaded:
+    body: _CheckpointBody
+    doubts: tuple[str, ...]  # why the state read may lack acknowledged changes
+    unreadable: tuple[Path, ...]  # slots that exist but failed to read
+    found: bool  # some checkpoint file existed
+
+
+def _read_slot(path: Path, slot: int) -> _CheckpointBody:
+    body = _parse(path, path.read_bytes(), CHECKPOINT_VERSION)
+    if body.generation % 2 != slot:
+        raise CheckpointError(
+            f"{path}: generation {body.generation} belongs in the other slot (a copied file?)"
+        )
+    return body
+
+
+def _load(directory: Path) -> _Loaded:
+    valid: dict[int, _CheckpointBody] = {}
+    problems: dict[int, CheckpointError] = {}
+    for slot, name in enumerate(SLOT_FILES):
+        try:
+            valid[slot] = _read_slot(directory / name, slot)
+        except FileNotFoundError:
+            continue
+        except CheckpointError as err:
+            problems[slot] = err
+    unreadable = tuple(directory / SLOT_FILES[slot] for slot in problems)
+    if not valid and problems:
+        reasons = "; ".join(str(err) for err in problems.values())
+        raise CheckpointError(
+            f"no checkpoint slot can be read ({reasons}): the driver cannot know which claims are "
+            f"prepared. Move both slots aside to start over; claims are then recovered from their CDI specs"
+        )
+    if not valid:
+        legacy = directory / LEGACY_FILE
+        try:
+            return _Loaded(_parse(legacy, legacy.read_bytes(), 1), (), (), True)
+        except FileNotFoundError:
+            return _Loaded(_CheckpointBody(), (), (), False)
+    newest = max(valid.values(), key=lambda body: body.generation)
+    other = 1 - newest.generation % 2
+    doubts: list[str] = []
+    if other in problems:
+        doubts.append(f"{problems[other]}; it may hold a newer state than generation {newest.generation}")
+    elif other not in valid:  # after the first write too: that slot may have been removed since
+        doubts.append(f"{directory / SLOT_FILES[other]} is missing; it may have held a newer state")
+    return _Loaded(newest, tuple(doubts), unreadable, True)
+
+
 class Checkpoint:
     """Claim UID -> ClaimRecord, persisted on every change."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._body = self._load()
+        self._load()
 
     @property
     def path(self) -> Path:
         """The slot holding the current state."""
         return self.directory / SLOT_FILES[self._body.generation % 2]
 
-    def _load(self) -> _CheckpointBody:
-        valid: list[_CheckpointBody] = []
-        problems: list[CheckpointError] = []
-        for name in SLOT_FILES:
-            path = self.directory / name
+    @property
+    def generation(self) -> int:
+        return self._body.generation
+
+    @property
+    def doubts(self) -> tuple[str, ...]:
+        """Why the state read at the last load may lack changes that were acknowledged (empty:
+        it is complete). Writes do not clear them: they describe what the files held."""
+        return self._doubts
+
+    def _load(self) -> None:
+        loaded = _load(self.directory)
+        for path in loaded.unreadable:  # kept before the next write reuses the slot
+            copy = path.with_name(path.name + UNREADABLE_SUFFIX)
             try:
-                valid.append(_parse(path, path.read_bytes(), CHECKPOINT_VERSION))
-            except FileNotFoundError:
-                continue
-            except CheckpointError as err:
-                problems.append(err)
-        if valid:
-            for problem in problems:  # a write a crash interrupted: it was never acknowledged
-                log.warning("ignoring a checkpoint slot: %s", problem)
-            return max(valid, key=lambda body: body.generation)
-        if problems:
-            raise problems[0]
-        legacy = self.directory / LEGACY_FILE
-        try:
-            return _parse(legacy, legacy.read_bytes(), 1)
-        except FileNotFoundError:
-            return _CheckpointBody()
+                shutil.copyfile(path, copy)
+            except OSError as err:  # a full disk must not keep the driver from starting
+                log.warning("could not keep %s as %s: %r", path, copy, err)
+        self._body = loaded.body
+        self._doubts = loaded.doubts
+        self._found = loaded.found
+
+    @property
+    def complete(self) -> bool:
+        """The files prove the state read holds every acknowledged change: no doubt, and a file
+        existed (an empty directory may be a fresh node, or a wiped one)."""
+        return self._found and not self._doubts
 
     def _save(self, claims: dict[str, ClaimRecord]) -> None:
         body = _CheckpointBody(generation=self._body.generation + 1, claims=claims)
@@ -163,7 +229,7 @@ class Checkpoint:
 
     def reload(self) -> None:
         """Read the files again (another process may have written them until now)."""
-        self._body = self._load()
+        self._load()
 
     def remove_temp_files(self) -> list[Path]:
         """Temp files of format 1 writes (``.checkpoint.json.*.tmp``) a crash left behind."""

@@ -29,19 +29,22 @@ import stat
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import aiohttp
 import grpc
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from dra_driver.checkpoint import Checkpoint
-from dra_driver.config import DriverConfig
+from dra_driver.config import API_TIMEOUT_S, DriverConfig
 from dra_driver.devices.model import Gpu, NodeDevice
 from dra_driver.devices.profile import DeviceProfile
-from dra_driver.prepare import ApiClaimReader, ClaimReader, ClaimRef, Preparer, node_devices
+from dra_driver.prepare import ApiClaimReader, ClaimReader, ClaimRef, Preparer, RecoveryReport, node_devices
 from dra_driver.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -355,6 +358,11 @@ class DraPlugin:
     def serving(self) -> bool:
         return len(self._servers) == 2
 
+    @property
+    def recovery(self) -> RecoveryReport:
+        """What the last start recovered (claims the checkpoint had lost, specs kept)."""
+        return self._preparer.recovery
+
     async def start(self) -> None:
         """Wait until no other instance serves this driver here, then start from the checkpoint
         and serve. Cancel it to give up waiting."""
@@ -529,6 +537,8 @@ async def serve_plugin(
             await starting
         return
     starting.result()
+    if plugin.recovery.degraded:
+        await report_recovery(api, config.node_name, config.driver_name, plugin.recovery)
     follower = asyncio.create_task(inventory.follow(), name="plugin-inventory")
     if started is not None:
         started.set()
@@ -539,3 +549,32 @@ async def serve_plugin(
         with contextlib.suppress(asyncio.CancelledError):
             await follower
         await plugin.stop()
+
+
+RECOVERY_EVENT_REASON = "DRACheckpointRecovered"
+_EVENT_MESSAGE_LIMIT = 1024  # what the apiserver keeps of an Event's message
+
+
+async def report_recovery(
+    api: client.ApiClient, node_name: str, driver_name: str, report: RecoveryReport
+) -> None:
+    """A Warning Event on the Node (``kubectl describe node`` shows it) saying the checkpoint was
+    incomplete and what was recovered; a failure to post it is logged, never raised (the ERROR
+    logs and the gauges already say it)."""
+    now = datetime.now(UTC)
+    event: Any = {  # the client takes the JSON form; its model types would add nothing here
+        "metadata": {"generateName": f"{node_name}.", "namespace": "default"},
+        # A node's events name the node as its UID, as the kubelet's do: describe finds them so.
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_name},
+        "reason": RECOVERY_EVENT_REASON,
+        "message": report.summary()[:_EVENT_MESSAGE_LIMIT],
+        "type": "Warning",
+        "source": {"component": driver_name, "host": node_name},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        await asyncio.wait_for(client.CoreV1Api(api).create_namespaced_event("default", event), API_TIMEOUT_S)
+    except (ApiException, OSError, TimeoutError, aiohttp.ClientError) as err:
+        log.warning("could not post the %s event on node %s: %r", RECOVERY_EVENT_REASON, node_name, err)

@@ -7,6 +7,14 @@ in the checkpoint as ``started``, set up sharing, write the claim's CDI spec (th
 container edits) and record it ``completed``. Every failure is reported for that claim
 only. A ``completed`` claim is answered from the checkpoint; a ``started`` one (a crash
 interrupted it) is rolled back and redone.
+
+Recovery (``Preparer.recover``, before the driver serves): every ``started`` claim is rolled back
+at once, so each GPU is reset at most once however many claims a crash interrupted. A claim's
+CDI spec carries its ``completed`` record; when the checkpoint cannot prove it is complete (a
+slot unreadable or missing, see ``dra_driver.checkpoint``), every spec it does not record as
+completed is taken for a prepared claim and its record restored from the spec, and a spec with
+no record is kept and pins the GPUs it names (never reset while it exists). So no damage to the
+checkpoint makes the driver drop a claim the kubelet was told is prepared, or reset a GPU under it.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from typing import Any, Protocol
 import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from contract.gpuconfig import ClaimConfigError, GpuConfig, SharingStrategy, parse_gpu_config
@@ -43,6 +51,14 @@ log = logging.getLogger(__name__)
 
 CLAIM_OPERATIONS = Counter(
     "tessera_dra_claim_operations_total", "Claims prepared/unprepared, by outcome", ["operation", "outcome"]
+)
+RECOVERED_CLAIMS = Gauge(
+    "tessera_dra_recovered_claims",
+    "Claims the checkpoint had lost, recovered from their CDI specs at the driver's last start",
+)
+UNACCOUNTED_SPECS = Gauge(
+    "tessera_dra_unaccounted_claim_specs",
+    "CDI specs of claims neither the checkpoint nor the spec can describe; their GPUs are not reset",
 )
 
 
@@ -326,6 +342,62 @@ def _with_intact_specs(completed: Mapping[str, ClaimRecord]) -> set[str]:
     }
 
 
+def _spec_record(spec: Mapping[str, Any], driver: str, path: Path) -> ClaimRecord | None:
+    """The completed record a claim's spec carries, or None (none, or not one of ours)."""
+    text = cdi.spec_annotation(spec, cdi.record_annotation(driver))
+    if text is None:
+        return None
+    try:
+        record = ClaimRecord.model_validate_json(text)
+    except ValidationError:
+        return None
+    return record if record.state == "completed" and record.cdi_spec == str(path) else None
+
+
+@dataclass
+class RecoveryReport:
+    """What recover() found: logged, set in the gauges, and posted as a Warning event on the
+    Node when claims had to be recovered (``plugin.report_recovery``)."""
+
+    doubts: tuple[str, ...] = ()  # why the checkpoint may have lacked acknowledged claims
+    adopted: dict[str, ClaimRecord] = field(default_factory=dict)  # restored from their specs
+    unaccounted: list[Path] = field(default_factory=list)  # specs kept without a record
+    removed: list[Path] = field(default_factory=list)
+
+    @property
+    def degraded(self) -> bool:
+        return bool(self.adopted or self.unaccounted)
+
+    def summary(self) -> str:
+        """One line for the Node event ("" when the checkpoint accounted for every claim)."""
+        if not self.degraded:
+            return ""
+        kept = f"{len(self.unaccounted)} spec(s) kept without a record"
+        if self.unaccounted:
+            kept += " (the GPUs they name are not reset while they exist)"
+        return (
+            f"checkpoint incomplete ({'; '.join(self.doubts) or 'no checkpoint file'}): "
+            f"{len(self.adopted)} claim(s) recovered from their CDI specs, {kept}"
+        )
+
+    def log(self) -> None:
+        for doubt in self.doubts:
+            (log.error if self.degraded else log.warning)("checkpoint: %s", doubt)
+        for uid, record in sorted(self.adopted.items()):
+            log.error(
+                "claim %s/%s (%s) was missing from the checkpoint; recovered from %s",
+                record.namespace,
+                record.name,
+                uid,
+                record.cdi_spec,
+            )
+        for path in self.unaccounted:
+            log.error(
+                "%s names a claim the checkpoint lacks and holds no record; kept, its GPUs are not reset",
+                path,
+            )
+
+
 @dataclass(frozen=True)
 class _Planned:
     """A claim of a prepare request whose plan is known (empty: no device of this driver)."""
@@ -364,6 +436,9 @@ class Preparer:
         self._cdi_dir = cdi_dir
         self._claim_locks = ClaimLocks()
         self._state_lock = asyncio.Lock()
+        # Claims known only by a CDI spec without a record: UID -> (spec, GPUs it may use).
+        self._unaccounted: dict[str, tuple[Path, frozenset[str]]] = {}
+        self.recovery = RecoveryReport()
         self._restore_sharing()
 
     def _restore_sharing(self) -> None:
@@ -372,27 +447,85 @@ class Preparer:
         }
         self._sharing.restore(completed)
 
-    async def recover(self) -> None:
-        """Start from the disk: read the checkpoint again (another instance may have written it
-        until it let go) and remove what a crash left behind: temp files, and CDI specs of claims
-        the checkpoint does not know (a prepare that ran no command records nothing before its
-        spec is written)."""
+    async def recover(self) -> RecoveryReport:
+        """Start from the disk, before serving: read the checkpoint again (another instance may
+        have written it until it let go), recover the claims it may have lost from their CDI
+        specs, roll back every claim a crash interrupted (each GPU reset at most once), and
+        remove what a crash left behind (temp files; when the checkpoint is complete, the CDI
+        specs of claims it does not know: a prepare that ran no command records nothing before
+        its spec is written, and the kubelet was not answered)."""
         async with self._state_lock:
-            removed = await asyncio.to_thread(self._recover_files)
+            report = await asyncio.to_thread(self._recover_files)
             self._restore_sharing()
-        for path in removed:
+            interrupted = {uid: r for uid, r in self._checkpoint.claims.items() if r.state == "started"}
+            # Under the lock, but nothing is served before recover() returns: no request waits.
+            await self._roll_back(interrupted)
+        for path in report.removed:
             log.info("removed %s, left behind by an interrupted prepare", path)
+        if interrupted:
+            log.info("rolled back %d claim(s) a crash interrupted", len(interrupted))
+        report.log()
+        RECOVERED_CLAIMS.set(len(report.adopted))
+        UNACCOUNTED_SPECS.set(len(report.unaccounted))
+        self.recovery = report
+        return report
 
-    def _recover_files(self) -> list[Path]:
+    def _recover_files(self) -> RecoveryReport:
         self._checkpoint.reload()
         known = self._checkpoint.claims
         specs = cdi.claim_specs(self._cdi_dir, self._driver)
-        orphans = [path for uid, path in specs.items() if uid not in known]
-        cdi.remove_claim_specs(orphans)
-        leftovers = self._checkpoint.remove_temp_files()
+        if self._checkpoint.complete:
+            orphans = [path for uid, path in specs.items() if uid not in known]
+            cdi.remove_claim_specs(orphans)
+            report = RecoveryReport(removed=orphans)
+        else:
+            report = self._adopt_specs(specs, known)
+        report.removed += self._checkpoint.remove_temp_files()
         if self._cdi_dir.is_dir():
-            leftovers += cdi.remove_leftover_temp_files(self._cdi_dir, self._driver)
-        return [*orphans, *leftovers]
+            report.removed += cdi.remove_leftover_temp_files(self._cdi_dir, self._driver)
+        return report
+
+    def _adopt_specs(self, specs: Mapping[str, Path], known: Mapping[str, ClaimRecord]) -> RecoveryReport:
+        """The checkpoint may lack acknowledged claims: every claim spec it does not record as
+        completed is taken for a prepared claim (the kubelet may have been answered) and its
+        record is restored from the spec. A spec without a readable record (an older driver's,
+        or torn) is kept, and the GPUs it names are never reset while it exists."""
+        report = RecoveryReport(doubts=self._checkpoint.doubts)
+        self._unaccounted.clear()
+        for uid, path in sorted(specs.items()):
+            record = known.get(uid)
+            if record is not None and record.state == "completed":
+                continue
+            spec = cdi.read_claim_spec(path)
+            adopted = _spec_record(spec, self._driver, path) if spec is not None else None
+            if adopted is not None:
+                report.adopted[uid] = adopted
+                continue
+            if record is not None:  # "started", its spec without a record: rolled back below
+                continue
+            names = cdi.spec_device_names(spec, uid) if spec is not None else set()
+            devices = self._devices()
+            gpus = frozenset(devices[name].uuid for name in names if name in devices)
+            # Unknown devices: every GPU, since which one it uses cannot be told.
+            self._unaccounted[uid] = (path, gpus or frozenset(d.uuid for d in devices.values()))
+            report.unaccounted.append(path)
+        self._checkpoint.update(dict(report.adopted))
+        return report
+
+    def _unaccounted_gpus(self) -> frozenset[str]:
+        return frozenset(uuid for _, gpus in self._unaccounted.values() for uuid in gpus)
+
+    async def _roll_back(self, leftovers: Mapping[str, ClaimRecord]) -> None:
+        """Undo claims (interrupted, or their spec was lost) at once: each GPU they leave unused
+        is reset once, then their specs and records go (one checkpoint write)."""
+        if not leftovers:
+            return
+        await self._sharing.release_claims(
+            {uid: record.shares for uid, record in leftovers.items()}, self._unaccounted_gpus()
+        )
+        specs = [Path(record.cdi_spec) for record in leftovers.values() if record.cdi_spec]
+        await asyncio.to_thread(cdi.remove_claim_specs, specs)
+        await self._save(dict.fromkeys(leftovers))
 
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
         outcomes: dict[str, PrepareOutcome] = {}
@@ -447,14 +580,11 @@ class Preparer:
         (under the state lock). Every checkpoint change of the request is written at once."""
         outcomes: dict[str, PrepareOutcome] = {}
         changes: dict[str, ClaimRecord | None] = {}
-        for ref in to_plan:
-            leftover = self._checkpoint.get(ref.uid)
-            if leftover is not None:  # "started" (a crash interrupted it), or its spec was lost
-                log.info("claim %s was left half-prepared; rolling it back before preparing again", ref.uid)
-                await self._release(ref.uid, leftover.shares)
-                if leftover.cdi_spec:
-                    await asyncio.to_thread(cdi.remove_claim_specs, [Path(leftover.cdi_spec)])
-                changes[ref.uid] = None
+        # "started" (a crash interrupted it and recover() has not run), or its spec was lost.
+        leftovers = {ref.uid: r for ref in to_plan if (r := self._checkpoint.get(ref.uid)) is not None}
+        if leftovers:
+            log.info("claims %s were left half-prepared; rolling them back first", sorted(leftovers))
+            await self._roll_back(leftovers)
         with_devices = [p for p in planned if p.devices]
         for p in planned:
             if not p.devices:  # allocated only to other drivers: nothing to prepare, no spec
@@ -484,6 +614,7 @@ class Preparer:
         edits: dict[str, list[ContainerEdits]] = {}
         for p in with_devices:
             try:
+                self._check_not_pinned(p.ref.uid, p.devices)
                 edits[p.ref.uid] = await self._acquire(p.ref.uid, p.devices)
             except (SharingConflict, SharingCommandError, OSError) as err:
                 outcomes[p.ref.uid] = PrepareOutcome(error=self._failed("prepare", p.ref, str(err)))
@@ -494,7 +625,9 @@ class Preparer:
             uid: started[uid].model_copy(update={"state": "completed", "devices": devices})
             for uid, devices in answers.items()
         }
-        claim_specs = {specs[p.ref.uid]: self._claim_spec(p, edits[p.ref.uid]) for p in acquired}
+        claim_specs = {
+            specs[p.ref.uid]: self._claim_spec(p, edits[p.ref.uid], completed[p.ref.uid]) for p in acquired
+        }
         try:
             # One trip to a worker thread: the specs, then the records saying they exist.
             await asyncio.to_thread(self._write_prepared, claim_specs, {**changes, **completed})
@@ -508,9 +641,23 @@ class Preparer:
             await asyncio.to_thread(cdi.remove_claim_specs, [specs[p.ref.uid] for p in acquired])
             return outcomes
         for uid, devices in answers.items():
+            self._unaccounted.pop(uid, None)  # its spec now carries its record
             outcomes[uid] = PrepareOutcome(devices=devices)
             log.info("prepared claim %s: %s", uid, [d.device_name for d in devices])
         return outcomes
+
+    def _check_not_pinned(self, claim_uid: str, devices: Sequence[PlannedDevice]) -> None:
+        """A GPU a spec without a record names may run that claim's pod, set up in a way nobody
+        knows: setting it up again (its first known claim) could break the pod, so it waits."""
+        for device in devices:
+            share = device.share
+            holders = sorted(uid for uid, (_, gpus) in self._unaccounted.items() if share.gpu_uuid in gpus)
+            if holders and self._sharing.needs_setup(claim_uid, share):
+                raise SharingConflict(
+                    f"GPU {share.gpu_uuid} may be in use by claim(s) {', '.join(holders)}, known only by "
+                    f"a CDI spec without a record (how they share it is unknown): it is set up for "
+                    f"{share.strategy} once they are unprepared"
+                )
 
     async def _acquire(self, claim_uid: str, devices: Sequence[PlannedDevice]) -> list[ContainerEdits]:
         """Sharing for every device of the claim, or for none of them."""
@@ -523,8 +670,11 @@ class Preparer:
             raise
         return acquired
 
-    def _claim_spec(self, planned: _Planned, edits: Sequence[ContainerEdits]) -> dict[str, Any]:
-        """The profile's edits for the claim, with each share's environment added to them."""
+    def _claim_spec(
+        self, planned: _Planned, edits: Sequence[ContainerEdits], record: ClaimRecord
+    ) -> dict[str, Any]:
+        """The profile's edits for the claim, with each share's environment added to them, and
+        the claim's record (to recover it from, should the checkpoint lose it)."""
         common = self._profile.claim_edits([d.device for d in planned.devices])
         env = dict(common.env)
         cdi_devices: list[cdi.CdiDevice] = []
@@ -533,7 +683,8 @@ class Preparer:
             nodes = device.device.device_nodes + edit.device_nodes
             cdi_devices.append(cdi.CdiDevice(device.device.name, nodes, edit.mounts))
         claim_edits = ContainerEdits(env=env, device_nodes=common.device_nodes, mounts=common.mounts)
-        return cdi.build_claim_spec(self._driver, planned.ref.uid, cdi_devices, claim_edits)
+        annotations = {cdi.record_annotation(self._driver): record.model_dump_json()}
+        return cdi.build_claim_spec(self._driver, planned.ref.uid, cdi_devices, claim_edits, annotations)
 
     def _answer(self, planned: _Planned) -> tuple[PreparedDevice, ...]:
         return tuple(
@@ -558,8 +709,7 @@ class Preparer:
             await asyncio.to_thread(self._checkpoint.update, changes)
 
     async def _release(self, claim_uid: str, shares: Sequence[GpuShare]) -> None:
-        for share in shares:
-            await self._sharing.release(claim_uid, share)
+        await self._sharing.release_claims({claim_uid: shares}, self._unaccounted_gpus())
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error message ("" when done). Unknown claims succeed; no API call is made."""
@@ -568,10 +718,13 @@ class Preparer:
             known: dict[str, tuple[ClaimRef, ClaimRecord]] = {}
             for ref in refs:
                 record = self._checkpoint.get(ref.uid)
-                if record is None:
-                    errors[ref.uid] = ""
-                else:
+                if record is not None:
                     known[ref.uid] = (ref, record)
+                elif ref.uid in self._unaccounted:
+                    async with self._state_lock:
+                        errors[ref.uid] = await self._unprepare_unaccounted(ref)
+                else:
+                    errors[ref.uid] = ""
             if known:
                 async with self._state_lock:
                     errors.update(await self._unprepare_known(known))
@@ -601,6 +754,22 @@ class Preparer:
                 errors[uid] = ""
                 log.info("unprepared claim %s/%s (%s)", record.namespace, record.name, uid)
         return errors
+
+    async def _unprepare_unaccounted(self, ref: ClaimRef) -> str:
+        """A claim known only by a spec without a record: remove the spec, then reset each GPU it
+        may have used that no claim uses any more, from every strategy (which one is unknown)."""
+        path, gpus = self._unaccounted[ref.uid]
+        try:
+            await asyncio.to_thread(cdi.remove_claim_specs, [path])
+        except OSError as err:
+            return self._failed("unprepare", ref, f"removing {path}: {err!r}")
+        del self._unaccounted[ref.uid]
+        UNACCOUNTED_SPECS.set(len(self._unaccounted))
+        still_held = self._unaccounted_gpus()
+        for gpu_uuid in sorted(gpus - still_held):
+            await self._sharing.reset_idle(gpu_uuid, self._profile.strategies)
+        log.info("unprepared claim %s/%s (%s), known only by its CDI spec", ref.namespace, ref.name, ref.uid)
+        return ""
 
     def _forget(self, released: Mapping[str, ClaimRecord]) -> dict[str, str]:
         """Remove the claims' specs, then their records (one write); claim UID -> error, for the

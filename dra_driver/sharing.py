@@ -19,7 +19,8 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -135,25 +136,53 @@ class SharingManager:
             self._gpus[share.gpu_uuid] = _GpuUse(share.strategy, share.timeslice, {claim_uid})
         return self._setup.container_edits(share)
 
-    async def release(self, claim_uid: str, share: GpuShare) -> None:
-        """Drop the claim and reset the GPU if nobody else uses it; repeatable, never raises.
+    async def release(self, claim_uid: str, share: GpuShare, keep: AbstractSet[str] = frozenset()) -> None:
+        """Drop the claim and reset the GPU if nobody else uses it; see ``release_claims``."""
+        await self.release_claims({claim_uid: (share,)}, keep)
+
+    async def release_claims(
+        self, shares_by_claim: Mapping[str, Sequence[GpuShare]], keep: AbstractSet[str] = frozenset()
+    ) -> None:
+        """Drop the claims, then reset each GPU nobody uses any more once per strategy the claims
+        held on it (GPUs concurrently), except the GPUs in ``keep`` (in use by something the
+        driver cannot account for: resetting them could break a running pod). Repeatable, never
+        raises.
 
         Reset failures are logged, not raised: an unprepare that can never finish would pin the
         pod's claim forever, and the next claim's setup puts the GPU into a known state anyway.
         """
-        use = self._gpus.get(share.gpu_uuid)
-        if use is not None:
-            use.claims.discard(claim_uid)
-            if use.claims:
-                return
+        strategies: dict[str, set[SharingStrategy]] = {}
+        for claim_uid, shares in shares_by_claim.items():
+            for share in shares:
+                use = self._gpus.get(share.gpu_uuid)
+                if use is not None:
+                    use.claims.discard(claim_uid)
+                strategies.setdefault(share.gpu_uuid, set()).add(share.strategy)
+        idle = {
+            gpu_uuid: held
+            for gpu_uuid, held in strategies.items()
+            if not self.users(gpu_uuid) and gpu_uuid not in keep
+        }
+        for gpu_uuid in strategies.keys() & keep:
+            if not self.users(gpu_uuid):
+                log.error(
+                    "GPU %s is not reset: a claim the driver cannot account for may still use it", gpu_uuid
+                )
         # Also reached for a claim whose setup a crash interrupted: the GPU may be half set up.
-        for command in self._setup.reset_commands(share.strategy, share.gpu_uuid):
-            try:
-                await self._runner.run(command)
-            except SharingCommandError as err:
-                log.warning("resetting GPU %s: %s", share.gpu_uuid, err)
-        await asyncio.to_thread(self._setup.clean_host, share.strategy, share.gpu_uuid)
-        self._gpus.pop(share.gpu_uuid, None)
+        await asyncio.gather(*(self.reset_idle(gpu_uuid, held) for gpu_uuid, held in sorted(idle.items())))
+
+    async def reset_idle(self, gpu_uuid: str, strategies: Iterable[SharingStrategy]) -> None:
+        """Reset a GPU no claim uses from each of ``strategies``; never raises."""
+        if self.users(gpu_uuid):
+            return
+        self._gpus.pop(gpu_uuid, None)
+        for strategy in sorted(strategies):
+            for command in self._setup.reset_commands(strategy, gpu_uuid):
+                try:
+                    await self._runner.run(command)
+                except SharingCommandError as err:
+                    log.warning("resetting GPU %s: %s", gpu_uuid, err)
+            await asyncio.to_thread(self._setup.clean_host, strategy, gpu_uuid)
 
     @staticmethod
     def _check_compatible(share: GpuShare, use: _GpuUse, other_count: int) -> None:

@@ -33,7 +33,7 @@ from contract.names import DRIVER_NAME
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.config import DriverConfig
 from dra_driver.devices.share import Command
-from dra_driver.plugin import SIMULATED_COMMAND_LOG, build_plugin
+from dra_driver.plugin import RECOVERY_EVENT_REASON, SIMULATED_COMMAND_LOG, build_plugin, report_recovery
 from dra_driver.prepare import ApiClaimReader
 from dra_driver.profiles.nvidia.simulated import PROFILE_DIR
 from dra_driver.profiles.registry import build_profile
@@ -456,6 +456,91 @@ async def test_driver_killed_mid_prepare_is_rolled_back_and_redone(
                 await pods.delete("frac")
                 await wait_until(lambda: pods.gone("frac"), timeout=60, what="frac unprepared and deleted")
                 assert Checkpoint(config.checkpoint_dir).claims == {}
+            finally:
+                await second.stop(grace_s=0)
+    finally:
+        await reconciler.delete_all()
+        await delete_nodes(k8s, [node])
+
+
+async def test_a_damaged_newest_checkpoint_slot_loses_no_running_pod(
+    local_cluster: LocalCluster,
+    k8s: ApiClient,
+    namespace: str,
+    driver: str,
+    device_classes: None,
+    short_dir: Path,
+    h100_profile: Path,
+) -> None:
+    """Pods a and b share the H100 over MPS (b joins a's daemon, so b's only record is the newest
+    slot). The driver dies, that slot is cut in half, a new driver starts: b is recovered from its
+    CDI spec, and deleting a's pod leaves the daemon up under b; deleting b's stops it."""
+    node = unique("h100")
+    config = node_driver_config(node, short_dir, h100_profile, local_cluster.kubeconfig, driver)
+    profile = build_profile("simulated", h100_profile, node_name=node)
+    backend = profile.discovery
+    await create_fake_node(k8s, node)
+    reconciler = SliceReconciler(k8s, node, driver, backend)
+
+    def plugin_with(runner: RecordingRunner) -> Any:
+        plugin, _ = build_plugin(
+            driver_name=driver,
+            node_name=node,
+            profile=profile,
+            gpus=backend.inventory(),
+            claims=ApiClaimReader(k8s),
+            runner=runner,
+            plugin_dir=config.plugin_dir,
+            registry_dir=config.registry_dir,
+            cdi_dir=config.cdi_dir,
+            checkpoint_dir=config.checkpoint_dir,
+        )
+        return plugin
+
+    pods = Pods(k8s, namespace)
+    try:
+        await reconciler.publish(backend.inventory())
+        first = plugin_with(RecordingRunner())
+        await first.start()
+        async with kubelet(k8s, config):
+            await pods.create("a", f"fractional-{driver}", memory="20Gi")
+            assert await pods.running_on("a") == node
+            await pods.create("b", f"fractional-{driver}", memory="20Gi")
+            assert await pods.running_on("b") == node
+            b_uid = await pods.claim_uid("b")
+            await first.stop(grace_s=0)  # the crash
+            checkpoint = Checkpoint(config.checkpoint_dir)
+            assert checkpoint.get(b_uid) is not None
+            newest = checkpoint.path
+            newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+
+            runner = RecordingRunner()
+            second = plugin_with(runner)
+            await second.start()
+            try:
+                spec = config.cdi_dir / f"k8s.{driver}-claim_{b_uid}.json"
+                recovered = Checkpoint(config.checkpoint_dir).get(b_uid)
+                assert recovered is not None and recovered.state == "completed" and spec.exists()
+                # Reported on the node (serve_plugin posts this after a start that recovered).
+                await report_recovery(k8s, node, driver, second.recovery)
+                events = await CoreV1Api(k8s).list_namespaced_event(
+                    "default", field_selector=f"involvedObject.name={node},reason={RECOVERY_EVENT_REASON}"
+                )
+                (event,) = events.items
+                assert (
+                    event.type == "Warning" and "1 claim(s) recovered from their CDI specs" in event.message
+                )
+                await pods.delete("a")
+                await wait_until(lambda: pods.gone("a"), timeout=60, what="a unprepared and deleted")
+                assert runner.commands == [] and spec.exists()  # b's pod keeps its MPS daemon
+                await pods.delete("b")
+                await wait_until(lambda: pods.gone("b"), timeout=60, what="b unprepared and deleted")
+                gpu_uuid = backend.inventory()[0].uuid
+                assert [c.argv for c in runner.commands] == [
+                    ("nvidia-cuda-mps-control",),
+                    ("nvidia-smi", "-i", gpu_uuid, "-c", "DEFAULT"),
+                ]
+                assert Checkpoint(config.checkpoint_dir).claims == {} and not spec.exists()
             finally:
                 await second.stop(grace_s=0)
     finally:

@@ -150,9 +150,11 @@ def make_plugin(
     claims: ClaimReader,
     gpus: list[Gpu] | None = None,
     health_refresh_s: float = HEALTH_REFRESH_S,
+    runner: RecordingRunner | None = None,
 ) -> tuple[DraPlugin, DeviceInventory]:
-    """A plugin (not started) with all its directories under ``root``, recording sharing commands;
-    a second one on the same ``root`` is a second instance of the driver on the same node."""
+    """A plugin (not started) with all its directories under ``root``, recording sharing commands
+    (into ``runner`` when given); a second one on the same ``root`` is a second instance of the
+    driver on the same node."""
     profile = nvidia(gpus)
     return build_plugin(
         driver_name=DRIVER,
@@ -160,7 +162,7 @@ def make_plugin(
         profile=profile,
         gpus=profile.discovery.inventory(),
         claims=claims,
-        runner=RecordingRunner(),
+        runner=runner if runner is not None else RecordingRunner(),
         plugin_dir=root / "plugins",
         registry_dir=root / "registry",
         cdi_dir=root / "cdi",

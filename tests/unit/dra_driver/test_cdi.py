@@ -17,8 +17,12 @@ def test_spec_has_the_claim_edits_and_per_device_edits() -> None:
         cdi.CdiDevice("gpu-0", ("/dev/nvidia0",), mounts=(("/host/mps/pipe", "/tmp/nvidia-mps"),)),
         cdi.CdiDevice("gpu-1", ("/dev/nvidia1",)),
     ]
-    spec = cdi.build_claim_spec("gpu.tessera.dev", "uid-1", devices, NODES)
+    record = {cdi.record_annotation("gpu.tessera.dev"): '{"state":"completed"}'}
+    spec = cdi.build_claim_spec("gpu.tessera.dev", "uid-1", devices, NODES, record)
     assert spec["cdiVersion"] == cdi.CDI_VERSION
+    assert spec["annotations"] == {"gpu.tessera.dev/claim-record": '{"state":"completed"}'}
+    assert cdi.spec_annotation(spec, "gpu.tessera.dev/claim-record") == '{"state":"completed"}'
+    assert cdi.spec_device_names(spec, "uid-1") == {"gpu-0", "gpu-1"}
     assert spec["kind"] == "k8s.gpu.tessera.dev/claim"
     assert spec["containerEdits"]["env"] == ["A=1", "B=2"]
     assert spec["containerEdits"]["deviceNodes"] == [{"path": "/dev/ctl"}]
@@ -44,7 +48,7 @@ def test_write_is_atomic_readable_and_removable(tmp_path: Path) -> None:
     path = cdi.spec_path(tmp_path / "cdi", "gpu.tessera.dev", "uid-1")
     assert path.name == "k8s.gpu.tessera.dev-claim_uid-1.json"
     spec = cdi.build_claim_spec(
-        "gpu.tessera.dev", "uid-1", [cdi.CdiDevice("gpu-0", ("/dev/nvidia0",))], ContainerEdits()
+        "gpu.tessera.dev", "uid-1", [cdi.CdiDevice("gpu-0", ("/dev/nvidia0",))], ContainerEdits(), {}
     )
     cdi.write_claim_specs({path: spec})
     cdi.write_claim_specs({path: spec})  # replacing an existing spec works the same way
@@ -60,7 +64,7 @@ def test_write_is_atomic_readable_and_removable(tmp_path: Path) -> None:
 def test_many_specs_in_one_write(tmp_path: Path) -> None:
     specs = {
         cdi.spec_path(tmp_path, "gpu.tessera.dev", f"uid-{i}"): cdi.build_claim_spec(
-            "gpu.tessera.dev", f"uid-{i}", [cdi.CdiDevice("gpu-0", ("/dev/nvidia0",))], ContainerEdits()
+            "gpu.tessera.dev", f"uid-{i}", [cdi.CdiDevice("gpu-0", ("/dev/nvidia0",))], ContainerEdits(), {}
         )
         for i in range(20)
     }

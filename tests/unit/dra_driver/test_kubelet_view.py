@@ -305,16 +305,21 @@ async def test_start_removes_what_a_crash_left_behind(root: Path, claims: FakeCl
     for path in (ours, theirs, checkpoint_tmp, orphan, half):
         path.write_text("{")
     record = ClaimRecord(namespace="ns", name="half", state="started", cdi_spec=str(half))
-    Checkpoint(state_dir).put("uid-half", record)  # after the plugin was built: read again at start
+    checkpoint = Checkpoint(state_dir)  # after the plugin was built: read again at start
+    # Two generations, so both slots are whole and the checkpoint proves it is complete.
+    checkpoint.put("uid-half", record.model_copy(update={"name": "earlier"}))
+    checkpoint.put("uid-half", record)
     await plugin.start()
     try:
-        assert sorted(p.name for p in cdi_dir.iterdir()) == sorted([theirs.name, half.name])
+        # The half-prepared claim is rolled back at start too (all such claims at once, so each
+        # GPU is reset at most once), before the kubelet calls again.
+        assert sorted(p.name for p in cdi_dir.iterdir()) == [theirs.name]
         assert not checkpoint_tmp.exists()
-        # The half-prepared claim is the checkpoint's: rolled back by its next call, not here.
+        assert Checkpoint(state_dir).claims == {}
         errors = await Kubelet(plugin.sockets.registration).unprepare(
             str(plugin.sockets.dra), [ClaimRef("ns", "uid-half", "half")]
         )
-        assert errors == {"uid-half": ""} and not half.exists()
+        assert errors == {"uid-half": ""}
     finally:
         await plugin.stop(grace_s=0)
 

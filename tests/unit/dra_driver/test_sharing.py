@@ -124,3 +124,27 @@ async def test_recording_runner_writes_a_command_log(tmp_path: Path) -> None:
     await sharing.acquire("c1", timesliced())
     lines = log_path.read_text().splitlines()
     assert len(lines) == 2 and '"--set-timeslice", "1"' in lines[1]
+
+
+async def test_claims_released_together_reset_each_idle_gpu_once_and_never_a_kept_one(tmp_path: Path) -> None:
+    """Three interrupted MPS claims on GPU-aaaa and two on GPU-bbbb, none restored as users:
+    released one by one, each would find its GPU idle (5 resets of 2 commands); together, each GPU
+    is reset once (2 x 2). A GPU in ``keep`` (a spec the driver cannot account for names it) is
+    not reset at all."""
+    runner = RecordingRunner()
+    sharing = SharingManager(runner, NvidiaSharing(tmp_path))
+    other = GpuShare("GPU-bbbb", "gpu-1", SharingStrategy.MPS, 10 * GIB, 13)
+    interrupted = {"c1": (mps(),), "c2": (mps(),), "c3": (mps(),), "c4": (other,), "c5": (other,)}
+    await sharing.release_claims(interrupted)
+    assert [c.argv for c in runner.commands] == [
+        ("nvidia-cuda-mps-control",),
+        ("nvidia-smi", "-i", UUID, "-c", "DEFAULT"),
+        ("nvidia-cuda-mps-control",),
+        ("nvidia-smi", "-i", "GPU-bbbb", "-c", "DEFAULT"),
+    ]
+    runner.commands.clear()
+    await sharing.release_claims(interrupted, keep={UUID})
+    assert [c.argv for c in runner.commands] == [
+        ("nvidia-cuda-mps-control",),
+        ("nvidia-smi", "-i", "GPU-bbbb", "-c", "DEFAULT"),
+    ]
