@@ -97,11 +97,23 @@ def _discard(index: dict[str, dict[str, None]], key: str, member: str) -> None:
 
 
 def _keep(supply: NodeGpus, gpus: tuple[tuple[int, int], ...]) -> NodeGpus:
-    """`supply` less the held shares of these GPUs (down to nothing free on one)."""
+    """`supply` less the held shares of these GPUs. A share its GPU cannot give (still held by a
+    terminating victim, or taken by another pod: the DRA allocator chose the devices, and may have
+    put another held pod there) is kept on the free GPU that fits it most tightly instead, so the
+    hold keeps as much on the node as it was made for, whichever devices the pods were given."""
     free = list(supply.free_milli)
+    short: list[int] = []
     for index, milli in gpus:
         if 0 <= index < len(free):
-            free[index] = max(0, free[index] - milli)
+            taken = min(free[index], milli)
+            free[index] -= taken
+            if taken < milli:
+                short.append(milli - taken)
+    for milli in sorted(short, reverse=True):
+        fitting = [index for index, left in enumerate(free) if left >= milli]
+        if fitting:
+            tightest = min(fitting, key=lambda index: (free[index], index))
+            free[tightest] -= milli
     return replace(supply, free_milli=tuple(free))
 
 

@@ -243,3 +243,17 @@ def test_the_pictures_snapshot_hands_the_planner_its_holds() -> None:
     (hold,) = picture.snapshot().holds.values()
     assert (hold.key, hold.queue, hold.node, hold.gpus) == ("ns/b0", "b", "n2", ((1, 500),))
     assert hold.resources["gpu"] == 0.5
+
+
+def test_a_hold_whose_gpu_another_pod_got_keeps_its_share_on_another_gpu() -> None:
+    # Plans freed n1's GPU 0 for b0 and GPU 1 for b1; kube-scheduler's DRA allocator gave b1 GPU 0
+    # (the devices are its choice), and b1's bind ended its hold. b0's GPU is taken, so its hold
+    # keeps GPU 1, the one still free: a pod of a sees nothing free on n1 (before: GPU 1 shown
+    # free, a's replacement took it and b0 waited for a GPU no plan would free again).
+    bound = objects.pod("ns", "b1", queue="b", claim_name="b1-gpu", node_name="n1")
+    claim = objects.claim("ns", "b1-gpu", objects.claim_spec(CLASS), allocated=[("n1", "gpu-0", None)])
+    picture = picture_of(bound, claim)
+    picture.inventory.hold("ns/b0", "n1", GpuDemand(1), 60.0, gpus=((0, 1000),))
+    assert picture.inventory.node_gpus("n1").free_milli == (0, 1000)
+    assert picture.inventory.supply_for("ns/a0", "n1").free_milli == (0, 0)
+    assert picture.inventory.supply_for("ns/b0", "n1").free_milli == (0, 1000)
