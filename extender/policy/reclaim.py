@@ -222,10 +222,18 @@ def _diverging(fairness: FairnessSnapshot, a: str, b: str) -> tuple[list[str], l
 
 
 def reclaim_refusal(
-    fairness: FairnessSnapshot, reclaimer: str, request: Resources, victim: str, taken: Resources
+    fairness: FairnessSnapshot,
+    reclaimer: str,
+    request: Resources,
+    victim: str,
+    taken: Resources,
+    *,
+    starting: bool = False,
 ) -> str:
     """Why a pod of `reclaimer` asking `request` may not take `taken` from a pod of `victim`
     ('' when it may): rule 1 of the module docstring, on the GPU resources the pod asks for.
+    `starting`: the victim's pod does not run yet, `fairness` does not count it - would reclaim
+    take it back once it started? (`extender.policy.deference`: then it defers.)
 
     With R' and V' the queues where the two paths diverge: every queue from the reclaimer up to
     R' is below its fair share (owed); every queue from the victim's up to V' is above its own,
@@ -259,6 +267,7 @@ def reclaim_refusal(
         owed = reclaimer_fair - reclaimer_held
         for queue in up_victim:
             held, fair = standing(queue, resource)
+            held += amount if starting else 0.0
             if held <= fair + EPSILON:
                 return (
                     f"queue '{queue}' is not above its fair share ({resource} "

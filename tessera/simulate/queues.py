@@ -59,7 +59,7 @@ import heapq
 import math
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
@@ -82,6 +82,7 @@ from extender.policy.admission import (
     fairness_vector,
     waiting_list,
 )
+from extender.policy.deference import OwedPod, defers_to, owed_pods
 from extender.policy.fairness import EPSILON, FairnessSnapshot, QueueSpec
 from extender.policy.placement import GpuDemand, fits
 from extender.policy.reclaim import PendingPod, Plan, Rules, plan
@@ -539,7 +540,15 @@ class _Replay:
     # ---- kube-scheduler with the extender's filter -------------------------------------------
 
     def _schedule(self, now: float) -> None:
-        """Every waiting pod in the scheduler's order; each starts if admitted and it fits."""
+        """Passes of the scheduler until none leaves a pod that deferred to an owed pod where
+        that pod has started since (the live scheduler retries it then)."""
+        while self._schedule_pass(now):
+            pass
+
+    def _schedule_pass(self, now: float) -> bool:
+        """Every waiting pod in the scheduler's order; each starts if admitted and it fits, not
+        on a node where a pod it defers to fits (`extender.policy.deference`). True when a pod
+        deferred and something started after it (another pass may place it now)."""
         for index in [i for i, hold in self.holds.items() if hold.expires <= now]:
             del self.holds[index]
         for index in self.holds:
@@ -549,7 +558,11 @@ class _Replay:
         refused: dict[_Signature, str] = {}  # -> the reason
         admitted: set[_Signature] = set()
         unfit: set[GpuDemand] = set()
-        admission = self._fairness(shares={})
+        # Fair shares follow demand, which starting pods does not change: computed once a pass.
+        shares = self._fairness().fair_shares
+        admission = self._fairness(shares=shares)
+        owed = self._owed(admission)
+        deferred = retry = False
         tried: set[str] = set()  # gangs judged in this pass
         for pod in sorted(self.waiting.values(), key=lambda p: p.order):
             if pod.index not in self.waiting:
@@ -579,21 +592,58 @@ class _Replay:
                 admitted.add(pod.signature)
             if held:
                 self._unreserve(pod.index)
-            placement = self._place(pod)
+            avoid = (
+                None
+                if held
+                else self._owed_fit(defers_to(admission, pod.queue, pod.request, pod.preemptible, owed))
+            )
+            placement = self._place(pod, avoid)
             if placement is None:
                 if held:
                     self._reserve(pod.index)
+                elif avoid is not None and self._fits_somewhere(pod.demand):
+                    self.refused.setdefault("defers_to_owed", set()).add(pod.index)
+                    deferred = True
+                    continue
                 else:
                     unfit.add(pod.demand)  # free capacity only shrinks within a pass
                 self.refused.setdefault("no_node_fits", set()).add(pod.index)
                 continue
             self.holds.pop(pod.index, None)  # bound: what was held for it is its own now
             self._start(pod, now, placement)
-            admission = self._fairness(shares={})
+            retry = retry or deferred
+            admission = self._fairness(shares=shares)
             admitted.clear()
+            if any(o.queue == pod.queue for o in owed):
+                owed = self._owed(admission)
         for index in list(self.phantoms):
             self._unreserve(index)
         self.placer.forget_gone_states()
+        return retry
+
+    def _owed(self, fairness: FairnessSnapshot) -> tuple[OwedPod, ...]:
+        """The waiting pods capacity goes to first (`owed_pods`), of those the live filter looks
+        at: admitted, nothing held for them, not of a gang still to be admitted whole."""
+        incomplete = {p.gang for p in self.waiting.values() if p.gang and self._missing(p.gang)}
+        return owed_pods(
+            fairness,
+            (
+                OwedPod(pod.key, pod.queue, pod.request, pod.demand)
+                for pod in sorted(self._admissible(fairness), key=lambda p: p.order)
+                if pod.index not in self.holds and pod.gang not in incomplete
+            ),
+        )
+
+    def _owed_fit(self, deferring: Sequence[OwedPod]) -> Callable[[int], bool] | None:
+        """Node states (`Cluster.states` ids) where one of the owed pods `deferring` fits."""
+        if not deferring:
+            return None
+        states = self.cluster.states
+        return lambda state: any(fits(states[state].as_node_gpus(), o.demand) for o in deferring)
+
+    def _fits_somewhere(self, demand: GpuDemand) -> bool:
+        states = self.cluster.states
+        return any(fits(states[state].as_node_gpus(), demand) for state, _ in self.cluster.groups())
 
     def _missing(self, gang: str) -> int:
         """Members the gang misses to reach its minimum (terminating ones do not run)."""
@@ -652,16 +702,19 @@ class _Replay:
         self._push(now + pod.duration, _Event.FINISH, pod)
         self.version += 1
 
-    def _place(self, pod: _Pod) -> tuple[int, tuple[int, ...]] | None:
+    def _place(
+        self, pod: _Pod, avoid: Callable[[int], bool] | None = None
+    ) -> tuple[int, tuple[int, ...]] | None:
         """Where `pod` starts: on exactly the GPUs held for it once they are free, else (none held,
-        or its victims still terminating) where the placement policy puts it; None: nowhere."""
+        or its victims still terminating) where the placement policy puts it, on no node state
+        `avoid` names; None: nowhere."""
         hold = self.holds.get(pod.index)
         if hold is not None:
             gpus = tuple(gpu for gpu, _ in hold.gpus)
             if take(self.cluster.node_gpus(hold.node), pod.demand, gpus) is not None:
                 self.cluster.place(hold.node, pod.demand, gpus)
                 return hold.node, gpus
-        return self.placer.place(pod.demand)
+        return self.placer.place(pod.demand, avoid)
 
     def _reserve(self, index: int) -> None:
         """Take what is held for pod `index` out of the cluster while others are placed: the share
@@ -688,7 +741,7 @@ class _Replay:
         for node, demand, gpus in self.phantoms.pop(index, []):
             self.cluster.release(node, demand, gpus)
 
-    def _fairness(self, shares: dict[str, dict[str, float]] | None = None) -> FairnessSnapshot:
+    def _fairness(self, shares: Mapping[str, Mapping[str, float]] | None = None) -> FairnessSnapshot:
         """Queues with the ledger's usage now; fair shares computed unless given (admission
         reads none)."""
         usage = self.ledger.usage(self.names)
