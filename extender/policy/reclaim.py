@@ -75,6 +75,12 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
 5. Every plan is applied to a fork of the snapshot (victims off, pod placed) before the next one
    is made, so one cycle's plans never count the same GPUs twice. The live picture is untouched.
 
+8. An evicted pod is not the next plan's victim: a pod restarted after an eviction is spared
+   for `recent_victim_s` (60 s) after its restart (`protected_restarts`), so one pod does not
+   lose its work to plan after plan while others that ran longer are left. The simulator knows
+   each pod's evictions; live, the reclaim loop remembers the controllers (owner uid) of the pods
+   it evicted, for an hour, and spares their pods that started after the eviction (all of that
+   owner's pods started since: a Job's other pods too - a coarse but safe approximation).
 7. Holds name the GPUs freed. Applying a plan places its pod on the node it made room on, on the
    GPUs the filter's placement chooses there, and the plan holds exactly those devices for it
    (`HeldGpus`: node, GPU indexes, the share of each). A pod placed later in the cycle on shares a plan freed
@@ -157,6 +163,8 @@ class Rules:
     node_trials: int = 16
     # Node searches per cycle, all pending pods together (the cycle's work budget, see `Budget`).
     max_trials: int = 128
+    # A pod restarted after an eviction is no victim for this long after its restart (rule 8).
+    recent_victim_s: float = 60.0
 
 
 @dataclass
@@ -282,6 +290,20 @@ def reclaim_refusal(
                     f"{format_amount(resource, reclaimer_fair)}): no fairer"
                 )
     return ""
+
+
+def protected_restarts(
+    running: Iterable[RunningPod], evicted_at: Callable[[RunningPod], float | None], now: float, rules: Rules
+) -> list[str]:
+    """Rule 8: the running pods that restarted after an eviction (`evicted_at`: when the pod, or
+    the pod it replaces, was last evicted; None: never) less than `rules.recent_victim_s` ago -
+    no victims now (the caller spares them: `ClusterSnapshot.spare`)."""
+    protected = []
+    for pod in running:
+        evicted = evicted_at(pod)
+        if evicted is not None and pod.started >= evicted and now - pod.started < rules.recent_victim_s:
+            protected.append(pod.key)
+    return protected
 
 
 def may_preempt_within(fairness: FairnessSnapshot, queue: str, request: Resources) -> bool:

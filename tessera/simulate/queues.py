@@ -85,7 +85,7 @@ from extender.policy.admission import (
 from extender.policy.deference import OwedPod, defers_to, owed_pods
 from extender.policy.fairness import EPSILON, FairnessSnapshot, QueueSpec
 from extender.policy.placement import GpuDemand, fits
-from extender.policy.reclaim import PendingPod, Plan, Rules, plan
+from extender.policy.reclaim import PendingPod, Plan, Rules, plan, protected_restarts
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, take
 from extender.policy.workloads import Workload
 from extender.queues import QueueSpecError, parse_queue, validate_hierarchy
@@ -464,6 +464,7 @@ class _Replay:
         self.fruitless: tuple[int, float] | None = None  # (version, time) of the last empty cycle
         # pod -> the queues whose pods were evicted to serve it (its run on those GPUs)
         self.served_from: dict[int, set[str]] = {}
+        self.evicted_at: dict[int, float] = {}  # pod -> when it was last evicted (rule 8's window)
         self.level = _Level({}, {}, set(), 0.0)
         self.last_time = 0.0
         self.integrals: dict[str, dict[str, float]] = {
@@ -764,6 +765,11 @@ class _Replay:
             minimums=self.minimums,
             holds=[self._held(index, hold) for index, hold in self.holds.items()],
         )
+        snapshot.spare(
+            protected_restarts(
+                snapshot.running.values(), lambda pod: self.evicted_at.get(int(pod.key)), now, self.rules
+            )
+        )
         pending = self._pending(fairness)
         plans = plan(snapshot, pending, now, self.rules)
         if not plans:
@@ -833,7 +839,8 @@ class _Replay:
     def _quiet_until(self) -> float:
         """Until when reclaim cycles would find nothing to do, the picture staying as it is: no
         GPU pod waits, or the last cycle planned nothing on this very picture and no running pod
-        gets past a min runtime before then. (A time not after the last cycle: no such promise.)"""
+        gets past a min runtime (or its protection after an eviction) before then. (A time not
+        after the last cycle: no such promise.)"""
         if not any(p.demand.count for p in self.waiting.values()):
             return math.inf
         if self.fruitless is None or self.fruitless[0] != self.version:
@@ -841,14 +848,18 @@ class _Replay:
         return min(self._runtimes_ending_after(self.fruitless[1]), default=math.inf)
 
     def _runtimes_ending_after(self, since: float) -> list[float]:
-        """When running preemptible pods pass their queues' min runtimes, for those after `since`."""
-        ends = []
+        """When running preemptible pods pass their queues' min runtimes (and, restarted after an
+        eviction, their protection: rule 8), for those after `since`."""
+        ends: list[float] = []
         for pod in self.running.values():
             if pod.state == "running" and pod.preemptible:
-                for runtime in (self.rules.reclaim_min_runtime_s, self.rules.preempt_min_runtime_s):
-                    end = pod.started + runtime.get(pod.queue, 0.0)
-                    if end > since:
-                        ends.append(end)
+                runtimes = [
+                    r.get(pod.queue, 0.0)
+                    for r in (self.rules.reclaim_min_runtime_s, self.rules.preempt_min_runtime_s)
+                ]
+                if pod.index in self.evicted_at:
+                    runtimes.append(self.rules.recent_victim_s)
+                ends.extend(end for end in (pod.started + runtime for runtime in runtimes) if end > since)
         return ends
 
     def _carry_out(self, chosen: Plan, now: float) -> None:
@@ -879,6 +890,7 @@ class _Replay:
             )
             victim.state = "terminating"
             victim.runs += 1  # its finish event is void
+            self.evicted_at[victim.index] = now
             if self.delay:
                 self._push(now + self.delay, _Event.TERMINATED, victim)
             else:

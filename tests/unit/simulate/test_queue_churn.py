@@ -27,3 +27,25 @@ def test_freed_gpus_go_to_the_owed_queue_not_to_the_older_borrower() -> None:
     assert first_time(result, "b", 2) == 50
     assert state_at(result, 50)["a"].allocated_gpu == 2  # nothing idles
     assert result.refusals.get("defers_to_owed") == 2  # a's two pods that left GPUs to b's
+
+
+def test_a_pod_restarted_after_an_eviction_is_not_the_next_victim() -> None:
+    # 1 node x 3 GPUs; a, b, c quota 1 each. a runs a-short (0-20 s) and a-long/1, a-long/2
+    # (from t=0 and t=1). t=10: b's pod comes, shares a 2, b 1: reclaim evicts a's newest,
+    # a-long/2. t=20: a-short ends, a-long/2 starts again (a at 1 of 2). t=30: c's pod comes,
+    # shares 1 / 1 / 1, a holds 2: the newest of a's pods is a-long/2 again (started at t=20).
+    # Restarted 10 s ago, within the 60 s window (rule 8), it is spared: a-long/1 goes.
+    result = run(
+        nodes=[{"name": "n", "gpus": 3}],
+        queues=[queue("a", 1), queue("b", 1), queue("c", 1)],
+        jobs=[
+            job("a-short", "a", 1, duration=20),
+            job("a-long", "a", 2, interval=1),
+            job("b", "b", 1, arrival=10),
+            job("c", "c", 1, arrival=30),
+        ],
+    )
+    victims = [(e.time, e.victim.split("/")[0], e.served_queue) for e in result.evictions]
+    # Pods are numbered by creation: a-short 0, a-long 1 and 2.
+    assert victims == [(10, "a-long", "b"), (30, "a-long", "c")]
+    assert len({e.victim for e in result.evictions}) == 2  # two pods, once each
