@@ -79,6 +79,12 @@ class FollowUp(Protocol):
 REMEMBER_EVICTIONS_S = 3600.0
 
 
+def lost_gpu_seconds(victim: RunningPod, now: float) -> float:
+    """The work an eviction throws away: the GPUs the victim holds times how long it has run (0
+    for a start time not known or in the future)."""
+    return victim.gpus_held * max(0.0, now - victim.started) if victim.started > 0 else 0.0
+
+
 def owner_uid(pod: Mapping[str, object]) -> str:
     """The uid of the pod's controller ('' for a pod no controller recreates)."""
     return str(controller_of(pod).get("uid", ""))
@@ -169,7 +175,7 @@ class ReclaimLoop:
         plans = plan(snapshot, waiting, now, rules, work, self.fits)
         self.metrics.reclaim_cycle.observe(time.perf_counter() - started)
         report_cut_off(self.metrics, "reclaim", work)
-        done = await self.carry_out(plans)
+        done = await self.carry_out(plans, now)
         self.counts.reclaiming = {
             q for q in self.counts.reclaiming | {p.pod.queue for p in done} if self._holds_for(q)
         }
@@ -209,10 +215,12 @@ class ReclaimLoop:
                     return True
         return False
 
-    async def carry_out(self, plans: Sequence[Plan]) -> list[Plan]:
+    async def carry_out(self, plans: Sequence[Plan], planned_at: float | None = None) -> list[Plan]:
         """Evict the victims of every plan at once (`evict_all`: a slow Eviction API costs the
         cycle about one timeout, not one per victim), then settle each plan by its victims'
-        outcomes. Returns the plans carried out (none of their victims blocked)."""
+        outcomes. Returns the plans carried out (none of their victims blocked). `planned_at`
+        (epoch s, default now): when the plans were made, what the work lost is counted to."""
+        planned_at = time.time() if planned_at is None else planned_at
         # Read now: an evicted pod may leave the picture before its event is written.
         uids = {
             key: uid_of(self.picture, key)
@@ -227,10 +235,14 @@ class ReclaimLoop:
         for key, owner in owners.items():
             if owner and outcomes.get(key) == "evicted":
                 self._evicted_owners[owner] = evicted
-        return [chosen for chosen in plans if await self._settle(chosen, outcomes, uids)]
+        return [chosen for chosen in plans if await self._settle(chosen, outcomes, uids, planned_at)]
 
     async def _settle(
-        self, chosen: Plan, outcomes: Mapping[str, EvictionOutcome], uids: Mapping[str, str | None]
+        self,
+        chosen: Plan,
+        outcomes: Mapping[str, EvictionOutcome],
+        uids: Mapping[str, str | None],
+        planned_at: float,
     ) -> bool:
         """Count and report a plan's evictions; hold the freed GPUs for its pod unless a
         PodDisruptionBudget blocked one of its victims. Whether it was carried out."""
@@ -254,6 +266,7 @@ class ReclaimLoop:
                 )
             elif outcome == "evicted":
                 self.counts.evicted_from[victim.queue] += 1
+                self.metrics.lost_work.labels(victim.queue).inc(lost_gpu_seconds(victim, planned_at))
                 self.counts.reclaimed_for[served.queue] += chosen.goal == "reclaim"
                 reason = "Reclaimed" if chosen.goal == "reclaim" else "Preempted"
                 await pod_event(self.api, victim.key, uids[victim.key], reason, eviction.message, "Normal")

@@ -693,7 +693,7 @@ def _plan_for(
     if goal is None:
         return None
     needed = waiting.demand.total_milli / GPU_MILLI
-    best: tuple[tuple[float, int, int, float], str, list[Eviction]] | None = None
+    best: tuple[tuple[float, float, int, int], str, list[Eviction]] | None = None
     goals: list[Goal] = [goal, "preempt"] if goal == "reclaim" else [goal]
     for current in goals:
         for node in search.candidates(fork, waiting, current, rules.node_trials):
@@ -714,12 +714,13 @@ def _plan_for(
                 len(evictions) == 1 and evicted <= math.ceil(needed - EPSILON)
             ):
                 continue
-            # Fewest GPUs, then fewest pods, lowest priorities, and the newest pods.
+            # Fewest GPUs, then the least work lost (GPU-seconds the victims ran), fewest pods,
+            # lowest priorities.
             rank = (
                 evicted,
+                sum(e.pod.gpus_held * (now - e.pod.started) for e in evictions),
                 len(evictions),
                 sum(e.pod.priority for e in evictions),
-                -sum(e.pod.started for e in evictions),
             )
             if best is None or rank < best[0]:
                 best = (rank, node, evictions)

@@ -311,6 +311,7 @@ class QueueSummary:
     deficit_gpu_s: float = 0.0  # integral of max(0, fair share - allocated)
     evicted: int = 0  # its pods evicted
     evicted_for: int = 0  # pods evicted to serve its pods
+    lost_gpu_s: float = 0.0  # work its evicted pods threw away: GPUs x how long each had run
 
 
 @dataclass
@@ -333,6 +334,7 @@ class QueueRunResult:
     # from the first pod's queue (served by taking from V, later taken for V).
     ping_pong: int = 0
     refusals: dict[str, int] = field(default_factory=dict)  # reason -> pods refused at least once
+    gpu_s_used: float = 0.0  # GPU-seconds held by pods over the run (running and terminating)
 
     @property
     def gpus_evicted(self) -> float:
@@ -345,6 +347,15 @@ class QueueRunResult:
     @property
     def lost_gpu_s(self) -> float:
         return sum(e.gpus * e.ran_s for e in self.evictions)
+
+    @property
+    def lost_pct(self) -> float:
+        """Work lost, % of the GPU time used."""
+        return 100.0 * self.lost_gpu_s / self.gpu_s_used if self.gpu_s_used else 0.0
+
+    @property
+    def most_evictions_of_one_pod(self) -> int:
+        return max(Counter(e.victim for e in self.evictions).values(), default=0)
 
 
 def _pods(workload: QueueWorkload) -> list[_Pod]:
@@ -988,9 +999,11 @@ class _Replay:
                     deficit_gpu_s=sums["deficit"],
                     evicted=sum(1 for e in result.evictions if e.victim_queue == q.name),
                     evicted_for=sum(1 for e in result.evictions if e.served_queue == q.name),
+                    lost_gpu_s=sum(e.gpus * e.ran_s for e in result.evictions if e.victim_queue == q.name),
                 )
             )
         result.utilisation_pct = 100.0 * busy / gpu_capacity if gpu_capacity else 0.0
+        result.gpu_s_used = busy * end
 
 
 def run_queue_workload(

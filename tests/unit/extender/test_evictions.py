@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from aiohttp import web
@@ -142,6 +143,9 @@ def picture(*names: str) -> ClusterPicture:
     return state
 
 
+PLANNED = 1_700_000_000.0  # when a test's plans were made (epoch s)
+
+
 def victim(key: str, gpu: int) -> RunningPod:
     return RunningPod(key, "a", "n1", ((gpu, 1000),))
 
@@ -185,6 +189,26 @@ async def test_a_sixteen_victim_plan_evicts_side_by_side_and_holds_the_gpus(
     assert sorted(fake.events) == sorted(
         [*((f"a-{i}", "Reclaimed") for i in range(16)), ("b-0", "ReclaimPlanned")]
     )
+
+
+async def test_the_work_each_eviction_throws_away_is_counted_per_queue(
+    apiserver: tuple[FakeEvictionApi, ApiClient],
+) -> None:
+    _, api = apiserver
+    state = picture("b-0", "a-0", "a-1")
+    metrics = ExtenderMetrics(state)
+    loop = ReclaimLoop(api, state, metrics, ReclaimOptions(evictions=EvictionLimits(16, LONG_S)))
+    chosen = reclaim_plan("ns/b-0", ["ns/a-0", "ns/a-1"])
+    # a-0 started 100 s before the plan, a-1 30 s: 1 GPU each, 100 + 30 GPU-seconds lost.
+    chosen = replace(
+        chosen,
+        evictions=(
+            replace(chosen.evictions[0], pod=replace(chosen.evictions[0].pod, started=PLANNED - 100)),
+            replace(chosen.evictions[1], pod=replace(chosen.evictions[1].pod, started=PLANNED - 30)),
+        ),
+    )
+    assert await loop.carry_out([chosen], PLANNED) == [chosen]
+    assert counter(metrics, "tessera_reclaim_lost_gpu_seconds_total", queue="a") == 130
 
 
 async def test_a_victim_without_an_answer_still_leaves_the_gpus_held(

@@ -49,3 +49,6 @@ def test_a_pod_restarted_after_an_eviction_is_not_the_next_victim() -> None:
     # Pods are numbered by creation: a-short 0, a-long 1 and 2.
     assert victims == [(10, "a-long", "b"), (30, "a-long", "c")]
     assert len({e.victim for e in result.evictions}) == 2  # two pods, once each
+    # Work lost, per queue: a-long/2 had run 9 s (t=1-10), a-long/1 30 s (t=0-30), 1 GPU each.
+    assert {q.name: q.lost_gpu_s for q in result.queues} == {"a": 39.0, "b": 0.0, "c": 0.0}
+    assert result.most_evictions_of_one_pod == 1
