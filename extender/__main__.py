@@ -97,6 +97,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--max-evictions-per-cycle", type=int, default=16, help="pods evicted per reclaim cycle at most"
     )
     parser.add_argument(
+        "--recent-victim-s",
+        type=float,
+        default=60.0,
+        help="seconds after its restart that a pod restarted after an eviction is no victim (default 60)",
+    )
+    parser.add_argument(
         "--eviction-concurrency",
         type=int,
         default=16,
@@ -289,6 +295,7 @@ async def run(args: argparse.Namespace) -> None:
                 interval_s=args.reclaim_interval,
                 hold_s=args.reclaim_hold,
                 max_evictions_per_cycle=args.max_evictions_per_cycle,
+                recent_victim_s=args.recent_victim_s,
                 evictions=evictions,
             )
             if args.reclaim_interval > 0

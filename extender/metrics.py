@@ -85,6 +85,13 @@ class ExtenderMetrics:
             ["goal", "queue", "outcome"],
             registry=self.registry,
         )
+        self.lost_work = Counter(
+            "tessera_reclaim_lost_gpu_seconds_total",
+            "Work the reclaim loop's evictions threw away: GPU-seconds the evicted pods had run "
+            "(GPUs held x runtime since their start), by the victim's queue.",
+            ["queue"],
+            registry=self.registry,
+        )
         self.plans = Counter(
             "tessera_reclaim_plans_total",
             "Plans made by the reclaim loop, by goal and the queue they served.",

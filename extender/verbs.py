@@ -44,6 +44,7 @@ from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import PodDemand
 from extender.picture.workloads import GangReservation
 from extender.policy.admission import GANG, GANG_READING, Ask, GangState, admit, gang_text
+from extender.policy.deference import OwedPod, deference_reason, defers_to
 from extender.policy.fairness import AdmissionDecision
 from extender.policy.placement import GpuDemand, NodeGpus, ShapeMemo, Strategy, fits, score_kinds
 from extender.policy.reclaim import reclaim_refusal
@@ -286,6 +287,11 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     reason_of = {
         kind: _verdict(at_size[size_of.get(kind, 0)], supply) for kind, supply in nodes.supply_of.items()
     }
+    owed = _owed_first(picture, key, pod, demand, gang)
+    if owed:
+        for kind, supply in nodes.supply_of.items():
+            if not reason_of[kind]:
+                reason_of[kind] = _deference(picture, demand.queue, owed, supply)
     if any(reason_of.values()):
         reasons = list(map(reason_of.__getitem__, nodes.kinds))
         kept = nodes.keeping(reasons, reason_of)
@@ -321,6 +327,26 @@ def why_unplaced(
     held = view.tree.subtree(demand.queue, "allocated", "gpu")
     asked = picture.accounting.resources(key, pod, demand).get("gpu", 0.0)
     return unplaced(demand.queue, share, held, asked)
+
+
+def _owed_first(
+    picture: ClusterPicture, key: str, pod: Mapping[str, Any], demand: PodDemand, gang: GangState
+) -> tuple[OwedPod, ...]:
+    """The owed waiting pods this pod defers to where they fit (`extender.policy.deference`):
+    none for a pod GPUs are held for (they are its own) or of a gang admitted whole just now."""
+    owed = picture.owed_pods()
+    if not owed or not gang.admitted or picture.inventory.held_for(key) is not None:
+        return ()
+    request = picture.accounting.resources(key, pod, demand)
+    return defers_to(picture.fairness(), demand.queue, request, demand.preemptible, owed)
+
+
+def _deference(picture: ClusterPicture, queue: str, owed: tuple[OwedPod, ...], supply: NodeGpus) -> str:
+    """Why the pod leaves a node to an owed pod that fits its free GPUs ('' when none fits)."""
+    for waiting in owed:
+        if not _misfit_in(_MISFITS.table(waiting.demand), supply, waiting.demand):
+            return deference_reason(picture.fairness(), queue, waiting)
+    return ""
 
 
 def _to_hold(

@@ -32,6 +32,7 @@ from typing import Protocol
 
 from kubernetes_asyncio.client import ApiClient
 
+from contract.kube import controller_of
 from extender.controllers.evictions import (
     EvictionLimits,
     EvictionOutcome,
@@ -44,8 +45,17 @@ from extender.controllers.periodic import PeriodicPass
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import EPSILON
-from extender.policy.reclaim import Budget, FitIndex, PendingPod, Plan, Rules, gpu_amounts, plan
-from extender.policy.snapshot import ClusterSnapshot
+from extender.policy.reclaim import (
+    Budget,
+    FitIndex,
+    PendingPod,
+    Plan,
+    Rules,
+    gpu_amounts,
+    plan,
+    protected_restarts,
+)
+from extender.policy.snapshot import ClusterSnapshot, RunningPod
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +74,22 @@ class FollowUp(Protocol):
     ) -> object: ...
 
 
+# How long the loop remembers the controllers of the pods it evicted (rule 8 spares their pods
+# that started since): longer than a replacement pod plausibly waits to start again.
+REMEMBER_EVICTIONS_S = 3600.0
+
+
+def lost_gpu_seconds(victim: RunningPod, now: float) -> float:
+    """The work an eviction throws away: the GPUs the victim holds times how long it has run (0
+    for a start time not known or in the future)."""
+    return victim.gpus_held * max(0.0, now - victim.started) if victim.started > 0 else 0.0
+
+
+def owner_uid(pod: Mapping[str, object]) -> str:
+    """The uid of the pod's controller ('' for a pod no controller recreates)."""
+    return str(controller_of(pod).get("uid", ""))
+
+
 @dataclass(frozen=True)
 class ReclaimOptions:
     interval_s: float = 1.0
@@ -73,6 +99,9 @@ class ReclaimOptions:
     max_evictions_per_cycle: int = 16
     # A victim whose eviction a PodDisruptionBudget refused is left alone this long.
     blocked_retry_s: float = 30.0
+    # A pod restarted after an eviction is no victim for this long after its restart (rule 8 of
+    # extender.policy.reclaim).
+    recent_victim_s: float = 60.0
     evictions: EvictionLimits = field(default_factory=EvictionLimits)  # calls in flight, timeout
 
 
@@ -104,6 +133,9 @@ class ReclaimLoop:
         self._starved_since: dict[str, float] = {}
         self.follow_ups: list[FollowUp] = []
         self._blocked: dict[str, float] = {}  # pod key -> monotonic time it may be tried again
+        # The controllers (owner uid) of pods evicted in the last hour -> when (epoch s, as pods'
+        # start times): their pods started since are spared for a while (`protected_restarts`).
+        self._evicted_owners: dict[str, float] = {}
         self.fits = FitIndex()  # where waiting pods fit, looked at again only where nodes changed
         self._loop = PeriodicPass(
             "reclaim", self.options.interval_s, lambda: self.is_leader() and picture.ready(), self.run_once
@@ -121,6 +153,7 @@ class ReclaimLoop:
             reclaim_min_runtime_s={s.name: s.reclaim_min_runtime_s for s in specs},
             preempt_min_runtime_s={s.name: s.preempt_min_runtime_s for s in specs},
             max_evictions=self.options.max_evictions_per_cycle,
+            recent_victim_s=self.options.recent_victim_s,
         )
 
     async def run_once(self) -> list[Plan]:
@@ -134,13 +167,15 @@ class ReclaimLoop:
         started = time.perf_counter()
         snapshot = self.picture.snapshot()
         self._spare_blocked(snapshot)
-        waiting = self.picture.waiting_pods()
         rules = self.rules()
+        now = time.time()
+        self._spare_restarts(snapshot, now, rules)
+        waiting = self.picture.waiting_pods()
         work = Budget(rules.max_trials)
-        plans = plan(snapshot, waiting, time.time(), rules, work, self.fits)
+        plans = plan(snapshot, waiting, now, rules, work, self.fits)
         self.metrics.reclaim_cycle.observe(time.perf_counter() - started)
         report_cut_off(self.metrics, "reclaim", work)
-        done = await self.carry_out(plans)
+        done = await self.carry_out(plans, now)
         self.counts.reclaiming = {
             q for q in self.counts.reclaiming | {p.pod.queue for p in done} if self._holds_for(q)
         }
@@ -155,6 +190,22 @@ class ReclaimLoop:
         self._blocked = {key: until for key, until in self._blocked.items() if until > now}
         snapshot.spare(self._blocked.keys())
 
+    def _spare_restarts(self, snapshot: ClusterSnapshot, now: float, rules: Rules) -> None:
+        """Pods that restarted after an eviction (their controller's pod was evicted before they
+        started) are no victims for `recent_victim_s` after their start: rule 8."""
+        self._evicted_owners = {
+            owner: at for owner, at in self._evicted_owners.items() if now - at < REMEMBER_EVICTIONS_S
+        }
+        if not self._evicted_owners:
+            return
+        pods = self.picture.kind("Pod")
+
+        def evicted_at(pod: RunningPod) -> float | None:
+            obj = pods.get(pod.key)
+            return None if obj is None else self._evicted_owners.get(owner_uid(obj))
+
+        snapshot.spare(protected_restarts(snapshot.running.values(), evicted_at, now, rules))
+
     def _holds_for(self, queue: str) -> bool:
         pods = self.picture.kind("Pod")
         for on_node in self.picture.inventory.holds.values():
@@ -164,10 +215,12 @@ class ReclaimLoop:
                     return True
         return False
 
-    async def carry_out(self, plans: Sequence[Plan]) -> list[Plan]:
+    async def carry_out(self, plans: Sequence[Plan], planned_at: float | None = None) -> list[Plan]:
         """Evict the victims of every plan at once (`evict_all`: a slow Eviction API costs the
         cycle about one timeout, not one per victim), then settle each plan by its victims'
-        outcomes. Returns the plans carried out (none of their victims blocked)."""
+        outcomes. Returns the plans carried out (none of their victims blocked). `planned_at`
+        (epoch s, default now): when the plans were made, what the work lost is counted to."""
+        planned_at = time.time() if planned_at is None else planned_at
         # Read now: an evicted pod may leave the picture before its event is written.
         uids = {
             key: uid_of(self.picture, key)
@@ -175,11 +228,21 @@ class ReclaimLoop:
             for key in (chosen.pod.key, *(e.pod.key for e in chosen.evictions))
         }
         victims = [e.pod.key for chosen in plans for e in chosen.evictions]
+        pods = self.picture.kind("Pod")
+        owners = {key: owner_uid(pods[key]) for key in victims if key in pods}
         outcomes = await evict_all(self.api, victims, self.options.evictions)
-        return [chosen for chosen in plans if await self._settle(chosen, outcomes, uids)]
+        evicted = time.time()
+        for key, owner in owners.items():
+            if owner and outcomes.get(key) == "evicted":
+                self._evicted_owners[owner] = evicted
+        return [chosen for chosen in plans if await self._settle(chosen, outcomes, uids, planned_at)]
 
     async def _settle(
-        self, chosen: Plan, outcomes: Mapping[str, EvictionOutcome], uids: Mapping[str, str | None]
+        self,
+        chosen: Plan,
+        outcomes: Mapping[str, EvictionOutcome],
+        uids: Mapping[str, str | None],
+        planned_at: float,
     ) -> bool:
         """Count and report a plan's evictions; hold the freed GPUs for its pod unless a
         PodDisruptionBudget blocked one of its victims. Whether it was carried out."""
@@ -203,6 +266,7 @@ class ReclaimLoop:
                 )
             elif outcome == "evicted":
                 self.counts.evicted_from[victim.queue] += 1
+                self.metrics.lost_work.labels(victim.queue).inc(lost_gpu_seconds(victim, planned_at))
                 self.counts.reclaimed_for[served.queue] += chosen.goal == "reclaim"
                 reason = "Reclaimed" if chosen.goal == "reclaim" else "Preempted"
                 await pod_event(self.api, victim.key, uids[victim.key], reason, eviction.message, "Normal")

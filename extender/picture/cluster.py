@@ -36,7 +36,8 @@ from extender.picture.demands import PodDemand, PodDemands, claim_names, is_term
 from extender.picture.inventory import GpuInventory
 from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import GangReservation, OwnerRef, WorkloadMap
-from extender.policy.admission import Ask, GangState, Waiting, waiting_list
+from extender.policy.admission import Ask, GangState, Waiting, admit, waiting_list
+from extender.policy.deference import OwedPod, is_owed, owed_pods
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import (
@@ -111,6 +112,9 @@ class ClusterPicture:
         # Pending pods kube-scheduler tried and could not place (`scheduler_gave_up`): the
         # planners plan only while one of them waits (`unplaced_waiting`).
         self._unplaced: set[str] = set()
+        self._unplaced_changes = 0  # counts changes to `_unplaced` (what `owed_pods` is kept by)
+        # `owed_pods`' answer, and the view, inventory version and unplaced changes it was read at.
+        self._owed: tuple[QueueView, int, int, tuple[OwedPod, ...]] | None = None
         self.store.subscribe("Pod", self._pod_tried)
 
     # ---- updates -----------------------------------------------------------------------------
@@ -152,10 +156,12 @@ class ClusterPicture:
             listener()
 
     def _pod_tried(self, key: str, old: Stored | None, new: Stored | None) -> None:
+        before = len(self._unplaced)
         if new is not None and scheduler_gave_up(new):
             self._unplaced.add(key)
         else:
             self._unplaced.discard(key)
+        self._unplaced_changes += len(self._unplaced) != before
 
     # ---- questions ---------------------------------------------------------------------------
 
@@ -468,6 +474,48 @@ class ClusterPicture:
                 )
             )
         return waiting
+
+    def owed_pods(self) -> tuple[OwedPod, ...]:
+        """The waiting pods free capacity goes to first (`extender.policy.deference.owed_pods`):
+        pending GPU pods kube-scheduler tried and could not place, of queues below their fair
+        share, admitted, nothing held for them, not of a gang still to be admitted whole.
+
+        The filter asks for every pod: kept until the view, the inventory or the unplaced pods
+        change, and nothing to do while no pod waits unplaced (the common case costs a test)."""
+        if not self._unplaced:
+            return ()
+        view = self.fairness()
+        kept = self._owed
+        if (
+            kept is not None
+            and kept[0] is view
+            and kept[1] == self.inventory.version
+            and kept[2] == self._unplaced_changes
+        ):
+            return kept[3]
+        ledger = self.accounting.ledger
+        candidates: list[tuple[tuple[int, float, str], OwedPod]] = []
+        for key in self._unplaced & ledger.waiting:
+            contribution = ledger.contributions[key]
+            placement = contribution.gpu_demand
+            pod = self.store.get("Pod", key)
+            if placement is None or pod is None or meta(pod).get("deletionTimestamp"):
+                continue
+            demand = self.demands.of(pod)
+            if not is_owed(view, demand.queue, contribution.amounts) or self.inventory.held_for(key):
+                continue
+            gang = self._gang_now(pod)
+            if (
+                not gang.admitted
+                or not admit(view, Ask(demand.queue, contribution.amounts, demand.preemptible, gang)).admit
+            ):
+                continue
+            order = (-demand.priority, pod_created(pod), key)
+            candidates.append((order, OwedPod(key, demand.queue, contribution.amounts, placement)))
+        candidates.sort(key=lambda candidate: candidate[0])
+        owed = owed_pods(view, (pod for _, pod in candidates))
+        self._owed = (view, self.inventory.version, self._unplaced_changes, owed)
+        return owed
 
     def unplaced_waiting(self) -> bool:
         """Whether a pending GPU pod waits that kube-scheduler has tried and could not place.

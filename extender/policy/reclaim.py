@@ -75,6 +75,12 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
 5. Every plan is applied to a fork of the snapshot (victims off, pod placed) before the next one
    is made, so one cycle's plans never count the same GPUs twice. The live picture is untouched.
 
+8. An evicted pod is not the next plan's victim: a pod restarted after an eviction is spared
+   for `recent_victim_s` (60 s) after its restart (`protected_restarts`), so one pod does not
+   lose its work to plan after plan while others that ran longer are left. The simulator knows
+   each pod's evictions; live, the reclaim loop remembers the controllers (owner uid) of the pods
+   it evicted, for an hour, and spares their pods that started after the eviction (all of that
+   owner's pods started since: a Job's other pods too - a coarse but safe approximation).
 7. Holds name the GPUs freed. Applying a plan places its pod on the node it made room on, on the
    GPUs the filter's placement chooses there, and the plan holds exactly those devices for it
    (`HeldGpus`: node, GPU indexes, the share of each). A pod placed later in the cycle on shares a plan freed
@@ -157,6 +163,8 @@ class Rules:
     node_trials: int = 16
     # Node searches per cycle, all pending pods together (the cycle's work budget, see `Budget`).
     max_trials: int = 128
+    # A pod restarted after an eviction is no victim for this long after its restart (rule 8).
+    recent_victim_s: float = 60.0
 
 
 @dataclass
@@ -222,10 +230,18 @@ def _diverging(fairness: FairnessSnapshot, a: str, b: str) -> tuple[list[str], l
 
 
 def reclaim_refusal(
-    fairness: FairnessSnapshot, reclaimer: str, request: Resources, victim: str, taken: Resources
+    fairness: FairnessSnapshot,
+    reclaimer: str,
+    request: Resources,
+    victim: str,
+    taken: Resources,
+    *,
+    starting: bool = False,
 ) -> str:
     """Why a pod of `reclaimer` asking `request` may not take `taken` from a pod of `victim`
     ('' when it may): rule 1 of the module docstring, on the GPU resources the pod asks for.
+    `starting`: the victim's pod does not run yet, `fairness` does not count it - would reclaim
+    take it back once it started? (`extender.policy.deference`: then it defers.)
 
     With R' and V' the queues where the two paths diverge: every queue from the reclaimer up to
     R' is below its fair share (owed); every queue from the victim's up to V' is above its own,
@@ -259,6 +275,7 @@ def reclaim_refusal(
         owed = reclaimer_fair - reclaimer_held
         for queue in up_victim:
             held, fair = standing(queue, resource)
+            held += amount if starting else 0.0
             if held <= fair + EPSILON:
                 return (
                     f"queue '{queue}' is not above its fair share ({resource} "
@@ -273,6 +290,20 @@ def reclaim_refusal(
                     f"{format_amount(resource, reclaimer_fair)}): no fairer"
                 )
     return ""
+
+
+def protected_restarts(
+    running: Iterable[RunningPod], evicted_at: Callable[[RunningPod], float | None], now: float, rules: Rules
+) -> list[str]:
+    """Rule 8: the running pods that restarted after an eviction (`evicted_at`: when the pod, or
+    the pod it replaces, was last evicted; None: never) less than `rules.recent_victim_s` ago -
+    no victims now (the caller spares them: `ClusterSnapshot.spare`)."""
+    protected = []
+    for pod in running:
+        evicted = evicted_at(pod)
+        if evicted is not None and pod.started >= evicted and now - pod.started < rules.recent_victim_s:
+            protected.append(pod.key)
+    return protected
 
 
 def may_preempt_within(fairness: FairnessSnapshot, queue: str, request: Resources) -> bool:
@@ -662,7 +693,7 @@ def _plan_for(
     if goal is None:
         return None
     needed = waiting.demand.total_milli / GPU_MILLI
-    best: tuple[tuple[float, int, int, float], str, list[Eviction]] | None = None
+    best: tuple[tuple[float, float, int, int], str, list[Eviction]] | None = None
     goals: list[Goal] = [goal, "preempt"] if goal == "reclaim" else [goal]
     for current in goals:
         for node in search.candidates(fork, waiting, current, rules.node_trials):
@@ -683,12 +714,13 @@ def _plan_for(
                 len(evictions) == 1 and evicted <= math.ceil(needed - EPSILON)
             ):
                 continue
-            # Fewest GPUs, then fewest pods, lowest priorities, and the newest pods.
+            # Fewest GPUs, then the least work lost (GPU-seconds the victims ran), fewest pods,
+            # lowest priorities.
             rank = (
                 evicted,
+                sum(e.pod.gpus_held * (now - e.pod.started) for e in evictions),
                 len(evictions),
                 sum(e.pod.priority for e in evictions),
-                -sum(e.pod.started for e in evictions),
             )
             if best is None or rank < best[0]:
                 best = (rank, node, evictions)

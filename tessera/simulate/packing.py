@@ -163,13 +163,18 @@ class Placer:
             pick -= len(members)
         raise AssertionError("pick within the tied nodes")
 
-    def place(self, demand: GpuDemand) -> tuple[int, tuple[int, ...]] | None:
-        """Put ``demand`` where the policy ranks best; (node index, GPUs), or None if it fits nowhere."""
+    def place(
+        self, demand: GpuDemand, avoid: Callable[[int], bool] | None = None
+    ) -> tuple[int, tuple[int, ...]] | None:
+        """Put ``demand`` where the policy ranks best; (node index, GPUs), or None if it fits nowhere.
+        ``avoid``: node states (ids in ``Cluster.states``) it may not go to."""
         costs = self._costs.setdefault(demand, {})
         states = self.cluster.states
         best: Cost | None = None
         tied: list[dict[int, None]] = []
         for state_id, members in self.cluster.groups():  # the hot loop of a replay: kept lean
+            if avoid is not None and avoid(state_id):
+                continue
             cost = costs.get(state_id, _UNKNOWN)
             if cost is _UNKNOWN:
                 cost = costs[state_id] = self.policy.cost(states[state_id], demand)

@@ -59,7 +59,7 @@ import heapq
 import math
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
@@ -82,9 +82,10 @@ from extender.policy.admission import (
     fairness_vector,
     waiting_list,
 )
+from extender.policy.deference import OwedPod, defers_to, owed_pods
 from extender.policy.fairness import EPSILON, FairnessSnapshot, QueueSpec
 from extender.policy.placement import GpuDemand, fits
-from extender.policy.reclaim import PendingPod, Plan, Rules, plan
+from extender.policy.reclaim import PendingPod, Plan, Rules, plan, protected_restarts
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, take
 from extender.policy.workloads import Workload
 from extender.queues import QueueSpecError, parse_queue, validate_hierarchy
@@ -310,6 +311,7 @@ class QueueSummary:
     deficit_gpu_s: float = 0.0  # integral of max(0, fair share - allocated)
     evicted: int = 0  # its pods evicted
     evicted_for: int = 0  # pods evicted to serve its pods
+    lost_gpu_s: float = 0.0  # work its evicted pods threw away: GPUs x how long each had run
 
 
 @dataclass
@@ -332,6 +334,7 @@ class QueueRunResult:
     # from the first pod's queue (served by taking from V, later taken for V).
     ping_pong: int = 0
     refusals: dict[str, int] = field(default_factory=dict)  # reason -> pods refused at least once
+    gpu_s_used: float = 0.0  # GPU-seconds held by pods over the run (running and terminating)
 
     @property
     def gpus_evicted(self) -> float:
@@ -344,6 +347,15 @@ class QueueRunResult:
     @property
     def lost_gpu_s(self) -> float:
         return sum(e.gpus * e.ran_s for e in self.evictions)
+
+    @property
+    def lost_pct(self) -> float:
+        """Work lost, % of the GPU time used."""
+        return 100.0 * self.lost_gpu_s / self.gpu_s_used if self.gpu_s_used else 0.0
+
+    @property
+    def most_evictions_of_one_pod(self) -> int:
+        return max(Counter(e.victim for e in self.evictions).values(), default=0)
 
 
 def _pods(workload: QueueWorkload) -> list[_Pod]:
@@ -463,6 +475,7 @@ class _Replay:
         self.fruitless: tuple[int, float] | None = None  # (version, time) of the last empty cycle
         # pod -> the queues whose pods were evicted to serve it (its run on those GPUs)
         self.served_from: dict[int, set[str]] = {}
+        self.evicted_at: dict[int, float] = {}  # pod -> when it was last evicted (rule 8's window)
         self.level = _Level({}, {}, set(), 0.0)
         self.last_time = 0.0
         self.integrals: dict[str, dict[str, float]] = {
@@ -539,7 +552,15 @@ class _Replay:
     # ---- kube-scheduler with the extender's filter -------------------------------------------
 
     def _schedule(self, now: float) -> None:
-        """Every waiting pod in the scheduler's order; each starts if admitted and it fits."""
+        """Passes of the scheduler until none leaves a pod that deferred to an owed pod where
+        that pod has started since (the live scheduler retries it then)."""
+        while self._schedule_pass(now):
+            pass
+
+    def _schedule_pass(self, now: float) -> bool:
+        """Every waiting pod in the scheduler's order; each starts if admitted and it fits, not
+        on a node where a pod it defers to fits (`extender.policy.deference`). True when a pod
+        deferred and something started after it (another pass may place it now)."""
         for index in [i for i, hold in self.holds.items() if hold.expires <= now]:
             del self.holds[index]
         for index in self.holds:
@@ -549,7 +570,11 @@ class _Replay:
         refused: dict[_Signature, str] = {}  # -> the reason
         admitted: set[_Signature] = set()
         unfit: set[GpuDemand] = set()
-        admission = self._fairness(shares={})
+        # Fair shares follow demand, which starting pods does not change: computed once a pass.
+        shares = self._fairness().fair_shares
+        admission = self._fairness(shares=shares)
+        owed = self._owed(admission)
+        deferred = retry = False
         tried: set[str] = set()  # gangs judged in this pass
         for pod in sorted(self.waiting.values(), key=lambda p: p.order):
             if pod.index not in self.waiting:
@@ -579,21 +604,58 @@ class _Replay:
                 admitted.add(pod.signature)
             if held:
                 self._unreserve(pod.index)
-            placement = self._place(pod)
+            avoid = (
+                None
+                if held
+                else self._owed_fit(defers_to(admission, pod.queue, pod.request, pod.preemptible, owed))
+            )
+            placement = self._place(pod, avoid)
             if placement is None:
                 if held:
                     self._reserve(pod.index)
+                elif avoid is not None and self._fits_somewhere(pod.demand):
+                    self.refused.setdefault("defers_to_owed", set()).add(pod.index)
+                    deferred = True
+                    continue
                 else:
                     unfit.add(pod.demand)  # free capacity only shrinks within a pass
                 self.refused.setdefault("no_node_fits", set()).add(pod.index)
                 continue
             self.holds.pop(pod.index, None)  # bound: what was held for it is its own now
             self._start(pod, now, placement)
-            admission = self._fairness(shares={})
+            retry = retry or deferred
+            admission = self._fairness(shares=shares)
             admitted.clear()
+            if any(o.queue == pod.queue for o in owed):
+                owed = self._owed(admission)
         for index in list(self.phantoms):
             self._unreserve(index)
         self.placer.forget_gone_states()
+        return retry
+
+    def _owed(self, fairness: FairnessSnapshot) -> tuple[OwedPod, ...]:
+        """The waiting pods capacity goes to first (`owed_pods`), of those the live filter looks
+        at: admitted, nothing held for them, not of a gang still to be admitted whole."""
+        incomplete = {p.gang for p in self.waiting.values() if p.gang and self._missing(p.gang)}
+        return owed_pods(
+            fairness,
+            (
+                OwedPod(pod.key, pod.queue, pod.request, pod.demand)
+                for pod in sorted(self._admissible(fairness), key=lambda p: p.order)
+                if pod.index not in self.holds and pod.gang not in incomplete
+            ),
+        )
+
+    def _owed_fit(self, deferring: Sequence[OwedPod]) -> Callable[[int], bool] | None:
+        """Node states (`Cluster.states` ids) where one of the owed pods `deferring` fits."""
+        if not deferring:
+            return None
+        states = self.cluster.states
+        return lambda state: any(fits(states[state].as_node_gpus(), o.demand) for o in deferring)
+
+    def _fits_somewhere(self, demand: GpuDemand) -> bool:
+        states = self.cluster.states
+        return any(fits(states[state].as_node_gpus(), demand) for state, _ in self.cluster.groups())
 
     def _missing(self, gang: str) -> int:
         """Members the gang misses to reach its minimum (terminating ones do not run)."""
@@ -652,16 +714,19 @@ class _Replay:
         self._push(now + pod.duration, _Event.FINISH, pod)
         self.version += 1
 
-    def _place(self, pod: _Pod) -> tuple[int, tuple[int, ...]] | None:
+    def _place(
+        self, pod: _Pod, avoid: Callable[[int], bool] | None = None
+    ) -> tuple[int, tuple[int, ...]] | None:
         """Where `pod` starts: on exactly the GPUs held for it once they are free, else (none held,
-        or its victims still terminating) where the placement policy puts it; None: nowhere."""
+        or its victims still terminating) where the placement policy puts it, on no node state
+        `avoid` names; None: nowhere."""
         hold = self.holds.get(pod.index)
         if hold is not None:
             gpus = tuple(gpu for gpu, _ in hold.gpus)
             if take(self.cluster.node_gpus(hold.node), pod.demand, gpus) is not None:
                 self.cluster.place(hold.node, pod.demand, gpus)
                 return hold.node, gpus
-        return self.placer.place(pod.demand)
+        return self.placer.place(pod.demand, avoid)
 
     def _reserve(self, index: int) -> None:
         """Take what is held for pod `index` out of the cluster while others are placed: the share
@@ -688,7 +753,7 @@ class _Replay:
         for node, demand, gpus in self.phantoms.pop(index, []):
             self.cluster.release(node, demand, gpus)
 
-    def _fairness(self, shares: dict[str, dict[str, float]] | None = None) -> FairnessSnapshot:
+    def _fairness(self, shares: Mapping[str, Mapping[str, float]] | None = None) -> FairnessSnapshot:
         """Queues with the ledger's usage now; fair shares computed unless given (admission
         reads none)."""
         usage = self.ledger.usage(self.names)
@@ -710,6 +775,11 @@ class _Replay:
             self.cluster.mix,
             minimums=self.minimums,
             holds=[self._held(index, hold) for index, hold in self.holds.items()],
+        )
+        snapshot.spare(
+            protected_restarts(
+                snapshot.running.values(), lambda pod: self.evicted_at.get(int(pod.key)), now, self.rules
+            )
         )
         pending = self._pending(fairness)
         plans = plan(snapshot, pending, now, self.rules)
@@ -780,7 +850,8 @@ class _Replay:
     def _quiet_until(self) -> float:
         """Until when reclaim cycles would find nothing to do, the picture staying as it is: no
         GPU pod waits, or the last cycle planned nothing on this very picture and no running pod
-        gets past a min runtime before then. (A time not after the last cycle: no such promise.)"""
+        gets past a min runtime (or its protection after an eviction) before then. (A time not
+        after the last cycle: no such promise.)"""
         if not any(p.demand.count for p in self.waiting.values()):
             return math.inf
         if self.fruitless is None or self.fruitless[0] != self.version:
@@ -788,14 +859,18 @@ class _Replay:
         return min(self._runtimes_ending_after(self.fruitless[1]), default=math.inf)
 
     def _runtimes_ending_after(self, since: float) -> list[float]:
-        """When running preemptible pods pass their queues' min runtimes, for those after `since`."""
-        ends = []
+        """When running preemptible pods pass their queues' min runtimes (and, restarted after an
+        eviction, their protection: rule 8), for those after `since`."""
+        ends: list[float] = []
         for pod in self.running.values():
             if pod.state == "running" and pod.preemptible:
-                for runtime in (self.rules.reclaim_min_runtime_s, self.rules.preempt_min_runtime_s):
-                    end = pod.started + runtime.get(pod.queue, 0.0)
-                    if end > since:
-                        ends.append(end)
+                runtimes = [
+                    r.get(pod.queue, 0.0)
+                    for r in (self.rules.reclaim_min_runtime_s, self.rules.preempt_min_runtime_s)
+                ]
+                if pod.index in self.evicted_at:
+                    runtimes.append(self.rules.recent_victim_s)
+                ends.extend(end for end in (pod.started + runtime for runtime in runtimes) if end > since)
         return ends
 
     def _carry_out(self, chosen: Plan, now: float) -> None:
@@ -826,6 +901,7 @@ class _Replay:
             )
             victim.state = "terminating"
             victim.runs += 1  # its finish event is void
+            self.evicted_at[victim.index] = now
             if self.delay:
                 self._push(now + self.delay, _Event.TERMINATED, victim)
             else:
@@ -923,9 +999,11 @@ class _Replay:
                     deficit_gpu_s=sums["deficit"],
                     evicted=sum(1 for e in result.evictions if e.victim_queue == q.name),
                     evicted_for=sum(1 for e in result.evictions if e.served_queue == q.name),
+                    lost_gpu_s=sum(e.gpus * e.ran_s for e in result.evictions if e.victim_queue == q.name),
                 )
             )
         result.utilisation_pct = 100.0 * busy / gpu_capacity if gpu_capacity else 0.0
+        result.gpu_s_used = busy * end
 
 
 def run_queue_workload(

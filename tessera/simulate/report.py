@@ -357,6 +357,7 @@ def queue_table(result: QueueRunResult) -> str:
         "deficit GPU-s",
         "evicted",
         "evicted for",
+        "lost GPU-s",
     ]
     rows = [
         [
@@ -372,6 +373,7 @@ def queue_table(result: QueueRunResult) -> str:
             f"{q.deficit_gpu_s:.0f}",
             str(q.evicted),
             str(q.evicted_for),
+            f"{q.lost_gpu_s:.0f}",
         ]
         for q in result.queues
     ]
@@ -380,7 +382,8 @@ def queue_table(result: QueueRunResult) -> str:
         f"{len(result.evictions)} evictions in {result.plans} plans, GPUs evicted / needed "
         f"{result.gpus_evicted:g} / {result.gpus_needed:g} (worst plan {result.max_plan_ratio:.2f}), "
         f"ping-pong {result.ping_pong}, victims started while the served pod waited "
-        f"{result.late_evictions}, work lost {result.lost_gpu_s:.0f} GPU-s"
+        f"{result.late_evictions}, most evictions of one pod {result.most_evictions_of_one_pod}, "
+        f"work lost {result.lost_gpu_s:.0f} GPU-s ({result.lost_pct:.2f}% of the GPU time used)"
         if result.reclaim_interval_s
         else "reclaim off"
     )
@@ -412,6 +415,7 @@ def write_queue_csv(result: QueueRunResult, out_dir: Path) -> list[Path]:
         "deficit_gpu_s",
         "evicted",
         "evicted_for",
+        "lost_gpu_s",
     ]
     with summary.open("w", newline="") as handle:
         writer = csv.writer(handle)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from aiohttp import web
@@ -26,9 +28,10 @@ from extender.controllers.reclaim import ReclaimLoop, ReclaimOptions
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.consolidation import Move, MovePlan
-from extender.policy.placement import GpuDemand
+from extender.policy.fairness import FairnessSnapshot
+from extender.policy.placement import GpuDemand, WorkloadMix
 from extender.policy.reclaim import Eviction, PendingPod, Plan
-from extender.policy.snapshot import HeldGpus, RunningPod
+from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod
 from tests import extender_objects as objects
 
 HANG = 0  # an answer the fake never gives: the call waits until the client gives up
@@ -142,6 +145,9 @@ def picture(*names: str) -> ClusterPicture:
     return state
 
 
+PLANNED = 1_700_000_000.0  # when a test's plans were made (epoch s)
+
+
 def victim(key: str, gpu: int) -> RunningPod:
     return RunningPod(key, "a", "n1", ((gpu, 1000),))
 
@@ -185,6 +191,26 @@ async def test_a_sixteen_victim_plan_evicts_side_by_side_and_holds_the_gpus(
     assert sorted(fake.events) == sorted(
         [*((f"a-{i}", "Reclaimed") for i in range(16)), ("b-0", "ReclaimPlanned")]
     )
+
+
+async def test_the_work_each_eviction_throws_away_is_counted_per_queue(
+    apiserver: tuple[FakeEvictionApi, ApiClient],
+) -> None:
+    _, api = apiserver
+    state = picture("b-0", "a-0", "a-1")
+    metrics = ExtenderMetrics(state)
+    loop = ReclaimLoop(api, state, metrics, ReclaimOptions(evictions=EvictionLimits(16, LONG_S)))
+    chosen = reclaim_plan("ns/b-0", ["ns/a-0", "ns/a-1"])
+    # a-0 started 100 s before the plan, a-1 30 s: 1 GPU each, 100 + 30 GPU-seconds lost.
+    chosen = replace(
+        chosen,
+        evictions=(
+            replace(chosen.evictions[0], pod=replace(chosen.evictions[0].pod, started=PLANNED - 100)),
+            replace(chosen.evictions[1], pod=replace(chosen.evictions[1].pod, started=PLANNED - 30)),
+        ),
+    )
+    assert await loop.carry_out([chosen], PLANNED) == [chosen]
+    assert counter(metrics, "tessera_reclaim_lost_gpu_seconds_total", queue="a") == 130
 
 
 async def test_a_victim_without_an_answer_still_leaves_the_gpus_held(
@@ -279,3 +305,43 @@ async def test_a_mover_not_evicted_drops_its_move_plan(
         ("b-1", "ConsolidationPlanned"),
     ]
     assert f"moving ns/a-1 for ns/b-0 {why}; the plan is dropped" in fake.messages[("b-0", "MoveBlocked")]
+
+
+def owned(name: str, owner: str) -> dict[str, object]:
+    """A pod of queue `a` whose controller is the ReplicaSet `owner`."""
+    pod = objects.pod("ns", name, queue="a")
+    pod["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": owner,
+            "uid": f"uid-{owner}",
+            "controller": True,
+        }
+    ]
+    return pod
+
+
+async def test_pods_of_an_owner_evicted_from_are_spared_for_a_while_after_their_restart(
+    apiserver: tuple[FakeEvictionApi, ApiClient],
+) -> None:
+    # a-0 (ReplicaSet rs-a) is evicted for b-0. Its replacement a-1 (rs-a, started after the
+    # eviction) is no victim for recent_victim_s (rule 8); a-2 of another ReplicaSet is.
+    _, api = apiserver
+    state = ClusterPicture()
+    state.replace("Pod", [owned("a-0", "rs-a"), objects.pod("ns", "b-0", queue="b")])
+    loop = ReclaimLoop(
+        api, state, ExtenderMetrics(state), ReclaimOptions(evictions=EvictionLimits(16, LONG_S))
+    )
+    assert await loop.carry_out([reclaim_plan("ns/b-0", ["ns/a-0"])])
+    state.replace("Pod", [owned("a-1", "rs-a"), owned("a-2", "rs-other")])
+    restarted = time.time()  # after the eviction was recorded
+    running = {
+        key: RunningPod(key, "a", "n1", ((gpu, 1000),), {"gpu": 1.0}, started=restarted)
+        for gpu, key in enumerate(["ns/a-1", "ns/a-2"])
+    }
+    rules = loop.rules()
+    for now, spared in [(restarted + 10, {"ns/a-1"}), (restarted + rules.recent_victim_s, set())]:
+        snapshot = ClusterSnapshot({}, running, FairnessSnapshot.build([], {}, {}), WorkloadMix(()))
+        loop._spare_restarts(snapshot, now, rules)
+        assert {key for key, pod in snapshot.running.items() if not pod.preemptible} == spared
