@@ -1,15 +1,16 @@
-"""Kubernetes Events about pods and their owners: how the extender tells a user why something happened."""
+"""Kubernetes Events about pods and their owners, and pod conditions: how the extender tells a user
+why something happened."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from kubernetes_asyncio.client import ApiClient
 
-from extender.kubeapi import request
+from extender.kubeapi import STRATEGIC_MERGE_PATCH, request
 
 COMPONENT = "tessera-extender"
 MAX_MESSAGE = 1024  # the API truncates long messages anyway; keep events small
@@ -17,6 +18,17 @@ MAX_MESSAGE = 1024  # the API truncates long messages anyway; keep events small
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def set_pod_condition(api: ApiClient, namespace: str, name: str, condition: dict[str, Any]) -> None:
+    """Set one condition in a pod's status: a strategic merge, so other conditions stay as they are."""
+    await request(
+        api,
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+        body={"status": {"conditions": [condition]}},
+        content_type=STRATEGIC_MERGE_PATCH,
+    )
 
 
 async def post_pod_event(

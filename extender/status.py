@@ -37,8 +37,8 @@ from contract.kube import controller_of
 from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
 from extender.admission import is_gated
 from extender.controllers.reclaim import ReclaimCounts
-from extender.events import InvolvedObject, now_rfc3339, post_event, post_pod_event
-from extender.kubeapi import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeError, request
+from extender.events import InvolvedObject, now_rfc3339, post_event, post_pod_event, set_pod_condition
+from extender.kubeapi import MERGE_PATCH, KubeError, request
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import AdmissionDecision
@@ -306,13 +306,7 @@ class StatusWriter:
             "message": reason,
             "lastTransitionTime": now_rfc3339(),
         }
-        await request(
-            self.api,
-            "PATCH",
-            f"/api/v1/namespaces/{namespace}/pods/{name}/status",
-            body={"status": {"conditions": [condition]}},
-            content_type=STRATEGIC_MERGE_PATCH,
-        )
+        await set_pod_condition(self.api, namespace, name, condition)
 
     # ---- requeue of pods that became eligible -------------------------------------------------
 

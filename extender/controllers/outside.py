@@ -23,8 +23,8 @@ from kubernetes_asyncio.client import ApiClient
 from contract.kube import mapping, meta, sequence
 from contract.names import QUEUE_GROUP
 from extender.controllers.periodic import PeriodicPass
-from extender.events import now_rfc3339, post_pod_event
-from extender.kubeapi import STRATEGIC_MERGE_PATCH, KubeError, request
+from extender.events import now_rfc3339, post_pod_event, set_pod_condition
+from extender.kubeapi import KubeError
 from extender.picture.cluster import ClusterPicture
 
 log = logging.getLogger(__name__)
@@ -115,13 +115,7 @@ class BypassReporter:
                 "lastTransitionTime": now_rfc3339(),
             }
             try:
-                await request(
-                    self.api,
-                    "PATCH",
-                    f"/api/v1/namespaces/{namespace}/pods/{name}/status",
-                    body={"status": {"conditions": [condition]}},
-                    content_type=STRATEGIC_MERGE_PATCH,
-                )
+                await set_pod_condition(self.api, namespace, name, condition)
                 await post_pod_event(self.api, namespace, name, uid, BYPASS_REASON, message, "Warning")
             except KubeError as exc:
                 if exc.status != 404:  # (a pod deleted meanwhile is normal)
