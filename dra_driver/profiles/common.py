@@ -1,14 +1,18 @@
-"""What more than one vendor profile needs: memory sizes in settings files, and the PCIe root
-complex of a device from sysfs."""
+"""What more than one vendor profile needs: reading a settings file, memory sizes in it, and the
+PCIe root complex of a device from sysfs."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
-from pydantic import BeforeValidator
+import yaml
+from pydantic import BaseModel, BeforeValidator, ValidationError
 
 from contract.quantity import parse_decimal
+from dra_driver.devices.profile import BackendUnavailable
+
+Settings = TypeVar("Settings", bound=BaseModel)
 
 SYSFS_PCI_DEVICES = Path("/sys/bus/pci/devices")
 
@@ -22,6 +26,19 @@ def parse_bytes(value: object) -> int:
 
 
 MemorySize = Annotated[int, BeforeValidator(parse_bytes)]
+
+
+def load_settings_file(path: Path, model: type[Settings], what: str) -> Settings:
+    """A profile's YAML settings file, validated; unreadable or invalid: `BackendUnavailable`
+    naming `what` and the path (the driver then reports it and does not start)."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise BackendUnavailable(f"cannot read {what} {path}: {exc}") from exc
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise BackendUnavailable(f"invalid {what} {path}: {exc}") from exc
 
 
 def pcie_root_of(device_dir: Path) -> str:

@@ -14,12 +14,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from dra_driver.devices.model import Gpu, MigDevice
-from dra_driver.devices.profile import BackendUnavailable
-from dra_driver.profiles.common import MemorySize
+from dra_driver.profiles.common import MemorySize, load_settings_file
 from dra_driver.profiles.nvidia.attributes import nvidia_attributes
 
 PROFILE_DIR = Path(__file__).resolve().parent / "nodes"
@@ -108,14 +106,7 @@ def load_profile(path: Path) -> ProfileSpec:
     """Read and validate a profile; a bare name like ``h100x8`` means a shipped profile."""
     if not path.suffix and not path.exists():
         path = PROFILE_DIR / f"{path}.yaml"
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise BackendUnavailable(f"cannot read GPU profile {path}: {exc}") from exc
-    try:
-        return ProfileSpec.model_validate(raw)
-    except ValidationError as exc:
-        raise BackendUnavailable(f"invalid GPU profile {path}: {exc}") from exc
+    return load_settings_file(path, ProfileSpec, "GPU profile")
 
 
 class SimulatedDiscovery:

@@ -22,15 +22,14 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contract.gpuconfig import SharingStrategy
 from dra_driver.devices.attributes import string_attribute
 from dra_driver.devices.model import Gpu, NodeDevice
 from dra_driver.devices.profile import BackendUnavailable
 from dra_driver.devices.share import Command, ContainerEdits, GpuShare
-from dra_driver.profiles.common import SYSFS_PCI_DEVICES, MemorySize, pcie_root_of
+from dra_driver.profiles.common import SYSFS_PCI_DEVICES, MemorySize, load_settings_file, pcie_root_of
 
 GONE_MESSAGE = "gone from sysfs"
 STRATEGIES = frozenset({SharingStrategy.EXCLUSIVE})
@@ -58,14 +57,7 @@ class PciSettings(BaseModel):
 
 
 def load_settings(path: Path) -> PciSettings:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise BackendUnavailable(f"cannot read the pci profile's settings {path}: {exc}") from exc
-    try:
-        return PciSettings.model_validate(raw)
-    except ValidationError as exc:
-        raise BackendUnavailable(f"invalid pci profile settings {path}: {exc}") from exc
+    return load_settings_file(path, PciSettings, "pci profile settings")
 
 
 def _read(path: Path) -> str:
