@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient
 
@@ -242,6 +243,9 @@ async def event_reasons(env: Env) -> set[tuple[str, str]]:
     return {(e["involvedObject"]["name"], e["reason"]) for e in events.get("items") or []}
 
 
+# Unexplained (issue 25 stop note): timed out waiting for the replacement metric in 1 of 5 full
+# CI runs on the loaded 2-core machine; passed 4 of 4 alone. One rerun, until found.
+@pytest.mark.flaky(reruns=1)
 async def test_one_half_moves_and_the_whole_gpu_pod_runs(
     local_cluster: LocalCluster,
     k8s: ApiClient,
