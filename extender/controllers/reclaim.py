@@ -1,16 +1,23 @@
 """The reclaim loop: the executor of `extender.policy.reclaim`'s plans.
 
 About every second, while this replica is the active one: take a snapshot of the picture, plan
-(pure, on a fork), then evict the victims of every plan through the Eviction API - all at once,
-a bounded number of calls in flight, each with a short timeout (`evictions.evict_all`), so a slow
-API costs the cycle about one timeout, not one per victim; PodDisruptionBudgets hold: a blocked
-eviction is reported on the pods, never bypassed - and for each plan none of whose victims was
-blocked, hold the freed GPUs for the pods the plan serves until each binds or its hold expires:
-the devices the plan names (node, GPU indexes, the share of each), for the pod it was made for
-and for those riding on what it freed (`Plan.holds`). The filter keeps exactly those shares from
+(pure, on a fork), hold the GPUs each plan frees for the pods it serves, then evict the victims of
+every plan through the Eviction API - all at once, a bounded number of calls in flight, each with
+a short timeout (`evictions.evict_all`), so a slow API costs the cycle about one timeout, not one
+per victim; PodDisruptionBudgets hold: a blocked eviction is reported on the pods, never bypassed,
+and its plan's holds are let go. A hold names the devices the plan frees (node, GPU indexes, the
+share of each), for the pod it was made for and for those riding on what it freed
+(`Plan.holds`), until each binds or its hold expires. The filter keeps exactly those shares from
 other pods and passes a held pod only its hold's node, and the next cycles' planning forks place
 held pods there. Events name the queues and the numbers on every victim and on the served pod;
 counts go to metrics and to the Queue status.
+
+The holds are made before the first eviction, as consolidation's are: a victim can be gone in
+well under a second (a kubelet that ends it at once), and its controller's replacement is
+filtered at once; a hold made only after the cycle's evictions and events (one API call each, a
+second or more on a busy machine) left that replacement the GPU freed for a waiting gang, which
+then no longer fit and, its members held for, was not planned for again before the holds
+expired.
 
 A cycle plans only when a waiting GPU pod is one kube-scheduler tried and could not place
 (`ClusterPicture.unplaced_waiting`), or a follow-up has work of its own (moved pods to check,
@@ -216,10 +223,11 @@ class ReclaimLoop:
         return False
 
     async def carry_out(self, plans: Sequence[Plan], planned_at: float | None = None) -> list[Plan]:
-        """Evict the victims of every plan at once (`evict_all`: a slow Eviction API costs the
-        cycle about one timeout, not one per victim), then settle each plan by its victims'
-        outcomes. Returns the plans carried out (none of their victims blocked). `planned_at`
-        (epoch s, default now): when the plans were made, what the work lost is counted to."""
+        """Hold what every plan frees, evict the victims of every plan at once (`evict_all`: a
+        slow Eviction API costs the cycle about one timeout, not one per victim), then settle
+        each plan by its victims' outcomes. Returns the plans carried out (none of their
+        victims blocked). `planned_at` (epoch s, default now): when the plans were made, what
+        the work lost is counted to."""
         planned_at = time.time() if planned_at is None else planned_at
         # Read now: an evicted pod may leave the picture before its event is written.
         uids = {
@@ -230,6 +238,8 @@ class ReclaimLoop:
         victims = [e.pod.key for chosen in plans for e in chosen.evictions]
         pods = self.picture.kind("Pod")
         owners = {key: owner_uid(pods[key]) for key in victims if key in pods}
+        for chosen in plans:  # before the first eviction: nothing else lands on what it frees
+            self._hold(chosen)
         outcomes = await evict_all(self.api, victims, self.options.evictions)
         evicted = time.time()
         for key, owner in owners.items():
@@ -244,8 +254,8 @@ class ReclaimLoop:
         uids: Mapping[str, str | None],
         planned_at: float,
     ) -> bool:
-        """Count and report a plan's evictions; hold the freed GPUs for its pod unless a
-        PodDisruptionBudget blocked one of its victims. Whether it was carried out."""
+        """Count and report a plan's evictions; let its holds go when a PodDisruptionBudget
+        blocked one of its victims. Whether it was carried out."""
         served = chosen.pod
         self.metrics.plans.labels(chosen.goal, served.queue).inc()
         blocked = []
@@ -271,18 +281,11 @@ class ReclaimLoop:
                 reason = "Reclaimed" if chosen.goal == "reclaim" else "Preempted"
                 await pod_event(self.api, victim.key, uids[victim.key], reason, eviction.message, "Normal")
         if blocked:
+            for held in chosen.holds:  # what the other victims freed goes to whoever the scheduler picks
+                self.picture.inventory.release_hold(held.key)
             text = self._blocked_text(chosen, blocked)
             await pod_event(self.api, served.key, uids[served.key], "EvictionBlocked", text, "Warning")
-            return False  # what the other victims freed stays with whoever the scheduler picks
-        for held in chosen.holds:  # the served pod's, then those riding on what it freed
-            self.picture.inventory.hold(
-                held.key,
-                held.node,
-                held.demand,
-                self.options.hold_s,
-                owner=held.workload,  # a gang's: any of its members may take it
-                gpus=held.gpus,  # the very devices freed: only these are kept from other pods
-            )
+            return False
         victims = ", ".join(e.pod.key for e in chosen.evictions)
         riders = [held.key for held in chosen.holds if held.key != served.key]
         await pod_event(
@@ -316,6 +319,18 @@ class ReclaimLoop:
             chosen.gpus_needed,
         )
         return True
+
+    def _hold(self, chosen: Plan) -> None:
+        """Keep what the plan frees for the pods it serves: the served pod's, then those riding on it."""
+        for held in chosen.holds:
+            self.picture.inventory.hold(
+                held.key,
+                held.node,
+                held.demand,
+                self.options.hold_s,
+                owner=held.workload,  # a gang's: any of its members may take it
+                gpus=held.gpus,  # the very devices freed: only these are kept from other pods
+            )
 
     def _blocked_text(self, chosen: Plan, blocked: Sequence[str]) -> str:
         return (

@@ -9,7 +9,9 @@ the resourceclaim controller frees the pods' claims, as on a real cluster.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
+from datetime import datetime
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
@@ -224,10 +226,6 @@ async def test_a_workload_of_min_two_of_four_starts_with_two_and_grows(
         assert Counter(queue) == {team: 4}
 
 
-# Open race (issue 25): in about 1 run of 4 on the loaded 2-core machine, when the plans split the
-# gang's freed GPUs over both nodes, the gang is never admitted within 90 s and no nudge comes;
-# A's replacements, restarted after an eviction, are then spared by rule 8. One rerun, until found.
-@pytest.mark.flaky(reruns=1)
 async def test_a_waiting_gang_reclaims_borrowed_gpus_whole(
     local_cluster: LocalCluster, k8s: ApiClient, namespace: str
 ) -> None:
@@ -257,6 +255,62 @@ async def test_a_waiting_gang_reclaims_borrowed_gpus_whole(
             for p in await env.pods()
             if p["spec"].get("nodeName") and live(p)
         ) == {team_a: 4, team_b: 4}
+
+
+async def test_a_gang_reclaims_gpus_freed_on_two_nodes_and_keeps_them_from_the_replacements(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    """The shape of the test above that failed in 1 run of 4 under load: the pods that lose the
+    least work (the youngest) are 2 on each node, so the 4 plans free 2 GPUs on each. A's
+    ReplicaSet replaces each victim at once; the GPUs are held for B's members before the first
+    eviction, so no replacement takes one, and the gang is admitted whole across both nodes."""
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=2, gpus_per_node=4, agent=True) as env:
+        team_a = await env.create_queue("a", resources={"gpu": {"quota": 4}})
+        team_b = await env.create_queue("b", resources={"gpu": {"quota": 4}})
+        await env.create_replicaset(team_a, "a", 8)
+
+        async def a_runs() -> list[JsonObject] | None:
+            pods = [
+                p
+                for p in await env.pods()
+                if (p.get("status") or {}).get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")
+            ]
+            return pods if len(pods) == 8 else None
+
+        first = await wait_until(a_runs, timeout=90, interval=0.2, what="A's 8 pods running")
+        # Two of A's pods on each node are made the youngest: deleted, their replacements start
+        # in a later second than any first pod (start times have whole seconds).
+        latest = max(_epoch(p["status"]["startTime"]) for p in first)
+        await asyncio.sleep(max(0.0, latest + 1.0 - time.time()))
+        by_node: dict[str, list[str]] = {}
+        for pod in first:
+            by_node.setdefault(pod["spec"]["nodeName"], []).append(pod["metadata"]["name"])
+        await env.delete_pods([name for names in by_node.values() for name in sorted(names)[:2]])
+
+        async def replaced() -> bool:
+            again = await a_runs()
+            return again is not None and sum(_epoch(p["status"]["startTime"]) > latest for p in again) == 4
+
+        await wait_until(replaced, timeout=90, interval=0.2, what="A's 4 replacements running")
+        await env.create_job(team_b, "jb", 4)
+
+        async def b_runs() -> bool:
+            return (await running_by_job(env))["jb"] == 4
+
+        await wait_until(b_runs, timeout=90, interval=0.2, what="B's job with 4 running pods")
+        listing = await request(env.api, "GET", f"/api/v1/namespaces/{namespace}/events")
+        planned = [e["message"] for e in listing["items"] if e["reason"] == "ReclaimPlanned"]
+        assert {m.split(" on node ")[1].split(" ")[0] for m in planned} == set(env.nodes), planned
+        assert Counter(
+            (p["metadata"]["labels"][QUEUE_LABEL], p["spec"]["nodeName"])
+            for p in await env.pods()
+            if p["spec"].get("nodeName") and live(p)
+        ) == {(team, node): 2 for team in (team_a, team_b) for node in env.nodes}
+
+
+def _epoch(timestamp: str) -> float:
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 PYTORCHJOB_CRD = open_crd("kubeflow.org", "PyTorchJob", "pytorchjobs")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 import pytest
@@ -57,6 +57,7 @@ class FakeEvictionApi:
         self.events: list[tuple[str, str]] = []  # (pod name, reason)
         self.messages: dict[tuple[str, str], str] = {}  # (pod name, reason) -> the last message
         self.release = asyncio.Event()  # ends the unanswered calls at teardown
+        self.on_evict: Callable[[str], None] = lambda name: None  # told each eviction as it comes
         self.app = web.Application()
         self.app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self.evict)
         self.app.router.add_post("/api/v1/namespaces/{ns}/events", self.event)
@@ -64,6 +65,7 @@ class FakeEvictionApi:
     async def evict(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         self.calls.append(name)
+        self.on_evict(name)
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         if self.in_flight >= self.together:
@@ -191,6 +193,26 @@ async def test_a_sixteen_victim_plan_evicts_side_by_side_and_holds_the_gpus(
     assert sorted(fake.events) == sorted(
         [*((f"a-{i}", "Reclaimed") for i in range(16)), ("b-0", "ReclaimPlanned")]
     )
+
+
+async def test_the_freed_gpus_are_held_before_the_first_eviction(
+    apiserver: tuple[FakeEvictionApi, ApiClient],
+) -> None:
+    # A victim can be gone, and its controller's replacement filtered, before the cycle's other
+    # evictions and events are done: the replacement must find what the plan frees held already
+    # (made after them, the hold came too late for a waiting gang in 1 live run of 4 under load).
+    fake, api = apiserver
+    state = picture("b-0", "a-0", "a-1")
+    loop = ReclaimLoop(
+        api, state, ExtenderMetrics(state), ReclaimOptions(evictions=EvictionLimits(16, LONG_S))
+    )
+    held_when_evicted: dict[str, bool] = {}
+    fake.on_evict = lambda name: held_when_evicted.update(
+        {name: state.inventory.held_for("ns/b-0") is not None}
+    )
+    chosen = reclaim_plan("ns/b-0", ["ns/a-0", "ns/a-1"])
+    assert await loop.carry_out([chosen]) == [chosen]
+    assert held_when_evicted == {"a-0": True, "a-1": True}
 
 
 async def test_the_work_each_eviction_throws_away_is_counted_per_queue(
