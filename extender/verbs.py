@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 from contract.names import GPU_MILLI
 from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import PodDemand
-from extender.picture.workloads import GangReservation
+from extender.picture.gangs import GangReservation
 from extender.policy.admission import GANG, GANG_READING, Ask, GangState, admit, gang_text
 from extender.policy.deference import OwedPod, deference_reason, defers_to
 from extender.policy.fairness import AdmissionDecision

@@ -21,7 +21,8 @@ Reservations: the scheduler runs the next pod's filter while the previous one is
 so an admission in flight counts against its queue until the bind or `ttl_s`, or a burst could
 pass a limit. A gang admitted as a unit (`reserve_gang`) counts its members still to place as
 allocated slots, and its pending members count nothing of their own meanwhile (the slots stand for
-them); the slots follow the members as they are placed (see `extender.picture.workloads`).
+them); the slots follow the members as they are placed (`extender.picture.gangs`, which the
+accounting brings in line with the pods it recounts).
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ from typing import Any
 from contract.kube import mapping, meta
 from contract.names import DEFAULT_QUEUE, GPU_MILLI
 from extender.picture.demands import PodDemand, PodDemands, claim_names, is_terminal
+from extender.picture.gangs import GangReservation, GangReservations
 from extender.picture.inventory import GpuInventory
 from extender.picture.ledger import Bucket, Contribution, QueueLedger
 from extender.picture.store import ObjectStore, Stored
-from extender.picture.workloads import GangReservation, WorkloadMap, rehold_slots, remaining_slots
+from extender.picture.workloads import WorkloadMap
 from extender.policy.admission import fairness_vector
 from extender.policy.fairness import FairnessSnapshot, FairShares, QueueSpec, QueueTree
 from extender.policy.placement import WorkloadMix
@@ -110,8 +112,7 @@ class QueueAccounting:
         self._expiries: list[tuple[float, str]] = []
         self.reserved_pods: dict[str, Mapping[str, Any]] = {}
         self._dirty: set[str] = set()
-        self._gangs: set[str] = set()  # workloads whose reservation may have to follow its members
-        self._inventory_seen = -1  # the inventory's version when the reservations were last synced
+        self.gangs = GangReservations(store, demands, inventory, workloads, self.ledger, self.reserved)
         self._all_dirty = True
         self._view: QueueView | None = None
         self._shared: dict[tuple[object, ...], Contribution] = {}
@@ -194,92 +195,9 @@ class QueueAccounting:
 
     def reserve_gang(self, reservation: GangReservation) -> None:
         """A workload's minimum admitted as a unit: hold its slots until its members are placed."""
-        self.workloads.reserve(reservation)
-        self._gangs.add(reservation.workload.key)
-        self._dirty.update(self.workloads.members.get(reservation.workload.key, ()))
-
-    def _sync_gang(self, workload: str, end: bool = False) -> None:
-        """Bring a gang reservation's slots (ledger entries and GPU holds) in line with its members."""
-        reservation = self.workloads.reservations.get(workload)
-        if reservation is None:
-            return
-        members = self.workloads.members.get(workload, set())
-        landed, admitted = self.placement(members)
-        now = time.monotonic()
-        placed = len(landed) + admitted
-        if placed > reservation.placed:  # progress: the scheduler is completing the gang
-            reservation.expires = now + self.workloads.hold_s
-        reservation.placed = placed
-        slots = [] if end else remaining_slots(reservation.nodes, landed, reservation.target - len(landed))
-        if slots and reservation.demand is not None:
-            # Slots whose GPUs a pod of another scheduler took move to nodes with room (none: the
-            # reservation ends now, not when it expires, and the gang is judged again).
-            held = rehold_slots(
-                slots,
-                reservation.demand,
-                self.inventory.node_gpus,
-                lambda node: self.inventory.supply_for("", node, workload),
-                self.store.kind("Node"),
-            )
-            if held is None:
-                log.info("gang %s: GPUs held for its members were taken by others; judged again", workload)
-            elif held != slots:
-                reservation.nodes = [*landed, *held]  # the plan its next members follow
-            slots = held or []
-        counted = max(reservation.target - placed, 0)  # slots not standing for an admitted member
-        for index in range(len(reservation.slots)):
-            self.ledger.put(reservation.slot_key(index), None)
-            self.inventory.release_hold(reservation.slot_key(index))
-        reservation.slots = slots
-        if not slots:
-            del self.workloads.reservations[workload]
-            self._dirty.update(members)  # pending members count as waiting again
-            return
-        for index, node in enumerate(slots):
-            key = reservation.slot_key(index)
-            if index < counted:
-                self.ledger.put(
-                    key,
-                    Contribution(
-                        reservation.queue,
-                        "allocated",
-                        reservation.amounts,
-                        preemptible=reservation.preemptible,
-                    ),
-                )
-            if node and reservation.demand is not None:
-                self.inventory.hold(key, node, reservation.demand, reservation.expires - now, owner=workload)
+        self._dirty.update(self.gangs.reserve(reservation))
 
     # ---- questions ---------------------------------------------------------------------------
-
-    def placement(self, members: Iterable[str]) -> tuple[list[str], int]:
-        """Where a gang's members are: the nodes of those bound (or assumed bound) whose GPUs the
-        picture sees taken, and how many more are admitted - by a filter whose bind is still to
-        come, or bound before their claims' devices show - (they count by themselves already, but
-        their slots keep holding GPUs until the picture sees theirs: a gang's GPUs are never free
-        to others in between)."""
-        landed: list[str] = []
-        admitted = 0
-        for key in members:
-            pod = self.store.get("Pod", key)
-            node = self._gpus_node(key, pod) if pod is not None else ""
-            if node:
-                landed.append(node)
-            elif key in self.reserved or (pod is not None and self.inventory.pod_node(key, pod)):
-                admitted += 1  # bound, but the picture has not seen its claims' devices yet
-        return landed, admitted
-
-    def _gpus_node(self, key: str, pod: Mapping[str, Any]) -> str:
-        """The node where the picture counts the pod's GPUs as taken: where it is bound, or where
-        its claims' devices are (the scheduler allocates them before it binds); "" when neither."""
-        demand = self.demands.of(pod)
-        node = self.inventory.pod_node(key, pod)
-        if demand.classic_gpus or not demand.gpu_requests:
-            return node
-        held = self.inventory.held_devices(demand.namespace, claim_names(pod))
-        if not held:
-            return ""
-        return node or held[0][1].node
 
     def _holds_before_bind(self, pod: Mapping[str, Any], demand: PodDemand) -> bool:
         """A pod outside Tessera whose claims hold devices before its bind shows: the other
@@ -343,24 +261,16 @@ class QueueAccounting:
                 if self.reserved.get(key) == expiry:
                     self._drop_reservation(key)
                     self._dirty.add(key)
-        for workload in self.workloads.expired():
-            self._sync_gang(workload, end=True)
-        if self._all_dirty:
+        everything = self._all_dirty
+        if everything:
             self.ledger.clear()
             self._dirty = set(self.store.kind("Pod")) | set(self.reserved)
-            self._gangs.update(self.workloads.reservations)
             self._all_dirty = False
             for listener in self.recounted:
                 listener(None)
-        of_pod = self.workloads.of_pod
-        self._gangs.update(of_pod[key] for key in self._dirty if key in of_pod)
-        if self.workloads.reservations and self.inventory.version != self._inventory_seen:
-            # GPUs changed hands somewhere: a slot's may have been taken by a pod outside its gang.
-            self._gangs.update(self.workloads.reservations)
-        for workload in self._gangs:
-            self._sync_gang(workload)
-        self._gangs.clear()
-        self._inventory_seen = self.inventory.version  # (the holds just made moved it too)
+        # Gang reservations follow the pods that changed (their slots are ledger entries too);
+        # the pending members of those that ended count as waiting again.
+        self._dirty.update(self.gangs.follow(self._dirty, everything))
         if self._dirty:
             for key in self._dirty:
                 try:
@@ -388,7 +298,7 @@ class QueueAccounting:
             bucket = "allocated"
         elif (
             self.is_pending(key, pod)
-            and self.workloads.workload_key(key) not in self.workloads.reservations
+            and not self.gangs.reserved(self.workloads.workload_key(key))
             and not self.tenancy_refusal(demand.queue, demand.namespace)
         ):
             # (A member of a gang being placed is counted by its slots; a pod whose namespace may

@@ -3,7 +3,9 @@
 ```
 ObjectStore ──(kind, key, old, new)──▶ PodDemands    per-pod parse cache (spec, claims, classes)
      │                         └─────▶ GpuInventory   devices, holders, free GPUs per node, pod nodes
+     │                         └─────▶ WorkloadMap    workloads, gang members, owners' minimums
      └────────────────────────────────▶ QueueAccounting ledger, reservations, fairness view
+                                          └─ GangReservations  gangs admitted whole: slots, placed counts
 ```
 
 Each part subscribes to the kinds it derives from; a change it cannot see directly (a device of a
@@ -33,9 +35,10 @@ from contract.names import (
 )
 from extender.picture.accounting import QueueAccounting, QueueView
 from extender.picture.demands import PodDemand, PodDemands, claim_names, is_terminal
+from extender.picture.gangs import GangReservation, GangReservations
 from extender.picture.inventory import GpuInventory
 from extender.picture.store import ObjectStore, Stored
-from extender.picture.workloads import GangReservation, OwnerRef, WorkloadMap
+from extender.picture.workloads import OwnerRef, WorkloadMap
 from extender.policy.admission import Ask, GangState, Waiting, admit, waiting_list
 from extender.policy.deference import OwedPod, is_owed, owed_pods
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
@@ -92,6 +95,7 @@ class ClusterPicture:
         self.inventory = GpuInventory(self.store, self.demands, self.config.gpu_drivers)
         self.workloads = WorkloadMap(self.store)
         self.accounting = QueueAccounting(self.store, self.demands, self.inventory, self.workloads)
+        self.gangs: GangReservations = self.accounting.gangs  # (the accounting keeps them in line)
         # Called after every change (the status writer uses it to notice newly eligible pods).
         self.listeners: list[Callable[[], None]] = []
         # Running pods as the planners see them (those holding GPUs; pods with classic GPUs,
@@ -204,23 +208,7 @@ class ClusterPicture:
     def gang(self, pod: Mapping[str, Any]) -> GangState:
         """The pod's workload: its minimum, members, how many are placed, its reservation."""
         self.settle()  # brings reservations in line with the members
-        return self._gang_now(pod)
-
-    def _gang_now(self, pod: Mapping[str, Any]) -> GangState:
-        """`gang`, with the reservations already brought in line (by a `settle()` just before)."""
-        workload = self.workloads.workload(pod)
-        if workload.single:
-            return GangState(workload, 1, 1, 0)
-        members = self.workloads.members.get(workload.key, set())
-        landed, admitted = self.accounting.placement(members)
-        return GangState(
-            workload,
-            self.workloads.minimum(workload),
-            len(members),
-            len(landed) + admitted,
-            workload.key in self.workloads.reservations,
-            self.workloads.reading(pod, workload),
-        )
+        return self.gangs.state(pod)
 
     def read_owner(self, ref: OwnerRef, obj: Mapping[str, Any] | None) -> None:
         """What the owner reader got (None: unreadable); gangs waiting for it may go now."""
@@ -442,7 +430,7 @@ class ClusterPicture:
             if pod is None or meta(pod).get("deletionTimestamp"):
                 continue
             demand = self.demands.of(pod)
-            gang = self._gang_now(pod)  # `view` above brought the reservations in line
+            gang = self.gangs.state(pod)  # `view` above brought the reservations in line
             held = self.inventory.held_for(key) is not None
             if not gang.admitted:
                 workload = gang.workload.key
@@ -504,7 +492,7 @@ class ClusterPicture:
             demand = self.demands.of(pod)
             if not is_owed(view, demand.queue, contribution.amounts) or self.inventory.held_for(key):
                 continue
-            gang = self._gang_now(pod)
+            gang = self.gangs.state(pod)  # (`view` above brought the reservations in line)
             if (
                 not gang.admitted
                 or not admit(view, Ask(demand.queue, contribution.amounts, demand.preemptible, gang)).admit
@@ -546,11 +534,11 @@ class ClusterPicture:
             sample[workload] = pod
             if contribution.bucket == "allocated":
                 placed[workload] += 1
-            elif contribution.bucket == "requested" or workload in self.workloads.reservations:
+            elif contribution.bucket == "requested" or self.gangs.reserved(workload):
                 pending.add(workload)
         counts: dict[str, tuple[int, int]] = {}
         for workload, queue in queue_of.items():
-            if workload in self.workloads.reservations:
+            if self.gangs.reserved(workload):
                 admitted = True
             elif workload in self.workloads.members:  # a gang: its minimum placed?
                 admitted = placed[workload] >= self.workloads.minimum(

@@ -412,7 +412,7 @@ async def test_a_default_scheduler_pod_taking_a_gpu_mid_admission_leaves_the_gan
             await lift(env, pod["metadata"]["name"])
 
         async def three_bound() -> bool:
-            return (await bound_by_job(env))["gang"] == 3 and workload in picture.workloads.reservations
+            return (await bound_by_job(env))["gang"] == 3 and picture.gangs.reserved(workload)
 
         await wait_until(three_bound, timeout=60, interval=0.2, what="3 members bound, the 4th's GPU held")
         # The namespace's default queue is another queue; the pod's label names the gang's (which
@@ -436,7 +436,7 @@ async def test_a_default_scheduler_pod_taking_a_gpu_mid_admission_leaves_the_gan
         await wait_until(foreign_runs, timeout=60, interval=0.2, what="the default-scheduler pod running")
 
         async def ended() -> bool:
-            return workload not in picture.workloads.reservations
+            return not picture.gangs.reserved(workload)
 
         await wait_until(ended, timeout=15, what="the reservation ended")
         last = gang[3]["metadata"]["name"]

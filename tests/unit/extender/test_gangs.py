@@ -16,6 +16,7 @@ from contract.names import MIN_MEMBERS_ANNOTATION, WORKLOAD_LABEL
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
+from extender.picture.gangs import GangReservation
 from extender.policy.placement import GpuDemand
 from extender.server import build_app
 from extender.status import StatusWriter, WaitingPods
@@ -36,6 +37,12 @@ async def extender() -> AsyncIterator[Extender]:
 
 
 NODES = ["a", "b"]
+
+
+def reservation_of(extender: Extender, workload: str) -> GangReservation:
+    found = extender.state.gangs.reservation(workload)
+    assert found is not None, f"{workload} holds no reservation"
+    return found
 
 
 def job(name: str, parallelism: int, namespace: str = "ns") -> dict[str, Any]:
@@ -71,11 +78,11 @@ def cluster(*extra: dict[str, Any], limit: int | None = None) -> list[dict[str, 
     return [*objects.two_nodes_of_two_gpus(CLASS), objects.queue("team", resources={"gpu": gpu}), *extra]
 
 
-def bind(extender: Extender, pod: dict[str, Any], node: str, device: str, version: int) -> None:
+def bind(picture: ClusterPicture, pod: dict[str, Any], node: str, device: str, version: int) -> None:
     """The pod bound to `node` with its claim (from the template) allocated to `device` there."""
     name = pod["metadata"]["name"]
     claim = objects.claim("ns", f"{name}-gpus", objects.claim_spec(CLASS), allocated=[(node, device, None)])
-    extender.state.apply(
+    picture.apply(
         "ResourceClaim", "ADDED", {**claim, "metadata": {**claim["metadata"], "resourceVersion": "1"}}
     )
     pod = {**pod, "spec": {**pod["spec"], "nodeName": node}}
@@ -84,7 +91,7 @@ def bind(extender: Extender, pod: dict[str, Any], node: str, device: str, versio
         **pod["status"],
         "resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": f"{name}-gpus"}],
     }
-    extender.state.apply("Pod", "MODIFIED", pod)
+    picture.apply("Pod", "MODIFIED", pod)
 
 
 async def test_two_gangs_of_four_on_four_gpus_never_split(extender: Extender) -> None:
@@ -95,7 +102,7 @@ async def test_two_gangs_of_four_on_four_gpus_never_split(extender: Extender) ->
     # ja-0 comes first: ja's 4 pods fit the 4 free GPUs and are admitted as one.
     _, result = await extender.call("filter", args(first[0], NODES))
     assert result["NodeNames"] == NODES
-    reservation = extender.state.workloads.reservations["Job/ns/ja"]
+    reservation = reservation_of(extender, "Job/ns/ja")
     assert (reservation.target, sorted(reservation.nodes)) == (4, ["a", "a", "b", "b"])
     report = extender.waiting.reports["ns/ja-0"]
     assert report.admitted and report.post_event  # condition True and a WorkloadAdmitted Event
@@ -123,9 +130,9 @@ async def test_two_gangs_of_four_on_four_gpus_never_split(extender: Extender) ->
     # reservation ends with the 4th.
     places = [("a", "gpu-0"), ("a", "gpu-1"), ("b", "gpu-0"), ("b", "gpu-1")]
     for version, (pod, (node, device)) in enumerate(zip(first, places, strict=True), start=10):
-        bind(extender, pod, node, device, version)
+        bind(extender.state, pod, node, device, version)
         extender.state.fairness()
-    assert "Job/ns/ja" not in extender.state.workloads.reservations
+    assert not extender.state.gangs.reserved("Job/ns/ja")
     assert extender.state.inventory.holds == {}
     assert extender.state.workload_counts() == {"team": (1, 1)}  # ja's minimum runs; jb waits
 
@@ -141,7 +148,7 @@ async def test_the_queue_admits_the_whole_minimum_or_nothing(extender: Extender)
         "its 4 missing pods together: queue 'team': gpu allocated 0 + request 4 would exceed its limit (3)"
         in (reason)
     )
-    assert extender.state.workloads.reservations == {}
+    assert extender.state.gangs.reserved_workloads() == []
 
 
 async def test_a_gang_counts_its_reserved_members_against_the_queue(extender: Extender) -> None:
@@ -184,11 +191,11 @@ async def test_min_two_of_four_starts_with_two_and_grows(extender: Extender) -> 
     extender.sync(cluster(job("ja", 4), *pods))
     _, result = await extender.call("filter", args(pods[0], NODES))
     assert result["NodeNames"] == NODES
-    assert extender.state.workloads.reservations["Job/ns/ja"].target == 2
-    bind(extender, pods[0], "a", "gpu-0", 10)
-    bind(extender, pods[1], "a", "gpu-1", 11)
+    assert reservation_of(extender, "Job/ns/ja").target == 2
+    bind(extender.state, pods[0], "a", "gpu-0", 10)
+    bind(extender.state, pods[1], "a", "gpu-1", 11)
     extender.state.fairness()
-    assert extender.state.workloads.reservations == {}
+    assert extender.state.gangs.reserved_workloads() == []
     # The minimum runs (node a full): pods 3 and 4 are elastic and go one by one, as any pod.
     _, result = await extender.call("filter", args(pods[2], NODES))
     assert result["NodeNames"] == ["b"]
@@ -199,13 +206,13 @@ async def test_a_gang_that_is_not_completed_in_time_gives_back_everything(extend
     first = [member("ja", i) for i in range(4)]
     second = [member("jb", i) for i in range(4)]
     extender.sync(cluster(job("ja", 4), job("jb", 4), *first, *second))
-    extender.state.workloads.hold_s = 0.0  # ja's reservation lapses at once: no member is placed
+    extender.state.gangs.hold_s = 0.0  # ja's reservation lapses at once: no member is placed
     _, result = await extender.call("filter", args(first[0], NODES))
     assert result["NodeNames"] == NODES
     extender.state.release("ns/ja-0")  # its bind did not come either
     _, result = await extender.call("filter", args(second[0], NODES))
     assert result["NodeNames"] == NODES
-    assert list(extender.state.workloads.reservations) == ["Job/ns/jb"]
+    assert extender.state.gangs.reserved_workloads() == ["Job/ns/jb"]
 
 
 async def test_a_gang_waiting_for_gpus_keeps_what_reclaim_holds_for_it(extender: Extender) -> None:
@@ -363,7 +370,7 @@ async def test_a_gang_waits_for_its_owners_spec_then_takes_its_minimum_from_it(e
     extender.state.apply("Pod", "ADDED", pytorch_pod("pt-worker-2"))
     _, result = await extender.call("filter", args(pods[0], NODES))
     assert result["NodeNames"] == NODES
-    assert extender.state.workloads.reservations["PyTorchJob/ns/pt"].target == 4
+    assert reservation_of(extender, "PyTorchJob/ns/pt").target == 4
 
 
 async def test_an_owner_that_cannot_be_read_leaves_the_minimum_to_the_pods(extender: Extender) -> None:
@@ -373,7 +380,7 @@ async def test_an_owner_that_cannot_be_read_leaves_the_minimum_to_the_pods(exten
     assert extender.state.workloads.wanted == set()
     _, result = await extender.call("filter", args(pods[0], NODES))
     assert result["NodeNames"] == NODES  # the 2 present are the gang
-    assert extender.state.workloads.reservations["PyTorchJob/ns/pt"].target == 2
+    assert reservation_of(extender, "PyTorchJob/ns/pt").target == 2
 
 
 def foreign_takes(extender: Extender, node: str, device: str) -> None:
@@ -392,10 +399,10 @@ async def test_a_slot_whose_gpu_another_scheduler_took_moves_to_a_node_with_room
     pods = [member("ja", i) for i in range(2)]
     extender.sync(cluster(job("ja", 2), *pods))
     _, result = await extender.call("filter", args(pods[0], NODES))
-    assert extender.state.workloads.reservations["Job/ns/ja"].nodes == ["a", "a"]
+    assert reservation_of(extender, "Job/ns/ja").nodes == ["a", "a"]
     foreign_takes(extender, "a", "gpu-0")
     extender.state.fairness()
-    assert sorted(extender.state.workloads.reservations["Job/ns/ja"].slots) == ["a", "b"]
+    assert sorted(reservation_of(extender, "Job/ns/ja").slots) == ["a", "b"]
     # Both members still have GPUs (a's gpu-1, and b's, held for their gang); others see neither.
     _, result = await extender.call("filter", args(pods[1], NODES))
     assert result["NodeNames"] == NODES
@@ -414,12 +421,12 @@ async def test_a_gang_whose_last_gpu_another_scheduler_took_is_judged_again_at_o
     for version, (pod, (node, device)) in enumerate(
         zip(pods[:3], [("a", "gpu-0"), ("a", "gpu-1"), ("b", "gpu-0")], strict=False), start=10
     ):
-        bind(extender, pod, node, device, version)
+        bind(extender.state, pod, node, device, version)
         extender.state.fairness()
-    assert extender.state.workloads.reservations["Job/ns/ja"].slots == ["b"]
+    assert reservation_of(extender, "Job/ns/ja").slots == ["b"]
     foreign_takes(extender, "b", "gpu-1")
     extender.state.fairness()
-    assert "Job/ns/ja" not in extender.state.workloads.reservations
+    assert not extender.state.gangs.reserved("Job/ns/ja")
     assert extender.state.inventory.holds == {}
     _, result = await extender.call("filter", args(pods[3], NODES))
     reason = result["FailedAndUnresolvableNodes"]["b"]
@@ -444,7 +451,7 @@ async def test_a_refused_members_reason_follows_its_gangs_binds(extender: Extend
     for version, (pod, (node, device)) in enumerate(
         zip(pods[:3], [("a", "gpu-0"), ("a", "gpu-1"), ("b", "gpu-0")], strict=False), start=10
     ):
-        bind(extender, pod, node, device, version)
+        bind(extender.state, pod, node, device, version)
     assert writer.eligible_now() == []
     report = extender.waiting.reports["ns/ja-3"]
     assert (report.admitted, report.post_event) == (False, True)  # condition False and an Event

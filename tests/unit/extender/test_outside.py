@@ -14,7 +14,7 @@ import pytest
 from contract.names import CLASSIC_GPU_RESOURCE, NAMESPACE_QUEUE_LABEL
 from extender.controllers.outside import BYPASS_CONDITION, bypassing
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
-from extender.picture.workloads import rehold_slots
+from extender.picture.gangs import rehold_slots
 from extender.policy.placement import GpuDemand, NodeGpus, node_supply
 from tests import extender_objects as objects
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from contract.names import MIN_MEMBERS_ANNOTATION, WORKLOAD_LABEL
-from extender.picture.workloads import remaining_slots
+from extender.picture.gangs import remaining_slots
 from extender.policy.placement import GpuDemand, NodeGpus
 from extender.policy.workloads import Workload, plan_gang, workload_of
 
