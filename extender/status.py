@@ -44,7 +44,7 @@ from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import AdmissionDecision
 from extender.policy.waiting import QUEUE_NOT_ALLOWED, as_written, owner_summary, wait_message, wait_reason
 from extender.queues import queue_statuses, with_reclaim, with_workloads
-from extender.verbs import queue_admission, why_unplaced
+from extender.verbs import deferred_everywhere, queue_admission, why_unplaced
 
 log = logging.getLogger(__name__)
 
@@ -376,7 +376,11 @@ class StatusWriter:
                 decisions, _ = queue_admission(
                     self.state, nodes, key, pod, demand, gang, sizes if demand.fractional else [0]
                 )
-                admissible = any(decision.admit for decision in decisions.values())
+                # As the filter: admitted, it still leaves the nodes it fits to an owed queue's
+                # waiting pod (`extender.policy.deference`); nudged once one is left to it.
+                admissible = any(decision.admit for decision in decisions.values()) and not (
+                    deferred_everywhere(self.state, nodes, key, pod, demand, gang)
+                )
             if admissible:
                 eligible.append(entry)
         return eligible

@@ -341,6 +341,35 @@ def _owed_first(
     return defers_to(picture.fairness(), demand.queue, request, demand.preemptible, owed)
 
 
+def deferred_everywhere(
+    picture: ClusterPicture,
+    names: list[str],
+    key: str,
+    pod: Mapping[str, Any],
+    demand: PodDemand,
+    gang: GangState,
+) -> str:
+    """Why the filter would leave every node of `names` the admitted pod fits to owed pods
+    (`_owed_first`, `_deference`): the first node's reason; '' when it may go to one of them, or
+    fits none (then it is not deference that holds it back). The requeue check asks it, so that a
+    pod is nudged when the filter would pass it, not while it defers."""
+    owed = _owed_first(picture, key, pod, demand, gang) if demand.wants_gpu else ()
+    if not owed:
+        return ""
+    nodes = _candidate_kinds(picture, key, names, "" if gang.workload.single else gang.workload.key)
+    reference = picture.inventory.reference_memory(demand.models)
+    gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
+    deferred = ""
+    for kind, supply in nodes.supply_of.items():
+        if _misfit(supply, demand.placement_at(gpu_memory.get(nodes.one_of_kind[kind]) or reference)):
+            continue
+        why = _deference(picture, demand.queue, owed, supply)
+        if not why:
+            return ""
+        deferred = deferred or why
+    return deferred
+
+
 def _deference(picture: ClusterPicture, queue: str, owed: tuple[OwedPod, ...], supply: NodeGpus) -> str:
     """Why the pod leaves a node to an owed pod that fits its free GPUs ('' when none fits)."""
     for waiting in owed:

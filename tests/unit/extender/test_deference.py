@@ -12,11 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client import ApiClient
 
+from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.deference import OwedPod, defers_to, owed_pods
 from extender.policy.fairness import FairnessSnapshot, QueueUsage
 from extender.policy.placement import GpuDemand
+from extender.status import StatusWriter, WaitingPods
 from extender.verbs import decide_filter
 from extender.wire import ExtenderArgs
 from tests import extender_objects as objects
@@ -86,6 +89,32 @@ def test_the_filter_keeps_freed_gpus_for_the_owed_queue_only_while_its_pod_waits
     assert decision.admitted
     assert decision.result.FailedNodes.get("n1", "") == verdict
     assert decision.result.NodeNames == ([] if verdict else ["n1"])
+
+
+@pytest.mark.parametrize(
+    ("b_pod", "nudged"),
+    [
+        # The filter defers a3 on n1, its only node: the requeue check does not say it may go.
+        (waiting("b0", "b"), []),
+        # The filter passes a3 on n1: so does the requeue check (the queue admits it).
+        (waiting("b0", "b", tried=False), ["a3"]),
+        (waiting("b0", "b", template="two"), ["a3"]),
+        (None, ["a3"]),
+    ],
+)
+async def test_the_requeue_check_nudges_a_refused_pod_only_where_the_filter_would_pass_it(
+    b_pod: dict[str, Any] | None, nudged: list[str]
+) -> None:
+    # a3 was refused before (say, at a limit since raised); its queue admits it now. Nudged while
+    # the filter defers it, it would be tried, deferred and left waiting: status and filter agree.
+    picture = picture_of(A3, *([b_pod] if b_pod else []))
+    waiting_pods = WaitingPods()
+    waiting_pods.refused("ns", "a3", "uid-ns-a3", "a", "queue 'a' was at its limit")
+    async with ApiClient() as api:
+        writer = StatusWriter(api, picture, waiting_pods, ExtenderMetrics(picture))
+        assert [entry.name for entry in writer.eligible_now()] == nudged
+    passed = decide_filter(picture, ExtenderArgs(Pod=A3, NodeNames=["n1"])).result.NodeNames
+    assert bool(passed) == bool(nudged)
 
 
 def test_the_owed_pod_itself_passes() -> None:
