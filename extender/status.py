@@ -503,7 +503,8 @@ class StatusWriter:
     async def write_queue_statuses(self) -> None:
         """Patch the status of every Queue object whose computed status changed."""
         view = self.state.fairness()
-        queues = self.state.kind("Queue")
+        # The queues as of now: the watch may add one while a PATCH is awaited (the next pass's).
+        queues = dict(self.state.kind("Queue"))
         previous: dict[str, Sequence[Mapping[str, Any]]] = {
             key: (obj.get("status") or {}).get("conditions") or [] for key, obj in queues.items()
         }

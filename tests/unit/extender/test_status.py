@@ -9,11 +9,15 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 
+from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
 from extender.kubeapi import JsonObject
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.status import MIN_REWRITE_S, PodReport, StatusWriter, WaitingPods
+from tests import extender_objects as objects
 from tests.unit.extender.test_gangs import cluster, job, member
+
+QUEUES_PATH = f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/{QUEUE_PLURAL}"
 
 
 def test_a_refusal_is_reported_once_with_an_event() -> None:
@@ -186,3 +190,35 @@ async def test_pods_and_their_job_hear_why_once_per_reason() -> None:
         waiting.refused("ns", "ja-0", "uid-ns-ja-0", "team", LIMIT, "over_limit")
         await writer._report_once()
         assert ("Job", "ja", "PodsWaiting", f"1 of 3 pods wait: {SAID}") in recorder.said()
+
+
+async def test_a_queue_created_while_statuses_are_written_waits_for_the_next_pass() -> None:
+    # Queues a and b need their status written; while a's PATCH is in flight, the watch delivers
+    # a new queue c. The pass goes on with a and b (before: "dictionary changed size during
+    # iteration", the pass lost); c's status is the next pass's.
+    picture = ClusterPicture()
+    picture.replace("Queue", [objects.queue("a"), objects.queue("b")])
+    for kind in WATCHED_PATHS:
+        if kind != "Queue":
+            picture.replace(kind, [])
+    patched: list[str] = []
+
+    async def patch_queue_status(request: web.Request) -> web.Response:
+        patched.append(request.match_info["name"])
+        if len(patched) == 1:
+            picture.apply("Queue", "ADDED", objects.queue("c"))
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_patch(f"{QUEUES_PATH}/{{name}}/status", patch_queue_status)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    async with ApiClient(Configuration(host=f"http://127.0.0.1:{runner.addresses[0][1]}")) as api:
+        writer = StatusWriter(api, picture, WaitingPods(), ExtenderMetrics(picture))
+        await writer.write_queue_statuses()
+        assert sorted(patched) == ["a", "b"]
+        await writer.write_queue_statuses()
+        assert sorted(patched) == ["a", "b", "c"]
+    await runner.cleanup()
