@@ -260,10 +260,12 @@ async def test_a_waiting_gang_reclaims_borrowed_gpus_whole(
 async def test_a_gang_reclaims_gpus_freed_on_two_nodes_and_keeps_them_from_the_replacements(
     local_cluster: LocalCluster, k8s: ApiClient, namespace: str
 ) -> None:
-    """The shape of the test above that failed in 1 run of 4 under load: the pods that lose the
-    least work (the youngest) are 2 on each node, so the 4 plans free 2 GPUs on each. A's
-    ReplicaSet replaces each victim at once; the GPUs are held for B's members before the first
-    eviction, so no replacement takes one, and the gang is admitted whole across both nodes."""
+    """The shape the test above took when it failed (1 run in 4 under load, where A's pods start
+    seconds apart): the pods that lose the least work (the youngest) are 2 on each node, so the 4
+    plans free 2 GPUs on each. A's ReplicaSet replaces each victim at once; the GPUs are held for
+    B's members before the first eviction, so no replacement takes one (held only after the
+    cycle's evictions and events, they came too late whenever those API calls were slow, split or
+    not), and the gang is admitted whole across both nodes."""
     async with gpu_cluster(local_cluster, k8s, namespace, nodes=2, gpus_per_node=4, agent=True) as env:
         team_a = await env.create_queue("a", resources={"gpu": {"quota": 4}})
         team_b = await env.create_queue("b", resources={"gpu": {"quota": 4}})
