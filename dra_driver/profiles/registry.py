@@ -21,7 +21,8 @@ ProfileFactory = Callable[[Path | None, str], DeviceProfile]
 
 
 def _nvml(settings: Path | None, node_name: str) -> DeviceProfile:
-    return NvidiaProfile("nvml", NvmlDiscovery(), simulated=False)
+    discovery = NvmlDiscovery()
+    return NvidiaProfile("nvml", discovery, simulated=False, mig_device_uuid=discovery.mig_device_uuid)
 
 
 def _simulated(settings: Path | None, node_name: str) -> DeviceProfile:

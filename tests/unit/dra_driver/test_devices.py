@@ -29,6 +29,8 @@ MIB = 1 << 20
         ("a100x4-mig", 4, "NVIDIA A100-SXM4-40GB", 40 * GIB, [2, 2, 5, 5]),
         ("t4x2", 2, "Tesla T4", 15360 * MIB, [0, 0]),
         ("mixed", 4, "NVIDIA A100-SXM4-80GB", 80 * GIB, [0, 0, 3, 0]),
+        ("h100x2-mig", 2, "NVIDIA H100 80GB HBM3", 80 * GIB, [0, 0]),  # mig: dynamic, none made yet
+        ("mig-models", 4, "NVIDIA A100-SXM4-40GB", 40 * GIB, [0, 0, 0, 0]),
     ],
 )
 def test_shipped_profiles_expand_to_expected_gpus(
@@ -45,7 +47,14 @@ def test_shipped_profiles_expand_to_expected_gpus(
 
 
 def test_every_shipped_profile_is_covered() -> None:
-    assert sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")) == ["a100x4-mig", "h100x8", "mixed", "t4x2"]
+    assert sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")) == [
+        "a100x4-mig",
+        "h100x2-mig",
+        "h100x8",
+        "mig-models",
+        "mixed",
+        "t4x2",
+    ]
 
 
 def test_uuids_are_stable_per_node_and_differ_between_nodes() -> None:
