@@ -19,13 +19,14 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, ResourceV1Api
 
 from dra_driver.profiles.nvidia.mig import SimulatedSmi
 from dra_driver.profiles.nvidia.profile import SIMULATED_MIG_STATE
-from dra_driver.profiles.nvidia.simulated import build_inventory, load_profile
+from dra_driver.profiles.nvidia.simulated import SimulatedDiscovery, build_inventory, load_profile
 from dra_driver.sharing import RecordingRunner
-from tessera.dev.localcluster import LocalCluster, wait_until
+from dra_driver.slices import SliceReconciler
+from tessera.dev.localcluster import LocalCluster, api_client, create_fake_node, wait_until
 from tests.kubelet.client import container_cdi_ids
 
 from .test_dra_kubelet import bound_claim, node_with_driver, registered
-from .test_dra_prepare import SHIPPED_PROFILES, Pods, device_classes, driver, short_dir
+from .test_dra_prepare import SHIPPED_PROFILES, Pods, device_classes, driver, short_dir, unique
 
 __all__ = ["device_classes", "driver", "short_dir"]  # fixtures used here
 
@@ -199,3 +200,34 @@ async def test_the_scheduler_allocates_placements_without_overlap_and_the_kubele
         }
         assert smi.instances() == {}
         assert process.proc is not None and process.proc.poll() is None
+
+
+async def test_without_partitionable_devices_mig_gpus_publish_their_existing_instances(
+    tmp_path: Path,
+) -> None:
+    """A cluster with DRAPartitionableDevices off: detected, and a GPU in MIG mode publishes the
+    instances that exist (here, the shipped a100x4-mig node's), as before partitions on demand;
+    the dynamic GPUs of h100x2-mig publish nothing, since none of theirs exists."""
+    with LocalCluster(
+        workdir=tmp_path / "cluster", feature_gates={"DRAPartitionableDevices": False}
+    ) as cluster:
+        api = await api_client(cluster.kubeconfig)
+        try:
+            for profile, expected in (("a100x4-mig", 14), ("h100x2-mig", 0)):
+                node, driver = unique("mig"), f"{unique('gpu')}.tessera.dev"
+                await create_fake_node(api, node)
+                backend = SimulatedDiscovery.from_file(Path(profile), node_name=node)
+                reconciler = SliceReconciler(api, node, driver, backend)
+                assert await reconciler.detect_partitionable() is False
+                assert await reconciler.publish(backend.inventory())
+                listed: Any = await ResourceV1Api(api).list_resource_slice(
+                    field_selector=f"spec.nodeName={node},spec.driver={driver}"
+                )
+                specs = [api.sanitize_for_serialization(s)["spec"] for s in listed.items]
+                assert all("sharedCounters" not in spec for spec in specs)
+                devices = [d for spec in specs for d in spec.get("devices") or ()]
+                # a100x4-mig: 2 x (2 x 3g.20gb) + 2 x (2 x 2g.10gb + 3 x 1g.5gb) = 14 MIG devices
+                assert len(devices) == expected
+                assert all("consumesCounters" not in d for d in devices)
+        finally:
+            await api.close()
