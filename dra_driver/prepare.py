@@ -17,9 +17,9 @@ no record is kept and pins the GPUs it names (never reset while it exists). So n
 checkpoint makes the driver drop a claim the kubelet was told is prepared, or reset a GPU under it.
 
 MIG partitions made on demand (a device of a partitionable GPU: a placement, or the whole GPU as
-its full-size instance) are made in two steps by the profile's ``Partitioner``, with the
-checkpoint written before each and after: ``started`` (nothing made yet), the GPU instance's id,
-then ``completed`` with the compute instance and MIG device uuid. Undoing one (unprepare, a
+its full-size instance) are made by the profile's ``Partitioner`` (GPU and compute instance in one
+command), with the checkpoint written before (``started``: nothing made yet) and after
+(``completed``, with the instance ids and MIG device uuid). Undoing one (unprepare, a
 failure, or the roll-back of a claim a crash interrupted) destroys whatever exists at its
 placement, found on the device rather than from the record, so a crash between a create and its
 record leaves no orphaned instance. A claim whose instance cannot be destroyed stays recorded
@@ -681,9 +681,7 @@ class Preparer:
         for p in with_devices:
             try:
                 self._check_not_pinned(p.ref.uid, p.devices)
-                edits[p.ref.uid], shares[p.ref.uid] = await self._acquire(
-                    p.ref.uid, p.devices, started[p.ref.uid]
-                )
+                edits[p.ref.uid], shares[p.ref.uid] = await self._acquire(p.ref.uid, p.devices)
             except (SharingConflict, SharingCommandError, OSError) as err:
                 outcomes[p.ref.uid] = PrepareOutcome(error=self._failed("prepare", p.ref, str(err)))
                 changes[p.ref.uid] = None
@@ -733,7 +731,7 @@ class Preparer:
                 )
 
     async def _acquire(
-        self, claim_uid: str, devices: Sequence[PlannedDevice], started: ClaimRecord
+        self, claim_uid: str, devices: Sequence[PlannedDevice]
     ) -> tuple[list[ContainerEdits], tuple[GpuShare, ...]]:
         """Sharing and partitions for every device of the claim, or for none of them; the edits,
         and the shares with the partitions as made."""
@@ -744,7 +742,7 @@ class Preparer:
                 if device.share.partition is None:
                     acquired.append(await self._sharing.acquire(claim_uid, device.share))
                     continue
-                await self._make_partition(claim_uid, shares, index, started)
+                await self._make_partition(shares, index)
                 acquired.append(ContainerEdits())
         except BaseException:
             # Up to the device that failed: a partition it began is found at its placement.
@@ -755,22 +753,16 @@ class Preparer:
             raise
         return acquired, tuple(shares)
 
-    async def _make_partition(
-        self, claim_uid: str, shares: list[GpuShare], index: int, started: ClaimRecord
-    ) -> None:
-        """Make the MIG instance of ``shares[index]`` in its two steps, recording the GPU
-        instance's id before the compute instance is made (``started`` is on disk already)."""
+    async def _make_partition(self, shares: list[GpuShare], index: int) -> None:
+        """Make the MIG instance of ``shares[index]`` (its ``started`` record is on disk)."""
         share = shares[index]
         assert share.partition is not None
         if self._partitioner is None:
             raise SharingConflict(
                 f"{share.device_name}: the {self._profile.name} device profile makes no MIG partitions"
             )
-        partition = await self._partitioner.create_gpu_instance(share.gpu_uuid, share.partition)
-        shares[index] = replace(share, partition=partition)
-        await self._save({claim_uid: started.model_copy(update={"shares": tuple(shares)})})
-        partition = await self._partitioner.create_compute_instance(share.gpu_uuid, partition)
-        shares[index] = replace(share, partition=partition)
+        made = await self._partitioner.create(share.gpu_uuid, share.partition)
+        shares[index] = replace(share, partition=made)
 
     def _claim_spec(
         self, planned: _Planned, edits: Sequence[ContainerEdits], record: ClaimRecord

@@ -69,15 +69,12 @@ class SharingSetup(Protocol):
 
 
 class Partitioner(Protocol):
-    """Makes and destroys a device's partitions (MIG instances) in steps the driver records."""
+    """Makes and destroys a device's partitions (MIG instances); the driver records a partition
+    before it is made and after."""
 
-    async def create_gpu_instance(self, gpu_uuid: str, partition: MigPartition) -> MigPartition:
-        """The GPU instance at the partition's placement; the partition with its id."""
-        ...
-
-    async def create_compute_instance(self, gpu_uuid: str, partition: MigPartition) -> MigPartition:
-        """The compute instance spanning its GPU instance; the partition with its id and the MIG
-        device's uuid."""
+    async def create(self, gpu_uuid: str, partition: MigPartition) -> MigPartition:
+        """The GPU instance at the partition's placement and its compute instance; the partition
+        with their ids and the MIG device's uuid."""
         ...
 
     async def destroy(self, gpu_uuid: str, partition: MigPartition) -> None:

@@ -156,12 +156,9 @@ async def test_the_scheduler_allocates_placements_without_overlap_and_the_kubele
         log = config.checkpoint_dir / "sharing-commands.jsonl"
         one_g_b_device = await allocated_device(k8s, namespace, one_g_b.name)
         assert mig_commands(log) == [
-            f"nvidia-smi mig -i {gpu0} -cgi 19:{start(one_g_device)}",
-            f"nvidia-smi mig -i {gpu0} -gi 1 -cci 0",
-            f"nvidia-smi mig -i {gpu1} -cgi 9:{start(three_g_device)}",
-            f"nvidia-smi mig -i {gpu1} -gi 1 -cci 2",
-            f"nvidia-smi mig -i {gpu0} -cgi 19:{start(one_g_b_device)}",
-            f"nvidia-smi mig -i {gpu0} -gi 2 -cci 0",
+            f"nvidia-smi mig -i {gpu0} -cgi 19:{start(one_g_device)} -C",
+            f"nvidia-smi mig -i {gpu1} -cgi 9:{start(three_g_device)} -C",
+            f"nvidia-smi mig -i {gpu0} -cgi 19:{start(one_g_b_device)} -C",
         ]
         smi = SimulatedSmi(
             config.checkpoint_dir / SIMULATED_MIG_STATE,
@@ -179,12 +176,11 @@ async def test_the_scheduler_allocates_placements_without_overlap_and_the_kubele
         whole = await bound_claim(k8s, namespace, "whole")
         assert await allocated_device(k8s, namespace, whole.name) == "gpu-1"
         assert (await kubelet.prepare(endpoint, [whole]))[whole.uid].error == ""
-        assert mig_commands(log)[6:] == [
+        assert mig_commands(log)[3:] == [
             f"nvidia-smi mig -i {gpu1} -lgi",
             f"nvidia-smi mig -i {gpu1} -gi 1 -dci",
             f"nvidia-smi mig -i {gpu1} -gi 1 -dgi",
-            f"nvidia-smi mig -i {gpu1} -cgi 0:0",
-            f"nvidia-smi mig -i {gpu1} -gi 1 -cci 4",
+            f"nvidia-smi mig -i {gpu1} -cgi 0:0 -C",
         ]
         assert smi.instances() == {
             gpu0: {

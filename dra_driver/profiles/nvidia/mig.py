@@ -1,13 +1,14 @@
 """MIG instances made and destroyed on demand with ``nvidia-smi mig``, and the simulated GPUs'
 answer to the same commands.
 
-Making a partition is two steps, each one command: the GPU instance at the allocated placement
-(``-cgi <profile id>:<start>``), then its one compute instance spanning it (``-gi <id> -cci <ci
-profile>``). The driver records the partition before each step and after it (the preparer's
-checkpoint), so a crash leaves a record saying what may exist. Destroying never trusts recorded
-ids alone: it lists the GPU instances (``-lgi``), takes the one at the partition's placement and
-profile, destroys its compute instances and then it; nothing there is nothing to do. So undoing a
-partition whose creation a crash interrupted (ids never recorded) leaves no orphaned instance.
+Making a partition is one command: the GPU instance at the allocated placement with its default
+compute instance spanning it (``-cgi <profile id>:<start> -C``); the driver records the partition
+before it and, with the ids the command printed, after it (the preparer's checkpoint). Destroying
+never needs the recorded ids: it lists the GPU instances (``-lgi``), takes the one at the
+partition's placement and profile (and id, when recorded), destroys its compute instances and
+then it; nothing there is nothing to do. So undoing a partition whose creation a crash interrupted
+(ids never recorded) leaves no orphaned instance, and a GPU instance whose compute instance was
+never made (``-C`` failing after the GPU instance) goes too.
 
 ``SimulatedSmi`` answers these commands for simulated GPUs (after recording them like every
 sharing command) from a small state file, the "hardware" that outlives a driver crash: instance
@@ -27,8 +28,6 @@ from pathlib import Path
 from dra_driver.devices.model import Gpu
 from dra_driver.devices.share import Command, MigPartition, RunCommand, SharingCommandError
 
-# The compute instance profile spanning a whole GPU instance, by its compute slices.
-FULL_COMPUTE_INSTANCE_PROFILE = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
 _CREATED_GI = re.compile(r"created GPU instance ID\s+(\d+)")
 _CREATED_CI = re.compile(r"created compute instance ID\s+(\d+)")
 # A row of ``nvidia-smi mig -lgi``: GPU, name, profile id, instance id, placement start:size.
@@ -40,11 +39,6 @@ InstanceUuid = Callable[[str, int, int], Awaitable[str]]
 
 def _smi(gpu_uuid: str, *args: str) -> Command:
     return Command(("nvidia-smi", "mig", "-i", gpu_uuid, *args))
-
-
-def compute_slices_of(profile: str) -> int:
-    """ "3g.40gb" -> 3."""
-    return int(profile.split("g", 1)[0])
 
 
 @dataclass(frozen=True)
@@ -77,19 +71,15 @@ class NvidiaMig:
         self._run = run
         self._instance_uuid = instance_uuid
 
-    async def create_gpu_instance(self, gpu_uuid: str, partition: MigPartition) -> MigPartition:
-        command = _smi(gpu_uuid, "-cgi", f"{partition.profile_id}:{partition.start}")
-        gpu_instance = _created(_CREATED_GI, await self._run(command), command)
-        return replace(partition, gpu_instance=gpu_instance)
-
-    async def create_compute_instance(self, gpu_uuid: str, partition: MigPartition) -> MigPartition:
-        if partition.gpu_instance is None:
-            raise ValueError("a compute instance needs its GPU instance first")
-        profile = FULL_COMPUTE_INSTANCE_PROFILE[compute_slices_of(partition.profile)]
-        command = _smi(gpu_uuid, "-gi", str(partition.gpu_instance), "-cci", str(profile))
-        compute_instance = _created(_CREATED_CI, await self._run(command), command)
-        device_uuid = await self._instance_uuid(gpu_uuid, partition.gpu_instance, compute_instance)
-        return replace(partition, compute_instance=compute_instance, uuid=device_uuid)
+    async def create(self, gpu_uuid: str, partition: MigPartition) -> MigPartition:
+        command = _smi(gpu_uuid, "-cgi", f"{partition.profile_id}:{partition.start}", "-C")
+        output = await self._run(command)
+        gpu_instance = _created(_CREATED_GI, output, command)
+        compute_instance = _created(_CREATED_CI, output, command)
+        device_uuid = await self._instance_uuid(gpu_uuid, gpu_instance, compute_instance)
+        return replace(
+            partition, gpu_instance=gpu_instance, compute_instance=compute_instance, uuid=device_uuid
+        )
 
     async def destroy(self, gpu_uuid: str, partition: MigPartition) -> None:
         """Whatever exists of the partition at its placement: its compute instances, then its GPU
@@ -107,6 +97,8 @@ class NvidiaMig:
                 partition.memory_slices,
             ):
                 continue
+            if partition.gpu_instance is not None and row.gpu_instance != partition.gpu_instance:
+                continue  # not the instance this claim made
             gi = str(row.gpu_instance)
             # A GPU instance whose compute instance was never made has none to destroy.
             with contextlib.suppress(SharingCommandError):
@@ -134,28 +126,38 @@ class SimulatedSmi:
         self._state_file = state_file
         self._record = record
         self._gpus = {gpu.uuid: gpu for gpu in gpus}
+        self._state: dict[str, dict[int, _SimulatedInstance]] | None = None  # read at first use
 
     def _load(self) -> dict[str, dict[int, _SimulatedInstance]]:
+        """The instances, read from the file once (this object is the file's only writer while
+        the driver runs), then kept in memory."""
+        if self._state is None:
+            self._state = self._read()
+        return self._state
+
+    def _read(self) -> dict[str, dict[int, _SimulatedInstance]]:
         try:
             raw = json.loads(self._state_file.read_text())
         except FileNotFoundError:
-            return {}
+            raw = {}
         return {
             gpu: {int(gi): _SimulatedInstance(**instance) for gi, instance in instances.items()}
             for gpu, instances in raw.items()
         }
 
-    def _save(self, state: dict[str, dict[int, _SimulatedInstance]]) -> None:
+    def _save(self) -> None:
+        state = self._load()
         raw = {gpu: {str(gi): vars(i) for gi, i in instances.items()} for gpu, instances in state.items()}
-        temp = self._state_file.with_suffix(".tmp")
-        temp.write_text(json.dumps(raw, sort_keys=True))
-        temp.replace(self._state_file)
+        # Written in place, unsynced: it stands for the GPU's state, which a crash of the driver
+        # (what the simulation serves) leaves as it is.
+        self._state_file.write_text(json.dumps(raw, sort_keys=True))
 
     def instances(self) -> dict[str, dict[int, tuple[str, int, list[int]]]]:
-        """GPU uuid -> GPU instance id -> (profile, start, compute instance ids): for tests."""
+        """GPU uuid -> GPU instance id -> (profile, start, compute instance ids), as the state
+        file says now (a driver in another process may have changed it): for tests."""
         return {
             gpu: {gi: (i.profile, i.start, list(i.compute_instances)) for gi, i in instances.items()}
-            for gpu, instances in self._load().items()
+            for gpu, instances in self._read().items()
             if instances
         }
 
@@ -171,13 +173,13 @@ class SimulatedSmi:
         gpu = self._gpus.get(gpu_uuid)
         if gpu is None or gpu.mig_layout is None:
             raise SharingCommandError(f"{command.describe()}: GPU {gpu_uuid} is not in MIG mode")
-        state = self._load()
-        instances = state.setdefault(gpu_uuid, {})
+        instances = self._load().setdefault(gpu_uuid, {})
         try:
             output = self._answer(gpu, instances, args)
         except ValueError as err:
             raise SharingCommandError(f"{command.describe()} exited 1: {err}") from None
-        self._save(state)
+        if args != ["-lgi"]:
+            self._save()
         return output
 
     def _answer(self, gpu: Gpu, instances: dict[int, _SimulatedInstance], args: list[str]) -> str:
@@ -185,19 +187,18 @@ class SimulatedSmi:
             return self._list(gpu, instances)
         if args[0] == "-cgi":
             profile_id, start = (int(part) for part in args[1].split(":"))
-            return self._create_gpu_instance(gpu, instances, profile_id, start)
+            output, gi = self._create_gpu_instance(gpu, instances, profile_id, start)
+            if args[2:] != ["-C"]:
+                return output
+            instances[gi].compute_instances.append(0)  # the default one, spanning the instance
+            return output + (
+                f"Successfully created compute instance ID  0 on GPU {gpu.index:2d} GPU instance ID "
+                f"{gi:2d} using profile MIG {instances[gi].profile} (ID  0)\n"
+            )
         gi = int(args[1])
         instance = instances.get(gi)
         if args[0] != "-gi" or instance is None:
             raise ValueError(f"No GPU instance found with ID {args[1]}")
-        if args[2] == "-cci":
-            if instance.compute_instances:
-                raise ValueError("Insufficient Resources: the GPU instance has its compute instance")
-            instance.compute_instances.append(0)
-            return (
-                f"Successfully created compute instance ID  0 on GPU {gpu.index:2d} GPU instance ID "
-                f"{gi:2d} using profile MIG {instance.profile} (ID {args[3]})\n"
-            )
         if args[2] == "-dci":
             if not instance.compute_instances:
                 raise ValueError("No compute instances found")
@@ -216,7 +217,7 @@ class SimulatedSmi:
     @staticmethod
     def _create_gpu_instance(
         gpu: Gpu, instances: dict[int, _SimulatedInstance], profile_id: int, start: int
-    ) -> str:
+    ) -> tuple[str, int]:
         assert gpu.mig_layout is not None
         placement = next(
             (p for p in gpu.mig_layout.placements if (p.profile_id, p.start) == (profile_id, start)), None
@@ -229,10 +230,11 @@ class SimulatedSmi:
                 raise ValueError(f"Insufficient Resources: placement {start} overlaps GPU instance {gi}")
         gi = next(n for n in range(1, 64) if n not in instances)
         instances[gi] = _SimulatedInstance(profile_id, placement.profile, start, placement.memory_slices, [])
-        return (
+        output = (
             f"Successfully created GPU instance ID {gi:2d} on GPU {gpu.index:2d} using profile MIG "
             f"{placement.profile} (ID {profile_id:2d})\n"
         )
+        return output, gi
 
     @staticmethod
     def _list(gpu: Gpu, instances: dict[int, _SimulatedInstance]) -> str:

@@ -17,7 +17,7 @@ import pytest
 from dra_driver import cdi
 from dra_driver.checkpoint import Checkpoint, ClaimRecord
 from dra_driver.devices.model import Gpu
-from dra_driver.devices.share import Command, SharingCommandError
+from dra_driver.devices.share import Command, MigPartition, SharingCommandError
 from dra_driver.prepare import ClaimRef, Preparer, node_devices
 from dra_driver.profiles.nvidia.mig import SimulatedSmi
 from dra_driver.profiles.nvidia.migtables import mig_layout
@@ -191,24 +191,24 @@ class CrashingRunner(RecordingRunner):
 
 
 class CrashingCheckpoint(Checkpoint):
-    """Dies at its ``crash_at``-th write (1: the ``started`` record), before writing it."""
+    """Dies at its ``crash_at``-th write, before writing it (0: never)."""
 
-    def __init__(self, directory: Path, runner: CrashingRunner, crash_at: int = 0) -> None:
+    def __init__(self, directory: Path, runner: CrashingRunner) -> None:
         super().__init__(directory)
         self._runner = runner
-        self._crash_at = crash_at
+        self.crash_at = 0
         self.writes = 0
 
     def update(self, changes: Mapping[str, ClaimRecord | None]) -> None:
         self.writes += 1
-        if self.writes == self._crash_at:
+        if self.writes == self.crash_at:
             self._runner.dead = True
             raise Crash(f"checkpoint write {self.writes}")
         super().update(changes)
 
 
 def mig_preparer(
-    tmp_path: Path, claims: FakeClaims, runner: CrashingRunner, crash_at_write: int = 0
+    tmp_path: Path, claims: FakeClaims, runner: CrashingRunner, checkpoint: Checkpoint | None = None
 ) -> Preparer:
     profile = NvidiaProfile("simulated", SimulatedDiscovery(two_h100s()), simulated=True)
     devices = node_devices(profile.discovery.inventory(), profile)
@@ -218,7 +218,7 @@ def mig_preparer(
         devices=lambda: devices,
         profile=profile,
         claims=claims,
-        checkpoint=CrashingCheckpoint(tmp_path / "state", runner, crash_at_write),
+        checkpoint=checkpoint or Checkpoint(tmp_path / "state"),
         sharing=SharingManager(runner, profile.sharing(tmp_path / "mps")),
         cdi_dir=tmp_path / "cdi",
         partitioner=profile.partitioner(runner.run, tmp_path / "state"),
@@ -262,12 +262,10 @@ async def test_prepare_makes_the_instance_of_each_placement_and_unprepare_destro
     outcomes = await preparer.prepare([ONE_G, THREE_G, WHOLE])
     assert {uid: o.error for uid, o in outcomes.items()} == {ONE_G.uid: "", THREE_G.uid: "", WHOLE.uid: ""}
     assert commands(runner) == [
-        f"nvidia-smi mig -i {GPU0} -cgi 19:0",  # 1g.10gb at memory slice 0
-        f"nvidia-smi mig -i {GPU0} -gi 1 -cci 0",  # its compute instance (CI profile 1c = 0)
-        f"nvidia-smi mig -i {GPU0} -cgi 9:4",  # 3g.40gb at slices 4-7
-        f"nvidia-smi mig -i {GPU0} -gi 2 -cci 2",  # CI profile 3c = 2
-        f"nvidia-smi mig -i {GPU1} -cgi 0:0",  # the whole GPU is its 7g.80gb instance
-        f"nvidia-smi mig -i {GPU1} -gi 1 -cci 4",  # CI profile 7c = 4
+        # GPU instance profile:start, and -C its default compute instance spanning it
+        f"nvidia-smi mig -i {GPU0} -cgi 19:0 -C",  # 1g.10gb at memory slice 0
+        f"nvidia-smi mig -i {GPU0} -cgi 9:4 -C",  # 3g.40gb at slices 4-7
+        f"nvidia-smi mig -i {GPU1} -cgi 0:0 -C",  # the whole GPU is its 7g.80gb instance
     ]
     assert instances(tmp_path) == {
         GPU0: {1: ("1g.10gb", 0, [0]), 2: ("3g.40gb", 4, [0])},
@@ -321,15 +319,12 @@ async def test_a_placement_already_taken_fails_that_claim_only(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("crash_on_command", "crash_at_write", "left_on_the_gpu", "undo"),
     [
-        # 1. after "started" is on disk, before the GPU instance: nothing was made
+        # 1. after "started" is on disk, before the instance is made: nothing to destroy
         ("-cgi", 0, {}, ["-lgi"]),
-        # 2. the GPU instance made, the checkpoint write recording its id never happens: found by
-        #    its placement (the record has no id) and destroyed
-        ("", 2, {1: ("1g.10gb", 0, [])}, ["-lgi", "-gi 1 -dci", "-gi 1 -dgi"]),
-        # 3. its id recorded, the compute instance not made
-        ("-cci", 0, {1: ("1g.10gb", 0, [])}, ["-lgi", "-gi 1 -dci", "-gi 1 -dgi"]),
-        # 4. both made and the CDI spec written, the "completed" write never happens
-        ("", 3, {1: ("1g.10gb", 0, [0])}, ["-lgi", "-gi 1 -dci", "-gi 1 -dgi"]),
+        # 2. the instance made (GPU and compute instance), the "completed" write (the request's
+        #    second) never happens, the CDI spec was written: found at its placement (the record
+        #    has no id) and destroyed
+        ("", 2, {2: ("1g.10gb", 0, [0])}, ["-lgi", "-gi 2 -dci", "-gi 2 -dgi"]),
     ],
 )
 async def test_a_crash_at_each_step_leaves_no_orphaned_instance(
@@ -340,27 +335,35 @@ async def test_a_crash_at_each_step_leaves_no_orphaned_instance(
     undo: list[str],
 ) -> None:
     claims = mig_claims()
-    dying = CrashingRunner(crash_on=crash_on_command)
+    dying = CrashingRunner()
+    checkpoint = CrashingCheckpoint(tmp_path / "state", dying)
+    preparer = mig_preparer(tmp_path, claims, dying, checkpoint)
+    # A node that has run a while: both checkpoint slots written (with one slot only, the
+    # checkpoint cannot prove it is complete, and the claim's spec would be adopted instead);
+    # the 3g claim's instance, GPU instance 1, is gone again.
+    await preparer.prepare([THREE_G])
+    await preparer.unprepare([THREE_G])
+    # Ids are the lowest free: 1g's GPU instance would be 1 but for a 3g kept meanwhile at 4-7.
+    await preparer.prepare([THREE_G])
+    dying.crash_on = crash_on_command
+    checkpoint.crash_at = checkpoint.writes + crash_at_write if crash_at_write else 0
     with pytest.raises(Crash):
-        await mig_preparer(tmp_path, claims, dying, crash_at_write).prepare([ONE_G])
-    assert instances(tmp_path) == ({GPU0: left_on_the_gpu} if left_on_the_gpu else {})
+        await preparer.prepare([ONE_G])
+    assert instances(tmp_path) == {GPU0: {**left_on_the_gpu, 1: ("3g.40gb", 4, [0])}}
     assert Checkpoint(tmp_path / "state").get(ONE_G.uid).state == "started"  # type: ignore[union-attr]
     # The restart rolls the claim back before serving: whatever exists at its placement goes.
     runner = CrashingRunner()
     restarted = mig_preparer(tmp_path, claims, runner)
     await restarted.recover()
     assert commands(runner) == [f"nvidia-smi mig -i {GPU0} {step}" for step in undo]
-    assert instances(tmp_path) == {}
-    assert Checkpoint(tmp_path / "state").claims == {}
+    assert instances(tmp_path) == {GPU0: {1: ("3g.40gb", 4, [0])}}  # the other claim's stays
+    assert set(Checkpoint(tmp_path / "state").claims) == {THREE_G.uid}
     assert not cdi.spec_path(tmp_path / "cdi", DRIVER, ONE_G.uid).exists()
     # The kubelet's retry prepares it from scratch, on the instance ids the GPU hands out first.
     runner.commands.clear()
     assert (await restarted.prepare([ONE_G]))[ONE_G.uid].error == ""
-    assert commands(runner) == [
-        f"nvidia-smi mig -i {GPU0} -cgi 19:0",
-        f"nvidia-smi mig -i {GPU0} -gi 1 -cci 0",
-    ]
-    assert instances(tmp_path) == {GPU0: {1: ("1g.10gb", 0, [0])}}
+    assert commands(runner) == [f"nvidia-smi mig -i {GPU0} -cgi 19:0 -C"]
+    assert instances(tmp_path) == {GPU0: {1: ("3g.40gb", 4, [0]), 2: ("1g.10gb", 0, [0])}}
 
 
 async def test_mps_is_refused_on_a_partitionable_gpu(tmp_path: Path) -> None:
@@ -371,3 +374,61 @@ async def test_mps_is_refused_on_a_partitionable_gpu(tmp_path: Path) -> None:
     error = (await mig_preparer(tmp_path, claims, runner).prepare([ref]))[ref.uid].error
     assert error == "MIG device gpu-0 is not shared; MPS is not supported"
     assert commands(runner) == [] and instances(tmp_path) == {}
+
+
+async def test_a_gpu_instance_without_its_compute_instance_is_destroyed_too(tmp_path: Path) -> None:
+    # nvidia-smi's -C can fail after it made the GPU instance: the undo finds the lone instance.
+    gpus = two_h100s()
+    record = RecordingRunner()
+    smi = SimulatedSmi(tmp_path / SIMULATED_MIG_STATE, gpus, record.run)
+    await smi.run(Command(("nvidia-smi", "mig", "-i", GPU0, "-cgi", "9:4")))
+    assert smi.instances() == {GPU0: {1: ("3g.40gb", 4, [])}}
+    mig = NvidiaProfile("simulated", SimulatedDiscovery(gpus), simulated=True).partitioner(
+        record.run, tmp_path
+    )
+    assert mig is not None
+    await mig.destroy(GPU0, MigPartition("3g.40gb", 9, 4, 4))
+    assert SimulatedSmi(tmp_path / SIMULATED_MIG_STATE, gpus, record.run).instances() == {}
+    assert commands(record)[1:] == [
+        f"nvidia-smi mig -i {GPU0} -lgi",
+        f"nvidia-smi mig -i {GPU0} -gi 1 -dci",  # answered "No compute instances found"
+        f"nvidia-smi mig -i {GPU0} -gi 1 -dgi",
+    ]
+
+
+async def test_destroy_leaves_another_instance_at_the_placement_alone(tmp_path: Path) -> None:
+    # The record names GPU instance 2; the one at the placement now is 1 (made for another claim
+    # after this claim's went): it stays.
+    gpus = two_h100s()
+    record = RecordingRunner()
+    smi = SimulatedSmi(tmp_path / SIMULATED_MIG_STATE, gpus, record.run)
+    await smi.run(Command(("nvidia-smi", "mig", "-i", GPU0, "-cgi", "19:3", "-C")))
+    mig = NvidiaProfile("simulated", SimulatedDiscovery(gpus), simulated=True).partitioner(
+        record.run, tmp_path
+    )
+    assert mig is not None
+    await mig.destroy(GPU0, MigPartition("1g.10gb", 19, 3, 1, gpu_instance=2, compute_instance=0))
+    assert SimulatedSmi(tmp_path / SIMULATED_MIG_STATE, gpus, record.run).instances() == {
+        GPU0: {1: ("1g.10gb", 3, [0])}
+    }
+
+
+async def test_a_crash_before_a_young_checkpoint_records_the_claim_adopts_it_from_its_spec(
+    tmp_path: Path,
+) -> None:
+    # The first claim of a node: one checkpoint slot only, so the checkpoint cannot prove it is
+    # complete and the claim's spec (written before the "completed" write the crash took) is taken
+    # for a prepared claim. Its instance is then the claim's, destroyed by its unprepare.
+    claims = mig_claims()
+    dying = CrashingRunner()
+    checkpoint = CrashingCheckpoint(tmp_path / "state", dying)
+    checkpoint.crash_at = 2
+    with pytest.raises(Crash):
+        await mig_preparer(tmp_path, claims, dying, checkpoint).prepare([ONE_G])
+    runner = CrashingRunner()
+    restarted = mig_preparer(tmp_path, claims, runner)
+    report = await restarted.recover()
+    assert list(report.adopted) == [ONE_G.uid] and commands(runner) == []
+    assert instances(tmp_path) == {GPU0: {1: ("1g.10gb", 0, [0])}}
+    assert await restarted.unprepare([ONE_G]) == {ONE_G.uid: ""}
+    assert commands(runner)[-1] == f"nvidia-smi mig -i {GPU0} -gi 1 -dgi" and instances(tmp_path) == {}
