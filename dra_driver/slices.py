@@ -44,7 +44,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter, Gauge
 
-from contract.names import COMPUTE_CAPACITY, GPU_MILLI, MEMORY_CAPACITY
+from contract.names import COMPUTE_CAPACITY, COMPUTE_SLICES_COUNTER, GPU_MILLI, MEMORY_CAPACITY
 from dra_driver.config import API_TIMEOUT_S
 from dra_driver.devices.attributes import string_attribute
 from dra_driver.devices.model import DeviceAttribute, Gpu, MigDevice, MigLayout, MigPlacement
@@ -64,7 +64,6 @@ MAX_DEVICES_PER_TAINTED_SLICE = 64  # the API's lower limit once any device has 
 MAX_COUNTER_SETS_PER_SLICE = 8  # measured on kube-apiserver v1.37.2, as the limits below
 MAX_COUNTERS_PER_SET = 32
 MAX_COUNTER_SETS_PER_DEVICE = 2
-COMPUTE_SLICES_COUNTER = "compute-slices"
 _MIB = 1 << 20
 _MAX_NAME = 253
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
