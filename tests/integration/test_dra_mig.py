@@ -26,7 +26,7 @@ from tessera.dev.localcluster import LocalCluster, api_client, create_fake_node,
 from tests.kubelet.client import container_cdi_ids
 
 from .test_dra_kubelet import bound_claim, node_with_driver, registered
-from .test_dra_prepare import SHIPPED_PROFILES, Pods, device_classes, driver, short_dir, unique
+from .test_dra_prepare import SHIPPED_PROFILES, Pods, device_classes, driver, kubelet, short_dir, unique
 
 __all__ = ["device_classes", "driver", "short_dir"]  # fixtures used here
 
@@ -108,6 +108,12 @@ async def test_the_scheduler_allocates_placements_without_overlap_and_the_kubele
                 },
             }
         ]
+        # A fraction (MPS) is not offered on a GPU whose partitions are made on demand: the
+        # shipped fractional class leaves partitionable GPUs out, free as both are.
+        pods = Pods(k8s, namespace)
+        await pods.create("fraction", f"fractional-{driver}", memory="20Gi")
+        await wait_until(lambda: pods.unschedulable("fraction"), timeout=40, what="no fraction of a MIG GPU")
+        await CoreV1Api(k8s).delete_namespaced_pod("fraction", namespace, grace_period_seconds=0)
         attr = f'device.attributes["{driver}"]'
         await create_pod(
             k8s,
@@ -125,7 +131,6 @@ async def test_the_scheduler_allocates_placements_without_overlap_and_the_kubele
         )
         one_g, three_g = [await bound_claim(k8s, namespace, name) for name in ("one-g", "three-g")]
         await create_pod(k8s, namespace, "whole", driver)
-        pods = Pods(k8s, namespace)
         await wait_until(lambda: pods.unschedulable("whole"), timeout=40, what="the whole GPU waits")
         one_g_device = await allocated_device(k8s, namespace, one_g.name)
         three_g_device = await allocated_device(k8s, namespace, three_g.name)
@@ -227,3 +232,32 @@ async def test_without_partitionable_devices_mig_gpus_publish_their_existing_ins
                 assert all("consumesCounters" not in d for d in devices)
         finally:
             await api.close()
+
+
+async def test_the_node_agent_runs_a_mig_pod_and_its_deletion_destroys_the_instance(
+    local_cluster: LocalCluster,
+    k8s: ApiClient,
+    namespace: str,
+    driver: str,
+    device_classes: None,
+    short_dir: Path,
+) -> None:
+    """The simulated node agent's kubelet stand-in (what the demo and scale tests run): a 2g pod
+    is prepared and Running; deleting it unprepares the claim and the GPU holds no instance."""
+    async with node_with_driver(local_cluster, k8s, short_dir, PROFILE, driver) as (config, _):
+        node = config.node_name
+        smi = SimulatedSmi(
+            config.checkpoint_dir / SIMULATED_MIG_STATE,
+            build_inventory(load_profile(PROFILE), seed=node),
+            RecordingRunner().run,
+        )
+        async with kubelet(k8s, config):
+            attr = f'device.attributes["{driver}"]'
+            await create_pod(k8s, namespace, "two-g", MIG_CLASS, f'{attr}.profile == "2g.20gb"')
+            pods = Pods(k8s, namespace)
+            assert await pods.running_on("two-g") == node
+            (gpu_uuid,) = smi.instances()
+            assert [(p, s) for p, s, _ in smi.instances()[gpu_uuid].values()] == [("2g.20gb", 0)]
+            await pods.delete("two-g")
+            await wait_until(lambda: pods.gone("two-g"), timeout=60, what="pod two-g gone")
+            assert smi.instances() == {}
