@@ -390,14 +390,17 @@ def mig_table(rows: Sequence[MigRow]) -> str:
             r.devices,
             str(r.requests),
             *(f"{v:.2f}" for v in (r.prepare.p50_ms, r.prepare.p99_ms)),
+            f"{r.prepare.p50_ms / whole.prepare.p50_ms:.1f}x",
             f"{r.prepare.p99_ms / whole.prepare.p99_ms:.1f}x",
             *(f"{v:.2f}" for v in (r.unprepare.p50_ms, r.unprepare.p99_ms)),
+            f"{r.unprepare.p50_ms / whole.unprepare.p50_ms:.1f}x",
             f"{r.unprepare.p99_ms / whole.unprepare.p99_ms:.1f}x",
         ]
         for r in rows
     ]
-    headers = ["claim (1/request)", "requests", "prep p50", "prep p99", "p99 / whole"]
-    return format_table([*headers, "unprep p50", "unprep p99", "p99 / whole"], body)
+    ratios = ["p50 / whole", "p99 / whole"]
+    headers = ["claim (1/request)", "requests", "prep p50", "prep p99", *ratios]
+    return format_table([*headers, "unprep p50", "unprep p99", *ratios], body)
 
 
 # ---- crash recovery ----
