@@ -135,6 +135,12 @@ def publishing_mode(config: DriverConfig, profile: DeviceProfile) -> SharingMode
     return None if config.sharing_mode == "auto" else SharingMode(config.sharing_mode)
 
 
+def partition_publishing(config: DriverConfig) -> bool | None:
+    """Whether GPUs in MIG mode publish their placements (partitions made on demand); None probes
+    the apiserver for partitionable devices."""
+    return None if config.mig_mode == "auto" else config.mig_mode == "dynamic"
+
+
 async def run_driver(config: DriverConfig, stop: asyncio.Event) -> None:
     """Wire discovery, slices and the kubelet plugin; return after ``stop`` is set."""
     profile = build_profile(config.backend, config.profile, node_name=config.node_name)
@@ -149,7 +155,7 @@ async def run_driver(config: DriverConfig, stop: asyncio.Event) -> None:
         config.driver_name,
         profile.discovery,
         mode=publishing_mode(config, profile),
-        partitionable=None if config.mig_mode == "auto" else config.mig_mode == "dynamic",
+        partitionable=partition_publishing(config),
     )
     try:
         async with asyncio.TaskGroup() as group:
