@@ -12,21 +12,35 @@ The outcome is made unambiguous by pinning the partitions: the 1g claim selects 
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, ResourceV1Api
 
+from dra_driver.checkpoint import Checkpoint
 from dra_driver.profiles.nvidia.mig import SimulatedSmi
 from dra_driver.profiles.nvidia.profile import SIMULATED_MIG_STATE
 from dra_driver.profiles.nvidia.simulated import SimulatedDiscovery, build_inventory, load_profile
 from dra_driver.sharing import RecordingRunner
 from dra_driver.slices import SliceReconciler
-from tessera.dev.localcluster import LocalCluster, api_client, create_fake_node, wait_until
+from tessera.dev.localcluster import LocalCluster, api_client, create_fake_node, delete_nodes, wait_until
+from tessera.dev.nodeagent import node_driver_config
 from tests.kubelet.client import container_cdi_ids
 
 from .test_dra_kubelet import bound_claim, node_with_driver, registered
-from .test_dra_prepare import SHIPPED_PROFILES, Pods, device_classes, driver, kubelet, short_dir, unique
+from .test_dra_prepare import (
+    SHIPPED_PROFILES,
+    DriverProcess,
+    Pods,
+    device_classes,
+    driver,
+    kubelet,
+    short_dir,
+    slices_published,
+    unique,
+)
 
 __all__ = ["device_classes", "driver", "short_dir"]  # fixtures used here
 
@@ -261,3 +275,68 @@ async def test_the_node_agent_runs_a_mig_pod_and_its_deletion_destroys_the_insta
             await pods.delete("two-g")
             await wait_until(lambda: pods.gone("two-g"), timeout=60, what="pod two-g gone")
             assert smi.instances() == {}
+
+
+async def test_a_driver_killed_between_making_an_instance_and_recording_it_leaves_no_orphan(
+    local_cluster: LocalCluster,
+    k8s: ApiClient,
+    namespace: str,
+    driver: str,
+    device_classes: None,
+    short_dir: Path,
+) -> None:
+    """The driver process is SIGKILLed while `nvidia-smi mig -cgi` has made the instance and not
+    yet returned (the simulated command takes 3 s to return after its change), so the checkpoint
+    says `started` with no instance id. The restarted driver destroys the instance at its
+    placement before serving, and the node agent's retry makes it again: one instance, never two."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    profile["migCommandSeconds"] = 3
+    slow = short_dir / "h100x2-mig-slow.yaml"
+    slow.write_text(yaml.safe_dump(profile))
+    node = unique("migcrash")
+    config = node_driver_config(node, short_dir, slow, local_cluster.kubeconfig, driver)
+    gpus = build_inventory(load_profile(slow), seed=node)
+    smi = SimulatedSmi(config.checkpoint_dir / SIMULATED_MIG_STATE, gpus, RecordingRunner().run)
+    log = config.checkpoint_dir / "sharing-commands.jsonl"
+    first = DriverProcess(config, short_dir / f"{node}.log")
+    second = DriverProcess(config, short_dir / f"{node}-2.log")
+    await create_fake_node(k8s, node)
+    first.start()
+    try:
+        await wait_until(partial(slices_published, k8s, driver, node), timeout=60, what="slices")
+        async with kubelet(k8s, config):
+            attr = f'device.attributes["{driver}"]'
+            await create_pod(
+                k8s, namespace, "one-g", MIG_CLASS, f'{attr}.profile == "1g.10gb" && {attr}.index == 0'
+            )
+
+            async def made() -> bool:
+                return bool(smi.instances())
+
+            await wait_until(made, timeout=60, what="the instance made")
+            first.kill()
+            ((gpu_uuid, instances),) = smi.instances().items()
+            assert list(instances.values()) == [("1g.10gb", 0, [0])]  # made by the killed driver
+            (record,) = Checkpoint(config.checkpoint_dir).claims.values()
+            assert record.state == "started" and record.shares[0].partition is not None
+            assert record.shares[0].partition.gpu_instance is None  # its id was never recorded
+
+            second.start()
+            pods = Pods(k8s, namespace)
+            assert await pods.running_on("one-g") == node
+            assert mig_commands(log) == [
+                f"nvidia-smi mig -i {gpu_uuid} -cgi 19:0 -C",  # the killed driver's
+                f"nvidia-smi mig -i {gpu_uuid} -lgi",  # recover(): found at its placement...
+                f"nvidia-smi mig -i {gpu_uuid} -gi 1 -dci",
+                f"nvidia-smi mig -i {gpu_uuid} -gi 1 -dgi",  # ...and destroyed
+                f"nvidia-smi mig -i {gpu_uuid} -cgi 19:0 -C",  # the retry
+            ]
+            assert smi.instances() == {gpu_uuid: {1: ("1g.10gb", 0, [0])}}  # one, not two
+            await pods.delete("one-g")
+            await wait_until(lambda: pods.gone("one-g"), timeout=60, what="pod one-g gone")
+            assert smi.instances() == {}
+    finally:
+        second.stop()
+        if first.proc is not None and first.proc.poll() is None:
+            first.kill()
+        await delete_nodes(k8s, [node])

@@ -17,6 +17,7 @@ ids are the lowest free, a placement overlapping an instance is refused as on a 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -122,9 +123,12 @@ class SimulatedSmi:
     """``nvidia-smi mig`` for simulated GPUs: each command is first handed to ``record`` (the
     driver's recording runner: logged, failures injected), then answered from the state file."""
 
-    def __init__(self, state_file: Path, gpus: Sequence[Gpu], record: RunCommand) -> None:
+    def __init__(
+        self, state_file: Path, gpus: Sequence[Gpu], record: RunCommand, command_s: float = 0.0
+    ) -> None:
         self._state_file = state_file
         self._record = record
+        self._command_s = command_s  # how long a command takes to return after its change
         self._gpus = {gpu.uuid: gpu for gpu in gpus}
         self._state: dict[str, dict[int, _SimulatedInstance]] | None = None  # read at first use
 
@@ -180,6 +184,8 @@ class SimulatedSmi:
             raise SharingCommandError(f"{command.describe()} exited 1: {err}") from None
         if args != ["-lgi"]:
             self._save()
+            if self._command_s:
+                await asyncio.sleep(self._command_s)
         return output
 
     def _answer(self, gpu: Gpu, instances: dict[int, _SimulatedInstance], args: list[str]) -> str:

@@ -34,11 +34,13 @@ class NvidiaProfile:
         *,
         simulated: bool,
         mig_device_uuid: InstanceUuid | None = None,
+        simulated_mig_command_s: float = 0.0,
     ) -> None:
         self._name = name
         self._discovery = discovery
         self._simulated = simulated
         self._mig_device_uuid = mig_device_uuid
+        self._simulated_mig_command_s = simulated_mig_command_s
 
     @property
     def name(self) -> str:
@@ -71,7 +73,12 @@ class NvidiaProfile:
 
     def partitioner(self, run: RunCommand, state_dir: Path) -> NvidiaMig | None:
         if self._simulated:
-            smi = SimulatedSmi(state_dir / SIMULATED_MIG_STATE, self._discovery.inventory(), run)
+            smi = SimulatedSmi(
+                state_dir / SIMULATED_MIG_STATE,
+                self._discovery.inventory(),
+                run,
+                self._simulated_mig_command_s,
+            )
             return NvidiaMig(smi.run, smi.instance_uuid)
         if self._mig_device_uuid is None:
             return None

@@ -66,6 +66,10 @@ class ProfileSpec(BaseModel):
     driver_version: str = Field(alias="driverVersion", min_length=1)
     cuda_driver_version: str = Field(alias="cudaDriverVersion", min_length=1)
     gpus: list[GpuGroupSpec] = Field(min_length=1)
+    # How long a simulated nvidia-smi mig command takes to return after it changed the GPU (a
+    # real one takes tens of ms to seconds): a window in which a driver can die with the change
+    # made and not recorded, for crash tests.
+    mig_command_seconds: float = Field(default=0.0, alias="migCommandSeconds", ge=0, le=60)
 
 
 def _stable_uuid(prefix: str, *parts: object) -> str:
@@ -127,14 +131,16 @@ def load_profile(path: Path) -> ProfileSpec:
 class SimulatedDiscovery:
     """GPUs from a profile, held in memory; health changes come from ``set_health``."""
 
-    def __init__(self, gpus: list[Gpu]) -> None:
+    def __init__(self, gpus: list[Gpu], mig_command_s: float = 0.0) -> None:
         self._gpus = {gpu.minor: gpu for gpu in gpus}
+        self.mig_command_s = mig_command_s
         self._version = 0
         self._changed = asyncio.Event()
 
     @classmethod
     def from_file(cls, profile: Path, node_name: str = "") -> SimulatedDiscovery:
-        return cls(build_inventory(load_profile(profile), seed=node_name or str(profile)))
+        spec = load_profile(profile)
+        return cls(build_inventory(spec, seed=node_name or str(profile)), spec.mig_command_seconds)
 
     def inventory(self) -> list[Gpu]:
         return [self._gpus[minor] for minor in sorted(self._gpus)]

@@ -17,6 +17,7 @@ import pytest
 from dra_driver import cdi
 from dra_driver.checkpoint import Checkpoint, ClaimRecord
 from dra_driver.devices.model import Gpu
+from dra_driver.devices.profile import BackendUnavailable
 from dra_driver.devices.share import Command, MigPartition, SharingCommandError
 from dra_driver.prepare import ClaimRef, Preparer, node_devices
 from dra_driver.profiles.nvidia.mig import SimulatedSmi
@@ -432,3 +433,14 @@ async def test_a_crash_before_a_young_checkpoint_records_the_claim_adopts_it_fro
     assert instances(tmp_path) == {GPU0: {1: ("1g.10gb", 0, [0])}}
     assert await restarted.unprepare([ONE_G]) == {ONE_G.uid: ""}
     assert commands(runner)[-1] == f"nvidia-smi mig -i {GPU0} -gi 1 -dgi" and instances(tmp_path) == {}
+
+
+def test_mig_dynamic_needs_a_gpu_with_a_placement_table(tmp_path: Path) -> None:
+    profile = tmp_path / "t4-mig.yaml"
+    profile.write_text(
+        "driverVersion: '550.54.15'\ncudaDriverVersion: '12.4'\ngpus:\n"
+        "  - {productName: Tesla T4, architecture: Turing, cudaComputeCapability: '7.5',\n"
+        "     memory: 15Gi, mig: dynamic}\n"
+    )
+    with pytest.raises(BackendUnavailable, match="mig: dynamic needs a GPU with known MIG placements"):
+        load_profile(profile)
