@@ -8,7 +8,7 @@
 4. extender memory with a large cluster picture vs the same process holding none;
 5. DRA driver NodePrepareResources / NodeUnprepareResources (1, 10, 100 claims per request) vs a
    do-nothing gRPC server on the same unix socket, and crash recovery of 150 claims vs the
-   per-claim rollback it replaced (``bench.prepare``);
+   per-claim rollback it replaced, and MIG placements made on demand vs whole GPUs (``bench.prepare``);
 6. fair-share recompute for 1000 queues in three levels and 4000 siblings vs the quadratic
    water-filling it replaced (``bench.fairshare``);
 7. one planning cycle (reclaim, then consolidation) on a large picture vs taking its snapshot alone
@@ -60,7 +60,7 @@ from . import (
 )
 from .hotpath import HotPathRow, run_hotpath
 from .memory import MemoryRow, run_memory
-from .prepare import prepare_table, recovery_table, run_prepare, run_recovery
+from .prepare import mig_table, prepare_table, recovery_table, run_mig, run_prepare, run_recovery
 
 # What --only picks; 2, 3, 8 and 9 need the local control plane.
 BENCHMARKS = (
@@ -226,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only in (None, "prepare"):
         print(f"\n[5] {prepare.TITLE}")
         print(prepare_table(run_prepare(*prepare.SMOKE if args.smoke else ())))
+        print(f"\n[5 MIG] {prepare.MIG_TITLE}")
+        print(mig_table(run_mig(prepare.SMOKE[1] if args.smoke else 400)))
         print(f"\n[5b] {prepare.RECOVERY_TITLE}")
         print(
             recovery_table(

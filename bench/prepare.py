@@ -12,6 +12,12 @@ request size (1, 10, 100 claims) the benchmark prepares, then unprepares, fresh 
 at a time; then the floor process (``serve floor``, same socket path) answers the same requests
 with one empty entry per claim: the cost of gRPC over a unix socket alone.
 
+The MIG rows: one-claim requests of a 1g.10gb placement on an 8x H100 node in MIG mode (partitions
+made on demand: each prepare makes a GPU and a compute instance, two ``nvidia-smi mig`` commands
+answered by the simulated GPUs, and writes the checkpoint three times; each unprepare lists,
+destroys the compute and then the GPU instance), against the whole-GPU baseline measured in the
+same run: one-claim requests of a whole H100 (exclusive: no command, one checkpoint write).
+
 The recovery row: the driver died while 150 claims (MPS fractions spread over the 8 GPUs) were
 being prepared, so all 150 are ``started`` in its checkpoint. After the restart the driver rolls
 them back and the kubelet prepares each pod's claim again (150 concurrent one-claim requests).
@@ -43,6 +49,7 @@ from dra_driver.checkpoint import Checkpoint
 from dra_driver.devices.share import Command
 from dra_driver.plugin import DeviceInventory, build_plugin
 from dra_driver.prepare import ApiClaimReader, ClaimRef, Preparer
+from dra_driver.profiles.nvidia.simulated import PROFILE_DIR
 from dra_driver.profiles.registry import build_profile
 from dra_driver.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from dra_driver.sharing import RecordingRunner, SharingManager
@@ -63,6 +70,8 @@ TITLE = "DRA driver prepare/unprepare over its unix socket vs a do-nothing gRPC 
 RECOVERY_CLAIMS = 150
 SMOKE_RECOVERY_CLAIMS = 12  # the smoke's interrupted claims (the old path costs ~0.1 s each)
 SIMULATED_COMMAND_S = 0.03
+MIG_TITLE = "DRA driver prepare/unprepare of MIG placements (1g.10gb, made on demand) vs whole GPUs (ms)"
+MIG_PROFILE = "mig.yaml"  # h100x8 in MIG mode, written into the benchmark's directory
 TARGET_RECOVERY_S = 2.0
 RECOVERY_TITLE = (
     f"DRA driver crash recovery: {RECOVERY_CLAIMS} interrupted claims on {GPUS} GPUs rolled back and "
@@ -70,29 +79,30 @@ RECOVERY_TITLE = (
 )
 
 
+def _device(name: str) -> tuple[str, dict[str, str]]:
+    """The device claim ``name`` is allocated and what it consumes: ``r-``/``c-<n>`` a 1Gi
+    fraction, ``w-<n>`` a whole GPU, ``m-<n>`` a 1g.10gb placement (its start cycling over 0..6)."""
+    kind, number_text = name.split("-", 1)
+    number = int(number_text)
+    if kind == "w":
+        return f"gpu-{number % GPUS}", {}
+    if kind == "m":
+        return f"gpu-{number % GPUS}-mig-1g-10gb-at-{(number // GPUS) % 7}", {}
+    return f"gpu-{number % GPUS}", {"memory": CLAIM_MEMORY}
+
+
 def claim_object(namespace: str, name: str) -> dict[str, Any]:
-    """The allocated ResourceClaim ``name`` (``r-<gpu>`` resident, ``c-<n>`` measured)."""
-    number = int(name.split("-", 1)[1])
+    """The allocated ResourceClaim ``name`` (``r-<gpu>`` resident, ``c-``/``w-``/``m-<n>`` measured)."""
+    device, consumed = _device(name)
+    result: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
+    if consumed:
+        result["consumedCapacity"] = consumed
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}"},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": "gpu",
-                            "driver": DRIVER,
-                            "pool": NODE,
-                            "device": f"gpu-{number % GPUS}",
-                            "consumedCapacity": {"memory": CLAIM_MEMORY},
-                        }
-                    ]
-                }
-            }
-        },
+        "status": {"allocation": {"devices": {"results": [result]}}},
     }
 
 
@@ -131,7 +141,8 @@ async def _serve(kind: str, root: Path, api_url: str) -> None:
         await server.stop(0)
         return
     api = ApiClient(Configuration(host=api_url))
-    profile = build_profile("simulated", Path(PROFILE), node_name=NODE)
+    settings = root / MIG_PROFILE if kind == "driver-mig" else Path(PROFILE)
+    profile = build_profile("simulated", settings, node_name=NODE)
     plugin, _ = build_plugin(
         driver_name=DRIVER,
         node_name=NODE,
@@ -210,7 +221,9 @@ def _request(kind: str, names: Sequence[str]) -> Any:
     return dra_v1_pb2.NodeUnprepareResourcesRequest(claims=claims)
 
 
-async def _measure(socket: Path, size: int, requests: int, first: int) -> tuple[list[float], list[float]]:
+async def _measure(
+    socket: Path, size: int, requests: int, first: int, prefix: str = "c"
+) -> tuple[list[float], list[float]]:
     """Prepare then unprepare ``requests`` requests of ``size`` new claims; each call's ms."""
     prepared: list[float] = []
     unprepared: list[float] = []
@@ -218,7 +231,7 @@ async def _measure(socket: Path, size: int, requests: int, first: int) -> tuple[
         stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
         for index in range(requests):
             start = first + index * size
-            names = [f"c-{n}" for n in range(start, start + size)]
+            names = [f"{prefix}-{n}" for n in range(start, start + size)]
             began = time.perf_counter()
             response = await stub.NodePrepareResources(_request("prepare", names))
             prepared.append((time.perf_counter() - began) * 1000)
@@ -231,14 +244,19 @@ async def _measure(socket: Path, size: int, requests: int, first: int) -> tuple[
     return prepared, unprepared
 
 
-async def _run(sizes: Sequence[int], calls: int) -> list[PrepareRow]:
+async def _claim_server() -> tuple[web.AppRunner, str]:
+    """The stand-in API server answering every claim read at once; its runner and URL."""
     app = web.Application()
     app.router.add_get("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}", _read_claim)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    api_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def _run(sizes: Sequence[int], calls: int) -> list[PrepareRow]:
+    runner, api_url = await _claim_server()
     root = Path(tempfile.mkdtemp(prefix="tbp-", dir="/tmp"))  # short: unix socket paths
     socket = dra_socket(root)
     plan = [(size, max(20, calls // size)) for size in sizes]
@@ -321,6 +339,68 @@ def prepare_table(rows: Sequence[PrepareRow]) -> str:
             ]
         )
     return format_table(headers, body)
+
+
+# ---- MIG placements against whole GPUs ----
+
+
+@dataclass(frozen=True)
+class MigRow:
+    devices: str
+    requests: int
+    prepare: Latency
+    unprepare: Latency
+
+
+async def _run_mig(requests: int) -> list[MigRow]:
+    runner, api_url = await _claim_server()
+    root = Path(tempfile.mkdtemp(prefix="tbm-", dir="/tmp"))
+    whole_profile = (PROFILE_DIR / f"{PROFILE}.yaml").read_text()
+    (root / MIG_PROFILE).write_text(
+        whole_profile.replace("    memory: 80Gi\n", "    memory: 80Gi\n    mig: dynamic\n")
+    )
+    rows = []
+    try:
+        for kind, prefix, devices in (
+            ("driver", "w", "whole H100"),
+            ("driver-mig", "m", "1g.10gb placement"),
+        ):
+            shutil.rmtree(root / "state", ignore_errors=True)
+            driver = await asyncio.to_thread(ServerProcess, kind, root, api_url)
+            try:
+                await _measure(dra_socket(root), 1, 2, 0, prefix)  # warm-up, not counted
+                prepared, unprepared = await _measure(dra_socket(root), 1, requests, 2, prefix)
+            finally:
+                await asyncio.to_thread(driver.stop)
+            rows.append(MigRow(devices, requests, Latency.of(prepared), Latency.of(unprepared)))
+    finally:
+        await runner.cleanup()
+        await asyncio.to_thread(shutil.rmtree, root, ignore_errors=True)
+    return rows
+
+
+def run_mig(requests: int = 400) -> list[MigRow]:
+    return asyncio.run(_run_mig(requests))
+
+
+def mig_table(rows: Sequence[MigRow]) -> str:
+    whole = rows[0]
+    body = [
+        [
+            r.devices,
+            str(r.requests),
+            *(f"{v:.2f}" for v in (r.prepare.p50_ms, r.prepare.p99_ms)),
+            f"{r.prepare.p50_ms / whole.prepare.p50_ms:.1f}x",
+            f"{r.prepare.p99_ms / whole.prepare.p99_ms:.1f}x",
+            *(f"{v:.2f}" for v in (r.unprepare.p50_ms, r.unprepare.p99_ms)),
+            f"{r.unprepare.p50_ms / whole.unprepare.p50_ms:.1f}x",
+            f"{r.unprepare.p99_ms / whole.unprepare.p99_ms:.1f}x",
+        ]
+        for r in rows
+    ]
+    ratios = ["p50 / whole", "p99 / whole"]
+    headers = ["claim (1/request)", "requests", "prep p50", "prep p99", *ratios]
+    return format_table([*headers, "unprep p50", "unprep p99", *ratios], body)
 
 
 # ---- crash recovery ----
@@ -424,7 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.prepare", description=__doc__)
     sub = parser.add_subparsers(dest="command")
     serve = sub.add_parser("serve", help="(internal) a server process of the benchmark")
-    serve.add_argument("kind", choices=("driver", "floor"))
+    serve.add_argument("kind", choices=("driver", "driver-mig", "floor"))
     serve.add_argument("root", type=Path)
     serve.add_argument("api_url")
     parser.add_argument("--calls", type=int, default=400, help="claims per request size (default 400)")
@@ -440,6 +520,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     verdict = "met" if single.prepare.p99_ms < TARGET_P99_MS else "NOT met"
     p99 = single.prepare.p99_ms
     print(f"prepare p99 for 1 claim/request: {p99:.2f} ms, target {TARGET_P99_MS:g} ms: {verdict}")
+    print(f"\n[5 MIG] {MIG_TITLE}")
+    mig = run_mig(SMOKE[1] if args.smoke else args.calls)
+    print(mig_table(mig))
+    p99 = mig[-1].prepare.p99_ms
+    verdict = "met" if p99 < TARGET_P99_MS else "NOT met"
+    ratio = p99 / mig[0].prepare.p99_ms
+    print(
+        f"MIG prepare p99: {p99:.2f} ms ({ratio:.1f}x the whole GPU's), target {TARGET_P99_MS:g} ms:", verdict
+    )
     print(f"\n[5b] {RECOVERY_TITLE}")
     claims = SMOKE_RECOVERY_CLAIMS if args.smoke else RECOVERY_CLAIMS
     recovery = run_recovery(claims)

@@ -13,6 +13,10 @@ DEVICE_TYPE_ATTRIBUTE: Final = "type"
 # Consumable capacities of a shareable GPU device: bytes of memory, and compute in thousandths.
 MEMORY_CAPACITY: Final = "memory"
 COMPUTE_CAPACITY: Final = "compute"
+# A partitionable GPU's counter of compute slices (KEP-4815 shared counters): the whole GPU
+# consumes all of them (7 on A100/H100/H200), a MIG placement its own.
+COMPUTE_SLICES_COUNTER: Final = "compute-slices"
+MIG_COMPUTE_SLICES: Final = 7
 # Thousandths of one GPU: placement's unit for fractions and the driver's "compute" of a whole GPU.
 GPU_MILLI: Final = 1000
 

@@ -67,6 +67,12 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
         default="auto",
         help="auto: probe the apiserver for consumable capacity",
     )
+    parser.add_argument(
+        "--mig-mode",
+        choices=["auto", "dynamic", "static"],
+        default="auto",
+        help="auto: probe the apiserver for partitionable devices (MIG partitions made on demand)",
+    )
     parser.add_argument("--http-port", type=int, default=0, help="/healthz and /metrics; 0 disables")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
@@ -87,6 +93,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DriverConfig:
             cdi_dir=args.cdi_dir,
             checkpoint_dir=args.checkpoint_dir,
             sharing_mode=args.sharing_mode,
+            mig_mode=args.mig_mode,
             health_port=args.http_port,
         )
     except ValidationError as exc:
@@ -128,6 +135,12 @@ def publishing_mode(config: DriverConfig, profile: DeviceProfile) -> SharingMode
     return None if config.sharing_mode == "auto" else SharingMode(config.sharing_mode)
 
 
+def partition_publishing(config: DriverConfig) -> bool | None:
+    """Whether GPUs in MIG mode publish their placements (partitions made on demand); None probes
+    the apiserver for partitionable devices."""
+    return None if config.mig_mode == "auto" else config.mig_mode == "dynamic"
+
+
 async def run_driver(config: DriverConfig, stop: asyncio.Event) -> None:
     """Wire discovery, slices and the kubelet plugin; return after ``stop`` is set."""
     profile = build_profile(config.backend, config.profile, node_name=config.node_name)
@@ -137,7 +150,12 @@ async def run_driver(config: DriverConfig, stop: asyncio.Event) -> None:
     ready = asyncio.Event()
     runner = await start_http(config.health_port, ready) if config.health_port else None
     reconciler = SliceReconciler(
-        api, config.node_name, config.driver_name, profile.discovery, mode=publishing_mode(config, profile)
+        api,
+        config.node_name,
+        config.driver_name,
+        profile.discovery,
+        mode=publishing_mode(config, profile),
+        partitionable=partition_publishing(config),
     )
     try:
         async with asyncio.TaskGroup() as group:

@@ -31,7 +31,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -87,9 +87,25 @@ class _CheckpointFile(BaseModel):
     body: _CheckpointBody
 
 
+def _without_absent_partitions(record: Mapping[str, object]) -> dict[str, object]:
+    """A record as hashed: a share's ``partition`` (added with MIG partitions) only when it has
+    one, so the records written before it keep their checksums (the format stays 2)."""
+    shares = record.get("shares")
+    if not isinstance(shares, list):
+        return dict(record)
+    return {
+        **record,
+        "shares": [
+            {k: v for k, v in share.items() if not (k == "partition" and v is None)} for share in shares
+        ],
+    }
+
+
 def _checksum(body: _CheckpointBody, dumped: Mapping[str, object] | None = None) -> str:
     """SHA-256 of the body's canonical JSON; ``dumped`` is ``body.model_dump(mode="json")``."""
     document = dict(dumped if dumped is not None else body.model_dump(mode="json"))
+    claims = cast(Mapping[str, Mapping[str, object]], document["claims"])
+    document["claims"] = {uid: _without_absent_partitions(record) for uid, record in claims.items()}
     if not body.generation:
         del document["generation"]  # format 1 documents have none
     canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))

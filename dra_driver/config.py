@@ -18,6 +18,9 @@ API_TIMEOUT_S = 10.0
 
 # "auto" probes the apiserver for consumable capacity; the other two force a publishing mode.
 SharingModeSetting = Literal["auto", "consumable-capacity", "whole-device"]
+# "auto" probes the apiserver for partitionable devices; "dynamic" makes MIG partitions on demand,
+# "static" publishes the MIG devices that exist (as before partitionable devices).
+MigModeSetting = Literal["auto", "dynamic", "static"]
 
 
 class DriverConfig(BaseModel):
@@ -36,6 +39,7 @@ class DriverConfig(BaseModel):
     cdi_dir: Path = DEFAULT_CDI_DIR
     checkpoint_dir: Path = DEFAULT_CHECKPOINT_DIR
     sharing_mode: SharingModeSetting = "auto"
+    mig_mode: MigModeSetting = "auto"
     health_port: int = Field(default=0, ge=0, le=65535)
 
     @field_validator("plugin_dir", "registry_dir", "cdi_dir", "checkpoint_dir")

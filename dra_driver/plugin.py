@@ -480,6 +480,7 @@ def build_plugin(
         # Named for MPS, the one strategy that keeps host state today (its pipe and log directories).
         sharing=SharingManager(runner, profile.sharing(plugin_dir / driver_name / "mps")),
         cdi_dir=cdi_dir,
+        partitioner=profile.partitioner(runner.run, checkpoint_dir),
     )
     plugin = DraPlugin(
         driver_name=driver_name,

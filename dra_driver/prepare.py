@@ -15,6 +15,15 @@ slot unreadable or missing, see ``dra_driver.checkpoint``), every spec it does n
 completed is taken for a prepared claim and its record restored from the spec, and a spec with
 no record is kept and pins the GPUs it names (never reset while it exists). So no damage to the
 checkpoint makes the driver drop a claim the kubelet was told is prepared, or reset a GPU under it.
+
+MIG partitions made on demand (a device of a partitionable GPU: a placement, or the whole GPU as
+its full-size instance) are made by the profile's ``Partitioner`` (GPU and compute instance in one
+command), with the checkpoint written before (``started``: nothing made yet) and after
+(``completed``, with the instance ids and MIG device uuid). Undoing one (unprepare, a
+failure, or the roll-back of a claim a crash interrupted) destroys whatever exists at its
+placement, found on the device rather than from the record, so a crash between a create and its
+record leaves no orphaned instance. A claim whose instance cannot be destroyed stays recorded
+(its unprepare fails, and the kubelet retries it).
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,9 +50,14 @@ from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from dra_driver.claimconfig import effective_sharing, parse_quantity
 from dra_driver.config import API_TIMEOUT_S
 from dra_driver.devices.model import Gpu, NodeDevice
-from dra_driver.devices.naming import gpu_device_name, mig_device_name, published_memory
-from dra_driver.devices.profile import DeviceProfile
-from dra_driver.devices.share import ContainerEdits, GpuShare, SharingCommandError
+from dra_driver.devices.naming import (
+    gpu_device_name,
+    mig_device_name,
+    placement_device_name,
+    published_memory,
+)
+from dra_driver.devices.profile import DeviceProfile, Partitioner
+from dra_driver.devices.share import ContainerEdits, GpuShare, MigPartition, SharingCommandError
 from dra_driver.sharing import SharingConflict, SharingManager
 from dra_driver.slices import memory_quantity, read_json
 
@@ -123,13 +137,26 @@ class ResourceClaimView(_ApiModel):
 def node_devices(gpus: Sequence[Gpu], profile: DeviceProfile) -> dict[str, NodeDevice]:
     """Published device name -> NodeDevice, using the same naming as the ResourceSlices.
 
-    A GPU in MIG mode is published as its MIG devices only: work cannot run outside them. Its
-    device nodes are the profile's (a MIG device's are its GPU's).
+    A GPU in MIG mode is published as its MIG devices only: work cannot run outside them. A
+    partitionable one (``mig_layout``) also as its placements and the whole GPU as the full-size
+    placement (published so only where the cluster serves partitionable devices; known here
+    either way, since only what is published is allocated). Its device nodes are the profile's
+    (a MIG device's are its GPU's).
     """
     devices: dict[str, NodeDevice] = {}
     for gpu in gpus:
         nodes = profile.device_nodes(gpu)
-        if not gpu.mig_enabled:
+        if gpu.mig_layout is not None:
+            full = gpu.mig_layout.full
+            name = gpu_device_name(gpu)
+            devices[name] = NodeDevice(name, gpu.uuid, published_memory(gpu), nodes, placement=full)
+            for placement in gpu.mig_layout.placements:
+                if placement != full:
+                    name = placement_device_name(gpu, placement)
+                    devices[name] = NodeDevice(
+                        name, gpu.uuid, placement.memory_bytes, nodes, is_mig=True, placement=placement
+                    )
+        elif not gpu.mig_enabled:
             name = gpu_device_name(gpu)
             devices[name] = NodeDevice(name, gpu.uuid, published_memory(gpu), nodes)
         for mig in gpu.mig_devices:
@@ -240,7 +267,7 @@ def plan_claim(
                 f"request {result.request} holds {memory} of {device.memory_bytes} bytes of {device.name}; "
                 f"a fraction is shared with MPS (its memory limit), not {strategy}"
             )
-        if device.is_mig and strategy != SharingStrategy.EXCLUSIVE:
+        if (device.is_mig or device.placement is not None) and strategy != SharingStrategy.EXCLUSIVE:
             raise ClaimPrepareError(f"MIG device {device.name} is not shared; {strategy} is not supported")
         threads = _thread_percentage(result, memory, device.memory_bytes)
         if sharing is not None and sharing.mps is not None and sharing.mps.activeThreadPercentage is not None:
@@ -252,12 +279,27 @@ def plan_claim(
             memory_limit_bytes=memory if strategy == SharingStrategy.MPS else 0,
             active_thread_percentage=threads if strategy == SharingStrategy.MPS else 100,
             timeslice=sharing.timeSlicing.interval if sharing and sharing.timeSlicing else "Default",
+            partition=_partition_of(device),
         )
         planned.append(PlannedDevice(result.request, device, share, result.pool, result.shareID))
     if sum(1 for p in planned if p.share.strategy == SharingStrategy.MPS) > 1:
         # The per-client MPS limits address the container's device 0; one fraction per claim.
         raise ClaimPrepareError("a claim may hold at most one MPS-shared GPU")
     return planned
+
+
+def _partition_of(device: NodeDevice) -> MigPartition | None:
+    """The instance to make for a placement device (its ids come once it is made)."""
+    placement = device.placement
+    if placement is None:
+        return None
+    return MigPartition(placement.profile, placement.profile_id, placement.start, placement.memory_slices)
+
+
+def _shared(shares: Iterable[GpuShare]) -> tuple[GpuShare, ...]:
+    """The shares the sharing manager handles: all but MIG partitions (made and destroyed by the
+    partitioner; a GPU's partitions are held by different claims, each exclusively)."""
+    return tuple(share for share in shares if share.partition is None)
 
 
 # ---- I/O: reading claims, and the preparer ----
@@ -425,6 +467,7 @@ class Preparer:
         checkpoint: Checkpoint,
         sharing: SharingManager,
         cdi_dir: Path,
+        partitioner: Partitioner | None = None,
     ) -> None:
         self._driver = driver_name
         self._profile = profile
@@ -433,6 +476,7 @@ class Preparer:
         self._claims = claims
         self._checkpoint = checkpoint
         self._sharing = sharing
+        self._partitioner = partitioner
         self._cdi_dir = cdi_dir
         self._claim_locks = ClaimLocks()
         self._state_lock = asyncio.Lock()
@@ -443,7 +487,9 @@ class Preparer:
 
     def _restore_sharing(self) -> None:
         completed = {
-            uid: rec.shares for uid, rec in self._checkpoint.claims.items() if rec.state == "completed"
+            uid: _shared(rec.shares)
+            for uid, rec in self._checkpoint.claims.items()
+            if rec.state == "completed"
         }
         self._sharing.restore(completed)
 
@@ -517,15 +563,30 @@ class Preparer:
 
     async def _roll_back(self, leftovers: Mapping[str, ClaimRecord]) -> None:
         """Undo claims (interrupted, or their spec was lost) at once: each GPU they leave unused
-        is reset once, then their specs and records go (one checkpoint write)."""
+        is reset once, their MIG partitions destroyed, then their specs and records go (one
+        checkpoint write). A claim whose partition cannot be destroyed stays recorded, to be
+        undone again by its next prepare or unprepare."""
         if not leftovers:
             return
         await self._sharing.release_claims(
-            {uid: record.shares for uid, record in leftovers.items()}, self._unaccounted_gpus()
+            {uid: _shared(record.shares) for uid, record in leftovers.items()}, self._unaccounted_gpus()
         )
-        specs = [Path(record.cdi_spec) for record in leftovers.values() if record.cdi_spec]
+        undone: dict[str, ClaimRecord] = {}
+        for uid, record in leftovers.items():
+            try:
+                await self._destroy_partitions(record.shares)
+            except SharingCommandError as err:
+                log.error("claim %s: its MIG partition is not destroyed, kept recorded: %s", uid, err)
+                continue
+            undone[uid] = record
+        specs = [Path(record.cdi_spec) for record in undone.values() if record.cdi_spec]
         await asyncio.to_thread(cdi.remove_claim_specs, specs)
-        await self._save(dict.fromkeys(leftovers))
+        await self._save(dict.fromkeys(undone))
+
+    async def _destroy_partitions(self, shares: Iterable[GpuShare]) -> None:
+        for share in shares:
+            if share.partition is not None and self._partitioner is not None:
+                await self._partitioner.destroy(share.gpu_uuid, share.partition)
 
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
         outcomes: dict[str, PrepareOutcome] = {}
@@ -602,7 +663,11 @@ class Preparer:
         }
         # "started" reaches the disk before any command runs, so a crash is rolled back later. A
         # request that runs no command changes nothing but its specs, which recover() cleans.
-        if any(self._sharing.needs_setup(p.ref.uid, d.share) for p in with_devices for d in p.devices):
+        if any(
+            d.share.partition is not None or self._sharing.needs_setup(p.ref.uid, d.share)
+            for p in with_devices
+            for d in p.devices
+        ):
             try:
                 await self._save({**changes, **started})
             except OSError as err:  # nothing was set up: these claims fail, the kubelet retries
@@ -612,17 +677,20 @@ class Preparer:
                 return outcomes
             changes = {}
         edits: dict[str, list[ContainerEdits]] = {}
+        shares: dict[str, tuple[GpuShare, ...]] = {}
         for p in with_devices:
             try:
                 self._check_not_pinned(p.ref.uid, p.devices)
-                edits[p.ref.uid] = await self._acquire(p.ref.uid, p.devices)
+                edits[p.ref.uid], shares[p.ref.uid] = await self._acquire(p.ref.uid, p.devices)
             except (SharingConflict, SharingCommandError, OSError) as err:
                 outcomes[p.ref.uid] = PrepareOutcome(error=self._failed("prepare", p.ref, str(err)))
                 changes[p.ref.uid] = None
         acquired = [p for p in with_devices if p.ref.uid in edits]
         answers = {p.ref.uid: self._answer(p) for p in acquired}
         completed = {
-            uid: started[uid].model_copy(update={"state": "completed", "devices": devices})
+            uid: started[uid].model_copy(
+                update={"state": "completed", "devices": devices, "shares": shares[uid]}
+            )
             for uid, devices in answers.items()
         }
         claim_specs = {
@@ -635,7 +703,10 @@ class Preparer:
             # Nothing of these claims is recorded as done: undo them (the disk may still say
             # "started", which the next prepare or unprepare rolls back).
             for p in acquired:
-                await self._release(p.ref.uid, tuple(d.share for d in p.devices))
+                try:
+                    await self._release(p.ref.uid, shares[p.ref.uid])
+                except SharingCommandError as undo:  # still "started" on disk: undone again later
+                    log.error("claim %s: undoing its preparation: %s", p.ref.uid, undo)
                 error = self._failed("prepare", p.ref, f"recording the prepared claim: {err}")
                 outcomes[p.ref.uid] = PrepareOutcome(error=error)
             await asyncio.to_thread(cdi.remove_claim_specs, [specs[p.ref.uid] for p in acquired])
@@ -659,23 +730,51 @@ class Preparer:
                     f"{share.strategy} once they are unprepared"
                 )
 
-    async def _acquire(self, claim_uid: str, devices: Sequence[PlannedDevice]) -> list[ContainerEdits]:
-        """Sharing for every device of the claim, or for none of them."""
+    async def _acquire(
+        self, claim_uid: str, devices: Sequence[PlannedDevice]
+    ) -> tuple[list[ContainerEdits], tuple[GpuShare, ...]]:
+        """Sharing and partitions for every device of the claim, or for none of them; the edits,
+        and the shares with the partitions as made."""
         acquired: list[ContainerEdits] = []
+        shares = [d.share for d in devices]
         try:
-            for device in devices:
-                acquired.append(await self._sharing.acquire(claim_uid, device.share))
+            for index, device in enumerate(devices):
+                if device.share.partition is None:
+                    acquired.append(await self._sharing.acquire(claim_uid, device.share))
+                    continue
+                await self._make_partition(shares, index)
+                acquired.append(ContainerEdits())
         except BaseException:
-            await self._release(claim_uid, tuple(d.share for d in devices[: len(acquired)]))
+            # Up to the device that failed: a partition it began is found at its placement.
+            try:
+                await self._release(claim_uid, shares[: len(acquired) + 1], begun=len(acquired))
+            except SharingCommandError as err:
+                log.error("claim %s: undoing its partial preparation: %s", claim_uid, err)
             raise
-        return acquired
+        return acquired, tuple(shares)
+
+    async def _make_partition(self, shares: list[GpuShare], index: int) -> None:
+        """Make the MIG instance of ``shares[index]`` (its ``started`` record is on disk)."""
+        share = shares[index]
+        assert share.partition is not None
+        if self._partitioner is None:
+            raise SharingConflict(
+                f"{share.device_name}: the {self._profile.name} device profile makes no MIG partitions"
+            )
+        made = await self._partitioner.create(share.gpu_uuid, share.partition)
+        shares[index] = replace(share, partition=made)
 
     def _claim_spec(
         self, planned: _Planned, edits: Sequence[ContainerEdits], record: ClaimRecord
     ) -> dict[str, Any]:
         """The profile's edits for the claim, with each share's environment added to them, and
         the claim's record (to recover it from, should the checkpoint lose it)."""
-        common = self._profile.claim_edits([d.device for d in planned.devices])
+        # A MIG partition's containers see its MIG device, made by prepare.
+        devices = [
+            replace(d.device, uuid=share.partition.uuid) if share.partition is not None else d.device
+            for d, share in zip(planned.devices, record.shares, strict=True)
+        ]
+        common = self._profile.claim_edits(devices)
         env = dict(common.env)
         cdi_devices: list[cdi.CdiDevice] = []
         for device, edit in zip(planned.devices, edits, strict=True):
@@ -708,8 +807,14 @@ class Preparer:
         if changes:
             await asyncio.to_thread(self._checkpoint.update, changes)
 
-    async def _release(self, claim_uid: str, shares: Sequence[GpuShare]) -> None:
-        await self._sharing.release_claims({claim_uid: shares}, self._unaccounted_gpus())
+    async def _release(self, claim_uid: str, shares: Sequence[GpuShare], begun: int | None = None) -> None:
+        """Release the claim's sharing and destroy its partitions (raises SharingCommandError when
+        one cannot be: the claim must stay recorded). ``begun``: the index of a share whose setup
+        was begun, not finished (released only when a partition: a sharing setup that failed
+        added no user)."""
+        sharing = [s for i, s in enumerate(shares) if i != begun]
+        await self._sharing.release_claims({claim_uid: _shared(sharing)}, self._unaccounted_gpus())
+        await self._destroy_partitions(shares)
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error message ("" when done). Unknown claims succeed; no API call is made."""

@@ -15,6 +15,17 @@ takes a slice; and
 compute share and the node side derives the thread share from the memory share. Without the
 feature, GPUs are published as whole devices; sharing is then a ResourceClaim referenced by
 several pods (time-slicing).
+
+Partitionable MIG (DRAPartitionableDevices). A GPU in MIG mode whose placements are known
+(``Gpu.mig_layout``) publishes one counter set (``gpu-<minor>``: ``memory-slice-0`` ..
+``memory-slice-7`` of 1 each, ``compute-slices`` of 7) and, as devices consuming from it, the
+whole GPU (every counter: it is prepared as the full-size instance) and each MIG profile placement
+(the memory slices it covers and its compute slices). The scheduler allocates a device only when
+its counters are still free, so two placements that overlap, or a placement and the whole GPU,
+are never allocated together. Counter sets and devices go in separate slices of the pool (the API
+allows one or the other in a slice; at most 8 counter sets in one, and 64 devices once any
+consumes counters). Without the feature such a GPU publishes its existing MIG devices, as every
+GPU in MIG mode did before.
 """
 
 from __future__ import annotations
@@ -33,17 +44,26 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter, Gauge
 
-from contract.names import COMPUTE_CAPACITY, GPU_MILLI, MEMORY_CAPACITY
+from contract.names import COMPUTE_CAPACITY, COMPUTE_SLICES_COUNTER, GPU_MILLI, MEMORY_CAPACITY
 from dra_driver.config import API_TIMEOUT_S
 from dra_driver.devices.attributes import string_attribute
-from dra_driver.devices.model import DeviceAttribute, Gpu, MigDevice
-from dra_driver.devices.naming import gpu_device_name, mig_device_name, published_memory
+from dra_driver.devices.model import DeviceAttribute, Gpu, MigDevice, MigLayout, MigPlacement
+from dra_driver.devices.naming import (
+    counter_set_name,
+    gpu_device_name,
+    mig_device_name,
+    placement_device_name,
+    published_memory,
+)
 from dra_driver.devices.profile import Discovery
 
 log = logging.getLogger(__name__)
 
 MAX_DEVICES_PER_SLICE = 128
-MAX_DEVICES_PER_TAINTED_SLICE = 64  # the API's lower limit once any device has taints
+MAX_DEVICES_PER_TAINTED_SLICE = 64  # the API's lower limit once any device has taints or counters
+MAX_COUNTER_SETS_PER_SLICE = 8  # measured on kube-apiserver v1.37.2, as the limits below
+MAX_COUNTERS_PER_SET = 32
+MAX_COUNTER_SETS_PER_DEVICE = 2
 _MIB = 1 << 20
 _MAX_NAME = 253
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -168,36 +188,120 @@ def _mig_device(gpu: Gpu, mig: MigDevice, driver: str, effect: TaintEffect) -> d
     return device
 
 
-def build_devices(
-    gpus: Iterable[Gpu], driver: str, mode: SharingMode, taint_effect: TaintEffect = "NoSchedule"
+def memory_slice_counter(index: int) -> str:
+    return f"memory-slice-{index}"
+
+
+def placement_counters(layout: MigLayout, placement: MigPlacement) -> dict[str, dict[str, str]]:
+    """What a placement consumes of its GPU's counter set: each memory slice it covers, and its
+    compute slices."""
+    counters = {
+        memory_slice_counter(index): {"value": "1"}
+        for index in range(placement.start, placement.start + placement.memory_slices)
+    }
+    counters[COMPUTE_SLICES_COUNTER] = {"value": str(placement.compute_slices)}
+    return counters
+
+
+def counter_set(gpu: Gpu, layout: MigLayout) -> dict[str, Any]:
+    counters = {memory_slice_counter(index): {"value": "1"} for index in range(layout.memory_slices)}
+    counters[COMPUTE_SLICES_COUNTER] = {"value": str(layout.compute_slices)}
+    return {"name": counter_set_name(gpu), "counters": counters}
+
+
+def _partitionable_devices(
+    gpu: Gpu, layout: MigLayout, driver: str, effect: TaintEffect
 ) -> list[dict[str, Any]]:
-    """Devices for the pool: whole GPUs, or the MIG devices of a GPU in MIG mode (never both:
-    a GPU in MIG mode cannot run work outside its instances)."""
+    """The whole GPU and every smaller placement, each consuming its counters of the GPU's set."""
+    whole = layout.full
+    taints = _taints(gpu, driver, effect)
+    devices: list[dict[str, Any]] = []
+    for placement in (whole, *(p for p in layout.placements if p != whole)):
+        attributes = _gpu_attributes(gpu)
+        if placement == whole:
+            name = gpu_device_name(gpu)
+            memory = published_memory(gpu)
+        else:
+            name = placement_device_name(gpu, placement)
+            memory = placement.memory_bytes
+            # The MIG device's uuid exists only once prepare has made it.
+            del attributes["uuid"]
+            attributes.update(
+                {
+                    "type": string_attribute("mig"),
+                    "parentUUID": string_attribute(gpu.uuid),
+                    "profile": string_attribute(placement.profile),
+                }
+            )
+        attributes["placementStart"] = {"int": placement.start}
+        attributes["computeSlices"] = {"int": placement.compute_slices}
+        device: dict[str, Any] = {
+            "name": name,
+            "attributes": attributes,
+            "capacity": {MEMORY_CAPACITY: {"value": memory_quantity(memory)}},
+            "consumesCounters": [
+                {"counterSet": counter_set_name(gpu), "counters": placement_counters(layout, placement)}
+            ],
+        }
+        if taints:
+            device["taints"] = taints
+        devices.append(device)
+    return devices
+
+
+def build_devices(
+    gpus: Iterable[Gpu],
+    driver: str,
+    mode: SharingMode,
+    taint_effect: TaintEffect = "NoSchedule",
+    partitionable: bool = False,
+) -> list[dict[str, Any]]:
+    """Devices for the pool: whole GPUs, or for a GPU in MIG mode its MIG devices (never the GPU
+    itself: work cannot run outside its instances); with ``partitionable``, a GPU in MIG mode with
+    known placements publishes the whole GPU and every placement, consuming its counters."""
     devices: list[dict[str, Any]] = []
     for gpu in sorted(gpus, key=lambda g: g.minor):
-        if gpu.mig_enabled:
+        if partitionable and gpu.mig_layout is not None:
+            devices.extend(_partitionable_devices(gpu, gpu.mig_layout, driver, taint_effect))
+        elif gpu.mig_enabled:
             devices.extend(_mig_device(gpu, mig, driver, taint_effect) for mig in gpu.mig_devices)
         else:
             devices.append(_whole_gpu_device(gpu, driver, mode, taint_effect))
     return devices
 
 
+def build_counter_sets(gpus: Iterable[Gpu], partitionable: bool) -> list[dict[str, Any]]:
+    """One counter set per partitionable GPU (none unless ``partitionable``)."""
+    if not partitionable:
+        return []
+    return [
+        counter_set(gpu, gpu.mig_layout)
+        for gpu in sorted(gpus, key=lambda g: g.minor)
+        if gpu.mig_layout is not None
+    ]
+
+
 def chunk_devices(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Split devices into slices within the per-slice limit (lower when a slice holds taints)."""
+    """Split devices into slices within the per-slice limit (lower when a slice holds taints or
+    devices consuming counters)."""
     chunks: list[list[dict[str, Any]]] = []
     current: list[dict[str, Any]] = []
     current_tainted = False
     for device in devices:
-        tainted = current_tainted or bool(device.get("taints"))
+        tainted = current_tainted or _limited(device)
         limit = MAX_DEVICES_PER_TAINTED_SLICE if tainted else MAX_DEVICES_PER_SLICE
         if len(current) + 1 > limit:
             chunks.append(current)
-            current, tainted = [], bool(device.get("taints"))
+            current, tainted = [], _limited(device)
         current.append(device)
         current_tainted = tainted
     if current or not chunks:
         chunks.append(current)
     return chunks
+
+
+def _limited(device: Mapping[str, Any]) -> bool:
+    return bool(device.get("taints") or device.get("consumesCounters"))
 
 
 def slice_name(node: str, driver: str, index: int) -> str:
@@ -216,12 +320,23 @@ def build_slices(
     mode: SharingMode,
     generation: int,
     taint_effect: TaintEffect = "NoSchedule",
+    partitionable: bool = False,
 ) -> list[dict[str, Any]]:
-    """The complete pool for one node: ResourceSlice objects ready to create or replace.
+    """The complete pool for one node: ResourceSlice objects ready to create or replace; the
+    counter sets' slices first, then the devices'.
 
     A node without GPUs still publishes one empty slice, so the pool (and its generation) exists.
     """
-    chunks = chunk_devices(build_devices(gpus, driver, mode, taint_effect))
+    gpus = list(gpus)
+    sets = build_counter_sets(gpus, partitionable)
+    contents: list[tuple[str, list[dict[str, Any]]]] = [
+        ("sharedCounters", sets[start : start + MAX_COUNTER_SETS_PER_SLICE])
+        for start in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
+    ]
+    contents += [
+        ("devices", chunk)
+        for chunk in chunk_devices(build_devices(gpus, driver, mode, taint_effect, partitionable))
+    ]
     metadata_extra: dict[str, Any] = {}
     if node.uid:
         metadata_extra["ownerReferences"] = [
@@ -239,11 +354,11 @@ def build_slices(
             "spec": {
                 "driver": driver,
                 "nodeName": node.name,
-                "pool": {"name": node.name, "generation": generation, "resourceSliceCount": len(chunks)},
-                "devices": devices,
+                "pool": {"name": node.name, "generation": generation, "resourceSliceCount": len(contents)},
+                field_name: items,
             },
         }
-        for index, devices in enumerate(chunks)
+        for index, (field_name, items) in enumerate(contents)
     ]
 
 
@@ -290,13 +405,35 @@ def _probe_slice(node: str, driver: str) -> dict[str, Any]:
     }
 
 
+def _partition_probe_slice(node: str, driver: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{driver}-partition-probe"[:_MAX_NAME]},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": f"{node}-partition-probe", "generation": 0, "resourceSliceCount": 2},
+            "devices": [
+                {
+                    "name": "probe",
+                    "consumesCounters": [
+                        {"counterSet": "probe", "counters": {memory_slice_counter(0): {"value": "1"}}}
+                    ],
+                }
+            ],
+        },
+    }
+
+
 def _comparable(slices: Sequence[Mapping[str, Any]]) -> list[Any]:
     """What decides whether a republish is needed: everything except the pool generation."""
     return [
         (
             s["metadata"]["name"],
             s["metadata"].get("ownerReferences"),
-            s["spec"]["devices"],
+            s["spec"].get("devices"),
+            s["spec"].get("sharedCounters"),
             s["spec"]["pool"]["resourceSliceCount"],
         )
         for s in slices
@@ -314,6 +451,7 @@ class SliceReconciler:
         discovery: Discovery,
         mode: SharingMode | None = None,
         taint_effect: TaintEffect = "NoSchedule",
+        partitionable: bool | None = None,
     ) -> None:
         # Typed Any: bodies go in as plain dicts and come back raw, bypassing the generated models.
         self._resource: Any = client.ResourceV1Api(api)
@@ -323,6 +461,7 @@ class SliceReconciler:
         self._discovery = discovery
         self._taint_effect = taint_effect
         self.mode = mode
+        self.partitionable = partitionable  # None: probed at the first publish
         self.generation = 0
         self._published: list[Any] | None = None
         self._lock = asyncio.Lock()
@@ -347,6 +486,28 @@ class SliceReconciler:
             return SharingMode.CONSUMABLE_CAPACITY
         log.info("cluster lacks consumable capacity: publishing whole GPUs (share by shared claims)")
         return SharingMode.WHOLE_DEVICE
+
+    async def detect_partitionable(self) -> bool:
+        """Dry-run a device consuming counters: an apiserver without DRAPartitionableDevices drops
+        ``consumesCounters``; then GPUs in MIG mode publish their existing MIG devices only."""
+        probe = _partition_probe_slice(self._node_name, self._driver)
+        try:
+            echoed = await read_json(
+                self._resource.create_resource_slice(body=probe, dry_run="All", _preload_content=False)
+            )
+        except ApiException as exc:
+            log.warning(
+                "partitionable-devices probe rejected (%s %s); MIG devices published as they exist",
+                exc.status,
+                exc.reason,
+            )
+            return False
+        devices = echoed.get("spec", {}).get("devices") or [{}]
+        if devices[0].get("consumesCounters"):
+            log.info("cluster supports partitionable devices: MIG partitions are made on demand")
+            return True
+        log.info("cluster lacks partitionable devices: MIG devices published as they exist (static)")
+        return False
 
     async def _node_ref(self) -> NodeRef:
         try:
@@ -374,13 +535,21 @@ class SliceReconciler:
         async with self._lock:
             if self.mode is None:
                 self.mode = await self.detect_sharing_mode()
+            if self.partitionable is None:
+                self.partitionable = await self.detect_partitionable()
             existing = await self._existing()
             if self.generation == 0:
                 # Continue after whatever a previous run of this driver left behind.
                 self.generation = max((s["spec"]["pool"]["generation"] for s in existing.values()), default=0)
             node = await self._node_ref()
             desired = build_slices(
-                node, self._driver, gpus, self.mode, self.generation + 1, self._taint_effect
+                node,
+                self._driver,
+                gpus,
+                self.mode,
+                self.generation + 1,
+                self._taint_effect,
+                self.partitionable,
             )
             wanted_names = {s["metadata"]["name"] for s in desired}
             in_place = existing.keys() == wanted_names and all(
@@ -415,7 +584,7 @@ class SliceReconciler:
             self._node_name,
             self.generation,
             len(desired),
-            sum(len(s["spec"]["devices"]) for s in desired),
+            sum(len(s["spec"].get("devices", ())) for s in desired),
             self.mode,
         )
 

@@ -10,6 +10,12 @@
 # 3. CUDA allocations as that claim's client: half the limit must succeed, the limit plus 1 GiB
 #    must fail (CUDA_ERROR_OUT_OF_MEMORY); either other outcome fails the check.
 # 4. Unprepare: MPS stopped, compute mode back to DEFAULT, CDI spec removed (also on failure).
+# 5. MIG partitions on demand, on a GPU whose MIG mode is already on and that holds no MIG
+#    instance: a 1g claim prepared with the driver's partitioner (nvidia-smi mig -cgi <id>:<start>
+#    -C), its MIG device listed by nvidia-smi -L and used by a CUDA allocation through its uuid,
+#    then unprepared (-lgi, -dci, -dgi) and no instance left. MIG mode is never changed: it needs
+#    a GPU reset, and on a shared or lent machine it is not this script's to change. Without such
+#    a GPU the step says why and is skipped (steps 2-4 need a GPU not in MIG mode, likewise).
 #
 # Needs: the NVIDIA driver (libcuda.so.1, nvidia-smi, nvidia-cuda-mps-control), the project's
 # Python environment with nvidia-ml-py ($PYTHON, default .venv/bin/python), no other GPU work on
@@ -52,6 +58,7 @@ from typing import Any
 
 from contract.quantity import parse_quantity
 from dra_driver.checkpoint import Checkpoint
+from dra_driver.devices.model import Gpu, NodeDevice
 from dra_driver.prepare import ClaimRef, Preparer, node_devices
 from dra_driver.profiles.registry import build_profile
 from dra_driver.sharing import ProcessRunner, SharingManager
@@ -87,7 +94,7 @@ def step(text: str) -> None:
 
 
 class OneClaim:
-    """The API's answer for the one fractional claim of this check."""
+    """The API's answer for the one claim of a check."""
 
     def __init__(self, claim: dict[str, Any]) -> None:
         self.claim = claim
@@ -106,40 +113,84 @@ def compute_mode(uuid: str) -> None:
     subprocess.run(query, check=False)
 
 
-async def main() -> int:
-    step("1. NVML discovery: the ResourceSlices this node would publish")
-    profile = build_profile("nvml")
-    gpus = profile.discovery.inventory()
-    slices = build_slices(NodeRef(node), DRIVER, gpus, SharingMode.CONSUMABLE_CAPACITY, generation=1)
-    print(json.dumps(slices, indent=2))
-    if not gpus:
-        print("no GPU found")
-        return 1
-
-    step(f"2. prepare a {memory} fraction of gpu-0 with MPS (real commands)")
-    devices = node_devices(gpus, profile)
-    gpu0 = next(d for d in devices.values() if not d.is_mig)
-    result = {"request": "gpu", "driver": DRIVER, "pool": node, "device": gpu0.name,
-              "consumedCapacity": {"memory": memory}}  # fmt: skip
-    claim = {
-        "metadata": {"namespace": "gpu-check", "name": "fraction", "uid": "gpu-check-fraction"},
+def claim_of(name: str, device: str, consumed: dict[str, str]) -> dict[str, Any]:
+    result: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": node, "device": device}
+    if consumed:
+        result["consumedCapacity"] = consumed
+    return {
+        "metadata": {"namespace": "gpu-check", "name": name, "uid": f"gpu-check-{name}"},
         "status": {"allocation": {"devices": {"results": [result]}}},
     }
-    preparer = Preparer(
+
+
+def preparer_for(profile: Any, devices: dict[str, NodeDevice], claim: dict[str, Any], state: str) -> Preparer:
+    runner = ProcessRunner()
+    return Preparer(
         driver_name=DRIVER,
         node_name=node,
         devices=lambda: devices,
         profile=profile,
         claims=OneClaim(claim),
-        checkpoint=Checkpoint(work / "state"),
-        sharing=SharingManager(ProcessRunner(), profile.sharing(work / "mps")),
+        checkpoint=Checkpoint(work / state),
+        sharing=SharingManager(runner, profile.sharing(work / "mps")),
         cdi_dir=work / "cdi",
+        partitioner=profile.partitioner(runner.run, work / state),
     )
+
+
+def run_text(command: list[str]) -> str:
+    return subprocess.run(command, capture_output=True, text=True, check=False).stdout
+
+
+async def main() -> int:
+    step("1. NVML discovery: the ResourceSlices this node would publish")
+    profile = build_profile("nvml")
+    gpus = profile.discovery.inventory()
+    slices = build_slices(
+        NodeRef(node), DRIVER, gpus, SharingMode.CONSUMABLE_CAPACITY, generation=1, partitionable=True
+    )
+    print(json.dumps(slices, indent=2))
+    if not gpus:
+        print("no GPU found")
+        return 1
+    devices = node_devices(gpus, profile)
+    results: dict[str, bool] = {}
+    whole = [d for d in devices.values() if not d.is_mig and d.placement is None]
+    if whole:
+        results["MPS"] = await mps_check(profile, devices, whole[0])
+    else:
+        print("\nSKIPPED steps 2-4 (MPS): every GPU here is in MIG mode; MPS needs one that is not")
+    partitionable = [g for g in gpus if g.mig_layout is not None and not g.mig_devices]
+    if partitionable:
+        results["MIG"] = await mig_check(profile, devices, partitionable[0])
+    else:
+        print(f"\nSKIPPED step 5 (MIG): {why_no_mig(gpus)}")
+    print(f"\nRESULTS: {results or 'nothing could be checked on this machine'}")
+    return 0 if results and all(results.values()) else 1
+
+
+def why_no_mig(gpus: list[Gpu]) -> str:
+    if any(g.mig_layout is not None for g in gpus):
+        return (
+            "every GPU in MIG mode already holds MIG instances made by someone else; they are left "
+            "as they are (the driver makes partitions on a GPU whose instances are its own)"
+        )
+    if any(g.mig_enabled for g in gpus):
+        return "the GPUs in MIG mode are of a model without a placement table (A100, H100, H200)"
+    return (
+        "no GPU here has MIG mode on, and this check never turns it on: that takes a GPU reset "
+        "(nvidia-smi -i <n> -mig 1, by an administrator, on a GPU nothing else uses)"
+    )
+
+
+async def mps_check(profile: Any, devices: dict[str, NodeDevice], gpu0: NodeDevice) -> bool:
+    step(f"2. prepare a {memory} fraction of {gpu0.name} with MPS (real commands)")
+    preparer = preparer_for(profile, devices, claim_of("fraction", gpu0.name, {"memory": memory}), "state")
     ref = ClaimRef("gpu-check", "gpu-check-fraction", "fraction")
     outcome = (await preparer.prepare([ref]))[ref.uid]
     if outcome.error:
         print(f"prepare failed: {outcome.error}")
-        return 1
+        return False
     spec_path = next((work / "cdi").iterdir())
     spec = json.loads(spec_path.read_text())
     print(json.dumps(spec, indent=2))
@@ -167,7 +218,37 @@ async def main() -> int:
         print(await preparer.unprepare([ref]))
         await asyncio.to_thread(compute_mode, gpu0.uuid)
     print(f"\nRESULT: the {memory} MPS memory limit {'HOLDS' if held else 'DOES NOT HOLD'}")
-    return 0 if held else 1
+    return held
+
+
+async def mig_check(profile: Any, devices: dict[str, NodeDevice], gpu: Gpu) -> bool:
+    placement = next(d for d in devices.values() if d.uuid == gpu.uuid and d.is_mig)  # a 1g at start 0
+    step(f"5. prepare MIG placement {placement.name} of GPU {gpu.index} (real nvidia-smi mig commands)")
+    preparer = preparer_for(profile, devices, claim_of("mig", placement.name, {}), "mig-state")
+    ref = ClaimRef("gpu-check", "gpu-check-mig", "mig")
+    outcome = (await preparer.prepare([ref]))[ref.uid]
+    if outcome.error:
+        print(f"prepare failed: {outcome.error}")
+        return False
+    held = False
+    try:
+        spec = json.loads(next((work / "cdi").glob("*gpu-check-mig*")).read_text())
+        print(json.dumps(spec, indent=2))
+        env = dict(item.split("=", 1) for item in spec["containerEdits"]["env"])
+        mig_uuid = env["NVIDIA_VISIBLE_DEVICES"]
+        listed = mig_uuid in await asyncio.to_thread(run_text, ["nvidia-smi", "-L"])
+        print(f"nvidia-smi -L lists {mig_uuid}: {listed}")
+        used = await asyncio.to_thread(allocate, GIB, {"CUDA_VISIBLE_DEVICES": mig_uuid})
+        print(f"1 GiB allocated in the MIG device: exit {used} (expected 0)")
+        held = listed and used == 0
+    finally:
+        print(await preparer.unprepare([ref]))
+        left = await asyncio.to_thread(run_text, ["nvidia-smi", "mig", "-i", gpu.uuid, "-lgi"])
+        print(left)
+        gone = "MIG " not in left
+        print(f"no instance left on GPU {gpu.index}: {gone}")
+    print(f"\nRESULT: a MIG partition made on demand {'WORKS' if held and gone else 'DOES NOT WORK'}")
+    return held and gone
 
 
 sys.exit(asyncio.run(main()))

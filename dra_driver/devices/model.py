@@ -27,6 +27,36 @@ class MigDevice:
 
 
 @dataclass(frozen=True)
+class MigPlacement:
+    """One place a MIG profile can be created on a GPU: its GPU instance profile and the memory
+    slices it covers (``start`` .. ``start + memory_slices - 1``). Compute slices are taken from
+    the same start (a profile never has more compute than memory slices), so two placements
+    overlap in compute only if they overlap in memory."""
+
+    profile: str  # e.g. "3g.40gb"
+    profile_id: int  # the GPU instance profile id (``nvidia-smi mig -lgip``)
+    start: int
+    memory_slices: int
+    compute_slices: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class MigLayout:
+    """A GPU whose MIG partitions are made on demand: its slices and every placement its
+    profiles allow (the full-GPU placement among them)."""
+
+    memory_slices: int  # 8 on A100/H100/H200
+    compute_slices: int  # 7 on A100/H100/H200
+    placements: tuple[MigPlacement, ...]
+
+    @property
+    def full(self) -> MigPlacement:
+        """The placement covering the whole GPU (7g): what the whole-GPU device is made as."""
+        return max(self.placements, key=lambda p: (p.memory_slices, p.compute_slices))
+
+
+@dataclass(frozen=True)
 class Gpu:
     """One physical device as seen by the driver."""
 
@@ -38,6 +68,8 @@ class Gpu:
     memory_bytes: int
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
+    # MIG mode on and its placements known: partitions can be made on demand (else None).
+    mig_layout: MigLayout | None = None
     healthy: bool = True
     health_message: str = ""
     pcie_root: str = ""  # e.g. "pci0000:00"; empty when unknown
@@ -56,3 +88,6 @@ class NodeDevice:
     memory_bytes: int  # as published: floored to whole MiB
     device_nodes: tuple[str, ...]
     is_mig: bool = False
+    # A placement of a partitionable GPU: prepare creates the instance (``uuid`` is the GPU's
+    # until then).
+    placement: MigPlacement | None = None

@@ -8,7 +8,9 @@ A profile answers four questions, and nothing else in the driver knows a vendor:
   such as ``NVIDIA_VISIBLE_DEVICES``, nodes every container of the vendor needs);
 - which sharing strategies it can set up (``strategies``; a claim asking for another is refused);
 - the sharing setup itself (``sharing``): the commands that put a device into a strategy and back,
-  the host state a share needs, and a share's container edits.
+  the host state a share needs, and a share's container edits;
+- partitions made on demand (``partitioner``: MIG instances), for a profile whose discovery
+  reports devices with a ``mig_layout``; None for one that makes none.
 
 Profiles are built by name from ``dra_driver.profiles``' registry (the ``--backend`` flag).
 """
@@ -21,7 +23,7 @@ from typing import Protocol
 
 from contract.gpuconfig import SharingStrategy
 from dra_driver.devices.model import Gpu, NodeDevice
-from dra_driver.devices.share import Command, ContainerEdits, GpuShare
+from dra_driver.devices.share import Command, ContainerEdits, GpuShare, MigPartition, RunCommand
 
 
 class BackendUnavailable(RuntimeError):
@@ -66,6 +68,21 @@ class SharingSetup(Protocol):
         ...
 
 
+class Partitioner(Protocol):
+    """Makes and destroys a device's partitions (MIG instances); the driver records a partition
+    before it is made and after."""
+
+    async def create(self, gpu_uuid: str, partition: MigPartition) -> MigPartition:
+        """The GPU instance at the partition's placement and its compute instance; the partition
+        with their ids and the MIG device's uuid."""
+        ...
+
+    async def destroy(self, gpu_uuid: str, partition: MigPartition) -> None:
+        """Whatever exists of the partition at its placement (found on the device, not from the
+        recorded ids); nothing there is nothing to do."""
+        ...
+
+
 class DeviceProfile(Protocol):
     @property
     def name(self) -> str:
@@ -95,4 +112,9 @@ class DeviceProfile(Protocol):
 
     def sharing(self, state_dir: Path) -> SharingSetup:
         """The sharing setup, keeping its host state under ``state_dir``."""
+        ...
+
+    def partitioner(self, run: RunCommand, state_dir: Path) -> Partitioner | None:
+        """The partitioner running its commands through ``run`` (None: the profile makes no
+        partitions); a simulated one keeps its devices' partitions under ``state_dir``."""
         ...

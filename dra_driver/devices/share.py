@@ -4,10 +4,25 @@ share (merged into the claim's CDI spec)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from contract.gpuconfig import SharingStrategy, TimeSliceInterval
+
+
+@dataclass(frozen=True)
+class MigPartition:
+    """A MIG instance a claim holds: where it is (its placement) and, once made, its GPU and
+    compute instance ids and MIG device uuid. Recorded before each step that creates a part of
+    it and after, so a crash is undone from the record alone."""
+
+    profile: str
+    profile_id: int
+    start: int
+    memory_slices: int
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    uuid: str = ""
 
 
 @dataclass(frozen=True)
@@ -20,6 +35,7 @@ class GpuShare:
     memory_limit_bytes: int = 0  # MPS only: per-client pinned device memory
     active_thread_percentage: int = 100  # MPS only
     timeslice: TimeSliceInterval = "Default"  # TimeSlicing only
+    partition: MigPartition | None = None  # a MIG instance made for the claim (Exclusive)
 
 
 @dataclass(frozen=True)
@@ -34,6 +50,10 @@ class Command:
         if self.stdin:
             text = f"echo {self.stdin.strip()!r} | {text}"
         return f"{env} {text}" if env else text
+
+
+# Runs a command and returns its stdout (the driver's CommandRunner.run).
+RunCommand = Callable[[Command], Awaitable[str]]
 
 
 class SharingCommandError(RuntimeError):

@@ -21,14 +21,18 @@ ProfileFactory = Callable[[Path | None, str], DeviceProfile]
 
 
 def _nvml(settings: Path | None, node_name: str) -> DeviceProfile:
-    return NvidiaProfile("nvml", NvmlDiscovery(), simulated=False)
+    discovery = NvmlDiscovery()
+    return NvidiaProfile("nvml", discovery, simulated=False, mig_device_uuid=discovery.mig_device_uuid)
 
 
 def _simulated(settings: Path | None, node_name: str) -> DeviceProfile:
     if settings is None:
         raise BackendUnavailable("the simulated backend needs a profile (--profile)")
     # The node name seeds the simulated UUIDs, so fake nodes do not collide.
-    return NvidiaProfile("simulated", SimulatedDiscovery.from_file(settings, node_name), simulated=True)
+    discovery = SimulatedDiscovery.from_file(settings, node_name)
+    return NvidiaProfile(
+        "simulated", discovery, simulated=True, simulated_mig_command_s=discovery.mig_command_s
+    )
 
 
 def _pci(settings: Path | None, node_name: str) -> DeviceProfile:

@@ -1,7 +1,9 @@
 """The GPU inventory: which GPUs exist, who holds them, and what is free on each node.
 
 Devices come from the ResourceSlices of the GPU drivers (whole GPUs only: MIG partitions and
-other device types add no capacity), holders from the allocations in ResourceClaims, classic
+other device types add no capacity; a partition is charged its share of its GPU, and a
+partitionable GPU - whole GPU and MIG placements consuming one counter set, KEP-4815 - holding an
+allocated placement is that share used), holders from the allocations in ResourceClaims, classic
 `nvidia.com/gpu` supply from Node allocatable minus the pods bound there. The inventory also
 knows where each pod runs: its `spec.nodeName`, or the node the binder just bound it to before
 the watch says so (an *assumed* bind).
@@ -29,9 +31,11 @@ from contract.kube import mapping, meta, object_key, sequence
 from contract.names import (
     CLASSIC_GPU_RESOURCE,
     CLASSIC_MODEL_LABEL,
+    COMPUTE_SLICES_COUNTER,
     DEVICE_TYPE_ATTRIBUTE,
     GPU_MILLI,
     MEMORY_CAPACITY,
+    MIG_COMPUTE_SLICES,
     MODEL_ATTRIBUTE,
 )
 from contract.quantity import parse_quantity
@@ -52,6 +56,7 @@ from extender.policy.snapshot import occupy
 log = logging.getLogger(__name__)
 
 DeviceKey = tuple[str, str, str]  # (driver, pool, device name)
+CounterSetKey = tuple[str, str, str]  # (driver, pool, counter set name)
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,17 @@ def _string_attribute(attributes: Mapping[str, Any], driver: str, name: str, def
     """A device attribute, written bare or qualified with the driver's domain."""
     value = mapping(attributes.get(name) or attributes.get(f"{driver}/{name}"))
     return str(value.get("string", default))
+
+
+def _compute_slices(device: Mapping[str, Any], driver: str, pool: str) -> tuple[CounterSetKey, int] | None:
+    """The counter set a device consumes from and its compute slices there (None: no counters)."""
+    for consumption in sequence(device.get("consumesCounters")):
+        consumption = mapping(consumption)
+        value = mapping(mapping(consumption.get("counters")).get(COMPUTE_SLICES_COUNTER)).get("value")
+        with suppress(ValueError):
+            if value is not None:
+                return (driver, pool, str(consumption.get("counterSet", ""))), int(parse_quantity(value))
+    return None
 
 
 def _discard(index: dict[str, dict[str, None]], key: str, member: str) -> None:
@@ -139,6 +155,10 @@ class GpuInventory:
         # MIG partitions: not GPUs of their own (no capacity, not in NodeGpus), but a claim holding
         # one holds a share of its GPU: `memory_bytes` carries that share in thousandths here.
         self.partitions: dict[DeviceKey, GpuDevice] = {}
+        # Partitionable GPUs: the counter set a whole GPU consumes all of, and the placements
+        # consuming from each set (a held one makes its share of that GPU used).
+        self.whole_gpu_sets: dict[DeviceKey, CounterSetKey] = {}
+        self.set_placements: dict[CounterSetKey, dict[DeviceKey, None]] = {}
         self.node_devices: dict[str, list[DeviceKey]] = {}
         # Memory of a node's (first) GPU, which sizes fractional demands there.
         self.gpu_memory: dict[str, int] = {}
@@ -326,10 +346,18 @@ class GpuInventory:
     # ---- derivations -------------------------------------------------------------------------
 
     def _device_used_milli(self, key: DeviceKey, device: GpuDevice) -> int:
-        return sum(
+        held = sum(
             GPU_MILLI if consumed is None else fraction_milli(consumed, device.memory_bytes)
             for consumed in self.device_holders.get(key, {}).values()
         )
+        counter_set = self.whole_gpu_sets.get(key)
+        if counter_set is not None:  # its allocated MIG placements
+            held += sum(
+                self.partitions[placement].memory_bytes
+                for placement in self.set_placements.get(counter_set, {})
+                if placement in self.partitions and self.device_holders.get(placement)
+            )
+        return min(GPU_MILLI, held)
 
     def _forget_node(self, name: str) -> None:
         """The node's supply changed: derive it again when next asked. Its kind is blanked in
@@ -372,15 +400,21 @@ class GpuInventory:
 
     def _slice_devices(
         self, slice_obj: Mapping[str, Any]
-    ) -> tuple[list[tuple[DeviceKey, GpuDevice]], list[tuple[DeviceKey, GpuDevice]]]:
-        """The whole GPUs of a slice, and its MIG partitions (with their share of their GPU)."""
+    ) -> tuple[
+        list[tuple[DeviceKey, GpuDevice]],
+        list[tuple[DeviceKey, GpuDevice]],
+        dict[DeviceKey, tuple[CounterSetKey, int]],
+    ]:
+        """The whole GPUs of a slice, its MIG partitions (with their share of their GPU), and the
+        counter set each device consuming counters consumes from."""
         spec = mapping(slice_obj.get("spec"))
         driver, node = str(spec.get("driver", "")), spec.get("nodeName")
         if driver not in self.gpu_drivers or not node:
-            return [], []
+            return [], [], {}
         pool = str(mapping(spec.get("pool")).get("name", ""))
         gpus: list[tuple[DeviceKey, GpuDevice]] = []
         partitions: list[tuple[DeviceKey, str, int, str]] = []  # key, model, memory, MIG profile
+        counted: dict[DeviceKey, tuple[CounterSetKey, int]] = {}  # devices consuming counters
         for device in sequence(spec.get("devices")):
             device = mapping(device)
             attributes = mapping(device.get("attributes"))
@@ -388,16 +422,34 @@ class GpuInventory:
             model = _string_attribute(attributes, driver, MODEL_ATTRIBUTE, "")
             memory = self._memory(slice_obj, device)
             key = (driver, pool, str(device.get("name")))
+            counters = _compute_slices(device, driver, pool)
+            if counters is not None:
+                counted[key] = counters
             if kind == "gpu":
                 gpus.append((key, GpuDevice(str(node), model, memory)))
             elif kind == "mig":
                 partitions.append((key, model, memory, _string_attribute(attributes, driver, "profile", "")))
         whole = {gpu.model: gpu.memory_bytes for _, gpu in gpus}
         shares = [
-            (key, GpuDevice(str(node), model, self._partition_milli(model, memory, profile, whole), -1))
+            (
+                key,
+                GpuDevice(
+                    str(node),
+                    model,
+                    self._placement_milli(counted[key])
+                    if key in counted
+                    else self._partition_milli(model, memory, profile, whole),
+                    -1,
+                ),
+            )
             for key, model, memory, profile in partitions
         ]
-        return gpus, shares
+        return gpus, shares, counted
+
+    @staticmethod
+    def _placement_milli(counters: tuple[CounterSetKey, int]) -> int:
+        """A MIG placement's share of its partitionable GPU: its compute slices of the 7."""
+        return min(GPU_MILLI, round(GPU_MILLI * counters[1] / MIG_COMPUTE_SLICES))
 
     def _partition_milli(self, model: str, memory: int, profile: str, beside: Mapping[str, int]) -> int:
         """A MIG partition's share of its GPU: its memory over a whole GPU's of the model where one
@@ -440,20 +492,33 @@ class GpuInventory:
         for obj, sign in ((old, -1), (new, 1)):
             if obj is None:
                 continue
-            gpus, partitions = self._slice_devices(obj)
+            gpus, partitions, counted = self._slice_devices(obj)
             for device_key, device in partitions:
+                touched.add(device.node)
                 if sign > 0:
                     self.partitions[device_key] = device
+                    if device_key in counted:
+                        self.set_placements.setdefault(counted[device_key][0], {})[device_key] = None
                 else:
                     self.partitions.pop(device_key, None)
+                    placements = (
+                        self.set_placements.get(counted[device_key][0]) if device_key in counted else None
+                    )
+                    if placements is not None:
+                        placements.pop(device_key, None)
+                        if not placements:
+                            del self.set_placements[counted[device_key][0]]
                 self._holders_changed(device_key)
             for device_key, device in gpus:
                 touched.add(device.node)
                 if sign > 0:
                     self.devices[device_key] = device
                     self.node_devices.setdefault(device.node, []).append(device_key)
+                    if device_key in counted:
+                        self.whole_gpu_sets[device_key] = counted[device_key][0]
                 else:
                     self.devices.pop(device_key, None)
+                    self.whole_gpu_sets.pop(device_key, None)
                     keys = self.node_devices.get(device.node, [])
                     if device_key in keys:
                         keys.remove(device_key)
@@ -513,7 +578,8 @@ class GpuInventory:
             self._drop_node_of(device_key)
 
     def _drop_node_of(self, device_key: DeviceKey) -> None:
-        device = self.devices.get(device_key)
+        # A MIG placement's holders change its GPU's supply too.
+        device = self.devices.get(device_key) or self.partitions.get(device_key)
         if device is not None:
             self._forget_node(device.node)
 

@@ -134,6 +134,8 @@ PROJECTIONS: dict[str, Keep] = {
                 "name": KEEP,
                 "attributes": Entries(frozenset({DEVICE_TYPE_ATTRIBUTE, MODEL_ATTRIBUTE, "profile"})),
                 "capacity": SHARE,
+                # A MIG placement's counter set and compute slices (partitionable devices).
+                "consumesCounters": SHARE,
             },
         },
     },

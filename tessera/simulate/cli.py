@@ -22,6 +22,8 @@ from contract.names import GPU_MILLI
 
 from .bound import placed_prefix_capping
 from .deployed import DEVICE_CHOICES, SHIPPED_PROFILE, STOCK_PROFILE, DeviceChoice, SchedulerProfile
+from .mig import MODELS as MIG_MODELS
+from .mig import SYNTHETIC_MIX, mig_table, replay_mig
 from .packing import REPLAYS, PackingResult, Replay, arrivals, replay_packing
 from .policies import DEFAULT_POLICIES, DEPLOYED, POLICY_NAMES, policy_names
 from .queues import WorkloadError, load_workload, run_queue_workload
@@ -362,6 +364,14 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")
     queues.add_argument("--seed", type=int, default=None, help="random seed (default: the workload's)")
+    mig = sub.add_parser(
+        "mig", help="MIG-capable GPUs: partitions on demand vs carved ahead vs MPS (synthetic mix)"
+    )
+    mig.add_argument("--gpus", type=int, default=64, help="H100 80GB GPUs (default 64)")
+    mig.add_argument(
+        "--target", type=float, default=130.0, help="arrival in %% of compute slices (default 130)"
+    )
+    mig.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     for mode in (trace, queues):
         mode.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default %(default)s)")
         mode.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -372,7 +382,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     if args.mode == "trace":
         return _run_trace(args)
+    if args.mode == "mig":
+        return _run_mig(args)
     return _run_queues(args)
+
+
+def _run_mig(args: argparse.Namespace) -> int:
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    results = [replay_mig(model, args.gpus, args.target, seed) for seed in seeds for model in MIG_MODELS]
+    print(f"MIG packing, {args.gpus} H100 80GB, synthetic mix {dict(SYNTHETIC_MIX)}, seeds {seeds}")
+    print(mig_table(results))
+    return 0
 
 
 if __name__ == "__main__":

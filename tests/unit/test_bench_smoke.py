@@ -28,10 +28,13 @@ CASES = [
     # RSS of the extender holding 50 nodes / 400 pods over the empty process's.
     ("memory", rf"50\s+400\s+\d+\s+\d+\s+\d+\s+{RATIO}"),
     # 1 and 10 claims per request, 20 requests each, against the do-nothing gRPC server.
+    # ... then 20 MIG placements against 20 whole GPUs, one per request: the ratio;
     # ... then 12 interrupted claims rolled back claim by claim, and each GPU once: the speed-up.
     (
         "prepare",
         rf"1\s+20(\s+\S+){{4}}\s+{RATIO}[\s\S]*\n10\s+20(\s+\S+){{4}}\s+{RATIO}"
+        rf"[\s\S]*\nwhole H100\s+20(\s+\S+){{2}}\s+1\.0x"
+        rf"[\s\S]*\n1g\.10gb placement\s+20(\s+\S+){{2}}\s+{RATIO}"
         rf"[\s\S]*\(before\)\s+12\s+\S+\s+\d+\s+1\.0x\n[^\n]*once\s+12\s+\S+\s+\d+\s+{RATIO}",
     ),
     # 2 x 2 x 3 queues (18) and 50 siblings: against the quadratic water-filling, then updates.

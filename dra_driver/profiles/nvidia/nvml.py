@@ -19,8 +19,10 @@ from typing import Any
 
 from dra_driver.devices.model import Gpu, MigDevice
 from dra_driver.devices.profile import BackendUnavailable
+from dra_driver.devices.share import SharingCommandError
 from dra_driver.profiles.common import SYSFS_PCI_DEVICES, pcie_root_of
 from dra_driver.profiles.nvidia.attributes import nvidia_attributes
+from dra_driver.profiles.nvidia.migtables import mig_layout
 
 log = logging.getLogger(__name__)
 
@@ -145,15 +147,18 @@ class NvmlDiscovery:
         major, minor_cc = nvml.nvmlDeviceGetCudaComputeCapability(handle)
         pci_bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
         mig_enabled = self._mig_enabled(nvml, handle)
+        product_name = _text(nvml.nvmlDeviceGetName(handle))
+        memory_bytes = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
         return Gpu(
             minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
             index=index,
             uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-            product_name=_text(nvml.nvmlDeviceGetName(handle)),
+            product_name=product_name,
             pci_bus_id=pci_bus_id,
-            memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+            memory_bytes=memory_bytes,
             mig_enabled=mig_enabled,
             mig_devices=self._mig_devices(nvml, handle) if mig_enabled else (),
+            mig_layout=mig_layout(product_name, memory_bytes) if mig_enabled else None,
             pcie_root=pcie_root_of(SYSFS_PCI_DEVICES / sysfs_bus_id(pci_bus_id)),
             attributes=nvidia_attributes(
                 brand=_BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "Unknown"),
@@ -197,6 +202,18 @@ class NvmlDiscovery:
                 )
             )
         return tuple(sorted(devices, key=lambda m: (m.gi, m.ci)))
+
+    async def mig_device_uuid(self, gpu_uuid: str, gpu_instance: int, compute_instance: int) -> str:
+        """The uuid of the MIG device a GPU and compute instance make (read after creating them)."""
+        return await asyncio.to_thread(self._read_mig_device_uuid, gpu_uuid, gpu_instance, compute_instance)
+
+    def _read_mig_device_uuid(self, gpu_uuid: str, gpu_instance: int, compute_instance: int) -> str:
+        with self._session() as nvml:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+            for mig in self._mig_devices(nvml, handle):
+                if (mig.gi, mig.ci) == (gpu_instance, compute_instance):
+                    return mig.uuid
+        raise SharingCommandError(f"GPU {gpu_uuid} has no MIG device {gpu_instance}/{compute_instance}")
 
     def _mark_unhealthy(self, gpu_uuid: str, reason: str) -> bool:
         with self._lock:

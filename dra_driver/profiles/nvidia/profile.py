@@ -15,20 +15,32 @@ from pathlib import Path
 from contract.gpuconfig import SharingStrategy
 from dra_driver.devices.model import Gpu, NodeDevice
 from dra_driver.devices.profile import Discovery
-from dra_driver.devices.share import ContainerEdits
+from dra_driver.devices.share import ContainerEdits, RunCommand
+from dra_driver.profiles.nvidia.mig import InstanceUuid, NvidiaMig, SimulatedSmi
 from dra_driver.profiles.nvidia.sharing import NvidiaSharing
 
 # Nodes every CUDA container needs besides its GPUs' own /dev/nvidia<minor>.
 COMMON_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 STRATEGIES = frozenset(SharingStrategy)  # every one the contract names: nvidia-smi and MPS set them up
+SIMULATED_MIG_STATE = "simulated-mig.json"  # the simulated GPUs' MIG instances, kept across restarts
 
 
 class NvidiaProfile:
-    def __init__(self, name: str, discovery: Discovery, *, simulated: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        discovery: Discovery,
+        *,
+        simulated: bool,
+        mig_device_uuid: InstanceUuid | None = None,
+        simulated_mig_command_s: float = 0.0,
+    ) -> None:
         self._name = name
         self._discovery = discovery
         self._simulated = simulated
+        self._mig_device_uuid = mig_device_uuid
+        self._simulated_mig_command_s = simulated_mig_command_s
 
     @property
     def name(self) -> str:
@@ -58,3 +70,16 @@ class NvidiaProfile:
 
     def sharing(self, state_dir: Path) -> NvidiaSharing:
         return NvidiaSharing(state_dir)
+
+    def partitioner(self, run: RunCommand, state_dir: Path) -> NvidiaMig | None:
+        if self._simulated:
+            smi = SimulatedSmi(
+                state_dir / SIMULATED_MIG_STATE,
+                self._discovery.inventory(),
+                run,
+                self._simulated_mig_command_s,
+            )
+            return NvidiaMig(smi.run, smi.instance_uuid)
+        if self._mig_device_uuid is None:
+            return None
+        return NvidiaMig(run, self._mig_device_uuid)

@@ -13,12 +13,14 @@ import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dra_driver.devices.model import Gpu, MigDevice
 from dra_driver.profiles.common import MemorySize, load_settings_file
 from dra_driver.profiles.nvidia.attributes import nvidia_attributes
+from dra_driver.profiles.nvidia.migtables import mig_layout
 
 PROFILE_DIR = Path(__file__).resolve().parent / "nodes"
 _UUID_NAMESPACE = uuid.UUID("6f1c1f0e-6a43-4e0f-9b1e-746573736572")
@@ -42,8 +44,19 @@ class GpuGroupSpec(BaseModel):
     architecture: str = Field(min_length=1)
     cuda_compute_capability: str = Field(alias="cudaComputeCapability", pattern=r"^\d+\.\d+$")
     memory: MemorySize
-    mig: list[MigSpec] | None = None  # present (even empty) means MIG mode is enabled
+    # Present means MIG mode is on: a list of the instances an administrator made, or "dynamic":
+    # none made, the driver makes them on demand (the product must be in the placement tables).
+    mig: list[MigSpec] | Literal["dynamic"] | None = None
     gpus_per_pcie_root: int = Field(default=2, alias="gpusPerPcieRoot", ge=1)
+
+    @model_validator(mode="after")
+    def _known_placements(self) -> Self:
+        if self.mig == "dynamic" and mig_layout(self.product_name, self.memory) is None:
+            raise ValueError(
+                f"mig: dynamic needs a GPU with known MIG placements (A100 40GB/80GB, H100 80GB, "
+                f"H200), not {self.product_name}"
+            )
+        return self
 
 
 class ProfileSpec(BaseModel):
@@ -53,6 +66,10 @@ class ProfileSpec(BaseModel):
     driver_version: str = Field(alias="driverVersion", min_length=1)
     cuda_driver_version: str = Field(alias="cudaDriverVersion", min_length=1)
     gpus: list[GpuGroupSpec] = Field(min_length=1)
+    # How long a simulated nvidia-smi mig command takes to return after it changed the GPU (a
+    # real one takes tens of ms to seconds): a window in which a driver can die with the change
+    # made and not recorded, for crash tests.
+    mig_command_seconds: float = Field(default=0.0, alias="migCommandSeconds", ge=0, le=60)
 
 
 def _stable_uuid(prefix: str, *parts: object) -> str:
@@ -76,8 +93,9 @@ def build_inventory(spec: ProfileSpec, seed: str) -> list[Gpu]:
                     uuid=_stable_uuid("MIG", gpu_uuid, position),
                     memory_bytes=mig.memory,
                 )
-                for position, mig in enumerate(group.mig or ())
+                for position, mig in enumerate(group.mig if isinstance(group.mig, list) else ())
             )
+            layout = mig_layout(group.product_name, group.memory) if group.mig == "dynamic" else None
             gpus.append(
                 Gpu(
                     minor=index,
@@ -88,6 +106,7 @@ def build_inventory(spec: ProfileSpec, seed: str) -> list[Gpu]:
                     memory_bytes=group.memory,
                     mig_enabled=group.mig is not None,
                     mig_devices=migs,
+                    mig_layout=layout,
                     pcie_root=f"pci0000:{root:02x}",
                     simulated=True,
                     attributes=nvidia_attributes(
@@ -112,14 +131,16 @@ def load_profile(path: Path) -> ProfileSpec:
 class SimulatedDiscovery:
     """GPUs from a profile, held in memory; health changes come from ``set_health``."""
 
-    def __init__(self, gpus: list[Gpu]) -> None:
+    def __init__(self, gpus: list[Gpu], mig_command_s: float = 0.0) -> None:
         self._gpus = {gpu.minor: gpu for gpu in gpus}
+        self.mig_command_s = mig_command_s
         self._version = 0
         self._changed = asyncio.Event()
 
     @classmethod
     def from_file(cls, profile: Path, node_name: str = "") -> SimulatedDiscovery:
-        return cls(build_inventory(load_profile(profile), seed=node_name or str(profile)))
+        spec = load_profile(profile)
+        return cls(build_inventory(spec, seed=node_name or str(profile)), spec.mig_command_seconds)
 
     def inventory(self) -> list[Gpu]:
         return [self._gpus[minor] for minor in sorted(self._gpus)]

@@ -28,7 +28,7 @@ from contract.gpuconfig import SharingStrategy
 from dra_driver.devices.attributes import string_attribute
 from dra_driver.devices.model import Gpu, NodeDevice
 from dra_driver.devices.profile import BackendUnavailable
-from dra_driver.devices.share import Command, ContainerEdits, GpuShare
+from dra_driver.devices.share import Command, ContainerEdits, GpuShare, RunCommand
 from dra_driver.profiles.common import SYSFS_PCI_DEVICES, MemorySize, load_settings_file, pcie_root_of
 
 GONE_MESSAGE = "gone from sysfs"
@@ -191,3 +191,6 @@ class PciProfile:
 
     def sharing(self, state_dir: Path) -> NoSharing:
         return NoSharing()
+
+    def partitioner(self, run: RunCommand, state_dir: Path) -> None:
+        return None  # its devices have no partitions

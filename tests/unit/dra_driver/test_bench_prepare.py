@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.prepare import GPUS, prepare_table, recovery_table, run_prepare, run_recovery
+from bench.prepare import GPUS, mig_table, prepare_table, recovery_table, run_mig, run_prepare, run_recovery
 
 
 def test_the_prepare_benchmark_measures_both_servers() -> None:
@@ -19,3 +19,9 @@ def test_the_recovery_benchmark_resets_each_gpu_once_where_the_old_path_reset_pe
     before, now = run_recovery(claims=16)
     assert (before.commands, now.commands) == (16 * 2 + GPUS * 2, GPUS * 2 + GPUS * 2)
     assert "speed-up" in recovery_table([before, now])
+
+
+def test_the_mig_benchmark_prepares_placements_beside_whole_gpus() -> None:
+    rows = run_mig(requests=20)  # raises if a placement's prepare answers an error
+    assert [(r.devices, r.requests) for r in rows] == [("whole H100", 20), ("1g.10gb placement", 20)]
+    assert "p50 / whole" in mig_table(rows)

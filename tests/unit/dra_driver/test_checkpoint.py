@@ -85,7 +85,10 @@ def test_writes_alternate_between_two_slots_and_a_torn_write_costs_only_itself(t
 
 
 def test_a_format_1_file_is_read_when_no_slot_exists(tmp_path: Path) -> None:
-    body = {"claims": {"u": RECORD.model_dump(mode="json")}}
+    record = RECORD.model_dump(mode="json")
+    for share in record["shares"]:
+        del share["partition"]  # format 1 predates MIG partitions
+    body = {"claims": {"u": record}}
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     document = {"version": 1, "checksum": hashlib.sha256(canonical.encode()).hexdigest(), "body": body}
     (tmp_path / "checkpoint.json").write_text(json.dumps(document, indent=1))

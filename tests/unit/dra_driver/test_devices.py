@@ -8,6 +8,7 @@ import time
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from dra_driver.profiles.common import parse_bytes
 from dra_driver.profiles.nvidia.nvml import cuda_version_text, mig_profile_from_name
 from dra_driver.profiles.nvidia.simulated import PROFILE_DIR, SimulatedDiscovery
 from dra_driver.profiles.registry import build_profile
+from dra_driver.sharing import RecordingRunner
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -29,6 +31,8 @@ MIB = 1 << 20
         ("a100x4-mig", 4, "NVIDIA A100-SXM4-40GB", 40 * GIB, [2, 2, 5, 5]),
         ("t4x2", 2, "Tesla T4", 15360 * MIB, [0, 0]),
         ("mixed", 4, "NVIDIA A100-SXM4-80GB", 80 * GIB, [0, 0, 3, 0]),
+        ("h100x2-mig", 2, "NVIDIA H100 80GB HBM3", 80 * GIB, [0, 0]),  # mig: dynamic, none made yet
+        ("mig-models", 4, "NVIDIA A100-SXM4-40GB", 40 * GIB, [0, 0, 0, 0]),
     ],
 )
 def test_shipped_profiles_expand_to_expected_gpus(
@@ -45,7 +49,14 @@ def test_shipped_profiles_expand_to_expected_gpus(
 
 
 def test_every_shipped_profile_is_covered() -> None:
-    assert sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")) == ["a100x4-mig", "h100x8", "mixed", "t4x2"]
+    assert sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")) == [
+        "a100x4-mig",
+        "h100x2-mig",
+        "h100x8",
+        "mig-models",
+        "mixed",
+        "t4x2",
+    ]
 
 
 def test_uuids_are_stable_per_node_and_differ_between_nodes() -> None:
@@ -258,6 +269,9 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetComputeInstanceId(self, handle: tuple[str, int]) -> int:
         return 0
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> tuple[str, int]:
+        return ("gpu", int(uuid.rsplit("-", 1)[1]))
+
 
 def test_nvml_backend_reads_every_field(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeNvml()
@@ -276,6 +290,22 @@ def test_nvml_backend_reads_every_field(monkeypatch: pytest.MonkeyPatch) -> None
     assert (whole.pci_bus_id, whole.memory_bytes) == ("00000000:10:00.0", 40 * GIB)
     (mig,) = gpus[1].mig_devices
     assert (mig.gi, mig.ci, mig.profile, mig.uuid, mig.memory_bytes) == (2, 0, "3g.20gb", "MIG-7", 20 * GIB)
+
+
+async def test_nvml_gpus_in_mig_mode_get_their_placements_and_mig_device_uuids(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    profile = build_profile("nvml")
+    gpus = profile.discovery.inventory()
+    assert gpus[0].mig_layout is None  # MIG not supported
+    layout = gpus[1].mig_layout  # an A100 40GB in MIG mode
+    assert layout is not None and len(layout.placements) == 18 and layout.full.profile == "7g.40gb"
+    # The partitioner reads a made instance's MIG device uuid from NVML (GPU instance 2, CI 0).
+    discovery: Any = profile.discovery
+    assert await discovery.mig_device_uuid("GPU-1", 2, 0) == "MIG-7"
+    assert profile.partitioner(RecordingRunner().run, Path("/nonexistent")) is not None
 
 
 def test_nvml_gpu_that_stops_answering_is_reported_unhealthy(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from contract.names import DRIVER_NAME
-from dra_driver.__main__ import main, parse_args
+from dra_driver.__main__ import main, parse_args, partition_publishing
 
 
 def test_flags_become_a_config() -> None:
@@ -19,6 +19,20 @@ def test_flags_become_a_config() -> None:
     assert config.cdi_dir == Path("/tmp/cdi")
     assert config.plugin_dir == Path("/var/lib/kubelet/plugins")
     assert (config.sharing_mode, config.health_port) == ("whole-device", 9400)
+
+
+@pytest.mark.parametrize(
+    ("flag", "publishing"),
+    [
+        ([], None),  # auto: the apiserver is probed for partitionable devices
+        (["--mig-mode", "dynamic"], True),  # placements published, instances made on demand
+        (["--mig-mode", "static"], False),  # the MIG devices that exist, as before
+    ],
+)
+def test_the_mig_mode_flag_chooses_how_mig_gpus_are_published(
+    flag: list[str], publishing: bool | None
+) -> None:
+    assert partition_publishing(parse_args(["--node-name", "n", *flag])) is publishing
 
 
 def test_node_name_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -33,6 +47,7 @@ def test_node_name_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
         (["--node-name", "n", "--backend", "rocm"], "invalid choice"),
         (["--node-name", "n", "--driver-name", "x" * 64], "driver_name"),
         (["--node-name", "n", "--http-port", "70000"], "health_port"),
+        (["--node-name", "n", "--mig-mode", "on"], "invalid choice"),
     ],
 )
 def test_bad_flags_are_reported(

@@ -1,0 +1,254 @@
+"""MIG instances made and destroyed on demand with ``nvidia-smi mig``, and the simulated GPUs'
+answer to the same commands.
+
+Making a partition is one command: the GPU instance at the allocated placement with its default
+compute instance spanning it (``-cgi <profile id>:<start> -C``); the driver records the partition
+before it and, with the ids the command printed, after it (the preparer's checkpoint). Destroying
+never needs the recorded ids: it lists the GPU instances (``-lgi``), takes the one at the
+partition's placement and profile (and id, when recorded), destroys its compute instances and
+then it; nothing there is nothing to do. So undoing a partition whose creation a crash interrupted
+(ids never recorded) leaves no orphaned instance, and a GPU instance whose compute instance was
+never made (``-C`` failing after the GPU instance) goes too.
+
+``SimulatedSmi`` answers these commands for simulated GPUs (after recording them like every
+sharing command) from a small state file, the "hardware" that outlives a driver crash: instance
+ids are the lowest free, a placement overlapping an instance is refused as on a real GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from dra_driver.devices.model import Gpu
+from dra_driver.devices.share import Command, MigPartition, RunCommand, SharingCommandError
+
+_CREATED_GI = re.compile(r"created GPU instance ID\s+(\d+)")
+_CREATED_CI = re.compile(r"created compute instance ID\s+(\d+)")
+# A row of ``nvidia-smi mig -lgi``: GPU, name, profile id, instance id, placement start:size.
+_GI_ROW = re.compile(r"^\|\s*(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+):(\d+)\s*\|", re.MULTILINE)
+_UUID_NAMESPACE = uuid.UUID("6f1c1f0e-6a43-4e0f-9b1e-746573736572")
+
+InstanceUuid = Callable[[str, int, int], Awaitable[str]]
+
+
+def _smi(gpu_uuid: str, *args: str) -> Command:
+    return Command(("nvidia-smi", "mig", "-i", gpu_uuid, *args))
+
+
+@dataclass(frozen=True)
+class GpuInstanceRow:
+    profile_id: int
+    gpu_instance: int
+    start: int
+    size: int
+
+
+def parse_gpu_instances(listing: str) -> list[GpuInstanceRow]:
+    return [
+        GpuInstanceRow(int(profile_id), int(gi), int(start), int(size))
+        for _gpu, _name, profile_id, gi, start, size in _GI_ROW.findall(listing)
+    ]
+
+
+def _created(pattern: re.Pattern[str], output: str, command: Command) -> int:
+    found = pattern.search(output)
+    if found is None:
+        raise SharingCommandError(f"{command.describe()}: no instance id in its output {output.strip()!r}")
+    return int(found.group(1))
+
+
+class NvidiaMig:
+    """The NVIDIA profile's partitioner: ``nvidia-smi mig`` through the driver's command runner;
+    a made instance's MIG device uuid from ``instance_uuid`` (NVML, or the simulated GPUs)."""
+
+    def __init__(self, run: RunCommand, instance_uuid: InstanceUuid) -> None:
+        self._run = run
+        self._instance_uuid = instance_uuid
+
+    async def create(self, gpu_uuid: str, partition: MigPartition) -> MigPartition:
+        command = _smi(gpu_uuid, "-cgi", f"{partition.profile_id}:{partition.start}", "-C")
+        output = await self._run(command)
+        gpu_instance = _created(_CREATED_GI, output, command)
+        compute_instance = _created(_CREATED_CI, output, command)
+        device_uuid = await self._instance_uuid(gpu_uuid, gpu_instance, compute_instance)
+        return replace(
+            partition, gpu_instance=gpu_instance, compute_instance=compute_instance, uuid=device_uuid
+        )
+
+    async def destroy(self, gpu_uuid: str, partition: MigPartition) -> None:
+        """Whatever exists of the partition at its placement: its compute instances, then its GPU
+        instance. Raises SharingCommandError when a command fails (the caller logs it)."""
+        try:
+            listing = await self._run(_smi(gpu_uuid, "-lgi"))
+        except SharingCommandError as err:
+            if "No GPU instances found" in str(err):  # a real nvidia-smi exits non-zero for none
+                return
+            raise
+        for row in parse_gpu_instances(listing):
+            if (row.profile_id, row.start, row.size) != (
+                partition.profile_id,
+                partition.start,
+                partition.memory_slices,
+            ):
+                continue
+            if partition.gpu_instance is not None and row.gpu_instance != partition.gpu_instance:
+                continue  # not the instance this claim made
+            gi = str(row.gpu_instance)
+            # A GPU instance whose compute instance was never made has none to destroy.
+            with contextlib.suppress(SharingCommandError):
+                await self._run(_smi(gpu_uuid, "-gi", gi, "-dci"))
+            await self._run(_smi(gpu_uuid, "-gi", gi, "-dgi"))
+
+
+# ---- the simulated GPUs' nvidia-smi ----
+
+
+@dataclass
+class _SimulatedInstance:
+    profile_id: int
+    profile: str
+    start: int
+    size: int
+    compute_instances: list[int]
+
+
+class SimulatedSmi:
+    """``nvidia-smi mig`` for simulated GPUs: each command is first handed to ``record`` (the
+    driver's recording runner: logged, failures injected), then answered from the state file."""
+
+    def __init__(
+        self, state_file: Path, gpus: Sequence[Gpu], record: RunCommand, command_s: float = 0.0
+    ) -> None:
+        self._state_file = state_file
+        self._record = record
+        self._command_s = command_s  # how long a command takes to return after its change
+        self._gpus = {gpu.uuid: gpu for gpu in gpus}
+        self._state: dict[str, dict[int, _SimulatedInstance]] | None = None  # read at first use
+
+    def _load(self) -> dict[str, dict[int, _SimulatedInstance]]:
+        """The instances, read from the file once (this object is the file's only writer while
+        the driver runs), then kept in memory."""
+        if self._state is None:
+            self._state = self._read()
+        return self._state
+
+    def _read(self) -> dict[str, dict[int, _SimulatedInstance]]:
+        try:
+            raw = json.loads(self._state_file.read_text())
+        except FileNotFoundError:
+            raw = {}
+        return {
+            gpu: {int(gi): _SimulatedInstance(**instance) for gi, instance in instances.items()}
+            for gpu, instances in raw.items()
+        }
+
+    def _save(self) -> None:
+        state = self._load()
+        raw = {gpu: {str(gi): vars(i) for gi, i in instances.items()} for gpu, instances in state.items()}
+        # Written in place, unsynced: it stands for the GPU's state, which a crash of the driver
+        # (what the simulation serves) leaves as it is.
+        self._state_file.write_text(json.dumps(raw, sort_keys=True))
+
+    def instances(self) -> dict[str, dict[int, tuple[str, int, list[int]]]]:
+        """GPU uuid -> GPU instance id -> (profile, start, compute instance ids), as the state
+        file says now (a driver in another process may have changed it): for tests."""
+        return {
+            gpu: {gi: (i.profile, i.start, list(i.compute_instances)) for gi, i in instances.items()}
+            for gpu, instances in self._read().items()
+            if instances
+        }
+
+    async def instance_uuid(self, gpu_uuid: str, gpu_instance: int, compute_instance: int) -> str:
+        return f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{gpu_uuid}/{gpu_instance}/{compute_instance}')}"
+
+    async def run(self, command: Command) -> str:
+        await self._record(command)
+        argv = command.argv
+        if argv[:3] != ("nvidia-smi", "mig", "-i") or len(argv) < 5:
+            return ""
+        gpu_uuid, args = argv[3], list(argv[4:])
+        gpu = self._gpus.get(gpu_uuid)
+        if gpu is None or gpu.mig_layout is None:
+            raise SharingCommandError(f"{command.describe()}: GPU {gpu_uuid} is not in MIG mode")
+        instances = self._load().setdefault(gpu_uuid, {})
+        try:
+            output = self._answer(gpu, instances, args)
+        except ValueError as err:
+            raise SharingCommandError(f"{command.describe()} exited 1: {err}") from None
+        if args != ["-lgi"]:
+            self._save()
+            if self._command_s:
+                await asyncio.sleep(self._command_s)
+        return output
+
+    def _answer(self, gpu: Gpu, instances: dict[int, _SimulatedInstance], args: list[str]) -> str:
+        if args == ["-lgi"]:
+            return self._list(gpu, instances)
+        if args[0] == "-cgi":
+            profile_id, start = (int(part) for part in args[1].split(":"))
+            output, gi = self._create_gpu_instance(gpu, instances, profile_id, start)
+            if args[2:] != ["-C"]:
+                return output
+            instances[gi].compute_instances.append(0)  # the default one, spanning the instance
+            return output + (
+                f"Successfully created compute instance ID  0 on GPU {gpu.index:2d} GPU instance ID "
+                f"{gi:2d} using profile MIG {instances[gi].profile} (ID  0)\n"
+            )
+        gi = int(args[1])
+        instance = instances.get(gi)
+        if args[0] != "-gi" or instance is None:
+            raise ValueError(f"No GPU instance found with ID {args[1]}")
+        if args[2] == "-dci":
+            if not instance.compute_instances:
+                raise ValueError("No compute instances found")
+            instance.compute_instances.clear()
+            return (
+                f"Successfully destroyed compute instance ID  0 from GPU {gpu.index:2d} "
+                f"GPU instance ID {gi:2d}\n"
+            )
+        if args[2] == "-dgi":
+            if instance.compute_instances:
+                raise ValueError("In use by another client: destroy its compute instances first")
+            del instances[gi]
+            return f"Successfully destroyed GPU instance ID {gi:2d} from GPU {gpu.index:2d}\n"
+        raise ValueError(f"unsupported: {' '.join(args)}")
+
+    @staticmethod
+    def _create_gpu_instance(
+        gpu: Gpu, instances: dict[int, _SimulatedInstance], profile_id: int, start: int
+    ) -> tuple[str, int]:
+        assert gpu.mig_layout is not None
+        placement = next(
+            (p for p in gpu.mig_layout.placements if (p.profile_id, p.start) == (profile_id, start)), None
+        )
+        if placement is None:
+            raise ValueError(f"Invalid placement {profile_id}:{start}")
+        wanted = set(range(start, start + placement.memory_slices))
+        for gi, other in instances.items():
+            if wanted & set(range(other.start, other.start + other.size)):
+                raise ValueError(f"Insufficient Resources: placement {start} overlaps GPU instance {gi}")
+        gi = next(n for n in range(1, 64) if n not in instances)
+        instances[gi] = _SimulatedInstance(profile_id, placement.profile, start, placement.memory_slices, [])
+        output = (
+            f"Successfully created GPU instance ID {gi:2d} on GPU {gpu.index:2d} using profile MIG "
+            f"{placement.profile} (ID {profile_id:2d})\n"
+        )
+        return output, gi
+
+    @staticmethod
+    def _list(gpu: Gpu, instances: dict[int, _SimulatedInstance]) -> str:
+        rows = [
+            f"| {gpu.index:3d}  MIG {i.profile:<14} {i.profile_id:4d} {gi:8d} {i.start:8d}:{i.size:<6}|"
+            for gi, i in sorted(instances.items())
+        ]
+        if not rows:
+            return "No GPU instances found: Not Found\n"
+        header = "| GPU   Name             Profile  Instance   Placement  |\n|" + "=" * 55 + "|\n"
+        return "+" + "-" * 55 + "+\n| GPU instances:" + " " * 40 + "|\n" + header + "\n".join(rows) + "\n"
