@@ -2,24 +2,36 @@
 #   make up     a local Kubernetes control plane with simulated GPU nodes, and three teams sharing
 #               its GPUs live (tessera up --demo); the cluster stays up until Ctrl-C
 #   make test   install everything needed, lint, and run the whole test suite
+# Each step prints one line; what its tools print (pip, setuptools, Go's module downloads) goes to
+# a log under build/logs/ that the line names, and is shown only when the step fails.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LOGS := build/logs
 
-.PHONY: up up-quiet test lint unit integration bench k8s-binaries proto manifests lock clean
+.DEFAULT_GOAL := help
+.PHONY: help up up-quiet test lint unit integration bench k8s-binaries proto manifests lock clean
+
+help:
+	@echo "make up      a local control plane with simulated GPU nodes and three teams sharing them (until Ctrl-C)"
+	@echo "make test    venv, control-plane binaries, lint, and the whole test suite (what CI runs)"
+	@echo "other targets: up-quiet lint unit integration bench manifests proto lock clean"
 
 $(STAMP): pyproject.toml
-	@echo "[make] creating $(VENV) and installing Python dependencies"
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --upgrade pip
-	@$(PY) -m pip install --quiet -e '.[dev]'
+	@echo "[make] Python dependencies into $(VENV) (log: $(LOGS)/python-deps.log)"
+	@bash hack/require.sh python $(PYTHON)
+	@bash hack/logged.sh $(LOGS)/python-deps.log '' \
+	  bash -c 'set -e; test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+	    $(PY) -m pip install --upgrade pip; $(PY) -m pip install -e ".[dev]"'
 	@touch $(STAMP)
 
+# Shown: which binary is built (a cold build takes minutes) and any [make] message (Go too old).
 k8s-binaries:
-	@echo "[make] building (or reusing) the control-plane binaries"
-	@bash hack/build-k8s.sh >/dev/null
+	@echo "[make] control-plane binaries, built once into ~/.cache/tessera (log: $(LOGS)/k8s-binaries.log)"
+	@bash hack/logged.sh $(LOGS)/k8s-binaries.log '^\[(build-k8s\] [a-z-]+: (building|built)|make\])' \
+	  bash hack/build-k8s.sh
 
 up: $(STAMP) k8s-binaries
 	@$(PY) -m tessera up --demo
