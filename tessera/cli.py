@@ -85,7 +85,8 @@ def extender_config(port: int) -> dict[str, object]:
     }
 
 
-def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> None:
+def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> str:
+    """Starts Tessera's parts on the cluster; returns the extender's URL (for `kubectl tessera`)."""
     for manifest in INSTALL_FIRST:
         cluster.apply(REPO_ROOT / manifest)
     python = sys.executable
@@ -132,6 +133,7 @@ def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> No
         if time.monotonic() > deadline:
             raise ClusterError(f"the DRA driver published no ResourceSlices:\n{cluster.logs()}")
         time.sleep(0.5)
+    return f"http://127.0.0.1:{extender_port}"
 
 
 def _slices(cluster: LocalCluster) -> list[str]:
@@ -144,7 +146,7 @@ def _server_version(cluster: LocalCluster) -> str:
     return version
 
 
-def _usage(cluster: LocalCluster, nodes: list[str]) -> str:
+def _usage(cluster: LocalCluster, nodes: list[str], extender_url: str) -> str:
     return "\n".join(
         [
             "",
@@ -158,11 +160,14 @@ def _usage(cluster: LocalCluster, nodes: list[str]) -> str:
             f"  logs:           {cluster.workdir / 'logs'}",
             "",
             "Use it from another shell:",
-            f"  export KUBECONFIG={cluster.kubeconfig} PATH={cluster.bin_dir}:$PATH",
+            # (kubectl finds the `kubectl-tessera` plugin beside this Python, in the venv.)
+            f"  export KUBECONFIG={cluster.kubeconfig}"
+            f" PATH={cluster.bin_dir}:{Path(sys.executable).parent}:$PATH",
             "  kubectl get nodes,resourceslices",
             "  kubectl describe resourceslice",
             "  kubectl get queues",
             "  kubectl get pods,resourceclaims -o wide",
+            f"  kubectl tessera queues --extender-url {extender_url}   # also: why POD, gpus, position POD",
             "  kubectl apply -f manifests/examples/quarter-gpu.yaml     # a fractional GPU",
             "  kubectl apply -f manifests/examples/training-job.yaml    # a Job on whole GPUs",
             "",
@@ -183,12 +188,12 @@ def run_up(args: argparse.Namespace) -> int:
             flush=True,
         )
         try:
-            _start_tessera(cluster, nodes, _profile_path(args.profile))
+            extender_url = _start_tessera(cluster, nodes, _profile_path(args.profile))
             if args.demo:
                 print(f"[tessera] demo: the workloads of {DEMO_DIR.relative_to(REPO_ROOT)}/, step by step\n")
                 result = run_demo(cluster, sys.stdout)
                 print("\n".join(summary(result)), flush=True)
-            print(_usage(cluster, nodes), flush=True)
+            print(_usage(cluster, nodes, extender_url), flush=True)
             while all(c.process.poll() is None for c in cluster.components):
                 time.sleep(1)
             print("[tessera] a component exited; the tails of the logs follow", file=sys.stderr)
