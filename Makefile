@@ -12,12 +12,13 @@ STAMP := $(VENV)/.installed
 LOGS := build/logs
 
 .DEFAULT_GOAL := help
-.PHONY: help up up-quiet test lint unit integration bench k8s-binaries proto manifests lock clean
+.PHONY: help up up-quiet test lint unit integration bench k8s-binaries proto manifests lock clean release chart
 
 help:
 	@echo "make up      a local control plane with simulated GPU nodes and three teams sharing them (until Ctrl-C)"
 	@echo "make test    venv, control-plane binaries, lint, and the whole test suite (what CI runs)"
-	@echo "other targets: up-quiet lint unit integration bench manifests proto lock clean"
+	@echo "make release the image (an OCI archive, built without a container daemon) and the chart, into dist/"
+	@echo "other targets: up-quiet lint unit integration bench manifests proto lock chart clean"
 
 $(STAMP): pyproject.toml
 	@echo "[make] Python dependencies into $(VENV) (log: $(LOGS)/python-deps.log)"
@@ -69,6 +70,20 @@ proto: $(STAMP)
 manifests: k8s-binaries
 	@echo "[make] rendering charts/tessera into manifests/install.yaml"
 	@bash hack/render-manifests.sh
+
+# The image as an OCI layout and archive (tessera.dev.image: debootstrap, chroot, the host's pip;
+# root), then the chart pinned to its digest. docs/install.md says how to push and install them.
+release: $(STAMP) k8s-binaries
+	@echo "[make] image into dist/ (log: $(LOGS)/image.log)"
+	@rm -f dist/image-digest
+	@bash hack/logged.sh $(LOGS)/image.log '^\[image\]' $(PY) -m tessera.dev.image --out dist --log $(LOGS)/image-build.log
+	@$(MAKE) --no-print-directory chart
+	@cd dist && sha256sum tessera-*.tgz tessera-*-oci.tar > SHA256SUMS && echo "[make] dist/SHA256SUMS" && cat SHA256SUMS
+
+# The chart alone (pinned to the image of dist/image-digest when there is one).
+chart: k8s-binaries
+	@echo "[make] chart into dist/ (log: $(LOGS)/chart.log)"
+	@bash hack/logged.sh $(LOGS)/chart.log '^Successfully packaged' bash hack/package-chart.sh dist
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
