@@ -1,4 +1,5 @@
-"""`tessera` command line: `tessera up` (local cluster demo) and `tessera simulate`."""
+"""`tessera` command line: `tessera up` (local cluster demo), `tessera simulate` and `tessera snapshot`
+(`tessera simulate snapshot FILE` replays one: tessera.snapshot)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 from dra_driver.profiles.nvidia.simulated import PROFILE_DIR
+from tessera import snapshot
 from tessera.dev.demo import DEMO_DIR, DemoError, run_demo, summary
 from tessera.dev.localcluster import REPO_ROOT, ClusterError, LocalCluster, free_port
 
@@ -213,13 +215,22 @@ def main(argv: list[str] | None = None) -> int:
     subcommands = parser.add_subparsers(dest="command", required=True)
     _up_parser(subcommands)
     subcommands.add_parser(
-        "simulate", help="replay a workload through the placement policies", add_help=False
+        "simulate",
+        help="replay a workload through the placement policies; `simulate snapshot FILE`: a snapshot",
+        add_help=False,
+    )
+    subcommands.add_parser(
+        "snapshot", help="write the objects the extender watches, from the API, to a file", add_help=False
     )
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    if args.command == "snapshot":
+        return snapshot.snapshot_main(rest)
+    if args.command == "simulate" and rest[:1] == ["snapshot"]:
+        return snapshot.simulate_main(rest[1:])
     if args.command == "simulate":
         from tessera.simulate.cli import main as simulate_main
 
