@@ -71,19 +71,23 @@ manifests: k8s-binaries
 	@echo "[make] rendering charts/tessera into manifests/install.yaml"
 	@bash hack/render-manifests.sh
 
+# The chart packaged into dist/, pinned to the image of dist/image-digest when there is one.
+define package_chart
+	@echo "[make] chart into dist/ (log: $(LOGS)/chart.log)"
+	@bash hack/logged.sh $(LOGS)/chart.log '^Successfully packaged' bash hack/package-chart.sh dist
+endef
+
 # The image as an OCI layout and archive (tessera.dev.image: debootstrap, chroot, the host's pip;
 # root), then the chart pinned to its digest. docs/install.md says how to push and install them.
 release: $(STAMP) k8s-binaries
 	@echo "[make] image into dist/ (log: $(LOGS)/image.log)"
 	@rm -f dist/image-digest
 	@bash hack/logged.sh $(LOGS)/image.log '^\[image\]' $(PY) -m tessera.dev.image --out dist --log $(LOGS)/image-build.log
-	@$(MAKE) --no-print-directory chart
+	$(package_chart)
 	@cd dist && sha256sum tessera-*.tgz tessera-*-oci.tar > SHA256SUMS && echo "[make] dist/SHA256SUMS" && cat SHA256SUMS
 
-# The chart alone (pinned to the image of dist/image-digest when there is one).
 chart: k8s-binaries
-	@echo "[make] chart into dist/ (log: $(LOGS)/chart.log)"
-	@bash hack/logged.sh $(LOGS)/chart.log '^Successfully packaged' bash hack/package-chart.sh dist
+	$(package_chart)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
