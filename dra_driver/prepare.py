@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,7 +41,7 @@ from typing import Any, Protocol
 import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from contract.gpuconfig import ClaimConfigError, GpuConfig, SharingStrategy, parse_gpu_config
@@ -65,6 +66,14 @@ log = logging.getLogger(__name__)
 
 CLAIM_OPERATIONS = Counter(
     "tessera_dra_claim_operations_total", "Claims prepared/unprepared, by outcome", ["operation", "outcome"]
+)
+# One kubelet call (NodePrepareResources / NodeUnprepareResources: a pod's claims); the kubelet
+# waits for it before the pod's containers start (prepare) or its claims are freed (unprepare).
+CALL_DURATION = Histogram(
+    "tessera_dra_request_duration_seconds",
+    "Time to answer one kubelet call, by operation (prepare, unprepare)",
+    ["operation"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 RECOVERED_CLAIMS = Gauge(
     "tessera_dra_recovered_claims",
@@ -589,6 +598,7 @@ class Preparer:
                 await self._partitioner.destroy(share.gpu_uuid, share.partition)
 
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
+        started = time.perf_counter()
         outcomes: dict[str, PrepareOutcome] = {}
         async with self._claim_locks.hold(ref.uid for ref in refs):
             records = {ref.uid: self._checkpoint.get(ref.uid) for ref in refs}
@@ -613,6 +623,7 @@ class Preparer:
                     outcomes.update(await self._prepare_planned(to_plan, planned))
         for outcome in outcomes.values():
             CLAIM_OPERATIONS.labels("prepare", "error" if outcome.error else "ok").inc()
+        CALL_DURATION.labels("prepare").observe(time.perf_counter() - started)
         return outcomes
 
     async def _plan(self, ref: ClaimRef) -> _Planned | str:
@@ -818,6 +829,7 @@ class Preparer:
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error message ("" when done). Unknown claims succeed; no API call is made."""
+        started = time.perf_counter()
         errors: dict[str, str] = {}
         async with self._claim_locks.hold(ref.uid for ref in refs):
             known: dict[str, tuple[ClaimRef, ClaimRecord]] = {}
@@ -835,6 +847,7 @@ class Preparer:
                     errors.update(await self._unprepare_known(known))
         for error in errors.values():
             CLAIM_OPERATIONS.labels("unprepare", "error" if error else "ok").inc()
+        CALL_DURATION.labels("unprepare").observe(time.perf_counter() - started)
         return errors
 
     async def _unprepare_known(self, known: Mapping[str, tuple[ClaimRef, ClaimRecord]]) -> dict[str, str]:

@@ -357,6 +357,7 @@ async def run(args: argparse.Namespace) -> None:
                 service.metrics,
                 service.problem,
                 service.webhook_process.metrics if service.webhook_process else None,
+                service.waiting,
             ),
             access_log=None,
             **SERVER_SETTINGS,

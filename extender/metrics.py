@@ -1,7 +1,9 @@
 """Prometheus metrics of the extender: verb latency, decisions by reason, per-queue numbers.
 
-Each service instance owns its registry (tests build several apps in one process). Per-queue
-gauges are read from the cluster picture at scrape time, so they are never stale.
+Each service instance owns its registry (tests build several apps in one process). Per-queue and
+per-GPU gauges are read from the cluster picture at scrape time, so they are never stale. Every
+series of a per-queue gauge is one resource (its `resource` label: gpu and gpu/<model> in GPUs,
+cpu in cores, memory in bytes), so a query selects one before it sums.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from contract.names import GPU_MILLI
 from extender.picture.cluster import ClusterPicture
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -36,8 +39,23 @@ class _QueueCollector(Collector):
         pending = GaugeMetricFamily(
             "tessera_queue_pending_pods", "Pods of a queue waiting to be scheduled.", labels=["queue"]
         )
+        quota = GaugeMetricFamily(
+            "tessera_queue_quota",
+            "A queue's quota (deserved share) of a resource.",
+            labels=["queue", "resource"],
+        )
+        limit = GaugeMetricFamily(
+            "tessera_queue_limit",
+            "A queue's limit of a resource (none: unlimited).",
+            labels=["queue", "resource"],
+        )
         if self.state.ready():
             view = self.state.fairness()
+            for spec in view.specs:
+                for resource, amount in spec.quota.items():
+                    quota.add_metric([spec.name, resource], amount)
+                for resource, amount in spec.limit.items():
+                    limit.add_metric([spec.name, resource], amount)
             for queue, usage in view.usage.items():
                 for resource, amount in usage.allocated.items():
                     allocated.add_metric([queue, resource], amount)
@@ -47,7 +65,37 @@ class _QueueCollector(Collector):
             for queue, shares in view.fair_shares.items():
                 for resource, amount in shares.items():
                     fair.add_metric([queue, resource], amount)
-        yield from (allocated, fair, requested, pending)
+        yield from (allocated, fair, requested, pending, quota, limit)
+
+
+class _GpuCollector(Collector):
+    """Per node and GPU, how much of each GPU is allocated (fractions summed: two quarter-GPU
+    claims on a GPU are 0.5 of it)."""
+
+    def __init__(self, state: ClusterPicture) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gpus = GaugeMetricFamily("tessera_node_gpus", "GPUs of a node.", labels=["node"])
+        allocated = GaugeMetricFamily(
+            "tessera_node_gpus_allocated", "GPUs of a node allocated (fractions summed).", labels=["node"]
+        )
+        occupancy = GaugeMetricFamily(
+            "tessera_gpu_allocated_fraction",
+            "The allocated fraction of one GPU (0: idle, 1: whole), by node and GPU index.",
+            labels=["node", "gpu"],
+        )
+        if self.state.ready():
+            for node in sorted(self.state.kind("Node")):
+                free = self.state.node_gpus(node).free_milli
+                if not free:
+                    continue
+                used = [(GPU_MILLI - milli) / GPU_MILLI for milli in free]
+                gpus.add_metric([node], len(free))
+                allocated.add_metric([node], sum(used))
+                for index, fraction in enumerate(used):
+                    occupancy.add_metric([node, str(index)], fraction)
+        yield from (gpus, allocated, occupancy)
 
 
 class ExtenderMetrics:
@@ -167,6 +215,7 @@ class ExtenderMetrics:
             registry=self.registry,
         )
         self.registry.register(_QueueCollector(state))
+        self.registry.register(_GpuCollector(state))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

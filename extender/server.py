@@ -25,6 +25,7 @@ from extender.binder import Binder
 from extender.metrics import CONTENT_TYPE, ExtenderMetrics, merged_exposition
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.status import WaitingPods
+from extender.statusapi import STATUS_PATH, queue_report
 from extender.verbs import (
     KEEPS_HOLDS,
     PassedNodes,
@@ -340,6 +341,11 @@ async def handle_metrics(request: web.Request) -> web.StreamResponse:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
+async def handle_status(request: web.Request) -> web.StreamResponse:
+    waiting = request.app.get(WAITING_KEY)
+    return web.json_response(queue_report(request.app[PICTURE_KEY], waiting))
+
+
 def build_app(
     picture: ClusterPicture,
     binder: Binder,
@@ -371,6 +377,7 @@ def build_app(
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get(STATUS_PATH, handle_status)
     return app
 
 
@@ -379,10 +386,14 @@ def operations_app(
     metrics: ExtenderMetrics,
     health: HealthCheck,
     relayed_metrics: Exposition | None = None,
+    waiting: WaitingPods | None = None,
 ) -> web.Application:
-    """/metrics, /healthz and /readyz on their own port: no verb, so no client certificate needed."""
+    """/metrics, /healthz, /readyz and the queue report (extender.statusapi) on their own port:
+    no verb, so no client certificate needed."""
     app = web.Application()
     app[PICTURE_KEY] = picture
+    if waiting is not None:
+        app[WAITING_KEY] = waiting
     app[METRICS_KEY] = metrics
     app[HEALTH_KEY] = health
     if relayed_metrics is not None:
@@ -390,6 +401,7 @@ def operations_app(
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
+    app.router.add_get(STATUS_PATH, handle_status)
     return app
 
 

@@ -15,6 +15,9 @@ bin_dir="$cache_root/k8s-$k8s_version-etcd-$etcd_version-helm-$helm_version/bin"
 mkdir -p "$bin_dir"
 
 log() { printf '[build-k8s] %s\n' "$*" >&2; }
+# Go is needed only when something is left to build; checked once, before the first build.
+go_checked=
+need_go() { [[ -n $go_checked ]] || bash "$here/require.sh" go; go_checked=1; }
 
 minor=${k8s_version#v1.}; minor=${minor%%.*}
 k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version \
@@ -33,6 +36,7 @@ build() { # name package ldflags
     log "$name: cached"
     return
   fi
+  need_go
   log "$name: building $pkg (cold builds take minutes)"
   local start=$SECONDS
   (cd "$here/k8s" && go build -trimpath -ldflags "$ldflags" -o "$bin_dir/$name.tmp" "$pkg")
@@ -46,6 +50,7 @@ build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$k8s_ldflags"
 build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
 build kubectl k8s.io/kubernetes/cmd/kubectl "$k8s_ldflags"
 if [[ ! -x "$bin_dir/helm" ]]; then
+  need_go
   log "helm: building helm.sh/helm/v3/cmd/helm@$helm_version"
   start=$SECONDS
   # helm has no replace directives, so go install builds it outside our module's graph.

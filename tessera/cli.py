@@ -1,4 +1,5 @@
-"""`tessera` command line: `tessera up` (local cluster demo) and `tessera simulate`."""
+"""`tessera` command line: `tessera up` (local cluster demo), `tessera simulate` and `tessera snapshot`
+(`tessera simulate snapshot FILE` replays one: tessera.snapshot)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 from dra_driver.profiles.nvidia.simulated import PROFILE_DIR
+from tessera import snapshot
 from tessera.dev.demo import DEMO_DIR, DemoError, run_demo, summary
 from tessera.dev.localcluster import REPO_ROOT, ClusterError, LocalCluster, free_port
 
@@ -85,7 +87,8 @@ def extender_config(port: int) -> dict[str, object]:
     }
 
 
-def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> None:
+def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> str:
+    """Starts Tessera's parts on the cluster; returns the extender's URL (for `kubectl tessera`)."""
     for manifest in INSTALL_FIRST:
         cluster.apply(REPO_ROOT / manifest)
     python = sys.executable
@@ -132,6 +135,7 @@ def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> No
         if time.monotonic() > deadline:
             raise ClusterError(f"the DRA driver published no ResourceSlices:\n{cluster.logs()}")
         time.sleep(0.5)
+    return f"http://127.0.0.1:{extender_port}"
 
 
 def _slices(cluster: LocalCluster) -> list[str]:
@@ -144,7 +148,7 @@ def _server_version(cluster: LocalCluster) -> str:
     return version
 
 
-def _usage(cluster: LocalCluster, nodes: list[str]) -> str:
+def _usage(cluster: LocalCluster, nodes: list[str], extender_url: str) -> str:
     return "\n".join(
         [
             "",
@@ -158,11 +162,14 @@ def _usage(cluster: LocalCluster, nodes: list[str]) -> str:
             f"  logs:           {cluster.workdir / 'logs'}",
             "",
             "Use it from another shell:",
-            f"  export KUBECONFIG={cluster.kubeconfig} PATH={cluster.bin_dir}:$PATH",
+            # (kubectl finds the `kubectl-tessera` plugin beside this Python, in the venv.)
+            f"  export KUBECONFIG={cluster.kubeconfig}"
+            f" PATH={cluster.bin_dir}:{Path(sys.executable).parent}:$PATH",
             "  kubectl get nodes,resourceslices",
             "  kubectl describe resourceslice",
             "  kubectl get queues",
             "  kubectl get pods,resourceclaims -o wide",
+            f"  kubectl tessera queues --extender-url {extender_url}   # also: why POD, gpus, position POD",
             "  kubectl apply -f manifests/examples/quarter-gpu.yaml     # a fractional GPU",
             "  kubectl apply -f manifests/examples/training-job.yaml    # a Job on whole GPUs",
             "",
@@ -183,12 +190,12 @@ def run_up(args: argparse.Namespace) -> int:
             flush=True,
         )
         try:
-            _start_tessera(cluster, nodes, _profile_path(args.profile))
+            extender_url = _start_tessera(cluster, nodes, _profile_path(args.profile))
             if args.demo:
                 print(f"[tessera] demo: the workloads of {DEMO_DIR.relative_to(REPO_ROOT)}/, step by step\n")
                 result = run_demo(cluster, sys.stdout)
                 print("\n".join(summary(result)), flush=True)
-            print(_usage(cluster, nodes), flush=True)
+            print(_usage(cluster, nodes, extender_url), flush=True)
             while all(c.process.poll() is None for c in cluster.components):
                 time.sleep(1)
             print("[tessera] a component exited; the tails of the logs follow", file=sys.stderr)
@@ -208,13 +215,22 @@ def main(argv: list[str] | None = None) -> int:
     subcommands = parser.add_subparsers(dest="command", required=True)
     _up_parser(subcommands)
     subcommands.add_parser(
-        "simulate", help="replay a workload through the placement policies", add_help=False
+        "simulate",
+        help="replay a workload through the placement policies; `simulate snapshot FILE`: a snapshot",
+        add_help=False,
+    )
+    subcommands.add_parser(
+        "snapshot", help="write the objects the extender watches, from the API, to a file", add_help=False
     )
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    if args.command == "snapshot":
+        return snapshot.snapshot_main(rest)
+    if args.command == "simulate" and rest[:1] == ["snapshot"]:
+        return snapshot.simulate_main(rest[1:])
     if args.command == "simulate":
         from tessera.simulate.cli import main as simulate_main
 

@@ -58,6 +58,7 @@ NON_DEFAULT_VALUES = (
     "commonLabels.team=gpu",
     "extender.bind=true",
     "gpuPodPolicy.enabled=true",
+    "grafanaDashboard.enabled=true",
 )
 
 
@@ -343,7 +344,7 @@ def assert_tls_wired(objects: list[dict[str, Any]], release: str, namespace: str
     assert extender["containers"][0]["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
 
     client = mounted_secrets(pod(f"{release}-tessera-scheduler"))["tessera-scheduler-client"]
-    config_map = next(o for o in objects if o["kind"] == "ConfigMap")
+    config_map = next(o for o in objects if o["kind"] == "ConfigMap" and "scheduler" in o["metadata"]["name"])
     (link,) = yaml.safe_load(config_map["data"]["scheduler-config.yaml"])["extenders"]
     host = f"{release}-tessera-extender.{namespace}.svc"
     assert link["urlPrefix"] == f"https://{host}:8888" and link["enableHTTPS"] is True

@@ -54,6 +54,10 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+# `kubectl-tessera` as its console script runs it (the test's venv may predate the script).
+PLUGIN = "import sys; from tessera.kubectl import main; sys.exit(main(sys.argv[1:]))"
+
+
 @contextmanager
 def tessera_up(*flags: str) -> Iterator[UpProcess]:
     bin_dir = find_binaries()
@@ -171,6 +175,23 @@ def test_quiet_up_runs_every_example() -> None:
                 break
             time.sleep(0.5)
         assert allocated == {"team-vision": "3", "team-speech": "2"}
+        # The plugin line `tessera up` prints, run as printed: the queue table from the extender's
+        # report, and the driver's 16 GPUs with the examples' fractions on them.
+        plugin = next(line.split() for line in printed if line.startswith("  kubectl tessera queues"))
+        url = plugin[plugin.index("--extender-url") + 1]
+        kubeconfig = str(up.state_dir / "admin.kubeconfig")
+        for command, wanted in (("queues", "team-vision"), ("gpus", "gpu-node-1")):
+            shown = subprocess.run(
+                [sys.executable, "-c", PLUGIN, command, "--kubeconfig", kubeconfig, "--extender-url", url],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.splitlines()
+            if command == "queues":
+                row = next(line.split() for line in shown if line.split()[0] == wanted)  # maybe a child
+                assert row[5] == "3" and row[-1] == "0", shown  # ALLOC 3, no pod waiting
+            else:
+                assert len(shown) == 17 and any(line.startswith(wanted) for line in shown), shown
         # namespace-defaults.yaml: the Job names neither queue nor scheduler; its Namespace does.
         nlp: list[dict[str, Any]] = []
         while time.monotonic() < deadline:

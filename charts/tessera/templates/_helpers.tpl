@@ -17,7 +17,11 @@
 {{- end -}}
 
 {{- define "tessera.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
 {{- end -}}
 
 {{/* Labels on every object; "component" is the half it belongs to. */}}

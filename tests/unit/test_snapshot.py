@@ -1,0 +1,102 @@
+"""`tessera simulate snapshot` on a snapshot of plain objects: the extender's admission and
+reclaim decide on it, and what-if edits change what they decide (worked examples)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from extender.picture.cluster import PictureConfig
+from tessera.snapshot import WhatIf, admissions, edited, picture_of, reclaim_plans, report
+from tests import extender_objects as objects
+
+CLASS = "gpu.tessera.dev"
+STARTED = 1796115600.0  # 2026-12-01T09:00:00Z, when team-a's pods started
+NOW = STARTED + 3600
+
+
+def running(name: str, device: str) -> list[dict[str, Any]]:
+    pod = objects.pod("ns", name, queue="team-a", template="one", node_name="a")
+    pod["metadata"]["creationTimestamp"] = "2026-12-01T09:00:00Z"
+    pod["status"] = {
+        "phase": "Running",
+        "startTime": "2026-12-01T09:00:00Z",
+        "resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": f"{name}-gpus"}],
+    }
+    claim = objects.claim("ns", f"{name}-gpus", objects.claim_spec(CLASS), allocated=[("a", device, None)])
+    claim["status"]["reservedFor"] = [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}]
+    return [pod, claim]
+
+
+def snapshot() -> dict[str, list[dict[str, Any]]]:
+    """Node a, 2 GPUs, both held by team-a (quota 0: borrowed); team-b (quota 2) waits with one
+    pod of 1 GPU. Fair shares: each asks for 1 or more of the 2 GPUs at weight 1, so 1 each;
+    team-a holds 2 > 1."""
+    waiting = objects.pod("ns", "b-0", queue="team-b", template="one")
+    waiting["metadata"]["creationTimestamp"] = "2026-12-01T10:00:00Z"
+    found: dict[str, list[dict[str, Any]]] = {}
+    for obj in (
+        objects.node("a"),
+        objects.gpu_slice("a", 2),
+        objects.device_class(CLASS),
+        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        objects.queue("team-a", resources={"gpu": {"quota": 0}}),
+        objects.queue("team-b", resources={"gpu": {"quota": 2}}),
+        *running("a-0", "gpu-0"),
+        *running("a-1", "gpu-1"),
+        waiting,
+    ):
+        found.setdefault(obj["kind"], []).append(obj)
+    return found
+
+
+CASES = [
+    # what if -> (admitted, code; the reclaim plans as "served: victims")
+    # As it is: admitted (team-b is below its fair share of 1), no GPU free: reclaim takes one of
+    # team-a's borrowed GPUs (2 held > fair share 1), the older-keyed of two alike victims.
+    (WhatIf({}, {}, {}), (True, "within_fair_share", ["ns/b-0: ns/a-0"])),
+    # One more node like a: 2 GPUs free, the pod fits, nothing to reclaim.
+    (WhatIf({}, {}, {}, new_nodes=1), (True, "within_fair_share", [])),
+    # team-b's quota and limit 0 (a limit below the quota would make the queue invalid):
+    # 0 + 1 > 0, refused; no reclaim for a pod its queue refuses.
+    (WhatIf({"team-b": 0}, {"team-b": 0}, {}), (False, "over_limit", [])),
+]
+
+
+@pytest.mark.parametrize(("what_if", "expected"), CASES)
+def test_the_replay_decides_as_the_extender_would(
+    what_if: WhatIf, expected: tuple[bool, str, list[str]]
+) -> None:
+    picture = picture_of(edited(snapshot(), what_if, CLASS), PictureConfig())
+    (decision,) = admissions(picture)
+    plans = reclaim_plans(picture, now=NOW)
+    served = [f"{p.pod.key}: {', '.join(e.pod.key for e in p.evictions)}" for p in plans]
+    assert (decision.admitted, decision.code, served) == expected
+
+
+def test_edits_leave_the_snapshot_alone_and_add_what_they_name() -> None:
+    taken = snapshot()
+    before = copy.deepcopy(taken)
+    changed = edited(taken, WhatIf({"team-a": 3}, {}, {"team-c": 2.0}, new_nodes=2), CLASS)
+    assert taken == before
+    queues = {q["metadata"]["name"]: q["spec"]["resources"]["gpu"] for q in changed["Queue"]}
+    assert queues == {"team-a": {"quota": 3}, "team-b": {"quota": 2}, "team-c": {"quota": 2.0}}
+    assert [n["metadata"]["name"] for n in changed["Node"]] == ["a", "a-what-if-0", "a-what-if-1"]
+    assert [s["spec"]["nodeName"] for s in changed["ResourceSlice"]] == ["a", "a-what-if-0", "a-what-if-1"]
+    assert {s["spec"]["pool"]["name"] for s in changed["ResourceSlice"]} == {
+        "a",
+        "a-what-if-0",
+        "a-what-if-1",
+    }
+
+
+def test_the_report_says_each_decision_and_plan() -> None:
+    picture = picture_of(snapshot(), PictureConfig())
+    assert report(admissions(picture), reclaim_plans(picture, now=NOW)) == [
+        "admission (the filter's decision, every node a candidate):",
+        "  ns/b-0 [team-b]: admitted: queue 'team-b' is within its limits and fair share",
+        "reclaim (the next cycle's plans):",
+        "  reclaim for ns/b-0 [team-b] on a: evict ns/a-0 [team-a]",
+    ]
