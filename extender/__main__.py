@@ -103,6 +103,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="seconds after its restart that a pod restarted after an eviction is no victim (default 60)",
     )
     parser.add_argument(
+        "--partly-owed-wait-s",
+        type=float,
+        default=300.0,
+        help="seconds a pod of a queue owed less than the pod itself waits before it reclaims; until "
+        "then capacity that frees goes to it first (default 300)",
+    )
+    parser.add_argument(
         "--eviction-concurrency",
         type=int,
         default=16,
@@ -296,6 +303,7 @@ async def run(args: argparse.Namespace) -> None:
                 hold_s=args.reclaim_hold,
                 max_evictions_per_cycle=args.max_evictions_per_cycle,
                 recent_victim_s=args.recent_victim_s,
+                partly_owed_wait_s=args.partly_owed_wait_s,
                 evictions=evictions,
             )
             if args.reclaim_interval > 0
