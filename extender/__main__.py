@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import socket
@@ -105,9 +106,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--partly-owed-wait-s",
         type=float,
-        default=300.0,
+        default=math.inf,
         help="seconds a pod of a queue owed less than the pod itself waits before it reclaims; until "
-        "then capacity that frees goes to it first (default 300)",
+        "then capacity that frees goes to it first (default inf: it never reclaims)",
     )
     parser.add_argument(
         "--eviction-concurrency",

@@ -24,6 +24,7 @@ every waiting pod.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -103,7 +104,7 @@ class ReclaimOptions:
     # extender.policy.reclaim).
     recent_victim_s: float = 60.0
     # A pod of a queue owed less than the pod itself reclaims only after waiting this long (rule 9).
-    partly_owed_wait_s: float = 300.0
+    partly_owed_wait_s: float = math.inf
     evictions: EvictionLimits = field(default_factory=EvictionLimits)  # calls in flight, timeout
 
 

@@ -370,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--partly-owed-wait-s",
         type=float,
         help="seconds a pod of a queue owed less than the pod waits before it reclaims (default: the "
-        "extender's, 300)",
+        "extender's, inf: never)",
     )
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")
