@@ -860,8 +860,8 @@ class _Replay:
     def _quiet_until(self) -> float:
         """Until when reclaim cycles would find nothing to do, the picture staying as it is: no
         GPU pod waits, or the last cycle planned nothing on this very picture and no running pod
-        gets past a min runtime (or its protection after an eviction) before then. (A time not
-        after the last cycle: no such promise.)"""
+        gets past a min runtime (or its protection after an eviction), nor a waiting pod past the
+        wait of rule 9, before then. (A time not after the last cycle: no such promise.)"""
         if not any(p.demand.count for p in self.waiting.values()):
             return math.inf
         if self.fruitless is None or self.fruitless[0] != self.version:
@@ -870,7 +870,8 @@ class _Replay:
 
     def _runtimes_ending_after(self, since: float) -> list[float]:
         """When running preemptible pods pass their queues' min runtimes (and, restarted after an
-        eviction, their protection: rule 8), for those after `since`."""
+        eviction, their protection: rule 8), and waiting pods the wait of rule 9, for those after
+        `since`."""
         # A pod of a queue owed less than itself may reclaim once it has waited (rule 9).
         wait = self.rules.partly_owed_wait_s
         ends = [

@@ -65,6 +65,8 @@ def test_a_pod_restarted_after_an_eviction_is_not_the_next_victim() -> None:
         # Before rule 9 (no wait): at t=10 b's pod reclaims one of a's pods (all started at t=0;
         # a-short, the first by key), which had run 10 s.
         (0.0, [(10, "a-short", "b")], 10),
+        # A 60 s wait: b's pod reclaims at t=70, the cycles before it planning nothing.
+        (60.0, [(70, "a-short", "b")], 70),
         # Now (the default: a queue owed less than its pod does not reclaim): b's pod waits for
         # a-short's GPU at t=120, which a's older waiting pod leaves to it (deference).
         (math.inf, [], 120),
