@@ -672,8 +672,9 @@ FAIRER = [
     # whole GPUs), w holds 1.5 and wants no more. Guarantees 1.5 each, the 0.5 left split between
     # r and v: shares r 1.75, v 1.75, w 1.5. r is owed 0.75, less than its pod: before, 1 + 1 >
     # 1.75 made its goal "preempt" and nothing was planned. v's newest whole pod goes: v ends 0.25
-    # below (1.5 of 1.75), less owed than r's 0.75. r1 has waited the 300 s of rule 9 (a queue
-    # owed less than its pod reclaims only after that wait; see PARTLY_OWED).
+    # below (1.5 of 1.75), less owed than r's 0.75. With a wait of 300 s configured, r1 has waited
+    # it (rule 9: a queue owed less than its pod reclaims only after that wait - by default never;
+    # see PARTLY_OWED).
     Scenario(
         "a queue owed less than a pod takes it from a queue further above its share",
         nodes={"n1": 5},
@@ -689,14 +690,25 @@ FAIRER = [
         pending=[Wait("r1", "r", age_s=300)],
         evicted={"v2"},
         served={"r1": "n1"},
+        rules=Rules(partly_owed_wait_s=300),
     ),
 ]
 
 # Rule 9: a pod of a queue owed less than the pod itself reclaims only once it has waited
-# `partly_owed_wait_s` (300 s); until then GPUs that free go to it first (deference), so a small
-# fairness gain costs no work. The state of the row above: r owed 0.75 (1 of 1.75), r1 asks 1.
+# `partly_owed_wait_s` (here 300 s; by default never); until then GPUs that free go to it first
+# (deference), so a small fairness gain costs no work. The state of the row above: r owed 0.75
+# (1 of 1.75), r1 asks 1.
 _PARTLY = FAIRER[-1]
 PARTLY_OWED = [
+    # The default wait (inf): not even after a day.
+    replace(
+        _PARTLY,
+        name="partly owed, default wait, waited a day: no eviction",
+        pending=[Wait("r1", "r", age_s=86_400)],
+        evicted=set(),
+        served={},
+        rules=Rules(),
+    ),
     # Waited 0 s: 0.75 owed < 1 asked, nothing is evicted yet. Before: v2 went at once.
     replace(
         _PARTLY,
