@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import socket
@@ -101,6 +102,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=float,
         default=60.0,
         help="seconds after its restart that a pod restarted after an eviction is no victim (default 60)",
+    )
+    parser.add_argument(
+        "--partly-owed-wait-s",
+        type=float,
+        default=math.inf,
+        help="seconds a pod of a queue owed less than the pod itself waits before it reclaims; until "
+        "then capacity that frees goes to it first (default inf: it never reclaims)",
     )
     parser.add_argument(
         "--eviction-concurrency",
@@ -296,6 +304,7 @@ async def run(args: argparse.Namespace) -> None:
                 hold_s=args.reclaim_hold,
                 max_evictions_per_cycle=args.max_evictions_per_cycle,
                 recent_victim_s=args.recent_victim_s,
+                partly_owed_wait_s=args.partly_owed_wait_s,
                 evictions=evictions,
             )
             if args.reclaim_interval > 0

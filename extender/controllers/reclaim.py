@@ -31,6 +31,7 @@ every waiting pod.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -109,6 +110,8 @@ class ReclaimOptions:
     # A pod restarted after an eviction is no victim for this long after its restart (rule 8 of
     # extender.policy.reclaim).
     recent_victim_s: float = 60.0
+    # A pod of a queue owed less than the pod itself reclaims only after waiting this long (rule 9).
+    partly_owed_wait_s: float = math.inf
     evictions: EvictionLimits = field(default_factory=EvictionLimits)  # calls in flight, timeout
 
 
@@ -161,6 +164,7 @@ class ReclaimLoop:
             preempt_min_runtime_s={s.name: s.preempt_min_runtime_s for s in specs},
             max_evictions=self.options.max_evictions_per_cycle,
             recent_victim_s=self.options.recent_victim_s,
+            partly_owed_wait_s=self.options.partly_owed_wait_s,
         )
 
     async def run_once(self) -> list[Plan]:

@@ -5,6 +5,7 @@
                            [--extender-weight N] [--device-choice first-fit|tessera]
                            [--moves-per-100-pods 0,1,2,5] [--moves-per-pod N] [--bound [TARGET]]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
+                            [--partly-owed-wait-s S]
 
 Both print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
 """
@@ -256,8 +257,13 @@ def _run_queues(args: argparse.Namespace) -> int:
         policy_names([args.policy])
         if args.policy == DEPLOYED:
             raise ValueError(f"{DEPLOYED} models the packing replay only; use tessera for queue workloads")
-        if min(args.reclaim_interval or 0.0, args.termination_delay or 0.0) < 0:
-            raise ValueError("--reclaim-interval and --termination-delay cannot be negative")
+        if (
+            min(args.reclaim_interval or 0.0, args.termination_delay or 0.0, args.partly_owed_wait_s or 0.0)
+            < 0
+        ):
+            raise ValueError(
+                "--reclaim-interval, --termination-delay and --partly-owed-wait-s cannot be negative"
+            )
     except (WorkloadError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -267,6 +273,7 @@ def _run_queues(args: argparse.Namespace) -> int:
         args.seed,
         reclaim_interval_s=args.reclaim_interval,
         termination_delay_s=args.termination_delay,
+        partly_owed_wait_s=args.partly_owed_wait_s,
     )
     print(
         f"workload {result.name}: {len(workload.nodes)} nodes, policy {result.policy}, "
@@ -360,6 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--termination-delay",
         type=float,
         help="seconds an evicted pod takes to go (default: the workload's, else 0)",
+    )
+    queues.add_argument(
+        "--partly-owed-wait-s",
+        type=float,
+        help="seconds a pod of a queue owed less than the pod waits before it reclaims (default: the "
+        "extender's, inf: never)",
     )
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")

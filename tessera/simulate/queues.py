@@ -431,7 +431,15 @@ class _Level:
 
 
 class _Replay:
-    def __init__(self, workload: QueueWorkload, policy_name: str, seed: int, interval: float, delay: float):
+    def __init__(
+        self,
+        workload: QueueWorkload,
+        policy_name: str,
+        seed: int,
+        interval: float,
+        delay: float,
+        partly_owed_wait_s: float | None = None,
+    ):
         self.pods = _pods(workload)
         self.nodes = list(workload.nodes)
         self.node_index = {node.name: i for i, node in enumerate(self.nodes)}
@@ -451,6 +459,7 @@ class _Replay:
         self.rules = Rules(
             reclaim_min_runtime_s={q.name: q.reclaim_min_runtime_s for q in self.specs},
             preempt_min_runtime_s={q.name: q.preempt_min_runtime_s for q in self.specs},
+            partly_owed_wait_s=Rules.partly_owed_wait_s if partly_owed_wait_s is None else partly_owed_wait_s,
         )
         self.ledger = QueueLedger()
         # Gang workload -> its minimum (docs/workloads.md), and the workload as admission reads it.
@@ -816,6 +825,7 @@ class _Replay:
                 pod.created,
                 preemptible=pod.preemptible,
                 workload=listed.workload,
+                waiting_since=pod.waiting_since,
             )
             for listed in waiting_list(fairness, candidates)
             for pod in (self.pods[int(listed.waiting.key)],)
@@ -850,8 +860,8 @@ class _Replay:
     def _quiet_until(self) -> float:
         """Until when reclaim cycles would find nothing to do, the picture staying as it is: no
         GPU pod waits, or the last cycle planned nothing on this very picture and no running pod
-        gets past a min runtime (or its protection after an eviction) before then. (A time not
-        after the last cycle: no such promise.)"""
+        gets past a min runtime (or its protection after an eviction), nor a waiting pod past the
+        wait of rule 9, before then. (A time not after the last cycle: no such promise.)"""
         if not any(p.demand.count for p in self.waiting.values()):
             return math.inf
         if self.fruitless is None or self.fruitless[0] != self.version:
@@ -860,8 +870,15 @@ class _Replay:
 
     def _runtimes_ending_after(self, since: float) -> list[float]:
         """When running preemptible pods pass their queues' min runtimes (and, restarted after an
-        eviction, their protection: rule 8), for those after `since`."""
-        ends: list[float] = []
+        eviction, their protection: rule 8), and waiting pods the wait of rule 9, for those after
+        `since`."""
+        # A pod of a queue owed less than itself may reclaim once it has waited (rule 9).
+        wait = self.rules.partly_owed_wait_s
+        ends = [
+            pod.waiting_since + wait
+            for pod in self.waiting.values()
+            if pod.demand.count and pod.waiting_since + wait > since
+        ]
         for pod in self.running.values():
             if pod.state == "running" and pod.preemptible:
                 runtimes = [
@@ -1013,10 +1030,15 @@ def run_queue_workload(
     *,
     reclaim_interval_s: float | None = None,
     termination_delay_s: float | None = None,
+    partly_owed_wait_s: float | None = None,
 ) -> QueueRunResult:
-    """Replay `workload`; the interval and delay default to the workload's own."""
+    """Replay `workload`; the interval and delay default to the workload's own, the wait of a pod
+    of a queue owed less than itself before it reclaims (rule 9) to the extender's."""
     interval = workload.reclaim_interval_s if reclaim_interval_s is None else reclaim_interval_s
     delay = workload.termination_delay_s if termination_delay_s is None else termination_delay_s
     if interval < 0 or delay < 0:
         raise ValueError("the reclaim interval and the termination delay cannot be negative")
-    return _Replay(workload, policy_name, workload.seed if seed is None else seed, interval, delay).run()
+    if partly_owed_wait_s is not None and partly_owed_wait_s < 0:
+        raise ValueError("the wait before a partly owed queue reclaims cannot be negative")
+    seed = workload.seed if seed is None else seed
+    return _Replay(workload, policy_name, seed, interval, delay, partly_owed_wait_s).run()

@@ -12,6 +12,7 @@ consolidation executors always did.
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +23,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio.client import ApiClient, Configuration
 
+from extender.__main__ import parse_args
 from extender.controllers.consolidate import ConsolidationOptions, Consolidator
 from extender.controllers.evictions import EvictionLimits, evict_all
 from extender.controllers.reclaim import ReclaimLoop, ReclaimOptions
@@ -367,3 +369,21 @@ async def test_pods_of_an_owner_evicted_from_are_spared_for_a_while_after_their_
         snapshot = ClusterSnapshot({}, running, FairnessSnapshot.build([], {}, {}), WorkloadMix(()))
         loop._spare_restarts(snapshot, now, rules)
         assert {key for key, pod in snapshot.running.items() if not pod.preemptible} == spared
+
+
+@pytest.mark.parametrize(
+    ("argv", "wait_s"),
+    [
+        ([], math.inf),  # the default: a queue owed less than its pod never reclaims (rule 9)
+        (["--partly-owed-wait-s=120"], 120.0),
+        (["--partly-owed-wait-s=0"], 0.0),  # reclaims at once, as before rule 9
+    ],
+)
+async def test_the_partly_owed_wait_reaches_the_planners_rules(
+    apiserver: tuple[FakeEvictionApi, ApiClient], argv: list[str], wait_s: float
+) -> None:
+    _, api = apiserver
+    state = ClusterPicture()
+    options = ReclaimOptions(partly_owed_wait_s=parse_args(argv).partly_owed_wait_s)
+    loop = ReclaimLoop(api, state, ExtenderMetrics(state), options)
+    assert loop.rules().partly_owed_wait_s == wait_s

@@ -672,7 +672,9 @@ FAIRER = [
     # whole GPUs), w holds 1.5 and wants no more. Guarantees 1.5 each, the 0.5 left split between
     # r and v: shares r 1.75, v 1.75, w 1.5. r is owed 0.75, less than its pod: before, 1 + 1 >
     # 1.75 made its goal "preempt" and nothing was planned. v's newest whole pod goes: v ends 0.25
-    # below (1.5 of 1.75), less owed than r's 0.75.
+    # below (1.5 of 1.75), less owed than r's 0.75. With a wait of 300 s configured, r1 has waited
+    # it (rule 9: a queue owed less than its pod reclaims only after that wait - by default never;
+    # see PARTLY_OWED).
     Scenario(
         "a queue owed less than a pod takes it from a queue further above its share",
         nodes={"n1": 5},
@@ -685,11 +687,62 @@ FAIRER = [
             Run("r0", "r", "n1", age_s=100),
             Run("w1", "w", "n1", age_s=300),
         ],
-        pending=[Wait("r1", "r")],
+        pending=[Wait("r1", "r", age_s=300)],
         evicted={"v2"},
         served={"r1": "n1"},
+        rules=Rules(partly_owed_wait_s=300),
     ),
 ]
+
+# Rule 9: a pod of a queue owed less than the pod itself reclaims only once it has waited
+# `partly_owed_wait_s` (here 300 s; by default never); until then GPUs that free go to it first
+# (deference), so a small fairness gain costs no work. The state of the row above: r owed 0.75
+# (1 of 1.75), r1 asks 1.
+_PARTLY = FAIRER[-1]
+PARTLY_OWED = [
+    # The default wait (inf): not even after a day.
+    replace(
+        _PARTLY,
+        name="partly owed, default wait, waited a day: no eviction",
+        pending=[Wait("r1", "r", age_s=86_400)],
+        evicted=set(),
+        served={},
+        rules=Rules(),
+    ),
+    # Waited 0 s: 0.75 owed < 1 asked, nothing is evicted yet. Before: v2 went at once.
+    replace(
+        _PARTLY,
+        name="partly owed, waited 0 s: no eviction yet",
+        pending=[Wait("r1", "r")],
+        evicted=set(),
+        served={},
+    ),
+    # 299 s < 300 s: still waiting for a GPU to free.
+    replace(
+        _PARTLY,
+        name="partly owed, waited 299 s: no eviction yet",
+        pending=[Wait("r1", "r", age_s=299)],
+        evicted=set(),
+        served={},
+    ),
+    # 300 s: the wait is over, reclaim as rule 1 allows (v2, as in the row above).
+    replace(_PARTLY, name="partly owed, waited 300 s: reclaims", pending=[Wait("r1", "r", age_s=300)]),
+    # The wait turned off (--partly-owed-wait-s 0): reclaims at once, as before rule 9.
+    replace(
+        _PARTLY,
+        name="partly owed, no wait configured: reclaims at once",
+        pending=[Wait("r1", "r")],
+        rules=Rules(partly_owed_wait_s=0),
+    ),
+    # A queue owed a whole pod does not wait: c owed 1 (0 of 1) asks 1, served at 0 s (FAIRER[0]).
+    replace(FAIRER[0], name="owed a whole pod, waited 0 s: reclaims at once"),
+]
+
+
+@pytest.mark.parametrize("case", PARTLY_OWED, ids=lambda c: c.name)
+def test_a_queue_owed_less_than_its_pod_waits_before_it_reclaims(case: Scenario) -> None:
+    test_reclaim_scenario(case)
+
 
 BACKLOGS = [
     # 8 GPUs; a (quota 4) holds 8 and has `backlog` older pods waiting; b (quota 4) waits for 1:

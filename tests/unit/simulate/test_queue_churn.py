@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
+from tessera.simulate.queues import parse_workload, run_queue_workload
 from tests.unit.simulate.test_queue_reclaim import first_time, job, queue, run, state_at
 
 
@@ -52,3 +57,50 @@ def test_a_pod_restarted_after_an_eviction_is_not_the_next_victim() -> None:
     # Work lost, per queue: a-long/2 had run 9 s (t=1-10), a-long/1 30 s (t=0-30), 1 GPU each.
     assert {q.name: q.lost_gpu_s for q in result.queues} == {"a": 39.0, "b": 0.0, "c": 0.0}
     assert result.most_evictions_of_one_pod == 1
+
+
+@pytest.mark.parametrize(
+    ("wait_s", "victims", "b_second_at"),
+    [
+        # Before rule 9 (no wait): at t=10 b's pod reclaims one of a's pods (all started at t=0;
+        # a-short, the first by key), which had run 10 s.
+        (0.0, [(10, "a-short", "b")], 10),
+        # A 60 s wait: b's pod reclaims at t=70, the cycles before it planning nothing.
+        (60.0, [(70, "a-short", "b")], 70),
+        # Now (the default: a queue owed less than its pod does not reclaim): b's pod waits for
+        # a-short's GPU at t=120, which a's older waiting pod leaves to it (deference).
+        (math.inf, [], 120),
+    ],
+)
+def test_a_queue_owed_less_than_its_pod_waits_for_freed_capacity(
+    wait_s: float, victims: list[tuple[float, str, str]], b_second_at: float
+) -> None:
+    # 1 node x 5 GPUs; a, b, c quota 1 each, every one wanting more than 5/3: shares 1.67 each.
+    # From t=0 a runs 3 pods (a-short ends at t=120), b and c one each; a's 2 more wait from t=1,
+    # b's and c's second pods from t=10. b (1 of 1.67) is owed 0.67, less than its 1-GPU pod: a
+    # partly owed queue (rule 9). Rule 1 would let it take one of a's (a, 3 of 1.67, ends 0.33
+    # above): a small fairness gain that throws away the victim's work. At t=120 a-short's GPU
+    # frees; a's waiting pod would bring a to 3 and be reclaimable, so it defers to b's. c (1 of
+    # 1.67, owed 0.67) is next: a at 2 would end owed 0.67, as owed as c - no fairer, no reclaim.
+    result = run_queue_workload(
+        parse_workload(
+            {
+                "name": "partly-owed",
+                "nodes": [{"name": "n", "gpus": 5}],
+                "queues": [queue("a", 1), queue("b", 1), queue("c", 1)],
+                "jobs": [
+                    job("a-short", "a", 1, duration=120),
+                    job("a-long", "a", 2),
+                    job("a-more", "a", 2, arrival=1),
+                    job("b-run", "b", 1),
+                    job("c-run", "c", 1),
+                    job("b-more", "b", 1, arrival=10),
+                    job("c-more", "c", 1, arrival=10),
+                ],
+            }
+        ),
+        partly_owed_wait_s=wait_s,
+    )
+    assert [(e.time, e.victim.split("/")[0], e.served_queue) for e in result.evictions] == victims
+    assert first_time(result, "b", 2) == b_second_at
+    assert result.idle_gpu_s_while_fitting_pod_waits == 0.0
