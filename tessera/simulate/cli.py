@@ -4,9 +4,11 @@
                            [--replay paper,creation] [--scheduler-profile shipped|stock]
                            [--extender-weight N] [--device-choice first-fit|tessera]
                            [--moves-per-100-pods 0,1,2,5] [--moves-per-pod N] [--bound [TARGET]]
+    tessera simulate timeline [--policies random,...,tessera+moves] [--loads 1,1.5,2,3] [--seeds 0,1,2]
+                              [--cluster-share 0.02] [--move-budget 5] [--min-runtime 300] [--smoke]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
 
-Both print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
+All print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,24 @@ from .deployed import DEVICE_CHOICES, SHIPPED_PROFILE, STOCK_PROFILE, DeviceChoi
 from .packing import REPLAYS, PackingResult, Replay, arrivals, replay_packing
 from .policies import DEFAULT_POLICIES, DEPLOYED, POLICY_NAMES, policy_names
 from .queues import WorkloadError, load_workload, run_queue_workload
+from .timeline import (
+    DEFAULT_LOADS,
+    DEFAULT_MOVE_BUDGET,
+    DEFAULT_RULES,
+    TIMELINE_POLICIES,
+    TimelineResult,
+    replay_timeline,
+    sample_nodes,
+)
+from .timeline_report import (
+    MULTI_GPU_P95_LIMIT_S,
+    comparison_lines,
+    first_load_over,
+    plot_timeline,
+    timeline_table,
+    waits_table,
+    write_timeline_csv,
+)
 from .report import (
     PUBLISHED_ALLOCATION,
     bound_table,
@@ -248,6 +268,114 @@ def _run_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+SMOKE_PODS = 300  # --smoke: the first pods by arrival, enough for waits on a small share
+
+
+def _timeline_task(
+    nodes_csv: Path,
+    pods_csv: Path,
+    share: float,
+    policy: str,
+    seed: int,
+    load: float,
+    max_pods: int | None,
+    budget: float,
+    min_runtime_s: float,
+) -> TimelineResult:
+    """One timeline replay; runs in a worker process."""
+    return replay_timeline(
+        sample_nodes(load_nodes(nodes_csv), share),
+        load_pods(pods_csv),
+        policy,
+        seed=seed,
+        load=load,
+        max_pods=max_pods,
+        move_budget=budget,
+        rules=replace(DEFAULT_RULES, min_runtime_s=min_runtime_s),
+    )
+
+
+def _comma_list(spec: str) -> list[str]:
+    return [part.strip() for part in spec.split(",") if part.strip()]
+
+
+def _run_timeline(args: argparse.Namespace) -> int:
+    trace_dir: Path | None = args.trace_dir or default_trace_dir()
+    if trace_dir is None and (args.nodes is None or args.pods is None):
+        print("error: no trace directory found; pass --trace-dir, or --nodes and --pods", file=sys.stderr)
+        return 2
+    nodes_csv: Path = args.nodes or (trace_dir / NODES_FILE if trace_dir else Path(NODES_FILE))
+    pods_csv: Path = args.pods or (trace_dir / DEFAULT_PODS_FILE if trace_dir else Path(DEFAULT_PODS_FILE))
+    try:
+        policies = _comma_list(args.policies)
+        unknown = [name for name in policies if name not in TIMELINE_POLICIES]
+        if unknown or not policies:
+            raise ValueError(f"unknown policy {', '.join(unknown)}; choose from {', '.join(TIMELINE_POLICIES)}")
+        loads = [float(load) for load in _comma_list(args.loads)]
+        seeds = [int(seed) for seed in _comma_list(args.seeds)]
+        if not loads or min(loads) <= 0:
+            raise ValueError("--loads must be positive numbers")
+        if args.move_budget < 0 or args.min_runtime < 0:
+            raise ValueError("--move-budget and --min-runtime cannot be negative")
+        max_pods = SMOKE_PODS if args.smoke else args.max_pods
+        if max_pods is not None and max_pods < 1:
+            raise ValueError("--max-pods must be at least 1")
+        nodes = sample_nodes(load_nodes(nodes_csv), args.cluster_share)  # fail fast, before workers
+        load_pods(pods_csv)
+    except (TraceError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    gpus = sum(node.gpus for node in nodes)
+    print(
+        f"timeline {pods_csv.name}: {len(nodes)} nodes ({gpus} GPUs, share {args.cluster_share:g}), "
+        f"{len(policies)} policies x {len(loads)} load(s) x {len(seeds)} seed(s)"
+        + (f", first {max_pods} pods" if max_pods else "")
+        + f"; moves: budget {args.move_budget:g} per 100 pods started, minimum runtime {args.min_runtime:g} s",
+        file=sys.stderr,
+    )
+    tasks = [(policy, seed, load) for load in loads for policy in policies for seed in seeds]
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [
+            pool.submit(
+                _timeline_task,
+                nodes_csv,
+                pods_csv,
+                args.cluster_share,
+                policy,
+                seed,
+                load,
+                max_pods,
+                args.move_budget,
+                args.min_runtime,
+            )
+            for policy, seed, load in tasks
+        ]
+        results = [future.result() for future in futures]
+    first = results[0]
+    print(
+        f"{first.pods} pods replayed ({first.never_ran} never ran in the trace, {first.never_fit} fit no node); "
+        f"waits in minutes, alloc % time-averaged over the arrival span and while a GPU pod waits"
+    )
+    print(timeline_table(results))
+    over = first_load_over(results)
+    limit = MULTI_GPU_P95_LIMIT_S / 60
+    print(
+        f"\nfgd's multi-GPU p95 wait first passes {limit:g} min at {over:g}x"
+        if over is not None
+        else f"\nfgd's multi-GPU p95 wait stays within {limit:g} min at every load replayed"
+    )
+    focus = over if over is not None else max(loads)
+    print(f"\nwaits by pod size at {focus:g}x (minutes):")
+    print(waits_table(results, focus))
+    for line in comparison_lines(results, focus):
+        print(line)
+    written = write_timeline_csv(results, args.out)
+    if not args.no_plots:
+        written += [plot_timeline(results, load, args.out) for load in loads]
+    print("wrote " + ", ".join(str(path) for path in written))
+    return 0
+
+
 def _run_queues(args: argparse.Namespace) -> int:
     try:
         workload = load_workload(args.workload)
@@ -346,6 +474,45 @@ def build_parser() -> argparse.ArgumentParser:
         "or tessera (choose_gpus, had Tessera a say)",
     )
     trace.add_argument("--quiet", action="store_true", help="no progress lines")
+    timeline = sub.add_parser(
+        "timeline", help="the Alibaba trace over time: arrivals, departures, waiting (and moves)"
+    )
+    timeline.add_argument("--trace-dir", type=Path, help="folder with the trace CSVs")
+    timeline.add_argument("--nodes", type=Path, help=f"nodes CSV (default: TRACE_DIR/{NODES_FILE})")
+    timeline.add_argument("--pods", type=Path, help=f"pods CSV with time columns (default: {DEFAULT_PODS_FILE})")
+    timeline.add_argument(
+        "--policies",
+        default=",".join(TIMELINE_POLICIES),
+        help=f"comma-separated, from {', '.join(TIMELINE_POLICIES)} (default: all)",
+    )
+    timeline.add_argument(
+        "--loads",
+        default=",".join(f"{load:g}" for load in DEFAULT_LOADS),
+        help="comma-separated load factors: inter-arrival gaps divided by each (default %(default)s)",
+    )
+    timeline.add_argument("--seeds", default="0", help="comma-separated seeds (default %(default)s)")
+    timeline.add_argument(
+        "--cluster-share",
+        type=float,
+        default=0.02,
+        help="keep this share of the nodes, every model and size in proportion (default %(default)s: "
+        "the trace's pods are a sample that fills about 1%% of the whole cluster; docs/simulator.md)",
+    )
+    timeline.add_argument(
+        "--move-budget",
+        type=float,
+        default=DEFAULT_MOVE_BUDGET,
+        help="tessera+moves: at most this many moves per 100 pods started (default %(default)s)",
+    )
+    timeline.add_argument(
+        "--min-runtime",
+        type=float,
+        default=DEFAULT_RULES.min_runtime_s,
+        help="tessera+moves: seconds a pod runs before it may be moved (default %(default)s, the extender's)",
+    )
+    timeline.add_argument("--max-pods", type=int, help="replay only the first N pods by arrival")
+    timeline.add_argument("--smoke", action="store_true", help=f"a short replay: the first {SMOKE_PODS} pods")
+    timeline.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     queues = sub.add_parser("queues", help="queue-fairness workload in the native YAML format")
     queues.add_argument("workload", type=Path, help="workload YAML (see docs/simulator.md)")
     queues.add_argument("--policy", default="tessera", help="placement policy (default tessera)")
@@ -362,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")
     queues.add_argument("--seed", type=int, default=None, help="random seed (default: the workload's)")
-    for mode in (trace, queues):
+    for mode in (trace, queues, timeline):
         mode.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default %(default)s)")
         mode.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     return parser
@@ -372,6 +539,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     if args.mode == "trace":
         return _run_trace(args)
+    if args.mode == "timeline":
+        return _run_timeline(args)
     return _run_queues(args)
 
 
