@@ -27,6 +27,20 @@ from .deployed import DEVICE_CHOICES, SHIPPED_PROFILE, STOCK_PROFILE, DeviceChoi
 from .packing import REPLAYS, PackingResult, Replay, arrivals, replay_packing
 from .policies import DEFAULT_POLICIES, DEPLOYED, POLICY_NAMES, policy_names
 from .queues import WorkloadError, load_workload, run_queue_workload
+from .report import (
+    PUBLISHED_ALLOCATION,
+    bound_table,
+    margin_lines,
+    move_budget_table,
+    packing_seeds_table,
+    packing_table,
+    plot_move_budget,
+    plot_packing,
+    plot_queues,
+    queue_table,
+    write_packing_csv,
+    write_queue_csv,
+)
 from .timeline import (
     DEFAULT_LOADS,
     DEFAULT_MOVE_BUDGET,
@@ -44,20 +58,6 @@ from .timeline_report import (
     timeline_table,
     waits_table,
     write_timeline_csv,
-)
-from .report import (
-    PUBLISHED_ALLOCATION,
-    bound_table,
-    margin_lines,
-    move_budget_table,
-    packing_seeds_table,
-    packing_table,
-    plot_move_budget,
-    plot_packing,
-    plot_queues,
-    queue_table,
-    write_packing_csv,
-    write_queue_csv,
 )
 from .trace import (
     DEFAULT_PODS_FILE,
@@ -310,7 +310,9 @@ def _run_timeline(args: argparse.Namespace) -> int:
         policies = _comma_list(args.policies)
         unknown = [name for name in policies if name not in TIMELINE_POLICIES]
         if unknown or not policies:
-            raise ValueError(f"unknown policy {', '.join(unknown)}; choose from {', '.join(TIMELINE_POLICIES)}")
+            raise ValueError(
+                f"unknown policy {', '.join(unknown)}; choose from {', '.join(TIMELINE_POLICIES)}"
+            )
         loads = [float(load) for load in _comma_list(args.loads)]
         seeds = [int(seed) for seed in _comma_list(args.seeds)]
         if not loads or min(loads) <= 0:
@@ -330,7 +332,8 @@ def _run_timeline(args: argparse.Namespace) -> int:
         f"timeline {pods_csv.name}: {len(nodes)} nodes ({gpus} GPUs, share {args.cluster_share:g}), "
         f"{len(policies)} policies x {len(loads)} load(s) x {len(seeds)} seed(s)"
         + (f", first {max_pods} pods" if max_pods else "")
-        + f"; moves: budget {args.move_budget:g} per 100 pods started, minimum runtime {args.min_runtime:g} s",
+        + f"; moves: budget {args.move_budget:g} per 100 pods started, "
+        f"minimum runtime {args.min_runtime:g} s",
         file=sys.stderr,
     )
     tasks = [(policy, seed, load) for load in loads for policy in policies for seed in seeds]
@@ -353,8 +356,9 @@ def _run_timeline(args: argparse.Namespace) -> int:
         results = [future.result() for future in futures]
     first = results[0]
     print(
-        f"{first.pods} pods replayed ({first.never_ran} never ran in the trace, {first.never_fit} fit no node); "
-        f"waits in minutes, alloc % time-averaged over the arrival span and while a GPU pod waits"
+        f"{first.pods} pods replayed ({first.never_ran} never ran in the trace, "
+        f"{first.never_fit} fit no node); waits in minutes, alloc % time-averaged over the arrival "
+        "span and while a GPU pod waits"
     )
     print(timeline_table(results))
     over = first_load_over(results)
@@ -479,7 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     timeline.add_argument("--trace-dir", type=Path, help="folder with the trace CSVs")
     timeline.add_argument("--nodes", type=Path, help=f"nodes CSV (default: TRACE_DIR/{NODES_FILE})")
-    timeline.add_argument("--pods", type=Path, help=f"pods CSV with time columns (default: {DEFAULT_PODS_FILE})")
+    timeline.add_argument(
+        "--pods", type=Path, help=f"pods CSV with time columns (default: {DEFAULT_PODS_FILE})"
+    )
     timeline.add_argument(
         "--policies",
         default=",".join(TIMELINE_POLICIES),

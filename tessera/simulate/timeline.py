@@ -36,8 +36,9 @@ it had run) and it runs its whole run time again.
 **Reported** (``TimelineResult``): GPU allocation averaged over time from the first to the last
 arrival, and over the time while a GPU pod waits; *stranded* GPU-seconds - idle GPU capacity
 integrated over the time while some waiting GPU pod would fit after moves, meaning its GPU milli
-is at most the idle milli on nodes with at least its GPU count (a relaxation: any sequence of
-moves, CPU and memory aside, could at best gather that much); waits (start - arrival) by pod
+is at most the idle GPU milli on the nodes it fits when they are empty (GPU count and model, CPU
+and memory capacity: a relaxation, as if moves could gather all of that idle capacity on one of
+them); waits (start - arrival) by pod
 size, percentiles by nearest rank; GPU-hours of waiting (wait x GPUs asked); moves and the work
 they cost; and, as an outside reference, the trace's own recorded waits (``scheduled_time -
 creation_time``) of the same pods.
@@ -126,7 +127,11 @@ def sample_nodes(nodes: Sequence[SimNode], share: float) -> list[SimNode]:
         raise ValueError("the cluster share must be in (0, 1]")
     ordered = sorted(nodes, key=lambda n: (n.model, n.gpus, n.cpu_milli, n.memory_mib, n.name))
     # Node j is kept when the running count round(j x share) steps up at it.
-    kept = [node for j, node in enumerate(ordered) if math.floor((j + 1) * share + 0.5) > math.floor(j * share + 0.5)]
+    kept = [
+        node
+        for j, node in enumerate(ordered)
+        if math.floor((j + 1) * share + 0.5) > math.floor(j * share + 0.5)
+    ]
     if not kept:
         raise ValueError(f"a share of {share:g} of {len(nodes)} nodes keeps none")
     return kept
@@ -208,7 +213,9 @@ class Timeline:
         rules: ConsolidationRules = DEFAULT_RULES,
     ) -> None:
         if policy not in TIMELINE_POLICIES:
-            raise ValueError(f"unknown timeline policy {policy!r}; choose from {', '.join(TIMELINE_POLICIES)}")
+            raise ValueError(
+                f"unknown timeline policy {policy!r}; choose from {', '.join(TIMELINE_POLICIES)}"
+            )
         mix = mix or workload_mix([SimPod(pod.name, pod.demand) for pod in pods])
         node_order = sorted(nodes, key=lambda node: node.name)
         random.Random(f"nodes:{seed}").shuffle(node_order)  # ties go by this order, as in packing
@@ -217,8 +224,9 @@ class Timeline:
         self.placer = Placer(self.cluster, make_policy(base, mix), random.Random(f"policy:{seed}"), "first")
         self.consolidator = Consolidator(self.cluster, move_budget, rules) if policy == MOVES else None
         self.result = TimelineResult(policy, load, seed, sum(node.gpus for node in nodes))
-        empty = [self.cluster.node_gpus(i) for i in range(len(node_order))]
-        self.pods = [pod for pod in pods if any(fits(node, pod.demand) for node in empty)]
+        self._empty = [self.cluster.node_gpus(i) for i in range(len(node_order))]
+        self._homes_of: dict[GpuDemand, list[int]] = {}
+        self.pods = [pod for pod in pods if self._homes(pod.demand)]
         self.result.never_fit = len(pods) - len(self.pods)
         self.result.pods = len(self.pods)
         self._events: list[tuple[float, int, int, str, int]] = []  # (time, kind, seq, pod, incarnation)
@@ -265,9 +273,13 @@ class Timeline:
             self._consolidate()
         result.end_s = self._now
         area, waiting_area, stranded = self._areas
-        result.allocation_pct = 100.0 * area / (self.cluster.capacity_milli * result.span_s) if result.span_s else 0.0
+        result.allocation_pct = (
+            100.0 * area / (self.cluster.capacity_milli * result.span_s) if result.span_s else 0.0
+        )
         if result.waiting_s:
-            result.allocation_waiting_pct = 100.0 * waiting_area / (self.cluster.capacity_milli * result.waiting_s)
+            result.allocation_waiting_pct = (
+                100.0 * waiting_area / (self.cluster.capacity_milli * result.waiting_s)
+            )
         result.stranded_gpu_s = stranded / GPU_MILLI
         if self.consolidator is not None:
             stats = self.consolidator.stats
@@ -298,16 +310,19 @@ class Timeline:
         self._now = at
 
     def _would_fit_after_moves(self) -> bool:
-        idle_on_nodes_with: dict[int, int] = {}  # GPU count -> idle milli on nodes with at least as many GPUs
+        cluster = self.cluster
         for demand in self._waiting_gpu:
-            idle = idle_on_nodes_with.get(demand.count)
-            if idle is None:
-                idle = idle_on_nodes_with[demand.count] = sum(
-                    sum(free) for free in self.cluster.free if len(free) >= demand.count
-                )
+            idle = sum(sum(cluster.free[index]) for index in self._homes(demand))
             if demand.total_milli <= idle:
                 return True
         return False
+
+    def _homes(self, demand: GpuDemand) -> list[int]:
+        """The nodes `demand` fits when they are empty (its GPU count, model, CPU and memory)."""
+        homes = self._homes_of.get(demand)
+        if homes is None:
+            homes = self._homes_of[demand] = [i for i, empty in enumerate(self._empty) if fits(empty, demand)]
+        return homes
 
     def _start(self, pod: TimedPod, index: int, gpus: tuple[int, ...], waited_s: float | None) -> None:
         """`pod` starts on node `index` (`waited_s` None: a mover restarting, not a first start)."""
@@ -393,7 +408,9 @@ class Timeline:
             self._start(pod, index, gpus, self._now - pod.arrival_s)
             for mover_key in moved:
                 mover = self.running.pop(mover_key)
-                self.result.lost_gpu_s += mover.pod.demand.total_milli / GPU_MILLI * (self._now - mover.started_s)
+                self.result.lost_gpu_s += (
+                    mover.pod.demand.total_milli / GPU_MILLI * (self._now - mover.started_s)
+                )
                 touched.add(mover.index)
                 new_index, new_gpus = consolidator.where(mover_key)
                 self._start(mover.pod, new_index, new_gpus, None)

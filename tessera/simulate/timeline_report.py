@@ -72,7 +72,10 @@ def timeline_table(results: Sequence[TimelineResult]) -> str:
                 f"{_mean([r.wait_gpu_hours for r in mine]):.1f}",
                 f"{_mean([r.stranded_gpu_s / 3600 for r in mine]):.1f}",
                 _minutes(_mean([multi_gpu_p95(r) for r in mine])),
-                *(_minutes(_mean([r.wait(size, 95) for r in mine])) for size in ("8", "2-4", "1", "fraction")),
+                *(
+                    _minutes(_mean([r.wait(size, 95) for r in mine]))
+                    for size in ("8", "2-4", "1", "fraction")
+                ),
                 f"{_mean([r.moves for r in mine]):.1f}",
                 f"{_mean([r.lost_work_pct for r in mine]):.3f}",
                 f"{_mean([r.seconds for r in mine]):.1f}",
@@ -89,7 +92,11 @@ def waits_table(results: Sequence[TimelineResult], load: float) -> str:
     for (_, policy), group in _groups(mine).items():
         rows.append(
             [policy]
-            + [_minutes(_mean([r.wait(size, p) for r in group])) for size in SIZE_CLASSES for p in PERCENTILES]
+            + [
+                _minutes(_mean([r.wait(size, p) for r in group]))
+                for size in SIZE_CLASSES
+                for p in PERCENTILES
+            ]
         )
     if mine:
         recorded = mine[0].recorded_waits
@@ -206,7 +213,14 @@ def write_timeline_csv(results: Sequence[TimelineResult], out_dir: Path) -> list
         for r in results:
             for point in r.curve:
                 writer.writerow(
-                    [r.policy, r.load, r.seed, f"{point.time_s:.0f}", f"{point.allocation_pct:.3f}", point.waiting]
+                    [
+                        r.policy,
+                        r.load,
+                        r.seed,
+                        f"{point.time_s:.0f}",
+                        f"{point.allocation_pct:.3f}",
+                        point.waiting,
+                    ]
                 )
     return [summary, curve]
 
@@ -221,7 +235,9 @@ def plot_timeline(results: Sequence[TimelineResult], load: float, out_dir: Path)
         days = [point.time_s / 86400 for point in r.curve]
         alloc_ax.plot(days, [point.allocation_pct for point in r.curve], label=r.policy, linewidth=1)
         queue_ax.plot(days, [point.waiting for point in r.curve], label=r.policy, linewidth=1)
-    alloc_ax.set(ylabel="GPU allocation, % of capacity", title=f"timeline at {load:g}x load (seed {first_seed})")
+    alloc_ax.set(
+        ylabel="GPU allocation, % of capacity", title=f"timeline at {load:g}x load (seed {first_seed})"
+    )
     queue_ax.set(xlabel="days since the first arrival", ylabel="pods waiting")
     alloc_ax.legend()
     alloc_ax.grid(alpha=0.3)
