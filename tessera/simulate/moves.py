@@ -26,6 +26,11 @@ a controller that recreates it (a mover in the planner's sense: movable, preempt
 terminating). Time in the replay is the pod's arrival number, and the minimum runtime is 0: a pod
 may move as soon as it is placed, and again later. The trace's pods are never deleted, so moves
 are the only way GPUs come free.
+
+**In the timeline replay** (``timeline``) pods also leave (``released``), time is the trace's in
+seconds, the rules are the extender's (minimum runtime 300 s, 2 moves per pod, 4 per cycle), and
+``serve_waiting`` runs one cycle of the planner over the waiting pods in the scheduler's order,
+as the extender's loop does, within the same budget.
 """
 
 from __future__ import annotations

@@ -178,7 +178,12 @@ def write_timed_trace(folder: Path) -> tuple[Path, Path]:
         "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},32000,65536,2,T4\n" for i in range(2))
     )
     pods = folder / "timed.csv"
-    rows = [("y1", 2, 1000, 0, 10), ("f1", 1, 600, 1, 100), ("y2", 1, 1000, 2, 10), ("f2", 1, 600, 11, 100)]
+    rows: list[tuple[str, int, int, int, int | None]] = [
+        ("y1", 2, 1000, 0, 10),
+        ("f1", 1, 600, 1, 100),
+        ("y2", 1, 1000, 2, 10),
+        ("f2", 1, 600, 11, 100),
+    ]
     rows += [("w", 2, 1000, 13, 10), ("never", 1, 1000, 14, None)]
     pods.write_text(
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
