@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
@@ -353,6 +353,13 @@ def _run_timeline(args: argparse.Namespace) -> int:
             )
             for policy, seed, load in tasks
         ]
+        for done, future in enumerate(as_completed(futures), start=1):
+            r = future.result()
+            print(
+                f"  [{done}/{len(futures)}] {r.policy} {r.load:g}x seed {r.seed}: {r.seconds:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         results = [future.result() for future in futures]
     first = results[0]
     print(
