@@ -25,13 +25,16 @@ queue does). Only the nodes that gained room need checking: every other node alr
 every waiting pod, and placements only take room away.
 
 **Moves** (``tessera+moves``, Tessera's placement). Whenever something changed while GPU pods
-wait - a pod arrived, left, started, or a running pod reached the minimum runtime - one
-consolidation cycle runs: the extender's planner (``extender.policy.consolidation.plan_moves``,
-through ``moves.Consolidator``) over the first ``max_pending`` waiting GPU pods, with the
-extender's rules (``min_runtime_s`` 300, 2 moves per pod, 4 per cycle) and the packing replay's
-budget: at most B moves per 100 pods started so far. The plans are carried out; a moved pod
-*restarts* on its new GPUs - its work so far is lost (counted as GPU-seconds: its GPUs x the time
-it had run) and it runs its whole run time again.
+wait - a pod arrived and waits, a pod left, a running pod reached the minimum runtime, or the
+last cycle moved pods - one consolidation cycle runs (a pod started elsewhere only takes room and
+makes no mover, so it cannot make a plan appear): the extender's planner
+(``extender.policy.consolidation.plan_moves``, through ``moves.Consolidator``) over the waiting
+GPU pods in the scheduler's order, the first of each distinct request only (a second pod of the
+same request would search the same nodes again; it is served in a later cycle), at most
+``max_pending`` of them, with the extender's rules (``min_runtime_s`` 300, 2 moves per pod, 4 per
+cycle) and the packing replay's budget: at most B moves per 100 pods started so far. The plans
+are carried out; a moved pod *restarts* on its new GPUs - its work so far is lost (counted as
+GPU-seconds: its GPUs x the time it had run) and it runs its whole run time again.
 
 **Reported** (``TimelineResult``): GPU allocation averaged over time from the first to the last
 arrival, and over the time while a GPU pod waits; *stranded* GPU-seconds - idle GPU capacity
@@ -330,7 +333,6 @@ class Timeline:
         incarnation = self._incarnations[pod.name]
         self.running[pod.name] = _Running(pod, index, gpus, self._now, incarnation)
         self._push(self._now + pod.run_s, _DEPART, pod.name, incarnation)
-        self._changed = True
         if self.consolidator is not None and pod.demand.count:
             self._push(self._now + self.consolidator.rules.min_runtime_s, _OF_AGE, pod.name)
         if waited_s is None:
@@ -387,17 +389,24 @@ class Timeline:
                 raise AssertionError(f"{pod.name} fit node(s) {nodes} but the policy placed it nowhere")
 
     def _consolidate(self) -> None:
+        """One consolidation cycle, unless it would find what the last fruitless one found: since
+        then only pods started (room taken, no new mover) and the budget still allows a move."""
         consolidator = self.consolidator
         if consolidator is None or not self._waiting_gpu or not self._changed:
             return
-        limit = consolidator.rules.max_pending
+        if consolidator.allowed(self._started) <= 0:
+            return  # the budget allows no move; try again once more pods started
+        first_of_each: dict[GpuDemand, TimedPod] = {}
+        for pod in self.waiting.values():
+            if pod.demand.count and pod.demand not in first_of_each:
+                first_of_each[pod.demand] = pod
+                if len(first_of_each) == consolidator.rules.max_pending:
+                    break
         pending = [
-            PendingPod(pod.name, QUEUE, pod.demand, {}, created=pod.arrival_s)
-            for pod in self.waiting.values()
-            if pod.demand.count
-        ][:limit]
+            PendingPod(p.name, QUEUE, p.demand, {}, created=p.arrival_s) for p in first_of_each.values()
+        ]
         served = consolidator.serve_waiting(pending, self._started, self._now)
-        self._changed = False
+        self._changed = bool(served)  # served: the cycle's move limit may have left more to serve
         if not served:
             return
         touched: set[int] = set()
