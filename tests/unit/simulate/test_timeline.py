@@ -217,3 +217,21 @@ def test_idle_gpus_on_nodes_the_waiting_pod_cannot_use_are_not_stranded() -> Non
     assert result.waits["2-4"] == [0.0, 99.0]
     assert result.waiting_s == pytest.approx(99.0)
     assert result.stranded_gpu_s == 0.0
+
+
+def test_a_consolidation_cycle_runs_only_when_a_plan_could_have_appeared() -> None:
+    # The scattered fractions, plus "cpu" (no GPU) arriving at t=15 and starting at once: a start
+    # only takes room, so it runs no cycle. Cycles: t=13 (w waits anew; nothing is of age yet),
+    # t=20 (y1 would have come of age: it left at 10, but a coming of age always counts) and t=21
+    # (f1 comes of age: the plan) - 3, not 4.
+    pods = [*_scattered_fractions(), pod("cpu", 0, GPU_MILLI, created=15, runs=100)]
+    timed, _ = timed_pods(pods, 1.0)
+    timeline = Timeline([node("a"), node("b")], timed, MOVES, move_budget=100.0, rules=RULES)
+    result = timeline.run()
+    assert timeline.consolidator is not None
+    assert timeline.consolidator.stats.plans_tried == 3
+    assert result.waits["2-4"] == [0.0, 8.0]
+    # With a budget that allows no move (floor(5 x 5 / 100) = 0), no cycle runs at all.
+    starved = Timeline([node("a"), node("b")], timed, MOVES, move_budget=5.0, rules=RULES)
+    starved.run()
+    assert starved.consolidator is not None and starved.consolidator.stats.plans_tried == 0
