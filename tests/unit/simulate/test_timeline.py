@@ -41,16 +41,17 @@ def test_load_factor_divides_the_gaps_between_arrivals_and_keeps_run_times() -> 
         pod("a", 1, 1000, created=100, runs=50),
         pod("b", 1, 1000, created=300, runs=60, scheduled=310),  # the trace made it wait 10 s
         pod("c", 1, 1000, created=700, runs=70),
-        SimPod("never-ran", pods_demand := placement_demand(None, 1000, 1024), creation_time=50),
+        # No scheduled_time: deleted while pending in the trace.
+        SimPod("never-ran", placement_demand(None, 1000, 1024), creation_time=50, deletion_time=90),
     ]
-    assert pods_demand.count == 0
     timed, never_ran = timed_pods(pods, load=2.0)
-    # Arrivals relative to the first creation (100), halved: (100-100)/2, (300-100)/2, (700-100)/2.
+    # Arrivals relative to the first creation of a pod that ran (100), halved:
+    # (100-100)/2, (300-100)/2, (700-100)/2.
     assert [(p.name, p.arrival_s) for p in timed] == [("a", 0.0), ("b", 100.0), ("c", 300.0)]
     # Run times are deletion - scheduled, whatever the load: 50, 370-310 = 60, 70.
     assert [p.run_s for p in timed] == [50, 60, 70]
     assert [p.recorded_wait_s for p in timed] == [0, 10, 0]
-    assert never_ran == 1  # no scheduled_time: deleted while pending in the trace, not replayed
+    assert never_ran == 1  # not replayed
 
 
 def test_a_departure_opens_a_hole_and_the_waiting_pods_start_in_arrival_order() -> None:
