@@ -4,10 +4,13 @@
                            [--replay paper,creation] [--scheduler-profile shipped|stock]
                            [--extender-weight N] [--device-choice first-fit|tessera]
                            [--moves-per-100-pods 0,1,2,5] [--moves-per-pod N] [--bound [TARGET]]
+    tessera simulate mig [--gpus 64] [--target 130] [--seeds 0,1,2]
+    tessera simulate timeline [--policies random,...,tessera+moves] [--loads 1,1.5,2,3] [--seeds 0,1,2]
+                              [--cluster-share 0.02] [--move-budget 5] [--min-runtime 300] [--smoke]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
                             [--partly-owed-wait-s S]
 
-Both print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
+All print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,6 +44,24 @@ from .report import (
     queue_table,
     write_packing_csv,
     write_queue_csv,
+)
+from .timeline import (
+    DEFAULT_LOADS,
+    DEFAULT_MOVE_BUDGET,
+    DEFAULT_RULES,
+    TIMELINE_POLICIES,
+    TimelineResult,
+    replay_timeline,
+    sample_nodes,
+)
+from .timeline_report import (
+    MULTI_GPU_P95_LIMIT_S,
+    comparison_lines,
+    first_load_over,
+    plot_timeline,
+    timeline_table,
+    waits_table,
+    write_timeline_csv,
 )
 from .trace import (
     DEFAULT_PODS_FILE,
@@ -251,6 +272,135 @@ def _run_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+SMOKE_PODS = 300  # --smoke: the first pods by arrival, enough for waits on a small share
+
+
+def _timeline_task(
+    nodes_csv: Path,
+    pods_csv: Path,
+    share: float,
+    policy: str,
+    seed: int,
+    load: float,
+    max_pods: int | None,
+    budget: float,
+    min_runtime_s: float,
+) -> TimelineResult:
+    """One timeline replay; runs in a worker process."""
+    return replay_timeline(
+        sample_nodes(load_nodes(nodes_csv), share),
+        load_pods(pods_csv),
+        policy,
+        seed=seed,
+        load=load,
+        max_pods=max_pods,
+        move_budget=budget,
+        rules=replace(DEFAULT_RULES, min_runtime_s=min_runtime_s),
+    )
+
+
+def _comma_list(spec: str) -> list[str]:
+    return [part.strip() for part in spec.split(",") if part.strip()]
+
+
+def _run_timeline(args: argparse.Namespace) -> int:
+    trace_dir: Path | None = args.trace_dir or default_trace_dir()
+    if trace_dir is None and (args.nodes is None or args.pods is None):
+        print("error: no trace directory found; pass --trace-dir, or --nodes and --pods", file=sys.stderr)
+        return 2
+    nodes_csv: Path = args.nodes or (trace_dir / NODES_FILE if trace_dir else Path(NODES_FILE))
+    pods_csv: Path = args.pods or (trace_dir / DEFAULT_PODS_FILE if trace_dir else Path(DEFAULT_PODS_FILE))
+    try:
+        policies = _comma_list(args.policies)
+        unknown = [name for name in policies if name not in TIMELINE_POLICIES]
+        if unknown or not policies:
+            raise ValueError(
+                f"unknown policy {', '.join(unknown)}; choose from {', '.join(TIMELINE_POLICIES)}"
+            )
+        loads = [float(load) for load in _comma_list(args.loads)]
+        seeds = [int(seed) for seed in _comma_list(args.seeds)]
+        if not loads or min(loads) <= 0:
+            raise ValueError("--loads must be positive numbers")
+        if args.move_budget < 0 or args.min_runtime < 0:
+            raise ValueError("--move-budget and --min-runtime cannot be negative")
+        max_pods = SMOKE_PODS if args.smoke else args.max_pods
+        if max_pods is not None and max_pods < 1:
+            raise ValueError("--max-pods must be at least 1")
+        nodes = sample_nodes(load_nodes(nodes_csv), args.cluster_share)  # fail fast, before workers
+        load_pods(pods_csv)
+    except (TraceError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    gpus = sum(node.gpus for node in nodes)
+    print(
+        f"timeline {pods_csv.name}: {len(nodes)} nodes ({gpus} GPUs, share {args.cluster_share:g}), "
+        f"{len(policies)} policies x {len(loads)} load(s) x {len(seeds)} seed(s)"
+        + (f", first {max_pods} pods" if max_pods else "")
+        + f"; moves: budget {args.move_budget:g} per 100 pods started, "
+        f"minimum runtime {args.min_runtime:g} s",
+        file=sys.stderr,
+    )
+    tasks = [(policy, seed, load) for load in loads for policy in policies for seed in seeds]
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [
+            pool.submit(
+                _timeline_task,
+                nodes_csv,
+                pods_csv,
+                args.cluster_share,
+                policy,
+                seed,
+                load,
+                max_pods,
+                args.move_budget,
+                args.min_runtime,
+            )
+            for policy, seed, load in tasks
+        ]
+        for done, future in enumerate(as_completed(futures), start=1):
+            r = future.result()
+            print(
+                f"  [{done}/{len(futures)}] {r.policy} {r.load:g}x seed {r.seed}: {r.seconds:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        results = [future.result() for future in futures]
+    first = results[0]
+    print(
+        f"{first.pods} pods replayed ({first.never_ran} never ran in the trace, "
+        f"{first.never_fit} fit no node); waits in minutes, alloc % time-averaged over the arrival "
+        "span and while a GPU pod waits"
+    )
+    print(timeline_table(results))
+    over = first_load_over(results)
+    limit = MULTI_GPU_P95_LIMIT_S / 60
+    per_seed = ", ".join(
+        f"seed {seed}: " + (f"{load:g}x" if load is not None else "never")
+        for seed in seeds
+        for load in [first_load_over([r for r in results if r.seed == seed])]
+    )
+    print(
+        (
+            f"\nfgd's multi-GPU p95 wait (mean over seeds) first passes {limit:g} min at {over:g}x"
+            if over is not None
+            else f"\nfgd's multi-GPU p95 wait (mean over seeds) stays within {limit:g} min at every load"
+        )
+        + f" ({per_seed})"
+    )
+    focus = over if over is not None else max(loads)
+    print(f"\nwaits by pod size at {focus:g}x (minutes):")
+    print(waits_table(results, focus))
+    print("\nper seed, against fgd (a cut > 0: less waiting):")
+    for load in loads:
+        for line in comparison_lines(results, load):
+            print(line)
+    written = write_timeline_csv(results, args.out)
+    if not args.no_plots:
+        written += [plot_timeline(results, load, args.out) for load in loads]
+    print("wrote " + ", ".join(str(path) for path in written))
+    return 0
+
+
 def _run_queues(args: argparse.Namespace) -> int:
     try:
         workload = load_workload(args.workload)
@@ -355,6 +505,47 @@ def build_parser() -> argparse.ArgumentParser:
         "or tessera (choose_gpus, had Tessera a say)",
     )
     trace.add_argument("--quiet", action="store_true", help="no progress lines")
+    timeline = sub.add_parser(
+        "timeline", help="the Alibaba trace over time: arrivals, departures, waiting (and moves)"
+    )
+    timeline.add_argument("--trace-dir", type=Path, help="folder with the trace CSVs")
+    timeline.add_argument("--nodes", type=Path, help=f"nodes CSV (default: TRACE_DIR/{NODES_FILE})")
+    timeline.add_argument(
+        "--pods", type=Path, help=f"pods CSV with time columns (default: {DEFAULT_PODS_FILE})"
+    )
+    timeline.add_argument(
+        "--policies",
+        default=",".join(TIMELINE_POLICIES),
+        help=f"comma-separated, from {', '.join(TIMELINE_POLICIES)} (default: all)",
+    )
+    timeline.add_argument(
+        "--loads",
+        default=",".join(f"{load:g}" for load in DEFAULT_LOADS),
+        help="comma-separated load factors: inter-arrival gaps divided by each (default %(default)s)",
+    )
+    timeline.add_argument("--seeds", default="0", help="comma-separated seeds (default %(default)s)")
+    timeline.add_argument(
+        "--cluster-share",
+        type=float,
+        default=0.02,
+        help="keep this share of the nodes, every model and size in proportion (default %(default)s: "
+        "the trace's pods are a sample that fills about 1%% of the whole cluster; docs/simulator.md)",
+    )
+    timeline.add_argument(
+        "--move-budget",
+        type=float,
+        default=DEFAULT_MOVE_BUDGET,
+        help="tessera+moves: at most this many moves per 100 pods started (default %(default)s)",
+    )
+    timeline.add_argument(
+        "--min-runtime",
+        type=float,
+        default=DEFAULT_RULES.min_runtime_s,
+        help="tessera+moves: seconds a pod runs before it may be moved (default %(default)s, the extender's)",
+    )
+    timeline.add_argument("--max-pods", type=int, help="replay only the first N pods by arrival")
+    timeline.add_argument("--smoke", action="store_true", help=f"a short replay: the first {SMOKE_PODS} pods")
+    timeline.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     queues = sub.add_parser("queues", help="queue-fairness workload in the native YAML format")
     queues.add_argument("workload", type=Path, help="workload YAML (see docs/simulator.md)")
     queues.add_argument("--policy", default="tessera", help="placement policy (default tessera)")
@@ -385,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--target", type=float, default=130.0, help="arrival in %% of compute slices (default 130)"
     )
     mig.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
-    for mode in (trace, queues):
+    for mode in (trace, queues, timeline):
         mode.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default %(default)s)")
         mode.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     return parser
@@ -397,6 +588,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_trace(args)
     if args.mode == "mig":
         return _run_mig(args)
+    if args.mode == "timeline":
+        return _run_timeline(args)
     return _run_queues(args)
 
 

@@ -89,6 +89,10 @@ class Cluster:
         """(state id, node indexes) for every state some node is in."""
         return iter(self.members.items())
 
+    def state_id(self, index: int) -> int:
+        """The id (in ``states``) of the state node ``index`` is in now."""
+        return self._node_state[index]
+
     def node_gpus(self, index: int) -> NodeGpus:
         return self.states[self._node_state[index]].as_node_gpus(self.nodes[index].name, self.free[index])
 
@@ -102,7 +106,8 @@ class Cluster:
         self._apply(index, demand, gpus, -1)
 
     def release(self, index: int, demand: GpuDemand, gpus: Sequence[int]) -> None:
-        """Give back what ``place`` took (queue workloads finish; trace replays never call this)."""
+        """Give back what ``place`` took (queue workloads and timeline pods finish; packing replays never
+        call this)."""
         self._apply(index, demand, gpus, +1)
 
     def _apply(self, index: int, demand: GpuDemand, gpus: Sequence[int], sign: int) -> None:

@@ -26,13 +26,18 @@ a controller that recreates it (a mover in the planner's sense: movable, preempt
 terminating). Time in the replay is the pod's arrival number, and the minimum runtime is 0: a pod
 may move as soon as it is placed, and again later. The trace's pods are never deleted, so moves
 are the only way GPUs come free.
+
+**In the timeline replay** (``timeline``) pods also leave (``released``), time is the trace's in
+seconds, the rules are the extender's (minimum runtime 300 s, 2 moves per pod, 4 per cycle), and
+``serve_waiting`` runs one cycle of the planner over the waiting pods in the scheduler's order,
+as the extender's loop does, within the same budget.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from extender.policy.consolidation import ConsolidationRules, MovePlan, plan_moves
 from extender.policy.fairness import FairnessSnapshot, QueueSpec
@@ -108,6 +113,37 @@ class Consolidator:
             movable=True,
         )
         self._by_node.setdefault(node, set()).add(key)
+
+    def where(self, key: str) -> tuple[int, tuple[int, ...]]:
+        """The node index and GPUs a recorded pod holds now."""
+        index, _, gpus = self._where[key]
+        return index, gpus
+
+    def released(self, key: str) -> None:
+        """Forget a pod that left the cluster (a timeline pod finished; the caller frees its GPUs)."""
+        self._hopeless.clear()
+        if self._where.pop(key, None) is None:
+            return
+        self._by_node[self._running.pop(key).node].discard(key)
+
+    def serve_waiting(
+        self, waiting: Sequence[PendingPod], placed: int, now: float
+    ) -> list[tuple[str, tuple[str, ...]]]:
+        """One consolidation cycle over `waiting` pods (the scheduler's order) as the extender runs
+        it: a single ``plan_moves`` call, at most the rules' moves per cycle and what the budget
+        allows; the plans are carried out. Returns (pod served, pods moved for it) per plan."""
+        budget = self.allowed(placed)
+        if budget <= 0 or not waiting:
+            return []
+        rules = replace(self.rules, max_moves_per_cycle=min(budget, self.rules.max_moves_per_cycle))
+        self.stats.plans_tried += 1
+        served = []
+        for plan in plan_moves(self._snapshot(), waiting, now, rules):
+            if plan.pod is None:
+                raise AssertionError("a consolidation plan serves a waiting pod")
+            self._carry_out(plan, plan.pod.key, plan.pod.demand, now)
+            served.append((plan.pod.key, tuple(move.pod.key for move in plan.moves)))
+        return served
 
     def serve(self, key: str, demand: GpuDemand, placed: int, now: float) -> bool:
         """Try to make room for a pod that fits no node; True when it was placed (after moves)."""

@@ -163,6 +163,15 @@ class Placer:
             pick -= len(members)
         raise AssertionError("pick within the tied nodes")
 
+    def fits_node(self, demand: GpuDemand, index: int) -> bool:
+        """Does ``demand`` fit node ``index`` now, by the policy's verdict (memoised like ``place``)?"""
+        state_id = self.cluster.state_id(index)
+        costs = self._costs.setdefault(demand, {})
+        cost = costs.get(state_id, _UNKNOWN)
+        if cost is _UNKNOWN:
+            cost = costs[state_id] = self.policy.cost(self.cluster.states[state_id], demand)
+        return cost is not None
+
     def place(
         self, demand: GpuDemand, avoid: Callable[[int], bool] | None = None
     ) -> tuple[int, tuple[int, ...]] | None:

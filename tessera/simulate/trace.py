@@ -42,6 +42,8 @@ class SimPod:
     name: str
     demand: GpuDemand
     creation_time: int | None = None  # None: the file has no creation_time (or this row leaves it empty)
+    scheduled_time: int | None = None  # None: never scheduled in the trace (or no such column)
+    deletion_time: int | None = None
 
     @property
     def gpu_milli(self) -> int:
@@ -121,6 +123,8 @@ def load_pods(path: Path) -> list[SimPod]:
             name=row["name"],
             demand=_demand(path, line, row),
             creation_time=_optional_int(path, line, row, "creation_time"),
+            scheduled_time=_optional_int(path, line, row, "scheduled_time"),
+            deletion_time=_optional_int(path, line, row, "deletion_time"),
         )
         for line, row in _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"))
     ]

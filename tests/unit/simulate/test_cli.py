@@ -168,3 +168,83 @@ def test_bound_prints_the_idle_breakdown_and_the_capping_prefix(
     # 16 T4 GPUs and pods of 250 to 1000: the 750s leave gaps of 250 that the 250s can fill, so
     # no prefix of the arrivals caps the bound below 98.5%.
     assert "seed 0: no prefix of the arrivals caps the gap bound below 98.5%" in printed
+
+
+def write_timed_trace(folder: Path) -> tuple[Path, Path]:
+    """Two 2-GPU nodes and the pods of test_timeline's scattered fractions: a 2-GPU pod "w" waits
+    from t=13 beside two 0.6 fractions on different nodes; one move serves it."""
+    nodes = folder / "nodes.csv"
+    nodes.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},32000,65536,2,T4\n" for i in range(2))
+    )
+    pods = folder / "timed.csv"
+    rows: list[tuple[str, int, int, int, int | None]] = [
+        ("y1", 2, 1000, 0, 10),
+        ("f1", 1, 600, 1, 100),
+        ("y2", 1, 1000, 2, 10),
+        ("f2", 1, 600, 11, 100),
+    ]
+    rows += [("w", 2, 1000, 13, 10), ("never", 1, 1000, 14, None)]
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
+        "scheduled_time\n"
+        + "".join(
+            f"{name},1000,1024,{gpus},{milli},,LS,Running,{created},"
+            + (f"{created + runs},{created}\n" if runs is not None else f"{created + 5},\n")
+            for name, gpus, milli, created, runs in rows
+        )
+    )
+    return nodes, pods
+
+
+def test_timeline_mode_prints_tables_and_writes_csv_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = write_timed_trace(tmp_path)
+    out = tmp_path / "out"
+    argv = ["timeline", "--nodes", str(nodes), "--pods", str(pods), "--cluster-share", "1", "--loads", "1,2"]
+    argv += ["--move-budget", "100", "--min-runtime", "20", "--jobs", "1", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "5 pods replayed (1 never ran in the trace, 0 fit no node)" in printed
+    assert "trace (recorded, 1.0x)" in printed and "tessera+moves" in printed
+    with (out / "timeline-summary.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 5 * 2  # five policies x two loads, one seed
+    moved = next(r for r in rows if r["policy"] == "tessera+moves" and r["load"] == "1.0")
+    # The move of test_timeline: w waits 13..21 instead of 13..101; f1 loses 0.6 GPU x 20 s.
+    assert (moved["moves"], moved["wait_2-4_p99_s"], moved["lost_gpu_s"]) == ("1", "8", "12")
+    plain = next(r for r in rows if r["policy"] == "tessera" and r["load"] == "1.0")
+    assert plain["wait_2-4_p99_s"] == "88"
+    assert (out / "timeline-1x.png").stat().st_size > 0 and (out / "timeline-2x.png").stat().st_size > 0
+    assert (out / "timeline-curve.csv").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["--policies", "fgd,nope"], ["--loads", "0"], ["--cluster-share", "2"], ["--move-budget", "-1"]],
+)
+def test_timeline_mode_refuses_bad_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: list[str]
+) -> None:
+    nodes, pods = write_timed_trace(tmp_path)
+    assert main(["timeline", "--nodes", str(nodes), "--pods", str(pods), "--no-plots", *bad]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_timeline_smoke_replays_the_first_pods_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = write_timed_trace(tmp_path)
+    argv = ["timeline", "--nodes", str(nodes), "--pods", str(pods), "--cluster-share", "1", "--smoke"]
+    assert (
+        main(
+            [*argv, "--policies", "fgd", "--loads", "1", "--jobs", "1", "--no-plots", "--out", str(tmp_path)]
+        )
+        == 0
+    )
+    assert "5 pods replayed" in capsys.readouterr().out  # --smoke keeps 300 pods: all of these
+    argv += ["--max-pods", "2", "--policies", "fgd", "--jobs", "1", "--no-plots", "--out", str(tmp_path)]
+    argv.remove("--smoke")
+    assert main(argv) == 0
+    assert "2 pods replayed" in capsys.readouterr().out
