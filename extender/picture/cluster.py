@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -38,7 +38,7 @@ from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import GangReservation, OwnerRef, WorkloadMap
 from extender.policy.admission import Ask, GangState, Waiting, admit, waiting_list
 from extender.policy.deference import OwedPod, is_owed, owed_pods
-from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
+from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import (
     ClusterSnapshot,
@@ -77,6 +77,9 @@ class PictureConfig:
     scheduler_names: frozenset[str] = frozenset()
     # Pods at or above this priority are not preemptible unless their label says otherwise.
     non_preemptible_priority: int = 100
+    # Node -> its topology domain, for the gang planners (`extender.policy.placement.DomainMap`);
+    # empty: no placement rule reads domains yet.
+    domains: DomainMap = field(default_factory=lambda: NO_DOMAINS, hash=False)
 
 
 class ClusterPicture:
@@ -89,7 +92,7 @@ class ClusterPicture:
             self.config.non_preemptible_priority,
             self.config.scheduler_names,
         )
-        self.inventory = GpuInventory(self.store, self.demands, self.config.gpu_drivers)
+        self.inventory = GpuInventory(self.store, self.demands, self.config.gpu_drivers, self.config.domains)
         self.workloads = WorkloadMap(self.store)
         self.accounting = QueueAccounting(self.store, self.demands, self.inventory, self.workloads)
         # Called after every change (the status writer uses it to notice newly eligible pods).
@@ -321,6 +324,7 @@ class ClusterPicture:
             victims=victims,
             movers=movers,
             holds=self._held_gpus(),
+            domains=self.inventory.domains,
         )
 
     def _held_gpus(self) -> list[HeldGpus]:
