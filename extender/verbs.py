@@ -438,7 +438,7 @@ def admit_gang(
     nodes = [""] * missing
     if gpus is not None:
         supplies = picture.inventory.supplies_for(key, names, gang.workload.key)
-        planned = plan_gang(supplies, gpus, missing)
+        planned = plan_gang(supplies, gpus, missing, picture.inventory.domains)
         if len(planned) < missing:
             text = gang_text(
                 gang,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -41,7 +41,7 @@ from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import OwnerRef, WorkloadMap
 from extender.policy.admission import Ask, GangState, Waiting, admit, waiting_list
 from extender.policy.deference import OwedPod, is_owed, owed_pods
-from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
+from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import (
     ClusterSnapshot,
@@ -80,6 +80,9 @@ class PictureConfig:
     scheduler_names: frozenset[str] = frozenset()
     # Pods at or above this priority are not preemptible unless their label says otherwise.
     non_preemptible_priority: int = 100
+    # Node -> its topology domain, for the gang planners (`extender.policy.placement.DomainMap`);
+    # empty: no placement rule reads domains yet.
+    domains: DomainMap = field(default_factory=lambda: NO_DOMAINS, hash=False)
 
 
 class ClusterPicture:
@@ -92,7 +95,7 @@ class ClusterPicture:
             self.config.non_preemptible_priority,
             self.config.scheduler_names,
         )
-        self.inventory = GpuInventory(self.store, self.demands, self.config.gpu_drivers)
+        self.inventory = GpuInventory(self.store, self.demands, self.config.gpu_drivers, self.config.domains)
         self.workloads = WorkloadMap(self.store)
         self.accounting = QueueAccounting(self.store, self.demands, self.inventory, self.workloads)
         self.gangs: GangReservations = self.accounting.gangs  # (the accounting keeps them in line)
@@ -309,6 +312,7 @@ class ClusterPicture:
             victims=victims,
             movers=movers,
             holds=self._held_gpus(),
+            domains=self.inventory.domains,
         )
 
     def _held_gpus(self) -> list[HeldGpus]:

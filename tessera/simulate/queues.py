@@ -84,7 +84,7 @@ from extender.policy.admission import (
 )
 from extender.policy.deference import OwedPod, defers_to, owed_pods
 from extender.policy.fairness import EPSILON, FairnessSnapshot, QueueSpec
-from extender.policy.placement import GpuDemand, fits
+from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, fits
 from extender.policy.reclaim import PendingPod, Plan, Rules, plan, protected_restarts
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, take
 from extender.policy.workloads import Workload
@@ -170,6 +170,8 @@ class QueueWorkload:
     jobs: tuple[JobModel, ...]
     reclaim_interval_s: float = 1.0  # 0: no reclaim loop
     termination_delay_s: float = 0.0
+    # Node -> its topology domain, for the gang planners (none in the YAML format yet).
+    domains: DomainMap = field(default_factory=lambda: NO_DOMAINS, hash=False)
 
 
 def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
@@ -436,7 +438,7 @@ class _Replay:
         self.nodes = list(workload.nodes)
         self.node_index = {node.name: i for i, node in enumerate(self.nodes)}
         mix = workload_mix([SimPod(p.job, p.demand) for p in self.pods])
-        self.cluster = Cluster(self.nodes, mix)
+        self.cluster = Cluster(self.nodes, mix, workload.domains)
         self.placer = Placer(self.cluster, make_policy(policy_name, mix), random.Random(seed))
         # The capacity in the same vocabulary: each node's CPU, memory and GPUs of its model.
         self.capacity: dict[str, float] = {}
@@ -775,6 +777,7 @@ class _Replay:
             self.cluster.mix,
             minimums=self.minimums,
             holds=[self._held(index, hold) for index, hold in self.holds.items()],
+            domains=self.cluster.domains,
         )
         snapshot.spare(
             protected_restarts(
