@@ -38,6 +38,7 @@ from extender.picture.demands import PodDemand, PodDemands, claim_names, is_term
 from extender.picture.gangs import GangReservation, GangReservations
 from extender.picture.inventory import GpuInventory
 from extender.picture.store import ObjectStore, Stored
+from extender.picture.topology import TopologyDomains
 from extender.picture.workloads import OwnerRef, WorkloadMap
 from extender.policy.admission import Ask, GangState, Waiting, admit, waiting_list
 from extender.policy.deference import OwedPod, is_owed, owed_pods
@@ -52,6 +53,8 @@ from extender.policy.snapshot import (
     keep_movers,
     mover_order,
 )
+from extender.policy.topology import DEFAULT_TOPOLOGY, Topology, TopologyAsk
+from extender.policy.workloads import Workload
 
 # The reason of kube-scheduler's PodScheduled=False condition after a cycle in which no node fit
 # (its own filters, or the extender's refused every node); not after an error ("SchedulerError":
@@ -83,6 +86,8 @@ class PictureConfig:
     # Node -> its topology domain, for the gang planners (`extender.policy.placement.DomainMap`);
     # empty: no placement rule reads domains yet.
     domains: DomainMap = field(default_factory=lambda: NO_DOMAINS, hash=False)
+    # The topology levels gangs may ask for (`extender.policy.topology`; `--topology-levels`).
+    topology: Topology = DEFAULT_TOPOLOGY
 
 
 class ClusterPicture:
@@ -97,6 +102,7 @@ class ClusterPicture:
         )
         self.inventory = GpuInventory(self.store, self.demands, self.config.gpu_drivers, self.config.domains)
         self.workloads = WorkloadMap(self.store)
+        self.topology = TopologyDomains(self.store, self.config.topology)
         self.accounting = QueueAccounting(self.store, self.demands, self.inventory, self.workloads)
         self.gangs: GangReservations = self.accounting.gangs  # (the accounting keeps them in line)
         # Called after every change (the status writer uses it to notice newly eligible pods).
@@ -212,6 +218,13 @@ class ClusterPicture:
         """The pod's workload: its minimum, members, how many are placed, its reservation."""
         self.settle()  # brings reservations in line with the members
         return self.gangs.state(pod)
+
+    def topology_ask(self, pod: Mapping[str, Any], workload: Workload) -> TopologyAsk:
+        """The levels the pod's workload asks for: the pod's annotations, its PodGroup's
+        scheduling constraints when the group was read."""
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        group = self.workloads.owners.get(("PodGroup", f"{namespace}/{workload.name}"))
+        return self.topology.ask(pod, group if workload.kind == "PodGroup" else None)
 
     def read_owner(self, ref: OwnerRef, obj: Mapping[str, Any] | None) -> None:
         """What the owner reader got (None: unreadable); gangs waiting for it may go now."""
