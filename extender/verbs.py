@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from itertools import compress
+from itertools import compress, filterfalse
 from operator import not_
 from typing import Any, NamedTuple
 
@@ -261,6 +261,9 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     key = args.pod.key
     gang = picture.gang(pod)
     owner = "" if gang.workload.single else gang.workload.key
+    # A member of a gang reserved inside a domain is judged on that domain's nodes only.
+    candidates = names
+    names, outside = _in_domain(picture, picture.gangs.reservation(owner) if owner else None, names)
     reservation: GangReservation | None = None
     # Nodes of one kind (shape and GPU size) get one verdict: a large cluster has few kinds.
     version = picture.inventory.version  # what the kinds are read at
@@ -276,13 +279,13 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     decision = admitted[0] if admitted else next(iter(by_size.values()))
     if not decision.admit:
         result = filter_result(args, [], {})
-        result.FailedAndUnresolvableNodes = dict.fromkeys(names, decision.reason)
+        result.FailedAndUnresolvableNodes = dict.fromkeys(candidates, decision.reason)
         return FilterDecision(
             result, "refused", decision.kind or "refused", demand.queue, False, decision.reason
         )
     if not demand.wants_gpu:
         return FilterDecision(
-            filter_result(args, names, {}),
+            filter_result(args, names, outside),
             "admitted",
             "no_gpu",
             demand.queue,
@@ -313,8 +316,9 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     passed = kept.names
     if kept.held:
         passed, failed = _to_hold(picture, key, passed, failed)
-    if owner:
-        passed, failed = _to_domain(picture, reservation or picture.gangs.reservation(owner), passed, failed)
+    if reservation is not None and reservation.domain:  # (admitted just now: its domain known now)
+        passed, failed = _to_domain(picture, reservation, passed, failed)
+    failed |= outside
     remembered_nodes = None if kept.held else PassedNodes(key, owner, version, kept)
     waits, message = ("", decision.reason) if passed else why_unplaced(picture, key, pod, demand)
     return FilterDecision(
@@ -405,19 +409,27 @@ def _to_hold(
     return [hold.node], failed | {name: reason for name in passed if name != hold.node}
 
 
-def _to_domain(
-    picture: ClusterPicture, reservation: GangReservation | None, passed: list[str], failed: dict[str, str]
+def _domain_reason(reservation: GangReservation) -> str:
+    return f"gang {reservation.workload.key} is placed in {reservation.level} {reservation.domain}"
+
+
+def _in_domain(
+    picture: ClusterPicture, reservation: GangReservation | None, names: list[str]
 ) -> tuple[list[str], dict[str, str]]:
-    """A member of a gang reserved inside a topology domain goes to that domain's nodes only
-    (node by node, after the per-kind verdicts, so the kinds need not know domains)."""
+    """The candidates inside the domain a reserved gang is kept in, and the others with why
+    (split in C: thousands of names, and the per-kind work then runs on the domain's few)."""
     if reservation is None or not reservation.domain:
-        return passed, failed
-    domain_of = picture.topology.domains(reservation.level).get
-    inside = [name for name in passed if domain_of(name) == reservation.domain]
-    if len(inside) == len(passed):
-        return passed, failed
-    reason = f"gang {reservation.workload.key} is placed in {reservation.level} {reservation.domain}"
-    return inside, failed | {name: reason for name in passed if domain_of(name) != reservation.domain}
+        return names, {}
+    inside = picture.topology.nodes_in(reservation.level, reservation.domain).__contains__
+    return list(filter(inside, names)), dict.fromkeys(filterfalse(inside, names), _domain_reason(reservation))
+
+
+def _to_domain(
+    picture: ClusterPicture, reservation: GangReservation, passed: list[str], failed: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The pod whose filter admitted its gang into a domain just now goes to that domain's nodes."""
+    kept, outside = _in_domain(picture, reservation, passed)
+    return kept, failed | outside
 
 
 def queue_admission(

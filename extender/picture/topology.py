@@ -28,6 +28,8 @@ class TopologyDomains:
     def __init__(self, store: ObjectStore, topology: Topology) -> None:
         self.topology = topology
         self._maps: dict[str, dict[str, str]] = {level.name: {} for level in topology.levels}
+        # Level -> domain -> its nodes: the filter splits a request's names by one (in C).
+        self._nodes: dict[str, dict[str, set[str]]] = {level.name: {} for level in topology.levels}
         # (A relist announces every node gone and every node listed: no handler of its own.)
         store.subscribe("Node", self._node_changed)
 
@@ -35,15 +37,23 @@ class TopologyDomains:
         """Node -> its domain at the level named (empty for a level the cluster lacks)."""
         return self._maps.get(level, {})
 
+    def nodes_in(self, level: str, domain: str) -> set[str]:
+        return self._nodes.get(level, {}).get(domain, set())
+
     def ask(self, pod: Mapping[str, Any], podgroup: Mapping[str, Any] | None) -> TopologyAsk:
         return read_ask(self.topology, pod, podgroup)
 
     def _set(self, name: str, labels: Mapping[str, Any], level: Level) -> None:
         domain = self.topology.domain_of(labels, level)
-        if domain is None:
-            self._maps[level.name].pop(name, None)
-        else:
-            self._maps[level.name][name] = domain
+        domains, nodes = self._maps[level.name], self._nodes[level.name]
+        old = domains.pop(name, None)
+        if old is not None:
+            nodes[old].discard(name)
+            if not nodes[old]:
+                del nodes[old]
+        if domain is not None:
+            domains[name] = domain
+            nodes.setdefault(domain, set()).add(name)
 
     def _node_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:
         labels = mapping(meta(new).get("labels")) if new is not None else {}

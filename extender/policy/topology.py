@@ -31,9 +31,10 @@ for a gang of 8. A gang of 6: only r1 holds it. A gang of 10: none; largest rack
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from contract.kube import mapping, meta, sequence
@@ -183,8 +184,33 @@ class DomainPlan:
     largest_free: int = 0  # whole GPUs free in it
 
 
-def _free_gpus(nodes: Sequence[NodeGpus]) -> int:
-    return sum(free for node in nodes for free in node.free_milli) // GPU_MILLI
+_SHAPE = attrgetter("shape")
+_NAME = attrgetter("name")
+
+
+def _free_gpus(node: NodeGpus) -> int:
+    return sum(node.free_milli) // GPU_MILLI
+
+
+class _Room:
+    """Each node's room (members of `demand` it takes, up to `count`; whole GPUs free), memoised
+    by shape: it is the node's own answer, the same in every domain, so thousands of nodes cost
+    a few placements and a lookup each."""
+
+    def __init__(self, demand: GpuDemand, count: int) -> None:
+        self.demand, self.count = demand, count
+        self._by_shape: dict[str, tuple[int, int]] = {}
+
+    def of(self, node: NodeGpus) -> tuple[int, int]:
+        room = self._by_shape.get(node.shape)
+        if room is None:
+            fitting = len(plan_gang([node], self.demand, self.count))
+            room = self._by_shape[node.shape] = (fitting, _free_gpus(node))
+        return room
+
+    def total(self, nodes: Sequence[NodeGpus]) -> tuple[int, int]:
+        rooms = [self.of(node) for node in nodes]
+        return min(sum(fit for fit, _ in rooms), self.count), sum(free for _, free in rooms)
 
 
 def _group(supplies: Sequence[NodeGpus], domains: DomainMap) -> dict[str, list[NodeGpus]]:
@@ -196,38 +222,40 @@ def _group(supplies: Sequence[NodeGpus], domains: DomainMap) -> dict[str, list[N
     return grouped
 
 
-def _tightest(
-    grouped: Mapping[str, list[NodeGpus]], demand: GpuDemand, count: int
-) -> tuple[str, list[str]] | tuple[None, tuple[int, int]]:
-    """The domain of least room (free GPUs, then name) that holds `count` members, with its plan;
-    else (None, (members, free GPUs) of the domain that holds most)."""
-    best: tuple[int, str, list[str]] | None = None
-    largest = (0, 0)
-    for domain, nodes in grouped.items():
-        planned = plan_gang(nodes, demand, count)
-        free = _free_gpus(nodes)
-        if len(planned) == count:
-            if best is None or (free, domain) < best[:2]:
-                best = (free, domain, planned)
-        else:
-            largest = max(largest, (len(planned), free))
-    if best is None:
-        return None, largest
-    return best[1], best[2]
+def _tightest(supplies: Sequence[NodeGpus], domains: DomainMap, room: _Room) -> tuple[str | None, int, int]:
+    """The domain of least room (free GPUs, then name) that holds all `room.count` members; else
+    None, with the members and free GPUs of the domain that holds most. Nodes are counted by
+    (domain, shape) in C - thousands of nodes, a few shapes per domain - and each pair's room is
+    its shape's times its count."""
+    shapes = list(map(_SHAPE, supplies))
+    one_of = dict(zip(shapes, supplies, strict=True))
+    counted = Counter(zip(map(domains.get, map(_NAME, supplies)), shapes, strict=True))
+    fits: dict[str, int] = defaultdict(int)
+    frees: dict[str, int] = defaultdict(int)
+    for (domain, shape), nodes in counted.items():
+        if domain is not None:
+            fit, free = room.of(one_of[shape])
+            fits[domain] += fit * nodes
+            frees[domain] += free * nodes
+    holding = [(frees[domain], domain) for domain, fit in fits.items() if fit >= room.count]
+    if holding:
+        return min(holding)[1], 0, 0
+    largest = max(((min(fit, room.count), frees[domain]) for domain, fit in fits.items()), default=(0, 0))
+    return None, *largest
 
 
-def _packed(nodes: Sequence[NodeGpus], demand: GpuDemand, count: int, preferred: DomainMap) -> list[str]:
-    """Nodes for `count` members inside one required domain, packed by the preferred level: the
+def _packed(nodes: Sequence[NodeGpus], room: _Room, preferred: DomainMap) -> list[str]:
+    """Nodes for the members inside one required domain, packed by the preferred level: the
     tightest sub-domain that holds them all, else sub-domains of most room first."""
+    demand, count = room.demand, room.count
     if not preferred:
         return plan_gang(nodes, demand, count)
+    domain, _, _ = _tightest(nodes, preferred, room)
     grouped = _group(nodes, preferred)
-    domain, found = _tightest(grouped, demand, count)
     if domain is not None:
-        assert isinstance(found, list)
-        return found
+        return plan_gang(grouped[domain], demand, count)
     chosen: list[str] = []
-    for _, members in sorted(((_free_gpus(ns), d), ns) for d, ns in grouped.items())[::-1]:
+    for _, members in sorted(((room.total(ns)[1], d), ns) for d, ns in grouped.items())[::-1]:
         chosen.extend(plan_gang(members, demand, count - len(chosen)))
         if len(chosen) == count:
             return chosen
@@ -244,12 +272,20 @@ def plan_in_domain(
 ) -> DomainPlan:
     """Nodes for `count` members of one GPU shape within one domain of the required level
     (`required`: node -> its domain; None: no required level, the cluster is one domain)."""
-    grouped = {"": list(supplies)} if required is None else _group(supplies, required)
-    domain, found = _tightest(grouped, demand, count)
+    room = _Room(demand, count)
+    if required is None:  # the cluster is one domain
+        domain: str | None = ""
+        largest_fit, largest_free = room.total(supplies)
+        if largest_fit < count:
+            domain = None
+    else:
+        domain, largest_fit, largest_free = _tightest(supplies, required, room)
     if domain is None:
-        assert isinstance(found, tuple)
-        return DomainPlan("", [], found[0], found[1])
-    return DomainPlan(domain, _packed(grouped[domain], demand, count, preferred))
+        return DomainPlan("", [], largest_fit, largest_free)
+    inside = (
+        supplies if required is None else [node for node in supplies if required.get(node.name) == domain]
+    )
+    return DomainPlan(domain, _packed(inside, room, preferred))
 
 
 def no_domain_text(level: str, plan: DomainPlan, demand: GpuDemand, count: int) -> str:
