@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 import tessera.simulate
-from tessera.simulate.queues import WorkloadError, load_workload, parse_workload, run_queue_workload
+from tessera.simulate.queues import (
+    GangRecord,
+    WorkloadError,
+    load_workload,
+    parse_workload,
+    run_queue_workload,
+)
 
 EXAMPLE = Path(tessera.simulate.__file__).parent / "examples" / "topology-racks.yaml"
 LEVELS = [{"name": "block", "label": "example.com/block"}, {"name": "rack", "label": "example.com/rack"}]
@@ -71,7 +77,7 @@ def test_the_example_packs_gangs_into_fewer_racks_than_without_their_asks() -> N
     asked = run_queue_workload(example)
     plain = run_queue_workload(example, topology_asks=False)
 
-    def mean_racks(gangs: list[Any]) -> float:
+    def mean_racks(gangs: list[GangRecord]) -> float:
         return sum(g.spanned["rack"] for g in gangs) / len(gangs)
 
     assert len(asked.gangs) == len(plain.gangs) == 12
