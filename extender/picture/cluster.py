@@ -438,6 +438,7 @@ class ClusterPicture:
         ledger = self.accounting.ledger
         held_gangs: dict[str, bool] = {}  # gang workload -> GPUs held for one of its members
         candidates: list[tuple[tuple[int, float, str], Waiting, PodDemand, GpuDemand]] = []
+        required: dict[str, DomainMap | None] = {}  # gang workload -> its required level's domains
         for key in ledger.waiting:
             contribution = ledger.contributions[key]
             placement = contribution.gpu_demand
@@ -455,6 +456,9 @@ class ClusterPicture:
                     members = self.workloads.members.get(workload, ())
                     held_gangs[workload] = any(self.inventory.held_for(k) for k in members)
                 held = held_gangs[workload]
+                if workload not in required:
+                    level = self.topology_ask(pod, gang.workload).required
+                    required[workload] = self.topology.domains(level) if level else None
             ask = Ask(demand.queue, contribution.amounts, demand.preemptible, gang)
             order = (-demand.priority, pod_created(pod), key)
             candidates.append((order, Waiting(key, ask, held), demand, placement))
@@ -476,6 +480,7 @@ class ClusterPicture:
                     fraction_memory=fraction,
                     preemptible=demand.preemptible,
                     workload=listed.workload,
+                    domains=required.get(listed.workload) if listed.workload else None,
                 )
             )
         return waiting

@@ -814,6 +814,11 @@ class _Replay:
             placements.append((index, gpus))
         return placements
 
+    def _required_domains(self, gang: str) -> DomainMap | None:
+        """The domains of the gang's required topology level (None: it requires none)."""
+        level = self.asks.get(gang, TopologyAsk()).required
+        return self.level_domains.get(level) if level else None
+
     def _record_gang(self, gang: str, now: float) -> None:
         """A gang's first start, with the domains its running members span at each level."""
         if not self.level_domains or any(record.name == gang for record in self.result.gangs):
@@ -958,6 +963,7 @@ class _Replay:
                 pod.created,
                 preemptible=pod.preemptible,
                 workload=listed.workload,
+                domains=self._required_domains(pod.gang) if listed.workload else None,
             )
             for listed in waiting_list(fairness, candidates)
             for pod in (self.pods[int(listed.waiting.key)],)

@@ -3,12 +3,14 @@ domain and the nodes held out (`extender.policy.topology`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from contract.names import TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_REQUIRED_ANNOTATION
 from extender.policy.placement import GpuDemand, NodeGpus
+from extender.policy.reclaim import Rules, plan
 from extender.policy.topology import (
     DEFAULT_TOPOLOGY,
     Level,
@@ -19,6 +21,7 @@ from extender.policy.topology import (
     plan_in_domain,
     read_ask,
 )
+from tests.unit.extender.test_reclaim_workloads import NOW, Case, build
 
 LAYOUT = parse_topology("block=example.com/block,rack=example.com/rack,host=kubernetes.io/hostname")
 BLOCK, RACK, HOST = LAYOUT.levels
@@ -189,3 +192,24 @@ def test_levels_parse_and_default_to_the_well_known_labels() -> None:
     for bad in ("", "rack=a,rack=b", "a=x,b=x", "=x"):
         with pytest.raises(ValueError):
             parse_topology(bad)
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_reclaim_frees_gpus_for_a_gang_inside_one_domain(required: bool) -> None:
+    # Racks: n1 (r1), n2 (r2), 4 GPUs each. a runs 3 pods on n1 (1 free) and 2 on n2 (2 free);
+    # b waits with a gang of 3 one-GPU pods requiring a rack, then a lone pod: b's fair share is
+    # 4, a's 4, so a may lose 1 of its 5. Without the rack, the gang fits the 3 free GPUs across
+    # both racks (no plan) and the lone pod takes a's GPU. Inside one rack: r2 (most free) holds
+    # 2 of the gang, a third GPU there is freed by evicting one of a's pods on n2, and the lone
+    # pod takes n1's free GPU.
+    running = [(f"a{i}", "a", "n1" if i < 3 else "n2", "") for i in range(5)]
+    pending = [(f"g{i}", "b", 1, "Workload/ns/g") for i in range(3)] + [("lone", "b", 1, "")]
+    snapshot, waiting = build(Case("", {"a": 4, "b": 4}, running, {}, pending, set(), {}))
+    racks = {"n1": "r1", "n2": "r2"}
+    waiting = [replace(p, domains=racks if required and p.workload else None) for p in waiting]
+    plans = plan(snapshot, waiting, NOW, Rules())
+    served = {p.pod.key: (p.node, sorted(e.pod.node for e in p.evictions)) for p in plans}
+    if required:
+        assert served == {"g2": ("n2", ["n2"])}
+    else:
+        assert set(served) == {"lone"}
