@@ -56,6 +56,7 @@ from . import (
     queuecycle,
     reaction,
     reclaim,
+    topology,
     webhookflood,
 )
 from .hotpath import HotPathRow, run_hotpath
@@ -76,6 +77,7 @@ BENCHMARKS = (
     "webhookflood",
     "codec",
     "queuecycle",
+    "topology",
 )
 ON_A_CLUSTER = ("e2e", "reaction", "reclaim", "packing")
 # The smoke's in-process sizes: one small cluster picture, a fraction of a second per hot-path case.
@@ -246,7 +248,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n[12] webhook flood")
         failed |= webhookflood.main(smoke) != 0
     # Not in the full run (their own commands measure them); in the smoke, so they keep working.
-    for name, module_main in (("codec", codec.main), ("queuecycle", queuecycle.main)):
+    for name, module_main in (
+        ("codec", codec.main),
+        ("queuecycle", queuecycle.main),
+        ("topology", topology.main),
+    ):
         if args.only == name or (args.only is None and args.smoke):
             failed |= module_main(smoke) != 0
     return 1 if failed else 0

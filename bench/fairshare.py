@@ -28,6 +28,7 @@ from unittest import mock
 from extender.policy import fairness
 from extender.policy.fairness import (
     EPSILON,
+    FairShareInputs,
     FairShares,
     QueueSpec,
     QueueUsage,
@@ -135,7 +136,7 @@ def _median_ms(picture: Picture, repeats: int) -> tuple[float, dict[str, dict[st
     result: dict[str, dict[str, float]] = {}
     for _ in range(repeats):
         started = time.perf_counter()
-        result = compute_fair_shares(*picture)
+        result = compute_fair_shares(FairShareInputs(*picture))
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times), result
 
@@ -183,7 +184,7 @@ def run_updates(
     ):
         parents = {spec.parent for spec in specs}
         leaves = [spec.name for spec in specs if spec.name not in parents]
-        kept = FairShares(specs, usage, capacity)
+        kept = FairShares(FairShareInputs(specs, usage, capacity))
         update_ms, full_ms = [], []
         for _ in range(updates):
             leaf = rng.choice(leaves)
@@ -193,7 +194,7 @@ def run_updates(
             kept.update(usage, [leaf])
             update_ms.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
-            full = compute_fair_shares(specs, usage, capacity)
+            full = compute_fair_shares(FairShareInputs(specs, usage, capacity))
             full_ms.append((time.perf_counter() - started) * 1000)
             if kept.shares != full:
                 raise AssertionError(f"{case}: kept shares differ from a division of the whole tree")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
 from extender.kubeapi import request
-from extender.policy.fairness import QueueSpec, QueueUsage, compute_fair_shares
+from extender.policy.fairness import FairShareInputs, QueueSpec, QueueUsage, compute_fair_shares
 from extender.queues import queue_object
 from tessera.simulate.report import format_table
 
@@ -90,7 +90,7 @@ def fair_share_of_b(gpus: int, a_pods: int, b_pods: int) -> int:
         QUEUE_A: QueueUsage(allocated={"gpu": gpus}, requested={"gpu": a_pods - gpus}),
         QUEUE_B: QueueUsage(allocated={}, requested={"gpu": b_pods}),
     }
-    return int(compute_fair_shares(queues, usage, {"gpu": gpus})[QUEUE_B]["gpu"] + 1e-9)
+    return int(compute_fair_shares(FairShareInputs(queues, usage, {"gpu": gpus}))[QUEUE_B]["gpu"] + 1e-9)
 
 
 def vs_plain(plain: ReactionRun, run: ReactionRun) -> str:

@@ -52,3 +52,7 @@ ADMISSION_GATE: Final = "scheduling.tessera.dev/admission"
 # grouping pods that no controller groups (bare pods) into one workload of that name.
 MIN_MEMBERS_ANNOTATION: Final = "scheduling.tessera.dev/min-members"
 WORKLOAD_LABEL: Final = "scheduling.tessera.dev/workload"
+# Topology-aware gangs: pod annotations naming the level (of the extender's --topology-levels) all
+# of the workload's members must share one domain of, and the level they are packed by if they can.
+TOPOLOGY_REQUIRED_ANNOTATION: Final = "scheduling.tessera.dev/topology-required"
+TOPOLOGY_PREFERRED_ANNOTATION: Final = "scheduling.tessera.dev/topology-preferred"

@@ -23,6 +23,7 @@ from extender.controllers.endpoint import Advertise
 from extender.controllers.evictions import EvictionLimits
 from extender.controllers.reclaim import ReclaimOptions
 from extender.picture.cluster import ClusterPicture, PictureConfig
+from extender.policy.topology import DEFAULT_TOPOLOGY, Topology, parse_topology
 from extender.server import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CANDIDATE_NODES,
@@ -39,6 +40,13 @@ log = logging.getLogger("extender")
 
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"TESSERA_EXTENDER_{name}", default)
+
+
+def _topology(text: str) -> Topology:
+    try:
+        return parse_topology(text)
+    except ValueError as exc:  # argparse turns this into a usage error naming the flag
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -167,6 +175,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--lease-name", default="tessera-extender")
     parser.add_argument(
+        "--topology-levels",
+        type=_topology,
+        default=DEFAULT_TOPOLOGY,
+        help="topology levels gangs may ask for, outermost first, name=node-label,... (default "
+        "zone=topology.kubernetes.io/zone,clique=nvidia.com/gpu.clique,host=kubernetes.io/hostname)",
+    )
+    parser.add_argument(
         "--lease-duration",
         type=float,
         default=15.0,
@@ -282,6 +297,7 @@ async def run(args: argparse.Namespace) -> None:
             gpu_drivers=frozenset(args.gpu_driver or [DRIVER_NAME]),
             scheduler_names=frozenset(args.scheduler_name or []),
             non_preemptible_priority=args.non_preemptible_priority,
+            topology=args.topology_levels,
         )
     )
     evictions = EvictionLimits(concurrency=args.eviction_concurrency, timeout_s=args.eviction_timeout)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from itertools import compress
+from itertools import compress, filterfalse
 from operator import not_
 from typing import Any, NamedTuple
 
@@ -46,8 +46,18 @@ from extender.picture.gangs import GangReservation
 from extender.policy.admission import GANG, GANG_READING, Ask, GangState, admit, gang_text
 from extender.policy.deference import OwedPod, deference_reason, defers_to
 from extender.policy.fairness import AdmissionDecision
-from extender.policy.placement import GpuDemand, NodeGpus, ShapeMemo, Strategy, fits, score_kinds
+from extender.policy.placement import (
+    NO_DOMAINS,
+    DomainMap,
+    GpuDemand,
+    NodeGpus,
+    ShapeMemo,
+    Strategy,
+    fits,
+    score_kinds,
+)
 from extender.policy.reclaim import reclaim_refusal
+from extender.policy.topology import no_domain_text, plan_in_domain
 from extender.policy.waiting import unplaced
 from extender.policy.workloads import plan_gang
 from extender.wire import (
@@ -65,7 +75,9 @@ NOT_READY = "tessera extender is still syncing its cluster picture; retry"
 # A gang whose missing members do not all fit yet (GPUs reclaim freed for it are still coming), or
 # whose minimum is still being read from its owner: refusals that keep what reclaim holds for it.
 GANG_NO_FIT = "gang_no_fit"
-KEEPS_HOLDS = frozenset({GANG_NO_FIT, GANG_READING})
+# A gang with a required topology level that no domain of it holds whole (yet).
+GANG_NO_DOMAIN = "gang_no_domain"
+KEEPS_HOLDS = frozenset({GANG_NO_FIT, GANG_NO_DOMAIN, GANG_READING})
 
 
 class UnreadablePod(ValueError):
@@ -249,6 +261,9 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     key = args.pod.key
     gang = picture.gang(pod)
     owner = "" if gang.workload.single else gang.workload.key
+    # A member of a gang reserved inside a domain is judged on that domain's nodes only.
+    candidates = names
+    names, outside = _in_domain(picture, picture.gangs.reservation(owner) if owner else None, names)
     reservation: GangReservation | None = None
     # Nodes of one kind (shape and GPU size) get one verdict: a large cluster has few kinds.
     version = picture.inventory.version  # what the kinds are read at
@@ -264,13 +279,13 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     decision = admitted[0] if admitted else next(iter(by_size.values()))
     if not decision.admit:
         result = filter_result(args, [], {})
-        result.FailedAndUnresolvableNodes = dict.fromkeys(names, decision.reason)
+        result.FailedAndUnresolvableNodes = dict.fromkeys(candidates, decision.reason)
         return FilterDecision(
             result, "refused", decision.kind or "refused", demand.queue, False, decision.reason
         )
     if not demand.wants_gpu:
         return FilterDecision(
-            filter_result(args, names, {}),
+            filter_result(args, names, outside),
             "admitted",
             "no_gpu",
             demand.queue,
@@ -301,6 +316,9 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     passed = kept.names
     if kept.held:
         passed, failed = _to_hold(picture, key, passed, failed)
+    if reservation is not None and reservation.domain:  # (admitted just now: its domain known now)
+        passed, failed = _to_domain(picture, reservation, passed, failed)
+    failed |= outside
     remembered_nodes = None if kept.held else PassedNodes(key, owner, version, kept)
     waits, message = ("", decision.reason) if passed else why_unplaced(picture, key, pod, demand)
     return FilterDecision(
@@ -391,6 +409,29 @@ def _to_hold(
     return [hold.node], failed | {name: reason for name in passed if name != hold.node}
 
 
+def _domain_reason(reservation: GangReservation) -> str:
+    return f"gang {reservation.workload.key} is placed in {reservation.level} {reservation.domain}"
+
+
+def _in_domain(
+    picture: ClusterPicture, reservation: GangReservation | None, names: list[str]
+) -> tuple[list[str], dict[str, str]]:
+    """The candidates inside the domain a reserved gang is kept in, and the others with why
+    (split in C: thousands of names, and the per-kind work then runs on the domain's few)."""
+    if reservation is None or not reservation.domain:
+        return names, {}
+    inside = picture.topology.nodes_in(reservation.level, reservation.domain).__contains__
+    return list(filter(inside, names)), dict.fromkeys(filterfalse(inside, names), _domain_reason(reservation))
+
+
+def _to_domain(
+    picture: ClusterPicture, reservation: GangReservation, passed: list[str], failed: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The pod whose filter admitted its gang into a domain just now goes to that domain's nodes."""
+    kept, outside = _in_domain(picture, reservation, passed)
+    return kept, failed | outside
+
+
 def queue_admission(
     picture: ClusterPicture,
     names: list[str],
@@ -436,9 +477,24 @@ def admit_gang(
     missing = gang.missing
     gpus = demand.gpus_at(picture.inventory.reference_memory(demand.models))
     nodes = [""] * missing
+    level = domain = ""
     if gpus is not None:
         supplies = picture.inventory.supplies_for(key, names, gang.workload.key)
-        planned = plan_gang(supplies, gpus, missing)
+        ask = picture.topology_ask(pod, gang.workload)
+        plan = None
+        if ask.any:
+            required = _required_domains(picture, gang, ask.required)
+            preferred = picture.topology.domains(ask.preferred) if ask.preferred else NO_DOMAINS
+            plan = plan_in_domain(supplies, gpus, missing, required, preferred)
+        if plan is not None and len(plan.nodes) == missing:
+            planned, level, domain = plan.nodes, ask.required, plan.domain
+        elif plan is not None and ask.required:
+            why = no_domain_text(ask.required, plan, gpus, missing)
+            return AdmissionDecision(
+                False, gang_text(gang, f"starts whole or not at all: {why}"), GANG_NO_DOMAIN
+            ), None
+        else:  # (a preference only, and the gang fits nowhere: said as without one)
+            planned = plan_gang(supplies, gpus, missing, picture.inventory.domains)
         if len(planned) < missing:
             text = gang_text(
                 gang,
@@ -455,9 +511,26 @@ def admit_gang(
         preemptible=demand.preemptible,
         nodes=nodes,
         target=gang.minimum,
+        level=level,
+        domain=domain,
     )
-    text = gang_text(gang, f"admitted whole: {missing} pods held for; {queued.reason}")
+    where = f" in {level} {domain}" if domain else ""
+    text = gang_text(gang, f"admitted whole{where}: {missing} pods held for; {queued.reason}")
     return AdmissionDecision(True, text, GANG), reservation
+
+
+def _required_domains(picture: ClusterPicture, gang: GangState, level: str) -> DomainMap | None:
+    """The required level's domains a gang's missing members may go to: all of them, or the one
+    its placed members are in (a gang readmitted after its reservation lapsed stays together);
+    None without a required level."""
+    if not level:
+        return None
+    domains = picture.topology.domains(level)
+    if not gang.placed:
+        return domains
+    landed, _ = picture.gangs.placed(picture.workloads.members.get(gang.workload.key, ()))
+    kept = {domains[node] for node in landed if node in domains}
+    return {node: domain for node, domain in domains.items() if domain in kept}
 
 
 @dataclass(frozen=True)

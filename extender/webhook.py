@@ -65,6 +65,7 @@ from extender.kubeapi import JsonObject, KubeError
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.admission import Ask
+from extender.policy.topology import ask_refusal
 from extender.queues import defaults_shut_out
 from extender.server import BODY_LIMIT_KEY, IN_FLIGHT_KEY, METRICS_KEY, parse_body, timed
 
@@ -242,6 +243,8 @@ class PodAdmission:
         stored = _patched(pod, namespace, queue, scheduler)
         # Judged with the Namespace's labels as read; without them the filter judges it instead.
         refusal = self.tenancy_refusal(stored, choice, namespace_labels) if read_namespace else ""
+        # A topology level the cluster does not define could never be served: refused at once.
+        refusal = refusal or ask_refusal(self.picture.topology.topology, pod)
         if refusal:
             return PodVerdict([], [], "refused", refusal)
         patch = pod_patch(pod, queue, scheduler, gate=False)

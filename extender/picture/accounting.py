@@ -43,7 +43,14 @@ from extender.picture.ledger import Bucket, Contribution, QueueLedger
 from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import WorkloadMap
 from extender.policy.admission import fairness_vector
-from extender.policy.fairness import FairnessSnapshot, FairShares, QueueSpec, QueueTree
+from extender.policy.fairness import (
+    FairnessSnapshot,
+    FairShareInputs,
+    FairShares,
+    QueueSpec,
+    QueueTree,
+    WeightAdjustment,
+)
 from extender.policy.placement import WorkloadMix
 from extender.policy.tenancy import selector_labels, tenancy_refusal
 from extender.queues import QueueSpecError, parse_queue
@@ -84,6 +91,7 @@ class _Specs:
     """The Queue objects, parsed: what every view until one of them changes is built on."""
 
     specs: tuple[QueueSpec, ...]
+    version: int  # counts the parses: the specs' name in `FairShareInputs.version`
     names: frozenset[str]
     invalid: Mapping[str, str]  # Queue objects that failed to parse -> why
     by_name: Mapping[str, QueueSpec]
@@ -117,11 +125,15 @@ class QueueAccounting:
         self._view: QueueView | None = None
         self._shared: dict[tuple[object, ...], Contribution] = {}
         # Parsed Queue objects (until one changes), and the fair shares and queue tree of the
-        # last view with the queues and capacity they divide: a view with the same queues and
-        # capacity updates them with the queues whose totals moved (none: reused as they are).
+        # last view: a view whose fair-share inputs are of the same version (the same queues,
+        # capacity and weight adjustment) updates them with the queues whose totals moved (none:
+        # reused as they are).
         self._specs: _Specs | None = None
+        self._parses = 0
         self._restricted = False  # some queue restricted who may use it, when last parsed
-        self._shares: tuple[object, FairShares, QueueTree] | None = None
+        self._shares: tuple[FairShares, QueueTree] | None = None
+        # A term on the queues' over-quota weights that varies with time (`adjust_weights`).
+        self._weight_adjustment: WeightAdjustment | None = None
         # Told which pods were recounted (None: all), so caches derived from pods follow.
         self.recounted: list[Callable[[Iterable[str] | None], None]] = []
         store.subscribe("Pod", self._pod_changed, self._pods_relisted)
@@ -188,6 +200,13 @@ class QueueAccounting:
         """The binder bound the pod: it counts as allocated now, by its node, not a reservation."""
         self._drop_reservation(key)
         self._dirty.add(key)
+
+    def adjust_weights(self, adjustment: WeightAdjustment | None) -> None:
+        """Divide fair shares under `adjustment` (None: the queues' weights as they are) from the
+        next view on. The kept shares are divided again only if its version differs from the one
+        they were divided under: a rule gives the adjustment a new version when its factors move."""
+        self._weight_adjustment = adjustment
+        self._view = None
 
     def _drop_reservation(self, key: str) -> None:
         self.reserved.pop(key, None)
@@ -329,7 +348,10 @@ class QueueAccounting:
             # Pods without a queue label go to the default queue, which need not be declared.
             by_key.setdefault(DEFAULT_QUEUE, QueueSpec(name=DEFAULT_QUEUE))
             restricted = any(not spec.tenancy.open for spec in by_key.values())
-            self._specs = _Specs(tuple(by_key.values()), frozenset(by_key), invalid, by_key, restricted)
+            self._parses += 1
+            self._specs = _Specs(
+                tuple(by_key.values()), self._parses, frozenset(by_key), invalid, by_key, restricted
+            )
             self._restricted = restricted
         return self._specs
 
@@ -351,22 +373,24 @@ class QueueAccounting:
         usage = self.ledger.usage(specs.names)
         moved = self.ledger.take_touched()
         capacity = self.inventory.capacity()
-        # Fair shares depend on the queues, the capacity and each queue's demand (what it holds
-        # plus what it waits for), not on how the demand splits. With the same queues and
-        # capacity, the kept shares are given the queues whose totals moved and re-divide what a
-        # change of their demand reaches (a new pending pod: its queue's path; a reservation or
-        # a bind, which moves a pod from waiting to holding: nothing). The tree keeps the
-        # subtree sums of the queues none of the moved ones is under.
-        basis = (specs, capacity)
-        if self._shares is not None and self._shares[0] == basis:
-            _, shares, tree = self._shares
+        # Fair shares depend on their inputs' version (the queues, the capacity, the weight
+        # adjustment) and each queue's demand (what it holds plus what it waits for), not on how
+        # the demand splits. For the same version, the kept shares are given the queues whose
+        # totals moved and re-divide what a change of their demand reaches (a new pending pod:
+        # its queue's path; a reservation or a bind, which moves a pod from waiting to holding:
+        # nothing). The tree keeps the subtree sums of the queues none of the moved ones is under.
+        inputs = FairShareInputs(
+            specs.specs, usage, capacity, self._weight_adjustment, queues_version=specs.version
+        )
+        if self._shares is not None and self._shares[0].version == inputs.version:
+            shares, tree = self._shares
             if moved:
                 shares.update(usage, moved)
                 tree = tree.with_usage(usage, moved)
         else:
-            shares = FairShares(specs.specs, usage, capacity)
+            shares = FairShares(inputs)
             tree = shares.tree
-        self._shares = basis, shares, tree
+        self._shares = shares, tree
         return QueueView(
             specs=specs.specs,
             usage=usage,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -38,10 +38,11 @@ from extender.picture.demands import PodDemand, PodDemands, claim_names, is_term
 from extender.picture.gangs import GangReservation, GangReservations
 from extender.picture.inventory import GpuInventory
 from extender.picture.store import ObjectStore, Stored
+from extender.picture.topology import TopologyDomains
 from extender.picture.workloads import OwnerRef, WorkloadMap
 from extender.policy.admission import Ask, GangState, Waiting, admit, waiting_list
 from extender.policy.deference import OwedPod, is_owed, owed_pods
-from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
+from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import (
     ClusterSnapshot,
@@ -52,6 +53,8 @@ from extender.policy.snapshot import (
     keep_movers,
     mover_order,
 )
+from extender.policy.topology import DEFAULT_TOPOLOGY, Topology, TopologyAsk
+from extender.policy.workloads import Workload
 
 # The reason of kube-scheduler's PodScheduled=False condition after a cycle in which no node fit
 # (its own filters, or the extender's refused every node); not after an error ("SchedulerError":
@@ -80,6 +83,11 @@ class PictureConfig:
     scheduler_names: frozenset[str] = frozenset()
     # Pods at or above this priority are not preemptible unless their label says otherwise.
     non_preemptible_priority: int = 100
+    # Node -> its topology domain, for the gang planners (`extender.policy.placement.DomainMap`);
+    # empty: no placement rule reads domains yet.
+    domains: DomainMap = field(default_factory=lambda: NO_DOMAINS, hash=False)
+    # The topology levels gangs may ask for (`extender.policy.topology`; `--topology-levels`).
+    topology: Topology = DEFAULT_TOPOLOGY
 
 
 class ClusterPicture:
@@ -92,8 +100,9 @@ class ClusterPicture:
             self.config.non_preemptible_priority,
             self.config.scheduler_names,
         )
-        self.inventory = GpuInventory(self.store, self.demands, self.config.gpu_drivers)
+        self.inventory = GpuInventory(self.store, self.demands, self.config.gpu_drivers, self.config.domains)
         self.workloads = WorkloadMap(self.store)
+        self.topology = TopologyDomains(self.store, self.config.topology)
         self.accounting = QueueAccounting(self.store, self.demands, self.inventory, self.workloads)
         self.gangs: GangReservations = self.accounting.gangs  # (the accounting keeps them in line)
         # Called after every change (the status writer uses it to notice newly eligible pods).
@@ -210,6 +219,13 @@ class ClusterPicture:
         self.settle()  # brings reservations in line with the members
         return self.gangs.state(pod)
 
+    def topology_ask(self, pod: Mapping[str, Any], workload: Workload) -> TopologyAsk:
+        """The levels the pod's workload asks for: the pod's annotations, its PodGroup's
+        scheduling constraints when the group was read."""
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        group = self.workloads.owners.get(("PodGroup", f"{namespace}/{workload.name}"))
+        return self.topology.ask(pod, group if workload.kind == "PodGroup" else None)
+
     def read_owner(self, ref: OwnerRef, obj: Mapping[str, Any] | None) -> None:
         """What the owner reader got (None: unreadable); gangs waiting for it may go now."""
         self.workloads.read(ref, obj)
@@ -309,6 +325,7 @@ class ClusterPicture:
             victims=victims,
             movers=movers,
             holds=self._held_gpus(),
+            domains=self.inventory.domains,
         )
 
     def _held_gpus(self) -> list[HeldGpus]:
@@ -421,6 +438,7 @@ class ClusterPicture:
         ledger = self.accounting.ledger
         held_gangs: dict[str, bool] = {}  # gang workload -> GPUs held for one of its members
         candidates: list[tuple[tuple[int, float, str], Waiting, PodDemand, GpuDemand]] = []
+        required: dict[str, DomainMap | None] = {}  # gang workload -> its required level's domains
         for key in ledger.waiting:
             contribution = ledger.contributions[key]
             placement = contribution.gpu_demand
@@ -438,6 +456,9 @@ class ClusterPicture:
                     members = self.workloads.members.get(workload, ())
                     held_gangs[workload] = any(self.inventory.held_for(k) for k in members)
                 held = held_gangs[workload]
+                if workload not in required:
+                    level = self.topology_ask(pod, gang.workload).required
+                    required[workload] = self.topology.domains(level) if level else None
             ask = Ask(demand.queue, contribution.amounts, demand.preemptible, gang)
             order = (-demand.priority, pod_created(pod), key)
             candidates.append((order, Waiting(key, ask, held), demand, placement))
@@ -459,6 +480,7 @@ class ClusterPicture:
                     fraction_memory=fraction,
                     preemptible=demand.preemptible,
                     workload=listed.workload,
+                    domains=required.get(listed.workload) if listed.workload else None,
                 )
             )
         return waiting

@@ -69,6 +69,10 @@ class GangReservation:
     preemptible: bool  # its members are (not: its slots count as non-preemptible use)
     nodes: Sequence[str]  # the node planned for each member still to place when admitted
     target: int  # placed members at which the reservation is complete (the minimum)
+    # The required topology level and the domain of it the members are kept in ("": none;
+    # `extender.policy.topology`): the filter passes them only that domain's nodes.
+    level: str = ""
+    domain: str = ""
     expires: float = 0.0  # monotonic; renewed whenever a member is placed
     placed: int = 0
     slots: list[str] = field(default_factory=list)  # nodes of the slots held now

@@ -44,9 +44,11 @@ from extender.picture.demands import PodDemands, is_terminal
 from extender.picture.store import ObjectStore, Stored
 from extender.policy.admission import add_amounts, gpu_amounts
 from extender.policy.placement import (
+    DomainMap,
     GpuDemand,
     NodeGpus,
     WorkloadMix,
+    domain_shape,
     host_cpu_milli,
     host_memory_mib,
     node_supply,
@@ -147,10 +149,15 @@ def _host(node: Mapping[str, Any]) -> tuple[int, int] | None:
 
 
 class GpuInventory:
-    def __init__(self, store: ObjectStore, demands: PodDemands, gpu_drivers: frozenset[str]) -> None:
+    def __init__(
+        self, store: ObjectStore, demands: PodDemands, gpu_drivers: frozenset[str], domains: DomainMap
+    ) -> None:
         self.store = store
         self.demands = demands
         self.gpu_drivers = gpu_drivers
+        # Node -> its topology domain (`PictureConfig.domains`): the gang planners' map, and part
+        # of each node's kind, so nodes of one shape in two domains are not merged.
+        self.domains = domains
         self.devices: dict[DeviceKey, GpuDevice] = {}
         # MIG partitions: not GPUs of their own (no capacity, not in NodeGpus), but a claim holding
         # one holds a share of its GPU: `memory_bytes` carries that share in thousandths here.
@@ -176,7 +183,8 @@ class GpuInventory:
         self._gpu_sizes: Counter[tuple[str, int]] = Counter()
         self._memory_by_models: dict[frozenset[str], int] = {}
         self._node_gpus: dict[str, NodeGpus] = {}
-        # Each cached node's kind: its shape and GPU memory in one string (`kinds_for`).
+        # Each cached node's kind: its shape (with its domain) and GPU memory in one string
+        # (`kinds_for`).
         self._node_kinds: dict[str, str | None] = {}
         self._capacity: dict[str, float] | None = None
         # Holds by node, then pod key: reclaim's freed GPUs, kept for the pod they were freed for.
@@ -211,13 +219,13 @@ class GpuInventory:
     def _kind(self, name: str, supply: NodeGpus) -> str:
         # Interned: thousands of nodes share a few kinds, and one string object per kind stays in
         # the CPU's cache and compares by identity where thousands of copies would not.
-        return sys.intern(f"{supply.shape} {self.gpu_memory.get(name, 0)}")
+        return sys.intern(f"{domain_shape(supply, self.domains)} {self.gpu_memory.get(name, 0)}")
 
     def kinds_for(self, names: Sequence[str]) -> list[str]:
         """Each node's kind: its shape and the memory of its GPUs, all that the filter and the
-        scores read of a node. Nodes of one kind get one verdict and one score, and a large
-        cluster has few kinds; the names of one request are looked up by `map`, in C, as there
-        are thousands."""
+        scores read of a node, and its domain where it has one. Nodes of one kind get one verdict
+        and one score, and a large cluster has few kinds; the names of one request are looked up
+        by `map`, in C, as there are thousands."""
         kinds: list[str | None] = list(map(self._node_kinds.get, names))
         if not all(kinds):  # nodes changed since last asked (a few), or unknown: find them in C
             position = -1

@@ -19,6 +19,13 @@ children of a queue share that queue's fair share):
 Idle capacity is therefore lent to whoever wants it, and the shares of a level's queues add up
 to min(pool, total demand).
 
+What the shares are divided from is one value, ``FairShareInputs``: the queues (quotas, limits,
+weights, priorities), each queue's usage (its demand), the capacity, and an optional
+``WeightAdjustment`` - per queue and resource, a factor on the over-quota weight of step 3, the
+place for a rule that varies with time (a decayed-usage fair share). ``FairShareInputs.version``
+names everything but the usage; shares kept across calls (``FairShares.update``, the accounting's)
+follow usage changes only while it stays the same, and are divided again when it does not.
+
 Cost per resource: one pass down the tree to order the queues, one up for the capped demands, one
 down dividing each parent's share among its children (leaves divide nothing); each division sorts
 its siblings once (water-filling), so O(n log n) for n queues, whatever the shape of the tree.
@@ -40,7 +47,7 @@ weight 1 and priority 0).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from heapq import heapify, heappop, heappush
@@ -85,6 +92,52 @@ class QueueUsage:
     # Of `allocated`, what its pods that are not preemptible hold: what a quota guarantees, so
     # what a non-preemptible pod is checked against (its queue's preemptible pods can make room).
     non_preemptible: Resources = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WeightAdjustment:
+    """A term on the over-quota weights, for a rule that varies with time: each queue's weight for
+    a resource is multiplied by its factor (missing: 1), within the weight bounds, so a factor
+    cannot make a weighted queue a leftovers-only one, and a queue of weight 0 stays one.
+
+    ``version`` names what the factors were computed from (a clock tick, a usage epoch): it is
+    part of ``FairShareInputs.version``, so shares kept across calls are divided again when it
+    changes, and only then."""
+
+    version: Hashable
+    factors: Mapping[str, Mapping[str, float]]  # queue -> resource -> factor on its weight
+
+    def weight(self, queue: str, resource: str, weight: float) -> float:
+        factor = self.factors.get(queue, {}).get(resource)
+        # (A factor that is no finite number >= 0 adjusts nothing: it costs only itself.)
+        if factor is None or weight <= 0 or not 0.0 <= factor < float("inf"):
+            return weight
+        return min(max(weight * factor, MIN_OVER_QUOTA_WEIGHT), MAX_OVER_QUOTA_WEIGHT)
+
+
+@dataclass(frozen=True, eq=False)
+class FairShareInputs:
+    """What fair shares are divided from: the queues (quotas, limits, over-quota weights,
+    priorities), each queue's usage (its demand: what it holds plus what it waits for), the
+    capacity shared, and an optional adjustment of the weights (``WeightAdjustment``)."""
+
+    queues: Sequence[QueueSpec]
+    usage: Mapping[str, QueueUsage]
+    capacity: Resources
+    weight_adjustment: WeightAdjustment | None = None
+    # The caller's name for these queues, compared in `version` instead of the specs themselves
+    # (cheaper for a caller that keeps one per parse of its Queue objects); None: the specs.
+    queues_version: Hashable | None = None
+
+    @property
+    def version(self) -> tuple[object, ...]:
+        """Everything but the usage that the shares depend on: two inputs of one version divide
+        alike for alike usage, so shares kept from one follow the other's usage changes."""
+        return (
+            tuple(self.queues) if self.queues_version is None else self.queues_version,
+            dict(self.capacity),
+            None if self.weight_adjustment is None else self.weight_adjustment.version,
+        )
 
 
 @dataclass(frozen=True)
@@ -335,8 +388,11 @@ class _Division:
     siblings in a tree of 1000 queues); where a pool is contended, a change reaches every queue
     below it, as it must."""
 
-    def __init__(self, tree: QueueTree, resource: str, pool: float) -> None:
+    def __init__(
+        self, tree: QueueTree, resource: str, pool: float, adjustment: WeightAdjustment | None
+    ) -> None:
         self.tree, self.resource, self.pool = tree, resource, pool
+        self.adjustment = adjustment
         children = tree.children
         self.order = tree.top_down()
         self.position = {name: index for index, name in enumerate(self.order)}
@@ -363,16 +419,17 @@ class _Division:
         """Divide `parent`'s share (the pool, for the roots); the children whose share changed."""
         terms = self._terms.get(parent)
         if terms is None:
-            specs, resource = self.tree.specs, self.resource
+            specs, resource, adjustment = self.tree.specs, self.resource, self.adjustment
             terms = self._terms[parent] = [
                 (
                     child,
                     max(0.0, spec.quota.get(resource, 0.0)),
-                    spec.over_quota_weight.get(resource, 1.0),
+                    weight if adjustment is None else adjustment.weight(child, resource, weight),
                     spec.priority,
                 )
                 for child in self.tree.children.get(parent, ())
                 for spec in (specs[child],)
+                for weight in (spec.over_quota_weight.get(resource, 1.0),)
             ]
         demand = self.demand
         members = [
@@ -433,19 +490,22 @@ def _own(usage: QueueUsage | None, resource: str) -> float:
 
 class FairShares:
     """Fair shares of every queue (parents included: their whole subtree) for every resource in
-    `capacity`, kept up to date as queues' usage changes (`update`): the same numbers as dividing
-    the whole tree again (`compute_fair_shares`), for the cost of what the change reaches.
+    the inputs' capacity, kept up to date as queues' usage changes (`update`): the same numbers as
+    dividing the whole tree again (`compute_fair_shares`), for the cost of what the change reaches.
+    Inputs of another `version` (queues, capacity, weight adjustment) need new `FairShares`.
 
     `shares` is never changed in place: an update makes a new outer mapping, sharing the inner
     mappings of queues whose shares stayed (so views built on an earlier one keep theirs)."""
 
-    def __init__(
-        self, queues: Sequence[QueueSpec], usage: Mapping[str, QueueUsage], capacity: Resources
-    ) -> None:
+    def __init__(self, inputs: FairShareInputs) -> None:
+        self.version = inputs.version  # what `update` keeps as it was
         # The queues' structure, kept; its usage is the one the divisions started from.
-        self.tree = tree = QueueTree(queues, usage)
+        self.tree = tree = QueueTree(inputs.queues, inputs.usage)
         self._queues = tree.specs
-        self._divisions = {resource: _Division(tree, resource, pool) for resource, pool in capacity.items()}
+        self._divisions = {
+            resource: _Division(tree, resource, pool, inputs.weight_adjustment)
+            for resource, pool in inputs.capacity.items()
+        }
         self.shares: Mapping[str, Mapping[str, float]] = {
             name: {r: division.shares.get(name, 0.0) for r, division in self._divisions.items()}
             for name in tree.specs
@@ -464,11 +524,9 @@ class FairShares:
             self.shares = shares
 
 
-def compute_fair_shares(
-    queues: Sequence[QueueSpec], usage: Mapping[str, QueueUsage], capacity: Resources
-) -> dict[str, dict[str, float]]:
+def compute_fair_shares(inputs: FairShareInputs) -> dict[str, dict[str, float]]:
     """Fair share of every queue (parents included: their whole subtree) for every resource in capacity."""
-    return {name: dict(shares) for name, shares in FairShares(queues, usage, capacity).shares.items()}
+    return {name: dict(shares) for name, shares in FairShares(inputs).shares.items()}
 
 
 def dominant_share(allocated: Iterable[tuple[str, float]], capacity: Resources) -> float:
@@ -526,7 +584,8 @@ class FairnessSnapshot:
     def build(
         cls, specs: Sequence[QueueSpec], usage: Mapping[str, QueueUsage], capacity: Resources
     ) -> FairnessSnapshot:
-        return cls(tuple(specs), usage, capacity, compute_fair_shares(specs, usage, capacity))
+        specs = tuple(specs)
+        return cls(specs, usage, capacity, compute_fair_shares(FairShareInputs(specs, usage, capacity)))
 
     @cached_property
     def tree(self) -> QueueTree:

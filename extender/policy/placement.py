@@ -32,6 +32,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from types import MappingProxyType
 from typing import Generic, Literal, TypeVar, cast
 
 from contract.names import GPU_MILLI
@@ -86,6 +87,24 @@ class NodeGpus:
                 self.host_tracked,
             )
         )
+
+
+# Node name -> its topology domain (a rack, a switch, a block): what the gang planners know of
+# topology, one map for all three - the filter's gang admission (`extender.verbs.admit_gang`, from
+# `PictureConfig.domains` through `GpuInventory.domains`), reclaim's gang plans
+# (`ClusterSnapshot.domains`) and the simulator's (`tessera.simulate.cluster.Cluster`). Empty by
+# default: no rule reads domains yet; a node missing from the map is in no domain.
+DomainMap = Mapping[str, str]
+NO_DOMAINS: DomainMap = MappingProxyType({})
+
+
+def domain_shape(node: NodeGpus, domains: DomainMap) -> str:
+    """What a memo that merges nodes of one shape keys a node by: its shape, and its domain when
+    it has one. Same-shaped nodes are interchangeable only within a domain (a gang kept in one
+    domain must not take a verdict learnt in another); a node in no domain is keyed by its shape
+    alone, so without a map every memo is keyed as before."""
+    domain = domains.get(node.name)
+    return node.shape if domain is None else repr((domain, node.shape))
 
 
 @dataclass(frozen=True)

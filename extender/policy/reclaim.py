@@ -127,13 +127,13 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from contract.names import GPU_MILLI
 from extender.policy.fairness import EPSILON, GPU_MODEL_PREFIX, FairnessSnapshot, Resources, format_amount
-from extender.policy.placement import GpuDemand, NodeGpus, fits
+from extender.policy.placement import DomainMap, GpuDemand, NodeGpus, fits
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, changed_keys
 
 Goal = Literal["reclaim", "preempt"]
@@ -157,6 +157,9 @@ class PendingPod:
     workload: str = ""
     # Since when it waits (None: since `created`); a pod recreated after an eviction waits anew.
     waiting_since: float | None = None
+    # A gang with a required topology level: node -> its domain at that level; the gang is
+    # served inside one domain (`_plan_gang`). None: anywhere.
+    domains: DomainMap | None = None
 
     def demand_on(self, gpu_memory: int) -> GpuDemand:
         if self.fraction_memory is None or gpu_memory <= 0:
@@ -623,8 +626,12 @@ class Search:
     nodes by free GPU, and nodes by the queues of the preemptible pods running there (victims can
     only be on those); and, with a `FitIndex` kept from the cycles before, where demands fit."""
 
-    def __init__(self, fork: ClusterSnapshot, kept: FitIndex | None = None) -> None:
-        self.names = sorted(fork.base_nodes)  # (a fork changes nodes, never adds or removes one)
+    def __init__(
+        self, fork: ClusterSnapshot, kept: FitIndex | None = None, within: Collection[str] | None = None
+    ) -> None:
+        """`within`: the only nodes it looks at (a gang kept inside one topology domain)."""
+        self.names = sorted(fork.base_nodes if within is None else set(fork.base_nodes) & set(within))
+        self._within = None if within is None else frozenset(self.names)
         self._fork = fork
         self._kept = kept
         if kept is not None:
@@ -691,6 +698,8 @@ class Search:
         sized: dict[int, GpuDemand] = {}  # the demand by GPU memory (a fraction's share depends on it)
 
         def fitting(name: str) -> bool:
+            if self._within is not None and name not in self._within:
+                return False  # (touched, but outside the domain looked in)
             memory = gpu_memory.get(name, 0)
             demand = sized.get(memory) or sized.setdefault(memory, waiting.demand_on(memory))
             supply = nodes.get(name)
@@ -980,9 +989,36 @@ def _plan_gang(
     work: Budget,
 ) -> list[Plan] | None:
     """Plans making room for every waiting member of a gang (added to `served`), or None (and
-    the fork and `served` untouched)."""
+    the fork and `served` untouched). A gang with a required topology level is tried inside
+    each of its domains in turn, the most free GPU first; the first that serves it whole wins."""
+    domains = members[0].domains if members else None
+    if domains is None:
+        return _plan_gang_within(fork, search, served, members, now, rules, budget, work, None)
+    nodes_of: dict[str, list[str]] = {}
+    for node, domain in domains.items():
+        if node in fork.base_nodes:
+            nodes_of.setdefault(domain, []).append(node)
+    free = {d: sum(sum(fork.nodes[n].free_milli) for n in ns) for d, ns in nodes_of.items()}
+    for domain in sorted(nodes_of, key=lambda d: (-free[d], d)):
+        done = _plan_gang_within(fork, search, served, members, now, rules, budget, work, nodes_of[domain])
+        if done is not None:
+            return done
+    return None
+
+
+def _plan_gang_within(
+    fork: ClusterSnapshot,
+    search: Search,
+    served: Served,
+    members: Sequence[PendingPod],
+    now: float,
+    rules: Rules,
+    budget: int,
+    work: Budget,
+    within: Collection[str] | None,
+) -> list[Plan] | None:
     trial = fork.fork()
-    trial_search = Search(trial)
+    trial_search = Search(trial, within=within)
     trial_served = served.copy()
     for member in members:
         evicted = sum(len(p.evictions) for p in trial_served.plans[len(served.plans) :])

@@ -34,7 +34,16 @@ from typing import TypeVar
 
 from contract.names import GPU_MILLI
 from extender.policy.fairness import FairnessSnapshot, QueueUsage, Resources
-from extender.policy.placement import GpuDemand, NodeGpus, Strategy, WorkloadMix, choose_gpus, fits
+from extender.policy.placement import (
+    NO_DOMAINS,
+    DomainMap,
+    GpuDemand,
+    NodeGpus,
+    Strategy,
+    WorkloadMix,
+    choose_gpus,
+    fits,
+)
 
 V = TypeVar("V")
 
@@ -254,6 +263,7 @@ class ClusterSnapshot:
         victims: Mapping[str, Mapping[str, int]] | None = None,
         movers: Mapping[str, tuple[RunningPod, ...]] | None = None,
         holds: Iterable[HeldGpus] = (),
+        domains: DomainMap = NO_DOMAINS,
     ) -> None:
         self._node_changes: dict[str, NodeGpus | None] = {}
         self._pod_changes: dict[str, RunningPod | None] = {}
@@ -281,6 +291,8 @@ class ClusterSnapshot:
         # GPUs held for pods still to bind, by pod key (shared, read-only): not placed in this
         # snapshot; a planning fork places them (extender.policy.reclaim.planning_fork).
         self.holds: Mapping[str, HeldGpus] = {hold.key: hold for hold in holds}
+        # Node -> its topology domain, for gang plans (shared, read-only; `DomainMap`).
+        self.domains = domains
 
     def members(self, workload: str) -> list[RunningPod]:
         """The running members of a gang workload in this snapshot, terminating ones aside."""
@@ -332,6 +344,7 @@ class ClusterSnapshot:
         child._victims = self._victims
         child._movers = self._movers
         child.holds = self.holds
+        child.domains = self.domains
         return child
 
     @property

@@ -9,7 +9,8 @@ already return, so a new code without a row here is a test failure, not a silent
 * refusals of the admission rule: a limit (`over_limit`), a quota for non-preemptible pods
   (`over_quota`), an unusable queue (`unknown_queue`, `invalid_queue`, `not_leaf`), a namespace
   that may not use its queue (`queue_not_allowed`), a gang waiting for its spec, its pods or the
-  GPUs for all its missing pods at once (`gang_reading`, `gang_incomplete`, `gang_no_fit`);
+  GPUs for all its missing pods at once (`gang_reading`, `gang_incomplete`, `gang_no_fit`), or
+  for them inside one domain of its required topology level (`gang_no_domain`);
 * a pod its queue admits but no candidate node fits (`unplaced`): with fair share 0 in GPUs
   (the quotas of the queues that ask for GPUs cover the cluster) it runs only on idle GPUs and
   reclaim never frees any for it (`fair_share_zero`); below its fair share reclaim frees GPUs
@@ -63,6 +64,11 @@ WAIT_REASONS: dict[str, WaitReason] = {
     "gang_incomplete": WaitReason("WaitingForGangPods", "waits for its controller to create the rest"),
     "gang_no_fit": WaitReason(
         "WaitingForGangGpus", "waits for GPUs for all its missing pods at once (reclaim may free them)"
+    ),
+    "gang_no_domain": WaitReason(
+        "WaitingForGangDomain",
+        "waits for one domain of its required topology level to have GPUs for all its missing pods "
+        "(reclaim may free them inside one)",
     ),
     "fair_share_zero": WaitReason(
         "FairShareZero", "runs only on idle GPUs and is reclaimed first; no reclaim frees GPUs for it"

@@ -51,7 +51,7 @@ from typing import Any
 
 from contract.kube import controller_of, mapping, meta, sequence
 from contract.names import MIN_MEMBERS_ANNOTATION, WORKLOAD_LABEL
-from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
+from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, NodeGpus, WorkloadMix, domain_shape
 from extender.policy.snapshot import occupy
 
 JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -227,25 +227,28 @@ def _by_table(pod: Mapping[str, Any], lookup: Lookup, owned: Owned) -> Workload:
     return workload("Pod", str(metadata.get("name") or ""), 1, "pod")
 
 
-def plan_gang(supplies: Sequence[NodeGpus], demand: GpuDemand, count: int) -> list[str]:
+def plan_gang(
+    supplies: Sequence[NodeGpus], demand: GpuDemand, count: int, domains: DomainMap = NO_DOMAINS
+) -> list[str]:
     """Nodes for up to `count` members of one GPU shape (fewer: only that many fit).
 
     Binpack: the fullest nodes first, each filled with as many members as fit, so a gang takes
-    few nodes and leaves whole ones to others. Nodes of one shape take as many members alike, so
-    the cost is a sort of the nodes plus `count` placements per distinct shape at most - a filter
-    call on thousands of nodes stays fast.
+    few nodes and leaves whole ones to others. Nodes of one shape (in one of the `domains`) take
+    as many members alike, so the cost is a sort of the nodes plus `count` placements per
+    distinct shape at most - a filter call on thousands of nodes stays fast.
     """
     chosen: list[str] = []
-    fitting_by_shape: dict[str, int] = {}
+    fitting_by_kind: dict[str, int] = {}
     for node in sorted(supplies, key=lambda n: (sum(n.free_milli), n.name)):
         missing = count - len(chosen)
         if missing <= 0:
             break
-        fitting = fitting_by_shape.get(node.shape)
+        kind = domain_shape(node, domains)
+        fitting = fitting_by_kind.get(kind)
         if fitting is None:
             fitting, current = 0, node
             while fitting < count and (after := occupy(current, demand, _MIX)) is not None:
                 current, fitting = after[0], fitting + 1
-            fitting_by_shape[node.shape] = fitting
+            fitting_by_kind[kind] = fitting
         chosen.extend([node.name] * min(fitting, missing))
     return chosen

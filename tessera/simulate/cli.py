@@ -34,6 +34,7 @@ from .queues import WorkloadError, load_workload, run_queue_workload
 from .report import (
     PUBLISHED_ALLOCATION,
     bound_table,
+    gang_table,
     margin_lines,
     move_budget_table,
     packing_seeds_table,
@@ -424,12 +425,15 @@ def _run_queues(args: argparse.Namespace) -> int:
         reclaim_interval_s=args.reclaim_interval,
         termination_delay_s=args.termination_delay,
         partly_owed_wait_s=args.partly_owed_wait_s,
+        topology_asks=not args.no_topology_asks,
     )
     print(
         f"workload {result.name}: {len(workload.nodes)} nodes, policy {result.policy}, "
         f"makespan {result.makespan_s:.0f} s"
     )
     print(queue_table(result))
+    if result.gangs:
+        print(gang_table(result))
     if result.refusals:
         print("refusals: " + ", ".join(f"{k} {v}" for k, v in sorted(result.refusals.items())))
     written = write_queue_csv(result, args.out)
@@ -568,6 +572,11 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")
     queues.add_argument("--seed", type=int, default=None, help="random seed (default: the workload's)")
+    queues.add_argument(
+        "--no-topology-asks",
+        action="store_true",
+        help="place gangs as if they asked no topology level (the domains they span are still reported)",
+    )
     mig = sub.add_parser(
         "mig", help="MIG-capable GPUs: partitions on demand vs carved ahead vs MPS (synthetic mix)"
     )

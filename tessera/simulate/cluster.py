@@ -1,7 +1,8 @@
 """The simulated cluster: per-node free GPU milli, CPU and memory, grouped by identical state.
 
 Placement policies only look at a node's state, never its name, so nodes in the same state get
-the same verdict. Grouping them lets a replay evaluate each distinct state once per pod (and
+the same verdict (a node's topology domain is part of its state: nodes of two domains never
+share one). Grouping them lets a replay evaluate each distinct state once per pod (and
 memoise the verdict until the state disappears) instead of every node, which is what keeps a
 replay of the full trace to seconds per policy.
 """
@@ -12,19 +13,29 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from contract.names import GPU_MILLI
-from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix, node_fragmentation, node_supply
+from extender.policy.placement import (
+    NO_DOMAINS,
+    DomainMap,
+    GpuDemand,
+    NodeGpus,
+    WorkloadMix,
+    node_fragmentation,
+    node_supply,
+)
 
 from .trace import SimNode
 
 
 @dataclass(frozen=True)
 class NodeShape:
-    """Capacity of a node; nodes of the same shape are interchangeable when equally used."""
+    """Capacity of a node and its topology domain ("": none); nodes of the same shape are
+    interchangeable when equally used (so nodes of two domains never are)."""
 
     model: str
     gpus: int
     cpu_milli: int
     memory_mib: int
+    domain: str = ""
 
 
 @dataclass(frozen=True)
@@ -43,15 +54,20 @@ class NodeState:
 class Cluster:
     """Mutable cluster picture for one replay."""
 
-    def __init__(self, nodes: Sequence[SimNode], mix: WorkloadMix) -> None:
+    def __init__(self, nodes: Sequence[SimNode], mix: WorkloadMix, domains: DomainMap = NO_DOMAINS) -> None:
         self.nodes = list(nodes)
+        # Node -> its topology domain (`extender.policy.placement.DomainMap`): part of each
+        # node's state, so the states a gang's members are placed by keep domains apart.
+        self.domains = domains
         self.mix = mix
         self.capacity_milli = GPU_MILLI * sum(node.gpus for node in nodes)
         self.allocated_milli = 0
         self.free: list[list[int]] = [[GPU_MILLI] * node.gpus for node in nodes]
         self.cpu_free = [node.cpu_milli for node in nodes]
         self.memory_free = [node.memory_mib for node in nodes]
-        self._shapes = [NodeShape(n.model, n.gpus, n.cpu_milli, n.memory_mib) for n in nodes]
+        self._shapes = [
+            NodeShape(n.model, n.gpus, n.cpu_milli, n.memory_mib, domains.get(n.name, "")) for n in nodes
+        ]
         self._state_ids: dict[NodeState, int] = {}
         self.states: list[NodeState] = []
         self.members: dict[int, dict[int, None]] = {}  # state id -> node indexes (ordered set)

@@ -60,7 +60,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from functools import cached_property
 from pathlib import Path
@@ -70,7 +70,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from contract.kube import validation_problems
-from contract.names import GPU_MILLI
+from contract.names import GPU_MILLI, TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_REQUIRED_ANNOTATION
 from contract.quantity import parse_quantity
 from extender.picture.ledger import Contribution, QueueLedger
 from extender.policy.admission import (
@@ -84,9 +84,10 @@ from extender.policy.admission import (
 )
 from extender.policy.deference import OwedPod, defers_to, owed_pods
 from extender.policy.fairness import EPSILON, FairnessSnapshot, QueueSpec
-from extender.policy.placement import GpuDemand, fits
+from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, choose_gpus, fits
 from extender.policy.reclaim import PendingPod, Plan, Rules, plan, protected_restarts
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, take
+from extender.policy.topology import Level, Topology, TopologyAsk, ask_refusal, plan_in_domain
 from extender.policy.workloads import Workload
 from extender.queues import QueueSpecError, parse_queue, validate_hierarchy
 
@@ -117,6 +118,10 @@ class NodeGroupModel(_Model):
     gpus: int = Field(ge=0)
     cpu: float = 64.0
     memory: float = 512.0 * 2**30
+    labels: dict[str, str] = Field(default_factory=dict)
+    # Domains per outer topology level: [2, 4] puts the nodes in 2 of the first level's domains,
+    # each with 4 of the second's (equal shares of `count`), named <level><i>.
+    layout: list[int] = Field(default_factory=list)
 
     @field_validator("cpu", "memory", mode="before")
     @classmethod
@@ -144,6 +149,9 @@ class JobModel(_Model):
     priority: int = 0
     preemptible: bool | None = None  # unset: priority below NON_PREEMPTIBLE_PRIORITY
     min_members: int = Field(default=1, alias="minMembers", ge=1)  # above 1: the pods are a gang
+    # Topology levels the gang asks for (docs/workloads.md, "Topology-aware gangs").
+    topology_required: str = Field(default="", alias="topologyRequired")
+    topology_preferred: str = Field(default="", alias="topologyPreferred")
 
     @field_validator("cpu", "memory", mode="before")
     @classmethod
@@ -151,11 +159,17 @@ class JobModel(_Model):
         return parse_quantity(value)
 
 
+class LevelModel(_Model):
+    name: str = Field(min_length=1)
+    label: str = Field(min_length=1)
+
+
 class WorkloadModel(_Model):
     name: str = "queues"
     seed: int = 0
     reclaim_interval: float = Field(default=1.0, alias="reclaimInterval", ge=0)
     termination_delay: float = Field(default=0.0, alias="terminationDelay", ge=0)
+    topology: list[LevelModel] = Field(default_factory=list)  # outermost first, as --topology-levels
     nodes: list[NodeGroupModel] = Field(min_length=1)
     queues: list[QueueModel] = Field(min_length=1)
     jobs: list[JobModel] = Field(min_length=1)
@@ -170,6 +184,34 @@ class QueueWorkload:
     jobs: tuple[JobModel, ...]
     reclaim_interval_s: float = 1.0  # 0: no reclaim loop
     termination_delay_s: float = 0.0
+    # Node -> its topology domain, for the gang planners' memos (`DomainMap`; none from YAML: the
+    # topology planner keys nothing by domain).
+    domains: DomainMap = field(default_factory=lambda: NO_DOMAINS, hash=False)
+    # The topology levels, and each level's node -> domain (from the nodes' labels and layouts).
+    topology: Topology = field(default_factory=lambda: Topology(()))
+    level_domains: Mapping[str, DomainMap] = field(default_factory=dict, hash=False)
+
+
+def _layout_labels(group: NodeGroupModel, topology: Topology, source: str) -> list[dict[str, str]]:
+    """Each node's labels: the group's, and its domain of each outer level its layout spans."""
+    if len(group.layout) > len(topology.levels) or any(n < 1 for n in group.layout):
+        raise WorkloadError(
+            f"{source}: node group '{group.name}': layout {group.layout} does not fit the topology levels"
+        )
+    domains = math.prod(group.layout)
+    if group.count % domains:
+        raise WorkloadError(
+            f"{source}: node group '{group.name}': {group.count} nodes do not split into {domains} domains"
+        )
+    per_domain = group.count // domains
+    labelled = []
+    for i in range(group.count):
+        labels, position = dict(group.labels), i // per_domain
+        for level, size in reversed(list(zip(topology.levels, group.layout, strict=False))):
+            labels[level.label] = f"{level.name}{position % size}"
+            position //= size
+        labelled.append(labels)
+    return labelled
 
 
 def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
@@ -177,6 +219,7 @@ def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
         model = WorkloadModel.model_validate(data)
     except ValidationError as error:
         raise WorkloadError(f"{source}: {validation_problems(error, 'workload')}") from error
+    topology = Topology(tuple(Level(level.name, level.label) for level in model.topology))
     nodes = tuple(
         SimNode(
             name=f"{group.name}-{i}",
@@ -188,6 +231,14 @@ def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
         for group in model.nodes
         for i in range(group.count)
     )
+    labels = [labels for group in model.nodes for labels in _layout_labels(group, topology, source)]
+    level_domains: dict[str, DomainMap] = {}
+    for level in topology.levels:
+        found = {
+            node.name: topology.domain_of(labelled, level)
+            for node, labelled in zip(nodes, labels, strict=True)
+        }
+        level_domains[level.name] = {name: domain for name, domain in found.items() if domain is not None}
     try:
         queues = tuple(parse_queue({"metadata": {"name": q.name}, "spec": q.spec}) for q in model.queues)
     except QueueSpecError as error:
@@ -204,6 +255,13 @@ def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
             raise WorkloadError(f"{source}: job '{job.name}' names unknown queue '{job.queue}'")
         if job.gpus > 1 and job.gpu_milli != GPU_MILLI:
             raise WorkloadError(f"{source}: job '{job.name}': a fraction of a GPU needs gpus: 1")
+        asked = {
+            TOPOLOGY_REQUIRED_ANNOTATION: job.topology_required,
+            TOPOLOGY_PREFERRED_ANNOTATION: job.topology_preferred,
+        }
+        refusal = ask_refusal(topology, {"metadata": {"annotations": asked}})
+        if refusal:
+            raise WorkloadError(f"{source}: job '{job.name}': {refusal}")
         if job.min_members > job.count:
             raise WorkloadError(
                 f"{source}: job '{job.name}': minMembers {job.min_members} is more than its {job.count} pods"
@@ -216,6 +274,8 @@ def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
         tuple(model.jobs),
         model.reclaim_interval,
         model.termination_delay,
+        topology=topology,
+        level_domains=level_domains,
     )
 
 
@@ -293,6 +353,18 @@ class EvictionRecord:
     started_while_served_waited: bool = False
 
 
+@dataclass(frozen=True)
+class GangRecord:
+    """A gang's first start: how long its first member waited for it, and the domains of each
+    topology level its minimum started across."""
+
+    name: str
+    size: int  # its minimum
+    ask: str  # "required rack", "preferred rack", "-"
+    wait_s: float
+    spanned: Mapping[str, int]  # level -> domains its members started in
+
+
 @dataclass
 class QueueSummary:
     name: str
@@ -335,6 +407,7 @@ class QueueRunResult:
     ping_pong: int = 0
     refusals: dict[str, int] = field(default_factory=dict)  # reason -> pods refused at least once
     gpu_s_used: float = 0.0  # GPU-seconds held by pods over the run (running and terminating)
+    gangs: list[GangRecord] = field(default_factory=list)  # gangs' first starts, when levels exist
 
     @property
     def gpus_evicted(self) -> float:
@@ -444,7 +517,7 @@ class _Replay:
         self.nodes = list(workload.nodes)
         self.node_index = {node.name: i for i, node in enumerate(self.nodes)}
         mix = workload_mix([SimPod(p.job, p.demand) for p in self.pods])
-        self.cluster = Cluster(self.nodes, mix)
+        self.cluster = Cluster(self.nodes, mix, workload.domains)
         self.placer = Placer(self.cluster, make_policy(policy_name, mix), random.Random(seed))
         # The capacity in the same vocabulary: each node's CPU, memory and GPUs of its model.
         self.capacity: dict[str, float] = {}
@@ -472,6 +545,13 @@ class _Replay:
             gang: Workload(gang, "Job", gang, minimum, "minMembers")
             for gang, minimum in self.minimums.items()
         }
+        # Gang -> its topology ask, and the levels' node -> domain maps (by node name).
+        self.asks = {
+            f"{number}/{job.name}": TopologyAsk(job.topology_required, job.topology_preferred)
+            for number, job in enumerate(workload.jobs)
+            if job.min_members > 1
+        }
+        self.level_domains = workload.level_domains
         self.waiting: dict[int, _Pod] = {}
         self.running: dict[int, _Pod] = {}  # running and terminating
         self.holds: dict[int, _Hold] = {}
@@ -691,12 +771,12 @@ class _Replay:
         held = [member.index for member in chosen if member.index in self.holds]
         for index in held:
             self._unreserve(index)
-        placements: list[tuple[int, tuple[int, ...]]] = []
-        for member in chosen:
-            placement = self._place(member)
-            if placement is None:
-                break
-            placements.append(placement)
+        placements = self._place_gang(gang, chosen)
+        if placements is None:  # no domain of its required level holds it
+            for index in held:
+                self._reserve(index)
+            self.refused.setdefault("gang_no_domain", set()).update(p.index for p in members)
+            return False
         if len(placements) < len(chosen):  # all or nothing: give back what was placed
             for member, (node, gpus) in zip(chosen, placements, strict=False):
                 self.cluster.release(node, member.demand, gpus)
@@ -707,7 +787,73 @@ class _Replay:
         for member, placement in zip(chosen, placements, strict=True):
             self.holds.pop(member.index, None)
             self._start(member, now, placement)
+        self._record_gang(gang, now)
         return True
+
+    def _place_gang(self, gang: str, chosen: Sequence[_Pod]) -> list[tuple[int, tuple[int, ...]]] | None:
+        """Places for the chosen members, each taken from the cluster: with a topology ask, the
+        extender's `plan_in_domain` on every node (None: no domain of the required level holds
+        them); without, member by member by the placement policy (fewer: they do not all fit)."""
+        ask = self.asks.get(gang, TopologyAsk())
+        placements: list[tuple[int, tuple[int, ...]]] = []
+        if not ask.any or not chosen:
+            for member in chosen:
+                placement = self._place(member)
+                if placement is None:
+                    break
+                placements.append(placement)
+            return placements
+        demand = chosen[0].demand
+        required = self.level_domains.get(ask.required) if ask.required else None
+        if required is not None:  # members already running keep the gang in their domain
+            kept = {required.get(self.nodes[p.node].name) for p in self.running.values() if p.gang == gang}
+            if kept:
+                required = {node: domain for node, domain in required.items() if domain in kept}
+        supplies = [self.cluster.node_gpus(i) for i in range(len(self.nodes))]
+        preferred = self.level_domains.get(ask.preferred, NO_DOMAINS)
+        plan = plan_in_domain(supplies, demand, len(chosen), required, preferred)
+        if len(plan.nodes) < len(chosen):
+            return None if ask.required else []
+        for name in plan.nodes:
+            index = self.node_index[name]
+            gpus = choose_gpus(self.cluster.node_gpus(index), demand, self.cluster.mix)
+            if gpus is None:  # (the plan counted this node's room: a GPU taken twice is a bug)
+                raise RuntimeError(f"gang {gang}: planned node {name} has no room")
+            self.cluster.place(index, demand, gpus)
+            placements.append((index, gpus))
+        return placements
+
+    def _required_domains(self, gang: str) -> DomainMap | None:
+        """The domains of the gang's required topology level (None: it requires none)."""
+        level = self.asks.get(gang, TopologyAsk()).required
+        return self.level_domains.get(level) if level else None
+
+    def _record_gang(self, gang: str, now: float) -> None:
+        """A gang's first start, with the domains its running members span at each level."""
+        if not self.level_domains or any(record.name == gang for record in self.result.gangs):
+            return
+        members = [p for p in self.pods if p.gang == gang]
+        nodes = {self.nodes[p.node].name for p in members if p.state == "running"}
+        ask = self.asks.get(gang, TopologyAsk())
+        said = (
+            f"required {ask.required}"
+            if ask.required
+            else f"preferred {ask.preferred}"
+            if ask.preferred
+            else "-"
+        )
+        self.result.gangs.append(
+            GangRecord(
+                gang.split("/", 1)[1],
+                self.minimums[gang],
+                said,
+                now - min(p.created for p in members),
+                {
+                    level: len({domains.get(n) for n in nodes})
+                    for level, domains in self.level_domains.items()
+                },
+            )
+        )
 
     def _start(self, pod: _Pod, now: float, placement: tuple[int, tuple[int, ...]]) -> None:
         pod.node, pod.gpus = placement
@@ -784,6 +930,7 @@ class _Replay:
             self.cluster.mix,
             minimums=self.minimums,
             holds=[self._held(index, hold) for index, hold in self.holds.items()],
+            domains=self.cluster.domains,
         )
         snapshot.spare(
             protected_restarts(
@@ -826,6 +973,7 @@ class _Replay:
                 preemptible=pod.preemptible,
                 workload=listed.workload,
                 waiting_since=pod.waiting_since,
+                domains=self._required_domains(pod.gang) if listed.workload else None,
             )
             for listed in waiting_list(fairness, candidates)
             for pod in (self.pods[int(listed.waiting.key)],)
@@ -1031,14 +1179,23 @@ def run_queue_workload(
     reclaim_interval_s: float | None = None,
     termination_delay_s: float | None = None,
     partly_owed_wait_s: float | None = None,
+    topology_asks: bool = True,
 ) -> QueueRunResult:
     """Replay `workload`; the interval and delay default to the workload's own, the wait of a pod
-    of a queue owed less than itself before it reclaims (rule 9) to the extender's."""
+    of a queue owed less than itself before it reclaims (rule 9) to the extender's. Without
+    `topology_asks`, gangs are placed as if they asked no level (the domains they span are still
+    reported: the comparison)."""
     interval = workload.reclaim_interval_s if reclaim_interval_s is None else reclaim_interval_s
     delay = workload.termination_delay_s if termination_delay_s is None else termination_delay_s
     if interval < 0 or delay < 0:
         raise ValueError("the reclaim interval and the termination delay cannot be negative")
     if partly_owed_wait_s is not None and partly_owed_wait_s < 0:
         raise ValueError("the wait before a partly owed queue reclaims cannot be negative")
+    if not topology_asks:
+        jobs = tuple(
+            job.model_copy(update={"topology_required": "", "topology_preferred": ""})
+            for job in workload.jobs
+        )
+        workload = replace(workload, jobs=jobs)
     seed = workload.seed if seed is None else seed
     return _Replay(workload, policy_name, seed, interval, delay, partly_owed_wait_s).run()

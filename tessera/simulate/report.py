@@ -343,6 +343,22 @@ def plot_move_budget(
     return _save_figure(fig, out_dir / "move-budget.png")
 
 
+def gang_table(result: QueueRunResult) -> str:
+    """Per gang: its ask, how long it waited to start, the domains of each level it spans; then
+    the mean domains spanned per level and the p95 wait over the gangs."""
+    levels = list(result.gangs[0].spanned) if result.gangs else []
+    headers = ["gang", "minimum", "ask", "wait s", *(f"{level}s spanned" for level in levels)]
+    rows = [
+        [g.name, str(g.size), g.ask, f"{g.wait_s:.0f}", *(str(g.spanned[level]) for level in levels)]
+        for g in result.gangs
+    ]
+    waits = sorted(g.wait_s for g in result.gangs)
+    p95 = waits[min(len(waits) - 1, round(0.95 * (len(waits) - 1)))] if waits else 0.0
+    means = [sum(g.spanned[level] for g in result.gangs) / len(result.gangs) for level in levels]
+    rows.append(["mean / p95", "", "", f"{p95:.0f}", *(f"{mean:.2f}" for mean in means)])
+    return format_table(headers, rows)
+
+
 def queue_table(result: QueueRunResult) -> str:
     headers = [
         "queue",

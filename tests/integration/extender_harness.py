@@ -14,7 +14,7 @@ import contextlib
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +26,7 @@ from contract.names import MIN_MEMBERS_ANNOTATION, QUEUE_GROUP, QUEUE_LABEL, QUE
 from extender.controllers.reclaim import ReclaimOptions
 from extender.kubeapi import JsonObject, KubeError, request
 from extender.picture.cluster import ClusterPicture, PictureConfig
+from extender.policy.topology import DEFAULT_TOPOLOGY, Topology
 from extender.service import ExtenderService, ServiceOptions
 from extender.webhook import WebhookOptions
 from extender.webhook_process import WebhookTLS
@@ -74,6 +75,7 @@ class GpuCluster:
     service: ExtenderService | None = None
     scheduler: SchedulerHandle | None = None
     queues: list[str] = field(default_factory=list)
+    topology: Topology = DEFAULT_TOPOLOGY  # the levels gangs may ask for (`--topology-levels`)
 
     def queue_name(self, short: str) -> str:
         return f"{short}-{self.suffix}"
@@ -133,14 +135,18 @@ class GpuCluster:
         min_members: int | None = None,
         template: str = TEMPLATE,
         gates: tuple[str, ...] = (),
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
         """An indexed Job of `parallelism` GPU pods (a gang of that many, or of `min_members`);
-        `gates`: scheduling gates its pods are created with (the test lifts them one by one)."""
+        `gates`: scheduling gates its pods are created with (the test lifts them one by one);
+        `annotations`: more on its pod template (a topology ask)."""
         pod = self.pod(queue, name, template)
         pod["spec"]["restartPolicy"] = "Never"
         if gates:
             pod["spec"]["schedulingGates"] = [{"name": gate} for gate in gates]
-        annotations = {MIN_MEMBERS_ANNOTATION: str(min_members)} if min_members is not None else {}
+        annotations = {**(annotations or {})}
+        if min_members is not None:
+            annotations[MIN_MEMBERS_ANNOTATION] = str(min_members)
         body = {
             "apiVersion": "batch/v1",
             "kind": "Job",
@@ -192,7 +198,9 @@ class GpuCluster:
         webhooks, if any, in their own process."""
         state = ClusterPicture(
             PictureConfig(
-                gpu_drivers=frozenset({self.driver}), scheduler_names=frozenset({self.scheduler_name})
+                gpu_drivers=frozenset({self.driver}),
+                scheduler_names=frozenset({self.scheduler_name}),
+                topology=self.topology,
             )
         )
         extender_api = await api_client(self.cluster.kubeconfig)
@@ -309,6 +317,7 @@ async def gpu_cluster(
     in_process: bool = True,
     shareable: bool = False,
     agent: bool = False,
+    topology: Topology = DEFAULT_TOPOLOGY,
 ) -> AsyncIterator[GpuCluster]:
     """GPU nodes, slices, a DeviceClass and claim templates; with `in_process`, also the extender
     in this process and a scheduler calling it. `shareable` GPUs take fractional claims. With
@@ -323,6 +332,7 @@ async def gpu_cluster(
         driver,
         f"tessera-{suffix}",
         [f"gpu-node-{suffix}-{i}" for i in range(nodes)],
+        topology=topology,
     )
     await asyncio.to_thread(cluster.kubectl, "apply", "-f", str(QUEUE_CRD))
     await asyncio.to_thread(

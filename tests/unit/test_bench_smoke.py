@@ -53,6 +53,11 @@ CASES = [
         "queuecycle",
         rf"50\s+2 flat\s+10(\s+\S+){{4}}\s+1\.00x\n50\s+1000 in 3 levels\s+10(\s+\S+){{4}}\s+{RATIO}",
     ),
+    # A gang of 8 without an ask, then one requiring a zone (racks of 16): admit and member ratios.
+    (
+        "topology",
+        rf"50\s+plain\s+-(\s+\S+){{2}}\s+1\.00x\s+1\.00x\n50\s+racked\s+\S+(\s+\S+){{2}}\s+{RATIO}\s+{RATIO}",
+    ),
 ]
 
 

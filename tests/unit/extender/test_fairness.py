@@ -9,8 +9,10 @@ import pytest
 
 from extender.policy.fairness import (
     FairnessSnapshot,
+    FairShareInputs,
     QueueSpec,
     QueueUsage,
+    WeightAdjustment,
     compute_fair_shares,
     drf_order,
 )
@@ -207,7 +209,7 @@ def test_fair_shares(case: ShareCase) -> None:
         name: usage(case.allocated.get(name, 0.0), case.demand.get(name, 0.0))
         for name in {*case.demand, *case.allocated}
     }
-    shares = compute_fair_shares(case.queues, usages, {"gpu": case.capacity})
+    shares = compute_fair_shares(FairShareInputs(case.queues, usages, {"gpu": case.capacity}))
     assert {name: per_resource["gpu"] for name, per_resource in shares.items()} == pytest.approx(
         case.expected
     )
@@ -220,7 +222,7 @@ def test_resources_are_shared_independently() -> None:
         "a": QueueUsage(allocated={}, requested={"gpu": 8, "cpu": 8}),
         "b": QueueUsage(allocated={}, requested={"gpu": 8, "cpu": 100}),
     }
-    shares = compute_fair_shares(queues, usages, {"gpu": 8, "cpu": 64})
+    shares = compute_fair_shares(FairShareInputs(queues, usages, {"gpu": 8, "cpu": 64}))
     assert shares == {"a": {"gpu": 4.0, "cpu": 8.0}, "b": {"gpu": 4.0, "cpu": 56.0}}
 
 
@@ -231,13 +233,76 @@ def test_gpu_models_are_separate_resources() -> None:
         "a": QueueUsage(allocated={}, requested={"gpu": 6, "gpu/H100": 6}),
         "b": QueueUsage(allocated={}, requested={"gpu": 6, "gpu/T4": 6}),
     }
-    shares = compute_fair_shares(queues, usages, {"gpu": 8, "gpu/H100": 4, "gpu/T4": 4})
+    shares = compute_fair_shares(FairShareInputs(queues, usages, {"gpu": 8, "gpu/H100": 4, "gpu/T4": 4}))
     assert shares["a"] == {"gpu": 4.0, "gpu/H100": 4.0, "gpu/T4": 0.0}
     assert shares["b"] == {"gpu": 4.0, "gpu/H100": 0.0, "gpu/T4": 4.0}
 
 
+@dataclass(frozen=True)
+class AdjustedCase:
+    """Two queues without quota, each waiting for 10 GPUs of 8, one factor on a's weight."""
+
+    name: str
+    weight_a: float
+    factor_a: float
+    expected: dict[str, float]
+
+
+ADJUSTED_CASES = [
+    # Weights 1 and 1: 4 and 4, as without an adjustment.
+    AdjustedCase("factor 1 changes nothing", 1.0, 1.0, {"a": 4.0, "b": 4.0}),
+    # Weight 1 x 3 = 3 against 1: a gets 8 x 3/4 = 6, b 8 x 1/4 = 2.
+    AdjustedCase("a factor scales the weight", 1.0, 3.0, {"a": 6.0, "b": 2.0}),
+    # Weight 1 x 0 is held at the least weight, 1e-3: a gets 8 x 1e-3/1.001 ~ 0.008, still a
+    # weighted queue beside b (not a leftovers-only one, which would get 0 here).
+    AdjustedCase("a factor 0 keeps the least weight", 1.0, 0.0, {"a": 8e-3 / 1.001, "b": 8 / 1.001}),
+    # Weight 1 x 5000 is held at the greatest weight, 1e3: a gets 8 x 1000/1001 ~ 7.992.
+    AdjustedCase("a factor past the bounds is held", 1.0, 5000.0, {"a": 8000 / 1001, "b": 8 / 1001}),
+    # A leftovers-only queue (weight 0) stays one: b, weighted, takes all 8 it can.
+    AdjustedCase("weight 0 stays 0", 0.0, 5.0, {"a": 0.0, "b": 8.0}),
+    # A factor that is no finite number >= 0 adjusts nothing: 4 and 4.
+    AdjustedCase("a negative factor is ignored", 1.0, -2.0, {"a": 4.0, "b": 4.0}),
+    AdjustedCase("a NaN factor is ignored", 1.0, float("nan"), {"a": 4.0, "b": 4.0}),
+]
+
+
+@pytest.mark.parametrize("case", ADJUSTED_CASES, ids=lambda c: c.name)
+def test_a_weight_adjustment_scales_over_quota_weights(case: AdjustedCase) -> None:
+    queues = [q("a", weight=case.weight_a), q("b")]
+    adjustment = WeightAdjustment(version=1, factors={"a": {"gpu": case.factor_a}})
+    inputs = FairShareInputs(queues, {"a": usage(0, 10), "b": usage(0, 10)}, {"gpu": 8}, adjustment)
+    shares = compute_fair_shares(inputs)
+    assert {name: s["gpu"] for name, s in shares.items()} == pytest.approx(case.expected)
+
+
+def test_the_inputs_version_names_queues_capacity_and_adjustment_not_usage() -> None:
+    queues = [q("a"), q("b")]
+    capacity = {"gpu": 8.0}
+    base = FairShareInputs(queues, {"a": usage(0, 1)}, capacity, WeightAdjustment(1, {}), queues_version=3)
+    # Other usage, the same version: kept shares follow it by `FairShares.update`.
+    assert (
+        FairShareInputs(
+            queues, {"a": usage(0, 9)}, capacity, WeightAdjustment(1, {}), queues_version=3
+        ).version
+        == base.version
+    )
+    # Another adjustment version, capacity or queues' version: divided again.
+    for other in (
+        FairShareInputs(queues, {}, capacity, WeightAdjustment(2, {}), queues_version=3),
+        FairShareInputs(queues, {}, {"gpu": 9.0}, WeightAdjustment(1, {}), queues_version=3),
+        FairShareInputs(queues, {}, capacity, WeightAdjustment(1, {}), queues_version=4),
+        FairShareInputs(queues, {}, capacity, None, queues_version=3),
+    ):
+        assert other.version != base.version
+    # Without a queues' version the specs themselves are compared.
+    assert (
+        FairShareInputs(queues, {}, capacity).version == FairShareInputs(list(queues), {}, capacity).version
+    )
+    assert FairShareInputs(queues, {}, capacity).version != FairShareInputs([q("a")], {}, capacity).version
+
+
 def test_only_resources_with_capacity_are_shared() -> None:
-    shares = compute_fair_shares([q("a", quota=2)], {"a": usage(0, 4)}, {"cpu": 16})
+    shares = compute_fair_shares(FairShareInputs([q("a", quota=2)], {"a": usage(0, 4)}, {"cpu": 16}))
     assert shares == {"a": {"cpu": 0.0}}
 
 
@@ -251,7 +316,9 @@ def test_shares_never_exceed_capacity_demand_or_limits(capacity: float) -> None:
         q("s", quota=1),
     ]
     demand = {"c1": 7, "c2": 5, "p": 1, "r": 6, "s": 3}
-    shares = compute_fair_shares(queues, {n: usage(0, d) for n, d in demand.items()}, {"gpu": capacity})
+    shares = compute_fair_shares(
+        FairShareInputs(queues, {n: usage(0, d) for n, d in demand.items()}, {"gpu": capacity})
+    )
     gpu = {name: per_resource["gpu"] for name, per_resource in shares.items()}
     roots = gpu["p"] + gpu["r"] + gpu["s"]
     assert roots == pytest.approx(min(capacity, 9 + 6 + 3))  # work-conserving at the root
@@ -561,7 +628,7 @@ def test_admission_against_computed_shares_converges() -> None:
     capacity = {"gpu": 8.0}
     for _ in range(16):
         usages = {name: usage(held[name], pending[name]) for name in held}
-        shares = compute_fair_shares(queues, usages, capacity)
+        shares = compute_fair_shares(FairShareInputs(queues, usages, capacity))
         for name in drf_order(queues, usages, shares, capacity):
             free = capacity["gpu"] - sum(held.values())
             if (
@@ -597,7 +664,8 @@ def test_invariants_on_a_generated_tree_with_byte_sized_amounts(seed: int) -> No
     capacity = rng.choice([150, 400, 2000]) * gib
     usages = {name: QueueUsage(allocated={}, requested={"memory": d}) for name, d in demand.items()}
     shares = {
-        name: s["memory"] for name, s in compute_fair_shares(queues, usages, {"memory": capacity}).items()
+        name: s["memory"]
+        for name, s in compute_fair_shares(FairShareInputs(queues, usages, {"memory": capacity})).items()
     }
 
     specs = {spec.name: spec for spec in queues}

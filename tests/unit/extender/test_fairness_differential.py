@@ -16,7 +16,14 @@ from typing import Literal
 import pytest
 
 from bench.fairshare import quadratic_water_fill, water_filling
-from extender.policy.fairness import FairShares, QueueSpec, QueueTree, QueueUsage, compute_fair_shares
+from extender.policy.fairness import (
+    FairShareInputs,
+    FairShares,
+    QueueSpec,
+    QueueTree,
+    QueueUsage,
+    compute_fair_shares,
+)
 
 RESOURCES = ("gpu", "cpu")
 KINDS: tuple[Literal["allocated", "requested"], ...] = ("allocated", "requested")
@@ -49,9 +56,9 @@ def random_picture(
 def test_shares_equal_the_quadratic_oracle(seed: int) -> None:
     rng = random.Random(seed)
     specs, usage, capacity = random_picture(rng)
-    shares = compute_fair_shares(specs, usage, capacity)
+    shares = compute_fair_shares(FairShareInputs(specs, usage, capacity))
     with water_filling(quadratic_water_fill):
-        expected = compute_fair_shares(specs, usage, capacity)
+        expected = compute_fair_shares(FairShareInputs(specs, usage, capacity))
     assert shares.keys() == expected.keys()
     for queue, per_resource in expected.items():
         for resource, amount in per_resource.items():
@@ -71,8 +78,8 @@ def test_shares_kept_up_to_date_equal_a_division_of_the_whole_tree(seed: int) ->
     if rng.random() < 0.3:
         specs.append(QueueSpec("orphan", "missing", quota={"gpu": 1.0}))
         usage["orphan"] = QueueUsage(allocated={"gpu": 1.0}, requested={})
-    kept = FairShares(specs, usage, capacity)
-    assert kept.shares == compute_fair_shares(specs, usage, capacity)
+    kept = FairShares(FairShareInputs(specs, usage, capacity))
+    assert kept.shares == compute_fair_shares(FairShareInputs(specs, usage, capacity))
     for _ in range(12):
         changed = rng.sample(sorted(usage), k=min(len(usage), rng.randint(1, 3)))
         usage = dict(usage)
@@ -81,7 +88,7 @@ def test_shares_kept_up_to_date_equal_a_division_of_the_whole_tree(seed: int) ->
         handed_out = kept.shares
         before = {name: dict(shares) for name, shares in handed_out.items()}
         kept.update(usage, changed)
-        assert kept.shares == compute_fair_shares(specs, usage, capacity)
+        assert kept.shares == compute_fair_shares(FairShareInputs(specs, usage, capacity))
         assert handed_out == before
 
 
@@ -145,7 +152,7 @@ def test_many_siblings_with_extreme_weights_stay_finite_and_add_up() -> None:
     rng = random.Random(1)
     specs = [QueueSpec(f"q{i}", over_quota_weight={"gpu": rng.choice((1e-3, 1e3))}) for i in range(4000)]
     usage = {s.name: QueueUsage(allocated={}, requested={"gpu": float(rng.randint(1, 50))}) for s in specs}
-    shares = compute_fair_shares(specs, usage, {"gpu": 20_000.0})
+    shares = compute_fair_shares(FairShareInputs(specs, usage, {"gpu": 20_000.0}))
     values = [per["gpu"] for per in shares.values()]
     assert all(math.isfinite(v) and v >= 0 for v in values)
     assert sum(values) == pytest.approx(20_000.0)
@@ -159,8 +166,8 @@ def test_a_light_queue_among_thousands_of_heavy_ones_keeps_its_precise_share() -
     specs += [QueueSpec(f"light{i}", over_quota_weight={"gpu": w}) for i, w in enumerate((0.001, 0.0013))]
     usage = {s.name: QueueUsage(allocated={}, requested={"gpu": rng.uniform(0.3, 3.0)}) for s in specs}
     usage |= {f"light{i}": QueueUsage(allocated={}, requested={"gpu": 1e6}) for i in range(2)}
-    shares = compute_fair_shares(specs, usage, {"gpu": 6000.0})
+    shares = compute_fair_shares(FairShareInputs(specs, usage, {"gpu": 6000.0}))
     with water_filling(quadratic_water_fill):
-        expected = compute_fair_shares(specs, usage, {"gpu": 6000.0})
+        expected = compute_fair_shares(FairShareInputs(specs, usage, {"gpu": 6000.0}))
     for queue in ("light0", "light1"):
         assert shares[queue]["gpu"] == pytest.approx(expected[queue]["gpu"], rel=1e-10)

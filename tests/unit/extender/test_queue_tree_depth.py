@@ -11,6 +11,7 @@ import pytest
 
 from extender.policy.fairness import (
     FairnessSnapshot,
+    FairShareInputs,
     QueueSpec,
     QueueTree,
     QueueUsage,
@@ -50,7 +51,7 @@ def deep_tree() -> tuple[list[QueueSpec], dict[str, QueueUsage]]:
 def test_a_chain_of_2000_queues_has_shares_sums_order_and_status() -> None:
     specs, usage = deep_tree()
     capacity = {"gpu": 8.0}
-    shares = compute_fair_shares(specs, usage, capacity)
+    shares = compute_fair_shares(FairShareInputs(specs, usage, capacity))
     # r's 8 GPUs: every queue of the chain wants 8 (6 held + 2 waiting), flat 4; each gets its
     # quota, 4 and 4, and nothing is left. Each queue of the chain passes its 4 to its one child.
     assert shares["r"] == {"gpu": 8.0} and shares["flat"] == {"gpu": 4.0}
@@ -99,7 +100,7 @@ def test_one_parent_with_5000_leaves() -> None:
         for i in range(WIDTH)
     }
     capacity = {"gpu": 6000.0}
-    shares = compute_fair_shares(specs, usage, capacity)
+    shares = compute_fair_shares(FairShareInputs(specs, usage, capacity))
     assert shares["wide"]["gpu"] == 6000.0
     assert {name: share["gpu"] for name, share in shares.items() if name != "wide"} == pytest.approx(
         {f"w-{i:04d}": 1.4 if i % 2 == 0 else 1.0 for i in range(WIDTH)}

@@ -17,7 +17,13 @@ from extender.picture import watcher
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
 from extender.picture.ledger import Bucket, Contribution, QueueLedger
 from extender.picture.watcher import ClusterWatcher, apply_watch_event
-from extender.policy.fairness import QueueTree, QueueUsage, compute_fair_shares
+from extender.policy.fairness import (
+    FairShareInputs,
+    QueueTree,
+    QueueUsage,
+    WeightAdjustment,
+    compute_fair_shares,
+)
 from extender.policy.placement import GpuDemand
 from tests import extender_objects as objects
 
@@ -622,11 +628,46 @@ def test_fair_shares_kept_across_pod_events_equal_those_of_a_fresh_picture(seed:
             assert usage.allocated == pytest.approx(again.usage[queue].allocated)
             assert usage.requested == pytest.approx(again.usage[queue].requested)
             assert view.fair_shares[queue] == pytest.approx(again.fair_shares[queue])
-        assert dict(view.fair_shares) == compute_fair_shares(view.specs, view.usage, view.capacity)
+        assert dict(view.fair_shares) == compute_fair_shares(
+            FairShareInputs(view.specs, view.usage, view.capacity)
+        )
         whole = QueueTree(view.specs, view.usage)
         for question in rng.sample(sums, k=rng.randint(1, len(sums))):  # in any order
             assert view.tree.subtree(*question) == whole.subtree(*question)
             assert view.tree.subtree(*question) == pytest.approx(again.tree.subtree(*question))
+
+
+def test_kept_fair_shares_are_divided_again_when_the_weight_adjustment_changes_version() -> None:
+    # Queues a and b (no quota), 4 GPUs, each waiting for 4 one-GPU pods: 2 and 2. A weight
+    # adjustment of factor 3 on a (version 1): weights 3 and 1, so a 3 and b 1. The same factors
+    # under the same version are not read again (the kept shares stay); a new version with
+    # factor 1 brings back 2 and 2 - with no pod or Queue event in between.
+    state = synced_state(
+        [
+            *objects.two_nodes_of_two_gpus(CLASS),
+            objects.queue("a"),
+            objects.queue("b"),
+            *(
+                objects.pod("ns", f"{queue}{i}", queue=queue, template="one")
+                for queue in "ab"
+                for i in range(4)
+            ),
+        ]
+    )
+
+    def gpu_shares() -> dict[str, float]:
+        view = state.fairness()
+        return {queue: view.fair_shares[queue]["gpu"] for queue in ("a", "b")}
+
+    assert gpu_shares() == {"a": 2.0, "b": 2.0}
+    state.accounting.adjust_weights(WeightAdjustment(version=1, factors={"a": {"gpu": 3.0}}))
+    assert gpu_shares() == {"a": 3.0, "b": 1.0}
+    state.accounting.adjust_weights(WeightAdjustment(version=1, factors={"a": {"gpu": 1.0}}))
+    assert gpu_shares() == {"a": 3.0, "b": 1.0}  # version 1 still: the kept shares stand
+    state.accounting.adjust_weights(WeightAdjustment(version=2, factors={"a": {"gpu": 1.0}}))
+    assert gpu_shares() == {"a": 2.0, "b": 2.0}
+    state.accounting.adjust_weights(None)  # back to the queues' weights: 2 and 2
+    assert gpu_shares() == {"a": 2.0, "b": 2.0}
 
 
 def test_a_pods_demand_is_read_again_only_when_what_it_reads_changes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,7 @@ from extender.policy.waiting import (
     wait_message,
     wait_reason,
 )
-from extender.verbs import GANG_NO_FIT
+from extender.verbs import GANG_NO_DOMAIN, GANG_NO_FIT
 
 LIMIT = "queue 'team-a': gpu allocated 14 + request 1 would exceed its limit (14)"
 
@@ -128,7 +128,7 @@ def test_every_wait_reason_has_its_condition_and_message(
 def test_the_table_has_a_row_for_every_code_and_nothing_else() -> None:
     """A code added to the rule without a row would be said with no remedy: the table is complete."""
     rule = {"over_limit", "over_quota", "unknown_queue", "invalid_queue", "not_leaf"}
-    gangs = {GANG_READING, GANG_INCOMPLETE, GANG_NO_FIT}
+    gangs = {GANG_READING, GANG_INCOMPLETE, GANG_NO_FIT, GANG_NO_DOMAIN}
     placement = {"fair_share_zero", "waiting_for_reclaim", "waiting_for_gpus"}
     assert set(WAIT_REASONS) == rule | gangs | placement | {QUEUE_NOT_ALLOWED}
     assert len({row.condition for row in WAIT_REASONS.values()}) == len(WAIT_REASONS)  # each its own

@@ -1,0 +1,300 @@
+"""Topology-aware gangs: levels of node labels, a workload's ask, and the domain its gang goes to.
+
+**Levels** are defined once for the cluster (the extender's `--topology-levels`, the chart's
+`extender.topologyLevels`), outermost first, each a short name and the node label whose value
+names a domain of that level: `zone=topology.kubernetes.io/zone,clique=nvidia.com/gpu.clique,
+host=kubernetes.io/hostname` by default (the well-known zone and hostname labels, and the NVLink
+clique label NVIDIA's GPU feature discovery puts on nodes). A domain is named by its path from
+the outermost level (`b1/r2`: rack r2 of block b1), so rack names may repeat across blocks; a
+node without the level's label is in no domain of it, and never hosts a gang that requires it.
+
+**Asks**: a workload may *require* a level (all its members inside one domain of it) and *prefer*
+one (soft: its members packed into as few domains of it as the required domain allows). They are
+read from the pod (its template: every member carries the same), the annotations
+`scheduling.tessera.dev/topology-required` / `topology-preferred` naming a level by its name or
+its label, and from the workload's PodGroup (`spec.schedulingConstraints.topology[0].key`, a node
+label: Kubernetes 1.37's topology-aware workload scheduling), so one manifest works both ways; the
+annotation wins. An unknown level is refused at the pod webhook (`ask_refusal`).
+
+**Placement** (`plan_in_domain`), at the gang's admission: among the domains of the required level
+that hold all its missing members, the one with the least room left (bin-packing: the emptiest
+domains stay whole for larger gangs); inside it, with a preferred level, the sub-domain of least
+room that holds them all, else sub-domains by most room first, so most members land together.
+No required level: the whole cluster is the one domain. When no domain holds them the plan says
+the largest room found, and the gang waits with it ("needs 16 GPUs in one rack; largest rack
+has 12 free").
+
+Worked example (racks r1: 2 nodes x 4 free GPUs, r2: 1 node x 4 free; a gang of 4 one-GPU
+members requiring a rack): both racks hold 4; r2 has 4 free, r1 8: r2 is chosen, r1 stays whole
+for a gang of 8. A gang of 6: only r1 holds it. A gang of 10: none; largest rack has 8 free.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+from contract.kube import mapping, meta, sequence
+from contract.names import GPU_MILLI, TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_REQUIRED_ANNOTATION
+from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, NodeGpus
+from extender.policy.workloads import plan_gang
+
+
+@dataclass(frozen=True)
+class Level:
+    name: str  # what asks and reasons say ("rack")
+    label: str  # the node label whose value names the domain
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The cluster's levels, outermost first."""
+
+    levels: tuple[Level, ...]
+
+    def level(self, name_or_label: str) -> Level | None:
+        """The level an ask names, by its name or by its node label."""
+        return next((lv for lv in self.levels if name_or_label in (lv.name, lv.label)), None)
+
+    def names(self) -> str:
+        return ", ".join(level.name for level in self.levels) or "none"
+
+    def domain_of(self, labels: Mapping[str, Any], level: Level) -> str | None:
+        """The node's domain at `level`: its path of label values from the outermost level down
+        (levels above it the node lacks are skipped); None when it lacks the level's label."""
+        path: list[str] = []
+        for outer in self.levels:
+            value = labels.get(outer.label)
+            if isinstance(value, str) and value:
+                path.append(value)
+            elif outer == level:
+                return None
+            if outer == level:
+                return "/".join(path)
+        return None
+
+
+DEFAULT_TOPOLOGY = Topology(
+    (
+        Level("zone", "topology.kubernetes.io/zone"),
+        Level("clique", "nvidia.com/gpu.clique"),
+        Level("host", "kubernetes.io/hostname"),
+    )
+)
+
+
+def parse_topology(text: str) -> Topology:
+    """`name=label,...` outermost first (a bare label names itself by its last path part).
+    Raises ValueError on a repeated name or label, or an empty entry."""
+    levels: list[Level] = []
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            raise ValueError(f"empty level in {text!r}")
+        name, sep, label = entry.partition("=")
+        if not sep:
+            name, label = entry.rsplit("/", 1)[-1], entry
+        name, label = name.strip(), label.strip()
+        if not name or not label:
+            raise ValueError(f"level {entry!r}: want name=label")
+        if any(name == lv.name or label == lv.label for lv in levels):
+            raise ValueError(f"level {entry!r} repeats a name or label")
+        levels.append(Level(name, label))
+    return Topology(tuple(levels))
+
+
+@dataclass(frozen=True)
+class TopologyAsk:
+    """A workload's levels by name ("": none)."""
+
+    required: str = ""
+    preferred: str = ""
+
+    @property
+    def any(self) -> bool:
+        return bool(self.required or self.preferred)
+
+
+NO_ASK = TopologyAsk()
+
+
+def podgroup_topology_key(group: Mapping[str, Any] | None) -> str:
+    """The node label a PodGroup's scheduling constraints keep its pods within ("": none)."""
+    if not group:
+        return ""
+    constraints = mapping(mapping(group.get("spec")).get("schedulingConstraints"))
+    for constraint in sequence(constraints.get("topology")):
+        key = mapping(constraint).get("key")
+        if isinstance(key, str) and key:
+            return key
+    return ""
+
+
+def stated_ask(pod: Mapping[str, Any], group: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    """The (required, preferred) levels as written: the pod's annotations, the PodGroup's
+    topology key for a required level the annotation leaves unsaid."""
+    annotations = mapping(meta(pod).get("annotations"))
+    required = annotations.get(TOPOLOGY_REQUIRED_ANNOTATION)
+    preferred = annotations.get(TOPOLOGY_PREFERRED_ANNOTATION)
+    required = required.strip() if isinstance(required, str) else ""
+    preferred = preferred.strip() if isinstance(preferred, str) else ""
+    return required or podgroup_topology_key(group), preferred
+
+
+def ask_refusal(topology: Topology, pod: Mapping[str, Any], group: Mapping[str, Any] | None = None) -> str:
+    """Why the pod's topology ask cannot be served ('' when it can, or it asks none): a level
+    the cluster does not define, or a preferred level not inside the required one."""
+    required, preferred = stated_ask(pod, group)
+    for which, asked in (("required", required), ("preferred", preferred)):
+        if asked and topology.level(asked) is None:
+            return (
+                f"topology level {asked!r} ({which}) is not one of the cluster's levels: {topology.names()}"
+            )
+    if required and preferred:
+        outer, inner = topology.level(required), topology.level(preferred)
+        if (
+            outer is not None
+            and inner is not None
+            and topology.levels.index(inner) < topology.levels.index(outer)
+        ):
+            return f"preferred topology level {inner.name!r} is wider than the required level {outer.name!r}"
+    return ""
+
+
+def read_ask(
+    topology: Topology, pod: Mapping[str, Any], group: Mapping[str, Any] | None = None
+) -> TopologyAsk:
+    """The ask by level names; a level the cluster does not define is dropped (the webhook
+    refuses such pods; one that slipped past is placed as if it asked nothing of it)."""
+    required, preferred = stated_ask(pod, group)
+    outer, inner = topology.level(required), topology.level(preferred)
+    return TopologyAsk(outer.name if outer else "", inner.name if inner else "")
+
+
+@dataclass(frozen=True)
+class DomainPlan:
+    """Where a gang's missing members go: the required level's domain ("" without one) and a
+    node per member; or, when no domain holds them, `nodes` empty and the largest room found."""
+
+    domain: str
+    nodes: list[str]
+    largest_fit: int = 0  # members the roomiest domain holds
+    largest_free: int = 0  # whole GPUs free in it
+
+
+_SHAPE = attrgetter("shape")
+_NAME = attrgetter("name")
+
+
+def _free_gpus(node: NodeGpus) -> int:
+    return sum(node.free_milli) // GPU_MILLI
+
+
+class _Room:
+    """Each node's room (members of `demand` it takes, up to `count`; whole GPUs free), memoised
+    by shape: it is the node's own answer, the same in every domain, so thousands of nodes cost
+    a few placements and a lookup each."""
+
+    def __init__(self, demand: GpuDemand, count: int) -> None:
+        self.demand, self.count = demand, count
+        self._by_shape: dict[str, tuple[int, int]] = {}
+
+    def of(self, node: NodeGpus) -> tuple[int, int]:
+        room = self._by_shape.get(node.shape)
+        if room is None:
+            fitting = len(plan_gang([node], self.demand, self.count))
+            room = self._by_shape[node.shape] = (fitting, _free_gpus(node))
+        return room
+
+    def total(self, nodes: Sequence[NodeGpus]) -> tuple[int, int]:
+        rooms = [self.of(node) for node in nodes]
+        return min(sum(fit for fit, _ in rooms), self.count), sum(free for _, free in rooms)
+
+
+def _group(supplies: Sequence[NodeGpus], domains: DomainMap) -> dict[str, list[NodeGpus]]:
+    grouped: dict[str, list[NodeGpus]] = defaultdict(list)
+    for node in supplies:
+        domain = domains.get(node.name)
+        if domain is not None:
+            grouped[domain].append(node)
+    return grouped
+
+
+def _tightest(supplies: Sequence[NodeGpus], domains: DomainMap, room: _Room) -> tuple[str | None, int, int]:
+    """The domain of least room (free GPUs, then name) that holds all `room.count` members; else
+    None, with the members and free GPUs of the domain that holds most. Nodes are counted by
+    (domain, shape) in C - thousands of nodes, a few shapes per domain - and each pair's room is
+    its shape's times its count."""
+    shapes = list(map(_SHAPE, supplies))
+    one_of = dict(zip(shapes, supplies, strict=True))
+    counted = Counter(zip(map(domains.get, map(_NAME, supplies)), shapes, strict=True))
+    fits: dict[str, int] = defaultdict(int)
+    frees: dict[str, int] = defaultdict(int)
+    for (domain, shape), nodes in counted.items():
+        if domain is not None:
+            fit, free = room.of(one_of[shape])
+            fits[domain] += fit * nodes
+            frees[domain] += free * nodes
+    holding = [(frees[domain], domain) for domain, fit in fits.items() if fit >= room.count]
+    if holding:
+        return min(holding)[1], 0, 0
+    largest = max(((min(fit, room.count), frees[domain]) for domain, fit in fits.items()), default=(0, 0))
+    return None, *largest
+
+
+def _packed(nodes: Sequence[NodeGpus], room: _Room, preferred: DomainMap) -> list[str]:
+    """Nodes for the members inside one required domain, packed by the preferred level: the
+    tightest sub-domain that holds them all, else sub-domains of most room first."""
+    demand, count = room.demand, room.count
+    if not preferred:
+        return plan_gang(nodes, demand, count)
+    domain, _, _ = _tightest(nodes, preferred, room)
+    grouped = _group(nodes, preferred)
+    if domain is not None:
+        return plan_gang(grouped[domain], demand, count)
+    chosen: list[str] = []
+    for _, members in sorted(((room.total(ns)[1], d), ns) for d, ns in grouped.items())[::-1]:
+        chosen.extend(plan_gang(members, demand, count - len(chosen)))
+        if len(chosen) == count:
+            return chosen
+    outside = [node for node in nodes if preferred.get(node.name) is None]  # (no preferred label)
+    return chosen + plan_gang(outside, demand, count - len(chosen))
+
+
+def plan_in_domain(
+    supplies: Sequence[NodeGpus],
+    demand: GpuDemand,
+    count: int,
+    required: DomainMap | None,
+    preferred: DomainMap = NO_DOMAINS,
+) -> DomainPlan:
+    """Nodes for `count` members of one GPU shape within one domain of the required level
+    (`required`: node -> its domain; None: no required level, the cluster is one domain)."""
+    room = _Room(demand, count)
+    if required is None:  # the cluster is one domain
+        domain: str | None = ""
+        largest_fit, largest_free = room.total(supplies)
+        if largest_fit < count:
+            domain = None
+    else:
+        domain, largest_fit, largest_free = _tightest(supplies, required, room)
+    if domain is None:
+        return DomainPlan("", [], largest_fit, largest_free)
+    inside = (
+        supplies if required is None else [node for node in supplies if required.get(node.name) == domain]
+    )
+    return DomainPlan(domain, _packed(inside, room, preferred))
+
+
+def no_domain_text(level: str, plan: DomainPlan, demand: GpuDemand, count: int) -> str:
+    """The wait reason when no domain of `level` holds the gang's missing members."""
+    needed = demand.count * count * demand.milli // GPU_MILLI
+    gpus = (
+        f"{needed} GPUs" if demand.milli == GPU_MILLI else f"{count} pods of {demand.count} x {demand.milli}m"
+    )
+    return (
+        f"needs {gpus} in one {level}; largest {level} has {plan.largest_free} free "
+        f"(room for {plan.largest_fit} of its {count} missing pods)"
+    )

@@ -1,0 +1,215 @@
+"""Topology-aware gangs as scenarios: nodes with labels and gangs with levels in, the chosen
+domain and the nodes held out (`extender.policy.topology`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from contract.names import TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_REQUIRED_ANNOTATION
+from extender.policy.placement import GpuDemand, NodeGpus
+from extender.policy.reclaim import Rules, plan
+from extender.policy.topology import (
+    DEFAULT_TOPOLOGY,
+    Level,
+    Topology,
+    ask_refusal,
+    no_domain_text,
+    parse_topology,
+    plan_in_domain,
+    read_ask,
+)
+from tests.unit.extender.test_reclaim_workloads import NOW, Case, build
+
+LAYOUT = parse_topology("block=example.com/block,rack=example.com/rack,host=kubernetes.io/hostname")
+BLOCK, RACK, HOST = LAYOUT.levels
+ONE_GPU = GpuDemand(1)
+
+
+def node(name: str, free: int, total: int = 4) -> NodeGpus:
+    return NodeGpus(name, "h100", (1000,) * free + (0,) * (total - free))
+
+
+def labels(block: str, rack: str, host: str) -> dict[str, str]:
+    return {BLOCK.label: block, RACK.label: rack, HOST.label: host}
+
+
+# name -> (block, rack, free GPUs of 4)
+CLUSTER = {
+    "a1": ("b1", "r1", 4),
+    "a2": ("b1", "r1", 4),  # rack b1/r1: 8 free
+    "b1": ("b1", "r2", 4),  # rack b1/r2: 4 free
+    "c1": ("b2", "r1", 3),
+    "c2": ("b2", "r1", 2),  # rack b2/r1 (same rack name, other block): 5 free
+}
+SUPPLIES = [node(name, free) for name, (_, _, free) in CLUSTER.items()]
+
+
+def level_map(level: Level) -> dict[str, str]:
+    found = {name: LAYOUT.domain_of(labels(b, r, name), level) for name, (b, r, _) in CLUSTER.items()}
+    return {name: domain for name, domain in found.items() if domain is not None}
+
+
+def test_domains_are_paths_from_the_outermost_level() -> None:
+    assert level_map(RACK) == {"a1": "b1/r1", "a2": "b1/r1", "b1": "b1/r2", "c1": "b2/r1", "c2": "b2/r1"}
+    assert level_map(BLOCK)["c1"] == "b2"
+    # A node without the rack label is in no rack; a missing outer level is skipped.
+    assert LAYOUT.domain_of({HOST.label: "x"}, RACK) is None
+    assert LAYOUT.domain_of({RACK.label: "r9"}, RACK) == "r9"
+
+
+@pytest.mark.parametrize(
+    ("members", "domain", "nodes"),
+    [
+        # 4 fit in b1/r1 (8 free), b1/r2 (4) and b2/r1 (5): the least room left is b1/r2.
+        (4, "b1/r2", ["b1"] * 4),
+        # 5: b1/r1 (8) and b2/r1 (5) hold it; b2/r1 has less room. Fullest node first: c2 (2), c1.
+        (5, "b2/r1", ["c2", "c2", "c1", "c1", "c1"]),
+        # 6: only b1/r1 holds 6.
+        (6, "b1/r1", ["a1"] * 4 + ["a2"] * 2),
+    ],
+)
+def test_a_gang_requiring_a_rack_takes_the_fitting_rack_with_least_room(
+    members: int, domain: str, nodes: list[str]
+) -> None:
+    plan = plan_in_domain(SUPPLIES, ONE_GPU, members, level_map(RACK))
+    assert (plan.domain, plan.nodes) == (domain, nodes)
+
+
+def test_without_a_fitting_domain_the_plan_says_the_largest_room() -> None:
+    # 9 members: racks have 8, 4 and 5 free; none holds 9 (the cluster as a whole has 17).
+    plan = plan_in_domain(SUPPLIES, ONE_GPU, 9, level_map(RACK))
+    assert plan.nodes == []
+    assert (plan.largest_fit, plan.largest_free) == (8, 8)
+    assert no_domain_text("rack", plan, ONE_GPU, 9) == (
+        "needs 9 GPUs in one rack; largest rack has 8 free (room for 8 of its 9 missing pods)"
+    )
+    # Two GPUs per member: 4 members need 8 GPUs in one rack: b1/r1 holds them exactly.
+    assert plan_in_domain(SUPPLIES, GpuDemand(2), 4, level_map(RACK)).domain == "b1/r1"
+    # Without a required level the cluster is one domain: 9 fit.
+    assert len(plan_in_domain(SUPPLIES, ONE_GPU, 9, None).nodes) == 9
+
+
+def test_nodes_without_the_required_label_host_no_gang_that_requires_it() -> None:
+    plan = plan_in_domain([node("bare", 4)], ONE_GPU, 1, {})
+    assert (plan.nodes, plan.largest_fit) == ([], 0)
+
+
+def test_the_preferred_level_packs_members_inside_the_required_domain() -> None:
+    # Required block b1 (a1, a2, b1: 12 free), preferred host: 4 members fit on one host; the
+    # tightest host (all have 4) by name: a1. Without the preferred level plain binpack agrees.
+    blocks, hosts = level_map(BLOCK), level_map(HOST)
+    plan = plan_in_domain(SUPPLIES, ONE_GPU, 10, blocks, hosts)
+    # 10 members: only b1 (12 free) holds them (b2 has 5). No host holds 10: hosts of most room
+    # first (4, 4, 4 by name descending), so the members fill whole hosts.
+    assert plan.domain == "b1"
+    assert sorted(plan.nodes) == ["a1"] * 2 + ["a2"] * 4 + ["b1"] * 4
+    # Preferred rack inside block b2 with 5 members: rack b2/r1 holds them all.
+    assert plan_in_domain(SUPPLIES, ONE_GPU, 5, blocks, level_map(RACK)).nodes == [
+        "c2",
+        "c2",
+        "c1",
+        "c1",
+        "c1",
+    ]
+
+
+def test_preferred_rack_without_a_required_level_lands_in_one_rack_when_one_holds_it() -> None:
+    # 4 members, no required level, preferred rack: b1/r2 holds them with the least room.
+    # Plain binpack would start on the fullest nodes c2 and c1 (2 + 3 free): two nodes, one rack
+    # by luck; with 6 members it would spread to a1 (another rack), the preference keeps b1/r1.
+    racks = level_map(RACK)
+    assert plan_in_domain(SUPPLIES, ONE_GPU, 4, None, racks).nodes == ["b1"] * 4
+    six = plan_in_domain(SUPPLIES, ONE_GPU, 6, None, racks).nodes
+    assert {racks[n] for n in six} == {"b1/r1"}
+
+
+def pod(annotations: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": "p", "namespace": "ns", "annotations": annotations}}
+
+
+def podgroup(key: str) -> dict[str, Any]:
+    return {"spec": {"schedulingConstraints": {"topology": [{"key": key}]}}}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "group", "required", "preferred", "refusal"),
+    [
+        ({TOPOLOGY_REQUIRED_ANNOTATION: "rack"}, None, "rack", "", ""),
+        # By its label, and the preferred level inside the required one.
+        (
+            {TOPOLOGY_REQUIRED_ANNOTATION: "example.com/block", TOPOLOGY_PREFERRED_ANNOTATION: "host"},
+            None,
+            "block",
+            "host",
+            "",
+        ),
+        # The PodGroup's topology key (KEP-5732) is the required level when no annotation says one.
+        ({}, podgroup("example.com/rack"), "rack", "", ""),
+        ({TOPOLOGY_REQUIRED_ANNOTATION: "block"}, podgroup("example.com/rack"), "block", "", ""),
+        # Unknown levels are refused, and so is a preference wider than the requirement.
+        (
+            {TOPOLOGY_REQUIRED_ANNOTATION: "nvlink"},
+            None,
+            "",
+            "",
+            "topology level 'nvlink' (required) is not one of the cluster's levels: block, rack, host",
+        ),
+        (
+            {},
+            podgroup("example.com/row"),
+            "",
+            "",
+            "topology level 'example.com/row' (required) is not one of the cluster's levels: "
+            "block, rack, host",
+        ),
+        (
+            {TOPOLOGY_REQUIRED_ANNOTATION: "rack", TOPOLOGY_PREFERRED_ANNOTATION: "block"},
+            None,
+            "rack",
+            "block",
+            "preferred topology level 'block' is wider than the required level 'rack'",
+        ),
+    ],
+)
+def test_asks_are_read_from_annotations_and_the_podgroup(
+    annotations: dict[str, str], group: dict[str, Any] | None, required: str, preferred: str, refusal: str
+) -> None:
+    ask = read_ask(LAYOUT, pod(annotations), group)
+    assert (ask.required, ask.preferred) == (required, preferred)
+    assert ask_refusal(LAYOUT, pod(annotations), group) == refusal
+
+
+def test_levels_parse_and_default_to_the_well_known_labels() -> None:
+    assert [lv.label for lv in DEFAULT_TOPOLOGY.levels] == [
+        "topology.kubernetes.io/zone",
+        "nvidia.com/gpu.clique",
+        "kubernetes.io/hostname",
+    ]
+    assert parse_topology("example.com/rack") == Topology((Level("rack", "example.com/rack"),))
+    for bad in ("", "rack=a,rack=b", "a=x,b=x", "=x"):
+        with pytest.raises(ValueError):
+            parse_topology(bad)
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_reclaim_frees_gpus_for_a_gang_inside_one_domain(required: bool) -> None:
+    # Racks: n1 (r1), n2 (r2), 4 GPUs each. a runs 3 pods on n1 (1 free) and 2 on n2 (2 free);
+    # b waits with a gang of 3 one-GPU pods requiring a rack, then a lone pod: b's fair share is
+    # 4, a's 4, so a may lose 1 of its 5. Without the rack, the gang fits the 3 free GPUs across
+    # both racks (no plan) and the lone pod takes a's GPU. Inside one rack: r2 (most free) holds
+    # 2 of the gang, a third GPU there is freed by evicting one of a's pods on n2, and the lone
+    # pod takes n1's free GPU.
+    running = [(f"a{i}", "a", "n1" if i < 3 else "n2", "") for i in range(5)]
+    pending = [(f"g{i}", "b", 1, "Workload/ns/g") for i in range(3)] + [("lone", "b", 1, "")]
+    snapshot, waiting = build(Case("", {"a": 4, "b": 4}, running, {}, pending, set(), {}))
+    racks = {"n1": "r1", "n2": "r2"}
+    waiting = [replace(p, domains=racks if required and p.workload else None) for p in waiting]
+    plans = plan(snapshot, waiting, NOW, Rules())
+    served = {p.pod.key: (p.node, sorted(e.pod.node for e in p.evictions)) for p in plans}
+    if required:
+        assert served == {"g2": ("n2", ["n2"])}
+    else:
+        assert set(served) == {"lone"}

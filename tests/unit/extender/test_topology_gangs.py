@@ -1,0 +1,161 @@
+"""Topology-aware gangs through the filter verb and the pod webhook: labelled nodes and gangs with
+levels in, the chosen domain, the held nodes and the filter's verdicts out.
+
+The cluster: racks r1 (nodes a, b) and r2 (node c), 2 GPUs each; indexed Jobs of one-GPU pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from contract.names import TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_REQUIRED_ANNOTATION
+from extender.binder import Binder
+from extender.metrics import ExtenderMetrics
+from extender.picture.cluster import ClusterPicture, PictureConfig
+from extender.policy.topology import parse_topology
+from extender.policy.waiting import wait_reason
+from extender.server import build_app
+from extender.status import WaitingPods
+from extender.webhook import MUTATE_PODS_PATH, WebhookOptions, webhook_app
+from tests import extender_objects as objects
+from tests.unit.extender.serving import serve
+from tests.unit.extender.test_gangs import job, member
+from tests.unit.extender.test_server import CLASS, Extender, args
+from tests.unit.extender.test_webhook import Webhooks
+
+RACK = "example.com/rack"
+TOPOLOGY = parse_topology(f"rack={RACK},host=kubernetes.io/hostname")
+RACKS = {"a": "r1", "b": "r1", "c": "r2"}
+NODES = list(RACKS)
+
+
+@pytest.fixture
+async def extender() -> AsyncIterator[Extender]:
+    state, waiting, api = ClusterPicture(PictureConfig(topology=TOPOLOGY)), WaitingPods(), ApiClient()
+    app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state))
+    async with serve(app) as client:
+        yield Extender(client, state, waiting, api)
+    await api.close()
+
+
+def rack_node(name: str, rack: str) -> dict[str, Any]:
+    return objects.node(name, labels={RACK: rack, "kubernetes.io/hostname": name})
+
+
+def cluster(*extra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        *(rack_node(name, rack) for name, rack in RACKS.items()),
+        *(objects.gpu_slice(name, 2) for name in RACKS),
+        objects.device_class(CLASS),
+        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        objects.queue("team"),
+        *extra,
+    ]
+
+
+def gang(name: str, size: int, required: str = "rack", preferred: str = "") -> list[dict[str, Any]]:
+    pods = [member(name, i) for i in range(size)]
+    for pod in pods:
+        if required:
+            pod["metadata"]["annotations"][TOPOLOGY_REQUIRED_ANNOTATION] = required
+        if preferred:
+            pod["metadata"]["annotations"][TOPOLOGY_PREFERRED_ANNOTATION] = preferred
+    return pods
+
+
+async def test_a_gang_requiring_a_rack_is_held_in_the_fitting_rack_of_least_room(extender: Extender) -> None:
+    # 2 members: r1 (4 free) and r2 (2 free) both hold them; r2 has less room and is chosen, so
+    # r1 stays whole. (Without the ask, binpack by name would have held a's 2 GPUs.)
+    pods = gang("ja", 2)
+    extender.sync(cluster(job("ja", 2), *pods))
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    reservation = extender.state.gangs.reservation("Job/ns/ja")
+    assert reservation is not None
+    assert (reservation.level, reservation.domain, list(reservation.nodes)) == ("rack", "r2", ["c", "c"])
+    assert result["NodeNames"] == ["c"]
+    assert "admitted whole in rack r2" in extender.waiting.reports["ns/ja-0"].reason
+    # The other member passes only r2's node; r1's fail naming the domain.
+    _, result = await extender.call("filter", args(pods[1], NODES))
+    assert result["NodeNames"] == ["c"]
+    assert result["FailedNodes"]["a"] == "gang Job/ns/ja is placed in rack r2"
+
+
+async def test_a_gang_no_rack_holds_waits_naming_the_level_and_the_largest_room(extender: Extender) -> None:
+    # 5 members on 6 free GPUs: they fit the cluster, but r1 has 4 and r2 2. Without the ask the
+    # gang would be admitted over both racks.
+    pods = gang("big", 5)
+    extender.sync(cluster(job("big", 5), *pods))
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    assert result["NodeNames"] == []
+    reason = result["FailedAndUnresolvableNodes"]["a"]
+    assert "needs 5 GPUs in one rack; largest rack has 4 free (room for 4 of its 5 missing pods)" in reason
+    assert extender.state.gangs.reserved_workloads() == []
+    report = extender.waiting.reports["ns/big-0"]
+    assert report.code == "gang_no_domain" and wait_reason(report.code).condition == "WaitingForGangDomain"
+
+    # Node c is moved into rack r1 (its label changes): r1 has 6 free, the gang is admitted there.
+    moved = cluster(job("big", 5), *pods)
+    moved[2] = rack_node("c", "r1")
+    extender.sync(moved)
+    assert extender.state.topology.domains("rack") == {"a": "r1", "b": "r1", "c": "r1"}
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    reservation = extender.state.gangs.reservation("Job/ns/big")
+    assert reservation is not None and reservation.domain == "r1"
+
+
+async def test_a_preferred_rack_packs_a_gang_without_requiring_one(extender: Extender) -> None:
+    # Preferred rack only, 2 members: the tightest rack that holds them is r2 (2 free, r1 4);
+    # plain binpack breaks the tie of equal nodes by name and would hold a's GPUs instead.
+    pods = gang("pref", 2, required="", preferred="rack")
+    extender.sync(cluster(job("pref", 2), *pods))
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    reservation = extender.state.gangs.reservation("Job/ns/pref")
+    assert reservation is not None
+    assert (reservation.domain, list(reservation.nodes)) == ("", ["c", "c"])
+    # A preference binds nothing: the other member passes every node with room.
+    _, result = await extender.call("filter", args(pods[1], NODES))
+    assert result["NodeNames"] == NODES
+
+
+async def test_a_gang_no_rack_holds_spills_over_racks_when_it_only_prefers_one(extender: Extender) -> None:
+    # 5 members preferring a rack: none holds 5, so racks of most room first: r1 (a, b), then c.
+    spill = gang("spill", 5, required="", preferred="rack")
+    extender.sync(cluster(job("spill", 5), *spill))
+    await extender.call("filter", args(spill[0], NODES))
+    held = extender.state.gangs.reservation("Job/ns/spill")
+    assert held is not None and sorted(held.nodes) == ["a", "a", "b", "b", "c"]
+
+
+@pytest.fixture
+async def webhooks() -> AsyncIterator[Webhooks]:
+    picture = ClusterPicture(PictureConfig(topology=TOPOLOGY))
+    api = ApiClient(Configuration(host="http://127.0.0.1:1"))  # nothing listens there
+    app = webhook_app(api, picture, ExtenderMetrics(picture), WebhookOptions(scheduler_name="tessera"))
+    async with serve(app) as client:
+        yield Webhooks(client, picture)
+    await api.close()
+
+
+@pytest.mark.parametrize(
+    ("required", "preferred", "refusal"),
+    [
+        ("rack", "host", ""),
+        ("nvlink", "", "topology level 'nvlink' (required) is not one of the cluster's levels: rack, host"),
+        ("host", "rack", "preferred topology level 'rack' is wider than the required level 'host'"),
+    ],
+)
+async def test_the_pod_webhook_refuses_unknown_levels(
+    webhooks: Webhooks, required: str, preferred: str, refusal: str
+) -> None:
+    webhooks.sync(cluster())
+    pod = gang("w", 1, required, preferred)[0]
+    answer = await webhooks.review(MUTATE_PODS_PATH, pod)
+    if refusal:
+        assert answer["allowed"] is False
+        assert answer["status"]["message"] == refusal
+    else:
+        assert answer["allowed"] is True
