@@ -38,7 +38,7 @@ from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import GangReservation, OwnerRef, WorkloadMap
 from extender.policy.admission import Ask, GangState, Waiting, admit, waiting_list
 from extender.policy.deference import OwedPod, is_owed, owed_pods
-from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, NodeGpus, WorkloadMix
+from extender.policy.placement import DomainMap, GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import (
     ClusterSnapshot,
@@ -79,7 +79,7 @@ class PictureConfig:
     non_preemptible_priority: int = 100
     # Node -> its topology domain, for the gang planners (`extender.policy.placement.DomainMap`);
     # empty: no placement rule reads domains yet.
-    domains: DomainMap = field(default_factory=lambda: NO_DOMAINS, hash=False)
+    domains: DomainMap = field(default_factory=dict, hash=False)
 
 
 class ClusterPicture:

@@ -32,7 +32,6 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from types import MappingProxyType
 from typing import Generic, Literal, TypeVar, cast
 
 from contract.names import GPU_MILLI
@@ -95,7 +94,7 @@ class NodeGpus:
 # (`ClusterSnapshot.domains`) and the simulator's (`tessera.simulate.cluster.Cluster`). Empty by
 # default: no rule reads domains yet; a node missing from the map is in no domain.
 DomainMap = Mapping[str, str]
-NO_DOMAINS: DomainMap = MappingProxyType({})
+NO_DOMAINS: DomainMap = {}  # (a Mapping: read-only; a dict, so a config holding it pickles)
 
 
 def domain_shape(node: NodeGpus, domains: DomainMap) -> str:

@@ -84,7 +84,7 @@ from extender.policy.admission import (
 )
 from extender.policy.deference import OwedPod, defers_to, owed_pods
 from extender.policy.fairness import EPSILON, FairnessSnapshot, QueueSpec
-from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, fits
+from extender.policy.placement import DomainMap, GpuDemand, fits
 from extender.policy.reclaim import PendingPod, Plan, Rules, plan, protected_restarts
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, take
 from extender.policy.workloads import Workload
@@ -171,7 +171,7 @@ class QueueWorkload:
     reclaim_interval_s: float = 1.0  # 0: no reclaim loop
     termination_delay_s: float = 0.0
     # Node -> its topology domain, for the gang planners (none in the YAML format yet).
-    domains: DomainMap = field(default_factory=lambda: NO_DOMAINS, hash=False)
+    domains: DomainMap = field(default_factory=dict, hash=False)
 
 
 def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
