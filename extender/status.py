@@ -27,16 +27,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from kubernetes_asyncio.client import ApiClient
 
 from contract.kube import controller_of
 from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
 from extender.admission import is_gated
-from extender.controllers.reclaim import ReclaimCounts
 from extender.events import InvolvedObject, now_rfc3339, post_event, post_pod_event, set_pod_condition
 from extender.kubeapi import MERGE_PATCH, KubeError, request
 from extender.metrics import ExtenderMetrics
@@ -182,6 +181,21 @@ def _unschedulable(pod: Mapping[str, Any]) -> bool:
     )
 
 
+class ReclaimTotals(Protocol):
+    """What the Queue status reports of the reclaim loop (its `ReclaimCounts` meets this): pods
+    evicted for each queue and from it, and the queues with a plan whose hold is still open.
+    Read through this, so the status writer sits below the controllers that keep the counts."""
+
+    @property
+    def reclaimed_for(self) -> Mapping[str, int]: ...
+
+    @property
+    def evicted_from(self) -> Mapping[str, int]: ...
+
+    @property
+    def reclaiming(self) -> Collection[str]: ...
+
+
 class StatusWriter:
     """Background writer of pod wait reasons, requeue nudges and Queue status."""
 
@@ -192,7 +206,7 @@ class StatusWriter:
         waiting: WaitingPods,
         metrics: ExtenderMetrics,
         queue_status_interval_s: float = 2.0,
-        reclaim: ReclaimCounts | None = None,
+        reclaim: ReclaimTotals | None = None,
     ) -> None:
         self.api = api
         self.reclaim = reclaim  # the reclaim loop's counts, reported on each Queue
@@ -513,8 +527,8 @@ class StatusWriter:
                 counts = self.reclaim
                 status = with_reclaim(
                     status,
-                    counts.reclaimed_for[key],
-                    counts.evicted_from[key],
+                    counts.reclaimed_for.get(key, 0),
+                    counts.evicted_from.get(key, 0),
                     key in counts.reclaiming,
                     previous.get(key, ()),
                 )

@@ -40,13 +40,14 @@ from operator import not_
 from typing import Any, NamedTuple
 
 from contract.names import GPU_MILLI
+from extender.memo import ShapeMemo
 from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import PodDemand
 from extender.picture.workloads import GangReservation
 from extender.policy.admission import GANG, GANG_READING, Ask, GangState, admit, gang_text
 from extender.policy.deference import OwedPod, deference_reason, defers_to
 from extender.policy.fairness import AdmissionDecision
-from extender.policy.placement import GpuDemand, NodeGpus, ShapeMemo, Strategy, fits, score_kinds
+from extender.policy.placement import GpuDemand, NodeGpus, Strategy, fits, score_kinds
 from extender.policy.reclaim import reclaim_refusal
 from extender.policy.waiting import unplaced
 from extender.policy.workloads import plan_gang

@@ -46,8 +46,9 @@ from extender.demand import (
     pod_resource_request,
     to_gpu_demand,
 )
+from extender.memo import remembered
 from extender.picture.store import ObjectStore, Stored
-from extender.policy.placement import GpuDemand, host_cpu_milli, host_memory_mib, placement_demand, remembered
+from extender.policy.placement import GpuDemand, host_cpu_milli, host_memory_mib, placement_demand
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 # Distinct demands remembered for sharing; past this the table starts over.

@@ -38,7 +38,7 @@ import msgspec
 
 from contract.kube import meta, object_key
 from contract.names import DEVICE_TYPE_ATTRIBUTE, MODEL_ATTRIBUTE
-from extender.policy.placement import remembered
+from extender.memo import remembered
 
 # A stored object: a `Record` for the kinds of `PROJECTIONS`, the JSON object for the others.
 Stored = Mapping[str, Any]
