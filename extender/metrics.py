@@ -20,8 +20,8 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 
 class _QueueCollector(Collector):
-    def __init__(self, state: ClusterPicture) -> None:
-        self.state = state
+    def __init__(self, picture: ClusterPicture) -> None:
+        self.picture = picture
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         allocated = GaugeMetricFamily(
@@ -36,8 +36,8 @@ class _QueueCollector(Collector):
         pending = GaugeMetricFamily(
             "tessera_queue_pending_pods", "Pods of a queue waiting to be scheduled.", labels=["queue"]
         )
-        if self.state.ready():
-            view = self.state.fairness()
+        if self.picture.ready():
+            view = self.picture.fairness()
             for queue, usage in view.usage.items():
                 for resource, amount in usage.allocated.items():
                     allocated.add_metric([queue, resource], amount)
@@ -51,7 +51,7 @@ class _QueueCollector(Collector):
 
 
 class ExtenderMetrics:
-    def __init__(self, state: ClusterPicture) -> None:
+    def __init__(self, picture: ClusterPicture) -> None:
         self.registry = CollectorRegistry()
         self.latency = Histogram(
             "tessera_extender_request_duration_seconds",
@@ -166,7 +166,7 @@ class ExtenderMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_QueueCollector(state))
+        self.registry.register(_QueueCollector(picture))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -38,7 +38,7 @@ from typing import Any
 from contract.kube import mapping, meta, object_key, pod_claim_refs
 from contract.names import GPU_MILLI, NAMESPACE_QUEUE_LABEL, PREEMPTIBLE_LABEL
 from extender.admission import QueueChoice, resolve_queue
-from extender.demand import (
+from extender.claims import (
     GpuRequest,
     claim_gpu_requests,
     device_class_gpu_models,

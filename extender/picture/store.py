@@ -142,7 +142,7 @@ PROJECTIONS: dict[str, Keep] = {
         "metadata": _CLAIM_METADATA,
         "spec": SHARE,
         "status": {
-            # The devices it holds (extender.demand.allocated_devices) and the pods sharing them.
+            # The devices it holds (extender.claims.allocated_devices) and the pods sharing them.
             "allocation": {"devices": {"results": _RESULT}},
             "reservedFor": {"resource": KEEP, "apiGroup": KEEP, "name": OWN, "uid": OWN},
         },
