@@ -25,7 +25,8 @@ from kubernetes_asyncio.client import ApiClient
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.picture.store import project
-from extender.server import SERVER_SETTINGS, build_app
+from extender.server import build_app
+from extender.serving import SERVER_SETTINGS
 from extender.status import WaitingPods
 
 from .picture import Picture, build_picture, load_state, queue_tree

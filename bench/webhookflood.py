@@ -44,7 +44,8 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
-from extender.server import PICTURE_KEY, SERVER_SETTINGS
+from extender.server import PICTURE_KEY
+from extender.serving import SERVER_SETTINGS
 from extender.webhook import MUTATE_PODS_PATH, WebhookOptions, webhook_app
 from extender.webhook_process import WebhookProcess, WebhookProcessConfig
 from tessera.simulate.report import format_table

@@ -24,14 +24,9 @@ from extender.controllers.evictions import EvictionLimits
 from extender.controllers.reclaim import ReclaimOptions
 from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.policy.topology import DEFAULT_TOPOLOGY, Topology, parse_topology
-from extender.server import (
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_CANDIDATE_NODES,
-    SERVER_SETTINGS,
-    operations_app,
-    server_ssl_context,
-)
+from extender.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CANDIDATE_NODES, operations_app
 from extender.service import ExtenderService, ServiceOptions
+from extender.serving import SERVER_SETTINGS, server_ssl_context
 from extender.webhook import WebhookOptions
 from extender.webhook_process import WebhookTLS, api_client
 

@@ -161,9 +161,9 @@ class Binder:
     """`require_filtered`: refuse nodes the filter did not pass for the pod; the filter must then
     call `filtered.remember(uid, passed_nodes)` for every pod it answers."""
 
-    def __init__(self, api: ApiClient, state: ClusterPicture, *, require_filtered: bool = False) -> None:
+    def __init__(self, api: ApiClient, picture: ClusterPicture, *, require_filtered: bool = False) -> None:
         self.api = api
-        self.state = state
+        self.picture = picture
         self.require_filtered = require_filtered
         self.filtered = FilteredNodes()
 
@@ -196,15 +196,15 @@ class Binder:
             pod = await self._current_pod(args)
         except API_FAILURES as exc:
             return f"binding pod {key}: reading the pod failed: {_describe(exc)}"
-        bound_to = self.state.pod_node(key, pod) if pod is not None else ""
+        bound_to = self.picture.pod_node(key, pod) if pod is not None else ""
         if bound_to and pod is not None and (pod.get("metadata") or {}).get("uid") == args.PodUID:
             # A retried bind to the same node succeeded the first time.
             return "" if bound_to == node else f"pod {key} is already bound to node {bound_to}, not {node}"
         refusal = bind_refusal(
             args,
             pod,
-            self.state.kind("Node").get(node),
-            scheduler_names=self.state.config.scheduler_names,
+            self.picture.kind("Node").get(node),
+            scheduler_names=self.picture.config.scheduler_names,
             passed=self.filtered.passed(args.PodUID),
             require_filtered=self.require_filtered,
         )
@@ -234,14 +234,14 @@ class Binder:
             log.warning("binding %s to %s failed: %s", key, node, _describe(exc))
             return f"binding pod {key} to node {node} failed: {_describe(exc)}"
         self.filtered.forget(args.PodUID)
-        self.state.assume_bound(namespace, name, node)
+        self.picture.assume_bound(namespace, name, node)
         log.info("bound %s to %s", key, node)
         return ""
 
     async def _current_pod(self, args: ExtenderBindingArgs) -> Mapping[str, Any] | None:
         """The pod as the picture has it, or from the apiserver when the picture lacks that UID."""
         key = f"{args.PodNamespace}/{args.PodName}"
-        known = self.state.kind("Pod").get(key)
+        known = self.picture.kind("Pod").get(key)
         if known is not None and (known.get("metadata") or {}).get("uid") == args.PodUID:
             return known
         try:
@@ -255,7 +255,7 @@ class Binder:
             if exc.status == 404:
                 return None
             raise
-        self.state.apply("Pod", "MODIFIED", pod)
+        self.picture.apply("Pod", "MODIFIED", pod)
         return pod
 
     async def _resolve_conflict(self, namespace: str, name: str, node: str, conflict: KubeError) -> str:
@@ -270,16 +270,16 @@ class Binder:
                 f"{_describe(exc)}"
             )
         current = (pod.get("spec") or {}).get("nodeName")
-        self.state.apply("Pod", "MODIFIED", pod)
+        self.picture.apply("Pod", "MODIFIED", pod)
         if current == node:
             return ""
         return f"pod {namespace}/{name} is already bound to node {current}, not {node}: {conflict.message}"
 
     async def _refresh_claims(self, namespace: str, name: str) -> None:
-        pod = self.state.kind("Pod").get(f"{namespace}/{name}")
+        pod = self.picture.kind("Pod").get(f"{namespace}/{name}")
         if pod is None:
             return
-        claims = self.state.kind("ResourceClaim")
+        claims = self.picture.kind("ResourceClaim")
         for claim_name in (ref.claim for ref in pod_claim_refs(pod) if ref.claim):
             known = claims.get(f"{namespace}/{claim_name}")
             if known is not None and (known.get("status") or {}).get("allocation"):
@@ -297,7 +297,7 @@ class Binder:
                     "reading claim %s/%s after bind failed: %s", namespace, claim_name, _describe(exc)
                 )
                 continue
-            self.state.apply("ResourceClaim", "MODIFIED", claim)
+            self.picture.apply("ResourceClaim", "MODIFIED", claim)
 
 
 def _describe(error: BaseException) -> str:

@@ -23,8 +23,8 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 
 class _QueueCollector(Collector):
-    def __init__(self, state: ClusterPicture) -> None:
-        self.state = state
+    def __init__(self, picture: ClusterPicture) -> None:
+        self.picture = picture
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         allocated = GaugeMetricFamily(
@@ -49,8 +49,8 @@ class _QueueCollector(Collector):
             "A queue's limit of a resource (none: unlimited).",
             labels=["queue", "resource"],
         )
-        if self.state.ready():
-            view = self.state.fairness()
+        if self.picture.ready():
+            view = self.picture.fairness()
             for spec in view.specs:
                 for resource, amount in spec.quota.items():
                     quota.add_metric([spec.name, resource], amount)
@@ -72,8 +72,8 @@ class _GpuCollector(Collector):
     """Per node and GPU, how much of each GPU is allocated (fractions summed: two quarter-GPU
     claims on a GPU are 0.5 of it)."""
 
-    def __init__(self, state: ClusterPicture) -> None:
-        self.state = state
+    def __init__(self, picture: ClusterPicture) -> None:
+        self.picture = picture
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         gpus = GaugeMetricFamily("tessera_node_gpus", "GPUs of a node.", labels=["node"])
@@ -85,9 +85,9 @@ class _GpuCollector(Collector):
             "The allocated fraction of one GPU (0: idle, 1: whole), by node and GPU index.",
             labels=["node", "gpu"],
         )
-        if self.state.ready():
-            for node in sorted(self.state.kind("Node")):
-                free = self.state.node_gpus(node).free_milli
+        if self.picture.ready():
+            for node in sorted(self.picture.kind("Node")):
+                free = self.picture.node_gpus(node).free_milli
                 if not free:
                     continue
                 used = [(GPU_MILLI - milli) / GPU_MILLI for milli in free]
@@ -99,7 +99,7 @@ class _GpuCollector(Collector):
 
 
 class ExtenderMetrics:
-    def __init__(self, state: ClusterPicture) -> None:
+    def __init__(self, picture: ClusterPicture) -> None:
         self.registry = CollectorRegistry()
         self.latency = Histogram(
             "tessera_extender_request_duration_seconds",
@@ -214,8 +214,8 @@ class ExtenderMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_QueueCollector(state))
-        self.registry.register(_GpuCollector(state))
+        self.registry.register(_QueueCollector(picture))
+        self.registry.register(_GpuCollector(picture))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

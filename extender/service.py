@@ -24,7 +24,8 @@ from extender.controllers.reclaim import ReclaimLoop, ReclaimOptions
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.picture.watcher import ClusterWatcher
-from extender.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CANDIDATE_NODES, SERVER_SETTINGS, build_app
+from extender.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CANDIDATE_NODES, build_app
+from extender.serving import SERVER_SETTINGS
 from extender.status import StatusWriter, WaitingPods
 from extender.webhook import WebhookOptions
 from extender.webhook_process import WebhookProcess, WebhookProcessConfig, WebhookTLS

@@ -27,16 +27,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from kubernetes_asyncio.client import ApiClient
 
 from contract.kube import controller_of
 from contract.names import QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
 from extender.admission import is_gated
-from extender.controllers.reclaim import ReclaimCounts
 from extender.events import InvolvedObject, now_rfc3339, post_event, post_pod_event, set_pod_condition
 from extender.kubeapi import MERGE_PATCH, KubeError, request
 from extender.metrics import ExtenderMetrics
@@ -182,21 +181,36 @@ def _unschedulable(pod: Mapping[str, Any]) -> bool:
     )
 
 
+class ReclaimTotals(Protocol):
+    """What the Queue status reports of the reclaim loop (its `ReclaimCounts` meets this): pods
+    evicted for each queue and from it, and the queues with a plan whose hold is still open.
+    Read through this, so the status writer sits below the controllers that keep the counts."""
+
+    @property
+    def reclaimed_for(self) -> Mapping[str, int]: ...
+
+    @property
+    def evicted_from(self) -> Mapping[str, int]: ...
+
+    @property
+    def reclaiming(self) -> Collection[str]: ...
+
+
 class StatusWriter:
     """Background writer of pod wait reasons, requeue nudges and Queue status."""
 
     def __init__(
         self,
         api: ApiClient,
-        state: ClusterPicture,
+        picture: ClusterPicture,
         waiting: WaitingPods,
         metrics: ExtenderMetrics,
         queue_status_interval_s: float = 2.0,
-        reclaim: ReclaimCounts | None = None,
+        reclaim: ReclaimTotals | None = None,
     ) -> None:
         self.api = api
         self.reclaim = reclaim  # the reclaim loop's counts, reported on each Queue
-        self.state = state
+        self.picture = picture
         self.waiting = waiting
         self.metrics = metrics
         self.queue_status_interval_s = queue_status_interval_s
@@ -205,7 +219,7 @@ class StatusWriter:
         self._written: dict[str, dict[str, Any]] = {}
         self._owner_said: dict[str, str] = {}  # owner uid -> the reason its last event summed up
         self._tasks: list[asyncio.Task[None]] = []
-        state.listeners.append(self._changed.set)
+        picture.listeners.append(self._changed.set)
 
     def start(self) -> None:
         self._tasks = [
@@ -219,7 +233,7 @@ class StatusWriter:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self.state.listeners.remove(self._changed.set)
+        self.picture.listeners.remove(self._changed.set)
 
     async def _loop(self, step: Callable[[], Awaitable[None]], trigger: asyncio.Event) -> None:
         while True:
@@ -261,7 +275,7 @@ class StatusWriter:
     async def _summarise_owners(self, keys: Sequence[str]) -> None:
         """One event on the owner (its controller: a Job, a JobSet's Job, ...) of the pods just
         reported, summing up its pods: posted when the reason most of them wait for changes."""
-        pods = self.state.kind("Pod")
+        pods = self.picture.kind("Pod")
         owners: dict[str, InvolvedObject] = {}
         for key in keys:
             ref = controller_of(pods.get(key) or {})
@@ -312,20 +326,20 @@ class StatusWriter:
 
     def seed_from_conditions(self) -> None:
         """After a restart, pick up the pods an earlier instance refused (their condition is False)."""
-        for key, pod in self.state.kind("Pod").items():
+        for key, pod in self.picture.kind("Pod").items():
             conditions = (pod.get("status") or {}).get("conditions") or []
             refusal = next(
                 (c for c in conditions if c.get("type") == ADMITTED_CONDITION and c.get("status") == "False"),
                 None,
             )
-            if refusal is not None and key not in self.waiting.waiting and self.state.is_pending(key, pod):
+            if refusal is not None and key not in self.waiting.waiting and self.picture.is_pending(key, pod):
                 meta = pod.get("metadata") or {}
                 code, reason = as_written(str(refusal.get("reason", "")), str(refusal.get("message", "")))
                 self.waiting.waiting[key] = WaitingPod(
                     str(meta.get("namespace")),
                     str(meta.get("name")),
                     str(meta.get("uid", "")),
-                    self.state.demand(pod).queue,
+                    self.picture.demand(pod).queue,
                     reason,
                     code=code,
                     said_at=self.waiting.clock(),
@@ -333,39 +347,39 @@ class StatusWriter:
 
     def eligible_now(self) -> list[WaitingPod]:
         """Refused pods that admission would let through now (not yet nudged); drops stale entries."""
-        if not self._seeded and self.state.ready():
+        if not self._seeded and self.picture.ready():
             self.seed_from_conditions()
             self._seeded = True
         if not self.waiting.waiting and not self.waiting.unplaced:
             # Nothing to check: leave the fairness view to be brought up to date by the next
             # request, which then pays once for a burst of watch events.
             return []
-        pods = self.state.kind("Pod")
+        pods = self.picture.kind("Pod")
         for key in list(self.waiting.unplaced):
             pod = pods.get(key)
-            if pod is None or not self.state.is_pending(key, pod):
+            if pod is None or not self.picture.is_pending(key, pod):
                 self.waiting.forget(key)
-        nodes = list(self.state.kind("Node"))
-        sizes = sorted(set(self.state.gpu_memory.values())) or [0]  # every GPU size, for fractions
+        nodes = list(self.picture.kind("Node"))
+        sizes = sorted(set(self.picture.gpu_memory.values())) or [0]  # every GPU size, for fractions
         eligible: list[WaitingPod] = []
         gangs: dict[str, AdmissionDecision] = {}  # gang workload -> its decision, judged whole now
         for key, entry in list(self.waiting.waiting.items()):
             pod = pods.get(key)
-            if pod is None or not self.state.is_pending(key, pod):
+            if pod is None or not self.picture.is_pending(key, pod):
                 del self.waiting.waiting[key]
                 continue
             if is_gated(pod):
                 continue  # the gate controller lifts its gate when it may go (no nudge needed)
-            demand = self.state.demand(pod)
+            demand = self.picture.demand(pod)
             if demand.problem:  # an unreadable pod is never eligible
                 continue
-            gang = self.state.gang(pod)
+            gang = self.picture.gang(pod)
             # The filter's decision with every node a candidate: a gang goes whole (its queue and
             # the GPUs must take all it misses), judged once for all its waiting members.
             if not gang.admitted:
                 workload = gang.workload.key
                 if workload not in gangs:
-                    gangs[workload] = queue_admission(self.state, nodes, key, pod, demand, gang, [0])[0][0]
+                    gangs[workload] = queue_admission(self.picture, nodes, key, pod, demand, gang, [0])[0][0]
                 entry = self._follow_gang(key, entry, gang.placed, gangs[workload])
                 if entry.nudged:
                     continue
@@ -374,12 +388,12 @@ class StatusWriter:
                 if entry.nudged:
                     continue
                 decisions, _ = queue_admission(
-                    self.state, nodes, key, pod, demand, gang, sizes if demand.fractional else [0]
+                    self.picture, nodes, key, pod, demand, gang, sizes if demand.fractional else [0]
                 )
                 # As the filter: admitted, it still leaves the nodes it fits to an owed queue's
                 # waiting pod (`extender.policy.deference`); nudged once one is left to it.
                 admissible = any(decision.admit for decision in decisions.values()) and not (
-                    deferred_everywhere(self.state, nodes, key, pod, demand, gang)
+                    deferred_everywhere(self.picture, nodes, key, pod, demand, gang)
                 )
             if admissible:
                 eligible.append(entry)
@@ -408,7 +422,7 @@ class StatusWriter:
         while True:
             await asyncio.sleep(RECHECK_INTERVAL_S)
             self._changed.set()
-            if self.state.ready():
+            if self.picture.ready():
                 self.explain_unschedulable()
                 self._forget_owners()
 
@@ -417,7 +431,7 @@ class StatusWriter:
         news, and what was said about them is not kept."""
         if not self._owner_said:
             return
-        pods = self.state.kind("Pod")
+        pods = self.picture.kind("Pod")
         keys = [*self.waiting.waiting, *self.waiting.unplaced]
         waiting = {str(controller_of(pods.get(key) or {}).get("uid", "")) for key in keys}
         for uid in [uid for uid in self._owner_said if uid not in waiting]:
@@ -433,29 +447,29 @@ class StatusWriter:
         explained = 0
         nodes: list[str] | None = None  # every node a candidate, as in the requeue check
         gangs: dict[str, AdmissionDecision] = {}  # gang workload -> its decision, judged once
-        for key, pod in self.state.kind("Pod").items():
+        for key, pod in self.picture.kind("Pod").items():
             if key in self.waiting.waiting or not _unschedulable(pod):
                 continue
-            if is_gated(pod) or not self.state.is_pending(key, pod):
+            if is_gated(pod) or not self.picture.is_pending(key, pod):
                 continue
-            demand = self.state.demand(pod)
+            demand = self.picture.demand(pod)
             if demand.problem or not demand.wants_gpu:
                 continue
             namespace, _, name = key.partition("/")
             uid = str((pod.get("metadata") or {}).get("uid", ""))
-            refusal = self.state.tenancy_refusal(demand.queue, demand.namespace)
-            gang = self.state.gang(pod)
+            refusal = self.picture.tenancy_refusal(demand.queue, demand.namespace)
+            gang = self.picture.gang(pod)
             if refusal:
                 decision = AdmissionDecision(False, refusal, QUEUE_NOT_ALLOWED)
             elif not gang.admitted and gang.workload.key in gangs:
                 decision = gangs[gang.workload.key]
             else:
-                nodes = list(self.state.kind("Node")) if nodes is None else nodes
-                decision = queue_admission(self.state, nodes, key, pod, demand, gang, [0])[0][0]
+                nodes = list(self.picture.kind("Node")) if nodes is None else nodes
+                decision = queue_admission(self.picture, nodes, key, pod, demand, gang, [0])[0][0]
                 if not gang.admitted:
                     gangs[gang.workload.key] = decision
             if decision.admit:
-                code, reason = why_unplaced(self.state, key, pod, demand)
+                code, reason = why_unplaced(self.picture, key, pod, demand)
                 self.waiting.no_node_fits(namespace, name, uid, demand.queue, reason, code)
             else:
                 self.waiting.refused(namespace, name, uid, demand.queue, decision.reason, decision.kind)
@@ -494,7 +508,7 @@ class StatusWriter:
     async def _queue_status_loop(self) -> None:
         while True:
             try:
-                if self.state.ready():
+                if self.picture.ready():
                     await self.write_queue_statuses()
             except Exception:
                 log.exception("writing queue status failed")
@@ -502,14 +516,14 @@ class StatusWriter:
 
     async def write_queue_statuses(self) -> None:
         """Patch the status of every Queue object whose computed status changed."""
-        view = self.state.fairness()
+        view = self.picture.fairness()
         # The queues as of now: the watch may add one while a PATCH is awaited (the next pass's).
-        queues = dict(self.state.kind("Queue"))
+        queues = dict(self.picture.kind("Queue"))
         previous: dict[str, Sequence[Mapping[str, Any]]] = {
             key: (obj.get("status") or {}).get("conditions") or [] for key, obj in queues.items()
         }
         statuses = queue_statuses(view.specs, view.usage, view.fair_shares, previous)
-        workloads = self.state.workload_counts()
+        workloads = self.picture.workload_counts()
         for key, obj in queues.items():
             status = statuses.get(key) or self._invalid_status(view.invalid.get(key, "not parsed"))
             if key in statuses:
@@ -518,8 +532,8 @@ class StatusWriter:
                 counts = self.reclaim
                 status = with_reclaim(
                     status,
-                    counts.reclaimed_for[key],
-                    counts.evicted_from[key],
+                    counts.reclaimed_for.get(key, 0),
+                    counts.evicted_from.get(key, 0),
                     key in counts.reclaiming,
                     previous.get(key, ()),
                 )

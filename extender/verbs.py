@@ -40,6 +40,7 @@ from operator import not_
 from typing import Any, NamedTuple
 
 from contract.names import GPU_MILLI
+from extender.memo import ShapeMemo
 from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import PodDemand
 from extender.picture.gangs import GangReservation
@@ -51,7 +52,6 @@ from extender.policy.placement import (
     DomainMap,
     GpuDemand,
     NodeGpus,
-    ShapeMemo,
     Strategy,
     fits,
     score_kinds,

@@ -67,7 +67,7 @@ from extender.picture.cluster import ClusterPicture
 from extender.policy.admission import Ask
 from extender.policy.topology import ask_refusal
 from extender.queues import defaults_shut_out
-from extender.server import BODY_LIMIT_KEY, IN_FLIGHT_KEY, METRICS_KEY, parse_body, timed
+from extender.serving import BODY_LIMIT_KEY, IN_FLIGHT_KEY, METRICS_KEY, parse_body, timed
 
 log = logging.getLogger(__name__)
 

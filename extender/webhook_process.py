@@ -47,7 +47,7 @@ from extender.kubeapi import resolve_environment_once
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.picture.watcher import ClusterWatcher
-from extender.server import SERVER_SETTINGS, server_ssl_context
+from extender.serving import SERVER_SETTINGS, server_ssl_context
 from extender.webhook import WebhookOptions, webhook_app
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from kubernetes_asyncio.client import ApiClient
 from contract.kube import controller_of, mapping, meta, sequence
 from contract.names import DRIVER_NAME, MEMORY_CAPACITY, MIN_MEMBERS_ANNOTATION, MODEL_ATTRIBUTE, QUEUE_LABEL
 from contract.quantity import parse_quantity
-from extender.demand import allocated_devices
+from extender.claims import allocated_devices
 from extender.kubeapi import JsonObject, KubeError, request
 from extender.policy.fairness import format_amount
 from extender.policy.waiting import as_written, wait_reason

@@ -42,7 +42,7 @@ from extender.picture.topology import TopologyDomains
 from extender.picture.workloads import OwnerRef, WorkloadMap
 from extender.policy.admission import Ask, GangState, Waiting, admit, waiting_list
 from extender.policy.deference import OwedPod, is_owed, owed_pods
-from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, NodeGpus, WorkloadMix
+from extender.policy.placement import DomainMap, GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import (
     ClusterSnapshot,
@@ -85,7 +85,7 @@ class PictureConfig:
     non_preemptible_priority: int = 100
     # Node -> its topology domain, for the gang planners (`extender.policy.placement.DomainMap`);
     # empty: no placement rule reads domains yet.
-    domains: DomainMap = field(default_factory=lambda: NO_DOMAINS, hash=False)
+    domains: DomainMap = field(default_factory=dict, hash=False)
     # The topology levels gangs may ask for (`extender.policy.topology`; `--topology-levels`).
     topology: Topology = DEFAULT_TOPOLOGY
 

@@ -38,7 +38,7 @@ from typing import Any
 from contract.kube import mapping, meta, object_key, pod_claim_refs
 from contract.names import GPU_MILLI, NAMESPACE_QUEUE_LABEL, PREEMPTIBLE_LABEL
 from extender.admission import QueueChoice, resolve_queue
-from extender.demand import (
+from extender.claims import (
     GpuRequest,
     claim_gpu_requests,
     device_class_gpu_models,
@@ -46,8 +46,9 @@ from extender.demand import (
     pod_resource_request,
     to_gpu_demand,
 )
+from extender.memo import remembered
 from extender.picture.store import ObjectStore, Stored
-from extender.policy.placement import GpuDemand, host_cpu_milli, host_memory_mib, placement_demand, remembered
+from extender.policy.placement import GpuDemand, host_cpu_milli, host_memory_mib, placement_demand
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 # Distinct demands remembered for sharing; past this the table starts over.

@@ -39,7 +39,7 @@ from contract.names import (
     MODEL_ATTRIBUTE,
 )
 from contract.quantity import parse_quantity
-from extender.demand import allocated_devices, fraction_milli
+from extender.claims import allocated_devices, fraction_milli
 from extender.picture.demands import PodDemands, is_terminal
 from extender.picture.store import ObjectStore, Stored
 from extender.policy.admission import add_amounts, gpu_amounts

@@ -38,7 +38,7 @@ import msgspec
 
 from contract.kube import meta, object_key
 from contract.names import DEVICE_TYPE_ATTRIBUTE, MODEL_ATTRIBUTE
-from extender.policy.placement import remembered
+from extender.memo import remembered
 
 # A stored object: a `Record` for the kinds of `PROJECTIONS`, the JSON object for the others.
 Stored = Mapping[str, Any]
@@ -144,7 +144,7 @@ PROJECTIONS: dict[str, Keep] = {
         "metadata": _CLAIM_METADATA,
         "spec": SHARE,
         "status": {
-            # The devices it holds (extender.demand.allocated_devices) and the pods sharing them.
+            # The devices it holds (extender.claims.allocated_devices) and the pods sharing them.
             "allocation": {"devices": {"results": _RESULT}},
             "reservedFor": {"resource": KEEP, "apiGroup": KEEP, "name": OWN, "uid": OWN},
         },

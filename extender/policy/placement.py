@@ -32,10 +32,10 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from types import MappingProxyType
-from typing import Generic, Literal, TypeVar, cast
+from typing import Literal, cast
 
 from contract.names import GPU_MILLI
+from extender.memo import MISSING, ShapeMemo, remembered
 
 MAX_NODE_SCORE = 10
 # Fragmentation deltas are sums of float-weighted integers; round before comparing so equal
@@ -48,9 +48,6 @@ _COST_CACHE_LIMIT = 50_000
 # Bound on memoised node measures per mix (~20 MB); cleared wholesale when reached.
 _MEASURE_CACHE_LIMIT = 200_000
 
-_MISSING = object()
-K = TypeVar("K")
-V = TypeVar("V")
 Strategy = Literal["binpack", "spread"]
 Cost = tuple[float, ...]
 
@@ -95,7 +92,7 @@ class NodeGpus:
 # (`ClusterSnapshot.domains`) and the simulator's (`tessera.simulate.cluster.Cluster`). Empty by
 # default: no rule reads domains yet; a node missing from the map is in no domain.
 DomainMap = Mapping[str, str]
-NO_DOMAINS: DomainMap = MappingProxyType({})
+NO_DOMAINS: DomainMap = {}  # (a Mapping: read-only; a dict, so a config holding it pickles)
 
 
 def domain_shape(node: NodeGpus, domains: DomainMap) -> str:
@@ -225,45 +222,6 @@ def fits(node: NodeGpus, demand: GpuDemand) -> bool:
     if demand.count <= 1:
         return demand.count == 0 or max(node.free_milli, default=0) >= demand.milli
     return sum(1 for free in node.free_milli if free >= demand.milli) >= demand.count
-
-
-def remembered(cache: dict[K, V], key: K, limit: int, compute: Callable[[], V]) -> V:
-    """`cache[key]`, computed on a miss; the cache starts over once it holds `limit` values (a
-    bound on memory that costs one recomputation per value still in use)."""
-    found = cache.get(key, _MISSING)  # one lookup: a tuple key's hash is not cached
-    if found is not _MISSING:
-        return cast(V, found)
-    if len(cache) >= limit:
-        cache.clear()
-    value = cache[key] = compute()
-    return value
-
-
-class ShapeMemo(Generic[K, V]):
-    """A bounded memo of values per key (a demand) and node shape, as one table per key: a caller
-    that asks about many nodes for one key fetches its table once, then each node costs one
-    dictionary lookup by shape (`put` stores a value computed on a miss). At most `limit`
-    values in all: past that the memo starts over (a table a caller still holds keeps working,
-    unseen by later callers)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.tables: dict[K, dict[str, V]] = {}
-        self.size = 0
-
-    def table(self, key: K) -> dict[str, V]:
-        table = self.tables.get(key)
-        if table is None:
-            table = self.tables[key] = {}
-        return table
-
-    def put(self, table: dict[str, V], shape: str, value: V) -> V:
-        if self.size >= self.limit:
-            self.tables.clear()
-            self.size = 0
-        table[shape] = value
-        self.size += 1
-        return value
 
 
 def _memoised(
@@ -472,8 +430,8 @@ def _cost_in(
     costs: dict[str, Cost | None], node: NodeGpus, demand: GpuDemand, mix: WorkloadMix, strategy: Strategy
 ) -> Cost | None:
     """`placement_cost` with the demand's table of the mix's memo at hand (a lookup per node kind)."""
-    found = costs.get(node.shape, _MISSING)
-    if found is not _MISSING:
+    found = costs.get(node.shape, MISSING)
+    if found is not MISSING:
         return cast(Cost | None, found)
     best = _best_choice(node, demand, mix, strategy)
     return mix._cost_cache.put(costs, node.shape, None if best is None else best[0])

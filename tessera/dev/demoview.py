@@ -15,7 +15,7 @@ from typing import Any
 from contract.kube import mapping, meta, sequence
 from contract.names import DEFAULT_QUEUE, MEMORY_CAPACITY, QUEUE_LABEL
 from contract.quantity import parse_quantity
-from extender.demand import allocated_devices
+from extender.claims import allocated_devices
 
 QUARTERS = 4  # a GPU is drawn as four cells: the smallest fraction the demo shows
 FREE_CELL = "·"

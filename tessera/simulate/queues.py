@@ -186,7 +186,7 @@ class QueueWorkload:
     termination_delay_s: float = 0.0
     # Node -> its topology domain, for the gang planners' memos (`DomainMap`; none from YAML: the
     # topology planner keys nothing by domain).
-    domains: DomainMap = field(default_factory=lambda: NO_DOMAINS, hash=False)
+    domains: DomainMap = field(default_factory=dict, hash=False)
     # The topology levels, and each level's node -> domain (from the nodes' labels and layouts).
     topology: Topology = field(default_factory=lambda: Topology(()))
     level_domains: Mapping[str, DomainMap] = field(default_factory=dict, hash=False)

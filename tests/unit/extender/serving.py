@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from extender.server import SERVER_SETTINGS
+from extender.serving import SERVER_SETTINGS
 
 
 @asynccontextmanager

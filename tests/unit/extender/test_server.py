@@ -11,7 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 from kubernetes_asyncio.client import ApiClient
 
-from extender import server
+from extender import serving
 from extender.__main__ import parse_args
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
@@ -205,7 +205,7 @@ async def test_oversized_body_gets_413(extender: Extender) -> None:
 async def test_a_body_that_stops_arriving_gets_408(
     extender: Extender, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server, "BODY_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(serving, "BODY_TIMEOUT_S", 0.05)
     port = extender.client.port
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     # 10 bytes of the 100 announced, then nothing: the server answers without waiting for more.

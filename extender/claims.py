@@ -1,4 +1,5 @@
-"""What a pod asks for and what a claim holds, read from plain Kubernetes JSON. Pure: no I/O.
+"""ResourceClaims, DeviceClass selectors and pods' container resources, read from plain Kubernetes
+JSON: what a pod asks for and what a claim holds. Pure: no I/O.
 
 GPU demand comes from DRA ResourceClaims (whole devices by count, fractions by the consumable
 `memory` capacity they request relative to the device's) and from classic `nvidia.com/gpu`

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contract.kube import ClaimRef, pod_claim_refs
-from extender.demand import (
+from extender.claims import (
     AllocatedDevice,
     GpuRequest,
     allocated_devices,
