@@ -93,6 +93,19 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    the devices, holds of "half a GPU somewhere on the node" were packed onto one GPU, the other
    freed GPU went whole to `a`'s evicted pod, and a third eviction - of that same pod - followed.)
 
+9. A pod short of CPU or memory (DRF, `extender.policy.drf`). A pod that neither a GPU reclaim
+   nor preemption serves, and that fits the free GPUs of a node but not its free CPU or memory
+   (`host_starved`), may take victims on such a node from queues above their dominant share -
+   the largest of what a queue holds over its fair share, per resource (GPUs, cores, bytes) -
+   when its own queue is below its dominant share (below its fair share of every resource) and
+   stays within its GPU share, and the victims' queues end above where the reclaimer's is
+   (never inverts, in dominant shares; within its GPU share, the reclaimer is no victim of
+   rule 1: the two rules do not undo each other). Such a plan frees CPU or memory, so rule 4's
+   GPU ratio does not bound it; rule 3 gives back every victim it does not need. Plans of goal
+   `drf`. Example: 8 GPUs, 64 cores; a's 4 pods of <1 GPU, 16 cores> hold every core at GPU
+   shares 4 / 4 (a at 4 of 4 GPUs, 64 of 48 cores: dominant share 1.33); b's pod of <1 GPU,
+   2 cores> takes one of them (a ends at 1, b was at 0).
+
 Pods with a `terminating` flag are evicted in the fork first: their GPUs are already coming free,
 so nothing is evicted for a pod that will fit once they are gone. Pods GPUs are held for (the
 snapshot's `holds`) are then placed on exactly those GPUs: they count as their queues' and take
@@ -118,11 +131,13 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from contract.names import GPU_MILLI
-from extender.policy.fairness import EPSILON, GPU_MODEL_PREFIX, FairnessSnapshot, Resources, format_amount
+from extender.policy.drf import diverging_paths, drf_refusal, drf_victim_text, host_starved
+from extender.policy.drf import gpu_amounts as gpu_amounts  # (re-exported: the planners' import)
+from extender.policy.fairness import EPSILON, FairnessSnapshot, Resources, format_amount
 from extender.policy.placement import GpuDemand, NodeGpus, fits
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, changed_keys
 
-Goal = Literal["reclaim", "preempt"]
+Goal = Literal["reclaim", "preempt", "drf"]  # drf: rule 9, a reclaim for a pod short of CPU or memory
 
 
 @dataclass(frozen=True)
@@ -217,18 +232,6 @@ class Plan:
         return tuple(hold.key for hold in self.holds) or (self.pod.key,)
 
 
-def gpu_amounts(resources: Resources) -> dict[str, float]:
-    return {r: a for r, a in resources.items() if (r == "gpu" or r.startswith(GPU_MODEL_PREFIX)) and a > 0}
-
-
-def _diverging(fairness: FairnessSnapshot, a: str, b: str) -> tuple[list[str], list[str]]:
-    """The paths from `a` and from `b` up to (not including) their lowest common ancestor."""
-    tree = fairness.tree
-    path_a, path_b = tree.path_to_root(a), tree.path_to_root(b)
-    common = set(path_a) & set(path_b)
-    return [q for q in path_a if q not in common], [q for q in path_b if q not in common]
-
-
 def reclaim_refusal(
     fairness: FairnessSnapshot,
     reclaimer: str,
@@ -255,7 +258,7 @@ def reclaim_refusal(
     freed = {r: a for r, a in gpu_amounts(taken).items() if r in wanted}
     if reclaimer == victim or reclaimer not in fairness.tree.specs or victim not in fairness.tree.specs:
         return "reclaim is between queues"
-    up_reclaimer, up_victim = _diverging(fairness, reclaimer, victim)
+    up_reclaimer, up_victim = diverging_paths(fairness.tree, reclaimer, victim)
     tree, shares = fairness.tree, fairness.fair_shares
 
     def standing(queue: str, resource: str) -> tuple[float, float]:
@@ -369,6 +372,13 @@ def _node_plan(
             message = (
                 f"reclaimed for queue '{waiting.queue}' (pod {waiting.key}): queue '{pod.queue}' holds "
                 f"more than its fair share of {_gpu_share_text(trial.fairness, pod.queue)}"
+            )
+        elif goal == "drf":
+            if drf_refusal(trial.fairness, waiting.queue, waiting.resources, pod.queue, taken):
+                continue
+            message = (
+                f"reclaimed for queue '{waiting.queue}' (pod {waiting.key}, short of CPU or memory "
+                f"on node {node}): {drf_victim_text(trial.fairness, pod.queue)}"
             )
         else:
             message = (
@@ -619,12 +629,13 @@ class Search:
         else:
             # Only queues that could give at least a thousandth of a GPU by the rules.
             least = {r: 1 / GPU_MILLI for r in gpu_amounts(waiting.resources)}
+            refusal = drf_refusal if goal == "drf" else reclaim_refusal
             holding = set().union(
                 *(
                     nodes
                     for queue, nodes in self.nodes_of_queue.items()
                     if queue != waiting.queue
-                    and not reclaim_refusal(fork.fairness, waiting.queue, waiting.resources, queue, least)
+                    and not refusal(fork.fairness, waiting.queue, waiting.resources, queue, least)
                 )
             )
         if not holding:
@@ -632,7 +643,10 @@ class Search:
         models = waiting.demand.models
         found: list[str] = []
         for name in self.by_free:
-            if name in holding and (not models or fork.nodes[name].model in models):
+            if name not in holding or (models and fork.nodes[name].model not in models):
+                continue
+            # Rule 9: only where the pod's GPUs are free and its CPU or memory is not.
+            if goal != "drf" or host_starved(fork.nodes[name], _on(waiting, fork, name)):
                 found.append(name)
                 if len(found) == limit:
                     break
@@ -694,7 +708,8 @@ def _plan_for(
         return None
     needed = waiting.demand.total_milli / GPU_MILLI
     best: tuple[tuple[float, float, int, int], str, list[Eviction]] | None = None
-    goals: list[Goal] = [goal, "preempt"] if goal == "reclaim" else [goal]
+    # Rule 9 (DRF) only for a pod neither a GPU reclaim nor preemption serves.
+    goals: list[Goal] = [goal, "preempt", "drf"] if goal == "reclaim" else [goal]
     for current in goals:
         for node in search.candidates(fork, waiting, current, rules.node_trials):
             if not work.spend():
@@ -708,10 +723,16 @@ def _plan_for(
             if not evictions or len(evictions) > evictions_left:
                 continue
             evicted = sum(e.pod.gpus_held for e in evictions)
-            if evicted / max(needed, 1e-9) > rules.max_ratio + EPSILON and not (
-                # One victim no bigger than the whole GPUs the pod needs is the least there is
-                # (a whole-GPU pod for a half-GPU pod); a big one for a small pod is not.
-                len(evictions) == 1 and evicted <= math.ceil(needed - EPSILON)
+            # A DRF plan frees CPU or memory: its victims' GPUs are no measure of what it needs
+            # (rule 3 already gave back every victim the pod does not need).
+            if (
+                current != "drf"
+                and evicted / max(needed, 1e-9) > rules.max_ratio + EPSILON
+                and not (
+                    # One victim no bigger than the whole GPUs the pod needs is the least there is
+                    # (a whole-GPU pod for a half-GPU pod); a big one for a small pod is not.
+                    len(evictions) == 1 and evicted <= math.ceil(needed - EPSILON)
+                )
             ):
                 continue
             # Fewest GPUs, then the least work lost (GPU-seconds the victims ran), fewest pods,
@@ -823,7 +844,16 @@ def apply_plan(fork: ClusterSnapshot, done: Plan, search: Search | None = None) 
 
 def _hold_for(waiting: PendingPod, placed: RunningPod) -> HeldGpus:
     """The hold that keeps what `waiting` was placed on in a fork for it."""
-    return HeldGpus(waiting.key, waiting.queue, placed.node, placed.gpus, waiting.resources, waiting.workload)
+    return HeldGpus(
+        waiting.key,
+        waiting.queue,
+        placed.node,
+        placed.gpus,
+        waiting.resources,
+        waiting.workload,
+        placed.cpu_milli,
+        placed.memory_mib,
+    )
 
 
 class Served:
