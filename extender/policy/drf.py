@@ -42,12 +42,15 @@ GPUs and not the free CPU or memory (`host_starved`), may take victims of queue 
 and V' the children of their lowest common ancestor on each path (as in rule 1):
 
 1. every queue from R up to R' is below its dominant share (D < 1), and stays within its fair
-   share of the GPU resources the pod asks for once it has them;
+   share of the GPU resources the pod asks for once it has them; the pod raises D(R') (it asks
+   for some of R''s dominant resource: a pod of GPUs and cores does not raise a dominant share
+   made by memory);
 2. every queue X from V up to V' is above its dominant share (D(X) > 1), and ends, the victims'
    resources t poorer, still above R' as it is now: D(X - t) > D(R'). Never inverts, in
-   dominant shares: both sides end better off than the worse off of the two was, so the sorted
-   dominant shares rise with every such reclaim (max-min, as rule 1 argues for GPUs) and no
-   sequence of them comes back to where it started.
+   dominant shares: both sides end better off than the worse off of the two was (R' because
+   its D rises, 1), so the sorted dominant shares rise lexicographically with every such
+   reclaim - what changes below D(R') only rises, what falls stays above it (max-min, as rule 1
+   argues for GPUs) - and no sequence of them comes back to where it started.
 
 Pods of a queue within its share of every resource (D <= 1) are never taken (2). The second half
 of 1 keeps the two rules from undoing each other: rule 1 takes only from a queue above its GPU
@@ -176,6 +179,11 @@ def drf_refusal(
                 )
     diverging = up_reclaimer[-1]  # R'
     owed_dominant = dominant_share(fairness, diverging)
+    if dominant_share(fairness, diverging, request) <= owed_dominant + EPSILON:
+        return (
+            f"the pod would not raise the dominant share of queue '{diverging}' "
+            f"({_text(fairness, diverging)}): it asks for none of that resource"
+        )
     left = {resource: -amount for resource, amount in taken.items()}
     for queue in up_victim:
         if dominant_share(fairness, queue) <= 1 + EPSILON:

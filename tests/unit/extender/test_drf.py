@@ -28,6 +28,8 @@ from tests import extender_objects as objects
 NOW = 10_000.0
 CORES = 64.0
 GPUS = 8.0
+GIB = 2.0**30
+MEMORY = 512 * GIB
 
 
 def spec(name: str, parent: str | None = None, gpu_quota: float | None = None) -> QueueSpec:
@@ -42,15 +44,20 @@ class Standing:
     cpu: float = 0.0
     wants_gpu: float = 0.0
     wants_cpu: float = 0.0
+    memory: float = 0.0
+    wants_memory: float = 0.0
 
 
 def fairness_of(standings: dict[str, Standing], specs: list[QueueSpec] | None = None) -> FairnessSnapshot:
     usage = {
-        name: QueueUsage({"gpu": s.gpu, "cpu": s.cpu}, {"gpu": s.wants_gpu, "cpu": s.wants_cpu})
+        name: QueueUsage(
+            {"gpu": s.gpu, "cpu": s.cpu, "memory": s.memory},
+            {"gpu": s.wants_gpu, "cpu": s.wants_cpu, "memory": s.wants_memory},
+        )
         for name, s in standings.items()
     }
     queues = specs if specs is not None else [spec(name) for name in standings]
-    return FairnessSnapshot.build(queues, usage, {"gpu": GPUS, "cpu": CORES})
+    return FairnessSnapshot.build(queues, usage, {"gpu": GPUS, "cpu": CORES, "memory": MEMORY})
 
 
 # a runs 4 pods (4 GPUs, 64 cores) and waits with 4; b waits with 8 (8 GPUs, 16 cores).
@@ -155,6 +162,15 @@ VERDICTS = [
         "a",
         "queue 'b' would end above its fair share of gpu (0 + 2 of 1)",
         request={"gpu": 2.0, "cpu": 2.0},
+    ),
+    # b's dominant share 0.5 is made by memory (b holds 64Gi of its 128Gi share); a pod of
+    # <1 GPU, 2 cores> and no memory leaves it there: no rise for b, no max-min step. Refused.
+    Verdict(
+        "the pod must raise the reclaimer's dominant share",
+        {"a": Standing(4, 64, 4, 64), "b": Standing(0, 0, 8, 16, memory=64 * GIB, wants_memory=64 * GIB)},
+        "b",
+        "a",
+        "the pod would not raise the dominant share of queue 'b'",
     ),
     # A hierarchy: org-x (a hog `x1` and a light `x2`) and b at the root. x1 holds 4 GPUs and
     # 48 cores, x2 nothing; org-x's share of cores is 64 - 16 = 48: it stands at 48 / 48, at its
