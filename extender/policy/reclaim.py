@@ -97,10 +97,11 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    nor preemption serves, and that fits the free GPUs of a node but not its free CPU or memory
    (`host_starved`), may take victims on such a node from queues above their dominant share -
    the largest of what a queue holds over its fair share, per resource (GPUs, cores, bytes) -
-   when its own queue is below its dominant share (below its fair share of every resource) and
-   stays within its GPU share, and the victims' queues end above where the reclaimer's is
-   (never inverts, in dominant shares; within its GPU share, the reclaimer is no victim of
-   rule 1: the two rules do not undo each other). Such a plan frees CPU or memory, so rule 4's
+   when its own queue is below its dominant share (below its fair share of every resource),
+   stays within its GPU share and has its dominant share raised by the pod, and the victims'
+   queues end above where the reclaimer's is (never inverts, in dominant shares; within its GPU
+   share, the reclaimer is no victim of rule 1: the two rules do not undo each other). Such a
+   plan frees CPU or memory, so rule 4's
    GPU ratio does not bound it; rule 3 gives back every victim it does not need. Plans of goal
    `drf`. Example: 8 GPUs, 64 cores; a's 4 pods of <1 GPU, 16 cores> hold every core at GPU
    shares 4 / 4 (a at 4 of 4 GPUs, 64 of 48 cores: dominant share 1.33); b's pod of <1 GPU,
