@@ -601,6 +601,7 @@ class Search:
         if kept is not None:
             kept.refresh(fork)
         self._by_free: list[str] | None = None
+        self._free_at_start: dict[str, int] = {}  # the free GPU share `by_free` ranked by
         self._nodes_of_queue: dict[str, set[str]] | None = None
         # Per demand: the node (index in `names`) where it fit last, or len(names) when nowhere,
         # and how many nodes were touched then (`fits_somewhere`).
@@ -612,7 +613,7 @@ class Search:
         """Nodes by free GPU share, most first (ranked once per cycle: a heuristic order)."""
         if self._by_free is None:
             nodes = self._fork.nodes
-            free = {name: sum(nodes[name].free_milli) for name in self.names}
+            free = self._free_at_start = {name: sum(nodes[name].free_milli) for name in self.names}
             self._by_free = sorted(self.names, key=lambda name: -free[name])
         return self._by_free
 
@@ -644,6 +645,8 @@ class Search:
         models = waiting.demand.models
         found: list[str] = []
         for name in self.by_free:
+            if goal == "drf" and self._free_at_start[name] < waiting.demand.total_milli:
+                break  # rule 9 needs its GPUs free: no later node had them as the cycle began
             if name not in holding or (models and fork.nodes[name].model not in models):
                 continue
             # Rule 9: only where the pod's GPUs are free and its CPU or memory is not.
