@@ -87,8 +87,9 @@ def test_dominant_share_is_the_largest_of_held_over_fair_share(
 
 
 def test_a_resource_held_beyond_a_zero_share_is_infinitely_over() -> None:
-    # c holds 2 cores of a cluster whose cores nobody waits for beyond what is held... c's own
-    # demand is what it holds, so give it a limit of 0 cores: fair share 0, held 2.
+    # c holds 2 cores with a cpu limit of 0 (set after they were placed): its demand is capped
+    # at 0, so its fair share of cores is 0 and 2 held over 0 is infinitely over. d holds
+    # nothing: 0, whatever its share.
     queues = [QueueSpec("c", limit={"cpu": 0.0}), spec("d")]
     usage = {"c": QueueUsage({"cpu": 2.0}, {}), "d": QueueUsage({}, {"gpu": 1.0})}
     fairness = FairnessSnapshot.build(queues, usage, {"gpu": GPUS, "cpu": CORES})
