@@ -843,11 +843,14 @@ def apply_plan(fork: ClusterSnapshot, done: Plan, search: Search | None = None) 
     placed = fork.place(_arriving(done.pod), _on(done.pod, fork, done.node), done.node)
     if placed is None:
         return done
-    return replace(done, holds=(_hold_for(done.pod, placed),))
+    return replace(done, holds=(_hold_for(done.pod, placed, done.goal),))
 
 
-def _hold_for(waiting: PendingPod, placed: RunningPod) -> HeldGpus:
-    """The hold that keeps what `waiting` was placed on in a fork for it."""
+def _hold_for(waiting: PendingPod, placed: RunningPod, goal: Goal) -> HeldGpus:
+    """The hold that keeps what `waiting` was placed on in a fork for it: the GPUs, and for a
+    plan that freed CPU or memory (rule 9) its CPU and memory too, or another pod takes them
+    back before it binds (a GPU plan's holds keep GPUs only, as they always did)."""
+    host = goal == "drf"
     return HeldGpus(
         waiting.key,
         waiting.queue,
@@ -855,8 +858,8 @@ def _hold_for(waiting: PendingPod, placed: RunningPod) -> HeldGpus:
         placed.gpus,
         waiting.resources,
         waiting.workload,
-        placed.cpu_milli,
-        placed.memory_mib,
+        placed.cpu_milli if host else 0,
+        placed.memory_mib if host else 0,
     )
 
 
@@ -916,7 +919,7 @@ class Served:
         done = self.plans[index]
         self.plans[index] = replace(
             done,
-            holds=(*done.holds, _hold_for(waiting, placed)),
+            holds=(*done.holds, _hold_for(waiting, placed, done.goal)),
             gpus_needed=done.gpus_needed + placed.gpus_held,
         )
 

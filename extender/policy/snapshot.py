@@ -86,8 +86,9 @@ class HeldGpus:
     # placing it moves to `allocated`.
     resources: Resources = field(default_factory=dict)
     workload: str = ""  # a gang's: any of its waiting members may take it
-    # The CPU and memory kept with the GPUs, where the node tracks them: what the pod needs there
-    # (a pod short of CPU is served by freeing CPU: keeping only GPUs would let others take it).
+    # The CPU and memory kept with the GPUs, where the node tracks them: what the pod needs there,
+    # for a plan that freed CPU or memory for it (reclaim's rule 9: keeping only GPUs would let
+    # another pod take them back); 0 for a plan that freed GPUs.
     cpu_milli: int = 0
     memory_mib: int = 0
 

@@ -422,6 +422,8 @@ class _Hold:
     node: int
     gpus: tuple[tuple[int, int], ...]  # (GPU index, thousandths kept)
     expires: float
+    cpu_milli: int = 0  # the pod's CPU and memory, kept too when the plan freed them (rule 9)
+    memory_mib: int = 0
 
 
 @dataclass
@@ -735,9 +737,9 @@ class _Replay:
 
     def _reserve(self, index: int) -> None:
         """Take what is held for pod `index` out of the cluster while others are placed: the share
-        of each of its GPUs, and its CPU and memory, as much of each as is free (its victims may
-        still be terminating), as the filter's `supply_for` keeps them."""
-        hold, pod = self.holds[index], self.pods[index]
+        of each of its GPUs, and the CPU and memory it keeps, as much of each as is free (its
+        victims may still be terminating), as the filter's `supply_for` keeps them."""
+        hold = self.holds[index]
         free = self.cluster.free[hold.node]
         taken: list[tuple[int, GpuDemand, tuple[int, ...]]] = [
             (hold.node, GpuDemand(1, min(milli, free[gpu])), (gpu,))
@@ -746,8 +748,8 @@ class _Replay:
         ]
         host = GpuDemand(
             0,
-            cpu_milli=min(pod.demand.cpu_milli, max(self.cluster.cpu_free[hold.node], 0)),
-            memory_mib=min(pod.demand.memory_mib, max(self.cluster.memory_free[hold.node], 0)),
+            cpu_milli=min(hold.cpu_milli, max(self.cluster.cpu_free[hold.node], 0)),
+            memory_mib=min(hold.memory_mib, max(self.cluster.memory_free[hold.node], 0)),
         )
         if host.cpu_milli or host.memory_mib:
             taken.append((hold.node, host, ()))
@@ -849,8 +851,8 @@ class _Replay:
             hold.gpus,
             pod.request,
             pod.gang,
-            pod.demand.cpu_milli,
-            pod.demand.memory_mib,
+            hold.cpu_milli,
+            hold.memory_mib,
         )
 
     def _running_pod(self, pod: _Pod) -> RunningPod:
@@ -931,7 +933,9 @@ class _Replay:
                 self._wait(victim, now)
         for hold in chosen.holds:
             held = self.pods[int(hold.key)]
-            self.holds[held.index] = _Hold(self.node_index[hold.node], hold.gpus, now + HOLD_S)
+            self.holds[held.index] = _Hold(
+                self.node_index[hold.node], hold.gpus, now + HOLD_S, hold.cpu_milli, hold.memory_mib
+            )
             self._push(now + HOLD_S, _Event.HOLD_EXPIRES, held)
 
     # ---- measuring ---------------------------------------------------------------------------

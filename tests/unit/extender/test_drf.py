@@ -329,12 +329,34 @@ def test_the_reclaim_loops_inputs_carry_cpu_and_the_plan_frees_it() -> None:
 
 def test_a_hold_keeps_the_cpu_of_the_pod_it_is_for() -> None:
     # A DRF plan evicted a3 for b0: 16 cores free on n1 (3 x 16 held), GPU 3 held for b0 with
-    # b0's 2 cores. Another pod sees 14 cores free - a3's replacement (16) does not fit there and
-    # cannot take back what was freed for b0 - and b0 sees all 16. (Before, a hold kept GPUs
-    # only: the hog's pod took the cores back and b0 did not fit.)
+    # b0's 2 cores (the controller passes the plan's `HeldGpus.demand`). Another pod sees 14
+    # cores free - a3's replacement (16) does not fit there and cannot take back what was freed
+    # for b0 - and b0 sees all 16. (Before, a hold kept GPUs only: the hog's pod took the cores
+    # back and b0 did not fit.)
     picture = live_picture(a_pods=3)
     picture.inventory.hold("ns/b0", "n1", GpuDemand(1, cpu_milli=2000), 60.0, gpus=((3, GPU_MILLI),))
     assert picture.inventory.supply_for("ns/a3", "n1").cpu_free_milli == 14_000
     assert picture.inventory.supply_for("ns/b0", "n1").cpu_free_milli == 16_000
     (held,) = picture.snapshot().holds.values()
     assert (held.key, held.cpu_milli) == ("ns/b0", 2000)  # what the planning fork places
+
+
+def test_a_gpu_plans_hold_keeps_gpus_only() -> None:
+    # One node, 2 GPUs, no core free: a (quota 1) holds both GPUs and 8 cores each; b (quota 1)
+    # waits for 1 GPU + 8 cores. Rule 1 evicts a1 (its GPU and cores): a GPU plan, whose hold
+    # keeps the GPU only, as before rule 9 (keeping CPU in every hold changed the churn runs).
+    node = NodeGpus("n1", "", (0, 0), cpu_free_milli=0, memory_free_mib=0, host_tracked=True)
+    running = {
+        key: RunningPod(
+            key, "a", "n1", ((i, GPU_MILLI),), {"gpu": 1.0}, started=NOW - 3600 + i, cpu_milli=8000
+        )
+        for i, key in enumerate(("a0", "a1"))
+    }
+    usage = {"a": QueueUsage({"gpu": 2.0}, {}), "b": QueueUsage({}, {"gpu": 1.0})}
+    fairness = FairnessSnapshot.build([spec("a", gpu_quota=1), spec("b", gpu_quota=1)], usage, {"gpu": 2.0})
+    snapshot = ClusterSnapshot({"n1": node}, running, fairness, WorkloadMix(demands=()))
+    (done,) = plan(
+        snapshot, [PendingPod("b0", "b", GpuDemand(1, cpu_milli=8000), {"gpu": 1.0})], NOW, Rules()
+    )
+    assert (done.goal, [e.pod.key for e in done.evictions]) == ("reclaim", ["a1"])
+    assert [(h.key, h.cpu_milli, h.memory_mib) for h in done.holds] == [("b0", 0, 0)]
