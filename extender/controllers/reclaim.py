@@ -281,8 +281,8 @@ class ReclaimLoop:
             elif outcome == "evicted":
                 self.counts.evicted_from[victim.queue] += 1
                 self.metrics.lost_work.labels(victim.queue).inc(lost_gpu_seconds(victim, planned_at))
-                self.counts.reclaimed_for[served.queue] += chosen.goal == "reclaim"
-                reason = "Reclaimed" if chosen.goal == "reclaim" else "Preempted"
+                self.counts.reclaimed_for[served.queue] += chosen.goal != "preempt"
+                reason = "Preempted" if chosen.goal == "preempt" else "Reclaimed"
                 await pod_event(self.api, victim.key, uids[victim.key], reason, eviction.message, "Normal")
         if blocked:
             for held in chosen.holds:  # what the other victims freed goes to whoever the scheduler picks
@@ -296,7 +296,7 @@ class ReclaimLoop:
             self.api,
             served.key,
             uids[served.key],
-            "ReclaimPlanned" if chosen.goal == "reclaim" else "PreemptionPlanned",
+            "PreemptionPlanned" if chosen.goal == "preempt" else "ReclaimPlanned",
             f"evicted {len(chosen.evictions)} pod(s) ({chosen.gpus_evicted:.3g} GPUs for "
             f"{chosen.gpus_needed:.3g} needed) on node {chosen.node} for this pod of queue "
             f"'{served.queue}': {victims}; the GPUs are held for it for {self.options.hold_s:.0f}s"

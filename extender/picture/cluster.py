@@ -342,7 +342,19 @@ class ClusterPicture:
                     continue
                 waiting = contribution.bucket == "requested"
                 amounts = dict(contribution.amounts) if waiting else {}
-                held.append(HeldGpus(key, contribution.queue, node, hold.gpus, amounts, hold.owner))
+                host = hold.demand
+                held.append(
+                    HeldGpus(
+                        key,
+                        contribution.queue,
+                        node,
+                        hold.gpus,
+                        amounts,
+                        hold.owner,
+                        host.cpu_milli,
+                        host.memory_mib,
+                    )
+                )
         return held
 
     def _minimums(self, running: Mapping[str, RunningPod]) -> dict[str, int]:

@@ -114,11 +114,13 @@ def _discard(index: dict[str, dict[str, None]], key: str, member: str) -> None:
             del index[key]
 
 
-def _keep(supply: NodeGpus, gpus: tuple[tuple[int, int], ...]) -> NodeGpus:
-    """`supply` less the held shares of these GPUs. A share its GPU cannot give (still held by a
-    terminating victim, or taken by another pod: the DRA allocator chose the devices, and may have
-    put another held pod there) is kept on the free GPU that fits it most tightly instead, so the
-    hold keeps as much on the node as it was made for, whichever devices the pods were given."""
+def _keep(supply: NodeGpus, gpus: tuple[tuple[int, int], ...], host: GpuDemand) -> NodeGpus:
+    """`supply` less the held shares of these GPUs, and the CPU and memory `host` names where
+    the node tracks them (as much as is free: a victim may still be terminating). A share its
+    GPU cannot give (still held by a terminating victim, or taken by another pod: the DRA
+    allocator chose the devices, and may have put another held pod there) is kept on the free
+    GPU that fits it most tightly instead, so the hold keeps as much on the node as it was made
+    for, whichever devices the pods were given."""
     free = list(supply.free_milli)
     short: list[int] = []
     for index, milli in gpus:
@@ -132,7 +134,14 @@ def _keep(supply: NodeGpus, gpus: tuple[tuple[int, int], ...]) -> NodeGpus:
         if fitting:
             tightest = min(fitting, key=lambda index: (free[index], index))
             free[tightest] -= milli
-    return replace(supply, free_milli=tuple(free))
+    if not supply.host_tracked:
+        return replace(supply, free_milli=tuple(free))
+    return replace(
+        supply,
+        free_milli=tuple(free),
+        cpu_free_milli=supply.cpu_free_milli - min(max(supply.cpu_free_milli, 0), host.cpu_milli),
+        memory_free_mib=supply.memory_free_mib - min(max(supply.memory_free_mib, 0), host.memory_mib),
+    )
 
 
 def _allocatable(node: Mapping[str, Any], resource: str) -> float:
@@ -269,7 +278,7 @@ class GpuInventory:
                 self.release_hold(holder)
             elif holder != key and not (owner and hold.owner == owner):
                 if hold.gpus:
-                    supply = _keep(supply, hold.gpus)
+                    supply = _keep(supply, hold.gpus, hold.demand)
                     continue
                 occupied = occupy(supply, hold.demand, _NO_MIX)
                 if occupied is None:

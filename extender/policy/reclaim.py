@@ -107,6 +107,20 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    the devices, holds of "half a GPU somewhere on the node" were packed onto one GPU, the other
    freed GPU went whole to `a`'s evicted pod, and a third eviction - of that same pod - followed.)
 
+10. A pod short of CPU or memory (DRF, `extender.policy.drf`). A pod that neither a GPU reclaim
+   nor preemption serves, and that fits the free GPUs of a node but not its free CPU or memory
+   (`host_starved`), may take victims on such a node from queues above their dominant share -
+   the largest of what a queue holds over its fair share, per resource (GPUs, cores, bytes) -
+   when its own queue is below its dominant share (below its fair share of every resource),
+   stays within its GPU share and has its dominant share raised by the pod, and the victims'
+   queues end above where the reclaimer's is (never inverts, in dominant shares; within its GPU
+   share, the reclaimer is no victim of rule 1: the two rules do not undo each other). Such a
+   plan frees CPU or memory, so rule 4's
+   GPU ratio does not bound it; rule 3 gives back every victim it does not need. Plans of goal
+   `drf`. Example: 8 GPUs, 64 cores; a's 4 pods of <1 GPU, 16 cores> hold every core at GPU
+   shares 4 / 4 (a at 4 of 4 GPUs, 64 of 48 cores: dominant share 1.33); b's pod of <1 GPU,
+   2 cores> takes one of them (a ends at 1, b was at 0).
+
 Pods with a `terminating` flag are evicted in the fork first: their GPUs are already coming free,
 so nothing is evicted for a pod that will fit once they are gone. Pods GPUs are held for (the
 snapshot's `holds`) are then placed on exactly those GPUs: they count as their queues' and take
@@ -132,11 +146,13 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from contract.names import GPU_MILLI
-from extender.policy.fairness import EPSILON, GPU_MODEL_PREFIX, FairnessSnapshot, Resources, format_amount
+from extender.policy.drf import diverging_paths, drf_refusal, drf_victim_text, host_starved
+from extender.policy.drf import gpu_amounts as gpu_amounts  # (re-exported: the planners' import)
+from extender.policy.fairness import EPSILON, FairnessSnapshot, Resources, format_amount
 from extender.policy.placement import DomainMap, GpuDemand, NodeGpus, fits
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, changed_keys
 
-Goal = Literal["reclaim", "preempt"]
+Goal = Literal["reclaim", "preempt", "drf"]  # drf: rule 10, a reclaim for a pod short of CPU or memory
 
 
 @dataclass(frozen=True)
@@ -239,18 +255,6 @@ class Plan:
         return tuple(hold.key for hold in self.holds) or (self.pod.key,)
 
 
-def gpu_amounts(resources: Resources) -> dict[str, float]:
-    return {r: a for r, a in resources.items() if (r == "gpu" or r.startswith(GPU_MODEL_PREFIX)) and a > 0}
-
-
-def _diverging(fairness: FairnessSnapshot, a: str, b: str) -> tuple[list[str], list[str]]:
-    """The paths from `a` and from `b` up to (not including) their lowest common ancestor."""
-    tree = fairness.tree
-    path_a, path_b = tree.path_to_root(a), tree.path_to_root(b)
-    common = set(path_a) & set(path_b)
-    return [q for q in path_a if q not in common], [q for q in path_b if q not in common]
-
-
 def reclaim_refusal(
     fairness: FairnessSnapshot,
     reclaimer: str,
@@ -277,7 +281,7 @@ def reclaim_refusal(
     freed = {r: a for r, a in gpu_amounts(taken).items() if r in wanted}
     if reclaimer == victim or reclaimer not in fairness.tree.specs or victim not in fairness.tree.specs:
         return "reclaim is between queues"
-    up_reclaimer, up_victim = _diverging(fairness, reclaimer, victim)
+    up_reclaimer, up_victim = diverging_paths(fairness.tree, reclaimer, victim)
     tree, shares = fairness.tree, fairness.fair_shares
 
     def standing(queue: str, resource: str) -> tuple[float, float]:
@@ -412,6 +416,13 @@ def _node_plan(
             message = (
                 f"reclaimed for queue '{waiting.queue}' (pod {waiting.key}): queue '{pod.queue}' holds "
                 f"more than its fair share of {_gpu_share_text(trial.fairness, pod.queue)}"
+            )
+        elif goal == "drf":
+            if drf_refusal(trial.fairness, waiting.queue, waiting.resources, pod.queue, taken):
+                continue
+            message = (
+                f"reclaimed for queue '{waiting.queue}' (pod {waiting.key}, short of CPU or memory "
+                f"on node {node}): {drf_victim_text(trial.fairness, pod.queue)}"
             )
         else:
             message = (
@@ -637,6 +648,7 @@ class Search:
         if kept is not None:
             kept.refresh(fork)
         self._by_free: list[str] | None = None
+        self._free_at_start: dict[str, int] = {}  # the free GPU share `by_free` ranked by
         self._nodes_of_queue: dict[str, set[str]] | None = None
         # Per demand: the node (index in `names`) where it fit last, or len(names) when nowhere,
         # and how many nodes were touched then (`fits_somewhere`).
@@ -648,7 +660,7 @@ class Search:
         """Nodes by free GPU share, most first (ranked once per cycle: a heuristic order)."""
         if self._by_free is None:
             nodes = self._fork.nodes
-            free = {name: sum(nodes[name].free_milli) for name in self.names}
+            free = self._free_at_start = {name: sum(nodes[name].free_milli) for name in self.names}
             self._by_free = sorted(self.names, key=lambda name: -free[name])
         return self._by_free
 
@@ -666,12 +678,13 @@ class Search:
         else:
             # Only queues that could give at least a thousandth of a GPU by the rules.
             least = {r: 1 / GPU_MILLI for r in gpu_amounts(waiting.resources)}
+            refusal = drf_refusal if goal == "drf" else reclaim_refusal
             holding = set().union(
                 *(
                     nodes
                     for queue, nodes in self.nodes_of_queue.items()
                     if queue != waiting.queue
-                    and not reclaim_refusal(fork.fairness, waiting.queue, waiting.resources, queue, least)
+                    and not refusal(fork.fairness, waiting.queue, waiting.resources, queue, least)
                 )
             )
         if not holding:
@@ -679,7 +692,12 @@ class Search:
         models = waiting.demand.models
         found: list[str] = []
         for name in self.by_free:
-            if name in holding and (not models or fork.nodes[name].model in models):
+            if goal == "drf" and self._free_at_start[name] < waiting.demand.total_milli:
+                break  # rule 10 needs its GPUs free: no later node had them as the cycle began
+            if name not in holding or (models and fork.nodes[name].model not in models):
+                continue
+            # Rule 10: only where the pod's GPUs are free and its CPU or memory is not.
+            if goal != "drf" or host_starved(fork.nodes[name], _on(waiting, fork, name)):
                 found.append(name)
                 if len(found) == limit:
                     break
@@ -743,9 +761,11 @@ def _plan_for(
         return None
     needed = waiting.demand.total_milli / GPU_MILLI
     best: tuple[tuple[float, float, int, int], str, list[Eviction]] | None = None
-    goals: list[Goal] = [goal, "preempt"] if goal == "reclaim" else [goal]
+    # Rule 10 (DRF) only for a pod neither a GPU reclaim nor preemption serves; a queue owed less
+    # than its pod waits for freed GPUs (rule 9) but may still reclaim CPU or memory by DRF.
+    goals: list[Goal] = [goal, "preempt", "drf"] if goal == "reclaim" else [goal]
     if goal == "reclaim" and not reclaims_now(fork.fairness, waiting, now, rules):
-        goals = ["preempt"]
+        goals = ["preempt", "drf"]
     for current in goals:
         for node in search.candidates(fork, waiting, current, rules.node_trials):
             if not work.spend():
@@ -759,10 +779,16 @@ def _plan_for(
             if not evictions or len(evictions) > evictions_left:
                 continue
             evicted = sum(e.pod.gpus_held for e in evictions)
-            if evicted / max(needed, 1e-9) > rules.max_ratio + EPSILON and not (
-                # One victim no bigger than the whole GPUs the pod needs is the least there is
-                # (a whole-GPU pod for a half-GPU pod); a big one for a small pod is not.
-                len(evictions) == 1 and evicted <= math.ceil(needed - EPSILON)
+            # A DRF plan frees CPU or memory: its victims' GPUs are no measure of what it needs
+            # (rule 3 already gave back every victim the pod does not need).
+            if (
+                current != "drf"
+                and evicted / max(needed, 1e-9) > rules.max_ratio + EPSILON
+                and not (
+                    # One victim no bigger than the whole GPUs the pod needs is the least there is
+                    # (a whole-GPU pod for a half-GPU pod); a big one for a small pod is not.
+                    len(evictions) == 1 and evicted <= math.ceil(needed - EPSILON)
+                )
             ):
                 continue
             # Fewest GPUs, then the least work lost (GPU-seconds the victims ran), fewest pods,
@@ -869,12 +895,24 @@ def apply_plan(fork: ClusterSnapshot, done: Plan, search: Search | None = None) 
     placed = fork.place(_arriving(done.pod), _on(done.pod, fork, done.node), done.node)
     if placed is None:
         return done
-    return replace(done, holds=(_hold_for(done.pod, placed),))
+    return replace(done, holds=(_hold_for(done.pod, placed, done.goal),))
 
 
-def _hold_for(waiting: PendingPod, placed: RunningPod) -> HeldGpus:
-    """The hold that keeps what `waiting` was placed on in a fork for it."""
-    return HeldGpus(waiting.key, waiting.queue, placed.node, placed.gpus, waiting.resources, waiting.workload)
+def _hold_for(waiting: PendingPod, placed: RunningPod, goal: Goal) -> HeldGpus:
+    """The hold that keeps what `waiting` was placed on in a fork for it: the GPUs, and for a
+    plan that freed CPU or memory (rule 10) its CPU and memory too, or another pod takes them
+    back before it binds (a GPU plan's holds keep GPUs only, as they always did)."""
+    host = goal == "drf"
+    return HeldGpus(
+        waiting.key,
+        waiting.queue,
+        placed.node,
+        placed.gpus,
+        waiting.resources,
+        waiting.workload,
+        placed.cpu_milli if host else 0,
+        placed.memory_mib if host else 0,
+    )
 
 
 class Served:
@@ -933,7 +971,7 @@ class Served:
         done = self.plans[index]
         self.plans[index] = replace(
             done,
-            holds=(*done.holds, _hold_for(waiting, placed)),
+            holds=(*done.holds, _hold_for(waiting, placed, done.goal)),
             gpus_needed=done.gpus_needed + placed.gpus_held,
         )
 

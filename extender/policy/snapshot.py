@@ -95,11 +95,21 @@ class HeldGpus:
     # placing it moves to `allocated`.
     resources: Resources = field(default_factory=dict)
     workload: str = ""  # a gang's: any of its waiting members may take it
+    # The CPU and memory kept with the GPUs, where the node tracks them: what the pod needs there,
+    # for a plan that freed CPU or memory for it (reclaim's rule 9: keeping only GPUs would let
+    # another pod take them back); 0 for a plan that freed GPUs.
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
     @property
     def demand(self) -> GpuDemand:
-        """The GPUs kept, as a demand (a fraction: one GPU's share)."""
-        return GpuDemand(len(self.gpus), max((milli for _, milli in self.gpus), default=GPU_MILLI))
+        """What is kept, as a demand (a fraction: one GPU's share), with its CPU and memory."""
+        return GpuDemand(
+            len(self.gpus),
+            max((milli for _, milli in self.gpus), default=GPU_MILLI),
+            cpu_milli=self.cpu_milli,
+            memory_mib=self.memory_mib,
+        )
 
 
 def can_be_victim(pod: RunningPod) -> bool:

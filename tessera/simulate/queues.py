@@ -83,6 +83,7 @@ from extender.policy.admission import (
     waiting_list,
 )
 from extender.policy.deference import OwedPod, defers_to, owed_pods
+from extender.policy.drf import drf_refusal, host_starved
 from extender.policy.fairness import EPSILON, FairnessSnapshot, QueueSpec
 from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, choose_gpus, fits
 from extender.policy.reclaim import PendingPod, Plan, Rules, plan, protected_restarts
@@ -396,6 +397,9 @@ class QueueRunResult:
     utilisation_pct: float = 0.0
     # GPU-seconds idle while a waiting GPU pod, admissible, fitted some node's free resources.
     idle_gpu_s_while_fitting_pod_waits: float = 0.0
+    # GPU-seconds idle while no such pod waited, but one fitted a node's free GPUs and would fit
+    # its CPU and memory too if they were shared fairly (`_short_of_fair_host`).
+    idle_gpu_s_while_host_starved_pod_waits: float = 0.0
     queues: list[QueueSummary] = field(default_factory=list)
     timeline: list[QueueSample] = field(default_factory=list)
     evictions: list[EvictionRecord] = field(default_factory=list)
@@ -491,6 +495,8 @@ class _Hold:
     node: int
     gpus: tuple[tuple[int, int], ...]  # (GPU index, thousandths kept)
     expires: float
+    cpu_milli: int = 0  # the pod's CPU and memory, kept too when the plan freed them (rule 10)
+    memory_mib: int = 0
 
 
 @dataclass
@@ -501,6 +507,7 @@ class _Level:
     shares: dict[str, float]
     starved: set[str]
     idle_gpus: float  # counted only while a waiting pod would fit
+    host_idle_gpus: float = 0.0  # counted only while one would fit with CPU and memory shared fairly
 
 
 class _Replay:
@@ -885,7 +892,8 @@ class _Replay:
 
     def _reserve(self, index: int) -> None:
         """Take what is held for pod `index` out of the cluster while others are placed: the share
-        of each of its GPUs, as much of it as is free (its victims may still be terminating)."""
+        of each of its GPUs, and the CPU and memory it keeps, as much of each as is free (its
+        victims may still be terminating), as the filter's `supply_for` keeps them."""
         hold = self.holds[index]
         free = self.cluster.free[hold.node]
         taken: list[tuple[int, GpuDemand, tuple[int, ...]]] = [
@@ -893,6 +901,13 @@ class _Replay:
             for gpu, milli in hold.gpus
             if free[gpu] > 0
         ]
+        host = GpuDemand(
+            0,
+            cpu_milli=min(hold.cpu_milli, max(self.cluster.cpu_free[hold.node], 0)),
+            memory_mib=min(hold.memory_mib, max(self.cluster.memory_free[hold.node], 0)),
+        )
+        if host.cpu_milli or host.memory_mib:
+            taken.append((hold.node, host, ()))
         for node, demand, gpus in taken:
             self.cluster.place(node, demand, gpus)
         self.phantoms[index] = taken
@@ -987,7 +1002,16 @@ class _Replay:
     def _held(self, index: int, hold: _Hold) -> HeldGpus:
         """A hold as the planner sees it (a waiting pod: its whole request still counts waiting)."""
         pod = self.pods[index]
-        return HeldGpus(pod.key, pod.queue, self.nodes[hold.node].name, hold.gpus, pod.request, pod.gang)
+        return HeldGpus(
+            pod.key,
+            pod.queue,
+            self.nodes[hold.node].name,
+            hold.gpus,
+            pod.request,
+            pod.gang,
+            hold.cpu_milli,
+            hold.memory_mib,
+        )
 
     def _running_pod(self, pod: _Pod) -> RunningPod:
         return RunningPod(
@@ -1074,7 +1098,9 @@ class _Replay:
                 self._wait(victim, now)
         for hold in chosen.holds:
             held = self.pods[int(hold.key)]
-            self.holds[held.index] = _Hold(self.node_index[hold.node], hold.gpus, now + HOLD_S)
+            self.holds[held.index] = _Hold(
+                self.node_index[hold.node], hold.gpus, now + HOLD_S, hold.cpu_milli, hold.memory_mib
+            )
             self._push(now + HOLD_S, _Event.HOLD_EXPIRES, held)
 
     # ---- measuring ---------------------------------------------------------------------------
@@ -1088,7 +1114,8 @@ class _Replay:
         smallest: dict[str, float] = {}  # queue -> the smallest GPU request of its admissible pods
         fitting = False
         verdicts: dict[GpuDemand, bool] = {}
-        for pod in self._admissible(fairness):
+        admissible = self._admissible(fairness)
+        for pod in admissible:
             smallest[pod.queue] = min(pod.request["gpu"], smallest.get(pod.queue, math.inf))
             if pod.demand not in verdicts:
                 verdicts[pod.demand] = any(
@@ -1100,13 +1127,46 @@ class _Replay:
             for ancestor in tree.path_to_root(leaf)[1:]:
                 smallest[ancestor] = min(gpus, smallest.get(ancestor, math.inf))
         starved = {q for q, gpus in smallest.items() if allocated[q] + gpus <= shares[q] + EPSILON}
-        idle = (self.cluster.capacity_milli - self.cluster.allocated_milli) / GPU_MILLI if fitting else 0.0
-        self.level = _Level(allocated, shares, starved, idle)
+        free_gpus = (self.cluster.capacity_milli - self.cluster.allocated_milli) / GPU_MILLI
+        idle = free_gpus if fitting else 0.0
+        host_idle = free_gpus if not fitting and self._short_of_fair_host(fairness, admissible) else 0.0
+        self.level = _Level(allocated, shares, starved, idle, host_idle)
         pending = Counter(p.queue for p in self.waiting.values())
         running = Counter(p.queue for p in self.running.values())
         for q in self.names:
             self.max_allocated[q] = max(self.max_allocated[q], allocated[q])
             self.result.timeline.append(QueueSample(now, q, allocated[q], shares[q], pending[q], running[q]))
+
+    def _short_of_fair_host(self, fairness: FairnessSnapshot, admissible: Sequence[_Pod]) -> bool:
+        """Whether one of the `admissible` waiting GPU pods fits a node's free GPUs, not its free
+        CPU or memory, and would fit them if the pods there of the queues CPU and memory would
+        be reclaimed from by the DRF rule (`extender.policy.drf.drf_refusal`: the pod's queue below
+        its dominant share, theirs above, compared where their paths diverge) gave theirs back."""
+        nodes = [self.cluster.node_gpus(index) for index in range(len(self.nodes))]
+        short = {
+            (pod.queue, pod.signature, pod.demand, index): pod
+            for pod in admissible
+            for index, node in enumerate(nodes)
+            if host_starved(node, pod.demand)
+        }
+        if not short:
+            return False
+        least = {"gpu": 1 / GPU_MILLI}  # (as the planner asks which queues could give at all)
+        givers: dict[tuple[str, str], bool] = {}
+        for pod, index in ((pod, key[3]) for key, pod in short.items()):
+            cpu_milli, memory_mib = nodes[index].cpu_free_milli, nodes[index].memory_free_mib
+            for other in self.running.values():
+                if other.node != index or other.state != "running":
+                    continue
+                pair = (pod.queue, other.queue)
+                if pair not in givers:
+                    givers[pair] = not drf_refusal(fairness, pod.queue, pod.request, other.queue, least)
+                if givers[pair]:
+                    cpu_milli += other.demand.cpu_milli
+                    memory_mib += other.demand.memory_mib
+            if cpu_milli >= pod.demand.cpu_milli and memory_mib >= pod.demand.memory_mib:
+                return True
+        return False
 
     def _admissible(self, fairness: FairnessSnapshot) -> list[_Pod]:
         """Waiting GPU pods that admission lets in now (pods alike in what it reads asked once)."""
@@ -1133,6 +1193,7 @@ class _Replay:
             sums["starved"] += span if q in level.starved else 0.0
             sums["deficit"] += max(0.0, level.shares.get(q, 0.0) - level.allocated.get(q, 0.0)) * span
         self.result.idle_gpu_s_while_fitting_pod_waits += level.idle_gpus * span
+        self.result.idle_gpu_s_while_host_starved_pod_waits += level.host_idle_gpus * span
         self.last_time = now
 
     def _summarise(self) -> None:

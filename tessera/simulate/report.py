@@ -408,6 +408,8 @@ def queue_table(result: QueueRunResult) -> str:
             format_table(headers, rows),
             f"GPU utilisation (time-weighted): {result.utilisation_pct:.1f}%",
             f"GPU-s idle while a pod that fits waited: {result.idle_gpu_s_while_fitting_pod_waits:.1f}",
+            "GPU-s idle while a pod waited that would fit if CPU and memory were shared fairly: "
+            f"{result.idle_gpu_s_while_host_starved_pod_waits:.1f}",
             reclaim,
         ]
     )

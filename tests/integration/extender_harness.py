@@ -98,22 +98,28 @@ class GpuCluster:
     async def get_queue(self, name: str) -> JsonObject:
         return await request(self.api, "GET", f"{QUEUES_PATH}/{name}")
 
-    def pod(self, queue: str, name: str, template: str = TEMPLATE) -> JsonObject:
-        pod = objects.pod(self.namespace, name, queue=queue, template=template, scheduler=self.scheduler_name)
+    def pod(self, queue: str, name: str, template: str = TEMPLATE, cpu: str = "100m") -> JsonObject:
+        pod = objects.pod(
+            self.namespace, name, queue=queue, template=template, scheduler=self.scheduler_name, cpu=cpu
+        )
         del pod["metadata"]["uid"], pod["status"]
         return pod
 
-    async def submit(self, queue: str, count: int, prefix: str, template: str = TEMPLATE) -> list[str]:
+    async def submit(
+        self, queue: str, count: int, prefix: str, template: str = TEMPLATE, cpu: str = "100m"
+    ) -> list[str]:
         names = []
         for index in range(count):
-            pod = self.pod(queue, f"{prefix}-{index}", template)
+            pod = self.pod(queue, f"{prefix}-{index}", template, cpu)
             await request(self.api, "POST", f"/api/v1/namespaces/{self.namespace}/pods", body=pod)
             names.append(pod["metadata"]["name"])
         return names
 
-    async def create_replicaset(self, queue: str, name: str, replicas: int, template: str = TEMPLATE) -> None:
+    async def create_replicaset(
+        self, queue: str, name: str, replicas: int, template: str = TEMPLATE, cpu: str = "100m"
+    ) -> None:
         """A ReplicaSet of GPU pods (label app=`name`): the controller replaces evicted pods."""
-        pod = self.pod(queue, name, template)
+        pod = self.pod(queue, name, template, cpu)
         pod_labels = {**pod["metadata"]["labels"], "app": name}
         body = {
             "apiVersion": "apps/v1",

@@ -338,3 +338,30 @@ async def test_only_the_lease_holder_evicts(
             await wait_until(lambda: leads(second), timeout=40, what="the second replica to take the Lease")
         finally:
             await stop_service(second)
+
+
+async def test_a_pod_short_of_cpu_reclaims_it_from_the_queue_above_its_dominant_share(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    # One fake node of 8 GPUs and 64 cores. A's ReplicaSet of 4 pods of <1 GPU, 16 cores> holds
+    # every core; B submits 4 pods of <1 GPU, 2 cores>: kube-scheduler finds no node with the
+    # cores, beside 4 idle GPUs. GPU shares 4 / 4 (A holds exactly its share: the GPU rule takes
+    # nothing); cores: B asks 8 and is given them, A 56 - A holds 64: dominant share 64/56 > 1,
+    # B's 0. DRF (docs/queues.md, "CPU and memory (DRF)") evicts one of A's pods: 16 cores free,
+    # B's 4 pods take 8 of them and 4 GPUs. A's replacement (16 cores) waits: 8 are free, and
+    # A (3 of 4 GPUs, 48 of 56 cores) is below its dominant share, not above B's.
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=8, agent=True) as env:
+        assert env.service is not None
+        team_a = await env.create_queue("a")
+        team_b = await env.create_queue("b")
+        await env.create_replicaset(team_a, "a", 4, cpu="16")
+        first_a = set(await wait_running(env, {team_a: 4}))
+        await env.submit(team_b, 4, "b", cpu="2")
+        await wait_running(env, {team_a: 3, team_b: 4})
+        reclaimed = await events(env, "Reclaimed")
+        assert len(reclaimed) == 1 and reclaimed[0]["involvedObject"]["name"] in first_a
+        assert "short of CPU or memory" in reclaimed[0]["message"], reclaimed[0]["message"]
+        await more_cycles(env.service, 5)
+        assert metric(env.service, EVICTIONS, goal="drf", outcome="evicted") == 1
+        assert metric(env.service, EVICTIONS) == 1
+        assert by_queue(await running(env)) == {team_a: 3, team_b: 4}
