@@ -5,6 +5,7 @@
                            [--extender-weight N] [--device-choice first-fit|tessera]
                            [--moves-per-100-pods 0,1,2,5] [--moves-per-pod N] [--bound [TARGET]]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
+                            [--history on|off]
 
 Both print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
 """
@@ -28,6 +29,7 @@ from .queues import WorkloadError, load_workload, run_queue_workload
 from .report import (
     PUBLISHED_ALLOCATION,
     bound_table,
+    gpu_hours_table,
     margin_lines,
     move_budget_table,
     packing_seeds_table,
@@ -265,12 +267,16 @@ def _run_queues(args: argparse.Namespace) -> int:
         args.seed,
         reclaim_interval_s=args.reclaim_interval,
         termination_delay_s=args.termination_delay,
+        history=None if args.history is None else args.history == "on",
     )
     print(
         f"workload {result.name}: {len(workload.nodes)} nodes, policy {result.policy}, "
         f"makespan {result.makespan_s:.0f} s"
     )
     print(queue_table(result))
+    if result.history or args.history is not None:
+        top = {q.name: q.over_quota_weight.get("gpu", 1.0) for q in workload.queues if q.parent is None}
+        print(gpu_hours_table(result, top))
     if result.refusals:
         print("refusals: " + ", ".join(f"{k} {v}" for k, v in sorted(result.refusals.items())))
     written = write_queue_csv(result, args.out)
@@ -362,6 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")
     queues.add_argument("--seed", type=int, default=None, help="random seed (default: the workload's)")
+    queues.add_argument(
+        "--history",
+        choices=("on", "off"),
+        help="fair share over time on or off, and the GPU-hours table (default: the workload's)",
+    )
     for mode in (trace, queues):
         mode.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default %(default)s)")
         mode.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
