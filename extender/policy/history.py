@@ -359,6 +359,8 @@ class FairShareHistory:
         self.histories = dict(histories)
         self.factors = {q: dict(f) for q, f in factors.items() if f}
         self.version += 1
+        # The time since they were kept is counted at the next record, with what is held then.
+        self._recorded, self._holding, self.factors_at = None, {}, None
 
     def record(
         self,
@@ -373,25 +375,26 @@ class FairShareHistory:
             return
         resources = tracked_resources(tree, capacity)
         held_capacity = {r: capacity.get(r, 0.0) for r in resources}
+        holding = {
+            name: {r: tree.subtree(name, "allocated", r) for r in resources}
+            for name, own in params.items()
+            if own.enabled
+        }
         for name, own in params.items():
             if not own.enabled:
                 continue
             history = self.histories.get(name)
             if history is None:
                 history = QueueHistory(now, own)
+            elif self._recorded is not None:
+                # What it held since the last record, against the capacity of then.
+                history = history.with_params(own).advance(now, self._holding.get(name, {}), self._capacity)
             else:
-                history = history.with_params(own)
-                if self._recorded is not None:
-                    # What it held since the last record, against the capacity of then.
-                    history = history.advance(now, self._holding.get(name, {}), self._capacity)
-                else:  # restored: nothing is known of the time between, so it only decays
-                    history = history.advance(now, {}, {})
+                # Restored from where it was kept: what it holds now is the best guess of what
+                # it held since (a leader change keeps the allocation as it was).
+                history = history.with_params(own).advance(now, holding[name], held_capacity)
             self.histories[name] = history
-        self._holding = {
-            name: {r: tree.subtree(name, "allocated", r) for r in resources}
-            for name, own in params.items()
-            if own.enabled
-        }
+        self._holding = holding
         self._capacity, self._recorded = held_capacity, now
 
     def adjustment(

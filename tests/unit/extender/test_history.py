@@ -269,3 +269,16 @@ def test_material_changes() -> None:
     before = {"a": {"gpu": 1.0}, "b": {"gpu": 0.9}}
     after = {"a": {"gpu": 0.7}, "c": {"gpu": 1.3}}
     assert material_changes(before, after, 0.25) == {"a": {"gpu": (1.0, 0.7)}, "c": {"gpu": (1.0, 1.3)}}
+
+
+def test_a_restored_history_counts_the_time_since_it_was_kept() -> None:
+    # Kept at t = 1000 s with 4 GPUs held for 1000 s (4000 GPU-s, no decay); taken up at 1100 s
+    # with 4 GPUs held: the 100 s between count as held (a leader change keeps the allocation),
+    # 4400 GPU-s; the capacity of 8 GPUs for 1100 s: 4400 / 8800 = 0.5.
+    tree = QueueTree((QueueSpec("a"),), {"a": QueueUsage(allocated={"gpu": 4}, requested={})})
+    kept = QueueHistory(0.0, ON).advance(1000.0, {"gpu": 4}, {"gpu": 8})
+    rule = FairShareHistory(defaults=ON)
+    rule.restore({"a": kept}, {})
+    rule.record(1100.0, tree, {"gpu": 8}, {})
+    assert rule.histories["a"].resource_seconds("gpu") == pytest.approx(4400.0)
+    assert rule.histories["a"].fraction("gpu") == pytest.approx(0.5)
