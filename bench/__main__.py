@@ -30,7 +30,7 @@ race KAI Scheduler too when ``hack/build-kai.sh`` built it (``bench.kai``; ``--n
 out); without that build they say so and run without it.
 
 ``--smoke`` runs every benchmark module at tiny sizes, one round each (the two in-process ones
-not in the list above, ``bench.codec`` and ``bench.queuecycle``, too): what ``make test`` runs to
+not in the list above, ``bench.codec``, ``bench.queuecycle`` and ``bench.history``, too): what ``make test`` runs to
 catch a benchmark that no longer works, not a measurement.
 """
 
@@ -50,6 +50,7 @@ from . import (
     codec,
     e2e,
     fairshare,
+    history,
     packing,
     planning,
     prepare,
@@ -76,6 +77,7 @@ BENCHMARKS = (
     "webhookflood",
     "codec",
     "queuecycle",
+    "history",
 )
 ON_A_CLUSTER = ("e2e", "reaction", "reclaim", "packing")
 # The smoke's in-process sizes: one small cluster picture, a fraction of a second per hot-path case.
@@ -244,7 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n[12] webhook flood")
         failed |= webhookflood.main(smoke) != 0
     # Not in the full run (their own commands measure them); in the smoke, so they keep working.
-    for name, module_main in (("codec", codec.main), ("queuecycle", queuecycle.main)):
+    for name, module_main in (
+        ("codec", codec.main),
+        ("queuecycle", queuecycle.main),
+        ("history", history.main),
+    ):
         if args.only == name or (args.only is None and args.smoke):
             failed |= module_main(smoke) != 0
     return 1 if failed else 0

@@ -50,6 +50,8 @@ CASES = [
         "queuecycle",
         rf"50\s+2 flat\s+10(\s+\S+){{4}}\s+1\.00x\n50\s+1000 in 3 levels\s+10(\s+\S+){{4}}\s+{RATIO}",
     ),
+    # 1000 queues, fair share over time off, then on (with the cost of an update).
+    ("history", rf"50\s+1000\s+off\s+10\s+\S+\s+-\s+1\.00x\n50\s+1000\s+on\s+10\s+\S+\s+\S+\s+{RATIO}"),
 ]
 
 
