@@ -29,9 +29,9 @@ the control-plane binaries (``make bench`` builds them); ``--no-cluster`` skips 
 race KAI Scheduler too when ``hack/build-kai.sh`` built it (``bench.kai``; ``--no-kai`` leaves it
 out); without that build they say so and run without it.
 
-``--smoke`` runs every benchmark module at tiny sizes, one round each (the two in-process ones
-not in the list above, ``bench.codec``, ``bench.queuecycle`` and ``bench.history``, too): what ``make test`` runs to
-catch a benchmark that no longer works, not a measurement.
+``--smoke`` runs every benchmark module at tiny sizes, one round each (the in-process ones not in
+the list above, ``bench.codec``, ``bench.queuecycle`` and ``bench.history``, too): what ``make
+test`` runs to catch a benchmark that no longer works, not a measurement.
 """
 
 from __future__ import annotations
