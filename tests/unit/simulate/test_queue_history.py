@@ -13,8 +13,8 @@ from tessera.simulate.queues import load_workload, parse_workload, run_queue_wor
 EXAMPLES = Path(__file__).resolve().parents[3] / "tessera" / "simulate" / "examples"
 
 
-def _shares(history: bool) -> dict[str, float]:
-    result = run_queue_workload(load_workload(EXAMPLES / "history-week.yaml"), history=history)
+def _shares(history: bool, example: str = "history-week.yaml") -> dict[str, float]:
+    result = run_queue_workload(load_workload(EXAMPLES / example), history=history)
     total = sum(q.gpu_hours for q in result.queues)
     return {q.name: q.gpu_hours / total for q in result.queues}
 
@@ -28,6 +28,13 @@ def test_a_week_of_whole_node_jobs_ends_near_the_weights_with_history() -> None:
     for queue in ("steady", "nightly"):
         assert abs(on[queue] - 0.5) <= 0.05 * 0.5
     assert on["nightly"] > off["nightly"] + 0.15
+
+
+def test_a_newcomer_runs_with_history_and_never_without() -> None:
+    # Off: 0 of 2688 GPU-hours (its pods are younger than every backlog). On: 512 (19.0 %) in
+    # the three days it is there.
+    assert _shares(False, "history-newcomer.yaml")["newcomer"] == 0
+    assert _shares(True, "history-newcomer.yaml")["newcomer"] == pytest.approx(512 / 2688)
 
 
 def test_history_off_is_todays_replay() -> None:
