@@ -160,6 +160,8 @@ class QueueHistory:
         start = max(self.updated, math.floor(horizon / length) * length)
         while capacity and start < now:
             bucket = math.floor(start / length) * length
+            if bucket + length <= start:  # (a start on a boundary that rounding put below it)
+                bucket += length
             end = min(now, bucket + length)
             usage, held = kept.setdefault(bucket, ({}, {}))
             for resource, total in capacity.items():

@@ -282,3 +282,13 @@ def test_a_restored_history_counts_the_time_since_it_was_kept() -> None:
     rule.record(1100.0, tree, {"gpu": 8}, {})
     assert rule.histories["a"].resource_seconds("gpu") == pytest.approx(4400.0)
     assert rule.histories["a"].fraction("gpu") == pytest.approx(0.5)
+
+
+def test_buckets_of_a_length_that_is_no_whole_number() -> None:
+    # Window 256 s: buckets of 21.33 s; one second at a time, 64 s of 16 GPUs of 16: 1024 GPU-s
+    # (a start on a bucket's edge that rounding put below it looped forever before).
+    history = QueueHistory(0.0, HistoryParams(True, None, 256.0))
+    for second in range(1, 65):
+        history = history.advance(float(second), {"gpu": 16}, {"gpu": 16})
+    assert history.resource_seconds("gpu") == pytest.approx(1024.0)
+    assert history.fraction("gpu") == pytest.approx(1.0)
