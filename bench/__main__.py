@@ -29,9 +29,9 @@ the control-plane binaries (``make bench`` builds them); ``--no-cluster`` skips 
 race KAI Scheduler too when ``hack/build-kai.sh`` built it (``bench.kai``; ``--no-kai`` leaves it
 out); without that build they say so and run without it.
 
-``--smoke`` runs every benchmark module at tiny sizes, one round each (the two in-process ones
-not in the list above, ``bench.codec`` and ``bench.queuecycle``, too): what ``make test`` runs to
-catch a benchmark that no longer works, not a measurement.
+``--smoke`` runs every benchmark module at tiny sizes, one round each (the in-process ones not in
+the list above, ``bench.codec``, ``bench.queuecycle`` and ``bench.history``, too): what ``make
+test`` runs to catch a benchmark that no longer works, not a measurement.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from . import (
     codec,
     e2e,
     fairshare,
+    history,
     packing,
     planning,
     prepare,
@@ -78,6 +79,7 @@ BENCHMARKS = (
     "codec",
     "queuecycle",
     "topology",
+    "history",
 )
 ON_A_CLUSTER = ("e2e", "reaction", "reclaim", "packing")
 # The smoke's in-process sizes: one small cluster picture, a fraction of a second per hot-path case.
@@ -252,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("codec", codec.main),
         ("queuecycle", queuecycle.main),
         ("topology", topology.main),
+        ("history", history.main),
     ):
         if args.only == name or (args.only is None and args.smoke):
             failed |= module_main(smoke) != 0

@@ -21,9 +21,12 @@ from contract.names import ADMISSION_GATE, DRIVER_NAME, NAMESPACE_SCHEDULER_LABE
 from extender.controllers.consolidate import ConsolidationOptions
 from extender.controllers.endpoint import Advertise
 from extender.controllers.evictions import EvictionLimits
+from extender.controllers.history import HISTORY_SAMPLE_S, HistoryOptions
 from extender.controllers.reclaim import ReclaimOptions
 from extender.picture.cluster import ClusterPicture, PictureConfig
+from extender.policy.history import DEFAULT_K, DEFAULT_UPDATE_PERIOD_S, DEFAULT_WINDOW_S, HistoryParams
 from extender.policy.topology import DEFAULT_TOPOLOGY, Topology, parse_topology
+from extender.queues import parse_duration
 from extender.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CANDIDATE_NODES, operations_app
 from extender.service import ExtenderService, ServiceOptions
 from extender.serving import SERVER_SETTINGS, server_ssl_context
@@ -256,6 +259,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "it is closed (default 15)",
     )
     parser.add_argument(
+        "--fair-share-history",
+        action="store_true",
+        default=_env("FAIR_SHARE_HISTORY", "") == "true",
+        help="fair share over time for every queue that does not turn it off (default: off; a "
+        "queue's spec.fairShareHistory.enabled turns it on for its subtree)",
+    )
+    parser.add_argument(
+        "--history-half-life",
+        type=parse_duration,
+        default=0.0,
+        help="half-life of past usage, a duration such as 24h (default 0: no decay)",
+    )
+    parser.add_argument(
+        "--history-window",
+        type=parse_duration,
+        default=DEFAULT_WINDOW_S,
+        help="how far back usage counts, at most 7 days (default 168h)",
+    )
+    parser.add_argument(
+        "--history-k", type=float, default=DEFAULT_K, help="kValue: the weight of past usage (default 1)"
+    )
+    parser.add_argument(
+        "--history-update-period",
+        type=float,
+        default=DEFAULT_UPDATE_PERIOD_S,
+        help="seconds between new weight factors and Queue status writes of the history (default 60)",
+    )
+    parser.add_argument(
         "--queue-status-interval", type=float, default=2.0, help="seconds between Queue status updates"
     )
     parser.add_argument(
@@ -281,6 +312,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--webhook-client-ca-file needs --webhook-port")
     if args.webhook_port and args.webhook_port in (args.port, args.metrics_port):
         parser.error("--webhook-port must differ from --port and --metrics-port")
+    if args.history_window <= 0 or not 0 <= args.history_k <= 100 or not args.history_update_period > 0:
+        parser.error(
+            "--history-window and --history-update-period must be above 0, --history-k between 0 and 100"
+        )
     if args.advertise_service and not (args.leader_elect and args.advertise_address):
         parser.error("--advertise-service needs --leader-elect and --advertise-address (or $POD_IP)")
     return args
@@ -358,6 +393,16 @@ async def run(args: argparse.Namespace) -> None:
             else None
         ),
         kubeconfig=args.kubeconfig,
+        history=HistoryOptions(
+            HistoryParams(
+                enabled=args.fair_share_history,
+                half_life_s=args.history_half_life or None,
+                window_s=args.history_window,
+                k=args.history_k,
+            ),
+            sample_interval_s=min(HISTORY_SAMPLE_S, args.history_update_period),
+            update_period_s=args.history_update_period,
+        ),
         advertise=(
             Advertise(args.lease_namespace, args.advertise_service, args.advertise_address)
             if args.advertise_service

@@ -34,6 +34,7 @@ from extender.policy.fairness import (
     broken_ancestries,
     format_amount,
 )
+from extender.policy.history import HistorySettings
 from extender.policy.tenancy import (
     OPEN,
     LabelRequirement,
@@ -155,6 +156,20 @@ class NamespaceSelectorModel(BaseModel):
         )
 
 
+class FairShareHistoryModel(BaseModel):
+    """``spec.fairShareHistory`` (extender.policy.history); a field left out is inherited."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    enabled: bool | None = None
+    half_life: Duration | None = Field(default=None, alias="halfLife")  # 0: no decay
+    window: Duration | None = Field(default=None, gt=0)
+    k_value: float | None = Field(default=None, alias="kValue", ge=0, le=100, allow_inf_nan=False)
+
+    def settings(self) -> HistorySettings:
+        return HistorySettings(self.enabled, self.half_life, self.window, self.k_value)
+
+
 class QueueSpecModel(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -173,6 +188,7 @@ class QueueSpecModel(BaseModel):
         default=None, max_length=MAX_TENANT_NAMES
     )
     namespace_selector: NamespaceSelectorModel | None = Field(default=None, alias="namespaceSelector")
+    fair_share_history: FairShareHistoryModel | None = Field(default=None, alias="fairShareHistory")
 
     def tenancy(self) -> Tenancy:
         if self.namespaces is None and self.namespace_selector is None:
@@ -227,6 +243,19 @@ def parse_queue(obj: Mapping[str, Any]) -> QueueSpec:
         preempt_min_runtime_s=spec.preempt_min_runtime,
         tenancy=spec.tenancy(),
     )
+
+
+def history_settings(obj: Mapping[str, Any]) -> HistorySettings | None:
+    """A Queue object's ``spec.fairShareHistory``; None when it sets none or does not parse
+    (``parse_queue`` says why)."""
+    raw = obj.get("spec")
+    section = raw.get("fairShareHistory") if isinstance(raw, Mapping) else None
+    if section is None:
+        return None
+    try:
+        return FairShareHistoryModel.model_validate(section).settings()
+    except ValidationError:
+        return None
 
 
 def validate_hierarchy(specs: Sequence[QueueSpec]) -> dict[str, list[str]]:

@@ -17,6 +17,7 @@ from extender.binder import Binder
 from extender.controllers.consolidate import ConsolidationOptions, Consolidator
 from extender.controllers.endpoint import Advertise, LeaderEndpoint
 from extender.controllers.gates import GateController
+from extender.controllers.history import HistoryCollector, HistoryKeeper, HistoryOptions
 from extender.controllers.lease import LeaderLease
 from extender.controllers.outside import BypassReporter
 from extender.controllers.owners import OwnerReader
@@ -63,6 +64,8 @@ class ServiceOptions:
     webhook_tls: WebhookTLS | None = None
     # The webhook process's API access: a kubeconfig file; None: the in-cluster service account.
     kubeconfig: str | None = None
+    # Fair share over time: the cluster-wide defaults (off unless a queue turns it on).
+    history: HistoryOptions = field(default_factory=HistoryOptions)
 
 
 class ExtenderService:
@@ -149,6 +152,11 @@ class ExtenderService:
             if webhooks and webhooks.gate
             else None
         )
+        # Usage history in the Queue status (the Lease holder writes, every replica follows it).
+        self.history = HistoryKeeper(
+            api, self.picture, options.history, self.lease.is_leader if self.lease else (lambda: True)
+        )
+        self.metrics.registry.register(HistoryCollector(self.history))
         # Marks pods that hold GPUs outside Tessera (a condition, one Warning event): the active replica.
         self.bypass = BypassReporter(
             api, self.picture, is_leader=self.lease.is_leader if self.lease else (lambda: True)
@@ -170,6 +178,7 @@ class ExtenderService:
         self.owners.start()
         self.writer.start()
         self.bypass.start()
+        self.history.start()
         if self.lease:
             self.lease.start()
         if self.reclaimer:
@@ -218,6 +227,7 @@ class ExtenderService:
             await self.lease.stop(release=True)
         await self._runner.cleanup()
         await self.bypass.stop()
+        await self.history.stop()
         await self.writer.stop()
         await self.owners.stop()
         await self.watcher.stop()

@@ -8,7 +8,7 @@
     tessera simulate timeline [--policies random,...,tessera+moves] [--loads 1,1.5,2,3] [--seeds 0,1,2]
                               [--cluster-share 0.02] [--move-budget 5] [--min-runtime 300] [--smoke]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
-                            [--partly-owed-wait-s S]
+                            [--partly-owed-wait-s S] [--no-topology-asks] [--history on|off]
 
 All print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
 """
@@ -35,6 +35,7 @@ from .report import (
     PUBLISHED_ALLOCATION,
     bound_table,
     gang_table,
+    gpu_hours_table,
     margin_lines,
     move_budget_table,
     packing_seeds_table,
@@ -426,6 +427,7 @@ def _run_queues(args: argparse.Namespace) -> int:
         termination_delay_s=args.termination_delay,
         partly_owed_wait_s=args.partly_owed_wait_s,
         topology_asks=not args.no_topology_asks,
+        history=None if args.history is None else args.history == "on",
     )
     print(
         f"workload {result.name}: {len(workload.nodes)} nodes, policy {result.policy}, "
@@ -434,6 +436,9 @@ def _run_queues(args: argparse.Namespace) -> int:
     print(queue_table(result))
     if result.gangs:
         print(gang_table(result))
+    if result.history or args.history is not None:
+        top = {q.name: q.over_quota_weight.get("gpu", 1.0) for q in workload.queues if q.parent is None}
+        print(gpu_hours_table(result, top))
     if result.refusals:
         print("refusals: " + ", ".join(f"{k} {v}" for k, v in sorted(result.refusals.items())))
     written = write_queue_csv(result, args.out)
@@ -576,6 +581,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-topology-asks",
         action="store_true",
         help="place gangs as if they asked no topology level (the domains they span are still reported)",
+    )
+    queues.add_argument(
+        "--history",
+        choices=("on", "off"),
+        help="fair share over time on or off, and the GPU-hours table (default: the workload's)",
     )
     mig = sub.add_parser(
         "mig", help="MIG-capable GPUs: partitions on demand vs carved ahead vs MPS (synthetic mix)"

@@ -5,6 +5,9 @@ Format (quantities as in Kubernetes: ``64``, ``500m``, ``512Gi``)::
     name: two-teams                      # optional; names the output files
     reclaimInterval: 1                   # s between reclaim cycles (default 1; 0: no reclaim)
     terminationDelay: 10                 # s an evicted pod takes to go (default 0)
+    fairShareHistory: {enabled: true, halfLife: 24h, window: 168h, kValue: 1}  # the cluster-wide
+                                         # defaults of fair share over time (default: off)
+    until: 604800                        # s: the run ends here (default: when every pod is done)
     nodes:
       - {name: h100, count: 4, model: H100, gpus: 8, cpu: 64, memory: 512Gi}
     queues:                              # spec exactly as in a Queue object (manifests/crds/queues.yaml)
@@ -84,13 +87,33 @@ from extender.policy.admission import (
 )
 from extender.policy.deference import OwedPod, defers_to, owed_pods
 from extender.policy.drf import drf_refusal, host_starved
-from extender.policy.fairness import EPSILON, FairnessSnapshot, QueueSpec
+from extender.policy.fairness import (
+    EPSILON,
+    FairnessSnapshot,
+    FairShareInputs,
+    QueueSpec,
+    QueueTree,
+    WeightAdjustment,
+    compute_fair_shares,
+)
+from extender.policy.history import (
+    DEFAULT_UPDATE_PERIOD_S,
+    FairShareHistory,
+    HistoryParams,
+    HistorySettings,
+)
 from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, choose_gpus, fits
 from extender.policy.reclaim import PendingPod, Plan, Rules, plan, protected_restarts
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, take
 from extender.policy.topology import Level, Topology, TopologyAsk, ask_refusal, plan_in_domain
 from extender.policy.workloads import Workload
-from extender.queues import QueueSpecError, parse_queue, validate_hierarchy
+from extender.queues import (
+    FairShareHistoryModel,
+    QueueSpecError,
+    history_settings,
+    parse_queue,
+    validate_hierarchy,
+)
 
 from .cluster import Cluster
 from .packing import Placer, workload_mix
@@ -171,6 +194,8 @@ class WorkloadModel(_Model):
     reclaim_interval: float = Field(default=1.0, alias="reclaimInterval", ge=0)
     termination_delay: float = Field(default=0.0, alias="terminationDelay", ge=0)
     topology: list[LevelModel] = Field(default_factory=list)  # outermost first, as --topology-levels
+    fair_share_history: FairShareHistoryModel | None = Field(default=None, alias="fairShareHistory")
+    until: float | None = Field(default=None, gt=0)  # s: the run ends here, work left or not
     nodes: list[NodeGroupModel] = Field(min_length=1)
     queues: list[QueueModel] = Field(min_length=1)
     jobs: list[JobModel] = Field(min_length=1)
@@ -191,6 +216,10 @@ class QueueWorkload:
     # The topology levels, and each level's node -> domain (from the nodes' labels and layouts).
     topology: Topology = field(default_factory=lambda: Topology(()))
     level_domains: Mapping[str, DomainMap] = field(default_factory=dict, hash=False)
+    # Fair share over time: the cluster-wide defaults, and what each queue sets.
+    history: HistoryParams = field(default_factory=HistoryParams)
+    history_settings: Mapping[str, HistorySettings] = field(default_factory=dict)
+    until_s: float | None = None  # the run ends here (None: when every pod is done)
 
 
 def _layout_labels(group: NodeGroupModel, topology: Topology, source: str) -> list[dict[str, str]]:
@@ -267,6 +296,13 @@ def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
             raise WorkloadError(
                 f"{source}: job '{job.name}': minMembers {job.min_members} is more than its {job.count} pods"
             )
+    defaults = model.fair_share_history.settings() if model.fair_share_history else HistorySettings()
+    settings = {
+        q.name: found
+        for q in model.queues
+        for found in (history_settings({"spec": q.spec}),)
+        if found is not None
+    }
     return QueueWorkload(
         model.name,
         model.seed,
@@ -277,6 +313,14 @@ def parse_workload(data: object, source: str = "workload") -> QueueWorkload:
         model.termination_delay,
         topology=topology,
         level_domains=level_domains,
+        history=HistoryParams(
+            enabled=bool(defaults.enabled),
+            half_life_s=defaults.half_life_s or None,
+            window_s=defaults.window_s or HistoryParams().window_s,
+            k=HistoryParams().k if defaults.k is None else defaults.k,
+        ),
+        history_settings=settings,
+        until_s=model.until,
     )
 
 
@@ -385,6 +429,7 @@ class QueueSummary:
     evicted: int = 0  # its pods evicted
     evicted_for: int = 0  # pods evicted to serve its pods
     lost_gpu_s: float = 0.0  # work its evicted pods threw away: GPUs x how long each had run
+    gpu_hours: float = 0.0  # the GPUs it held, integrated over the run
 
 
 @dataclass
@@ -412,6 +457,7 @@ class QueueRunResult:
     refusals: dict[str, int] = field(default_factory=dict)  # reason -> pods refused at least once
     gpu_s_used: float = 0.0  # GPU-seconds held by pods over the run (running and terminating)
     gangs: list[GangRecord] = field(default_factory=list)  # gangs' first starts, when levels exist
+    history: bool = False  # fair share over time was on for some queue
 
     @property
     def gpus_evicted(self) -> float:
@@ -578,6 +624,17 @@ class _Replay:
             q: {"allocated": 0.0, "share": 0.0, "starved": 0.0, "deficit": 0.0} for q in self.names
         }
         self.max_allocated: dict[str, float] = dict.fromkeys(self.names, 0.0)
+        # Fair share over time, as the extender's history controller runs it (None: off).
+        settings = workload.history_settings
+        enabled = workload.history.enabled or any(s.enabled for s in settings.values())
+        # The factors move at most once per reclaim cycle (and per minute), as in the extender,
+        # where the reclaim loop reads the shares a minute's update left.
+        period = max(DEFAULT_UPDATE_PERIOD_S, interval)
+        self.history = FairShareHistory(workload.history, period) if enabled else None
+        self.until = math.inf if workload.until_s is None else workload.until_s
+        self.result.history = enabled
+        self.history_settings = settings
+        self.adjustment: WeightAdjustment | None = None
         for pod in self.pods:
             self._push(pod.created, _Event.ARRIVAL, pod)
 
@@ -585,7 +642,7 @@ class _Replay:
 
     def run(self) -> QueueRunResult:
         tick = 1
-        while self.events:
+        while self.events and self.events[0][0] <= self.until:
             now = self.events[0][0]
             next_cycle = tick * self.interval
             if self.interval and next_cycle < now:
@@ -607,6 +664,8 @@ class _Replay:
                 tick += 1
                 self._reclaim(now)
             self._observe(now)
+        if self.until < math.inf:
+            self._advance(self.until)
         self.result.makespan_s = self.last_time
         self._summarise()
         return self.result
@@ -928,13 +987,27 @@ class _Replay:
         reads none)."""
         usage = self.ledger.usage(self.names)
         if shares is None:
-            return FairnessSnapshot.build(self.specs, usage, self.capacity)
+            inputs = FairShareInputs(tuple(self.specs), usage, self.capacity, self.adjustment)
+            shares = compute_fair_shares(inputs)
         return FairnessSnapshot(tuple(self.specs), usage, self.capacity, shares)
+
+    def _follow_history(self, now: float) -> None:
+        """Record what every queue holds now and take the history's weight adjustment (a new
+        version is a change of the picture: reclaim may have something to do again)."""
+        if self.history is None:
+            return
+        tree = QueueTree(self.specs, self.ledger.usage(self.names))
+        self.history.record(now, tree, self.capacity, self.history_settings)
+        adjustment = self.history.adjustment(now, tree, self.capacity)
+        if adjustment != self.adjustment:
+            self.adjustment = adjustment
+            self.version += 1
 
     # ---- the reclaim loop --------------------------------------------------------------------
 
     def _reclaim(self, now: float) -> bool:
         """One cycle of the extender's reclaim loop; True when it evicted something."""
+        self._follow_history(now)
         if self._quiet_until() > now:
             return False
         fairness = self._fairness()
@@ -1038,7 +1111,10 @@ class _Replay:
             return math.inf
         if self.fruitless is None or self.fruitless[0] != self.version:
             return -math.inf
-        return min(self._runtimes_ending_after(self.fruitless[1]), default=math.inf)
+        ends = self._runtimes_ending_after(self.fruitless[1])
+        if self.history is not None and self.history.factors_at is not None:
+            ends.append(self.history.factors_at + self.history.update_period_s)  # factors move
+        return min(ends, default=math.inf)
 
     def _runtimes_ending_after(self, since: float) -> list[float]:
         """When running preemptible pods pass their queues' min runtimes (and, restarted after an
@@ -1107,6 +1183,7 @@ class _Replay:
 
     def _observe(self, now: float) -> None:
         """Record the state after everything at `now` happened; it holds until the next change."""
+        self._follow_history(now)
         fairness = self._fairness()
         tree = fairness.tree
         allocated = {q: tree.subtree(q, "allocated", "gpu") for q in self.names}
@@ -1226,6 +1303,7 @@ class _Replay:
                     evicted=sum(1 for e in result.evictions if e.victim_queue == q.name),
                     evicted_for=sum(1 for e in result.evictions if e.served_queue == q.name),
                     lost_gpu_s=sum(e.gpus * e.ran_s for e in result.evictions if e.victim_queue == q.name),
+                    gpu_hours=sums["allocated"] / 3600.0,
                 )
             )
         result.utilisation_pct = 100.0 * busy / gpu_capacity if gpu_capacity else 0.0
@@ -1241,11 +1319,14 @@ def run_queue_workload(
     termination_delay_s: float | None = None,
     partly_owed_wait_s: float | None = None,
     topology_asks: bool = True,
+    history: bool | None = None,
 ) -> QueueRunResult:
     """Replay `workload`; the interval and delay default to the workload's own, the wait of a pod
     of a queue owed less than itself before it reclaims (rule 9) to the extender's. Without
     `topology_asks`, gangs are placed as if they asked no level (the domains they span are still
-    reported: the comparison)."""
+    reported: the comparison). `history`: fair share over time on (the workload's parameters,
+    enabled by default) or off (no queue's settings either: today's shares); None: as the
+    workload says."""
     interval = workload.reclaim_interval_s if reclaim_interval_s is None else reclaim_interval_s
     delay = workload.termination_delay_s if termination_delay_s is None else termination_delay_s
     if interval < 0 or delay < 0:
@@ -1258,5 +1339,12 @@ def run_queue_workload(
             for job in workload.jobs
         )
         workload = replace(workload, jobs=jobs)
+    if history is not None:
+        settings = {name: replace(own, enabled=None) for name, own in workload.history_settings.items()}
+        workload = replace(
+            workload,
+            history=replace(workload.history, enabled=history),
+            history_settings=settings if history else {},
+        )
     seed = workload.seed if seed is None else seed
     return _Replay(workload, policy_name, seed, interval, delay, partly_owed_wait_s).run()

@@ -415,6 +415,28 @@ def queue_table(result: QueueRunResult) -> str:
     )
 
 
+def gpu_hours_table(result: QueueRunResult, weights: Mapping[str, float]) -> str:
+    """Each queue's GPU-hours over the run, its part of all of them, against its part of the
+    weights (of the queues in `weights`: siblings)."""
+    total_hours = sum(q.gpu_hours for q in result.queues if q.name in weights)
+    total_weight = sum(weights.values())
+    rows = [
+        [
+            q.name,
+            f"{q.gpu_hours:.1f}",
+            f"{100 * q.gpu_hours / total_hours:.1f}" if total_hours else "-",
+            f"{100 * weights[q.name] / total_weight:.1f}" if total_weight else "-",
+            f"{q.mean_wait_s / 3600:.2f}",
+        ]
+        for q in result.queues
+        if q.name in weights
+    ]
+    history = "on" if result.history else "off"
+    return f"fair share over time {history}:\n" + format_table(
+        ["queue", "GPU-hours", "% of GPU-hours", "% of weight", "mean wait h"], rows
+    )
+
+
 def write_queue_csv(result: QueueRunResult, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = out_dir / f"{result.name}-queues.csv"

@@ -123,7 +123,7 @@ class ServiceRouter:
             return web.Response(status=503, text=f"endpoint {host}:{port} unreachable: {exc}")
 
 
-def _start_replica(env: GpuCluster, lease: str, service: str) -> Replica:
+def _start_replica(env: GpuCluster, lease: str, service: str, *flags: str) -> Replica:
     port = free_port()
     component = env.cluster.spawn(
         f"extender-{lease}-{port}",
@@ -144,14 +144,16 @@ def _start_replica(env: GpuCluster, lease: str, service: str) -> Replica:
             f"--lease-duration={LEASE_DURATION_S}",
             f"--advertise-service={service}",
             f"--advertise-address={HOST}",
+            *flags,
         ],
     )
     return Replica(component, port)
 
 
 @asynccontextmanager
-async def replicas(env: GpuCluster, lease: str, service: str) -> AsyncIterator[list[Replica]]:
-    started = [_start_replica(env, lease, service) for _ in range(2)]
+async def replicas(env: GpuCluster, lease: str, service: str, *flags: str) -> AsyncIterator[list[Replica]]:
+    """Two replicas behind `service` (each with `flags` added), healthy."""
+    started = [_start_replica(env, lease, service, *flags) for _ in range(2)]
     try:
         for replica in started:
             await asyncio.to_thread(

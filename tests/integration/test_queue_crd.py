@@ -13,6 +13,7 @@ import pytest
 
 from contract.names import QUEUE_GROUP, QUEUE_PLURAL
 from extender.policy.fairness import QueueSpec
+from extender.policy.history import HistoryParams, QueueHistory
 from extender.queues import parse_queue, queue_object, queue_status, validate_hierarchy
 from tessera.dev.localcluster import REPO_ROOT, LocalCluster
 
@@ -109,8 +110,21 @@ def test_valid_queues_round_trip_print_and_take_status(queue_crd: LocalCluster, 
             "-p",
             json.dumps({"status": status}),
         )
+        # ... and the usage history its leader writes (extender/controllers/history.py): 8 GPUs
+        # for an hour of a 16-GPU cluster, 8 GPU-hours.
+        history = QueueHistory(0.0, HistoryParams(enabled=True)).advance(3600.0, {"gpu": 8}, {"gpu": 16})
+        cluster.kubectl(
+            "patch",
+            QUEUE_PLURAL,
+            child,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"history": history.to_status({"gpu": 0.8})}}),
+        )
         readback = json.loads(cluster.kubectl("get", QUEUE_PLURAL, child, "-o", "json").stdout)
         assert readback["status"]["allocated"] == {"gpu": "1.5"}
+        assert QueueHistory.from_status(readback["status"]["history"]) == (history, {"gpu": 0.8})
         assert [c["type"] for c in readback["status"]["conditions"]] == ["Valid", "Borrowing", "Starved"]
 
         rows = {row["NAME"]: row for row in table(cluster, "q", parent, child)}
@@ -122,15 +136,17 @@ def test_valid_queues_round_trip_print_and_take_status(queue_crd: LocalCluster, 
             "GPU LIMIT",
             "GPU ALLOCATED",
             "GPU FAIR SHARE",
+            "GPU-H HISTORY",
             "AGE",
         ]
-        assert [rows[child][column] for column in list(rows[child])[1:7]] == [
+        assert [rows[child][column] for column in list(rows[child])[1:8]] == [
             parent,
             "1",
             "4",
             "8",
             "1.5",
             "3",
+            "8",
         ]
         assert [rows[parent][column] for column in list(rows[parent])[1:7]] == ["", "0", "8", "16", "", ""]
         (wide,) = table(cluster, QUEUE_PLURAL, child, "-o", "wide")

@@ -58,6 +58,8 @@ CASES = [
         "topology",
         rf"50\s+plain\s+-(\s+\S+){{2}}\s+1\.00x\s+1\.00x\n50\s+racked\s+\S+(\s+\S+){{2}}\s+{RATIO}\s+{RATIO}",
     ),
+    # 1000 queues, fair share over time off, then on (with the cost of an update).
+    ("history", rf"50\s+1000\s+off\s+10\s+\S+\s+-\s+1\.00x\n50\s+1000\s+on\s+10\s+\S+\s+\S+\s+{RATIO}"),
 ]
 
 

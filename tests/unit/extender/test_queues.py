@@ -13,10 +13,12 @@ import yaml
 from contract.names import DEFAULT_QUEUE, QUEUE_GROUP, QUEUE_KIND, QUEUE_PLURAL, QUEUE_VERSION
 from contract.quantity import parse_quantity
 from extender.policy.fairness import QueueSpec, QueueUsage
+from extender.policy.history import HistoryParams, HistorySettings, QueueHistory
 from extender.queues import (
     RESOURCE_NAME,
     QueueSpecError,
     format_quantity,
+    history_settings,
     parse_queue,
     queue_object,
     queue_status,
@@ -345,7 +347,13 @@ def test_printer_columns_point_at_fields_the_code_writes() -> None:
     obj = {
         "metadata": {"name": "a", "creationTimestamp": "2026-01-02T03:04:05Z"},
         "spec": {"parent": "org", "priority": 1, "resources": {"gpu": {"quota": 2, "limit": 4}}},
-        "status": with_workloads(queue_status(spec, {"gpu": 1.5}, {"gpu": 1}, {"gpu": 3}, [], now=NOW), 2, 1),
+        "status": {
+            **with_workloads(queue_status(spec, {"gpu": 1.5}, {"gpu": 1}, {"gpu": 3}, [], now=NOW), 2, 1),
+            # What the history controller writes: 8 GPUs of 16 for an hour, factor 0.8.
+            "history": QueueHistory(0.0, HistoryParams(enabled=True))
+            .advance(3600.0, {"gpu": 8}, {"gpu": 16})
+            .to_status({"gpu": 0.8}),
+        },
     }
     printed = {
         column["name"]: _value_at(obj, column["jsonPath"]) for column in version["additionalPrinterColumns"]
@@ -360,6 +368,8 @@ def test_printer_columns_point_at_fields_the_code_writes() -> None:
         "GPU Pending": "1",
         "Admitted": 2,
         "Waiting": 1,
+        "GPU-h History": 8.0,
+        "GPU Weight Factor": 0.8,
         "Age": "2026-01-02T03:04:05Z",
     }
 
@@ -392,3 +402,36 @@ def test_default_queue_manifest_parses() -> None:
 def test_over_quota_weight_bounds_are_inclusive(weight: float) -> None:
     spec = parse_queue(queue_object("a", {"resources": {"gpu": {"overQuotaWeight": weight}}}))
     assert spec.over_quota_weight == {"gpu": weight}
+
+
+@pytest.mark.parametrize(
+    ("section", "settings"),
+    [
+        (
+            {"enabled": True, "halfLife": "24h", "window": "168h", "kValue": 2},
+            HistorySettings(True, 86400.0, 604800.0, 2.0),
+        ),
+        ({"halfLife": 0}, HistorySettings(None, 0.0, None, None)),  # 0: no decay; the rest inherited
+        ({}, HistorySettings()),
+    ],
+)
+def test_fair_share_history_settings(section: dict[str, object], settings: HistorySettings) -> None:
+    obj = queue_object("a", {"fairShareHistory": section})
+    parse_queue(obj)  # accepted
+    assert history_settings(obj) == settings
+
+
+@pytest.mark.parametrize(
+    ("section", "problem"),
+    [
+        ({"kValue": -1}, "kValue"),
+        ({"window": "0s"}, "window"),
+        ({"halfLife": "8d"}, "halfLife"),
+        ({"decay": True}, "decay"),
+    ],
+)
+def test_bad_fair_share_history_is_refused(section: dict[str, object], problem: str) -> None:
+    obj = queue_object("a", {"fairShareHistory": section})
+    with pytest.raises(QueueSpecError, match=problem):
+        parse_queue(obj)
+    assert history_settings(obj) is None
