@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from bench.kai import (
     BIND_TIMEOUT_S,
     BINDER_PLUGINS,
     BINPACK_ONLY_PLUGINS,
+    COMPONENTS,
     OPERATOR_CLIENT,
     PIN_FILE,
     PLACEMENT,
@@ -29,6 +31,7 @@ from bench.kai import (
     SCENARIO_SEARCH_BUDGETS,
     SPREAD_ONLY_PLUGINS,
     component_args,
+    find_kai,
     kai_directory,
     read_pin,
     source_tree,
@@ -125,3 +128,18 @@ def test_client_qps_and_burst_are_the_operators_defaults() -> None:
     burst = re.search(r"c\.Burst = SetDefault\(c\.Burst, ptr\.To\((\d+)\)\)", client)
     assert qps and burst
     assert (int(qps.group(1)), int(burst.group(1))) == OPERATOR_CLIENT
+
+
+@pytest.mark.parametrize("name", COMPONENTS)
+def test_every_flag_given_is_one_the_built_component_knows(name: str) -> None:
+    # The binaries' own --help (pflag prints "--name" for each flag it defines), where built.
+    install = find_kai()
+    if install is None:
+        pytest.skip("no KAI build (bash hack/build-kai.sh)")
+    binary = install.directory / "bin" / name
+    # pflag prints the usage on stderr and exits 0 for --help (some versions exit 2): either is fine.
+    shown = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
+    known = set(re.findall(r"--([a-z][a-z0-9-]*)", shown.stdout + shown.stderr))
+    given = component_args(name, Path("/c.yaml"), {"metrics": 1, "probe": 2})
+    flags = {flag[2:].split("=", 1)[0] for flag in given if flag.startswith("--")}
+    assert flags <= known, flags - known
