@@ -130,16 +130,31 @@ def test_client_qps_and_burst_are_the_operators_defaults() -> None:
     assert (int(qps.group(1)), int(burst.group(1))) == OPERATOR_CLIENT
 
 
+UNREACHABLE_KUBECONFIG = {
+    "apiVersion": "v1",
+    "kind": "Config",
+    "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    "users": [{"name": "u", "user": {}}],
+    "current-context": "c",
+}
+
+
 @pytest.mark.parametrize("name", COMPONENTS)
-def test_every_flag_given_is_one_the_built_component_knows(name: str) -> None:
-    # The binaries' own --help (pflag prints "--name" for each flag it defines), where built.
+def test_every_flag_given_is_one_the_built_component_knows(name: str, tmp_path: Path) -> None:
+    # The binaries' own --help, where built: pflag lists each flag as "--name", Go's flag package
+    # (which also takes "--name") as "-name", each at the start of an indented line.
     install = find_kai()
     if install is None:
         pytest.skip("no KAI build (bash hack/build-kai.sh)")
     binary = install.directory / "bin" / name
     # pflag prints the usage on stderr and exits 0 for --help (some versions exit 2): either is fine.
-    shown = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
-    known = set(re.findall(r"--([a-z][a-z0-9-]*)", shown.stdout + shown.stderr))
+    # The podgroupcontroller loads its kubeconfig before it parses flags: give it one (never dialled).
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(UNREACHABLE_KUBECONFIG))
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    shown = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60, env=env)
+    known = set(re.findall(r"^\s+(?:-\w, )?--?([a-z][a-z0-9-]*)", shown.stdout + shown.stderr, re.M))
     given = component_args(name, Path("/c.yaml"), {"metrics": 1, "probe": 2})
     flags = {flag[2:].split("=", 1)[0] for flag in given if flag.startswith("--")}
     assert flags <= known, flags - known
