@@ -210,6 +210,14 @@ class E2EResult(Rounds[BindRun]):
         extender's own ratio, `floor`, bounds it on a machine the control plane saturates)."""
         return self.tessera.pods_per_s / self.plain.pods_per_s if self.plain.pods_per_s else 0.0
 
+    @property
+    def vs_floor(self) -> float | None:
+        """Tessera's throughput over the do-nothing extender's, median rounds: what Tessera's own
+        work costs behind the same scheduler configuration (None without floor rounds)."""
+        if self.floor is None or not self.floor.pods_per_s:
+            return None
+        return self.tessera.pods_per_s / self.floor.pods_per_s
+
 
 def e2e_table(result: E2EResult) -> str:
     headers = [
@@ -225,7 +233,9 @@ def e2e_table(result: E2EResult) -> str:
         "extender CPU s",
         "control plane CPU s",
         "vs plain",
+        "vs floor",
     ]
+    floor = result.floor
     rows = [
         [
             label,
@@ -240,14 +250,21 @@ def e2e_table(result: E2EResult) -> str:
             f"{run.cpu.extender_s:.1f}",
             f"{run.cpu.control_plane_s:.1f}",
             f"{run.pods_per_s / result.plain.pods_per_s:.2f}x" if result.plain.pods_per_s else "-",
+            f"{run.pods_per_s / floor.pods_per_s:.2f}x" if floor is not None and floor.pods_per_s else "-",
         ]
         for label, run, runs in result.contenders()
     ]
+    vs_floor = result.vs_floor
+    floor_line = (
+        f"Tessera / floor: {vs_floor:.2f}x (floor: {FLOOR_LABEL}, the scheduler configured as Tessera's)"
+        if vs_floor is not None
+        else "Tessera / floor: not measured (the do-nothing extender was left out: --no-floor)"
+    )
     anchor = (
         f"anchor: {KAI_ANCHOR}; client QPS/burst {result.qps}/{result.burst} for both kube-schedulers "
         f"and the controller-manager; KAI with its operator's (scheduler CPU: its five processes)"
     )
-    return f"{format_table(headers, rows)}\n{anchor}"
+    return f"{format_table(headers, rows)}\n{floor_line}\n{anchor}"
 
 
 def api_calls_table(result: E2EResult, least_per_pod: float = 0.05) -> str:
@@ -855,6 +872,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     {
                         "floor_pods_per_s": round(result.floor.pods_per_s, 2),
                         "floor_ratio": round(result.floor.pods_per_s / result.plain.pods_per_s, 3),
+                        "tessera_vs_floor": round(result.vs_floor or 0.0, 3),
                     }
                     if result.floor is not None and result.plain.pods_per_s
                     else {}

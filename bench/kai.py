@@ -4,8 +4,8 @@ The benchmarks race it against the plain kube-scheduler and Tessera on the same 
 plane, the same nodes, GPUs, pods, claim templates, node agent and grace periods. The interface
 they use is narrow:
 
-- ``find_kai()``: the build of ``hack/build-kai.sh`` (binaries, CRDs, PriorityClasses), or None;
-  ``skip_reason()`` says why the KAI contender is skipped then;
+- ``find_kai()``: the build of ``hack/build-kai.sh`` (binaries, CRDs, rendered PriorityClasses),
+  or None; ``skip_reason()`` says why the KAI contender is skipped then;
 - ``Kai(cluster, install)``: ``await kai.install(api, queues)`` once per cluster, then
   ``kai.start(variant)`` / ``kai.stop()`` around each of KAI's rounds, so KAI's processes run only
   during its own rounds (as the extender runs only during Tessera's);
@@ -16,15 +16,27 @@ How KAI runs. Its five processes (scheduler, binder, podgrouper, podgroupcontrol
 queuecontroller) run as local processes with the cluster's admin kubeconfig (``KUBECONFIG``) and
 the flags KAI's operator gives its Deployments with the chart's default values: scheduler name
 ``kai-scheduler``, queue label ``kai.scheduler/queue``, node-pool label
-``kai.scheduler/node-pool``, leader election off, the binder's client at 20 QPS / burst 100, the
-scheduler's configuration file as the operator renders it for the default SchedulingShard
-(``scheduler_config``: actions allocate, consolidation, reclaim, preempt, stalegangeviction; GPU
-and CPU placement binpack). Differences, all needed to run outside a cluster: metrics and probe
-addresses are free loopback ports, the queue and podgroup validating webhooks are off (they
+``kai.scheduler/node-pool``, leader election off, the binder, podgroupcontroller and
+queuecontroller clients at 20 QPS / burst 100 (the operator's K8sClientConfig defaults; the
+podgrouper and the scheduler get no client flags from it), the binder's plugins as the operator
+passes them (``BINDER_PLUGINS``: CDI off, as the operator decides without a GPU operator's
+ClusterPolicy), and the scheduler's configuration file as the operator renders it for the default
+SchedulingShard (``scheduler_config``, below). Differences, all needed to run outside a cluster:
+metrics and probe addresses are free loopback ports, the queue and podgroup validating webhooks are off (they
 validate objects; no webhook configuration is installed), and no CPU or memory limits apply
 (the podgroupcontroller serves its metrics on :8080 whatever its flag says: a clash there stops
 it). The variant without consolidation drops that one action (``KaiVariant.consolidation``); a
 variant may also give all five processes another client QPS/burst (``KaiVariant.client``).
+
+The scheduler's configuration (``scheduler_config``, pure) follows the operator at the pin: every
+default plugin and action is enabled with a priority (``PLUGIN_PRIORITIES``,
+``ACTION_PRIORITIES``), placement binpack for GPU and CPU turns gpuspread off (gpupack and
+gpusharingorder on) and leaves consolidation on, and the enabled ones are listed by priority,
+highest first, ties by name; nodeplacement carries the placement as arguments, and the scenario
+search budgets are the shard's defaults (``SCENARIO_SEARCH_BUDGETS``). The scenario generators
+``sg-nodelocalgreedy`` and ``sg-multinodegang`` are plugins there: without them reclaim finds no
+strategy. tests/unit/simulate/test_bench_kai_operator.py compares these tables with the
+operator's source in the tree the build was made from (``source_tree``).
 
 Queue mirroring (``kai_queues``, pure). KAI schedules only into leaf queues, and its queues form a
 tree, so the benchmark's Tessera queues become KAI Queues (``scheduling.run.ai/v2``) of the same
@@ -44,6 +56,7 @@ Resources KAI has no field for (``gpu/<model>``) are left out.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shlex
@@ -72,30 +85,69 @@ KAI_DEFAULT_PRIORITY = 100
 KAI_QUEUES_PATH = "/apis/scheduling.run.ai/v2/queues"
 NAMESPACES = ("kai-scheduler", "kai-resource-reservation", "kai-scale-adjust")
 RESERVATION = "kai-resource-reservation"
-# The operator's defaults: plugins and actions by priority, highest first (GPU placement binpack,
-# so gpupack and gpusharingorder are on and gpuspread off).
-PLUGINS = (
-    "predicates",
-    "proportion",
-    "priority",
-    "nodeavailability",
-    "resourcetype",
-    "podaffinity",
-    "elastic",
-    "kubeflow",
-    "ray",
-    "subgrouporder",
-    "taskorder",
-    "nominatednode",
-    "dynamicresources",
-    "minruntime",
-    "topology",
-    "snapshot",
-    "gpupack",
-    "nodeplacement",
-    "gpusharingorder",
-)
-ACTIONS = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
+# The operator's SchedulingShard defaults at the pin (pkg/apis/kai/v1/schedulingshard_types.go):
+# priority of each plugin and action, higher runs first.
+PLUGIN_PRIORITIES = {
+    "predicates": 1900,
+    "proportion": 1800,
+    "priority": 1700,
+    "nodeavailability": 1600,
+    "resourcetype": 1500,
+    "podaffinity": 1400,
+    "elastic": 1300,
+    "kubeflow": 1200,
+    "ray": 1100,
+    "subgrouporder": 1000,
+    "taskorder": 900,
+    "nominatednode": 800,
+    "dynamicresources": 700,
+    "minruntime": 600,
+    "topology": 500,
+    "snapshot": 400,
+    "sg-nodelocalgreedy": 360,
+    "sg-multinodegang": 350,
+    "gpupack": 300,
+    "gpuspread": 300,
+    "nodeplacement": 200,
+    "gpusharingorder": 100,
+}
+ACTION_PRIORITIES = {
+    "allocate": 500,
+    "consolidation": 400,
+    "reclaim": 300,
+    "preempt": 200,
+    "stalegangeviction": 100,
+}
+PLACEMENT = "binpack"  # the chart's scheduler.placementStrategy, for GPU and CPU
+BINPACK_ONLY_PLUGINS = ("gpupack", "gpusharingorder")  # on with GPU binpack; gpuspread the reverse
+SPREAD_ONLY_PLUGINS = ("gpuspread",)
+# DefaultScenarioSearchBudgets (keys "default", "NodeLocalGreedy", "MultiNodeGang" as in its constants).
+SCENARIO_SEARCH_BUDGETS = {
+    "maxActionSearchDuration": {"default": "5m"},
+    "maxJobSearchDuration": "4m",
+    "minJobSearchDuration": "0s",
+    "maxGeneratorSearchDuration": {"default": "2m", "NodeLocalGreedy": "30s", "MultiNodeGang": "2m"},
+}
+# The binder's --plugins as the operator passes them (pkg/apis/kai/v1/binder DefaultPluginsConfig):
+# bind timeout 120 s; cdiEnabled false, which the operator sets when no ClusterPolicy enables CDI.
+BIND_TIMEOUT_S = 120
+BINDER_PLUGINS: dict[str, JsonObject] = {
+    "volumebinding": {
+        "enabled": True,
+        "priority": 300,
+        "arguments": {"bindTimeoutSeconds": str(BIND_TIMEOUT_S)},
+    },
+    "dynamicresources": {
+        "enabled": True,
+        "priority": 200,
+        "arguments": {"bindTimeoutSeconds": str(BIND_TIMEOUT_S)},
+    },
+    "gpusharing": {"enabled": True, "priority": 100, "arguments": {"cdiEnabled": "false"}},
+    "hamicore": {"enabled": False, "priority": 50},
+}
+# The operator's K8sClientConfig defaults (QPS, burst), given to these components only.
+OPERATOR_CLIENT = (20, 100)
+OPERATOR_CLIENT_COMPONENTS = ("binder", "podgroupcontroller", "queuecontroller")
 # KAI's units per Tessera unit: cores -> millicores, bytes -> megabytes.
 UNITS = {"gpu": 1.0, "cpu": 1000.0, "memory": 1e-6}
 
@@ -189,15 +241,27 @@ def kai_queues(specs: Sequence[QueueSpec], parent: str = KAI_PARENT_QUEUE) -> li
 
 
 def scheduler_config(consolidation: bool) -> JsonObject:
-    """The scheduler's configuration file, as the operator renders it for the default shard."""
+    """The scheduler's configuration file, as the operator renders it for the default shard
+    (see the module doc); without ``consolidation``, that one action left out."""
+    binpack = PLACEMENT == "binpack"
+    disabled = set(SPREAD_ONLY_PLUGINS if binpack else BINPACK_ONLY_PLUGINS)
+
+    def by_priority(priorities: Mapping[str, int], skip: set[str]) -> list[str]:
+        enabled = [name for name in priorities if name not in skip]
+        return sorted(enabled, key=lambda name: (-priorities[name], name))
+
     plugins: list[JsonObject] = [
-        {"name": name, "arguments": {"cpu": "binpack", "gpu": "binpack"}}
+        {"name": name, "arguments": {"cpu": PLACEMENT, "gpu": PLACEMENT}}
         if name == "nodeplacement"
         else {"name": name}
-        for name in PLUGINS
+        for name in by_priority(PLUGIN_PRIORITIES, disabled)
     ]
-    actions = [action for action in ACTIONS if consolidation or action != "consolidation"]
-    return {"actions": ", ".join(actions), "tiers": [{"plugins": plugins}]}
+    actions = by_priority(ACTION_PRIORITIES, set() if consolidation else {"consolidation"})
+    return {
+        "actions": ", ".join(actions),
+        "tiers": [{"plugins": plugins}],
+        "scenarioSearchBudgets": SCENARIO_SEARCH_BUDGETS,
+    }
 
 
 def kai_pod(pod: JsonObject, queue: str) -> JsonObject:
@@ -238,12 +302,12 @@ def component_args(
             *("--resource-reservation-pod-image", "registry/local/kai-scheduler/resource-reservation"),
             *("--scale-adjust-namespace", "kai-scale-adjust"),
             *probes,
-            "--cdi-enabled=false",
-            *(() if client else ("--qps", "20", "--burst", "100")),
+            *("--plugins", json.dumps(BINDER_PLUGINS, sort_keys=True, separators=(",", ":"))),
         ],
         "podgrouper": [
             *common,
             *("--queue-label-key", KAI_QUEUE_LABEL, "--nodepool-label-key", NODE_POOL_LABEL),
+            "--generic-karta-fallback=true",
             *probes,
         ],
         "podgroupcontroller": [*common, *probes, "--enable-podgroup-webhook=false"],
@@ -253,7 +317,12 @@ def component_args(
             "--enable-webhook=false",
         ],
     }
-    qps = [f"--qps={client[0]}", f"--burst={client[1]}"] if client else []
+    if client:
+        qps = [f"--qps={client[0]}", f"--burst={client[1]}"]
+    elif name in OPERATOR_CLIENT_COMPONENTS:
+        qps = ["--qps", str(OPERATOR_CLIENT[0]), "--burst", str(OPERATOR_CLIENT[1])]
+    else:
+        qps = []
     return [*by_name[name], *qps]
 
 
@@ -283,6 +352,15 @@ class KaiInstall:
         for path in sorted((self.directory / kind).glob("*.yaml")):
             documents.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
         return documents
+
+
+def source_tree(directory: Path, env: Mapping[str, str]) -> Path | None:
+    """KAI's source tree: $KAI_SRC when it is one (it holds go.mod), else the tree the build in
+    ``directory`` was made from (its ``source`` file, written by hack/build-kai.sh), else None."""
+    candidates = [Path(env["KAI_SRC"])] if env.get("KAI_SRC") else []
+    if (directory / "source").is_file():
+        candidates.append(Path((directory / "source").read_text().strip()))
+    return next((tree for tree in candidates if (tree / "go.mod").is_file()), None)
 
 
 def kai_directory() -> Path:

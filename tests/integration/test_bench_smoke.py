@@ -24,12 +24,14 @@ RATIO = r"\d+\.\d+x"
 
 # (--only NAME, what its output must hold), at the smoke's sizes.
 CASES = [
-    # 2 nodes (16 GPUs), 16 pods; plain, Tessera and the do-nothing extender, each against plain.
+    # 2 nodes (16 GPUs), 16 pods; plain, Tessera and the do-nothing extender, each against plain
+    # and against the floor (the do-nothing extender's own row 1.00x), then Tessera / floor.
     (
         "e2e",
-        rf"plain kube-scheduler\s+2\s+16\s+16(\s+\S+){{7}}\s+1\.00x\n"
-        rf"kube-scheduler \+ Tessera\s+2\s+16\s+16(\s+\S+){{7}}\s+{RATIO}\n"
-        rf"kube-scheduler \+ do-nothing extender\s+2\s+16\s+16(\s+\S+){{7}}\s+{RATIO}",
+        rf"plain kube-scheduler\s+2\s+16\s+16(\s+\S+){{7}}\s+1\.00x\s+{RATIO}\n"
+        rf"kube-scheduler \+ Tessera\s+2\s+16\s+16(\s+\S+){{7}}\s+{RATIO}\s+{RATIO}\n"
+        rf"kube-scheduler \+ do-nothing extender\s+2\s+16\s+16(\s+\S+){{7}}\s+{RATIO}\s+1\.00x\n"
+        rf"Tessera / floor: {RATIO}",
     ),
     # 1 node (8 GPUs): B's fair share is 4; Tessera's time against plain's.
     ("reaction", rf"plain kube-scheduler\s+8\s+4[\s\S]*kube-scheduler \+ Tessera\s+8\s+4.*{RATIO}"),

@@ -68,6 +68,10 @@ def test_median_rounds_ratios_and_tables() -> None:
     table = e2e_table(result)
     assert "0.80x" in table and KAI_ANCHOR in table and "500/1000" in table
     assert "90.0, 50.0, 45.0" in table and "12.5" in table and "20.0" in table
+    # Without floor rounds the vs-floor column is "-" in every row and the table says why.
+    assert result.vs_floor is None
+    assert [line.split()[-1] for line in table.splitlines()[2:4]] == ["-", "-"]
+    assert "Tessera / floor: not measured" in table and "--no-floor" in table
 
     reaction = ReactionResult(
         nodes=4,
@@ -102,6 +106,15 @@ def test_the_floor_row_and_api_calls_per_pod_beside_plain_and_tessera() -> None:
     floor_row = next(line for line in table.splitlines() if line.startswith(FLOOR_LABEL))
     assert "38.1" in floor_row and "0.95x" in floor_row and "0.8" in floor_row
     assert "0.80x" in table and "19.0" in table  # Tessera's ratio and its control plane's CPU
+    # Against the floor: Tessera 32.0 / 38.1 = 0.84x; plain 40.0 / 38.1 = 1.05x; the floor 1.00x.
+    assert result.vs_floor == pytest.approx(21.0 / 25.0)  # the same pods, so the times' ratio
+    rows = {line.split("  ")[0]: line.split()[-2:] for line in table.splitlines()[2:5]}
+    assert rows == {
+        "plain kube-scheduler": ["1.00x", "1.05x"],
+        "kube-scheduler + Tessera": ["0.80x", "0.84x"],
+        FLOOR_LABEL: ["0.95x", "1.00x"],
+    }
+    assert "Tessera / floor: 0.84x" in table
     calls = api_calls_table(result).splitlines()
     # 8 GETs of 800 pods is 0.01 a pod in every column: under 0.05, left out
     assert [line.split() for line in calls[2:]] == [

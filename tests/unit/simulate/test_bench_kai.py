@@ -3,6 +3,7 @@ the order of the rounds and the tables with KAI's rows."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -82,15 +83,27 @@ def test_units_limits_weights_priorities_runtimes_and_a_tree() -> None:
 
 def test_scheduler_config_is_the_operators_default_with_or_without_consolidation() -> None:
     default = scheduler_config(DEFAULT_ACTIONS.consolidation)
+    # Actions by priority: allocate 500, consolidation 400, reclaim 300, preempt 200, stale... 100.
     assert default["actions"] == "allocate, consolidation, reclaim, preempt, stalegangeviction"
     assert scheduler_config(NO_CONSOLIDATION.consolidation)["actions"] == (
         "allocate, reclaim, preempt, stalegangeviction"
     )
     plugins = default["tiers"][0]["plugins"]
-    names = [plugin["name"] for plugin in plugins]
-    assert names[:3] == ["predicates", "proportion", "priority"]
-    assert "gpupack" in names and "gpuspread" not in names  # GPU placement binpack
+    # Plugins by priority, 1900 down to 100; the scenario generators (360, 350) before gpupack
+    # (300); gpuspread (also 300) off under GPU binpack.
+    assert [plugin["name"] for plugin in plugins] == [
+        *("predicates", "proportion", "priority", "nodeavailability", "resourcetype", "podaffinity"),
+        *("elastic", "kubeflow", "ray", "subgrouporder", "taskorder", "nominatednode"),
+        *("dynamicresources", "minruntime", "topology", "snapshot"),
+        *("sg-nodelocalgreedy", "sg-multinodegang", "gpupack", "nodeplacement", "gpusharingorder"),
+    ]
     assert {"name": "nodeplacement", "arguments": {"cpu": "binpack", "gpu": "binpack"}} in plugins
+    budgets = default["scenarioSearchBudgets"]
+    assert budgets["maxGeneratorSearchDuration"] == {
+        "default": "2m",
+        "NodeLocalGreedy": "30s",
+        "MultiNodeGang": "2m",
+    }
 
 
 def test_flags_are_the_operators_on_loopback_and_a_variant_may_set_every_clients_qps() -> None:
@@ -99,9 +112,18 @@ def test_flags_are_the_operators_on_loopback_and_a_variant_may_set_every_clients
     assert binder[binder.index("--qps") + 1] == "20" and binder[binder.index("--burst") + 1] == "100"
     assert "--metrics-bind-address=127.0.0.1:9001" in binder
     assert "--health-probe-bind-address=127.0.0.1:9002" in binder
+    assert not any(flag.startswith("--cdi") for flag in binder)  # CDI is gpusharing's argument now
+    assert json.loads(binder[binder.index("--plugins") + 1])["gpusharing"]["arguments"] == {
+        "cdiEnabled": "false"
+    }
     scheduler = component_args("scheduler", Path("/c.yaml"), ports)
     assert "--scheduler-conf=/c.yaml" in scheduler and "--listen-address=127.0.0.1:9001" in scheduler
     assert not any(flag.startswith("--qps") for flag in scheduler)  # its built-in 50 / 300
+    podgrouper = component_args("podgrouper", Path("/c.yaml"), ports)
+    assert "--generic-karta-fallback=true" in podgrouper and "--qps" not in podgrouper
+    for name in ("podgroupcontroller", "queuecontroller"):  # the operator's 20 / 100 since #2027
+        flags = component_args(name, Path("/c.yaml"), ports)
+        assert flags[-4:] == ["--qps", "20", "--burst", "100"]
     assert "--enable-webhook=false" in component_args("queuecontroller", Path("/c.yaml"), ports)
     for name in COMPONENTS:
         flags = component_args(name, Path("/c.yaml"), ports, client=(500, 1000))
