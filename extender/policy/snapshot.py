@@ -86,6 +86,9 @@ class HeldGpus:
     # placing it moves to `allocated`.
     resources: Resources = field(default_factory=dict)
     workload: str = ""  # a gang's: any of its waiting members may take it
+    # The rest of a GPU a plan freed for a fraction of `queue`: kept for the queue's next
+    # fractions, any pod of it (`key` names the queue and the device, no pod).
+    for_queue: bool = False
 
     @property
     def demand(self) -> GpuDemand:
