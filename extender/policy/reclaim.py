@@ -928,10 +928,10 @@ class Served:
         if not self._left:
             return
         placed = fork.running.get(waiting.key)
-        if placed is None:
-            return
+        if placed is None or not may_ride:
+            return  # a pod that may not ride leaves what it lands on kept for the plan's queue (rule 10)
         index = self._take(placed.node, placed.gpus)
-        if index is None or not may_ride:
+        if index is None:
             return
         done = self.plans[index]
         self.plans[index] = replace(

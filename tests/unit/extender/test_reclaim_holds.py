@@ -192,6 +192,17 @@ def test_a_lone_fraction_keeps_the_rest_of_its_gpu_for_its_queue() -> None:
     assert done.rests == (HeldGpus("b/rest/n1/3", "b", "n1", ((3, 750),), for_queue=True),)
 
 
+def test_a_pod_that_may_not_ride_leaves_the_rest_to_the_plans_queue() -> None:
+    # The case "a pod of a queue above its share does not ride": a3 (GPU 3) goes for b0's half;
+    # a's own half lands on GPU 3's other half in the fork, but a is above its share: that half
+    # is kept for b (before: a's half used it up in the fork, nothing was kept, and the plan
+    # stayed at 1 GPU for 0.5 when b's next half came).
+    case = next(c for c in CASES if c.name == "a pod of a queue above its share does not ride")
+    snapshot, pending = snapshot_with_holds(case)
+    (done,) = plan(snapshot, pending, NOW, Rules())
+    assert done.rests == (HeldGpus("b/rest/n1/3", "b", "n1", ((3, 500),), for_queue=True),)
+
+
 @pytest.mark.parametrize(
     ("queue", "evicted"),
     [
