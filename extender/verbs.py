@@ -187,9 +187,12 @@ class CandidateKinds:
 _NO_CANDIDATES = CandidateKinds([], [], {}, {})
 
 
-def _candidate_kinds(picture: ClusterPicture, key: str, names: list[str], owner: str = "") -> CandidateKinds:
-    """The candidates' kinds for pod `key` (of workload `owner`). A node with GPUs held for some
-    pod is a kind of its own: its supply is what this pod may use there (`supply_for`)."""
+def _candidate_kinds(
+    picture: ClusterPicture, key: str, names: list[str], owner: str = "", queue: str = ""
+) -> CandidateKinds:
+    """The candidates' kinds for pod `key` (of workload `owner`, in `queue`). A node with GPUs
+    held for some pod is a kind of its own: its supply is what this pod may use there
+    (`supply_for`)."""
     inventory = picture.inventory
     kinds = inventory.kinds_for(names)
     held = inventory.held_among(names)
@@ -198,7 +201,8 @@ def _candidate_kinds(picture: ClusterPicture, key: str, names: list[str], owner:
         kind_of.update((name, f"held {name}") for name in held)
         kinds = list(map(kind_of.__getitem__, names))
     one_of_kind = dict(zip(kinds, names, strict=True))
-    supply_of = dict(zip(one_of_kind, inventory.supplies_for(key, one_of_kind.values(), owner), strict=True))
+    supplies = inventory.supplies_for(key, one_of_kind.values(), owner, queue)
+    supply_of = dict(zip(one_of_kind, supplies, strict=True))
     return CandidateKinds(names, kinds, one_of_kind, supply_of, bool(held))
 
 
@@ -267,7 +271,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     reservation: GangReservation | None = None
     # Nodes of one kind (shape and GPU size) get one verdict: a large cluster has few kinds.
     version = picture.inventory.version  # what the kinds are read at
-    nodes = _candidate_kinds(picture, key, names, owner) if demand.wants_gpu else _NO_CANDIDATES
+    nodes = _candidate_kinds(picture, key, names, owner, demand.queue) if demand.wants_gpu else _NO_CANDIDATES
     # A fraction is a larger share of a smaller GPU: admit it per GPU size among the candidates.
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
     size_of = (
@@ -374,7 +378,8 @@ def deferred_everywhere(
     owed = _owed_first(picture, key, pod, demand, gang) if demand.wants_gpu else ()
     if not owed:
         return ""
-    nodes = _candidate_kinds(picture, key, names, "" if gang.workload.single else gang.workload.key)
+    owner = "" if gang.workload.single else gang.workload.key
+    nodes = _candidate_kinds(picture, key, names, owner, demand.queue)
     reference = picture.inventory.reference_memory(demand.models)
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
     deferred = ""
@@ -606,7 +611,7 @@ def decide_priorities(
     key = args.pod.key
     nodes = passed.of(key, owner, names, picture.inventory.version) if passed is not None else None
     if nodes is None:
-        nodes = _candidate_kinds(picture, key, names, owner)
+        nodes = _candidate_kinds(picture, key, names, owner, demand.queue)
     strategy = queue_strategy(picture, demand.queue)
     score_of = score_kinds(nodes.supply_of, placement, picture.mix(), strategy)
     return PriorityDecision(names, nodes.kinds, score_of, "scored", strategy)

@@ -285,7 +285,7 @@ class ReclaimLoop:
                 reason = "Preempted" if chosen.goal == "preempt" else "Reclaimed"
                 await pod_event(self.api, victim.key, uids[victim.key], reason, eviction.message, "Normal")
         if blocked:
-            for held in chosen.holds:  # what the other victims freed goes to whoever the scheduler picks
+            for held in (*chosen.holds, *chosen.rests):  # what the others freed goes to anyone
                 self.picture.inventory.release_hold(held.key)
             text = self._blocked_text(chosen, blocked)
             await pod_event(self.api, served.key, uids[served.key], "EvictionBlocked", text, "Warning")
@@ -334,6 +334,10 @@ class ReclaimLoop:
                 self.options.hold_s,
                 owner=held.workload,  # a gang's: any of its members may take it
                 gpus=held.gpus,  # the very devices freed: only these are kept from other pods
+            )
+        for rest in chosen.rests:  # the rest of a GPU its pods share: for its queue's next fractions
+            self.picture.inventory.hold(
+                rest.key, rest.node, rest.demand, self.options.hold_s, gpus=rest.gpus, queue=rest.queue
             )
 
     def _blocked_text(self, chosen: Plan, blocked: Sequence[str]) -> str:

@@ -337,6 +337,9 @@ class ClusterPicture:
         held: list[HeldGpus] = []
         for node, on_node in self.inventory.holds.items():
             for key, hold in on_node.items():
+                if hold.queue and hold.gpus and hold.expires >= now:  # a freed GPU's rest, any pod's
+                    held.append(HeldGpus(key, hold.queue, node, hold.gpus, for_queue=True))
+                    continue
                 contribution = contributions.get(key)
                 if not hold.gpus or hold.expires < now or contribution is None:
                     continue

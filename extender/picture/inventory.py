@@ -74,6 +74,7 @@ class Hold:
     expires: float  # time.monotonic()
     owner: str = ""  # a workload whose members may all use it ("": only the pod it is held for)
     gpus: tuple[tuple[int, int], ...] = ()  # (GPU index on the node, thousandths kept)
+    queue: str = ""  # a queue whose pods may all use it (the rest of a freed GPU: reclaim's rule 11)
 
 
 _NO_MIX = WorkloadMix(demands=())
@@ -142,6 +143,11 @@ def _keep(supply: NodeGpus, gpus: tuple[tuple[int, int], ...], host: GpuDemand) 
         cpu_free_milli=supply.cpu_free_milli - min(max(supply.cpu_free_milli, 0), host.cpu_milli),
         memory_free_mib=supply.memory_free_mib - min(max(supply.memory_free_mib, 0), host.memory_mib),
     )
+
+
+def _shared_with(hold: Hold, owner: str, queue: str) -> bool:
+    """Whether a pod of workload `owner` in `queue` may use a hold kept for another pod."""
+    return bool((owner and hold.owner == owner) or (queue and hold.queue == queue))
 
 
 def _allocatable(node: Mapping[str, Any], resource: str) -> float:
@@ -249,20 +255,22 @@ class GpuInventory:
         """The nodes among `names` where GPUs are held for some pod."""
         return self.holds.keys() & set(names) if self.holds else set()
 
-    def supplies_for(self, key: str, names: Iterable[str], owner: str = "") -> list[NodeGpus]:
+    def supplies_for(
+        self, key: str, names: Iterable[str], owner: str = "", queue: str = ""
+    ) -> list[NodeGpus]:
         """`supply_for` of many nodes: the hot path's form (one lookup per node without holds)."""
         cached = self._node_gpus.get
         supplies = [cached(name) or self.node_gpus(name) for name in names]
         if self.holds:
             supplies = [
-                self.supply_for(key, supply.name, owner) if supply.name in self.holds else supply
+                self.supply_for(key, supply.name, owner, queue) if supply.name in self.holds else supply
                 for supply in supplies
             ]
         return supplies
 
-    def supply_for(self, key: str, name: str, owner: str = "") -> NodeGpus:
-        """A node's free GPUs as pod `key` (of workload `owner`) may use them: minus what is held
-        for other pods and workloads.
+    def supply_for(self, key: str, name: str, owner: str = "", queue: str = "") -> NodeGpus:
+        """A node's free GPUs as pod `key` (of workload `owner`, in `queue`) may use them: minus
+        what is held for other pods, workloads and queues.
 
         A hold that names its GPUs keeps their shares (all that is free of each, up to the share,
         while its victims are still terminating). One that does not and cannot be placed yet keeps
@@ -276,7 +284,7 @@ class GpuInventory:
         for holder, hold in list(on_node.items()):
             if hold.expires < now:
                 self.release_hold(holder)
-            elif holder != key and not (owner and hold.owner == owner):
+            elif holder != key and not _shared_with(hold, owner, queue):
                 if hold.gpus:
                     supply = _keep(supply, hold.gpus, hold.demand)
                     continue
@@ -294,12 +302,14 @@ class GpuInventory:
         ttl_s: float,
         owner: str = "",
         gpus: tuple[tuple[int, int], ...] = (),
+        queue: str = "",
     ) -> None:
-        """Keep GPUs on `node` for pod `key` for `ttl_s`: the shares of `gpus` when named, else
-        `demand` wherever it fits there (see `Hold`)."""
+        """Keep GPUs on `node` for pod `key` (or for any pod of `queue`) for `ttl_s`: the shares of
+        `gpus` when named, else `demand` wherever it fits there (see `Hold`)."""
         self.release_hold(key)
         self.version += 1
-        self.holds.setdefault(node, {})[key] = Hold(node, demand, time.monotonic() + ttl_s, owner, gpus)
+        expires = time.monotonic() + ttl_s
+        self.holds.setdefault(node, {})[key] = Hold(node, demand, expires, owner, gpus, queue)
 
     def release_hold(self, key: str) -> None:
         for node, on_node in list(self.holds.items()):

@@ -121,6 +121,16 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    shares 4 / 4 (a at 4 of 4 GPUs, 64 of 48 cores: dominant share 1.33); b's pod of <1 GPU,
    2 cores> takes one of them (a ends at 1, b was at 0).
 
+11. The rest of a freed GPU is kept for its queue. When the cycle ends, a share a plan freed on a
+   GPU its own pods share and no pod took is kept for the plan's queue - any pod of it
+   (`Plan.rests`, `HeldGpus.for_queue`) - for the hold's lifetime; the planning fork places it
+   like a pod's hold, and a waiting fraction of that queue goes there first (`take_rest`), with
+   no plan. So a lone quarter's plan, one whole GPU (rule 4's exception), serves the queue's next
+   quarters too, arriving in later cycles, and they count as needed by it (the simulator measures
+   so). Example: `a` borrowed 4 GPUs, `b` waits with one quarter: `a3` goes, 0.75 of its GPU is
+   kept for `b`; `b`'s next quarter, a cycle later, takes it with no eviction (before: `a2` went,
+   a second whole GPU for a quarter); `c`'s quarter may not.
+
 Pods with a `terminating` flag are evicted in the fork first: their GPUs are already coming free,
 so nothing is evicted for a pod that will fit once they are gone. Pods GPUs are held for (the
 snapshot's `holds`) are then placed on exactly those GPUs: they count as their queues' and take
@@ -244,6 +254,9 @@ class Plan:
     # pods of the cycle placed on what it freed that `pod` did not take (rule 7). Empty until
     # the plan is applied to a fork (`apply_plan`).
     holds: tuple[HeldGpus, ...] = ()
+    # The rest of each GPU it freed that its pods share and leave partly free, kept for its
+    # queue's next fractions (rule 11); set when the cycle's planning ends.
+    rests: tuple[HeldGpus, ...] = ()
 
     @property
     def ratio(self) -> float:
@@ -963,10 +976,10 @@ class Served:
         if not self._left:
             return
         placed = fork.running.get(waiting.key)
-        if placed is None:
-            return
+        if placed is None or not may_ride:
+            return  # a pod that may not ride leaves what it lands on kept for the plan's queue (rule 11)
         index = self._take(placed.node, placed.gpus)
-        if index is None or not may_ride:
+        if index is None:
             return
         done = self.plans[index]
         self.plans[index] = replace(
@@ -974,6 +987,20 @@ class Served:
             holds=(*done.holds, _hold_for(waiting, placed, done.goal)),
             gpus_needed=done.gpus_needed + placed.gpus_held,
         )
+
+    def with_rests(self) -> list[Plan]:
+        """The plans, each with the rests it keeps for its queue (rule 11): of the shares it
+        freed that no pod took, those on a GPU its own pods share."""
+        rests: dict[int, list[HeldGpus]] = {}
+        for (node, gpu), entries in sorted(self._left.items()):
+            for index, milli in entries:
+                done = self.plans[index]
+                if milli > 0 and any(h.node == node and gpu in dict(h.gpus) for h in done.holds):
+                    key = f"{done.pod.queue}/rest/{node}/{gpu}"
+                    rests.setdefault(index, []).append(
+                        HeldGpus(key, done.pod.queue, node, ((gpu, milli),), for_queue=True)
+                    )
+        return [replace(done, rests=tuple(rests.get(i, ()))) for i, done in enumerate(self.plans)]
 
     def _take(self, node: str, gpus: Sequence[tuple[int, int]]) -> int | None:
         """Take these shares from what plans freed on the node's GPUs; the first plan taken from."""
@@ -1006,7 +1033,7 @@ def _serve(
     """Serve one waiting pod on the fork: placed where it fits already (riding on a plan of the
     cycle if it takes what that plan freed), else by a plan of its own; False when neither."""
     may_ride = served.freeing and _goal_for(fork.fairness, waiting) is not None
-    if place_if_it_fits(fork, waiting, search):
+    if take_rest(fork, waiting) or place_if_it_fits(fork, waiting, search):
         served.ride(fork, waiting, may_ride)
         return True
     found = _plan_for(fork, search, waiting, now, rules, evictions_left, work)
@@ -1124,7 +1151,25 @@ def plan(
             continue
         evictions_left -= sum(len(done.evictions) for done in served.plans[planned:])
     _ride_beyond_the_cap(fork, search, served, pending, order)
-    return served.plans
+    return served.with_rests()
+
+
+def take_rest(fork: ClusterSnapshot, waiting: PendingPod) -> bool:
+    """Rule 11: a fraction of a queue the rest of a freed GPU is kept for (`HeldGpus.for_queue`,
+    placed by the planning fork) goes there first, taking the rest's place - no plan evicts
+    again for it. True when it was placed so."""
+    for key, rest in sorted(fork.holds.items()):
+        if not rest.for_queue or rest.queue != waiting.queue or key not in fork.running:
+            continue
+        ((gpu, milli),) = rest.gpus
+        demand = _on(waiting, fork, rest.node)
+        if demand.count != 1 or demand.milli > milli:
+            continue
+        fork.evict(key)
+        if fork.place(_arriving(waiting), demand, rest.node, gpus=(gpu,)) is not None:
+            return True
+        fork.place(_held(rest), rest.demand, rest.node, gpus=(gpu,))
+    return False
 
 
 def _ride_beyond_the_cap(

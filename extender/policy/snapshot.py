@@ -96,10 +96,13 @@ class HeldGpus:
     resources: Resources = field(default_factory=dict)
     workload: str = ""  # a gang's: any of its waiting members may take it
     # The CPU and memory kept with the GPUs, where the node tracks them: what the pod needs there,
-    # for a plan that freed CPU or memory for it (reclaim's rule 9: keeping only GPUs would let
+    # for a plan that freed CPU or memory for it (reclaim's rule 10: keeping only GPUs would let
     # another pod take them back); 0 for a plan that freed GPUs.
     cpu_milli: int = 0
     memory_mib: int = 0
+    # The rest of a GPU a plan freed for a fraction of `queue`: kept for the queue's next
+    # fractions, any pod of it (`key` names the queue and the device, no pod).
+    for_queue: bool = False
 
     @property
     def demand(self) -> GpuDemand:

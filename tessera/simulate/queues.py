@@ -546,6 +546,19 @@ class _Hold:
 
 
 @dataclass
+class _Rest:
+    """The rest of a GPU a plan freed for a fraction, kept for its queue's next fractions (rule
+    10 of `extender.policy.reclaim`); what they take counts as needed by that plan."""
+
+    queue: str
+    node: int
+    gpu: int
+    milli: int
+    expires: float
+    plan: int  # its plan's index in `_Replay.plan_gpus`
+
+
+@dataclass
 class _Level:
     """What the metrics integrate, constant from one moment of change to the next."""
 
@@ -608,7 +621,10 @@ class _Replay:
         self.waiting: dict[int, _Pod] = {}
         self.running: dict[int, _Pod] = {}  # running and terminating
         self.holds: dict[int, _Hold] = {}
-        self.phantoms: dict[int, list[tuple[int, GpuDemand, tuple[int, ...]]]] = {}
+        self.rests: dict[str, _Rest] = {}
+        # Shares out of the cluster while a pass places pods: a held pod's (its index), a rest's.
+        self.phantoms: dict[int | str, list[tuple[int, GpuDemand, tuple[int, ...]]]] = {}
+        self.plan_gpus: list[list[float]] = []  # per plan carried out: [GPUs evicted, needed]
         self.events: list[tuple[float, int, int, int]] = []  # (time, kind, pod, run)
         self.result = QueueRunResult(workload.name, policy_name, interval, delay)
         self.refused: dict[str, set[int]] = {}
@@ -720,6 +736,10 @@ class _Replay:
             del self.holds[index]
         for index in self.holds:
             self._reserve(index)
+        for key in [k for k, rest in self.rests.items() if rest.expires <= now]:
+            del self.rests[key]
+        for key, rest in self.rests.items():
+            self._reserve_shares(key, rest.node, ((rest.gpu, rest.milli),))
         # Within a pass usage only grows and free capacity only shrinks: a refusal, or a demand
         # that fitted nowhere, stays so for the rest of it (admissions are kept until a start).
         refused: dict[_Signature, str] = {}  # -> the reason
@@ -764,7 +784,7 @@ class _Replay:
                 if held
                 else self._owed_fit(defers_to(admission, pod.queue, pod.request, pod.preemptible, owed))
             )
-            placement = self._place(pod, avoid)
+            placement = (None if held else self._take_rest(pod)) or self._place(pod, avoid)
             if placement is None:
                 if held:
                     self._reserve(pod.index)
@@ -783,8 +803,8 @@ class _Replay:
             admitted.clear()
             if any(o.queue == pod.queue for o in owed):
                 owed = self._owed(admission)
-        for index in list(self.phantoms):
-            self._unreserve(index)
+        for kept in list(self.phantoms):
+            self._unreserve(kept)
         self.placer.forget_gone_states()
         return retry
 
@@ -949,27 +969,59 @@ class _Replay:
                 return hold.node, gpus
         return self.placer.place(pod.demand, avoid)
 
+    def _take_rest(self, pod: _Pod) -> tuple[int, tuple[int, ...]] | None:
+        """Where a fraction starts on a rest kept for its queue (rule 11), once free; None: no
+        rest of its queue takes it. The plan that freed the rest counts what it takes as needed."""
+        if pod.demand.count != 1:
+            return None
+        for key, rest in sorted(self.rests.items()):
+            if rest.queue != pod.queue or pod.demand.milli > rest.milli:
+                continue
+            self._unreserve(key)
+            if take(self.cluster.node_gpus(rest.node), pod.demand, (rest.gpu,)) is None:
+                self._reserve_shares(key, rest.node, ((rest.gpu, rest.milli),))
+                continue
+            self.cluster.place(rest.node, pod.demand, (rest.gpu,))
+            self.plan_gpus[rest.plan][1] += pod.demand.milli / GPU_MILLI
+            rest.milli -= pod.demand.milli
+            if rest.milli > 0:
+                self._reserve_shares(key, rest.node, ((rest.gpu, rest.milli),))
+            else:
+                del self.rests[key]
+            return rest.node, (rest.gpu,)
+        return None
+
     def _reserve(self, index: int) -> None:
         """Take what is held for pod `index` out of the cluster while others are placed: the share
         of each of its GPUs, and the CPU and memory it keeps, as much of each as is free (its
         victims may still be terminating), as the filter's `supply_for` keeps them."""
         hold = self.holds[index]
-        free = self.cluster.free[hold.node]
+        self._reserve_shares(index, hold.node, hold.gpus, hold.cpu_milli, hold.memory_mib)
+
+    def _reserve_shares(
+        self,
+        key: int | str,
+        node: int,
+        shares: tuple[tuple[int, int], ...],
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
+    ) -> None:
+        """Take kept shares out of the cluster: of each GPU, as much of its share as is free (its
+        victims may still be terminating), and of the CPU and memory kept with them."""
+        free = self.cluster.free[node]
         taken: list[tuple[int, GpuDemand, tuple[int, ...]]] = [
-            (hold.node, GpuDemand(1, min(milli, free[gpu])), (gpu,))
-            for gpu, milli in hold.gpus
-            if free[gpu] > 0
+            (node, GpuDemand(1, min(milli, free[gpu])), (gpu,)) for gpu, milli in shares if free[gpu] > 0
         ]
         host = GpuDemand(
             0,
-            cpu_milli=min(hold.cpu_milli, max(self.cluster.cpu_free[hold.node], 0)),
-            memory_mib=min(hold.memory_mib, max(self.cluster.memory_free[hold.node], 0)),
+            cpu_milli=min(cpu_milli, max(self.cluster.cpu_free[node], 0)),
+            memory_mib=min(memory_mib, max(self.cluster.memory_free[node], 0)),
         )
         if host.cpu_milli or host.memory_mib:
-            taken.append((hold.node, host, ()))
-        for node, demand, gpus in taken:
-            self.cluster.place(node, demand, gpus)
-        self.phantoms[index] = taken
+            taken.append((node, host, ()))
+        for at, demand, gpus in taken:
+            self.cluster.place(at, demand, gpus)
+        self.phantoms[key] = taken
 
     def _release(self, index: int) -> None:
         """Let go of what is held for a pod admission refused (the filter's refusal does): GPUs
@@ -978,8 +1030,8 @@ class _Replay:
             self._unreserve(index)
             self.served_from.pop(index, None)
 
-    def _unreserve(self, index: int) -> None:
-        for node, demand, gpus in self.phantoms.pop(index, []):
+    def _unreserve(self, key: int | str) -> None:
+        for node, demand, gpus in self.phantoms.pop(key, []):
             self.cluster.release(node, demand, gpus)
 
     def _fairness(self, shares: Mapping[str, Mapping[str, float]] | None = None) -> FairnessSnapshot:
@@ -1017,7 +1069,10 @@ class _Replay:
             fairness,
             self.cluster.mix,
             minimums=self.minimums,
-            holds=[self._held(index, hold) for index, hold in self.holds.items()],
+            holds=[
+                *(self._held(index, hold) for index, hold in self.holds.items()),
+                *(self._kept(key, rest) for key, rest in self.rests.items() if rest.expires > now),
+            ],
             domains=self.cluster.domains,
         )
         snapshot.spare(
@@ -1086,6 +1141,11 @@ class _Replay:
             hold.memory_mib,
         )
 
+    def _kept(self, key: str, rest: _Rest) -> HeldGpus:
+        """A rest as the planner sees it: kept for any fraction of its queue."""
+        node = self.nodes[rest.node].name
+        return HeldGpus(key, rest.queue, node, ((rest.gpu, rest.milli),), for_queue=True)
+
     def _running_pod(self, pod: _Pod) -> RunningPod:
         return RunningPod(
             key=pod.key,
@@ -1141,8 +1201,11 @@ class _Replay:
     def _carry_out(self, chosen: Plan, now: float) -> None:
         served = self.pods[int(chosen.pod.key)]
         self.result.plans += 1
-        self.result.gpus_needed += chosen.gpus_needed
-        self.result.max_plan_ratio = max(self.result.max_plan_ratio, chosen.ratio)
+        self.plan_gpus.append([chosen.gpus_evicted, chosen.gpus_needed])
+        for rest in chosen.rests:
+            ((gpu, milli),) = rest.gpus
+            node = self.node_index[rest.node]
+            self.rests[rest.key] = _Rest(rest.queue, node, gpu, milli, now + HOLD_S, len(self.plan_gpus) - 1)
         for eviction in chosen.evictions:
             victim = self.pods[int(eviction.pod.key)]
             gpus = victim.demand.total_milli / GPU_MILLI
@@ -1277,6 +1340,11 @@ class _Replay:
         result, end = self.result, self.result.makespan_s
         gpu_capacity = self.capacity.get("gpu", 0.0)
         result.refusals = {reason: len(pods) for reason, pods in sorted(self.refused.items())}
+        # A plan's needed GPUs include the fractions that took the rest it kept (rule 11).
+        result.gpus_needed = sum(needed for _, needed in self.plan_gpus)
+        result.max_plan_ratio = max(
+            (evicted / needed if needed > 0 else math.inf for evicted, needed in self.plan_gpus), default=0.0
+        )
         busy = 0.0
         for q in self.specs:
             mine = [p for p in self.pods if p.queue == q.name]

@@ -173,6 +173,74 @@ def test_half_gpu_pods_cost_one_eviction_per_two_of_them(nodes: int, a_pods: int
     assert sorted(key for done in plans for key in done.served) == sorted(p.key for p in pending)
 
 
+def test_a_lone_fraction_keeps_the_rest_of_its_gpu_for_its_queue() -> None:
+    # 1 node x 4 GPUs, a borrowed all 4, b (quota 2) waits with one quarter-GPU pod and an L4 pod
+    # (no L4 here: no plan, but it makes b's share 1.25, a's 2.75). The least eviction is a
+    # whole GPU: a3 (GPU 3) for 0.25 (rule 4's exception; a ends 0.25 owed, less than b's 1.25).
+    # The other 750 thousandths of GPU 3 are kept for b's next fractions (rule 11).
+    case = HoldCase(
+        "a lone quarter",
+        {"n1": 4},
+        [q("a", quota=2), q("b", quota=2)],
+        a_runs(4, "n1"),
+        [Wait("bq0", "b", milli=250), Wait("b-l4", "b", model="L4")],
+        [],
+    )
+    snapshot, pending = snapshot_with_holds(case)
+    (done,) = plan(snapshot, pending, NOW, Rules())
+    assert described(done) == Served({"a3"}, {"bq0": on("n1", 3, 250)}, 0.25, 1.0)
+    assert done.rests == (HeldGpus("b/rest/n1/3", "b", "n1", ((3, 750),), for_queue=True),)
+
+
+def test_a_pod_that_may_not_ride_leaves_the_rest_to_the_plans_queue() -> None:
+    # The case "a pod of a queue above its share does not ride": a3 (GPU 3) goes for b0's half;
+    # a's own half lands on GPU 3's other half in the fork, but a is above its share: that half
+    # is kept for b (before: a's half used it up in the fork, nothing was kept, and the plan
+    # stayed at 1 GPU for 0.5 when b's next half came).
+    case = next(c for c in CASES if c.name == "a pod of a queue above its share does not ride")
+    snapshot, pending = snapshot_with_holds(case)
+    (done,) = plan(snapshot, pending, NOW, Rules())
+    assert done.rests == (HeldGpus("b/rest/n1/3", "b", "n1", ((3, 500),), for_queue=True),)
+
+
+@pytest.mark.parametrize(
+    ("queue", "evicted"),
+    [
+        # b's next quarter takes the rest kept for b: no eviction (before: a2 went, 1 GPU for
+        # 0.25 again, evicted/needed 4.0 twice for what one GPU serves).
+        ("b", set()),
+        # c's quarter (c owed 1 GPU) may not: the rest is b's, so a2 goes for it.
+        ("c", {"a2"}),
+    ],
+)
+def test_the_next_fraction_of_the_queue_takes_the_rest_kept_for_it(queue: str, evicted: set[str]) -> None:
+    # The cycle after the lone quarter's plan: a3 still terminating on GPU 3, b's first quarter
+    # held there (250), the rest (750) kept for b; a holds GPUs 0-2. One more quarter of `queue`
+    # waits, and an L4 pod of it (no plan: it makes the queue owed more than a pod; a, at 3,
+    # is above its share of about 2.5 either way).
+    case = HoldCase(
+        "the next quarter",
+        {"n1": 4},
+        [q("a", quota=1), q("b", quota=1), q("c", quota=1)],
+        [*a_runs(3, "n1"), Run("a3", "a", "n1", terminating=True)],
+        [Wait("next", queue, milli=250), Wait(f"{queue}-l4", queue, model="L4")],
+        [],
+        held=[(Wait("bq0", "b", milli=250), "n1", ((3, 250),))],
+    )
+    snapshot, pending = snapshot_with_holds(case)
+    rest = HeldGpus("b/rest/n1/3", "b", "n1", ((3, 750),), for_queue=True)
+    kept = ClusterSnapshot(
+        snapshot.base_nodes,
+        snapshot.running,
+        snapshot.fairness,
+        snapshot.mix,
+        holds=[*snapshot.holds.values(), rest],
+    )
+    assert [{e.pod.key for e in done.evictions} for done in plan(kept, pending, NOW, Rules())] == (
+        [evicted] if evicted else []
+    )
+
+
 # ---- the live picture: what the filter keeps and passes -------------------------------------
 
 CLASS = "gpu.tessera.dev"
@@ -257,3 +325,19 @@ def test_a_hold_whose_gpu_another_pod_got_keeps_its_share_on_another_gpu() -> No
     assert picture.inventory.node_gpus("n1").free_milli == (0, 1000)
     assert picture.inventory.supply_for("ns/a0", "n1").free_milli == (0, 0)
     assert picture.inventory.supply_for("ns/b0", "n1").free_milli == (0, 1000)
+
+
+def test_the_rest_of_a_freed_gpu_is_kept_for_its_queue_in_the_filter() -> None:
+    # A plan freed n1's GPU 0 for a half of b; its other half is kept for queue b (rule 11). Any
+    # half-GPU pod of b is passed n1 (GPU 0's rest is its queue's), a's is not: n1 shows a
+    # nothing free on GPU 0 and it goes to GPU 1 or n2 (before the queue's rest, a's half took
+    # GPU 0's rest and b's next half needed another eviction). The planner sees the rest too.
+    b1 = objects.pod("ns", "b1", queue="b", template="half")
+    a1 = objects.pod("ns", "a1", queue="a", template="half")
+    picture = picture_of(b1, a1)
+    picture.inventory.hold("b/rest/n1/0", "n1", GpuDemand(1, 500), 60.0, gpus=((0, 500),), queue="b")
+    assert picture.inventory.supply_for("ns/b1", "n1", queue="b").free_milli == (1000, 1000)
+    assert picture.inventory.supply_for("ns/a1", "n1", queue="a").free_milli == (500, 1000)
+    assert decide_filter(picture, ExtenderArgs(Pod=b1, NodeNames=["n1"])).result.NodeNames == ["n1"]
+    (rest,) = picture.snapshot().holds.values()
+    assert rest == HeldGpus("b/rest/n1/0", "b", "n1", ((0, 500),), for_queue=True)

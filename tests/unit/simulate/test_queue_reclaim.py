@@ -340,9 +340,10 @@ def halves(nodes: int, gpus: int, count: int) -> dict[str, Any]:
         # by infer: 14 evictions (before: 20 for 8.75 GPUs, plans up to 4 GPUs evicted per GPU
         # needed). The second burst comes a half and a quarter every 2 s: a plan made when only
         # a half, or a half and a quarter, wait evicts one GPU for 0.5 or 0.75 (the least
-        # eviction there is then: 2.0 or 4/3 at plan time); the pods arriving next take the rest
-        # a cycle later, free, so no GPU evicted goes unused.
-        ("fractions.yaml", 14, 2.0),
+        # eviction there is then); the rest of that GPU is kept for infer (rule 11 of
+        # extender.policy.reclaim) and the pods arriving next take it, counted as needed by
+        # that plan: 1.0 (before the rest was kept: 2.0 at 30 s termination, 4/3 at 0 s).
+        ("fractions.yaml", 14, 1.0),
     ],
     ids=["4 halves", "16 halves", "fractions.yaml"],
 )
@@ -357,6 +358,18 @@ def test_fractions_evict_what_they_need(
     assert result.gpus_evicted == evictions  # one whole-GPU victim per GPU the served pods use
     assert result.max_plan_ratio <= worst + 1e-9
     assert result.late_evictions == 0  # no victim had started on GPUs freed for a waiting pod
+
+
+@pytest.mark.parametrize("delay", [0.0, 8.0])
+def test_lone_quarters_keep_the_rest_of_their_gpu_for_their_queue(delay: float) -> None:
+    # mixed.yaml: infer's quarter-GPU `serve` pods come one every 20 s, with only whole-GPU
+    # victims around. A plan evicts one GPU for the first (0.25); the other 0.75 is kept for
+    # infer and its next quarters take it, counted as needed by that plan. Before, those 0.75
+    # were free to any pod and the worst plan was 4.0. Same evictions (15 pods at 0 s, 16 at
+    # 8 s), every plan at evicted/needed 1.0.
+    result = run_queue_workload(load_workload(EXAMPLES / "mixed.yaml"), termination_delay_s=delay)
+    assert result.max_plan_ratio <= 1.0 + 1e-9
+    assert result.gpus_needed == pytest.approx(result.gpus_evicted)
 
 
 @pytest.mark.parametrize("delay", [0.0, 8.0])
