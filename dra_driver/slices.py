@@ -468,20 +468,12 @@ class SliceReconciler:
 
     async def detect_sharing_mode(self) -> SharingMode:
         """Dry-run a slice with a shareable device: the apiserver drops fields whose feature is off."""
-        probe = _probe_slice(self._node_name, self._driver)
-        try:
-            echoed = await read_json(
-                self._resource.create_resource_slice(body=probe, dry_run="All", _preload_content=False)
-            )
-        except ApiException as exc:
-            log.warning(
-                "consumable-capacity probe rejected (%s %s); publishing whole GPUs only",
-                exc.status,
-                exc.reason,
-            )
+        device = await self._echoed_device(
+            _probe_slice(self._node_name, self._driver), "consumable-capacity", "publishing whole GPUs only"
+        )
+        if device is None:
             return SharingMode.WHOLE_DEVICE
-        devices = echoed.get("spec", {}).get("devices") or [{}]
-        if devices[0].get("allowMultipleAllocations") is True:
+        if device.get("allowMultipleAllocations") is True:
             log.info("cluster supports consumable capacity: publishing shareable GPUs with memory/compute")
             return SharingMode.CONSUMABLE_CAPACITY
         log.info("cluster lacks consumable capacity: publishing whole GPUs (share by shared claims)")
@@ -490,24 +482,33 @@ class SliceReconciler:
     async def detect_partitionable(self) -> bool:
         """Dry-run a device consuming counters: an apiserver without DRAPartitionableDevices drops
         ``consumesCounters``; then GPUs in MIG mode publish their existing MIG devices only."""
-        probe = _partition_probe_slice(self._node_name, self._driver)
+        device = await self._echoed_device(
+            _partition_probe_slice(self._node_name, self._driver),
+            "partitionable-devices",
+            "MIG devices published as they exist",
+        )
+        if device is None:
+            return False
+        if device.get("consumesCounters"):
+            log.info("cluster supports partitionable devices: MIG partitions are made on demand")
+            return True
+        log.info("cluster lacks partitionable devices: MIG devices published as they exist (static)")
+        return False
+
+    async def _echoed_device(
+        self, probe: dict[str, Any], feature: str, fallback: str
+    ) -> dict[str, Any] | None:
+        """The first device of `probe` as the apiserver echoes a dry-run create of it (what it keeps
+        of the fields a feature gate serves); None, logged with `fallback`, when it refuses."""
         try:
             echoed = await read_json(
                 self._resource.create_resource_slice(body=probe, dry_run="All", _preload_content=False)
             )
         except ApiException as exc:
-            log.warning(
-                "partitionable-devices probe rejected (%s %s); MIG devices published as they exist",
-                exc.status,
-                exc.reason,
-            )
-            return False
-        devices = echoed.get("spec", {}).get("devices") or [{}]
-        if devices[0].get("consumesCounters"):
-            log.info("cluster supports partitionable devices: MIG partitions are made on demand")
-            return True
-        log.info("cluster lacks partitionable devices: MIG devices published as they exist (static)")
-        return False
+            log.warning("%s probe rejected (%s %s); %s", feature, exc.status, exc.reason, fallback)
+            return None
+        device: dict[str, Any] = (echoed.get("spec", {}).get("devices") or [{}])[0]
+        return device
 
     async def _node_ref(self) -> NodeRef:
         try:
