@@ -52,6 +52,7 @@ from extender.controllers.evictions import (
 from extender.controllers.periodic import PeriodicPass
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
+from extender.policy.drf import gpu_amounts
 from extender.policy.fairness import EPSILON
 from extender.policy.reclaim import (
     Budget,
@@ -59,7 +60,6 @@ from extender.policy.reclaim import (
     PendingPod,
     Plan,
     Rules,
-    gpu_amounts,
     plan,
     protected_restarts,
 )

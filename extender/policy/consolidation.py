@@ -57,6 +57,7 @@ from itertools import combinations
 from typing import Literal
 
 from contract.names import GPU_MILLI
+from extender.policy.drf import gpu_amounts
 from extender.policy.fairness import EPSILON, FairnessSnapshot
 from extender.policy.placement import GpuDemand, NodeGpus, fits, placement_cost
 from extender.policy.reclaim import (
@@ -68,7 +69,6 @@ from extender.policy.reclaim import (
     Plan,
     Search,
     apply_plan,
-    gpu_amounts,
     place_if_it_fits,
     planning_fork,
     serving_order,

@@ -37,9 +37,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from extender.policy.drf import gpu_amounts
 from extender.policy.fairness import EPSILON, FairnessSnapshot, Resources, format_amount
 from extender.policy.placement import GpuDemand
-from extender.policy.reclaim import gpu_amounts, reclaim_refusal
+from extender.policy.reclaim import reclaim_refusal
 
 
 @dataclass(frozen=True)

@@ -156,8 +156,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from contract.names import GPU_MILLI
-from extender.policy.drf import diverging_paths, drf_refusal, drf_victim_text, host_starved
-from extender.policy.drf import gpu_amounts as gpu_amounts  # (re-exported: the planners' import)
+from extender.policy.drf import diverging_paths, drf_refusal, drf_victim_text, gpu_amounts, host_starved
 from extender.policy.fairness import EPSILON, FairnessSnapshot, Resources, format_amount
 from extender.policy.placement import DomainMap, GpuDemand, NodeGpus, fits
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, changed_keys
