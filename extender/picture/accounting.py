@@ -245,8 +245,8 @@ class QueueAccounting:
                 model = next(iter(demand.models))
             elif demand.classic_gpus:
                 model = self.inventory.classic_model(self.inventory.pod_node(key, pod))
-            else:
-                model = ""
+            else:  # bound: its node's model (its claims' allocation may not have arrived yet)
+                model = self.inventory.node_model(self.inventory.pod_node(key, pod))
             gpus.append((model, amount))
         return fairness_vector(demand.cpu, demand.memory, gpus)
 

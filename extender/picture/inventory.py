@@ -365,6 +365,12 @@ class GpuInventory:
         node = self.store.get("Node", node_name)
         return str(mapping(meta(node).get("labels")).get(CLASSIC_MODEL_LABEL, "")) if node else ""
 
+    def node_model(self, node_name: str) -> str:
+        """The one GPU model a node has ("" for none or several): what a pod bound there holds
+        while its claims' allocation has not reached the picture yet."""
+        models = {self.devices[key].model for key in self.node_devices.get(node_name, [])}
+        return next(iter(models)) if len(models) == 1 else ""
+
     def capacity(self) -> dict[str, float]:
         if self._capacity is None:
             self._capacity = self._compute_capacity()
@@ -556,6 +562,7 @@ class GpuInventory:
         for node in touched:
             self._forget_node(node)
             self._reindex_node(node)
+            self._notify(list(self.pods_by_node.get(node, ())))  # they may count the node's model
 
     def _reindex_node(self, node: str) -> None:
         """Number a node's GPUs in order and note their memory."""

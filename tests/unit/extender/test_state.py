@@ -488,6 +488,38 @@ def running_on(name: str, node: str, claim_name: str, queue: str = "q") -> dict[
     return pod
 
 
+def test_a_pod_bound_before_its_claims_allocation_arrives_counts_its_nodes_model() -> None:
+    """The scheduler allocates a claim, then binds; the two reach the picture on separate watches.
+    While the pod shows bound and its claim not yet allocated, the pod counts 1 GPU of its node's
+    one model (node a: H100-80GB), as it will once the allocation arrives: the queue's gpu and
+    gpu/<model> never disagree (its status once said gpu 2, gpu/H100-80GB 1)."""
+    bound = objects.pod("ns", "bound", queue="q", template="one", node_name="a")
+    bound["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "bound-gpus"}]
+    state = synced_state(
+        [
+            *two_nodes(),
+            objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+            objects.claim("ns", "bound-gpus", objects.claim_spec(CLASS)),  # not allocated yet
+            bound,
+            objects.queue("q"),
+        ]
+    )
+    assert state.fairness().usage["q"].allocated["gpu"] == 1
+    assert state.fairness().usage["q"].allocated["gpu/H100-80GB"] == 1
+    state.apply(
+        "ResourceClaim",
+        "MODIFIED",
+        objects.claim("ns", "bound-gpus", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)]),
+    )
+    assert state.fairness().usage["q"].allocated["gpu/H100-80GB"] == 1
+    # Its node's slice goes and comes back: the pod is recounted each time, like a fresh count.
+    state.apply("ResourceSlice", "DELETED", objects.gpu_slice("a", 4, shareable=True))
+    state.apply("ResourceClaim", "MODIFIED", objects.claim("ns", "bound-gpus", objects.claim_spec(CLASS)))
+    assert "gpu/H100-80GB" not in state.fairness().usage["q"].allocated  # node a has no GPUs now
+    state.apply("ResourceSlice", "ADDED", objects.gpu_slice("a", 4, shareable=True))
+    assert state.fairness().usage["q"].allocated["gpu/H100-80GB"] == 1
+
+
 def test_a_claim_shared_by_two_pods_is_charged_once() -> None:
     # Time-slicing: one whole-GPU claim, reserved for two running pods of q -> 1 GPU, not 2.
     shared = objects.claim("ns", "shared", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)])
