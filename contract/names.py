@@ -56,3 +56,8 @@ WORKLOAD_LABEL: Final = "scheduling.tessera.dev/workload"
 # of the workload's members must share one domain of, and the level they are packed by if they can.
 TOPOLOGY_REQUIRED_ANNOTATION: Final = "scheduling.tessera.dev/topology-required"
 TOPOLOGY_PREFERRED_ANNOTATION: Final = "scheduling.tessera.dev/topology-preferred"
+# Subgroups: a pod label naming the part of its workload it belongs to (leader, workers, ...), and a
+# pod annotation stating each part's minimum ("leader=1,workers=4"): the gang starts only with every
+# part at its minimum, and members above their part's minimum are elastic.
+SUBGROUP_LABEL: Final = "scheduling.tessera.dev/subgroup"
+SUBGROUP_MINIMUMS_ANNOTATION: Final = "scheduling.tessera.dev/subgroup-min-members"

@@ -44,7 +44,15 @@ from extender.memo import ShapeMemo
 from extender.picture.cluster import ClusterPicture
 from extender.picture.demands import PodDemand
 from extender.picture.gangs import GangReservation
-from extender.policy.admission import GANG, GANG_READING, Ask, GangState, admit, gang_text
+from extender.policy.admission import (
+    GANG,
+    GANG_READING,
+    Ask,
+    GangState,
+    admit,
+    gang_text,
+    unplaced_part_text,
+)
 from extender.policy.deference import OwedPod, deference_reason, defers_to
 from extender.policy.fairness import AdmissionDecision
 from extender.policy.placement import (
@@ -264,7 +272,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         return FilterDecision(refused, "refused", "queue_not_allowed", demand.queue, False, refusal)
     key = args.pod.key
     gang = picture.gang(pod)
-    owner = "" if gang.workload.single else gang.workload.key
+    owner = holds_owner(gang)
     # A member of a gang reserved inside a domain is judged on that domain's nodes only.
     candidates = names
     names, outside = _in_domain(picture, picture.gangs.reservation(owner) if owner else None, names)
@@ -339,6 +347,12 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     )
 
 
+def holds_owner(gang: GangState) -> str:
+    """The workload whose GPU holds the pod sees as its own ("": none): its gang's, unless it is
+    alone or an elastic member above its part's minimum (the holds are for the minimum)."""
+    return "" if gang.workload.single or gang.elastic else gang.workload.key
+
+
 def why_unplaced(
     picture: ClusterPicture, key: str, pod: Mapping[str, Any], demand: PodDemand
 ) -> tuple[str, str]:
@@ -378,8 +392,7 @@ def deferred_everywhere(
     owed = _owed_first(picture, key, pod, demand, gang) if demand.wants_gpu else ()
     if not owed:
         return ""
-    owner = "" if gang.workload.single else gang.workload.key
-    nodes = _candidate_kinds(picture, key, names, owner, demand.queue)
+    nodes = _candidate_kinds(picture, key, names, holds_owner(gang), demand.queue)
     reference = picture.inventory.reference_memory(demand.models)
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
     deferred = ""
@@ -496,7 +509,9 @@ def admit_gang(
         elif plan is not None and ask.required:
             why = no_domain_text(ask.required, plan, gpus, missing)
             return AdmissionDecision(
-                False, gang_text(gang, f"starts whole or not at all: {why}"), GANG_NO_DOMAIN
+                False,
+                gang_text(gang, f"starts whole or not at all: {why}{_short(gang, plan.largest_fit)}"),
+                GANG_NO_DOMAIN,
             ), None
         else:  # (a preference only, and the gang fits nowhere: said as without one)
             planned = plan_gang(supplies, gpus, missing, picture.inventory.domains)
@@ -504,7 +519,7 @@ def admit_gang(
             text = gang_text(
                 gang,
                 f"starts whole or not at all: GPUs free for {len(planned)} of its {missing} missing pods "
-                f"({describe(gpus)} each)",
+                f"({describe(gpus)} each){_short(gang, len(planned))}",
             )
             return AdmissionDecision(False, text, GANG_NO_FIT), None
         nodes = planned
@@ -522,6 +537,12 @@ def admit_gang(
     where = f" in {level} {domain}" if domain else ""
     text = gang_text(gang, f"admitted whole{where}: {missing} pods held for; {queued.reason}")
     return AdmissionDecision(True, text, GANG), reservation
+
+
+def _short(gang: GangState, fitting: int) -> str:
+    """The part a plan with room for `fitting` pods leaves short, said after the counts."""
+    short = unplaced_part_text(gang, fitting)
+    return f"; {short}" if short else ""
 
 
 def _required_domains(picture: ClusterPicture, gang: GangState, level: str) -> DomainMap | None:

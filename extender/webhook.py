@@ -66,6 +66,7 @@ from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.admission import Ask
 from extender.policy.topology import ask_refusal
+from extender.policy.workloads import subgroup_refusal
 from extender.queues import defaults_shut_out
 from extender.serving import BODY_LIMIT_KEY, IN_FLIGHT_KEY, METRICS_KEY, parse_body, timed
 
@@ -245,6 +246,8 @@ class PodAdmission:
         refusal = self.tenancy_refusal(stored, choice, namespace_labels) if read_namespace else ""
         # A topology level the cluster does not define could never be served: refused at once.
         refusal = refusal or ask_refusal(self.picture.topology.topology, pod)
+        # So could parts (subgroups) stated wrong: a gang whose parts do not add up never starts.
+        refusal = refusal or subgroup_refusal(pod)
         if refusal:
             return PodVerdict([], [], "refused", refusal)
         patch = pod_patch(pod, queue, scheduler, gate=False)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from kubernetes_asyncio.client import ApiClient
@@ -85,7 +85,7 @@ def gang_of(picture: ClusterPicture, pod: Mapping[str, Any], creating: bool = Fa
     picture yet: it counts as a member of a gang not admitted yet."""
     gang = picture.gang(pod)
     if creating and not gang.admitted:
-        return replace(gang, members=gang.members + 1)
+        return gang.with_pod_created()
     return gang
 
 

@@ -54,7 +54,7 @@ from extender.policy.snapshot import (
     mover_order,
 )
 from extender.policy.topology import DEFAULT_TOPOLOGY, Topology, TopologyAsk
-from extender.policy.workloads import Workload
+from extender.policy.workloads import Workload, part_of
 
 # The reason of kube-scheduler's PodScheduled=False condition after a cycle in which no node fit
 # (its own filters, or the extender's refused every node); not after an error ("SchedulerError":
@@ -313,6 +313,7 @@ class ClusterPicture:
             movers.pop(node, None)
             if movable:
                 movers[node] = tuple(movable)
+        minimums, part_minimums = self._minimums(running)
         return ClusterSnapshot(
             nodes,
             running,
@@ -320,12 +321,13 @@ class ClusterPicture:
             view.mix,
             self.inventory.gpu_memory,
             pods_by_node,
-            minimums=self._minimums(running),
+            minimums=minimums,
             terminating=terminating,
             victims=victims,
             movers=movers,
             holds=self._held_gpus(),
             domains=self.inventory.domains,
+            part_minimums=part_minimums,
         )
 
     def _held_gpus(self) -> list[HeldGpus]:
@@ -360,18 +362,24 @@ class ClusterPicture:
                 )
         return held
 
-    def _minimums(self, running: Mapping[str, RunningPod]) -> dict[str, int]:
-        """The minimum of each gang workload with running members (found from the gangs'
-        members, not by a pass over every running pod)."""
+    def _minimums(
+        self, running: Mapping[str, RunningPod]
+    ) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+        """The minimum of each gang workload with running members, and of those with parts each
+        part's (found from the gangs' members, not by a pass over every running pod)."""
         minimums: dict[str, int] = {}
+        part_minimums: dict[str, dict[str, int]] = {}
         for workload, members in self.workloads.members.items():
             for key in sorted(members):
                 pod = running.get(key)
                 obj = self.store.get("Pod", key) if pod is not None and pod.workload == workload else None
                 if obj is not None:
-                    minimums[workload] = self.workloads.minimum(self.workloads.workload(obj))
+                    found = self.workloads.workload(obj)
+                    minimums[workload] = self.workloads.minimum(found)
+                    if found.parts:
+                        part_minimums[workload] = dict(found.parts)
                     break
-        return minimums
+        return minimums, part_minimums
 
     def _node_of(self, key: str) -> str:
         pod = self.store.get("Pod", key)
@@ -431,6 +439,7 @@ class ClusterPicture:
             # A gang's member is never moved: its workload would run below its minimum meanwhile.
             movable=is_movable(pod) and not self.workloads.workload_key(key),
             workload=self.workloads.workload_key(key),
+            part=part_of(pod) if self.workloads.workload_key(key) else "",
             cpu_milli=host.cpu_milli,
             memory_mib=host.memory_mib,
         )

@@ -17,6 +17,9 @@ other pod as taken). This part is the whole lifecycle:
   (`default-scheduler` with a claim of Tessera's DeviceClass, or `nvidia.com/gpu` through its
   extended-resource mapping; it sees no holds) moves to a node where its member fits
   (`rehold_slots`);
+- **parts**: of a gang with subgroups, each part counts toward its slots no more than its
+  minimum (`toward_minimum`): members above it are elastic, so 5 workers placed of
+  "leader=1,workers=4" leave the leader's slot held;
 - **the end**: the reservation ends when the minimum is placed; when no member was placed for
   `hold_s` (a gang the scheduler cannot complete gives back everything it holds; its placed members
   stay, it is admitted again from there); or at once when a lost slot fits nowhere, rather than
@@ -47,10 +50,10 @@ from extender.picture.inventory import GpuInventory
 from extender.picture.ledger import Contribution, QueueLedger
 from extender.picture.store import ObjectStore
 from extender.picture.workloads import WorkloadMap
-from extender.policy.admission import GangState
+from extender.policy.admission import GangState, PartState
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.snapshot import occupy
-from extender.policy.workloads import Workload, plan_gang
+from extender.policy.workloads import Workload, part_of, plan_gang
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +131,7 @@ class GangReservations:
             return GangState(workload, 1, 1, 0)
         members = self.workloads.members.get(workload.key, set())
         landed, admitted = self.placed(members)
+        parts = self._part_states(workload, members) if workload.parts else ()
         return GangState(
             workload,
             self.workloads.minimum(workload),
@@ -135,6 +139,8 @@ class GangReservations:
             len(landed) + admitted,
             workload.key in self._reservations,
             self.workloads.reading(pod, workload),
+            parts,
+            part_of(pod) if parts else "",
         )
 
     def placed(self, members: Iterable[str]) -> tuple[list[str], int]:
@@ -152,6 +158,40 @@ class GangReservations:
                 landed.append(node)
             elif key in self.admitted or (pod is not None and self.inventory.pod_node(key, pod)):
                 admitted += 1
+        return landed, admitted
+
+    def _by_part(self, members: Iterable[str]) -> dict[str, list[str]]:
+        """A gang's members by their part (`part_of`)."""
+        by_part: dict[str, list[str]] = {}
+        for key in sorted(members):
+            pod = self.store.get("Pod", key)
+            if pod is not None:
+                by_part.setdefault(part_of(pod), []).append(key)
+        return by_part
+
+    def _part_states(self, workload: Workload, members: Iterable[str]) -> tuple[PartState, ...]:
+        by_part = self._by_part(members)
+        states: list[PartState] = []
+        for name, minimum in workload.parts:
+            keys = by_part.get(name, [])
+            landed, admitted = self.placed(keys)
+            states.append(PartState(name, minimum, len(keys), len(landed) + admitted))
+        return tuple(states)
+
+    def toward_minimum(self, workload: Workload, members: Iterable[str]) -> tuple[list[str], int]:
+        """`placed`, counting of each part no more than its minimum: members above it are elastic
+        and take no slot (5 workers placed of "leader=1,workers=4" count 4; the leader's slot
+        stays held)."""
+        if not workload.parts:
+            return self.placed(members)
+        by_part = self._by_part(members)
+        landed: list[str] = []
+        admitted = 0
+        for name, minimum in workload.parts:
+            part_landed, part_admitted = self.placed(by_part.get(name, []))
+            kept = part_landed[:minimum]
+            landed.extend(kept)
+            admitted += min(part_admitted, minimum - len(kept))
         return landed, admitted
 
     def _gpus_node(self, key: str, pod: Mapping[str, Any]) -> str:
@@ -204,7 +244,7 @@ class GangReservations:
         if reservation is None:
             return
         members = self.workloads.members.get(workload, set())
-        landed, admitted = self.placed(members)
+        landed, admitted = self.toward_minimum(reservation.workload, members)
         now = time.monotonic()
         placed = len(landed) + admitted
         if placed > reservation.placed:  # progress: the scheduler is completing the gang

@@ -13,10 +13,12 @@ for (`ahead`, the gate's: admitted before it). Checked in order, the first that 
 
 1. a gang not admitted yet whose minimum is still being read from its owner's spec waits
    (`gang_reading`);
-2. a gang not admitted yet with fewer pods than its minimum waits for its controller to create
-   them (`gang_incomplete`);
+2. a gang not admitted yet with fewer pods than its minimum - or than any part's minimum, for a
+   gang with parts - waits for its controller to create them (`gang_incomplete`); a pod above its
+   part's minimum waits for the gang to be admitted by the others (`gang_elastic`);
 3. a gang admitted as a unit whose reservation still holds slots for members to place is admitted
-   (`gang`: the unit was judged already, its slots are counted against the queue);
+   (`gang`: the unit was judged already, its slots are counted against the queue), unless the pod
+   is beyond its part's minimum: that one is elastic and judged alone (4);
 4. the queue (`FairnessSnapshot.admit`) is asked for `ahead` plus the pods asked at once: a gang
    not admitted yet asks for its missing members (minimum - placed) together, each asking what
    this pod asks; anything else for itself. Refused by a limit on the queue's path
@@ -38,7 +40,7 @@ held for any of them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from extender.policy.fairness import AdmissionDecision, FairnessSnapshot, Resources
 from extender.policy.workloads import Workload
@@ -46,6 +48,7 @@ from extender.policy.workloads import Workload
 GANG_READING = "gang_reading"
 GANG_INCOMPLETE = "gang_incomplete"
 GANG = "gang"  # a gang's member admitted with the unit that was judged whole
+GANG_ELASTIC = "gang_elastic"  # a member above its part's minimum, its gang not admitted yet
 
 
 def gpu_amounts(model: str, amount: float) -> dict[str, float]:
@@ -70,8 +73,30 @@ def fairness_vector(cpu: float, memory: float, gpus: Iterable[tuple[str, float]]
 
 
 @dataclass(frozen=True)
+class PartState:
+    """One part (subgroup) of a gang, counted on its own."""
+
+    name: str
+    minimum: int
+    members: int  # its pods that exist
+    placed: int  # as `GangState.placed`, its members only
+
+    @property
+    def missing(self) -> int:
+        return max(self.minimum - self.placed, 0)
+
+    def text(self) -> str:
+        return f"part {self.name}: minimum {self.minimum}, {self.placed} placed, {self.members} present"
+
+
+@dataclass(frozen=True)
 class GangState:
-    """A pod's workload as admission reads it (the pod alone: `workload.single`)."""
+    """A pod's workload as admission reads it (the pod alone: `workload.single`).
+
+    With parts (`workload.parts`), each is counted on its own: the gang is admitted once every
+    part has its minimum placed (5 workers placed and no leader is not "leader=1,workers=4"), it
+    misses the sum of what each part misses, and a member of a part already at its minimum is
+    elastic even while the rest of the gang is being placed."""
 
     workload: Workload
     minimum: int
@@ -79,16 +104,41 @@ class GangState:
     placed: int  # members bound, or admitted by a filter whose bind is still to come
     reserved: bool = False  # admitted as a unit: its reservation holds slots for members to place
     reading: bool = False  # its minimum is about to be read from its owner's spec
+    parts: tuple[PartState, ...] = ()  # in the order the workload states them
+    part: str = ""  # the part of the pod asking
 
     @property
     def admitted(self) -> bool:
         """Its minimum is placed, or admitted as a unit and being placed: members go pod by pod."""
-        return self.workload.single or self.placed >= self.minimum or self.reserved
+        return self.workload.single or self.reserved or self.missing == 0
 
     @property
     def missing(self) -> int:
-        """The pods its queue must take at once: those of its minimum not placed."""
+        """The pods its queue must take at once: those of its minimum (of each part's) not placed."""
+        if self.parts:
+            return sum(part.missing for part in self.parts)
         return max(self.minimum - self.placed, 0)
+
+    @property
+    def elastic(self) -> bool:
+        """The asking pod is beyond its part's minimum (a part not stated has none): once the gang
+        is admitted it goes pod by pod, on GPUs not held for the gang."""
+        if not self.parts:
+            return False
+        mine = next((part for part in self.parts if part.name == self.part), None)
+        return mine is None or mine.missing == 0
+
+    def with_pod_created(self) -> GangState:
+        """The gang with the asking pod counted as a member (the gate judges a pod being created,
+        not in the picture yet): in the gang, and in its part."""
+        parts = tuple(
+            replace(part, members=part.members + 1) if part.name == self.part else part for part in self.parts
+        )
+        return replace(self, members=self.members + 1, parts=parts)
+
+    def short_parts(self) -> list[PartState]:
+        """The parts with fewer pods than their minimum."""
+        return [part for part in self.parts if part.members < part.minimum]
 
 
 @dataclass(frozen=True)
@@ -127,6 +177,23 @@ def gang_text(gang: GangState, what: str) -> str:
     )
 
 
+def unplaced_part_text(gang: GangState, fitting: int) -> str:
+    """Which part a gang's plan leaves short when only `fitting` of its missing pods fit: the
+    room goes to the parts in their order, and the first part it does not cover is named ("": no
+    parts, or all fit). Leader=1, workers=4, nothing placed, room for 4: the leader fits, workers
+    get 3 -> "part workers: minimum 4, 0 placed, 4 present; room for 3 of its 4 missing"."""
+    for part in gang.parts:
+        if fitting < part.missing:
+            return f"{part.text()}; room for {fitting} of its {part.missing} missing"
+        fitting -= part.missing
+    return ""
+
+
+def short_part_text(gang: GangState) -> str:
+    """What a gang with parts waits for its controller to create: each short part's count."""
+    return "; ".join(f"{part.text()}: waits for its pods" for part in gang.short_parts())
+
+
 def admit(view: FairnessSnapshot, ask: Ask) -> AdmissionDecision:
     """The admission rule (see the module docstring): admitted, or refused with the reason (its
     numbers) and a reason code in `kind`."""
@@ -140,7 +207,17 @@ def admit(view: FairnessSnapshot, ask: Ask) -> AdmissionDecision:
         if gang.members < gang.minimum:  # its controller has not created all of them yet
             text = gang_text(gang, f"waits for its pods: {gang.members} of its minimum {gang.minimum} exist")
             return AdmissionDecision(False, text, GANG_INCOMPLETE)
-    elif gang is not None and gang.reserved and gang.placed < gang.minimum:
+        if gang.short_parts():  # enough pods, but not of each part
+            return AdmissionDecision(False, gang_text(gang, short_part_text(gang)), GANG_INCOMPLETE)
+        if gang.elastic:  # the gang is admitted by the members of its minimum, not by this one
+            mine = next((part.text() for part in gang.parts if part.name == gang.part), f"part {gang.part!r}")
+            text = gang_text(
+                gang,
+                f"is not admitted yet; this pod is above its part's minimum ({mine}): "
+                "it goes once the gang is",
+            )
+            return AdmissionDecision(False, text, GANG_ELASTIC)
+    elif gang is not None and gang.reserved and gang.missing > 0 and not gang.elastic:
         return AdmissionDecision(True, gang_text(gang, "is being placed"), GANG)
     decision = view.admit(ask.queue, ask.total(), preemptible=ask.preemptible)
     if decision.admit or gang is None or not ask.whole:

@@ -70,6 +70,7 @@ class RunningPod:
     # Its workload when that is a gang (extender.policy.workloads; "" for a pod alone): evicting
     # a member below the workload's minimum breaks it, so planners take the whole gang or none.
     workload: str = ""
+    part: str = ""  # its part of the workload, when the workload has parts (subgroups)
     # GPUs it holds (a half: 0.5), summed once: planners rank pods by it every cycle. (A field set
     # at creation: the class has slots, for memory, so it cannot cache a property.)
     gpus_held: float = field(init=False, repr=False, compare=False)
@@ -277,6 +278,7 @@ class ClusterSnapshot:
         movers: Mapping[str, tuple[RunningPod, ...]] | None = None,
         holds: Iterable[HeldGpus] = (),
         domains: DomainMap = NO_DOMAINS,
+        part_minimums: Mapping[str, Mapping[str, int]] | None = None,
     ) -> None:
         self._node_changes: dict[str, NodeGpus | None] = {}
         self._pod_changes: dict[str, RunningPod | None] = {}
@@ -294,6 +296,10 @@ class ClusterSnapshot:
         self._terminating: frozenset[str] | None = None if terminating is None else frozenset(terminating)
         # Minimum member count of each gang workload of the running pods (shared, read-only).
         self.minimums: Mapping[str, int] = minimums if minimums is not None else {}
+        # Of the gangs with parts (subgroups): workload -> part -> its minimum (shared, read-only).
+        self.part_minimums: Mapping[str, Mapping[str, int]] = (
+            part_minimums if part_minimums is not None else {}
+        )
         self._gangs: dict[str, tuple[str, ...]] | None = None  # workload -> base member keys
         # Per queue, per node, how many base running pods could be victims (`can_be_victim`),
         # when the caller keeps them (else counted by a pass on first use); forks share them.
@@ -324,8 +330,17 @@ class ClusterSnapshot:
         ]
 
     def elastic(self, pod: RunningPod) -> bool:
-        """A member its workload can lose and still run: one of those beyond its minimum."""
-        return bool(pod.workload) and len(self.members(pod.workload)) > self.minimums.get(pod.workload, 1)
+        """A member its workload can lose and still run: one of those beyond its minimum - of a
+        workload with parts, beyond its part's minimum (a part not stated has none): 1 leader and
+        5 workers of "leader=1,workers=4": each worker is elastic, the leader is not."""
+        if not pod.workload:
+            return False
+        parts = self.part_minimums.get(pod.workload)
+        if parts:
+            minimum = parts.get(pod.part)
+            mine = sum(1 for member in self.members(pod.workload) if member.part == pod.part)
+            return minimum is None or mine > minimum
+        return len(self.members(pod.workload)) > self.minimums.get(pod.workload, 1)
 
     def unit_of(self, pod: RunningPod) -> list[RunningPod]:
         """What evicting `pod` takes: the pod, or - a gang member at its minimum - the whole gang."""
@@ -353,6 +368,7 @@ class ClusterSnapshot:
         child._usage = dict(self._usage)
         child._fairness = self._fairness
         child.minimums = self.minimums
+        child.part_minimums = self.part_minimums
         child._gangs = self._gangs  # members in the base; `members` leaves out what a fork evicted
         child._victims = self._victims
         child._movers = self._movers

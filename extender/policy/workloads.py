@@ -30,6 +30,16 @@ The annotation `scheduling.tessera.dev/min-members: N` on the pod (its template)
 minimum of any row; on a pod of the last row it groups the pods of its controller
 (`ReplicaSet/ns/name`, `StatefulSet/ns/name`, `Job/ns/name`) into one workload of minimum N.
 
+**Subgroups** (parts): a workload may consist of parts, each with its own minimum (a leader and
+its workers, a JobSet's replicated jobs). A pod's part (`part_of`) is its label
+`scheduling.tessera.dev/subgroup`, else its LeaderWorkerSet role (`worker-index` 0: `leader`,
+others `workers`), else its JobSet replicated job (`jobset.sigs.k8s.io/replicatedjob-name`). The
+parts' minimums come from the pod annotation `scheduling.tessera.dev/subgroup-min-members:
+"leader=1,workers=4"` (`parse_parts`; it overrides any row, and groups like `min-members`), else
+from a LeaderWorkerSet's size (leader 1, workers size - 1), else from the JobSet's replicated jobs
+(replicas x parallelism each). A workload with parts has the sum of their minimums as its
+minimum; admission counts each part on its own (`extender.policy.admission.GangState`).
+
 "members" means the members that exist now: for an owner whose spec the caller does not have (a
 custom resource the extender does not watch), the pods its controller created. Those controllers
 create all their pods in one reconcile, so the count is complete moments after the first pod;
@@ -45,12 +55,18 @@ unless the user says so (and uses `podManagementPolicy: Parallel`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from contract.kube import controller_of, mapping, meta, sequence
-from contract.names import MIN_MEMBERS_ANNOTATION, WORKLOAD_LABEL
+from contract.names import (
+    MIN_MEMBERS_ANNOTATION,
+    SUBGROUP_LABEL,
+    SUBGROUP_MINIMUMS_ANNOTATION,
+    WORKLOAD_LABEL,
+)
 from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, NodeGpus, WorkloadMix, domain_shape
 from extender.policy.snapshot import occupy
 
@@ -59,9 +75,12 @@ JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 PODGROUP_API_VERSION = "scheduling.k8s.io/v1beta1"
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_SIZE_ANNOTATION = "leaderworkerset.sigs.k8s.io/size"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_LEADER, LWS_WORKERS = "leader", "workers"  # the parts of a LeaderWorkerSet group
 KUBEFLOW_KINDS = frozenset({"PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "JAXJob", "PaddleJob"})
 # Owners the annotation groups pods by when no row of their own does.
 GROUPING_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "Job", "ReplicationController"})
@@ -81,9 +100,15 @@ def _none_owned(kind: str, key: str) -> Sequence[Mapping[str, Any]]:
     return ()
 
 
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?")
+# A workload's parts and their minimums, in the order stated: ((part, minimum), ...).
+Parts = tuple[tuple[str, int], ...]
+
+
 @dataclass(frozen=True)
 class Workload:
-    """A pod's workload. `minimum` None: the members that exist (the owner's spec is unknown)."""
+    """A pod's workload. `minimum` None: the members that exist (the owner's spec is unknown);
+    with `parts`, the sum of theirs."""
 
     key: str  # Kind/namespace/name: unique in the cluster
     kind: str
@@ -92,6 +117,7 @@ class Workload:
     rule: str  # the row that decided (docs, events, tests)
     # The object whose spec states the minimum, in the pod's namespace: (apiVersion, kind, name).
     spec: tuple[str, str, str] | None = None
+    parts: Parts = ()  # its subgroups, each with its minimum (): one group, one minimum
 
     @property
     def single(self) -> bool:
@@ -155,16 +181,134 @@ def ray_minimum(cluster: Mapping[str, Any]) -> int:
     return 1 + workers
 
 
+def parse_parts(text: str) -> Parts:
+    """The parts of `scheduling.tessera.dev/subgroup-min-members`: `part=N,...`, each part named
+    once (a label value: letters, digits, `-`, `_`, `.`), each N a positive integer. Raises
+    ValueError saying what is wrong ("leader=0": "minimum of part 'leader' must be a positive
+    integer, not '0'")."""
+    parts: list[tuple[str, int]] = []
+    for entry in (part.strip() for part in text.split(",")):
+        name, sep, value = (piece.strip() for piece in entry.partition("="))
+        if not sep or not name:
+            raise ValueError(f"{entry!r} is not part=minimum")
+        if not _LABEL_VALUE.fullmatch(name):
+            raise ValueError(f"part name {name!r} is not a label value")
+        if any(name == known for known, _ in parts):
+            raise ValueError(f"part {name!r} is named twice")
+        minimum = _count(value)
+        if minimum is None:
+            raise ValueError(f"minimum of part {name!r} must be a positive integer, not {value!r}")
+        parts.append((name, minimum))
+    return tuple(parts)
+
+
+def stated_parts(pod: Mapping[str, Any]) -> Parts:
+    """The parts the pod's annotation states (() without one, or when it does not parse: the
+    webhook refuses such pods, one that slipped past is one group)."""
+    text = mapping(meta(pod).get("annotations")).get(SUBGROUP_MINIMUMS_ANNOTATION)
+    if not isinstance(text, str):
+        return ()
+    try:
+        return parse_parts(text)
+    except ValueError:
+        return ()
+
+
+def subgroup_refusal(pod: Mapping[str, Any]) -> str:
+    """Why the pod's subgroup annotations cannot be served ('' when they can, or it states none):
+    parts that do not parse, a pod of no stated part, a part label without minimums, or a
+    `min-members` that disagrees with the parts' sum. The pod webhook refuses such pods."""
+    annotations = mapping(meta(pod).get("annotations"))
+    labels = mapping(meta(pod).get("labels"))
+    text = annotations.get(SUBGROUP_MINIMUMS_ANNOTATION)
+    if text is None:
+        named = labels.get(SUBGROUP_LABEL)
+        if named is None:
+            return ""
+        return (
+            f"label {SUBGROUP_LABEL}={named} names a part, but annotation {SUBGROUP_MINIMUMS_ANNOTATION} "
+            "does not state the parts' minimums (e.g. leader=1,workers=4)"
+        )
+    try:
+        parts = parse_parts(str(text))
+    except ValueError as exc:
+        return f"annotation {SUBGROUP_MINIMUMS_ANNOTATION}={text!r}: {exc}"
+    names = ", ".join(name for name, _ in parts)
+    part = part_of(pod)
+    if not part:
+        return (
+            f"annotation {SUBGROUP_MINIMUMS_ANNOTATION} states parts ({names}); "
+            f"label {SUBGROUP_LABEL} must name the pod's"
+        )
+    if part not in dict(parts):
+        return (
+            f"the pod's part {part!r} is not one of the parts {SUBGROUP_MINIMUMS_ANNOTATION} states: {names}"
+        )
+    stated = annotations.get(MIN_MEMBERS_ANNOTATION)
+    total = sum(minimum for _, minimum in parts)
+    if stated is not None and _count(stated) != total:
+        return (
+            f"annotation {MIN_MEMBERS_ANNOTATION}={stated} disagrees with the parts' minimums "
+            f"({text}: {total} in all); leave it out"
+        )
+    return ""
+
+
+def part_of(pod: Mapping[str, Any]) -> str:
+    """The part of its workload the pod belongs to ("": none): the subgroup label, else its
+    LeaderWorkerSet role, else its JobSet replicated job."""
+    labels = mapping(meta(pod).get("labels"))
+    named = labels.get(SUBGROUP_LABEL)
+    if isinstance(named, str) and named:
+        return named
+    index = labels.get(LWS_WORKER_INDEX_LABEL)
+    if isinstance(index, str) and isinstance(labels.get(LWS_NAME_LABEL), str):
+        return LWS_LEADER if index == "0" else LWS_WORKERS
+    replicated = labels.get(JOBSET_REPLICATED_JOB_LABEL)
+    return replicated if isinstance(replicated, str) else ""
+
+
+def jobset_parts(jobset: Mapping[str, Any]) -> Parts:
+    """A JobSet's replicated jobs as parts: replicas x each Job's parallel pods."""
+    parts: list[tuple[str, int]] = []
+    for replicated in sequence(mapping(jobset.get("spec")).get("replicatedJobs")):
+        replicated = mapping(replicated)
+        name = replicated.get("name")
+        job_spec = mapping(mapping(replicated.get("template")).get("spec"))
+        if isinstance(name, str) and name:
+            parts.append((name, _int(replicated.get("replicas"), 1) * job_minimum({"spec": job_spec})))
+    return tuple(parts)
+
+
+def _owned_parts(jobs: Sequence[Mapping[str, Any]]) -> Parts:
+    """A JobSet's parts from its Jobs, by their replicated-job label (in the order first seen)."""
+    minimums: dict[str, int] = {}
+    for job in jobs:
+        name = mapping(meta(job).get("labels")).get(JOBSET_REPLICATED_JOB_LABEL)
+        if isinstance(name, str) and name:
+            minimums[name] = minimums.get(name, 0) + job_minimum(job)
+    return tuple(minimums.items())
+
+
+def lws_parts(size: int | None) -> Parts:
+    """A LeaderWorkerSet group of `size` pods: one leader and size - 1 workers."""
+    if size is None or size < 2:
+        return ()
+    return ((LWS_LEADER, 1), (LWS_WORKERS, size - 1))
+
+
 def podgroup_minimum(group: Mapping[str, Any]) -> int:
     policy = mapping(mapping(group.get("spec")).get("schedulingPolicy"))
     return _count(mapping(policy.get("gang")).get("minCount")) or 1
 
 
 def workload_of(pod: Mapping[str, Any], lookup: Lookup = _nothing, owned: Owned = _none_owned) -> Workload:
-    """The pod's workload by the table above (the annotation's override applied)."""
+    """The pod's workload by the table above (the annotations' overrides applied: the parts',
+    else the minimum's)."""
     found = _by_table(pod, lookup, owned)
+    parts = stated_parts(pod)
     stated = mapping(meta(pod).get("annotations")).get(MIN_MEMBERS_ANNOTATION)
-    minimum = _count(stated)
+    minimum = sum(m for _, m in parts) if parts else _count(stated)
     if minimum is None:
         return found
     if found.single:
@@ -173,8 +317,8 @@ def workload_of(pod: Mapping[str, Any], lookup: Lookup = _nothing, owned: Owned 
         if kind not in GROUPING_OWNERS or not name:
             return found  # a pod alone: a minimum above 1 could never be met
         namespace = str(meta(pod).get("namespace") or "")
-        return Workload(f"{kind}/{namespace}/{name}", kind, name, minimum, "annotation")
-    return Workload(found.key, found.kind, found.name, minimum, "annotation", found.spec)
+        return Workload(f"{kind}/{namespace}/{name}", kind, name, minimum, "annotation", parts=parts)
+    return Workload(found.key, found.kind, found.name, minimum, "annotation", found.spec, parts)
 
 
 def _by_table(pod: Mapping[str, Any], lookup: Lookup, owned: Owned) -> Workload:
@@ -184,10 +328,17 @@ def _by_table(pod: Mapping[str, Any], lookup: Lookup, owned: Owned) -> Workload:
     annotations = mapping(metadata.get("annotations"))
 
     def workload(
-        kind: str, name: str, minimum: int | None, rule: str, api_version: str = "", owner: str = ""
+        kind: str,
+        name: str,
+        minimum: int | None,
+        rule: str,
+        api_version: str = "",
+        parts: Parts = (),
     ) -> Workload:
-        spec = (api_version, kind, owner or name) if api_version else None
-        return Workload(f"{kind}/{namespace}/{name}", kind, name, minimum, rule, spec)
+        spec = (api_version, kind, name) if api_version else None
+        # (Parts that do not add up to the minimum - Jobs without the label - are not kept.)
+        kept = parts if sum(m for _, m in parts) == minimum else ()
+        return Workload(f"{kind}/{namespace}/{name}", kind, name, minimum, rule, spec, kept)
 
     group = mapping(mapping(pod.get("spec")).get("schedulingGroup")).get("podGroupName")
     if isinstance(group, str) and group:
@@ -199,18 +350,18 @@ def _by_table(pod: Mapping[str, Any], lookup: Lookup, owned: Owned) -> Workload:
         return workload("Workload", named, None, "label")
     lws, index = labels.get(LWS_NAME_LABEL), labels.get(LWS_GROUP_LABEL)
     if isinstance(lws, str) and lws and isinstance(index, str):
-        return workload(
-            "LeaderWorkerSet", f"{lws}-{index}", _count(annotations.get(LWS_SIZE_ANNOTATION)), "lws"
-        )
+        size = _count(annotations.get(LWS_SIZE_ANNOTATION))
+        return workload("LeaderWorkerSet", f"{lws}-{index}", size, "lws", parts=lws_parts(size))
     jobset = labels.get(JOBSET_LABEL)
     if isinstance(jobset, str) and jobset:
         key = f"{namespace}/{jobset}"
         obj = lookup("JobSet", key)
         if obj is not None:
-            return workload("JobSet", jobset, jobset_minimum(obj), "jobset", JOBSET_API_VERSION)
+            minimum = jobset_minimum(obj)
+            return workload("JobSet", jobset, minimum, "jobset", JOBSET_API_VERSION, jobset_parts(obj))
         jobs = owned("JobSet", key)
         minimum = sum(job_minimum(j) for j in jobs) if jobs else None
-        return workload("JobSet", jobset, minimum, "jobset", JOBSET_API_VERSION)
+        return workload("JobSet", jobset, minimum, "jobset", JOBSET_API_VERSION, _owned_parts(jobs))
     owner = controller_of(pod)
     kind, name = str(owner.get("kind") or ""), str(owner.get("name") or "")
     api_version = str(owner.get("apiVersion") or "")

@@ -1,0 +1,456 @@
+"""Subgroups: a workload's parts, each with its own minimum, as worked examples.
+
+From the pod to its parts (`workload_of`, `part_of`), the webhook's refusals (`subgroup_refusal`),
+the admission rule counting each part (`GangState`, `admit`), the filter admitting a leader and its
+workers whole and elastic workers pod by pod, and reclaim taking elastic members first.
+
+Unless said: one-GPU pods; parts `leader=1,workers=4` (minimum 5)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from contract.names import (
+    GPU_MILLI,
+    MIN_MEMBERS_ANNOTATION,
+    SUBGROUP_LABEL,
+    SUBGROUP_MINIMUMS_ANNOTATION,
+    WORKLOAD_LABEL,
+)
+from extender.binder import Binder
+from extender.metrics import ExtenderMetrics
+from extender.picture.cluster import ClusterPicture
+from extender.policy.admission import GANG, GANG_ELASTIC, GANG_INCOMPLETE, Ask, GangState, PartState, admit
+from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
+from extender.policy.placement import NodeGpus, WorkloadMix
+from extender.policy.snapshot import ClusterSnapshot, RunningPod
+from extender.policy.workloads import (
+    Parts,
+    Workload,
+    parse_parts,
+    part_of,
+    subgroup_refusal,
+    workload_of,
+)
+from extender.server import build_app
+from extender.status import WaitingPods
+from extender.webhook import MUTATE_PODS_PATH, WebhookOptions, webhook_app
+from tests import extender_objects as objects
+from tests.unit.extender.serving import serve
+from tests.unit.extender.test_gangs import bind
+from tests.unit.extender.test_server import CLASS, Extender, args
+from tests.unit.extender.test_webhook import Webhooks, cluster
+
+JsonObject = dict[str, Any]
+LEADER_WORKERS = "leader=1,workers=4"
+
+
+@pytest.fixture
+async def extender() -> AsyncIterator[Extender]:
+    state, waiting, api = ClusterPicture(), WaitingPods(), ApiClient()
+    app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state))
+    async with serve(app) as client:
+        yield Extender(client, state, waiting, api)
+    await api.close()
+
+
+@pytest.fixture
+async def webhooks() -> AsyncIterator[Webhooks]:
+    picture = ClusterPicture()
+    api = ApiClient(Configuration(host="http://127.0.0.1:1"))  # nothing listens there
+    app = webhook_app(api, picture, ExtenderMetrics(picture), WebhookOptions(scheduler_name="tessera"))
+    async with serve(app) as client:
+        yield Webhooks(client, picture)
+    await api.close()
+
+
+def meta_pod(labels: dict[str, str], annotations: dict[str, str] | None = None) -> JsonObject:
+    return {"metadata": {"name": "p", "namespace": "ns", "labels": labels, "annotations": annotations or {}}}
+
+
+def lws_pod(worker_index: str, **annotations: str) -> JsonObject:
+    return meta_pod(
+        {
+            "leaderworkerset.sigs.k8s.io/name": "serve",
+            "leaderworkerset.sigs.k8s.io/group-index": "0",
+            "leaderworkerset.sigs.k8s.io/worker-index": worker_index,
+        },
+        {"leaderworkerset.sigs.k8s.io/size": "4", **annotations},
+    )
+
+
+def jobset_pod(replicated: str) -> JsonObject:
+    return meta_pod(
+        {"jobset.sigs.k8s.io/jobset-name": "js", "jobset.sigs.k8s.io/replicatedjob-name": replicated}
+    )
+
+
+JOBSET = {
+    "spec": {
+        "replicatedJobs": [
+            {"name": "driver", "replicas": 1, "template": {"spec": {"parallelism": 1, "completions": 1}}},
+            {"name": "workers", "replicas": 2, "template": {"spec": {"parallelism": 3, "completions": 3}}},
+        ]
+    }
+}
+
+
+def jobset_job(replicated: str, index: int, parallelism: int) -> JsonObject:
+    labels = {"jobset.sigs.k8s.io/jobset-name": "js", "jobset.sigs.k8s.io/replicatedjob-name": replicated}
+    return {
+        "metadata": {"name": f"js-{replicated}-{index}", "namespace": "ns", "labels": labels},
+        "spec": {"parallelism": parallelism, "completions": parallelism},
+    }
+
+
+def bare(part: str, minimums: str = LEADER_WORKERS) -> JsonObject:
+    return meta_pod({WORKLOAD_LABEL: "lw", SUBGROUP_LABEL: part}, {SUBGROUP_MINIMUMS_ANNOTATION: minimums})
+
+
+@pytest.mark.parametrize(
+    ("pod", "lookup", "owned", "part", "minimum", "parts"),
+    [
+        # The annotation: grouped by the workload label, the minimum is the parts' sum (1 + 4).
+        (bare("leader"), None, (), "leader", 5, (("leader", 1), ("workers", 4))),
+        (bare("workers"), None, (), "workers", 5, (("leader", 1), ("workers", 4))),
+        # A LeaderWorkerSet group of size 4: worker-index 0 is the leader, the rest 3 workers.
+        (lws_pod("0"), None, (), "leader", 4, (("leader", 1), ("workers", 3))),
+        (lws_pod("2"), None, (), "workers", 4, (("leader", 1), ("workers", 3))),
+        # A JobSet read: driver 1 x 1, workers 2 replicas x 3 = 6; 7 in all.
+        (jobset_pod("workers"), JOBSET, (), "workers", 7, (("driver", 1), ("workers", 6))),
+        # The JobSet unknown, its Jobs watched: the same parts from their replicated-job labels.
+        (
+            jobset_pod("driver"),
+            None,
+            (jobset_job("driver", 0, 1), jobset_job("workers", 0, 3), jobset_job("workers", 1, 3)),
+            "driver",
+            7,
+            (("driver", 1), ("workers", 6)),
+        ),
+        # min-members overrides the table's number and drops its parts: one group of 6.
+        (lws_pod("1", **{MIN_MEMBERS_ANNOTATION: "6"}), None, (), "workers", 6, ()),
+        # Parts that do not parse are no parts (the webhook refuses such pods): members.
+        (bare("leader", "leader=0,workers=4"), None, (), "leader", None, ()),
+    ],
+)
+def test_a_pods_part_and_its_workloads_parts(
+    pod: JsonObject,
+    lookup: JsonObject | None,
+    owned: tuple[JsonObject, ...],
+    part: str,
+    minimum: int | None,
+    parts: Parts,
+) -> None:
+    found = workload_of(pod, lambda kind, key: lookup, lambda kind, key: owned)
+    assert (part_of(pod), found.minimum, found.parts) == (part, minimum, parts)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("leader=1,workers=4", ""),
+        (" leader = 1 , workers=4 ", ""),
+        ("leader=0,workers=4", "minimum of part 'leader' must be a positive integer, not '0'"),
+        ("leader=one", "minimum of part 'leader' must be a positive integer, not 'one'"),
+        ("leader", "'leader' is not part=minimum"),
+        ("leader=1,,workers=4", "'' is not part=minimum"),
+        ("leader=1,leader=2", "part 'leader' is named twice"),
+        ("lead er=1", "part name 'lead er' is not a label value"),
+    ],
+)
+def test_parts_parse_or_say_what_is_wrong(text: str, error: str) -> None:
+    if not error:
+        assert parse_parts(text) == (("leader", 1), ("workers", 4))
+        return
+    with pytest.raises(ValueError, match=error):
+        parse_parts(text)
+
+
+@pytest.mark.parametrize(
+    ("pod", "refusal"),
+    [
+        (bare("leader"), ""),
+        (meta_pod({}), ""),  # no parts, no refusal
+        (lws_pod("0"), ""),  # parts from the LeaderWorkerSet: nothing to check
+        (
+            bare("leader", "leader=0,workers=4"),
+            "annotation scheduling.tessera.dev/subgroup-min-members='leader=0,workers=4': "
+            "minimum of part 'leader' must be a positive integer, not '0'",
+        ),
+        (
+            bare("driver"),
+            "the pod's part 'driver' is not one of the parts scheduling.tessera.dev/subgroup-min-members "
+            "states: leader, workers",
+        ),
+        (
+            meta_pod({WORKLOAD_LABEL: "lw"}, {SUBGROUP_MINIMUMS_ANNOTATION: LEADER_WORKERS}),
+            "annotation scheduling.tessera.dev/subgroup-min-members states parts (leader, workers); "
+            "label scheduling.tessera.dev/subgroup must name the pod's",
+        ),
+        (
+            meta_pod({WORKLOAD_LABEL: "lw", SUBGROUP_LABEL: "leader"}),
+            "label scheduling.tessera.dev/subgroup=leader names a part, but annotation "
+            "scheduling.tessera.dev/subgroup-min-members does not state the parts' minimums",
+        ),
+        (
+            meta_pod(
+                {WORKLOAD_LABEL: "lw", SUBGROUP_LABEL: "leader"},
+                {SUBGROUP_MINIMUMS_ANNOTATION: LEADER_WORKERS, MIN_MEMBERS_ANNOTATION: "6"},
+            ),
+            "annotation scheduling.tessera.dev/min-members=6 disagrees with the parts' minimums "
+            "(leader=1,workers=4: 5 in all)",
+        ),
+    ],
+)
+def test_the_webhook_refuses_subgroups_stated_wrong(pod: JsonObject, refusal: str) -> None:
+    assert subgroup_refusal(pod).startswith(refusal) and bool(subgroup_refusal(pod)) == bool(refusal)
+
+
+async def test_the_pod_webhook_answers_a_malformed_subgroup_with_the_reason(webhooks: Webhooks) -> None:
+    webhooks.sync(cluster())
+    pod = objects.pod("plain", "p", queue="team-b", template="one")
+    pod["metadata"]["labels"] |= {WORKLOAD_LABEL: "lw", SUBGROUP_LABEL: "leader"}
+    pod["metadata"]["annotations"] = {SUBGROUP_MINIMUMS_ANNOTATION: "leader=1,workers=-4"}
+    answer = await webhooks.review(MUTATE_PODS_PATH, pod)
+    assert answer["allowed"] is False
+    assert "minimum of part 'workers' must be a positive integer, not '-4'" in answer["status"]["message"]
+
+
+# ---- admission counts each part ---------------------------------------------------------------
+
+WORKLOAD = Workload(
+    "Workload/ns/lw", "Workload", "lw", 5, "annotation", parts=(("leader", 1), ("workers", 4))
+)
+
+
+def state(
+    leader: tuple[int, int], workers: tuple[int, int], part: str = "leader", reserved: bool = False
+) -> GangState:
+    """The gang with (members, placed) of each part; the asking pod of `part`."""
+    parts = (PartState("leader", 1, *leader), PartState("workers", 4, *workers))
+    return GangState(
+        WORKLOAD, 5, leader[0] + workers[0], leader[1] + workers[1], reserved, parts=parts, part=part
+    )
+
+
+def roomy() -> FairnessSnapshot:
+    spec = QueueSpec("team", quota={"gpu": 8})
+    return FairnessSnapshot.build([spec], {"team": QueueUsage({}, {"gpu": 6})}, {"gpu": 8})
+
+
+@dataclass(frozen=True)
+class AdmissionCase:
+    name: str
+    gang: GangState
+    admitted: bool  # the gang as a unit (GangState.admitted)
+    missing: int
+    elastic: bool
+    kind: str  # the rule's decision for the asking pod (QUEUE: admitted by the queue)
+    says: str = ""
+
+
+QUEUE = "queue"
+ADMISSION = [
+    AdmissionCase(
+        # 1 leader + 5 workers, nothing placed: it misses 1 + 4 = 5, judged whole (queue: 5 x 1 <= 8).
+        "nothing placed: judged whole",
+        state((1, 0), (5, 0)),
+        False,
+        5,
+        False,
+        QUEUE,
+    ),
+    AdmissionCase(
+        # 5 workers placed and no leader: 5 pods placed, the minimum's count, but part leader
+        # misses 1 -> not admitted; it misses 1 (the leader), not 0. (Counted as one group, it
+        # would be admitted and the leader would go pod by pod.)
+        "five workers placed and no leader is not admitted",
+        state((1, 0), (5, 5)),
+        False,
+        1,
+        False,
+        QUEUE,
+    ),
+    AdmissionCase(
+        # 6 pods present, but no leader: the controller has not created part leader yet.
+        "a part with too few pods waits for them",
+        state((0, 0), (6, 0), part="workers"),
+        False,
+        5,
+        False,
+        GANG_INCOMPLETE,
+        "part leader: minimum 1, 0 placed, 0 present: waits for its pods",
+    ),
+    AdmissionCase(
+        # Reserved, 4 workers placed: a 5th worker is above its part's minimum, elastic, judged
+        # by the queue alone; the leader's pod is still placed with the unit.
+        "a worker above its part's minimum is elastic while the leader is placed",
+        state((1, 0), (6, 4), part="workers", reserved=True),
+        True,
+        1,
+        True,
+        QUEUE,
+    ),
+    AdmissionCase(
+        "the leader of a reserved gang is placed with the unit",
+        state((1, 0), (6, 4), part="leader", reserved=True),
+        True,
+        1,
+        False,
+        GANG,
+    ),
+    AdmissionCase(
+        # Not admitted (its leader is not placed: it lapsed): the 5th worker does not admit the
+        # gang for the leader; the leader's own filter does.
+        "an elastic pod of a gang not admitted waits for the gang",
+        state((1, 0), (6, 4), part="workers"),
+        False,
+        1,
+        True,
+        GANG_ELASTIC,
+        "this pod is above its part's minimum (part workers: minimum 4, 4 placed, 6 present)",
+    ),
+    AdmissionCase(
+        "every part at its minimum: admitted, members go pod by pod",
+        state((1, 1), (5, 4), part="workers"),
+        True,
+        0,
+        True,
+        QUEUE,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ADMISSION, ids=[c.name for c in ADMISSION])
+def test_admission_counts_each_part(case: AdmissionCase) -> None:
+    gang = case.gang
+    assert (gang.admitted, gang.missing, gang.elastic) == (case.admitted, case.missing, case.elastic)
+    ask = Ask("team", {"gpu": 1.0}, gang=gang)
+    decision = admit(roomy(), ask)
+    assert case.says in decision.reason
+    if case.kind == QUEUE:  # the queue asked for the pods it must take at once: all missing, or 1
+        assert decision.admit and decision.kind not in (GANG, GANG_ELASTIC, GANG_INCOMPLETE)
+        assert ask.pods == (gang.missing if not gang.admitted else 1)
+    else:
+        assert (decision.admit, decision.kind) == (case.kind == GANG, case.kind)
+
+
+# ---- reclaim: elastic members first, a part's minimum with the whole ----------------------------
+
+
+def gang_snapshot(workers: int) -> ClusterSnapshot:
+    """A leader and `workers` workers of "leader=1,workers=4" on node n (8 GPUs)."""
+    pods = [("l0", "leader"), *((f"w{i}", "workers") for i in range(workers))]
+    running = {
+        key: RunningPod(key, "a", "n", ((i, GPU_MILLI),), {"gpu": 1.0}, workload="W", part=part)
+        for i, (key, part) in enumerate(pods)
+    }
+    nodes = {"n": NodeGpus("n", "", tuple([0] * len(pods) + [GPU_MILLI] * (8 - len(pods))))}
+    usage = {"a": QueueUsage({"gpu": float(len(pods))}, {})}
+    fairness = FairnessSnapshot.build([QueueSpec("a", quota={"gpu": 8})], usage, {"gpu": 8})
+    return ClusterSnapshot(
+        nodes,
+        running,
+        fairness,
+        WorkloadMix(demands=()),
+        minimums={"W": 5},
+        part_minimums={"W": {"leader": 1, "workers": 4}},
+    )
+
+
+@pytest.mark.parametrize(
+    ("workers", "victim", "elastic", "unit"),
+    [
+        # 6 pods, 1 above the minimum of 5. A worker is elastic (5 workers > 4) and goes alone;
+        # the leader is not (1 = its part's 1), though the gang has 6 > 5: it goes with all 6.
+        (5, "w0", True, 1),
+        (5, "l0", False, 6),
+        # 4 workers: each is at its part's minimum: with the whole gang.
+        (4, "w0", False, 5),
+    ],
+)
+def test_reclaim_takes_members_above_their_parts_minimum_first(
+    workers: int, victim: str, elastic: bool, unit: int
+) -> None:
+    snapshot = gang_snapshot(workers)
+    pod = snapshot.running[victim]
+    assert (snapshot.elastic(pod), len(snapshot.unit_of(pod))) == (elastic, unit)
+
+
+# ---- through the filter: a leader and its workers --------------------------------------------
+
+
+def lw_member(part: str, index: int) -> JsonObject:
+    pod = objects.pod("ns", f"{part}-{index}", queue="team", template="one")
+    pod["metadata"]["labels"] |= {WORKLOAD_LABEL: "lw", SUBGROUP_LABEL: part}
+    pod["metadata"]["annotations"] = {SUBGROUP_MINIMUMS_ANNOTATION: LEADER_WORKERS}
+    return pod
+
+
+def lw_cluster(*extra: JsonObject, third_gpus: int = 0) -> list[JsonObject]:
+    third = [objects.node("c"), objects.gpu_slice("c", third_gpus)] if third_gpus else []
+    return [*objects.two_nodes_of_two_gpus(CLASS), *third, objects.queue("team"), *extra]
+
+
+async def test_a_leader_and_workers_on_four_gpus_wait_naming_the_short_part(extender: Extender) -> None:
+    # 1 leader + 4 workers on a and b (2 GPUs each): room for 4 of the 5. The room goes to the
+    # parts in order: the leader's 1, then 3 for 4 workers -> part workers is short.
+    pods = [lw_member("leader", 0), *(lw_member("workers", i) for i in range(4))]
+    extender.sync(lw_cluster(*pods))
+    _, result = await extender.call("filter", args(pods[1], ["a", "b"]))
+    assert result["NodeNames"] == []
+    assert result["FailedAndUnresolvableNodes"]["a"].endswith(
+        "starts whole or not at all: GPUs free for 4 of its 5 missing pods (1 GPU each); "
+        "part workers: minimum 4, 0 placed, 4 present; room for 3 of its 4 missing"
+    )
+
+
+async def admitted_with_four_workers_bound(extender: Extender, c_gpus: int) -> list[JsonObject]:
+    """1 leader + 5 workers; a, b with 2 GPUs and c with `c_gpus`: the gang of 5 is admitted and
+    held on a, a, b, b, c; four workers bind on a and b. Returns the leader and the workers."""
+    pods = [lw_member("leader", 0), *(lw_member("workers", i) for i in range(5))]
+    extender.sync(lw_cluster(*pods, third_gpus=c_gpus))
+    await extender.call("filter", args(pods[1], NODES))
+    reservation = extender.state.gangs.reservation("Workload/ns/lw")
+    assert reservation is not None and sorted(reservation.nodes) == ["a", "a", "b", "b", "c"]
+    devices = [("a", "gpu-0"), ("a", "gpu-1"), ("b", "gpu-0"), ("b", "gpu-1")]
+    for version, (pod, (node, device)) in enumerate(zip(pods[1:5], devices, strict=True), start=10):
+        bind(extender.state, pod, node, device, version)
+        extender.state.fairness()  # (the reservation follows its members)
+    # Part workers is at its minimum; the slot left, on c, is the leader's.
+    held = extender.state.gangs.reservation("Workload/ns/lw")
+    assert held is not None and held.slots == ["c"]
+    return pods
+
+
+NODES = ["a", "b", "c"]
+
+
+async def test_an_elastic_worker_never_takes_the_leaders_held_gpu(extender: Extender) -> None:
+    # c has 1 GPU, held for the leader. The fifth worker is above its part's minimum: judged alone,
+    # it sees c's GPU taken. (Counted as one group, 4 of 5 placed, it was "being placed" with the
+    # unit and took the leader's GPU.)
+    leader, *workers = await admitted_with_four_workers_bound(extender, c_gpus=1)
+    _, result = await extender.call("filter", args(workers[4], NODES))
+    assert result["NodeNames"] == []
+    _, result = await extender.call("filter", args(leader, NODES))
+    assert result["NodeNames"] == ["c"]  # the leader is placed with the unit: c is its
+
+
+async def test_an_elastic_worker_bound_does_not_complete_the_gang(extender: Extender) -> None:
+    # c has 2 GPUs: the fifth worker binds on the one not held. 5 pods placed, but part leader
+    # has none: the reservation stays, its one slot the leader's. (Counted as one group, 5 of 5
+    # placed ended it, and the leader went pod by pod without a held GPU.)
+    leader, *workers = await admitted_with_four_workers_bound(extender, c_gpus=2)
+    bind(extender.state, workers[4], "c", "gpu-1", 20)
+    extender.state.fairness()
+    held = extender.state.gangs.reservation("Workload/ns/lw")
+    assert held is not None and (held.placed, held.slots) == (4, ["c"])
+    bind(extender.state, leader, "c", "gpu-0", 21)
+    extender.state.fairness()
+    assert extender.state.gangs.reservation("Workload/ns/lw") is None  # every part at its minimum
