@@ -10,7 +10,8 @@ already return, so a new code without a row here is a test failure, not a silent
   (`over_quota`), an unusable queue (`unknown_queue`, `invalid_queue`, `not_leaf`), a namespace
   that may not use its queue (`queue_not_allowed`), a gang waiting for its spec, its pods or the
   GPUs for all its missing pods at once (`gang_reading`, `gang_incomplete`, `gang_no_fit`), or
-  for them inside one domain of its required topology level (`gang_no_domain`);
+  for them inside one domain of its required topology level (`gang_no_domain`), a pod above its
+  part's minimum waiting for its gang to be admitted (`gang_elastic`);
 * a pod its queue admits but no candidate node fits (`unplaced`): with fair share 0 in GPUs
   (the quotas of the queues that ask for GPUs cover the cluster) it runs only on idle GPUs and
   reclaim never frees any for it (`fair_share_zero`); below its fair share reclaim frees GPUs
@@ -62,6 +63,9 @@ WAIT_REASONS: dict[str, WaitReason] = {
     ),
     "gang_reading": WaitReason("WaitingForGangSpec", "goes once its owner's spec is read (seconds)"),
     "gang_incomplete": WaitReason("WaitingForGangPods", "waits for its controller to create the rest"),
+    "gang_elastic": WaitReason(
+        "WaitingForGangAdmission", "goes once the gang's other members admit it at its parts' minimums"
+    ),
     "gang_no_fit": WaitReason(
         "WaitingForGangGpus", "waits for GPUs for all its missing pods at once (reclaim may free them)"
     ),

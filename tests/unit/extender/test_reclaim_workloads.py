@@ -3,7 +3,7 @@ members beyond the minimum (elastic) go first. Scenarios: nodes of 4 GPUs, one-G
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -26,6 +26,9 @@ class Case:
     pending: list[tuple[str, str, int, str]]  # (pod, queue, GPUs, workload of a gang waiting whole)
     evicted: set[str]
     served: dict[str, str]
+    # Of gangs with parts: workload -> part -> its minimum, and each member's part.
+    parts: dict[str, dict[str, int]] = field(default_factory=dict)
+    part_of: dict[str, str] = field(default_factory=dict)
 
 
 def build(case: Case, movable: bool = False) -> tuple[ClusterSnapshot, list[PendingPod]]:
@@ -46,6 +49,7 @@ def build(case: Case, movable: bool = False) -> tuple[ClusterSnapshot, list[Pend
             started=NOW - 3600 + age,
             workload=workload,
             movable=movable,
+            part=case.part_of.get(key, ""),
         )
     requested: dict[str, float] = {}
     pending = []
@@ -63,7 +67,10 @@ def build(case: Case, movable: bool = False) -> tuple[ClusterSnapshot, list[Pend
     }
     fairness = FairnessSnapshot.build(specs, usage, {"gpu": 8.0})
     nodes = {n: NodeGpus(n, "", tuple(f)) for n, f in free.items()}
-    return ClusterSnapshot(nodes, running, fairness, WorkloadMix(demands=()), minimums=case.minimums), pending
+    snapshot = ClusterSnapshot(
+        nodes, running, fairness, WorkloadMix(demands=()), minimums=case.minimums, part_minimums=case.parts
+    )
+    return snapshot, pending
 
 
 def gang(prefix: str, queue: str, workload: str, *nodes: str) -> list[tuple[str, str, str, str]]:
@@ -95,6 +102,21 @@ CASES = [
         [("b0", "b", 1, "")],
         {"g6"},
         {"b0": "n2"},
+    ),
+    Case(
+        # The same gang of 7 as parts: workers g0-g5 (minimum 5) and a leader g6 (minimum 1), the
+        # newest pod of n2. Counted as one group, the newest member g6 goes: the leader, and the
+        # gang runs without one. By parts, the leader is at its minimum and a worker above its
+        # part's is elastic: the newest worker on n2, g5.
+        "members above their part's minimum go first, never the part's minimum",
+        {"a": 4, "b": 4},
+        [*gang("g", "a", "Job/ns/ja", "n1", "n1", "n1", "n2", "n2", "n2", "n2"), ("s", "a", "n1", "")],
+        {"Job/ns/ja": 6},
+        [("b0", "b", 1, "")],
+        {"g5"},
+        {"b0": "n2"},
+        {"Job/ns/ja": {"workers": 5, "leader": 1}},
+        {**{f"g{i}": "workers" for i in range(6)}, "g6": "leader"},
     ),
     Case(
         # b (quota 8) deserves all 8 GPUs and waits for two 4-GPU pods; a (quota 0) runs a gang of

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from extender.policy.admission import GANG_INCOMPLETE, GANG_READING
+from extender.policy.admission import GANG_ELASTIC, GANG_INCOMPLETE, GANG_READING
 from extender.policy.waiting import (
     QUEUE_NOT_ALLOWED,
     UNLISTED,
@@ -87,6 +87,16 @@ LIMIT = "queue 'team-a': gpu allocated 14 + request 1 would exceed its limit (14
             "4 exist; waits for its controller to create the rest",
         ),
         (
+            GANG_ELASTIC,
+            "workload Workload/ns/lw (minimum 5 pods, 4 placed, 7 present) is not admitted yet; this pod "
+            "is above its part's minimum (part workers: minimum 4, 4 placed, 6 present): it goes once "
+            "the gang is",
+            "WaitingForGangAdmission",
+            "workload Workload/ns/lw (minimum 5 pods, 4 placed, 7 present) is not admitted yet; this pod "
+            "is above its part's minimum (part workers: minimum 4, 4 placed, 6 present): it goes once "
+            "the gang is; goes once the gang's other members admit it at its parts' minimums",
+        ),
+        (
             GANG_NO_FIT,
             "workload Job/ns/j (minimum 4 pods, 0 placed, 4 present) starts whole or not at all: "
             "GPUs free for 3 of its 4 missing pods (1 GPU each)",
@@ -128,7 +138,7 @@ def test_every_wait_reason_has_its_condition_and_message(
 def test_the_table_has_a_row_for_every_code_and_nothing_else() -> None:
     """A code added to the rule without a row would be said with no remedy: the table is complete."""
     rule = {"over_limit", "over_quota", "unknown_queue", "invalid_queue", "not_leaf"}
-    gangs = {GANG_READING, GANG_INCOMPLETE, GANG_NO_FIT, GANG_NO_DOMAIN}
+    gangs = {GANG_READING, GANG_INCOMPLETE, GANG_ELASTIC, GANG_NO_FIT, GANG_NO_DOMAIN}
     placement = {"fair_share_zero", "waiting_for_reclaim", "waiting_for_gpus"}
     assert set(WAIT_REASONS) == rule | gangs | placement | {QUEUE_NOT_ALLOWED}
     assert len({row.condition for row in WAIT_REASONS.values()}) == len(WAIT_REASONS)  # each its own
