@@ -34,7 +34,7 @@ The waiting list (`waiting_list`): the pending pods the planners may make room f
 given (the scheduler's: priority, then creation): those the rule admits and no GPUs are held for
 yet; of a gang not admitted, judged once at its first pod, as many of its waiting pods as it
 misses, marked with the workload (the planner serves them all or none), and none while GPUs are
-held for any of them.
+held for any of them; its pods above their part's minimum are not listed (they wait for it).
 """
 
 from __future__ import annotations
@@ -255,6 +255,8 @@ def waiting_list(view: FairnessSnapshot, waiting: Sequence[Waiting]) -> list[Lis
     for entry in waiting:
         ask = entry.ask
         if ask.gang is not None and ask.whole:
+            if ask.gang.elastic:  # above its part's minimum: the gang is judged at the others
+                continue
             workload = ask.gang.workload.key
             if workload not in left:
                 left[workload] = 0 if entry.held or not admit(view, ask).admit else ask.pods

@@ -18,6 +18,7 @@ from contract.names import (
     QUEUE_KIND,
     QUEUE_LABEL,
 )
+from extender.policy.workloads import subgroup_refusal, workload_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART_SCHEDULER = yaml.safe_load((ROOT / "charts/tessera/values.yaml").read_text())["scheduler"][
@@ -94,3 +95,30 @@ def test_examples_include_jobs_and_a_two_team_hierarchy() -> None:
     queues = [d for d in documents if d["kind"] == QUEUE_KIND]
     children = [q for q in queues if q["spec"].get("parent")]
     assert len(children) == 2 and len({q["spec"]["parent"] for q in children}) == 1
+
+
+@pytest.mark.parametrize("directory", WORKLOAD_DIRS)
+def test_every_pods_subgroups_are_stated_as_the_webhook_admits_them(directory: str) -> None:
+    namespaces = _namespace_labels(directory)
+    for path, document in _documents(directory):
+        template = document.get("spec", {}).get("template", {}) if document["kind"] != "Pod" else document
+        for labels, _ in _pod_specs(document, namespaces):
+            pod = {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": template.get("metadata", {}).get("annotations", {}),
+                }
+            }
+            assert subgroup_refusal(pod) == "", f"{path.name}: {document['metadata']['name']}"
+
+
+def test_the_leader_workers_example_is_one_workload_of_two_parts() -> None:
+    # Leader=1 and workers=4: a minimum of 5, the 6 workers' 2 above it elastic.
+    found = [
+        (workload_of({"metadata": {"namespace": "ns", **d["spec"]["template"]["metadata"]}}), d)
+        for _, d in _documents("manifests/examples")
+        if d["kind"] == "Job" and d["metadata"]["name"].startswith("serve-")
+    ]
+    assert {w.key for w, _ in found} == {"Workload/ns/serve"}
+    assert {(w.minimum, w.parts) for w, _ in found} == {(5, (("leader", 1), ("workers", 4)))}
+    assert sum(d["spec"]["parallelism"] for _, d in found) == 7

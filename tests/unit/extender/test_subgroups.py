@@ -25,7 +25,17 @@ from contract.names import (
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
-from extender.policy.admission import GANG, GANG_ELASTIC, GANG_INCOMPLETE, Ask, GangState, PartState, admit
+from extender.policy.admission import (
+    GANG,
+    GANG_ELASTIC,
+    GANG_INCOMPLETE,
+    Ask,
+    GangState,
+    PartState,
+    Waiting,
+    admit,
+    waiting_list,
+)
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
 from extender.policy.placement import NodeGpus, WorkloadMix
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
@@ -338,6 +348,16 @@ def test_admission_counts_each_part(case: AdmissionCase) -> None:
         assert ask.pods == (gang.missing if not gang.admitted else 1)
     else:
         assert (decision.admit, decision.kind) == (case.kind == GANG, case.kind)
+
+
+def test_reclaim_serves_a_gang_whose_first_waiting_pod_is_elastic() -> None:
+    # The gang lapsed with 4 workers placed: it misses the leader. Listed first, the 6th worker is
+    # above its part's minimum; judged at it, the gang was refused (gang_elastic) and never listed
+    # for reclaim. It is skipped: the leader is listed, marked with the gang.
+    worker = Waiting("ns/workers-5", Ask("team", {"gpu": 1.0}, gang=state((1, 0), (6, 4), part="workers")))
+    leader = Waiting("ns/leader-0", Ask("team", {"gpu": 1.0}, gang=state((1, 0), (6, 4), part="leader")))
+    listed = waiting_list(roomy(), [worker, leader])
+    assert [(entry.waiting.key, entry.workload) for entry in listed] == [("ns/leader-0", "Workload/ns/lw")]
 
 
 # ---- reclaim: elastic members first, a part's minimum with the whole ----------------------------
