@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import compress, filterfalse
 from operator import not_
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from contract.names import GPU_MILLI
@@ -65,9 +66,9 @@ from extender.policy.placement import (
     score_kinds,
 )
 from extender.policy.reclaim import reclaim_refusal
-from extender.policy.topology import no_domain_text, plan_in_domain
+from extender.policy.topology import NO_ASK, PartAsk, TopologyAsk, no_domain_text, plan_in_domain, plan_parts
 from extender.policy.waiting import unplaced
-from extender.policy.workloads import plan_gang
+from extender.policy.workloads import part_of, plan_gang
 from extender.wire import (
     ExtenderArgs,
     ExtenderFilterResult,
@@ -275,7 +276,9 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     owner = holds_owner(gang)
     # A member of a gang reserved inside a domain is judged on that domain's nodes only.
     candidates = names
-    names, outside = _in_domain(picture, picture.gangs.reservation(owner) if owner else None, names)
+    names, outside = _in_domain(
+        picture, picture.gangs.reservation(owner) if owner else None, names, gang.part
+    )
     reservation: GangReservation | None = None
     # Nodes of one kind (shape and GPU size) get one verdict: a large cluster has few kinds.
     version = picture.inventory.version  # what the kinds are read at
@@ -328,8 +331,8 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     passed = kept.names
     if kept.held:
         passed, failed = _to_hold(picture, key, passed, failed)
-    if reservation is not None and reservation.domain:  # (admitted just now: its domain known now)
-        passed, failed = _to_domain(picture, reservation, passed, failed)
+    if reservation is not None:  # (admitted just now: its domain known now)
+        passed, failed = _to_domain(picture, reservation, passed, failed, gang.part)
     failed |= outside
     remembered_nodes = None if kept.held else PassedNodes(key, owner, version, kept)
     waits, message = ("", decision.reason) if passed else why_unplaced(picture, key, pod, demand)
@@ -427,26 +430,41 @@ def _to_hold(
     return [hold.node], failed | {name: reason for name in passed if name != hold.node}
 
 
-def _domain_reason(reservation: GangReservation) -> str:
-    return f"gang {reservation.workload.key} is placed in {reservation.level} {reservation.domain}"
-
-
 def _in_domain(
-    picture: ClusterPicture, reservation: GangReservation | None, names: list[str]
+    picture: ClusterPicture, reservation: GangReservation | None, names: list[str], part: str = ""
 ) -> tuple[list[str], dict[str, str]]:
-    """The candidates inside the domain a reserved gang is kept in, and the others with why
-    (split in C: thousands of names, and the per-kind work then runs on the domain's few)."""
-    if reservation is None or not reservation.domain:
+    """The candidates inside the domain a reserved gang's member is kept in - of a gang planned
+    by parts, the nodes planned for its part (`part`) - and the others with why (split in C:
+    thousands of names, and the per-kind work then runs on the domain's few)."""
+    if reservation is None:
         return names, {}
-    inside = picture.topology.nodes_in(reservation.level, reservation.domain).__contains__
-    return list(filter(inside, names)), dict.fromkeys(filterfalse(inside, names), _domain_reason(reservation))
+    if reservation.part_nodes:
+        planned = reservation.part_nodes.get(part)
+        if planned is None:  # (a part with nothing missing when the gang was admitted)
+            return names, {}
+        inside = planned.__contains__
+        level, domain = reservation.part_domains.get(part, ("", ""))
+        where = f" in {level} {domain}" if domain else ""
+        reason = (
+            f"part {part} of gang {reservation.workload.key} is placed on {', '.join(sorted(planned))}{where}"
+        )
+    elif reservation.domain:
+        inside = picture.topology.nodes_in(reservation.level, reservation.domain).__contains__
+        reason = f"gang {reservation.workload.key} is placed in {reservation.level} {reservation.domain}"
+    else:
+        return names, {}
+    return list(filter(inside, names)), dict.fromkeys(filterfalse(inside, names), reason)
 
 
 def _to_domain(
-    picture: ClusterPicture, reservation: GangReservation, passed: list[str], failed: dict[str, str]
+    picture: ClusterPicture,
+    reservation: GangReservation,
+    passed: list[str],
+    failed: dict[str, str],
+    part: str,
 ) -> tuple[list[str], dict[str, str]]:
     """The pod whose filter admitted its gang into a domain just now goes to that domain's nodes."""
-    kept, outside = _in_domain(picture, reservation, passed)
+    kept, outside = _in_domain(picture, reservation, passed, part)
     return kept, failed | outside
 
 
@@ -494,49 +512,128 @@ def admit_gang(
         return queued, None
     missing = gang.missing
     gpus = demand.gpus_at(picture.inventory.reference_memory(demand.models))
-    nodes = [""] * missing
-    level = domain = ""
+    planned = _GangPlan([""] * missing)
     if gpus is not None:
         supplies = picture.inventory.supplies_for(key, names, gang.workload.key)
-        ask = picture.topology_ask(pod, gang.workload)
-        plan = None
-        if ask.any:
-            required = _required_domains(picture, gang, ask.required)
-            preferred = picture.topology.domains(ask.preferred) if ask.preferred else NO_DOMAINS
-            plan = plan_in_domain(supplies, gpus, missing, required, preferred)
-        if plan is not None and len(plan.nodes) == missing:
-            planned, level, domain = plan.nodes, ask.required, plan.domain
-        elif plan is not None and ask.required:
-            why = no_domain_text(ask.required, plan, gpus, missing)
-            return AdmissionDecision(
-                False,
-                gang_text(gang, f"starts whole or not at all: {why}{_short(gang, plan.largest_fit)}"),
-                GANG_NO_DOMAIN,
-            ), None
-        else:  # (a preference only, and the gang fits nowhere: said as without one)
-            planned = plan_gang(supplies, gpus, missing, picture.inventory.domains)
-        if len(planned) < missing:
-            text = gang_text(
-                gang,
-                f"starts whole or not at all: GPUs free for {len(planned)} of its {missing} missing pods "
-                f"({describe(gpus)} each){_short(gang, len(planned))}",
-            )
-            return AdmissionDecision(False, text, GANG_NO_FIT), None
-        nodes = planned
+        parts = _part_asks(picture, gang, pod)
+        if parts is not None:  # its parts ask levels of their own
+            planned = _plan_by_parts(picture, gang, supplies, gpus, parts)
+        else:
+            planned = _plan_whole(picture, gang, pod, supplies, gpus)
+        if planned.refusal is not None:
+            return planned.refusal, None
+    level, domain = planned.level, planned.domain
     reservation = GangReservation(
         workload=gang.workload,
         queue=demand.queue,
         amounts=amounts,
         demand=gpus,
         preemptible=demand.preemptible,
-        nodes=nodes,
+        nodes=planned.nodes,
         target=gang.minimum,
         level=level,
         domain=domain,
+        part_domains=planned.part_domains,
+        part_nodes=planned.part_nodes,
     )
     where = f" in {level} {domain}" if domain else ""
+    if planned.part_domains:
+        where = " with " + ", ".join(f"part {p} in {lv} {d}" for p, (lv, d) in planned.part_domains.items())
     text = gang_text(gang, f"admitted whole{where}: {missing} pods held for; {queued.reason}")
     return AdmissionDecision(True, text, GANG), reservation
+
+
+class _GangPlan(NamedTuple):
+    """A gang's missing members planned: a node each ("" for a member without GPUs), the domain
+    they are kept in, or per part (its domain, its members' nodes); or why not (`refusal`)."""
+
+    nodes: list[str]
+    level: str = ""
+    domain: str = ""
+    part_domains: Mapping[str, tuple[str, str]] = MappingProxyType({})
+    part_nodes: Mapping[str, frozenset[str]] = MappingProxyType({})
+    refusal: AdmissionDecision | None = None
+
+
+def _refused(gang: GangState, why: str, code: str) -> _GangPlan:
+    return _GangPlan(
+        [], refusal=AdmissionDecision(False, gang_text(gang, f"starts whole or not at all: {why}"), code)
+    )
+
+
+def _plan_whole(
+    picture: ClusterPicture,
+    gang: GangState,
+    pod: Mapping[str, Any],
+    supplies: list[NodeGpus],
+    gpus: GpuDemand,
+) -> _GangPlan:
+    """The missing members as one group with the pod's topology ask (`plan_in_domain`; without
+    an ask, or with a preference only where none holds them, the plain binpack)."""
+    missing = gang.missing
+    ask = picture.topology_ask(pod, gang.workload)
+    if ask.any:
+        required = _required_domains(picture, gang, ask.required)
+        preferred = picture.topology.domains(ask.preferred) if ask.preferred else NO_DOMAINS
+        plan = plan_in_domain(supplies, gpus, missing, required, preferred)
+        if len(plan.nodes) == missing:
+            return _GangPlan(plan.nodes, ask.required, plan.domain)
+        if ask.required:
+            why = no_domain_text(ask.required, plan, gpus, missing)
+            return _refused(gang, f"{why}{_short(gang, plan.largest_fit)}", GANG_NO_DOMAIN)
+    planned = plan_gang(supplies, gpus, missing, picture.inventory.domains)
+    if len(planned) < missing:
+        why = (
+            f"GPUs free for {len(planned)} of its {missing} missing pods ({describe(gpus)} each)"
+            f"{_short(gang, len(planned))}"
+        )
+        return _refused(gang, why, GANG_NO_FIT)
+    return _GangPlan(planned)
+
+
+def _part_asks(picture: ClusterPicture, gang: GangState, pod: Mapping[str, Any]) -> list[PartAsk] | None:
+    """Each part's missing members with the topology ask of its own pods (the pod asking: its
+    own; another part: one of its members), when the parts do not all ask alike; else None."""
+    if not gang.parts:
+        return None
+    pods = picture.kind("Pod")
+    asks: dict[str, TopologyAsk] = {gang.part: picture.topology_ask(pod, gang.workload)}
+    for key in sorted(picture.workloads.members.get(gang.workload.key, ())):
+        member = pods.get(key)
+        if member is not None and (name := part_of(member)) not in asks:
+            asks[name] = picture.topology_ask(member, gang.workload)
+    if len({asks.get(part.name, NO_ASK) for part in gang.parts}) == 1:
+        return None
+    topology = picture.topology.topology
+    parts: list[PartAsk] = []
+    for part in gang.parts:
+        ask = asks.get(part.name, NO_ASK)
+        level = topology.level(ask.required) if ask.required else None
+        parts.append(
+            PartAsk(
+                part.name,
+                part.missing,
+                ask.required,
+                topology.levels.index(level) if level is not None else -1,
+                picture.topology.domains(ask.required) if ask.required else None,
+                picture.topology.domains(ask.preferred) if ask.preferred else NO_DOMAINS,
+            )
+        )
+    return parts
+
+
+def _plan_by_parts(
+    picture: ClusterPicture, gang: GangState, supplies: list[NodeGpus], gpus: GpuDemand, parts: list[PartAsk]
+) -> _GangPlan:
+    """The missing members part by part, each in a domain of its own level, those with a level
+    inside one domain of the widest (`plan_parts`)."""
+    stating = [part for part in parts if part.required is not None]
+    outer = min(stating, key=lambda part: part.depth).level if stating else ""
+    plan = plan_parts(supplies, gpus, parts, outer, picture.topology.domains(outer) if outer else NO_DOMAINS)
+    if plan.short:
+        return _refused(gang, plan.short, GANG_NO_DOMAIN if plan.level_short else GANG_NO_FIT)
+    part_nodes = {part: frozenset(nodes) for part, nodes in plan.by_part.items()}
+    return _GangPlan(plan.nodes, part_domains=plan.domains, part_nodes=part_nodes)
 
 
 def _short(gang: GangState, fitting: int) -> str:

@@ -76,6 +76,11 @@ class GangReservation:
     # `extender.policy.topology`): the filter passes them only that domain's nodes.
     level: str = ""
     domain: str = ""
+    # Of a gang whose parts ask their own levels (`level` and `domain` are then ""): part -> the
+    # (level, domain) it was planned in, and the nodes planned for its members, the only ones
+    # the filter passes them (so no part takes GPUs held for another); a part not named: anywhere.
+    part_domains: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    part_nodes: Mapping[str, frozenset[str]] = field(default_factory=dict)
     expires: float = 0.0  # monotonic; renewed whenever a member is placed
     placed: int = 0
     slots: list[str] = field(default_factory=list)  # nodes of the slots held now

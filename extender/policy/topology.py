@@ -24,6 +24,10 @@ No required level: the whole cluster is the one domain. When no domain holds the
 the largest room found, and the gang waits with it ("needs 16 GPUs in one rack; largest rack
 has 12 free").
 
+**Parts** (subgroups) whose templates ask different levels are planned part by part
+(`plan_parts`): the parts with a level inside one domain of the widest of their levels, each part
+in the tightest domain of its own level, narrowest first.
+
 Worked example (racks r1: 2 nodes x 4 free GPUs, r2: 1 node x 4 free; a gang of 4 one-GPU
 members requiring a rack): both racks hold 4; r2 has 4 free, r1 8: r2 is chosen, r1 stays whole
 for a gang of 8. A gang of 6: only r1 holds it. A gang of 10: none; largest rack has 8 free.
@@ -33,13 +37,14 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
 from contract.kube import mapping, meta, sequence
 from contract.names import GPU_MILLI, TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_REQUIRED_ANNOTATION
-from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, NodeGpus
+from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, NodeGpus, WorkloadMix
+from extender.policy.snapshot import occupy
 from extender.policy.workloads import plan_gang
 
 
@@ -298,3 +303,104 @@ def no_domain_text(level: str, plan: DomainPlan, demand: GpuDemand, count: int) 
         f"needs {gpus} in one {level}; largest {level} has {plan.largest_free} free "
         f"(room for {plan.largest_fit} of its {count} missing pods)"
     )
+
+
+@dataclass(frozen=True)
+class PartAsk:
+    """One part of a gang as its plan sees it: its missing members and its own ask."""
+
+    name: str
+    count: int  # its missing members
+    level: str  # its required level ("": none of its own)
+    depth: int  # that level's place among the cluster's levels, outermost 0 (-1: none)
+    required: DomainMap | None  # that level's domains (None: no level)
+    preferred: DomainMap  # its preferred level's (NO_DOMAINS: none)
+
+
+@dataclass(frozen=True)
+class PartsPlan:
+    """Where each part's missing members go (`nodes`, part after part) and the domain each part
+    with a level is kept in (part -> (level, domain)); or, when they do not all fit, `short` says
+    which part is short and by what (`nodes` empty)."""
+
+    nodes: list[str]
+    domains: dict[str, tuple[str, str]]
+    by_part: dict[str, list[str]] = field(default_factory=dict)  # part -> its members' nodes
+    short: str = ""
+    level_short: bool = False  # the short part is short of room in one domain of its level
+
+
+_NO_MIX = WorkloadMix(demands=())
+
+
+def plan_parts(
+    supplies: Sequence[NodeGpus],
+    demand: GpuDemand,
+    parts: Sequence[PartAsk],
+    outer: str,
+    outer_map: DomainMap,
+) -> PartsPlan:
+    """A plan for a gang whose parts ask different levels: each part's members inside one domain
+    of its own required level, packed by its preferred one; a part stating no level anywhere.
+
+    The parts that state a level are kept inside one domain of the widest of them (`outer`, its
+    map `outer_map`; "": none states one): its domains that hold them all are tried by least room
+    first (bin-packing, as `plan_in_domain`), and in each the parts are planned narrowest level
+    first (the hardest to fit), each on what the parts before it left, in the tightest domain of
+    its level that holds it; the first domain where every part fits wins.
+
+    Levels rack > host; r1: hosts a, b with 3 free each; r2: c with 4 free, d with 1. A leader
+    requiring a rack and 4 workers a host (5 with a level): r2 (5 free) is tried before r1 (6);
+    the workers take c, the tightest host that holds 4, and the leader d. With c at 3 free, no
+    host of r2 holds 4 and r1's hosts hold 3: "part workers: needs 4 GPUs in one host; largest
+    host has 3 free"."""
+    stated = sum(part.count for part in parts if part.required is not None)
+    candidates: list[tuple[int, str]] = [(0, "")]
+    if outer:
+        room = _Room(demand, stated)
+        totals = {domain: room.total(nodes) for domain, nodes in _group(supplies, outer_map).items()}
+        candidates = sorted((free, domain) for domain, (fit, free) in totals.items() if fit >= stated)
+        if not candidates:
+            plan = plan_in_domain(supplies, demand, stated, outer_map)
+            why = no_domain_text(outer, plan, demand, stated)
+            return PartsPlan([], {}, short=f"its parts with a level together: {why}", level_short=True)
+    ordered = sorted(parts, key=lambda part: -part.depth)  # (stable: ties keep their order)
+    first_short: PartsPlan | None = None
+    for _, domain in candidates:
+        inside = frozenset(n.name for n in supplies if not outer or outer_map.get(n.name) == domain)
+        planned = _plan_parts_within(supplies, demand, ordered, inside)
+        if not planned.short:
+            return planned
+        first_short = first_short or planned
+    assert first_short is not None
+    return first_short
+
+
+def _plan_parts_within(
+    supplies: Sequence[NodeGpus], demand: GpuDemand, parts: Sequence[PartAsk], inside: frozenset[str]
+) -> PartsPlan:
+    """The parts in order on `supplies`, those with a level on the nodes `inside` only."""
+    current = {node.name: node for node in supplies}
+    nodes: list[str] = []
+    domains: dict[str, tuple[str, str]] = {}
+    by_part: dict[str, list[str]] = {}
+    for part in parts:
+        if part.count <= 0:
+            continue
+        pool = [n for n in current.values() if part.required is None or n.name in inside]
+        plan = plan_in_domain(pool, demand, part.count, part.required, part.preferred)
+        if len(plan.nodes) < part.count:
+            if part.required is not None:
+                why = no_domain_text(part.level, plan, demand, part.count)
+            else:
+                why = f"GPUs free for {len(plan.nodes)} of its {part.count} missing pods"
+            return PartsPlan([], {}, short=f"part {part.name}: {why}", level_short=part.required is not None)
+        if part.required is not None:
+            domains[part.name] = (part.level, plan.domain)
+        by_part[part.name] = plan.nodes
+        for name in plan.nodes:
+            after = occupy(current[name], demand, _NO_MIX)
+            assert after is not None  # (the plan placed it there)
+            current[name] = after[0]
+        nodes.extend(plan.nodes)
+    return PartsPlan(nodes, domains, by_part)

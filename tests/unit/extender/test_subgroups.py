@@ -20,11 +20,12 @@ from contract.names import (
     MIN_MEMBERS_ANNOTATION,
     SUBGROUP_LABEL,
     SUBGROUP_MINIMUMS_ANNOTATION,
+    TOPOLOGY_REQUIRED_ANNOTATION,
     WORKLOAD_LABEL,
 )
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
-from extender.picture.cluster import ClusterPicture
+from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.policy.admission import (
     GANG,
     GANG_ELASTIC,
@@ -37,8 +38,9 @@ from extender.policy.admission import (
     waiting_list,
 )
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
-from extender.policy.placement import NodeGpus, WorkloadMix
+from extender.policy.placement import NO_DOMAINS, GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
+from extender.policy.topology import PartAsk, parse_topology, plan_parts
 from extender.policy.workloads import (
     Parts,
     Workload,
@@ -57,6 +59,7 @@ from tests.unit.extender.test_server import CLASS, Extender, args
 from tests.unit.extender.test_webhook import Webhooks, cluster
 
 JsonObject = dict[str, Any]
+RACK = "example.com/rack"
 LEADER_WORKERS = "leader=1,workers=4"
 
 
@@ -474,3 +477,124 @@ async def test_an_elastic_worker_bound_does_not_complete_the_gang(extender: Exte
     bind(extender.state, leader, "c", "gpu-0", 21)
     extender.state.fairness()
     assert extender.state.gangs.reservation("Workload/ns/lw") is None  # every part at its minimum
+
+
+# ---- a level per part --------------------------------------------------------------------------
+
+RACKS = {"a": "r1", "b": "r1", "c": "r2", "d": "r2"}  # levels rack > host
+
+
+def supplies(free: dict[str, int]) -> list[NodeGpus]:
+    return [NodeGpus(name, "", tuple([GPU_MILLI] * gpus)) for name, gpus in free.items()]
+
+
+def part_ask(name: str, count: int, level: str) -> PartAsk:
+    maps = {"rack": RACKS, "host": {node: f"{rack}/{node}" for node, rack in RACKS.items()}}
+    depth = {"": -1, "rack": 0, "host": 1}[level]
+    return PartAsk(name, count, level, depth, maps[level] if level else None, NO_DOMAINS)
+
+
+@pytest.mark.parametrize(
+    ("free", "leader_level", "nodes", "domains", "short"),
+    [
+        # r1: a 3, b 3 (6 free); r2: c 4, d 1 (5). Both racks hold the 5 with a level; r2 has
+        # less room and is tried first. The workers (host: narrowest, planned first) take c, the
+        # tightest host that holds 4; the leader (rack) takes what r2 has left: d.
+        (
+            {"a": 3, "b": 3, "c": 4, "d": 1},
+            "rack",
+            ["c", "c", "c", "c", "d"],
+            {"workers": ("host", "r2/c"), "leader": ("rack", "r2")},
+            "",
+        ),
+        # c has 3: r2 (4 free) cannot hold the 5; in r1 no host holds 4 (3 and 3).
+        (
+            {"a": 3, "b": 3, "c": 3, "d": 1},
+            "rack",
+            [],
+            {},
+            "part workers: needs 4 GPUs in one host; largest host has 3 free "
+            "(room for 3 of its 4 missing pods)",
+        ),
+        # No rack holds 5 at all: said at the widest level, for the parts with a level together.
+        (
+            {"a": 2, "b": 2, "c": 4, "d": 0},
+            "rack",
+            [],
+            {},
+            "its parts with a level together: needs 5 GPUs in one rack; largest rack has 4 free",
+        ),
+        # The leader states no level: the workers are the parts with one (host c, the only host
+        # holding 4), and the leader goes anywhere: of what is left (c and d full) the node with
+        # least room that fits, a - outside the workers' rack.
+        (
+            {"a": 3, "b": 3, "c": 4, "d": 0},
+            "",
+            ["c", "c", "c", "c", "a"],
+            {"workers": ("host", "r2/c")},
+            "",
+        ),
+    ],
+)
+def test_each_part_is_planned_in_a_domain_of_its_own_level(
+    free: dict[str, int], leader_level: str, nodes: list[str], domains: dict[str, tuple[str, str]], short: str
+) -> None:
+    parts = [part_ask("leader", 1, leader_level), part_ask("workers", 4, "host")]
+    outer = "rack" if leader_level == "rack" else "host"
+    outer_map = RACKS if outer == "rack" else {node: f"{rack}/{node}" for node, rack in RACKS.items()}
+    plan = plan_parts(supplies(free), GpuDemand(1), parts, outer, outer_map)
+    assert (plan.nodes, plan.domains) == (nodes, domains)
+    assert plan.short.startswith(short) and bool(plan.short) == bool(short)
+
+
+TOPOLOGY = parse_topology(f"rack={RACK},host=kubernetes.io/hostname")
+
+
+@pytest.fixture
+async def racked() -> AsyncIterator[Extender]:
+    state, waiting, api = ClusterPicture(PictureConfig(topology=TOPOLOGY)), WaitingPods(), ApiClient()
+    app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state))
+    async with serve(app) as client:
+        yield Extender(client, state, waiting, api)
+    await api.close()
+
+
+async def test_a_leader_in_a_rack_and_workers_in_one_host_go_to_the_nodes_planned_for_their_part(
+    racked: Extender,
+) -> None:
+    # Racks r1 (a, b: 3 GPUs each) and r2 (c: 4, d: 1); the leader's template requires a rack,
+    # the workers' a host. r2 has less room: the workers are held on c, the leader on d.
+    free = {"a": 3, "b": 3, "c": 4, "d": 1}
+    leader = lw_member("leader", 0)
+    leader["metadata"]["annotations"][TOPOLOGY_REQUIRED_ANNOTATION] = "rack"
+    workers = [lw_member("workers", i) for i in range(4)]
+    for pod in workers:
+        pod["metadata"]["annotations"][TOPOLOGY_REQUIRED_ANNOTATION] = "host"
+    racked.sync(
+        [
+            *(
+                objects.node(name, labels={RACK: rack, "kubernetes.io/hostname": name})
+                for name, rack in RACKS.items()
+            ),
+            *(objects.gpu_slice(name, gpus) for name, gpus in free.items()),
+            objects.device_class(CLASS),
+            objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+            objects.queue("team"),
+            leader,
+            *workers,
+        ]
+    )
+    names = list(RACKS)
+    _, result = await racked.call("filter", args(workers[0], names))
+    reservation = racked.state.gangs.reservation("Workload/ns/lw")
+    assert reservation is not None
+    assert sorted(reservation.nodes) == ["c", "c", "c", "c", "d"]
+    assert dict(reservation.part_domains) == {"workers": ("host", "r2/c"), "leader": ("rack", "r2")}
+    assert result["NodeNames"] == ["c"]
+    assert "admitted whole with part workers in host r2/c, part leader in rack r2" in (
+        racked.waiting.reports["ns/workers-0"].reason
+    )
+    # The leader passes only d: c is in its rack, but its GPUs are held for the workers.
+    _, result = await racked.call("filter", args(leader, names))
+    assert result["NodeNames"] == ["d"]
+    assert result["FailedNodes"]["c"] == "part leader of gang Workload/ns/lw is placed on d in rack r2"
