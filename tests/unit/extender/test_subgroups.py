@@ -16,6 +16,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from contract.names import (
+    ADMISSION_GATE,
     GPU_MILLI,
     MIN_MEMBERS_ANNOTATION,
     SUBGROUP_LABEL,
@@ -56,7 +57,7 @@ from tests import extender_objects as objects
 from tests.unit.extender.serving import serve
 from tests.unit.extender.test_gangs import bind
 from tests.unit.extender.test_server import CLASS, Extender, args
-from tests.unit.extender.test_webhook import Webhooks, cluster
+from tests.unit.extender.test_webhook import Webhooks, cluster, patch_of
 
 JsonObject = dict[str, Any]
 RACK = "example.com/rack"
@@ -232,6 +233,28 @@ async def test_the_pod_webhook_answers_a_malformed_subgroup_with_the_reason(webh
     answer = await webhooks.review(MUTATE_PODS_PATH, pod)
     assert answer["allowed"] is False
     assert "minimum of part 'workers' must be a positive integer, not '-4'" in answer["status"]["message"]
+
+
+async def test_the_gate_counts_the_pod_being_created_in_its_part(webhooks: Webhooks) -> None:
+    # 4 workers exist (gated); the leader being created completes part leader (0 + 1 = 1): the
+    # gang is complete and team-b (no limit) takes all 5, so the leader is not gated. A 5th worker
+    # instead leaves part leader at 0 present: gated, the short part named.
+    def plain(part: str, index: int) -> JsonObject:
+        pod = objects.pod("plain", f"{part}-{index}", queue="team-b", template="one")
+        pod["metadata"]["labels"] |= {WORKLOAD_LABEL: "lw", SUBGROUP_LABEL: part}
+        pod["metadata"]["annotations"] = {SUBGROUP_MINIMUMS_ANNOTATION: LEADER_WORKERS}
+        return pod
+
+    workers = [plain("workers", i) for i in range(4)]
+    webhooks.sync(
+        cluster(
+            *({**w, "spec": {**w["spec"], "schedulingGates": [{"name": ADMISSION_GATE}]}} for w in workers)
+        )
+    )
+    answer = await webhooks.review(MUTATE_PODS_PATH, plain("workers", 4))
+    assert [op["path"] for op in patch_of(answer)] == ["/spec/schedulingGates"]
+    assert "part leader: minimum 1, 0 placed, 0 present: waits for its pods" in answer["warnings"][0]
+    assert patch_of(await webhooks.review(MUTATE_PODS_PATH, plain("leader", 0))) == []
 
 
 # ---- admission counts each part ---------------------------------------------------------------
