@@ -50,7 +50,7 @@ from dra_driver import cdi
 from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from dra_driver.claimconfig import effective_sharing, parse_quantity
 from dra_driver.config import API_TIMEOUT_S
-from dra_driver.devices.model import Gpu, NodeDevice
+from dra_driver.devices.model import Gpu, MigInstance, NodeDevice
 from dra_driver.devices.naming import (
     gpu_device_name,
     mig_device_name,
@@ -170,7 +170,10 @@ def node_devices(gpus: Sequence[Gpu], profile: DeviceProfile) -> dict[str, NodeD
             devices[name] = NodeDevice(name, gpu.uuid, published_memory(gpu), nodes)
         for mig in gpu.mig_devices:
             name = mig_device_name(gpu, mig)
-            devices[name] = NodeDevice(name, mig.uuid, mig.memory_bytes, nodes, is_mig=True)
+            instance = MigInstance(gpu.uuid, mig.gi, mig.ci)
+            devices[name] = NodeDevice(
+                name, mig.uuid, mig.memory_bytes, nodes, is_mig=True, instance=instance
+            )
     return devices
 
 
@@ -303,6 +306,15 @@ def _partition_of(device: NodeDevice) -> MigPartition | None:
     if placement is None:
         return None
     return MigPartition(placement.profile, placement.profile_id, placement.start, placement.memory_slices)
+
+
+def _merged(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:
+    return ContainerEdits(
+        env={**first.env, **second.env},
+        device_nodes=first.device_nodes + second.device_nodes,
+        mounts=first.mounts + second.mounts,
+        char_devices=first.char_devices + second.char_devices,
+    )
 
 
 def _shared(shares: Iterable[GpuShare]) -> tuple[GpuShare, ...]:
@@ -751,10 +763,13 @@ class Preparer:
         try:
             for index, device in enumerate(devices):
                 if device.share.partition is None:
-                    acquired.append(await self._sharing.acquire(claim_uid, device.share))
+                    # Read before the sharing is set up: a failure then leaves nothing to undo.
+                    instance = await self._instance_edits(device.device.instance)
+                    edits = await self._sharing.acquire(claim_uid, device.share)
+                    acquired.append(_merged(edits, instance))
                     continue
-                await self._make_partition(shares, index)
-                acquired.append(ContainerEdits())
+                made = await self._make_partition(shares, index)
+                acquired.append(await self._instance_edits(made))
         except BaseException:
             # Up to the device that failed: a partition it began is found at its placement.
             try:
@@ -764,7 +779,7 @@ class Preparer:
             raise
         return acquired, tuple(shares)
 
-    async def _make_partition(self, shares: list[GpuShare], index: int) -> None:
+    async def _make_partition(self, shares: list[GpuShare], index: int) -> MigInstance:
         """Make the MIG instance of ``shares[index]`` (its ``started`` record is on disk)."""
         share = shares[index]
         assert share.partition is not None
@@ -774,6 +789,14 @@ class Preparer:
             )
         made = await self._partitioner.create(share.gpu_uuid, share.partition)
         shares[index] = replace(share, partition=made)
+        assert made.gpu_instance is not None and made.compute_instance is not None
+        return MigInstance(share.gpu_uuid, made.gpu_instance, made.compute_instance)
+
+    async def _instance_edits(self, instance: MigInstance | None) -> ContainerEdits:
+        """A MIG device's own container edits (its capability nodes), from the partitioner."""
+        if instance is None or self._partitioner is None:
+            return ContainerEdits()
+        return await self._partitioner.instance_edits(instance)
 
     def _claim_spec(
         self, planned: _Planned, edits: Sequence[ContainerEdits], record: ClaimRecord
@@ -791,7 +814,7 @@ class Preparer:
         for device, edit in zip(planned.devices, edits, strict=True):
             env.update(edit.env)
             nodes = device.device.device_nodes + edit.device_nodes
-            cdi_devices.append(cdi.CdiDevice(device.device.name, nodes, edit.mounts))
+            cdi_devices.append(cdi.CdiDevice(device.device.name, nodes, edit.mounts, edit.char_devices))
         claim_edits = ContainerEdits(env=env, device_nodes=common.device_nodes, mounts=common.mounts)
         annotations = {cdi.record_annotation(self._driver): record.model_dump_json()}
         return cdi.build_claim_spec(self._driver, planned.ref.uid, cdi_devices, claim_edits, annotations)

@@ -80,6 +80,16 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class MigInstance:
+    """A MIG device that exists: the GPU it is carved from and its GPU and compute instance ids
+    (what a profile needs to name the device's own nodes)."""
+
+    gpu_uuid: str
+    gpu_instance: int
+    compute_instance: int
+
+
+@dataclass(frozen=True)
 class NodeDevice:
     """A device this node publishes, with what prepare needs to hand it to a container."""
 
@@ -91,3 +101,5 @@ class NodeDevice:
     # A placement of a partitionable GPU: prepare creates the instance (``uuid`` is the GPU's
     # until then).
     placement: MigPlacement | None = None
+    # A MIG device that exists already (made by someone else than this driver).
+    instance: MigInstance | None = None

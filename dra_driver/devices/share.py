@@ -61,10 +61,21 @@ class SharingCommandError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class CharDevice:
+    """A character device node named with its numbers (NVIDIA's MIG capability nodes, whose minor
+    the driver reads when the instance exists), so the runtime needs no host node to stat."""
+
+    path: str
+    major: int
+    minor: int
+
+
+@dataclass(frozen=True)
 class ContainerEdits:
     """What a claim's containers need besides its devices' own nodes: environment, device nodes
-    and bind mounts (host path, container path)."""
+    (by path, or with their numbers) and bind mounts (host path, container path)."""
 
     env: Mapping[str, str] = field(default_factory=dict)
     device_nodes: tuple[str, ...] = ()
     mounts: tuple[tuple[str, str], ...] = ()
+    char_devices: tuple[CharDevice, ...] = ()

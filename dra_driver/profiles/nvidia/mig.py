@@ -26,8 +26,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dra_driver.devices.model import Gpu
-from dra_driver.devices.share import Command, MigPartition, RunCommand, SharingCommandError
+from dra_driver.devices.model import Gpu, MigInstance
+from dra_driver.devices.share import Command, ContainerEdits, MigPartition, RunCommand, SharingCommandError
+from dra_driver.profiles.nvidia.migcaps import CapabilityFileError, MigCapabilities, SimulatedCapabilities
 
 _CREATED_GI = re.compile(r"created GPU instance ID\s+(\d+)")
 _CREATED_CI = re.compile(r"created compute instance ID\s+(\d+)")
@@ -66,11 +67,31 @@ def _created(pattern: re.Pattern[str], output: str, command: Command) -> int:
 
 class NvidiaMig:
     """The NVIDIA profile's partitioner: ``nvidia-smi mig`` through the driver's command runner;
-    a made instance's MIG device uuid from ``instance_uuid`` (NVML, or the simulated GPUs)."""
+    a made instance's MIG device uuid from ``instance_uuid`` (NVML, or the simulated GPUs); a MIG
+    device's capability nodes read by ``capabilities`` (``migcaps``)."""
 
-    def __init__(self, run: RunCommand, instance_uuid: InstanceUuid) -> None:
+    def __init__(
+        self,
+        run: RunCommand,
+        instance_uuid: InstanceUuid,
+        capabilities: MigCapabilities,
+        gpus: Sequence[Gpu],
+    ) -> None:
         self._run = run
         self._instance_uuid = instance_uuid
+        self._capabilities = capabilities
+        self._gpus = {gpu.uuid: gpu for gpu in gpus}
+
+    async def instance_edits(self, instance: MigInstance) -> ContainerEdits:
+        gpu = self._gpus.get(instance.gpu_uuid)
+        if gpu is None:
+            raise CapabilityFileError(f"GPU {instance.gpu_uuid} is not on this node")
+        if gpu.simulated:  # names no node, as it names no /dev/nvidia<minor>
+            return ContainerEdits()
+        nodes = await asyncio.to_thread(
+            self._capabilities.device_nodes, gpu.minor, instance.gpu_instance, instance.compute_instance
+        )
+        return ContainerEdits(char_devices=nodes)
 
     async def create(self, gpu_uuid: str, partition: MigPartition) -> MigPartition:
         command = _smi(gpu_uuid, "-cgi", f"{partition.profile_id}:{partition.start}", "-C")
@@ -124,9 +145,15 @@ class SimulatedSmi:
     driver's recording runner: logged, failures injected), then answered from the state file."""
 
     def __init__(
-        self, state_file: Path, gpus: Sequence[Gpu], record: RunCommand, command_s: float = 0.0
+        self,
+        state_file: Path,
+        gpus: Sequence[Gpu],
+        record: RunCommand,
+        command_s: float = 0.0,
+        capabilities: SimulatedCapabilities | None = None,
     ) -> None:
         self._state_file = state_file
+        self._capabilities = capabilities  # the capability files of the instances, kept current
         self._record = record
         self._command_s = command_s  # how long a command takes to return after its change
         self._gpus = {gpu.uuid: gpu for gpu in gpus}
@@ -194,9 +221,11 @@ class SimulatedSmi:
         if args[0] == "-cgi":
             profile_id, start = (int(part) for part in args[1].split(":"))
             output, gi = self._create_gpu_instance(gpu, instances, profile_id, start)
+            self._capability(gpu, gi, None, made=True)
             if args[2:] != ["-C"]:
                 return output
             instances[gi].compute_instances.append(0)  # the default one, spanning the instance
+            self._capability(gpu, gi, 0, made=True)
             return output + (
                 f"Successfully created compute instance ID  0 on GPU {gpu.index:2d} GPU instance ID "
                 f"{gi:2d} using profile MIG {instances[gi].profile} (ID  0)\n"
@@ -208,6 +237,8 @@ class SimulatedSmi:
         if args[2] == "-dci":
             if not instance.compute_instances:
                 raise ValueError("No compute instances found")
+            for ci in instance.compute_instances:
+                self._capability(gpu, gi, ci, made=False)
             instance.compute_instances.clear()
             return (
                 f"Successfully destroyed compute instance ID  0 from GPU {gpu.index:2d} "
@@ -217,8 +248,14 @@ class SimulatedSmi:
             if instance.compute_instances:
                 raise ValueError("In use by another client: destroy its compute instances first")
             del instances[gi]
+            self._capability(gpu, gi, None, made=False)
             return f"Successfully destroyed GPU instance ID {gi:2d} from GPU {gpu.index:2d}\n"
         raise ValueError(f"unsupported: {' '.join(args)}")
+
+    def _capability(self, gpu: Gpu, gi: int, ci: int | None, *, made: bool) -> None:
+        if self._capabilities is not None:
+            change = self._capabilities.add if made else self._capabilities.remove
+            change(gpu.minor, gi, ci)
 
     @staticmethod
     def _create_gpu_instance(
