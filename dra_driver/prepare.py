@@ -58,7 +58,13 @@ from dra_driver.devices.naming import (
     published_memory,
 )
 from dra_driver.devices.profile import DeviceProfile, Partitioner
-from dra_driver.devices.share import ContainerEdits, GpuShare, MigPartition, SharingCommandError
+from dra_driver.devices.share import (
+    ContainerEdits,
+    GpuShare,
+    MigPartition,
+    PartitionNotMade,
+    SharingCommandError,
+)
 from dra_driver.sharing import SharingConflict, SharingManager
 from dra_driver.slices import memory_quantity, read_json
 
@@ -175,6 +181,35 @@ def node_devices(gpus: Sequence[Gpu], profile: DeviceProfile) -> dict[str, NodeD
                 name, mig.uuid, mig.memory_bytes, nodes, is_mig=True, instance=instance
             )
     return devices
+
+
+def without_driver_instances(gpus: Sequence[Gpu], records: Iterable[ClaimRecord]) -> list[Gpu]:
+    """The GPUs as published: a partitionable GPU's MIG instances this driver made (for the
+    claims ``records`` hold) left out of its ``mig_devices``, so that only instances someone
+    else made are published as such (NVML lists every instance there is). A claim's instance is
+    the one with its recorded GPU instance id or, when a crash kept the id from being recorded,
+    the one at its placement (the ``started`` record is written before the instance is made)."""
+    partitions = [
+        (share.gpu_uuid, share.partition)
+        for record in records
+        for share in record.shares
+        if share.partition is not None
+    ]
+    made_ids = {(gpu, p.gpu_instance) for gpu, p in partitions if p.gpu_instance is not None}
+    made_at = {(gpu, p.start) for gpu, p in partitions}
+    return [
+        replace(
+            gpu,
+            mig_devices=tuple(
+                mig
+                for mig in gpu.mig_devices
+                if (gpu.uuid, mig.gi) not in made_ids and (gpu.uuid, mig.placement_start) not in made_at
+            ),
+        )
+        if gpu.mig_layout is not None
+        else gpu
+        for gpu in gpus
+    ]
 
 
 # ---- pure planning ----
@@ -770,10 +805,12 @@ class Preparer:
                     continue
                 made = await self._make_partition(shares, index)
                 acquired.append(await self._instance_edits(made))
-        except BaseException:
-            # Up to the device that failed: a partition it began is found at its placement.
+        except BaseException as err:
+            # Up to the device that failed: a partition it began is found at its placement; one
+            # whose create made nothing is not looked for (what is there is someone else's).
+            undo = len(acquired) + (0 if isinstance(err, PartitionNotMade) else 1)
             try:
-                await self._release(claim_uid, shares[: len(acquired) + 1], begun=len(acquired))
+                await self._release(claim_uid, shares[:undo], begun=len(acquired))
             except SharingCommandError as err:
                 log.error("claim %s: undoing its partial preparation: %s", claim_uid, err)
             raise

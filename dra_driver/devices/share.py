@@ -60,6 +60,11 @@ class SharingCommandError(RuntimeError):
     """A sharing command failed; the message carries the command and its output."""
 
 
+class PartitionNotMade(SharingCommandError):
+    """Making a partition failed before any of it was made (its placement taken, say): there is
+    nothing of it to undo, and what is at its placement belongs to someone else."""
+
+
 @dataclass(frozen=True)
 class CharDevice:
     """A character device node named with its numbers (NVIDIA's MIG capability nodes, whose minor

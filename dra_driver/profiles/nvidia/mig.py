@@ -27,7 +27,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dra_driver.devices.model import Gpu, MigInstance
-from dra_driver.devices.share import Command, ContainerEdits, MigPartition, RunCommand, SharingCommandError
+from dra_driver.devices.share import (
+    Command,
+    ContainerEdits,
+    MigPartition,
+    PartitionNotMade,
+    RunCommand,
+    SharingCommandError,
+)
 from dra_driver.profiles.nvidia.migcaps import CapabilityFileError, MigCapabilities, SimulatedCapabilities
 
 _CREATED_GI = re.compile(r"created GPU instance ID\s+(\d+)")
@@ -95,7 +102,12 @@ class NvidiaMig:
 
     async def create(self, gpu_uuid: str, partition: MigPartition) -> MigPartition:
         command = _smi(gpu_uuid, "-cgi", f"{partition.profile_id}:{partition.start}", "-C")
-        output = await self._run(command)
+        try:
+            output = await self._run(command)
+        except SharingCommandError as err:
+            if _CREATED_GI.search(str(err)):  # -C failed after the GPU instance was made
+                raise
+            raise PartitionNotMade(str(err)) from None
         gpu_instance = _created(_CREATED_GI, output, command)
         compute_instance = _created(_CREATED_CI, output, command)
         device_uuid = await self._instance_uuid(gpu_uuid, gpu_instance, compute_instance)
@@ -170,11 +182,30 @@ class SimulatedSmi:
         try:
             raw = json.loads(self._state_file.read_text())
         except FileNotFoundError:
-            raw = {}
+            return self._made_by_admin()
         return {
             gpu: {int(gi): _SimulatedInstance(**instance) for gi, instance in instances.items()}
             for gpu, instances in raw.items()
         }
+
+    def _made_by_admin(self) -> dict[str, dict[int, _SimulatedInstance]]:
+        """The GPUs as they start: with the instances an administrator made (their placement
+        known) on the GPUs whose partitions are made on demand."""
+        state: dict[str, dict[int, _SimulatedInstance]] = {}
+        for gpu in self._gpus.values():
+            if gpu.mig_layout is None:
+                continue
+            for mig in gpu.mig_devices:
+                placement = gpu.mig_layout.placement(mig.profile, mig.placement_start)
+                if placement is not None:
+                    state.setdefault(gpu.uuid, {})[mig.gi] = _SimulatedInstance(
+                        placement.profile_id,
+                        placement.profile,
+                        placement.start,
+                        placement.memory_slices,
+                        [mig.ci],
+                    )
+        return state
 
     def _save(self) -> None:
         state = self._load()
