@@ -805,10 +805,10 @@ class Preparer:
                     continue
                 made = await self._make_partition(shares, index)
                 acquired.append(await self._instance_edits(made))
-        except BaseException as err:
+        except BaseException as failure:
             # Up to the device that failed: a partition it began is found at its placement; one
             # whose create made nothing is not looked for (what is there is someone else's).
-            undo = len(acquired) + (0 if isinstance(err, PartitionNotMade) else 1)
+            undo = len(acquired) + (0 if isinstance(failure, PartitionNotMade) else 1)
             try:
                 await self._release(claim_uid, shares[:undo], begun=len(acquired))
             except SharingCommandError as err:

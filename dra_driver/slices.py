@@ -22,7 +22,11 @@ Partitionable MIG (DRAPartitionableDevices). A GPU in MIG mode whose placements 
 whole GPU (every counter: it is prepared as the full-size instance) and each MIG profile placement
 (the memory slices it covers and its compute slices). The scheduler allocates a device only when
 its counters are still free, so two placements that overlap, or a placement and the whole GPU,
-are never allocated together. Counter sets and devices go in separate slices of the pool (the API
+are never allocated together. An instance someone else made there is published as a device
+consuming its placement's counters, and the placements overlapping it (the whole GPU among them)
+are not published: the scheduler subtracts only allocated devices' counters. The reconciler is
+handed what of the inventory to publish (``published``: the driver's own instances left out).
+Counter sets and devices go in separate slices of the pool (the API
 allows one or the other in a slice; at most 8 counter sets in one, and 64 devices once any
 consumes counters). Without the feature such a GPU publishes its existing MIG devices, as every
 GPU in MIG mode did before.

@@ -10,9 +10,14 @@ then it; nothing there is nothing to do. So undoing a partition whose creation a
 (ids never recorded) leaves no orphaned instance, and a GPU instance whose compute instance was
 never made (``-C`` failing after the GPU instance) goes too.
 
+A create that fails having made nothing (its placement taken, say) is ``PartitionNotMade``:
+its undo does not go looking at the placement, where the instance found is someone else's.
+
 ``SimulatedSmi`` answers these commands for simulated GPUs (after recording them like every
 sharing command) from a small state file, the "hardware" that outlives a driver crash: instance
-ids are the lowest free, a placement overlapping an instance is refused as on a real GPU.
+ids are the lowest free, a placement overlapping an instance is refused as on a real GPU; the
+GPUs start with the instances an administrator made (``madeByAdmin``), and each instance's
+capability files come and go with it (``migcaps.SimulatedCapabilities``).
 """
 
 from __future__ import annotations
