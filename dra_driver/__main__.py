@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from aiohttp import web
@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from contract.gpuconfig import SharingStrategy
 from contract.names import DRIVER_NAME
+from dra_driver.checkpoint import read_claims
 from dra_driver.config import (
     DEFAULT_CDI_DIR,
     DEFAULT_CHECKPOINT_DIR,
@@ -32,8 +33,10 @@ from dra_driver.config import (
     DEFAULT_REGISTRY_DIR,
     DriverConfig,
 )
+from dra_driver.devices.model import Gpu
 from dra_driver.devices.profile import BackendUnavailable, DeviceProfile
 from dra_driver.plugin import serve_plugin
+from dra_driver.prepare import without_driver_instances
 from dra_driver.profiles.registry import PROFILES, build_profile
 from dra_driver.slices import SharingMode, SliceReconciler
 
@@ -141,6 +144,17 @@ def partition_publishing(config: DriverConfig) -> bool | None:
     return None if config.mig_mode == "auto" else config.mig_mode == "dynamic"
 
 
+def driver_instances_hidden(checkpoint_dir: Path) -> Callable[[Sequence[Gpu]], list[Gpu]]:
+    """What the slices publish of an inventory: the MIG instances this driver made left out, by
+    the records on disk read at each publish (the plugin writes them, maybe another instance of
+    the driver until this one takes over)."""
+
+    def published(gpus: Sequence[Gpu]) -> list[Gpu]:
+        return without_driver_instances(gpus, read_claims(checkpoint_dir).values())
+
+    return published
+
+
 async def run_driver(config: DriverConfig, stop: asyncio.Event) -> None:
     """Wire discovery, slices and the kubelet plugin; return after ``stop`` is set."""
     profile = build_profile(config.backend, config.profile, node_name=config.node_name)
@@ -156,6 +170,7 @@ async def run_driver(config: DriverConfig, stop: asyncio.Event) -> None:
         profile.discovery,
         mode=publishing_mode(config, profile),
         partitionable=partition_publishing(config),
+        published=driver_instances_hidden(config.checkpoint_dir),
     )
     try:
         async with asyncio.TaskGroup() as group:

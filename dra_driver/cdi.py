@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.devices.share import ContainerEdits
+from dra_driver.devices.share import CharDevice, ContainerEdits
 from dra_driver.files import TEMP_SUFFIX, remove_temp_files
 
 CDI_VERSION = "0.6.0"
@@ -42,6 +42,7 @@ class CdiDevice:
     device_name: str  # ResourceSlice device name, e.g. "gpu-3"
     device_nodes: tuple[str, ...]
     mounts: tuple[tuple[str, str], ...] = ()  # (host path, container path)
+    char_devices: tuple[CharDevice, ...] = ()  # nodes named with their numbers (MIG capabilities)
 
 
 def cdi_device_name(claim_uid: str, device_name: str) -> str:
@@ -81,6 +82,14 @@ def _mounts(mounts: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
     ]
 
 
+def _device_nodes(paths: Sequence[str], char_devices: Sequence[CharDevice] = ()) -> list[dict[str, Any]]:
+    """A node by path (the runtime reads its type and numbers from the host node), or a character
+    device with its numbers."""
+    return [{"path": path} for path in paths] + [
+        {"path": node.path, "type": "c", "major": node.major, "minor": node.minor} for node in char_devices
+    ]
+
+
 def record_annotation(driver_name: str) -> str:
     """The spec annotation holding the driver's record of the claim (its checkpoint entry), so a
     claim can be recovered from its spec when the checkpoint lost it."""
@@ -98,7 +107,7 @@ def build_claim_spec(
     the claim."""
     common: dict[str, Any] = {
         "env": [f"{key}={value}" for key, value in sorted(claim_edits.env.items())],
-        "deviceNodes": [{"path": path} for path in claim_edits.device_nodes],
+        "deviceNodes": _device_nodes(claim_edits.device_nodes, claim_edits.char_devices),
     }
     if claim_edits.mounts:
         common["mounts"] = _mounts(claim_edits.mounts)
@@ -111,7 +120,7 @@ def build_claim_spec(
             {
                 "name": cdi_device_name(claim_uid, device.device_name),
                 "containerEdits": {
-                    "deviceNodes": [{"path": path} for path in device.device_nodes],
+                    "deviceNodes": _device_nodes(device.device_nodes, device.char_devices),
                     "mounts": _mounts(device.mounts),
                 },
             }

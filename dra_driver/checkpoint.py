@@ -174,6 +174,12 @@ def _load(directory: Path) -> _Loaded:
     return _Loaded(newest, tuple(doubts), unreadable, True)
 
 
+def read_claims(directory: Path) -> dict[str, ClaimRecord]:
+    """The claims the newest readable slot records, for a reader beside the driver's own
+    ``Checkpoint`` (no copy of an unreadable slot is kept: a write may be under way)."""
+    return dict(_load(directory).body.claims)
+
+
 class Checkpoint:
     """Claim UID -> ClaimRecord, persisted on every change."""
 

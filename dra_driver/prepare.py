@@ -50,7 +50,7 @@ from dra_driver import cdi
 from dra_driver.checkpoint import Checkpoint, ClaimRecord, PreparedDevice
 from dra_driver.claimconfig import effective_sharing, parse_quantity
 from dra_driver.config import API_TIMEOUT_S
-from dra_driver.devices.model import Gpu, NodeDevice
+from dra_driver.devices.model import Gpu, MigInstance, NodeDevice
 from dra_driver.devices.naming import (
     gpu_device_name,
     mig_device_name,
@@ -58,7 +58,13 @@ from dra_driver.devices.naming import (
     published_memory,
 )
 from dra_driver.devices.profile import DeviceProfile, Partitioner
-from dra_driver.devices.share import ContainerEdits, GpuShare, MigPartition, SharingCommandError
+from dra_driver.devices.share import (
+    ContainerEdits,
+    GpuShare,
+    MigPartition,
+    PartitionNotMade,
+    SharingCommandError,
+)
 from dra_driver.sharing import SharingConflict, SharingManager
 from dra_driver.slices import memory_quantity, read_json
 
@@ -170,8 +176,40 @@ def node_devices(gpus: Sequence[Gpu], profile: DeviceProfile) -> dict[str, NodeD
             devices[name] = NodeDevice(name, gpu.uuid, published_memory(gpu), nodes)
         for mig in gpu.mig_devices:
             name = mig_device_name(gpu, mig)
-            devices[name] = NodeDevice(name, mig.uuid, mig.memory_bytes, nodes, is_mig=True)
+            instance = MigInstance(gpu.uuid, mig.gi, mig.ci)
+            devices[name] = NodeDevice(
+                name, mig.uuid, mig.memory_bytes, nodes, is_mig=True, instance=instance
+            )
     return devices
+
+
+def without_driver_instances(gpus: Sequence[Gpu], records: Iterable[ClaimRecord]) -> list[Gpu]:
+    """The GPUs as published: a partitionable GPU's MIG instances this driver made (for the
+    claims ``records`` hold) left out of its ``mig_devices``, so that only instances someone
+    else made are published as such (NVML lists every instance there is). A claim's instance is
+    the one with its recorded GPU instance id or, when a crash kept the id from being recorded,
+    the one at its placement (the ``started`` record is written before the instance is made)."""
+    partitions = [
+        (share.gpu_uuid, share.partition)
+        for record in records
+        for share in record.shares
+        if share.partition is not None
+    ]
+    made_ids = {(gpu, p.gpu_instance) for gpu, p in partitions if p.gpu_instance is not None}
+    made_at = {(gpu, p.start) for gpu, p in partitions}
+    return [
+        replace(
+            gpu,
+            mig_devices=tuple(
+                mig
+                for mig in gpu.mig_devices
+                if (gpu.uuid, mig.gi) not in made_ids and (gpu.uuid, mig.placement_start) not in made_at
+            ),
+        )
+        if gpu.mig_layout is not None
+        else gpu
+        for gpu in gpus
+    ]
 
 
 # ---- pure planning ----
@@ -303,6 +341,15 @@ def _partition_of(device: NodeDevice) -> MigPartition | None:
     if placement is None:
         return None
     return MigPartition(placement.profile, placement.profile_id, placement.start, placement.memory_slices)
+
+
+def _merged(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:
+    return ContainerEdits(
+        env={**first.env, **second.env},
+        device_nodes=first.device_nodes + second.device_nodes,
+        mounts=first.mounts + second.mounts,
+        char_devices=first.char_devices + second.char_devices,
+    )
 
 
 def _shared(shares: Iterable[GpuShare]) -> tuple[GpuShare, ...]:
@@ -751,20 +798,25 @@ class Preparer:
         try:
             for index, device in enumerate(devices):
                 if device.share.partition is None:
-                    acquired.append(await self._sharing.acquire(claim_uid, device.share))
+                    # Read before the sharing is set up: a failure then leaves nothing to undo.
+                    instance = await self._instance_edits(device.device.instance)
+                    edits = await self._sharing.acquire(claim_uid, device.share)
+                    acquired.append(_merged(edits, instance))
                     continue
-                await self._make_partition(shares, index)
-                acquired.append(ContainerEdits())
-        except BaseException:
-            # Up to the device that failed: a partition it began is found at its placement.
+                made = await self._make_partition(shares, index)
+                acquired.append(await self._instance_edits(made))
+        except BaseException as failure:
+            # Up to the device that failed: a partition it began is found at its placement; one
+            # whose create made nothing is not looked for (what is there is someone else's).
+            undo = len(acquired) + (0 if isinstance(failure, PartitionNotMade) else 1)
             try:
-                await self._release(claim_uid, shares[: len(acquired) + 1], begun=len(acquired))
+                await self._release(claim_uid, shares[:undo], begun=len(acquired))
             except SharingCommandError as err:
                 log.error("claim %s: undoing its partial preparation: %s", claim_uid, err)
             raise
         return acquired, tuple(shares)
 
-    async def _make_partition(self, shares: list[GpuShare], index: int) -> None:
+    async def _make_partition(self, shares: list[GpuShare], index: int) -> MigInstance:
         """Make the MIG instance of ``shares[index]`` (its ``started`` record is on disk)."""
         share = shares[index]
         assert share.partition is not None
@@ -774,6 +826,14 @@ class Preparer:
             )
         made = await self._partitioner.create(share.gpu_uuid, share.partition)
         shares[index] = replace(share, partition=made)
+        assert made.gpu_instance is not None and made.compute_instance is not None
+        return MigInstance(share.gpu_uuid, made.gpu_instance, made.compute_instance)
+
+    async def _instance_edits(self, instance: MigInstance | None) -> ContainerEdits:
+        """A MIG device's own container edits (its capability nodes), from the partitioner."""
+        if instance is None or self._partitioner is None:
+            return ContainerEdits()
+        return await self._partitioner.instance_edits(instance)
 
     def _claim_spec(
         self, planned: _Planned, edits: Sequence[ContainerEdits], record: ClaimRecord
@@ -791,7 +851,7 @@ class Preparer:
         for device, edit in zip(planned.devices, edits, strict=True):
             env.update(edit.env)
             nodes = device.device.device_nodes + edit.device_nodes
-            cdi_devices.append(cdi.CdiDevice(device.device.name, nodes, edit.mounts))
+            cdi_devices.append(cdi.CdiDevice(device.device.name, nodes, edit.mounts, edit.char_devices))
         claim_edits = ContainerEdits(env=env, device_nodes=common.device_nodes, mounts=common.mounts)
         annotations = {cdi.record_annotation(self._driver): record.model_dump_json()}
         return cdi.build_claim_spec(self._driver, planned.ref.uid, cdi_devices, claim_edits, annotations)

@@ -22,7 +22,11 @@ Partitionable MIG (DRAPartitionableDevices). A GPU in MIG mode whose placements 
 whole GPU (every counter: it is prepared as the full-size instance) and each MIG profile placement
 (the memory slices it covers and its compute slices). The scheduler allocates a device only when
 its counters are still free, so two placements that overlap, or a placement and the whole GPU,
-are never allocated together. Counter sets and devices go in separate slices of the pool (the API
+are never allocated together. An instance someone else made there is published as a device
+consuming its placement's counters, and the placements overlapping it (the whole GPU among them)
+are not published: the scheduler subtracts only allocated devices' counters. The reconciler is
+handed what of the inventory to publish (``published``: the driver's own instances left out).
+Counter sets and devices go in separate slices of the pool (the API
 allows one or the other in a slice; at most 8 counter sets in one, and 64 devices once any
 consumes counters). Without the feature such a GPU publishes its existing MIG devices, as every
 GPU in MIG mode did before.
@@ -35,7 +39,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
@@ -209,14 +213,46 @@ def counter_set(gpu: Gpu, layout: MigLayout) -> dict[str, Any]:
     return {"name": counter_set_name(gpu), "counters": counters}
 
 
+def _memory_slices(placement: MigPlacement) -> set[int]:
+    return set(range(placement.start, placement.start + placement.memory_slices))
+
+
+def _consuming(
+    device: dict[str, Any], gpu: Gpu, layout: MigLayout, placement: MigPlacement
+) -> dict[str, Any]:
+    """The device with its placement's attributes and the counters it consumes."""
+    device["attributes"]["placementStart"] = {"int": placement.start}
+    device["attributes"]["computeSlices"] = {"int": placement.compute_slices}
+    device["consumesCounters"] = [
+        {"counterSet": counter_set_name(gpu), "counters": placement_counters(layout, placement)}
+    ]
+    return device
+
+
 def _partitionable_devices(
     gpu: Gpu, layout: MigLayout, driver: str, effect: TaintEffect
 ) -> list[dict[str, Any]]:
-    """The whole GPU and every smaller placement, each consuming its counters of the GPU's set."""
+    """The whole GPU and every smaller placement, each consuming its counters of the GPU's set.
+
+    Instances someone else made (``gpu.mig_devices``; the driver's own are left out by the
+    caller) are published as they are, consuming their placement's counters, and no placement
+    overlapping one is published, the whole GPU included: the scheduler subtracts the counters of
+    allocated devices only, so an idle instance's would not keep an overlapping placement from
+    being allocated (and its create from failing). An instance whose placement is unknown leaves
+    nothing else to publish on its GPU."""
+    existing: list[tuple[MigDevice, MigPlacement]] = []
+    for mig in gpu.mig_devices:
+        found = layout.placement(mig.profile, mig.placement_start)
+        if found is None:
+            return [_mig_device(gpu, mig, driver, effect) for mig in gpu.mig_devices]
+        existing.append((mig, found))
+    taken = {index for _, found in existing for index in _memory_slices(found)}
     whole = layout.full
     taints = _taints(gpu, driver, effect)
     devices: list[dict[str, Any]] = []
     for placement in (whole, *(p for p in layout.placements if p != whole)):
+        if taken & _memory_slices(placement):
+            continue
         attributes = _gpu_attributes(gpu)
         if placement == whole:
             name = gpu_device_name(gpu)
@@ -233,19 +269,16 @@ def _partitionable_devices(
                     "profile": string_attribute(placement.profile),
                 }
             )
-        attributes["placementStart"] = {"int": placement.start}
-        attributes["computeSlices"] = {"int": placement.compute_slices}
         device: dict[str, Any] = {
             "name": name,
             "attributes": attributes,
             "capacity": {MEMORY_CAPACITY: {"value": memory_quantity(memory)}},
-            "consumesCounters": [
-                {"counterSet": counter_set_name(gpu), "counters": placement_counters(layout, placement)}
-            ],
         }
         if taints:
             device["taints"] = taints
-        devices.append(device)
+        devices.append(_consuming(device, gpu, layout, placement))
+    for mig, found in existing:
+        devices.append(_consuming(_mig_device(gpu, mig, driver, effect), gpu, layout, found))
     return devices
 
 
@@ -452,7 +485,11 @@ class SliceReconciler:
         mode: SharingMode | None = None,
         taint_effect: TaintEffect = "NoSchedule",
         partitionable: bool | None = None,
+        published: Callable[[Sequence[Gpu]], Sequence[Gpu]] | None = None,
     ) -> None:
+        # What of the inventory is published: the caller leaves out the MIG instances the driver
+        # made itself (it knows them from its records); by default all of it.
+        self._published_gpus = published or (lambda gpus: gpus)
         # Typed Any: bodies go in as plain dicts and come back raw, bypassing the generated models.
         self._resource: Any = client.ResourceV1Api(api)
         self._core = client.CoreV1Api(api)
@@ -533,6 +570,7 @@ class SliceReconciler:
 
     async def publish(self, gpus: Sequence[Gpu]) -> bool:
         """Write the pool for ``gpus`` if it differs from what was last published; True if written."""
+        gpus = self._published_gpus(gpus)
         async with self._lock:
             if self.mode is None:
                 self.mode = await self.detect_sharing_mode()

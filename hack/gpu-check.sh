@@ -13,7 +13,9 @@
 # 5. MIG partitions on demand, on a GPU whose MIG mode is already on and that holds no MIG
 #    instance: a 1g claim prepared with the driver's partitioner (nvidia-smi mig -cgi <id>:<start>
 #    -C), its MIG device listed by nvidia-smi -L and used by a CUDA allocation through its uuid,
-#    then unprepared (-lgi, -dci, -dgi) and no instance left. MIG mode is never changed: it needs
+#    the two capability nodes its CDI spec names printed (/dev/nvidia-caps/nvidia-cap<m> of its
+#    GPU and compute instance, with the host's node beside them), then unprepared (-lgi, -dci,
+#    -dgi) and no instance left. MIG mode is never changed: it needs
 #    a GPU reset, and on a shared or lent machine it is not this script's to change. Without such
 #    a GPU the step says why and is skipped (steps 2-4 need a GPU not in MIG mode, likewise).
 #
@@ -221,6 +223,27 @@ async def mps_check(profile: Any, devices: dict[str, NodeDevice], gpu0: NodeDevi
     return held
 
 
+def capability_nodes(spec: dict[str, Any]) -> bool:
+    """Print the MIG capability nodes the spec gives the container (its GPU instance's and its
+    compute instance's, read from /proc/driver/nvidia/capabilities) beside what the host's
+    /dev/nvidia-caps holds; True when the spec names exactly those two."""
+    nodes = [
+        node
+        for device in spec["devices"]
+        for node in device["containerEdits"]["deviceNodes"]
+        if node["path"].startswith("/dev/nvidia-caps/")
+    ]
+    for node in nodes:
+        try:
+            rdev = os.stat(node["path"]).st_rdev
+            host = f"host node {os.major(rdev)}:{os.minor(rdev)}"
+        except FileNotFoundError:
+            host = "no host node (the runtime makes it from the numbers)"
+        print(f"capability node {node['path']}: {node['type']} {node['major']}:{node['minor']}, {host}")
+    print(f"the CDI spec names {len(nodes)} capability node(s) (expected 2: GPU and compute instance)")
+    return len(nodes) == 2
+
+
 async def mig_check(profile: Any, devices: dict[str, NodeDevice], gpu: Gpu) -> bool:
     placement = next(d for d in devices.values() if d.uuid == gpu.uuid and d.is_mig)  # a 1g at start 0
     step(f"5. prepare MIG placement {placement.name} of GPU {gpu.index} (real nvidia-smi mig commands)")
@@ -236,11 +259,12 @@ async def mig_check(profile: Any, devices: dict[str, NodeDevice], gpu: Gpu) -> b
         print(json.dumps(spec, indent=2))
         env = dict(item.split("=", 1) for item in spec["containerEdits"]["env"])
         mig_uuid = env["NVIDIA_VISIBLE_DEVICES"]
+        caps = capability_nodes(spec)
         listed = mig_uuid in await asyncio.to_thread(run_text, ["nvidia-smi", "-L"])
         print(f"nvidia-smi -L lists {mig_uuid}: {listed}")
         used = await asyncio.to_thread(allocate, GIB, {"CUDA_VISIBLE_DEVICES": mig_uuid})
         print(f"1 GiB allocated in the MIG device: exit {used} (expected 0)")
-        held = listed and used == 0
+        held = listed and used == 0 and caps
     finally:
         print(await preparer.unprepare([ref]))
         left = await asyncio.to_thread(run_text, ["nvidia-smi", "mig", "-i", gpu.uuid, "-lgi"])

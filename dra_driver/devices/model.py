@@ -24,6 +24,9 @@ class MigDevice:
     profile: str  # e.g. "1g.10gb"
     uuid: str
     memory_bytes: int
+    # The first memory slice of its GPU instance, when discovery knows it: where it sits among
+    # the placements of a partitionable GPU.
+    placement_start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ class MigLayout:
     memory_slices: int  # 8 on A100/H100/H200
     compute_slices: int  # 7 on A100/H100/H200
     placements: tuple[MigPlacement, ...]
+
+    def placement(self, profile: str, start: int | None) -> MigPlacement | None:
+        """The placement of ``profile`` at memory slice ``start``; None when there is none (or
+        the start is unknown)."""
+        return next((p for p in self.placements if (p.profile, p.start) == (profile, start)), None)
 
     @property
     def full(self) -> MigPlacement:
@@ -80,6 +88,16 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class MigInstance:
+    """A MIG device that exists: the GPU it is carved from and its GPU and compute instance ids
+    (what a profile needs to name the device's own nodes)."""
+
+    gpu_uuid: str
+    gpu_instance: int
+    compute_instance: int
+
+
+@dataclass(frozen=True)
 class NodeDevice:
     """A device this node publishes, with what prepare needs to hand it to a container."""
 
@@ -91,3 +109,5 @@ class NodeDevice:
     # A placement of a partitionable GPU: prepare creates the instance (``uuid`` is the GPU's
     # until then).
     placement: MigPlacement | None = None
+    # A MIG device that exists already (made by someone else than this driver).
+    instance: MigInstance | None = None

@@ -10,7 +10,8 @@ A profile answers four questions, and nothing else in the driver knows a vendor:
 - the sharing setup itself (``sharing``): the commands that put a device into a strategy and back,
   the host state a share needs, and a share's container edits;
 - partitions made on demand (``partitioner``: MIG instances), for a profile whose discovery
-  reports devices with a ``mig_layout``; None for one that makes none.
+  reports devices with a ``mig_layout``, and what a container holding a MIG device needs; None
+  for a profile that makes none.
 
 Profiles are built by name from ``dra_driver.profiles``' registry (the ``--backend`` flag).
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from contract.gpuconfig import SharingStrategy
-from dra_driver.devices.model import Gpu, NodeDevice
+from dra_driver.devices.model import Gpu, MigInstance, NodeDevice
 from dra_driver.devices.share import Command, ContainerEdits, GpuShare, MigPartition, RunCommand
 
 
@@ -80,6 +81,12 @@ class Partitioner(Protocol):
     async def destroy(self, gpu_uuid: str, partition: MigPartition) -> None:
         """Whatever exists of the partition at its placement (found on the device, not from the
         recorded ids); nothing there is nothing to do."""
+        ...
+
+    async def instance_edits(self, instance: MigInstance) -> ContainerEdits:
+        """What a container holding the MIG device needs besides its GPU's nodes (NVIDIA: the
+        capability nodes of its GPU and compute instance); raises OSError when they cannot be
+        read."""
         ...
 
 

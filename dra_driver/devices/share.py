@@ -60,11 +60,27 @@ class SharingCommandError(RuntimeError):
     """A sharing command failed; the message carries the command and its output."""
 
 
+class PartitionNotMade(SharingCommandError):
+    """Making a partition failed before any of it was made (its placement taken, say): there is
+    nothing of it to undo, and what is at its placement belongs to someone else."""
+
+
+@dataclass(frozen=True)
+class CharDevice:
+    """A character device node named with its numbers (NVIDIA's MIG capability nodes, whose minor
+    the driver reads when the instance exists), so the runtime needs no host node to stat."""
+
+    path: str
+    major: int
+    minor: int
+
+
 @dataclass(frozen=True)
 class ContainerEdits:
     """What a claim's containers need besides its devices' own nodes: environment, device nodes
-    and bind mounts (host path, container path)."""
+    (by path, or with their numbers) and bind mounts (host path, container path)."""
 
     env: Mapping[str, str] = field(default_factory=dict)
     device_nodes: tuple[str, ...] = ()
     mounts: tuple[tuple[str, str], ...] = ()
+    char_devices: tuple[CharDevice, ...] = ()

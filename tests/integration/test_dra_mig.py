@@ -340,3 +340,74 @@ async def test_a_driver_killed_between_making_an_instance_and_recording_it_leave
         if first.proc is not None and first.proc.poll() is None:
             first.kill()
         await delete_nodes(k8s, [node])
+
+
+ADMIN_PROFILE = """driverVersion: '550.54.15'
+cudaDriverVersion: '12.4'
+gpus:
+  - {productName: NVIDIA H100 80GB HBM3, architecture: Hopper, cudaComputeCapability: '9.0', memory: 80Gi,
+     mig: dynamic, madeByAdmin: [{profile: 3g.40gb, start: 4}]}
+  - {productName: NVIDIA H100 80GB HBM3, architecture: Hopper, cudaComputeCapability: '9.0', memory: 80Gi,
+     mig: dynamic}
+"""
+
+
+async def test_an_instance_an_administrator_made_is_published_allocated_and_left_alone(
+    local_cluster: LocalCluster,
+    k8s: ApiClient,
+    namespace: str,
+    driver: str,
+    device_classes: None,
+    short_dir: Path,
+) -> None:
+    """GPU 0 holds a 3g.40gb at memory slices 4-7 made by hand: the apiserver stores it as a
+    device consuming those counters, with only the 10 placements clear of it beside it; the real
+    scheduler hands one claim the instance and another the 3g placement at 0, and the kubelet's
+    prepare and unprepare of both make and destroy only the second."""
+    profile = short_dir / "h100x2-admin.yaml"
+    profile.write_text(ADMIN_PROFILE)
+    async with node_with_driver(local_cluster, k8s, short_dir, profile, driver) as (config, _process):
+        node = config.node_name
+        gpus = build_inventory(load_profile(profile), seed=node)
+        gpu0 = gpus[0].uuid
+        slices: Any = await ResourceV1Api(k8s).list_resource_slice(
+            field_selector=f"spec.nodeName={node},spec.driver={driver}"
+        )
+        devices = {
+            d["name"]: d
+            for s in slices.items
+            for d in k8s.sanitize_for_serialization(s)["spec"].get("devices") or ()
+        }
+        on_gpu0 = {name for name in devices if name.startswith("gpu-0")}
+        # 10 placements clear of slices 4-7 (1g.10gb at 0-3, 1g.20gb and 2g.20gb at 0 and 2, 3g
+        # and 4g at 0) and the instance; 18 on GPU 1.
+        assert len(on_gpu0) == 11 and "gpu-0" not in on_gpu0 and "gpu-0-mig-1-0" in on_gpu0
+        assert len(devices) - len(on_gpu0) == 18
+        assert devices["gpu-0-mig-1-0"]["consumesCounters"][0]["counters"] == {
+            "compute-slices": {"value": "3"},
+            **{f"memory-slice-{i}": {"value": "1"} for i in (4, 5, 6, 7)},
+        }
+        attr = f'device.attributes["{driver}"]'
+        pinned = f'{attr}.profile == "3g.40gb" && {attr}.index == 0 && {attr}.placementStart =='
+        await create_pod(k8s, namespace, "admins", MIG_CLASS, f"{pinned} 4")
+        await create_pod(k8s, namespace, "made", MIG_CLASS, f"{pinned} 0")
+        admins, made = [await bound_claim(k8s, namespace, name) for name in ("admins", "made")]
+        assert await allocated_device(k8s, namespace, admins.name) == "gpu-0-mig-1-0"
+        assert await allocated_device(k8s, namespace, made.name) == "gpu-0-mig-3g-40gb-at-0"
+        kubelet, endpoint = await registered(config)
+        prepared = await kubelet.prepare(endpoint, [admins, made])
+        assert {uid: p.error for uid, p in prepared.items()} == {admins.uid: "", made.uid: ""}
+        assert (
+            cdi_env(config.cdi_dir, driver, admins.uid)["NVIDIA_VISIBLE_DEVICES"]
+            == gpus[0].mig_devices[0].uuid
+        )
+        log = config.checkpoint_dir / "sharing-commands.jsonl"
+        assert mig_commands(log) == [f"nvidia-smi mig -i {gpu0} -cgi 9:0 -C"]
+        assert await kubelet.unprepare(endpoint, [admins, made]) == {admins.uid: "", made.uid: ""}
+        assert mig_commands(log)[1:] == [
+            f"nvidia-smi mig -i {gpu0} -lgi",
+            f"nvidia-smi mig -i {gpu0} -gi 2 -dci",
+            f"nvidia-smi mig -i {gpu0} -gi 2 -dgi",
+        ]
+        smi = SimulatedSmi(config.checkpoint_dir / SIMULATED_MIG_STATE, gpus, RecordingRunner().run)
+        assert smi.instances() == {gpu0: {1: ("3g.40gb", 4, [0])}}

@@ -10,9 +10,14 @@ then it; nothing there is nothing to do. So undoing a partition whose creation a
 (ids never recorded) leaves no orphaned instance, and a GPU instance whose compute instance was
 never made (``-C`` failing after the GPU instance) goes too.
 
+A create that fails having made nothing (its placement taken, say) is ``PartitionNotMade``:
+its undo does not go looking at the placement, where the instance found is someone else's.
+
 ``SimulatedSmi`` answers these commands for simulated GPUs (after recording them like every
 sharing command) from a small state file, the "hardware" that outlives a driver crash: instance
-ids are the lowest free, a placement overlapping an instance is refused as on a real GPU.
+ids are the lowest free, a placement overlapping an instance is refused as on a real GPU; the
+GPUs start with the instances an administrator made (``madeByAdmin``), and each instance's
+capability files come and go with it (``migcaps.SimulatedCapabilities``).
 """
 
 from __future__ import annotations
@@ -26,8 +31,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dra_driver.devices.model import Gpu
-from dra_driver.devices.share import Command, MigPartition, RunCommand, SharingCommandError
+from dra_driver.devices.model import Gpu, MigInstance
+from dra_driver.devices.share import (
+    Command,
+    ContainerEdits,
+    MigPartition,
+    PartitionNotMade,
+    RunCommand,
+    SharingCommandError,
+)
+from dra_driver.profiles.nvidia.migcaps import CapabilityFileError, MigCapabilities, SimulatedCapabilities
 
 _CREATED_GI = re.compile(r"created GPU instance ID\s+(\d+)")
 _CREATED_CI = re.compile(r"created compute instance ID\s+(\d+)")
@@ -66,15 +79,40 @@ def _created(pattern: re.Pattern[str], output: str, command: Command) -> int:
 
 class NvidiaMig:
     """The NVIDIA profile's partitioner: ``nvidia-smi mig`` through the driver's command runner;
-    a made instance's MIG device uuid from ``instance_uuid`` (NVML, or the simulated GPUs)."""
+    a made instance's MIG device uuid from ``instance_uuid`` (NVML, or the simulated GPUs); a MIG
+    device's capability nodes read by ``capabilities`` (``migcaps``)."""
 
-    def __init__(self, run: RunCommand, instance_uuid: InstanceUuid) -> None:
+    def __init__(
+        self,
+        run: RunCommand,
+        instance_uuid: InstanceUuid,
+        capabilities: MigCapabilities,
+        gpus: Sequence[Gpu],
+    ) -> None:
         self._run = run
         self._instance_uuid = instance_uuid
+        self._capabilities = capabilities
+        self._gpus = {gpu.uuid: gpu for gpu in gpus}
+
+    async def instance_edits(self, instance: MigInstance) -> ContainerEdits:
+        gpu = self._gpus.get(instance.gpu_uuid)
+        if gpu is None:
+            raise CapabilityFileError(f"GPU {instance.gpu_uuid} is not on this node")
+        if gpu.simulated:  # names no node, as it names no /dev/nvidia<minor>
+            return ContainerEdits()
+        nodes = await asyncio.to_thread(
+            self._capabilities.device_nodes, gpu.minor, instance.gpu_instance, instance.compute_instance
+        )
+        return ContainerEdits(char_devices=nodes)
 
     async def create(self, gpu_uuid: str, partition: MigPartition) -> MigPartition:
         command = _smi(gpu_uuid, "-cgi", f"{partition.profile_id}:{partition.start}", "-C")
-        output = await self._run(command)
+        try:
+            output = await self._run(command)
+        except SharingCommandError as err:
+            if _CREATED_GI.search(str(err)):  # -C failed after the GPU instance was made
+                raise
+            raise PartitionNotMade(str(err)) from None
         gpu_instance = _created(_CREATED_GI, output, command)
         compute_instance = _created(_CREATED_CI, output, command)
         device_uuid = await self._instance_uuid(gpu_uuid, gpu_instance, compute_instance)
@@ -124,9 +162,15 @@ class SimulatedSmi:
     driver's recording runner: logged, failures injected), then answered from the state file."""
 
     def __init__(
-        self, state_file: Path, gpus: Sequence[Gpu], record: RunCommand, command_s: float = 0.0
+        self,
+        state_file: Path,
+        gpus: Sequence[Gpu],
+        record: RunCommand,
+        command_s: float = 0.0,
+        capabilities: SimulatedCapabilities | None = None,
     ) -> None:
         self._state_file = state_file
+        self._capabilities = capabilities  # the capability files of the instances, kept current
         self._record = record
         self._command_s = command_s  # how long a command takes to return after its change
         self._gpus = {gpu.uuid: gpu for gpu in gpus}
@@ -143,11 +187,30 @@ class SimulatedSmi:
         try:
             raw = json.loads(self._state_file.read_text())
         except FileNotFoundError:
-            raw = {}
+            return self._made_by_admin()
         return {
             gpu: {int(gi): _SimulatedInstance(**instance) for gi, instance in instances.items()}
             for gpu, instances in raw.items()
         }
+
+    def _made_by_admin(self) -> dict[str, dict[int, _SimulatedInstance]]:
+        """The GPUs as they start: with the instances an administrator made (their placement
+        known) on the GPUs whose partitions are made on demand."""
+        state: dict[str, dict[int, _SimulatedInstance]] = {}
+        for gpu in self._gpus.values():
+            if gpu.mig_layout is None:
+                continue
+            for mig in gpu.mig_devices:
+                placement = gpu.mig_layout.placement(mig.profile, mig.placement_start)
+                if placement is not None:
+                    state.setdefault(gpu.uuid, {})[mig.gi] = _SimulatedInstance(
+                        placement.profile_id,
+                        placement.profile,
+                        placement.start,
+                        placement.memory_slices,
+                        [mig.ci],
+                    )
+        return state
 
     def _save(self) -> None:
         state = self._load()
@@ -194,9 +257,11 @@ class SimulatedSmi:
         if args[0] == "-cgi":
             profile_id, start = (int(part) for part in args[1].split(":"))
             output, gi = self._create_gpu_instance(gpu, instances, profile_id, start)
+            self._capability(gpu, gi, None, made=True)
             if args[2:] != ["-C"]:
                 return output
             instances[gi].compute_instances.append(0)  # the default one, spanning the instance
+            self._capability(gpu, gi, 0, made=True)
             return output + (
                 f"Successfully created compute instance ID  0 on GPU {gpu.index:2d} GPU instance ID "
                 f"{gi:2d} using profile MIG {instances[gi].profile} (ID  0)\n"
@@ -208,6 +273,8 @@ class SimulatedSmi:
         if args[2] == "-dci":
             if not instance.compute_instances:
                 raise ValueError("No compute instances found")
+            for ci in instance.compute_instances:
+                self._capability(gpu, gi, ci, made=False)
             instance.compute_instances.clear()
             return (
                 f"Successfully destroyed compute instance ID  0 from GPU {gpu.index:2d} "
@@ -217,8 +284,14 @@ class SimulatedSmi:
             if instance.compute_instances:
                 raise ValueError("In use by another client: destroy its compute instances first")
             del instances[gi]
+            self._capability(gpu, gi, None, made=False)
             return f"Successfully destroyed GPU instance ID {gi:2d} from GPU {gpu.index:2d}\n"
         raise ValueError(f"unsupported: {' '.join(args)}")
+
+    def _capability(self, gpu: Gpu, gi: int, ci: int | None, *, made: bool) -> None:
+        if self._capabilities is not None:
+            change = self._capabilities.add if made else self._capabilities.remove
+            change(gpu.minor, gi, ci)
 
     @staticmethod
     def _create_gpu_instance(

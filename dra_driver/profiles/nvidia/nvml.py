@@ -192,16 +192,28 @@ class NvmlDiscovery:
                 mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
             except nvml.NVMLError:  # empty slot
                 continue
+            gi = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
             devices.append(
                 MigDevice(
-                    gi=int(nvml.nvmlDeviceGetGpuInstanceId(mig)),
+                    gi=gi,
                     ci=int(nvml.nvmlDeviceGetComputeInstanceId(mig)),
                     profile=mig_profile_from_name(_text(nvml.nvmlDeviceGetName(mig))),
                     uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
                     memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(mig).total),
+                    placement_start=NvmlDiscovery._placement_start(nvml, handle, gi),
                 )
             )
         return tuple(sorted(devices, key=lambda m: (m.gi, m.ci)))
+
+    @staticmethod
+    def _placement_start(nvml: ModuleType, handle: Any, gpu_instance: int) -> int | None:
+        """The GPU instance's first memory slice; None where NVML will not say (it needs
+        privileges): the instance then blocks every placement of its GPU."""
+        try:
+            info = nvml.nvmlGpuInstanceGetInfo(nvml.nvmlDeviceGetGpuInstanceById(handle, gpu_instance))
+        except nvml.NVMLError:
+            return None
+        return int(info.placement.start)
 
     async def mig_device_uuid(self, gpu_uuid: str, gpu_instance: int, compute_instance: int) -> str:
         """The uuid of the MIG device a GPU and compute instance make (read after creating them)."""

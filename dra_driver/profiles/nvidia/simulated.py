@@ -17,7 +17,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dra_driver.devices.model import Gpu, MigDevice
+from dra_driver.devices.model import Gpu, MigDevice, MigPlacement
 from dra_driver.profiles.common import MemorySize, load_settings_file
 from dra_driver.profiles.nvidia.attributes import nvidia_attributes
 from dra_driver.profiles.nvidia.migtables import mig_layout
@@ -31,6 +31,15 @@ class MigSpec(BaseModel):
 
     profile: str = Field(min_length=1)
     memory: MemorySize
+
+
+class PlacedMigSpec(BaseModel):
+    """An instance an administrator made on a GPU whose partitions the driver makes on demand."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    profile: str = Field(min_length=1)
+    start: int = Field(ge=0)
 
 
 class GpuGroupSpec(BaseModel):
@@ -47,6 +56,9 @@ class GpuGroupSpec(BaseModel):
     # Present means MIG mode is on: a list of the instances an administrator made, or "dynamic":
     # none made, the driver makes them on demand (the product must be in the placement tables).
     mig: list[MigSpec] | Literal["dynamic"] | None = None
+    # With mig: dynamic, instances an administrator made by hand (GPU instance ids 1, 2, ... in
+    # this order, each with compute instance 0): the driver publishes them and leaves them alone.
+    made_by_admin: list[PlacedMigSpec] = Field(default_factory=list, alias="madeByAdmin")
     gpus_per_pcie_root: int = Field(default=2, alias="gpusPerPcieRoot", ge=1)
 
     @model_validator(mode="after")
@@ -56,7 +68,28 @@ class GpuGroupSpec(BaseModel):
                 f"mig: dynamic needs a GPU with known MIG placements (A100 40GB/80GB, H100 80GB, "
                 f"H200), not {self.product_name}"
             )
+        if self.made_by_admin and self.mig != "dynamic":
+            raise ValueError("madeByAdmin lists instances of a GPU with mig: dynamic")
+        self.admin_placements()  # each known, none overlapping
         return self
+
+    def admin_placements(self) -> list[MigPlacement]:
+        layout = mig_layout(self.product_name, self.memory)
+        placements: list[MigPlacement] = []
+        taken: set[int] = set()
+        for made in self.made_by_admin:
+            assert layout is not None  # mig: dynamic, checked above
+            placement = layout.placement(made.profile, made.start)
+            if placement is None:
+                raise ValueError(
+                    f"madeByAdmin: {self.product_name} has no placement {made.profile} at {made.start}"
+                )
+            slices = set(range(placement.start, placement.start + placement.memory_slices))
+            if slices & taken:
+                raise ValueError(f"madeByAdmin: {made.profile} at {made.start} overlaps another instance")
+            taken |= slices
+            placements.append(placement)
+        return placements
 
 
 class ProfileSpec(BaseModel):
@@ -94,6 +127,16 @@ def build_inventory(spec: ProfileSpec, seed: str) -> list[Gpu]:
                     memory_bytes=mig.memory,
                 )
                 for position, mig in enumerate(group.mig if isinstance(group.mig, list) else ())
+            ) + tuple(
+                MigDevice(
+                    gi=position + 1,
+                    ci=0,
+                    profile=placement.profile,
+                    uuid=_stable_uuid("MIG", gpu_uuid, position),
+                    memory_bytes=placement.memory_bytes,
+                    placement_start=placement.start,
+                )
+                for position, placement in enumerate(group.admin_placements())
             )
             layout = mig_layout(group.product_name, group.memory) if group.mig == "dynamic" else None
             gpus.append(

@@ -269,6 +269,15 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetComputeInstanceId(self, handle: tuple[str, int]) -> int:
         return 0
 
+    def nvmlDeviceGetGpuInstanceById(self, handle: tuple[str, int], gpu_instance: int) -> tuple[str, int]:
+        return ("gi", gpu_instance)
+
+    def nvmlGpuInstanceGetInfo(self, gpu_instance: tuple[str, int]) -> types.SimpleNamespace:
+        # GPU instance 2 is a 3g.20gb at memory slices 4-7.
+        return types.SimpleNamespace(
+            id=gpu_instance[1], profileId=9, placement=types.SimpleNamespace(start=4, size=4)
+        )
+
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> tuple[str, int]:
         return ("gpu", int(uuid.rsplit("-", 1)[1]))
 
@@ -290,6 +299,7 @@ def test_nvml_backend_reads_every_field(monkeypatch: pytest.MonkeyPatch) -> None
     assert (whole.pci_bus_id, whole.memory_bytes) == ("00000000:10:00.0", 40 * GIB)
     (mig,) = gpus[1].mig_devices
     assert (mig.gi, mig.ci, mig.profile, mig.uuid, mig.memory_bytes) == (2, 0, "3g.20gb", "MIG-7", 20 * GIB)
+    assert mig.placement_start == 4  # from its GPU instance's placement
 
 
 async def test_nvml_gpus_in_mig_mode_get_their_placements_and_mig_device_uuids(

@@ -9,17 +9,20 @@ state file that outlives a "crash" (the hardware), so an instance a crash left b
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from contract.gpuconfig import SharingStrategy
 from dra_driver import cdi
-from dra_driver.checkpoint import Checkpoint, ClaimRecord
-from dra_driver.devices.model import Gpu
+from dra_driver.__main__ import driver_instances_hidden
+from dra_driver.checkpoint import Checkpoint, ClaimRecord, read_claims
+from dra_driver.devices.model import Gpu, MigDevice
 from dra_driver.devices.profile import BackendUnavailable
-from dra_driver.devices.share import Command, MigPartition, SharingCommandError
-from dra_driver.prepare import ClaimRef, Preparer, node_devices
+from dra_driver.devices.share import Command, GpuShare, MigPartition, SharingCommandError
+from dra_driver.prepare import ClaimRef, Preparer, node_devices, without_driver_instances
 from dra_driver.profiles.nvidia.mig import SimulatedSmi
 from dra_driver.profiles.nvidia.migtables import mig_layout
 from dra_driver.profiles.nvidia.profile import SIMULATED_MIG_STATE, NvidiaProfile
@@ -209,9 +212,13 @@ class CrashingCheckpoint(Checkpoint):
 
 
 def mig_preparer(
-    tmp_path: Path, claims: FakeClaims, runner: CrashingRunner, checkpoint: Checkpoint | None = None
+    tmp_path: Path,
+    claims: FakeClaims,
+    runner: CrashingRunner,
+    checkpoint: Checkpoint | None = None,
+    gpus: list[Gpu] | None = None,
 ) -> Preparer:
-    profile = NvidiaProfile("simulated", SimulatedDiscovery(two_h100s()), simulated=True)
+    profile = NvidiaProfile("simulated", SimulatedDiscovery(gpus or two_h100s()), simulated=True)
     devices = node_devices(profile.discovery.inventory(), profile)
     return Preparer(
         driver_name=DRIVER,
@@ -226,9 +233,11 @@ def mig_preparer(
     )
 
 
-def instances(tmp_path: Path) -> dict[str, dict[int, tuple[str, int, list[int]]]]:
+def instances(
+    tmp_path: Path, gpus: list[Gpu] | None = None
+) -> dict[str, dict[int, tuple[str, int, list[int]]]]:
     return SimulatedSmi(
-        tmp_path / "state" / SIMULATED_MIG_STATE, two_h100s(), RecordingRunner().run
+        tmp_path / "state" / SIMULATED_MIG_STATE, gpus or two_h100s(), RecordingRunner().run
     ).instances()
 
 
@@ -444,3 +453,196 @@ def test_mig_dynamic_needs_a_gpu_with_a_placement_table(tmp_path: Path) -> None:
     )
     with pytest.raises(BackendUnavailable, match="mig: dynamic needs a GPU with known MIG placements"):
         load_profile(profile)
+
+
+# ---- instances an administrator made on a partitionable GPU ----
+
+ADMIN_NODE = """driverVersion: '550.54.15'
+cudaDriverVersion: '12.4'
+gpus:
+  - productName: NVIDIA H100 80GB HBM3
+    architecture: Hopper
+    cudaComputeCapability: '9.0'
+    memory: 80Gi
+    mig: dynamic
+    madeByAdmin: [{profile: 3g.40gb, start: 4}]
+  - productName: NVIDIA H100 80GB HBM3
+    architecture: Hopper
+    cudaComputeCapability: '9.0'
+    memory: 80Gi
+    mig: dynamic
+"""
+
+
+def admin_h100s(tmp_path: Path) -> list[Gpu]:
+    """GPU 0 holds a 3g.40gb at memory slices 4-7 someone made by hand (GPU instance 1); GPU 1
+    holds none."""
+    node = tmp_path / "admin-node.yaml"
+    node.write_text(ADMIN_NODE)
+    return build_inventory(load_profile(node), seed=NODE)
+
+
+def test_an_admin_instance_is_published_with_its_counters_and_nothing_overlapping_it(tmp_path: Path) -> None:
+    gpus = admin_h100s(tmp_path)
+    devices = _devices(_pool(gpus))
+    on_gpu0 = sorted(name for name in devices if name.startswith("gpu-0"))
+    # Of the 18 placements, those clear of slices 4-7: 1g.10gb at 0-3 (4), 1g.20gb at 0 and 2,
+    # 2g.20gb at 0 and 2, 3g.40gb at 0, 4g.40gb at 0 (6 more): 10; the whole GPU overlaps it.
+    assert on_gpu0 == sorted(
+        [f"gpu-0-mig-1g-10gb-at-{start}" for start in range(4)]
+        + ["gpu-0-mig-1g-20gb-at-0", "gpu-0-mig-1g-20gb-at-2", "gpu-0-mig-2g-20gb-at-0"]
+        + ["gpu-0-mig-2g-20gb-at-2", "gpu-0-mig-3g-40gb-at-0", "gpu-0-mig-4g-40gb-at-0"]
+        + ["gpu-0-mig-1-0"]  # the instance itself, by its GPU and compute instance ids
+    )
+    admin = devices["gpu-0-mig-1-0"]
+    assert _consumed(admin) == {**{f"memory-slice-{i}": "1" for i in (4, 5, 6, 7)}, "compute-slices": "3"}
+    attributes = admin["attributes"]
+    assert attributes["type"] == {"string": "mig"} and attributes["uuid"] == {
+        "string": gpus[0].mig_devices[0].uuid
+    }
+    assert (attributes["gpuInstance"], attributes["placementStart"]) == ({"int": 1}, {"int": 4})
+    assert admin["capacity"] == {"memory": {"value": "40Gi"}}
+    assert sum(name.startswith("gpu-1") for name in devices) == 18  # the other GPU: every placement
+
+
+def test_an_instance_whose_placement_is_unknown_leaves_nothing_else_on_its_gpu(tmp_path: Path) -> None:
+    gpus = admin_h100s(tmp_path)
+    unplaced = replace(gpus[0], mig_devices=(replace(gpus[0].mig_devices[0], placement_start=None),))
+    devices = _devices(_pool([unplaced, gpus[1]]))
+    assert [name for name in devices if name.startswith("gpu-0")] == ["gpu-0-mig-1-0"]
+    assert "consumesCounters" not in devices["gpu-0-mig-1-0"]
+
+
+def test_the_drivers_own_instances_are_not_published_as_someone_elses(tmp_path: Path) -> None:
+    # NVML lists every instance: the admin's (GPU instance 1 at 4) and two the driver made, one
+    # recorded with its id (2, a 1g.10gb at 0), one by its placement only (a crash kept the id
+    # from the record: 1g.10gb at 1, GPU instance 3).
+    gpu = admin_h100s(tmp_path)[0]
+    admin = gpu.mig_devices[0]
+    made = (
+        MigDevice(2, 0, "1g.10gb", "MIG-made-2", 10 * GIB, placement_start=0),
+        MigDevice(3, 0, "1g.10gb", "MIG-made-3", 10 * GIB, placement_start=1),
+    )
+    listed = replace(gpu, mig_devices=(admin, *made))
+    share = GpuShare(gpu.uuid, "gpu-0-mig-1g-10gb-at-0", SharingStrategy.EXCLUSIVE)
+    records = [
+        ClaimRecord(
+            namespace="ns",
+            name="a",
+            state="completed",
+            shares=(replace(share, partition=MigPartition("1g.10gb", 19, 0, 1, 2, 0, "MIG-made-2")),),
+        ),
+        ClaimRecord(
+            namespace="ns",
+            name="b",
+            state="started",
+            shares=(replace(share, partition=MigPartition("1g.10gb", 19, 1, 1)),),
+        ),
+    ]
+    (published,) = without_driver_instances([listed], records)
+    assert published.mig_devices == (admin,)
+    assert without_driver_instances([listed], []) == [listed]  # no record: all someone else's
+
+
+async def test_the_slices_read_the_drivers_instances_from_the_checkpoint_on_disk(tmp_path: Path) -> None:
+    gpus = admin_h100s(tmp_path)
+    runner = CrashingRunner()
+    await mig_preparer(tmp_path, mig_claims(), runner, gpus=gpus).prepare([ONE_G])  # GPU instance 2
+    made = MigDevice(2, 0, "1g.10gb", "MIG-made", 10 * GIB, placement_start=0)
+    listed = [replace(gpus[0], mig_devices=(*gpus[0].mig_devices, made)), gpus[1]]
+    published = driver_instances_hidden(tmp_path / "state")
+    assert published(listed) == gpus
+    # The newest slot (generation 2, "completed" with GPU instance 2, in slot 0) torn as by a
+    # write under way: generation 1 is read, whose "started" record has the placement only (1g
+    # at slice 0), which hides the instance all the same; no copy of the torn slot is kept (the
+    # driver's own Checkpoint keeps one before it reuses the slot).
+    newest = tmp_path / "state" / "checkpoint.0.json"
+    newest.write_bytes(newest.read_bytes()[:10])
+    assert read_claims(tmp_path / "state")[ONE_G.uid].state == "started"
+    assert published(listed) == gpus
+    assert not list((tmp_path / "state").glob("*.unreadable"))
+
+
+async def test_a_claim_of_an_admin_instance_runs_no_command_and_leaves_it(tmp_path: Path) -> None:
+    gpus = admin_h100s(tmp_path)
+    claims = FakeClaims()
+    ref = ClaimRef("ns", "uid-admin", "admin")
+    claims.add(claim(ref.uid, [Result("gpu-0-mig-1-0")], name=ref.name))
+    runner = CrashingRunner()
+    preparer = mig_preparer(tmp_path, claims, runner, gpus=gpus)
+    assert (await preparer.prepare([ref]))[ref.uid].error == ""
+    assert visible_devices(tmp_path, ref) == gpus[0].mig_devices[0].uuid
+    assert await preparer.unprepare([ref]) == {ref.uid: ""}
+    assert commands(runner) == []
+    assert instances(tmp_path, gpus) == {gpus[0].uuid: {1: ("3g.40gb", 4, [0])}}
+
+
+async def test_claims_beside_an_admin_instance_make_and_destroy_only_their_own(tmp_path: Path) -> None:
+    gpus = admin_h100s(tmp_path)
+    gpu0 = gpus[0].uuid
+    runner = CrashingRunner()
+    preparer = mig_preparer(tmp_path, mig_claims(), runner, gpus=gpus)
+    assert (await preparer.prepare([ONE_G]))[ONE_G.uid].error == ""
+    # GPU instance 1 is the admin's: the claim's is 2.
+    assert instances(tmp_path, gpus) == {gpu0: {1: ("3g.40gb", 4, [0]), 2: ("1g.10gb", 0, [0])}}
+    assert await preparer.unprepare([ONE_G]) == {ONE_G.uid: ""}
+    assert commands(runner)[1:] == [
+        f"nvidia-smi mig -i {gpu0} {step}" for step in ("-lgi", "-gi 2 -dci", "-gi 2 -dgi")
+    ]
+    assert instances(tmp_path, gpus) == {gpu0: {1: ("3g.40gb", 4, [0])}}
+
+
+async def test_a_claim_at_an_admin_instances_placement_fails_without_touching_it(tmp_path: Path) -> None:
+    # Allocated from a slice published before the admin made it: the create is refused, and the
+    # undo does not look for "its" instance, which would find the admin's (same profile and
+    # placement) and destroy it, as the driver did before.
+    gpus = admin_h100s(tmp_path)
+    runner = CrashingRunner()
+    preparer = mig_preparer(tmp_path, mig_claims(), runner, gpus=gpus)
+    error = (await preparer.prepare([THREE_G]))[THREE_G.uid].error
+    assert "Insufficient Resources: placement 4 overlaps GPU instance 1" in error
+    assert commands(runner) == [f"nvidia-smi mig -i {gpus[0].uuid} -cgi 9:4 -C"]
+    assert instances(tmp_path, gpus) == {gpus[0].uuid: {1: ("3g.40gb", 4, [0])}}
+    assert THREE_G.uid not in Checkpoint(tmp_path / "state").claims
+
+
+async def test_recovery_undoes_an_interrupted_claim_and_leaves_the_admin_instance(tmp_path: Path) -> None:
+    gpus = admin_h100s(tmp_path)
+    gpu0 = gpus[0].uuid
+    claims = mig_claims()
+    dying = CrashingRunner()
+    checkpoint = CrashingCheckpoint(tmp_path / "state", dying)
+    preparer = mig_preparer(tmp_path, claims, dying, checkpoint, gpus=gpus)
+    await preparer.prepare([ONE_G])  # both slots written: the checkpoint is complete
+    await preparer.unprepare([ONE_G])
+    checkpoint.crash_at = checkpoint.writes + 2  # the instance made, its "completed" write lost
+    with pytest.raises(Crash):
+        await preparer.prepare([ONE_G])
+    assert instances(tmp_path, gpus) == {gpu0: {1: ("3g.40gb", 4, [0]), 2: ("1g.10gb", 0, [0])}}
+    runner = CrashingRunner()
+    await mig_preparer(tmp_path, claims, runner, gpus=gpus).recover()
+    assert commands(runner) == [
+        f"nvidia-smi mig -i {gpu0} {step}" for step in ("-lgi", "-gi 2 -dci", "-gi 2 -dgi")
+    ]
+    assert instances(tmp_path, gpus) == {gpu0: {1: ("3g.40gb", 4, [0])}}
+
+
+@pytest.mark.parametrize(
+    ("made_by_admin", "mig", "message"),
+    [
+        ("[{profile: 3g.40gb, start: 2}]", "dynamic", "has no placement 3g.40gb at 2"),  # 3g starts at 0 or 4
+        ("[{profile: 4g.40gb, start: 0}, {profile: 1g.10gb, start: 3}]", "dynamic", "1g.10gb at 3 overlaps"),
+        ("[{profile: 1g.10gb, start: 0}]", "[]", "madeByAdmin lists instances of a GPU with mig: dynamic"),
+    ],
+)
+def test_made_by_admin_must_fit_the_placement_table(
+    tmp_path: Path, made_by_admin: str, mig: str, message: str
+) -> None:
+    node = tmp_path / "node.yaml"
+    node.write_text(
+        "driverVersion: '550.54.15'\ncudaDriverVersion: '12.4'\ngpus:\n"
+        "  - {productName: NVIDIA H100 80GB HBM3, architecture: Hopper, cudaComputeCapability: '9.0',\n"
+        f"     memory: 80Gi, mig: {mig}, madeByAdmin: {made_by_admin}}}\n"
+    )
+    with pytest.raises(BackendUnavailable, match=message):
+        load_profile(node)
