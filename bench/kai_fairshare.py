@@ -14,6 +14,19 @@ the demand the configuration's jobs make. Printed: how often the two shares agre
 and the largest difference, for Tessera's shares from the history before the cycle and shifted by
 up to ``MAX_LAG`` cycles (KAI's scheduler reads its usage asynchronously, a cycle or two behind).
 
+Three variants of Tessera's side take the differences apart (docs/queues.md, "Against KAI"):
+
+* ``tessera``: the rule as shipped - usage from ``QueueHistory`` (12 buckets per window, the
+  window's edge moving a bucket at a time), shares as divided (fractions of a GPU);
+* ``whole GPUs``: the same shares rounded as KAI hands out an over-quota split among queues that
+  want more: each queue's part rounded down to whole GPUs, what that leaves given out one GPU at
+  a time to the queues with the largest remainders (the earlier queue on a tie);
+* ``whole GPUs, per-cycle window``: rounded alike, with the usage KAI's fake usage database
+  computes - the last ``window`` cycles exactly (the edge moving one cycle at a time), each
+  cycle's allocation weighed ``0.5^(age / half-life)``, over the capacity weighed alike;
+* ``whole GPUs, KAI's usage``: that, and children compared as fractions of the cluster at every
+  level, as KAI does (Tessera: of the parent's usage).
+
     python -m bench.kai_fairshare [--kai-src DIR] [--config FILE] [--csv FILE]
 
 ``--kai-src``: a checkout of KAI at the pin with ``bin/time-based-fairshare-simulator`` built in
@@ -25,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import os
 import subprocess
 import sys
@@ -104,12 +118,67 @@ def read_kai_csv(path: Path) -> dict[int, dict[str, tuple[float, float]]]:
     return rows
 
 
-def tessera_shares(setup: Setup, allocations: Sequence[Mapping[str, float]]) -> list[dict[str, float]]:
+VARIANTS = ("tessera", "whole GPUs", "whole GPUs, per-cycle window", "whole GPUs, KAI's usage")
+
+
+def whole_gpus(tree: QueueTree, shares: Mapping[str, float]) -> dict[str, float]:
+    """``shares`` rounded as KAI rounds an over-quota split (module docstring): among the children
+    of each parent, those that want more than their share keep its whole GPUs, and what that
+    leaves goes one GPU (or what is left of one) at a time to the largest remainders, the queue
+    listed first on a tie."""
+    rounded = dict(shares)
+    for children in tree.children.values():
+        wanting = [
+            c
+            for c in children
+            if tree.subtree(c, "allocated", GPU) + tree.subtree(c, "requested", GPU) > shares[c]
+        ]
+        left = sum(shares[c] - math.floor(shares[c]) for c in wanting)
+        order = sorted(wanting, key=lambda c: (-(shares[c] - math.floor(shares[c])), children.index(c)))
+        for child in wanting:
+            rounded[child] = math.floor(shares[child])
+        for child in order:
+            if left <= 1e-9:
+                break
+            extra = min(1.0, left)
+            rounded[child] += extra
+            left -= extra
+    return rounded
+
+
+def sliding_fractions(
+    held: Sequence[Mapping[str, float]], capacity: float, params: HistoryParams
+) -> dict[str, float]:
+    """Each queue's usage from the cycles in ``held`` (oldest first) as KAI's fake usage database
+    computes it: the last ``window`` cycles, the cycle ``age`` cycles back weighed
+    ``0.5^(age / half-life)`` (1 without a half-life), over the capacity weighed alike."""
+    recent = held[-int(params.window_s) :] if held else []
+    weights = [
+        1.0 if params.half_life_s is None else 0.5 ** ((len(recent) - i) / params.half_life_s)
+        for i in range(len(recent))
+    ]
+    total = capacity * sum(weights)
+    names = {name for cycle in recent for name in cycle}
+    return (
+        {
+            name: sum(w * cycle.get(name, 0.0) for w, cycle in zip(weights, recent, strict=True)) / total
+            for name in names
+        }
+        if total > 0
+        else {}
+    )
+
+
+def tessera_shares(
+    setup: Setup, allocations: Sequence[Mapping[str, float]], variant: str = VARIANTS[0]
+) -> list[dict[str, float]]:
     """Tessera's GPU fair share of every queue at each cycle, from the history of the cycles
-    before it (``allocations[t]``: each leaf queue's GPUs at cycle t; a parent's is its children's)."""
+    before it (``allocations[t]``: each leaf queue's GPUs at cycle t; a parent's is its children's),
+    as one of ``VARIANTS`` computes it."""
     tree = QueueTree(setup.specs, {})
     params = dict.fromkeys(tree.specs, setup.params)
     histories = {name: QueueHistory(0.0, setup.params) for name in tree.specs}
+    subtree_held: list[dict[str, float]] = []  # each queue's (subtree's) GPUs, cycle by cycle
     shares: list[dict[str, float]] = []
     for cycle, held in enumerate(allocations):
         usage = {
@@ -117,13 +186,23 @@ def tessera_shares(setup: Setup, allocations: Sequence[Mapping[str, float]]) -> 
             for name, want in setup.demand.items()
         }
         now_tree = QueueTree(setup.specs, usage)
-        fractions = {name: {GPU: history.fraction(GPU)} for name, history in histories.items()}
+        if variant in VARIANTS[2:]:
+            sliding = sliding_fractions(subtree_held, setup.capacity, setup.params)
+            fractions = {name: {GPU: sliding.get(name, 0.0)} for name in tree.specs}
+        else:
+            fractions = {name: {GPU: history.fraction(GPU)} for name, history in histories.items()}
+        if variant == VARIANTS[3]:
+            for parent in tree.children:  # children compared as fractions of the cluster
+                if parent is not None:
+                    fractions[parent] = {GPU: 1.0}
         factors = target_factors(now_tree, fractions, params, [GPU])
         adjustment = WeightAdjustment(cycle, factors)
         divided = compute_fair_shares(FairShareInputs(setup.specs, usage, {GPU: setup.capacity}, adjustment))
-        shares.append({name: divided[name][GPU] for name in tree.specs})
+        ours = {name: divided[name][GPU] for name in tree.specs}
+        shares.append(ours if variant == "tessera" else whole_gpus(now_tree, ours))
+        subtree_held.append({name: now_tree.subtree(name, "allocated", GPU) for name in tree.specs})
         for name in tree.specs:  # the cycle's allocation, held for one second, joins the history
-            amount = now_tree.subtree(name, "allocated", GPU)
+            amount = subtree_held[-1][name]
             histories[name] = histories[name].advance(cycle + 1.0, {GPU: amount}, {GPU: setup.capacity})
     return shares
 
@@ -131,13 +210,14 @@ def tessera_shares(setup: Setup, allocations: Sequence[Mapping[str, float]]) -> 
 def compare(
     kai: Mapping[int, Mapping[str, tuple[float, float]]], setup: Setup, leaves: Sequence[str]
 ) -> list[list[str]]:
-    """Per lag, over the leaf queues and cycles: agreeing within AGREE_GPUS, the largest and the
-    mean absolute difference."""
+    """Per variant and lag, over the leaf queues and cycles: agreeing within AGREE_GPUS, the
+    largest and the mean absolute difference."""
     cycles = sorted(kai)
     allocations = [{q: kai[c].get(q, (0.0, 0.0))[0] for q in leaves} for c in cycles]
-    ours = tessera_shares(setup, allocations)
     rows = []
-    for lag in range(MAX_LAG + 1):
+    ours_by_variant = {variant: tessera_shares(setup, allocations, variant) for variant in VARIANTS}
+    for variant, lag in ((v, lag) for v in VARIANTS for lag in range(MAX_LAG + 1)):
+        ours = ours_by_variant[variant]
         differences = [
             abs(ours[index - lag][queue] - kai[cycle][queue][1])
             for index, cycle in enumerate(cycles)
@@ -148,6 +228,7 @@ def compare(
         agree = sum(1 for d in differences if d <= AGREE_GPUS)
         rows.append(
             [
+                variant,
                 str(lag),
                 str(len(differences)),
                 f"{100 * agree / len(differences):.1f}" if differences else "-",
@@ -201,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"k {setup.params.k:g}; leaf queues {', '.join(leaves)})"
     )
     headers = [
+        "Tessera's side",
         "lag (cycles)",
         "shares compared",
         f"agree within {AGREE_GPUS} GPU %",

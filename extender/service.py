@@ -94,6 +94,8 @@ class ExtenderService:
                 self.metrics,
                 options.reclaim,
                 self.lease.is_leader if self.lease else (lambda: True),
+                # (the history keeper is made below; asked each cycle)
+                history_on=lambda: self.history.adjustment is not None,
             )
             if options.reclaim
             else None

@@ -133,12 +133,15 @@ class ReclaimLoop:
         metrics: ExtenderMetrics,
         options: ReclaimOptions | None = None,
         is_leader: Callable[[], bool] = lambda: True,
+        history_on: Callable[[], bool] = lambda: False,
     ) -> None:
         self.api = api
         self.picture = picture
         self.metrics = metrics
         self.options = options or ReclaimOptions()
         self.is_leader = is_leader
+        # Whether fair share over time moves the shares now (rule 9's wait never opens then).
+        self.history_on = history_on
         self.counts = ReclaimCounts()
         self._starved_since: dict[str, float] = {}
         self.follow_ups: list[FollowUp] = []
@@ -165,6 +168,7 @@ class ReclaimLoop:
             max_evictions=self.options.max_evictions_per_cycle,
             recent_victim_s=self.options.recent_victim_s,
             partly_owed_wait_s=self.options.partly_owed_wait_s,
+            history_on=self.history_on(),
         )
 
     async def run_once(self) -> list[Plan]:

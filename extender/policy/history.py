@@ -27,7 +27,10 @@ plugin and usage database at the pinned revision; docs/queues.md compares the tw
 4. **Smoothly.** A factor moves toward its target by at most ``max_change_per_minute`` (default
    0.1) per minute elapsed, and the factors are recomputed at most once per update period (default
    60 s): a history change moves a share by at most a tenth of the queue's weighted part per
-   minute, so it never frees a burst of capacity for reclaim at once.
+   minute, so it never frees a burst of capacity for reclaim at once. And while the rule is on,
+   reclaim serves only a queue owed a whole pod (``Rules.history_on`` in
+   ``extender.policy.reclaim``, rule 9): the shares drift by themselves as the holder's usage
+   grows, and a partial deficit would change sides with every pod moved (an eviction storm).
 
 Parameters are per queue (``spec.fairShareHistory``: enabled, halfLife, window, kValue), each one
 missing taken from the nearest ancestor that sets it, else the cluster-wide defaults; KAI's

@@ -95,6 +95,12 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    Example: 5 GPUs, a, b, c sharing them (1.67 each), a holds 3, b and c 1 each and want more.
    b is owed 0.67, less than its 1-GPU pod: nothing is evicted (before: one of a's pods, 10 s
    into its run); when one of a's pods ends, a's waiting pod defers and b's takes the GPU.
+   With fair share over time on (`Rules.history_on`) the wait never opens, whatever it is set
+   to: history moves the shares by itself (the queue holding the capacity accumulates usage, its
+   share falls), so a partial deficit changes sides as soon as a pod moves, and reclaiming on it
+   hands the same capacity back and forth (one 16-GPU node of whole-node jobs, a wait of 0:
+   814 evictions in a week). A whole pod's deficit only comes back after history has moved the
+   shares by a whole pod (docs/queues.md, "Fair share over time").
 7. Holds name the GPUs freed. Applying a plan places its pod on the node it made room on, on the
    GPUs the filter's placement chooses there, and the plan holds exactly those devices for it
    (`HeldGpus`: node, GPU indexes, the share of each). A pod placed later in the cycle on shares a plan freed
@@ -212,6 +218,14 @@ class Rules:
     # A pod of a queue owed less than the pod itself reclaims only once it has waited this long
     # (rule 9); until then capacity that frees reaches it first (`extender.policy.deference`).
     partly_owed_wait_s: float = math.inf
+    # Fair share over time is on for some queue (`extender.policy.history`): shares drift by
+    # themselves, so rule 9's wait never opens and only a whole pod's deficit reclaims.
+    history_on: bool = False
+
+    @property
+    def effective_partly_owed_wait_s(self) -> float:
+        """Rule 9's wait as it applies: never while history moves the shares."""
+        return math.inf if self.history_on else self.partly_owed_wait_s
 
 
 @dataclass
@@ -362,7 +376,7 @@ def reclaims_now(fairness: FairnessSnapshot, waiting: PendingPod, now: float, ru
     if owed_a_whole_pod(fairness, waiting.queue, waiting.resources):
         return True
     since = waiting.created if waiting.waiting_since is None else waiting.waiting_since
-    return now - since >= rules.partly_owed_wait_s
+    return now - since >= rules.effective_partly_owed_wait_s
 
 
 def may_preempt_within(fairness: FairnessSnapshot, queue: str, request: Resources) -> bool:

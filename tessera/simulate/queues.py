@@ -643,6 +643,7 @@ class _Replay:
         # Fair share over time, as the extender's history controller runs it (None: off).
         settings = workload.history_settings
         enabled = workload.history.enabled or any(s.enabled for s in settings.values())
+        self.rules = replace(self.rules, history_on=enabled)  # rule 9's wait never opens
         # The factors move at most once per reclaim cycle (and per minute), as in the extender,
         # where the reclaim loop reads the shares a minute's update left.
         period = max(DEFAULT_UPDATE_PERIOD_S, interval)
@@ -1181,7 +1182,7 @@ class _Replay:
         eviction, their protection: rule 8), and waiting pods the wait of rule 9, for those after
         `since`."""
         # A pod of a queue owed less than itself may reclaim once it has waited (rule 9).
-        wait = self.rules.partly_owed_wait_s
+        wait = self.rules.effective_partly_owed_wait_s
         ends = [
             pod.waiting_since + wait
             for pod in self.waiting.values()
