@@ -38,7 +38,8 @@ from kubernetes_asyncio.client import ApiClient
 from contract.kube import mapping, meta, sequence
 from contract.names import DRIVER_NAME
 from extender.kubeapi import JsonObject, request
-from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig, pod_created
+from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
+from extender.picture.demands import pod_created
 from extender.policy.reclaim import Budget, Plan, Rules, plan
 from extender.verbs import queue_admission
 from extender.webhook_process import api_client

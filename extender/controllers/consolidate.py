@@ -39,7 +39,8 @@ from extender.controllers.evictions import (
     uid_of,
 )
 from extender.metrics import ExtenderMetrics
-from extender.picture.cluster import ClusterPicture, pod_created
+from extender.picture.cluster import ClusterPicture
+from extender.picture.demands import pod_created
 from extender.policy.consolidation import ConsolidationRules, MovePlan, NodeRooms, plan_drain, plan_moves
 from extender.policy.placement import GpuDemand
 from extender.policy.reclaim import Budget, PendingPod, Plan

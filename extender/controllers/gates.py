@@ -38,7 +38,8 @@ from extender.admission import gate_removal, is_gated
 from extender.controllers.periodic import PeriodicPass
 from extender.kubeapi import KubeError, request
 from extender.metrics import ExtenderMetrics
-from extender.picture.cluster import ClusterPicture, pod_created
+from extender.picture.cluster import ClusterPicture
+from extender.picture.demands import pod_created
 from extender.picture.ledger import Contribution
 from extender.policy.admission import Ask, GangState, admit
 from extender.policy.fairness import AdmissionDecision
