@@ -124,7 +124,7 @@ def admissions(picture: ClusterPicture) -> list[Decision]:
         demand = picture.demand(pod)
         if demand.problem or not (demand.labelled or demand.wants_gpu):
             continue
-        decision = queue_admission(picture, nodes, key, pod, demand, picture.gang(pod), [0])[0][0]
+        decision = queue_admission(picture, nodes, picture.pod_context(key, pod, demand), [0])[0][0]
         order = (demand.queue, -demand.priority, pod_created(pod), key)
         found.append((order, Decision(key, demand.queue, decision.admit, decision.kind, decision.reason)))
     return [decision for _, decision in sorted(found, key=lambda item: item[0])]

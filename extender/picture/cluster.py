@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import not_
 from typing import Any
 
 from contract.kube import mapping, meta, sequence
@@ -27,13 +29,15 @@ from contract.names import DRIVER_NAME, QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
 from extender.picture.accounting import QueueAccounting, QueueView
 from extender.picture.demands import PodDemand, PodDemands, pod_created
 from extender.picture.gangs import GangReservation, GangReservations
-from extender.picture.inventory import GpuInventory
+from extender.picture.inventory import GpuInventory, Hold
+from extender.picture.ledger import Contribution
 from extender.picture.running import RunningPods
 from extender.picture.store import ObjectStore, Stored
 from extender.picture.topology import TopologyDomains
 from extender.picture.workloads import OwnerRef, WorkloadMap
 from extender.policy.admission import Ask, GangState, Waiting, admit, waiting_list
 from extender.policy.deference import OwedPod, is_owed, owed_pods
+from extender.policy.fairness import WeightAdjustment
 from extender.policy.placement import DomainMap, GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus
@@ -72,6 +76,51 @@ class PictureConfig:
     domains: DomainMap = field(default_factory=dict, hash=False)
     # The topology levels gangs may ask for (`extender.policy.topology`; `--topology-levels`).
     topology: Topology = DEFAULT_TOPOLOGY
+
+
+@dataclass(frozen=True)
+class PodContext:
+    """What the filter reads of the picture about the pod it judges, asked at once
+    (`ClusterPicture.pod_context`) rather than part by part at each step."""
+
+    key: str
+    pod: Mapping[str, Any]
+    demand: PodDemand
+    gang: GangState  # its workload (a pod alone is a gang of one), brought in line
+    reservation: GangReservation | None  # its gang's, when the gang was admitted whole
+    reference_memory: int  # bytes of the largest GPU it could land on (sizes its fractions)
+    request: dict[str, float]  # its fairness vector, a fraction sized at `reference_memory`
+    hold: Hold | None  # the GPUs reclaim holds for it
+
+    @property
+    def owner(self) -> str:
+        """Its gang's workload key ('' for a pod alone): GPUs held for the workload are its own."""
+        return "" if self.gang.workload.single else self.gang.workload.key
+
+
+@dataclass(frozen=True)
+class CandidateKinds:
+    """The candidates of a request by kind: nodes alike to placement, judged and scored once."""
+
+    names: list[str]  # the candidates, in the request's order
+    kinds: list[str]  # each one's kind
+    one_of_kind: dict[str, str]  # kind -> a node of that kind
+    supply_of: dict[str, NodeGpus]  # kind -> its free GPUs, CPU and memory
+    held: bool = False  # some kinds are nodes with GPUs held (what this pod may use there)
+
+    def keeping(self, reasons: list[str], reason_of: Mapping[str, str]) -> CandidateKinds:
+        """Only the candidates whose verdict is '' (`reasons`: each one's; `reason_of`: each kind's)."""
+        fits = list(map(not_, reasons))
+        return CandidateKinds(
+            list(compress(self.names, fits)),
+            list(compress(self.kinds, fits)),
+            {kind: name for kind, name in self.one_of_kind.items() if not reason_of[kind]},
+            {kind: supply for kind, supply in self.supply_of.items() if not reason_of[kind]},
+            self.held,
+        )
+
+
+NO_CANDIDATES = CandidateKinds([], [], {}, {})
 
 
 class ClusterPicture:
@@ -135,6 +184,26 @@ class ClusterPicture:
     def reserve_gang(self, reservation: GangReservation) -> None:
         self.accounting.reserve_gang(reservation)
 
+    def hold(
+        self,
+        key: str,
+        node: str,
+        demand: GpuDemand,
+        ttl_s: float,
+        owner: str = "",
+        gpus: tuple[tuple[int, int], ...] = (),
+        queue: str = "",
+    ) -> None:
+        """Keep GPUs on `node` for pod `key` (or any pod of `queue`) for `ttl_s` (`Hold`)."""
+        self.inventory.hold(key, node, demand, ttl_s, owner, gpus, queue)
+
+    def release_hold(self, key: str) -> None:
+        self.inventory.release_hold(key)
+
+    def holds(self) -> Mapping[str, Mapping[str, Hold]]:
+        """Node -> pod key -> the GPUs held there for it (expired ones until they are let go)."""
+        return self.inventory.holds
+
     def _changed(self) -> None:
         for listener in self.listeners:
             listener()
@@ -154,6 +223,40 @@ class ClusterPicture:
 
     def kind(self, kind: str) -> dict[str, Stored]:
         return self.store.kind(kind)
+
+    def get(self, kind: str, key: str) -> Stored | None:
+        return self.store.get(kind, key)
+
+    def unsynced(self) -> list[str]:
+        """The watched kinds not listed yet (`ready` once there are none)."""
+        return sorted(set(WATCHED_PATHS) - self.store.synced)
+
+    @property
+    def nodes_version(self) -> int:
+        """Moves whenever a node's supply or kind may have changed, or a hold was made or let go:
+        what was read of the nodes at one version is still true while it has not moved."""
+        return self.inventory.version
+
+    def candidates(self, key: str, names: list[str], owner: str = "", queue: str = "") -> CandidateKinds:
+        """The candidates' kinds for pod `key` (of workload `owner`, in `queue`). A node with GPUs
+        held for some pod is a kind of its own: its supply is what this pod may use there
+        (`GpuInventory.supply_for`)."""
+        inventory = self.inventory
+        kinds = inventory.kinds_for(names)
+        held = inventory.held_among(names)
+        if held:
+            kind_of = dict(zip(names, kinds, strict=True))
+            kind_of.update((name, f"held {name}") for name in held)
+            kinds = list(map(kind_of.__getitem__, names))
+        one_of_kind = dict(zip(kinds, names, strict=True))
+        supplies = inventory.supplies_for(key, one_of_kind.values(), owner, queue)
+        supply_of = dict(zip(one_of_kind, supplies, strict=True))
+        return CandidateKinds(names, kinds, one_of_kind, supply_of, bool(held))
+
+    def supplies(self, key: str, names: Iterable[str], owner: str = "") -> list[NodeGpus]:
+        """What pod `key` (of workload `owner`) may use of each node of `names`: its free GPUs,
+        those held for others taken off."""
+        return self.inventory.supplies_for(key, names, owner)
 
     def node_gpus(self, name: str) -> NodeGpus:
         return self.inventory.node_gpus(name)
@@ -185,6 +288,40 @@ class ClusterPicture:
     def pod_node(self, key: str, pod: Mapping[str, Any]) -> str:
         return self.inventory.pod_node(key, pod)
 
+    def reference_memory(self, models: frozenset[str]) -> int:
+        """Memory of the largest GPU of `models` (any, when empty): what a fraction is sized at
+        where the node is not known."""
+        return self.inventory.reference_memory(models)
+
+    def pod_context(self, key: str, pod: Mapping[str, Any], demand: PodDemand) -> PodContext:
+        """What the filter reads about pod `key`: `demand` (its readable `demand(pod)`), its gang
+        and the gang's reservation, the GPU size its fractions are read at, its fairness vector
+        there and the GPUs held for it."""
+        gang = self.gang(pod)
+        return PodContext(
+            key,
+            pod,
+            demand,
+            gang,
+            None if gang.workload.single else self.gangs.reservation(gang.workload.key),
+            self.inventory.reference_memory(demand.models),
+            self.accounting.resources(key, pod, demand),
+            self.inventory.held_for(key),
+        )
+
+    def workload(self, pod: Mapping[str, Any]) -> Workload:
+        """The pod's workload (`extender.policy.workloads.workload_of`), without its gang's state."""
+        return self.workloads.workload(pod)
+
+    def members(self, workload: str) -> Collection[str]:
+        """The keys of a gang workload's pods."""
+        return self.workloads.members.get(workload, ())
+
+    def gang_nodes(self, workload: str) -> list[str]:
+        """The nodes of the gang's members whose GPUs the picture sees taken (one per member)."""
+        landed, _ = self.gangs.placed(self.members(workload))
+        return landed
+
     def gang(self, pod: Mapping[str, Any]) -> GangState:
         """The pod's workload: its minimum, members, how many are placed, its reservation."""
         self.settle()  # brings reservations in line with the members
@@ -197,6 +334,18 @@ class ClusterPicture:
         group = self.workloads.owners.get(("PodGroup", f"{namespace}/{workload.name}"))
         return self.topology.ask(pod, group if workload.kind == "PodGroup" else None)
 
+    def owners_to_read(self) -> list[OwnerRef]:
+        """The owners whose minimum a gang waits for (`read_owner` each), in order."""
+        return sorted(self.workloads.wanted)
+
+    def level_domains(self, level: str) -> DomainMap:
+        """Node -> its domain at the topology level named (empty for a level the cluster lacks)."""
+        return self.topology.domains(level)
+
+    def nodes_in(self, level: str, domain: str) -> set[str]:
+        """The nodes of one domain at a topology level."""
+        return self.topology.nodes_in(level, domain)
+
     def read_owner(self, ref: OwnerRef, obj: Mapping[str, Any] | None) -> None:
         """What the owner reader got (None: unreadable); gangs waiting for it may go now."""
         self.workloads.read(ref, obj)
@@ -207,6 +356,19 @@ class ClusterPicture:
 
     def fairness(self) -> QueueView:
         return self.accounting.view()
+
+    @property
+    def contributions(self) -> Mapping[str, Contribution]:
+        """What each counted pod adds to its queue (its bucket and amounts), as last recounted."""
+        return self.accounting.ledger.contributions
+
+    def on_recount(self, listener: Callable[[Iterable[str] | None], None]) -> None:
+        """Have `listener` told which pods the accounting recounted (None: all of them)."""
+        self.accounting.recounted.append(listener)
+
+    def adjust_weights(self, adjustment: WeightAdjustment | None) -> None:
+        """Fair shares under `adjustment` from the next view on (`QueueAccounting.adjust_weights`)."""
+        self.accounting.adjust_weights(adjustment)
 
     def tenancy_refusal(self, queue: str, namespace: str, labels: Mapping[str, Any] | None = None) -> str:
         """Why pods of `namespace` may not use `queue` ('' when they may; extender.policy.tenancy).
@@ -312,12 +474,11 @@ class ClusterPicture:
             if not gang.admitted:
                 workload = gang.workload.key
                 if workload not in held_gangs:
-                    members = self.workloads.members.get(workload, ())
-                    held_gangs[workload] = any(self.inventory.held_for(k) for k in members)
+                    held_gangs[workload] = any(self.inventory.held_for(k) for k in self.members(workload))
                 held = held_gangs[workload]
                 if workload not in required:
                     level = self.topology_ask(pod, gang.workload).required
-                    required[workload] = self.topology.domains(level) if level else None
+                    required[workload] = self.level_domains(level) if level else None
             ask = Ask(demand.queue, contribution.amounts, demand.preemptible, gang)
             order = (-demand.priority, pod_created(pod), key)
             candidates.append((order, Waiting(key, ask, held), demand, placement))
