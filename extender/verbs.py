@@ -39,8 +39,9 @@ from typing import NamedTuple
 
 from contract.names import GPU_MILLI
 from extender.memo import ShapeMemo
-from extender.picture.cluster import NO_CANDIDATES, CandidateKinds, ClusterPicture, PodContext
+from extender.picture.cluster import ClusterPicture, PodContext
 from extender.picture.gangs import GangReservation
+from extender.picture.inventory import NO_CANDIDATES, CandidateKinds
 from extender.policy.admission import GANG, GANG_READING, Ask, GangState, admit, gang_text
 from extender.policy.deference import OwedPod, deference_reason, defers_to
 from extender.policy.fairness import AdmissionDecision

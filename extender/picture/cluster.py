@@ -20,8 +20,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import compress
-from operator import not_
 from typing import Any
 
 from contract.kube import mapping, meta, sequence
@@ -29,7 +27,7 @@ from contract.names import DRIVER_NAME, QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
 from extender.picture.accounting import QueueAccounting, QueueView
 from extender.picture.demands import PodDemand, PodDemands, pod_created
 from extender.picture.gangs import GangReservation, GangReservations
-from extender.picture.inventory import GpuInventory, Hold
+from extender.picture.inventory import CandidateKinds, GpuInventory, Hold
 from extender.picture.ledger import Contribution
 from extender.picture.running import RunningPods
 from extender.picture.store import ObjectStore, Stored
@@ -96,31 +94,6 @@ class PodContext:
     def owner(self) -> str:
         """Its gang's workload key ('' for a pod alone): GPUs held for the workload are its own."""
         return "" if self.gang.workload.single else self.gang.workload.key
-
-
-@dataclass(frozen=True)
-class CandidateKinds:
-    """The candidates of a request by kind: nodes alike to placement, judged and scored once."""
-
-    names: list[str]  # the candidates, in the request's order
-    kinds: list[str]  # each one's kind
-    one_of_kind: dict[str, str]  # kind -> a node of that kind
-    supply_of: dict[str, NodeGpus]  # kind -> its free GPUs, CPU and memory
-    held: bool = False  # some kinds are nodes with GPUs held (what this pod may use there)
-
-    def keeping(self, reasons: list[str], reason_of: Mapping[str, str]) -> CandidateKinds:
-        """Only the candidates whose verdict is '' (`reasons`: each one's; `reason_of`: each kind's)."""
-        fits = list(map(not_, reasons))
-        return CandidateKinds(
-            list(compress(self.names, fits)),
-            list(compress(self.kinds, fits)),
-            {kind: name for kind, name in self.one_of_kind.items() if not reason_of[kind]},
-            {kind: supply for kind, supply in self.supply_of.items() if not reason_of[kind]},
-            self.held,
-        )
-
-
-NO_CANDIDATES = CandidateKinds([], [], {}, {})
 
 
 class ClusterPicture:
@@ -238,20 +211,9 @@ class ClusterPicture:
         return self.inventory.version
 
     def candidates(self, key: str, names: list[str], owner: str = "", queue: str = "") -> CandidateKinds:
-        """The candidates' kinds for pod `key` (of workload `owner`, in `queue`). A node with GPUs
-        held for some pod is a kind of its own: its supply is what this pod may use there
-        (`GpuInventory.supply_for`)."""
-        inventory = self.inventory
-        kinds = inventory.kinds_for(names)
-        held = inventory.held_among(names)
-        if held:
-            kind_of = dict(zip(names, kinds, strict=True))
-            kind_of.update((name, f"held {name}") for name in held)
-            kinds = list(map(kind_of.__getitem__, names))
-        one_of_kind = dict(zip(kinds, names, strict=True))
-        supplies = inventory.supplies_for(key, one_of_kind.values(), owner, queue)
-        supply_of = dict(zip(one_of_kind, supplies, strict=True))
-        return CandidateKinds(names, kinds, one_of_kind, supply_of, bool(held))
+        """The request's nodes by kind for pod `key` (of workload `owner`, in `queue`): see
+        `GpuInventory.candidates`."""
+        return self.inventory.candidates(key, names, owner, queue)
 
     def supplies(self, key: str, names: Iterable[str], owner: str = "") -> list[NodeGpus]:
         """What pod `key` (of workload `owner`) may use of each node of `names`: its free GPUs,
