@@ -19,7 +19,7 @@ from aiohttp import web
 
 from extender.binder import Binder
 from extender.metrics import CONTENT_TYPE, ExtenderMetrics, merged_exposition
-from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
+from extender.picture.cluster import ClusterPicture
 from extender.serving import (
     BODY_LIMIT_KEY,
     IN_FLIGHT_KEY,
@@ -159,7 +159,7 @@ async def handle_filter(request: web.Request) -> web.StreamResponse:
         if decision.reason not in KEEPS_HOLDS:
             # GPUs reclaim held for it would sit idle while admission refuses it: let them go. (Not
             # for a gang waiting for GPUs to come free: those held for it are what it waits for.)
-            picture.inventory.release_hold(key)
+            picture.release_hold(key)
     elif decision.gang is not None:
         waiting.admitted_whole(meta.namespace, meta.name, meta.uid, decision.message)
     elif decision.waits:
@@ -220,8 +220,7 @@ async def handle_readyz(request: web.Request) -> web.StreamResponse:
     """Readiness: the picture is synced and the decision path answers (fair shares computable)."""
     picture = request.app[PICTURE_KEY]
     if not picture.ready():
-        missing = sorted(set(WATCHED_PATHS) - picture.store.synced)
-        return web.Response(status=503, text=f"not synced yet: {', '.join(missing)}")
+        return web.Response(status=503, text=f"not synced yet: {', '.join(picture.unsynced())}")
     try:
         picture.fairness()
     except Exception as exc:

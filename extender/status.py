@@ -373,13 +373,14 @@ class StatusWriter:
             demand = self.picture.demand(pod)
             if demand.problem:  # an unreadable pod is never eligible
                 continue
-            gang = self.picture.gang(pod)
+            context = self.picture.pod_context(key, pod, demand)
+            gang = context.gang
             # The filter's decision with every node a candidate: a gang goes whole (its queue and
             # the GPUs must take all it misses), judged once for all its waiting members.
             if not gang.admitted:
                 workload = gang.workload.key
                 if workload not in gangs:
-                    gangs[workload] = queue_admission(self.picture, nodes, key, pod, demand, gang, [0])[0][0]
+                    gangs[workload] = queue_admission(self.picture, nodes, context, [0])[0][0]
                 entry = self._follow_gang(key, entry, gang.placed, gangs[workload])
                 if entry.nudged:
                     continue
@@ -388,12 +389,12 @@ class StatusWriter:
                 if entry.nudged:
                     continue
                 decisions, _ = queue_admission(
-                    self.picture, nodes, key, pod, demand, gang, sizes if demand.fractional else [0]
+                    self.picture, nodes, context, sizes if demand.fractional else [0]
                 )
                 # As the filter: admitted, it still leaves the nodes it fits to an owed queue's
                 # waiting pod (`extender.policy.deference`); nudged once one is left to it.
                 admissible = any(decision.admit for decision in decisions.values()) and not (
-                    deferred_everywhere(self.picture, nodes, key, pod, demand, gang)
+                    deferred_everywhere(self.picture, nodes, context)
                 )
             if admissible:
                 eligible.append(entry)
@@ -458,18 +459,19 @@ class StatusWriter:
             namespace, _, name = key.partition("/")
             uid = str((pod.get("metadata") or {}).get("uid", ""))
             refusal = self.picture.tenancy_refusal(demand.queue, demand.namespace)
-            gang = self.picture.gang(pod)
+            context = self.picture.pod_context(key, pod, demand)
+            gang = context.gang
             if refusal:
                 decision = AdmissionDecision(False, refusal, QUEUE_NOT_ALLOWED)
             elif not gang.admitted and gang.workload.key in gangs:
                 decision = gangs[gang.workload.key]
             else:
                 nodes = list(self.picture.kind("Node")) if nodes is None else nodes
-                decision = queue_admission(self.picture, nodes, key, pod, demand, gang, [0])[0][0]
+                decision = queue_admission(self.picture, nodes, context, [0])[0][0]
                 if not gang.admitted:
                     gangs[gang.workload.key] = decision
             if decision.admit:
-                code, reason = why_unplaced(self.picture, key, pod, demand)
+                code, reason = why_unplaced(self.picture, context)
                 self.waiting.no_node_fits(namespace, name, uid, demand.queue, reason, code)
             else:
                 self.waiting.refused(namespace, name, uid, demand.queue, decision.reason, decision.kind)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from extender.picture.cluster import ClusterPicture, pod_created
+from extender.picture.cluster import ClusterPicture
+from extender.picture.demands import pod_created
 from extender.status import WaitingPods
 
 STATUS_PATH = "/status/queues"

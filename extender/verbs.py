@@ -36,15 +36,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import compress, filterfalse
-from operator import not_
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from contract.names import GPU_MILLI
 from extender.memo import ShapeMemo
-from extender.picture.cluster import ClusterPicture
-from extender.picture.demands import PodDemand
+from extender.picture.cluster import ClusterPicture, PodContext
 from extender.picture.gangs import GangReservation
+from extender.picture.inventory import NO_CANDIDATES, CandidateKinds
 from extender.policy.admission import (
     GANG,
     GANG_READING,
@@ -172,50 +171,6 @@ def _judge(supply: NodeGpus, demand: GpuDemand) -> str:
 
 
 @dataclass(frozen=True)
-class CandidateKinds:
-    """The candidates of a request by kind: nodes alike to placement, judged and scored once."""
-
-    names: list[str]  # the candidates, in the request's order
-    kinds: list[str]  # each one's kind
-    one_of_kind: dict[str, str]  # kind -> a node of that kind
-    supply_of: dict[str, NodeGpus]  # kind -> its free GPUs, CPU and memory
-    held: bool = False  # some kinds are nodes with GPUs held (what this pod may use there)
-
-    def keeping(self, reasons: list[str], reason_of: Mapping[str, str]) -> CandidateKinds:
-        """Only the candidates whose verdict is '' (`reasons`: each one's; `reason_of`: each kind's)."""
-        fits = list(map(not_, reasons))
-        return CandidateKinds(
-            list(compress(self.names, fits)),
-            list(compress(self.kinds, fits)),
-            {kind: name for kind, name in self.one_of_kind.items() if not reason_of[kind]},
-            {kind: supply for kind, supply in self.supply_of.items() if not reason_of[kind]},
-            self.held,
-        )
-
-
-_NO_CANDIDATES = CandidateKinds([], [], {}, {})
-
-
-def _candidate_kinds(
-    picture: ClusterPicture, key: str, names: list[str], owner: str = "", queue: str = ""
-) -> CandidateKinds:
-    """The candidates' kinds for pod `key` (of workload `owner`, in `queue`). A node with GPUs
-    held for some pod is a kind of its own: its supply is what this pod may use there
-    (`supply_for`)."""
-    inventory = picture.inventory
-    kinds = inventory.kinds_for(names)
-    held = inventory.held_among(names)
-    if held:
-        kind_of = dict(zip(names, kinds, strict=True))
-        kind_of.update((name, f"held {name}") for name in held)
-        kinds = list(map(kind_of.__getitem__, names))
-    one_of_kind = dict(zip(kinds, names, strict=True))
-    supplies = inventory.supplies_for(key, one_of_kind.values(), owner, queue)
-    supply_of = dict(zip(one_of_kind, supplies, strict=True))
-    return CandidateKinds(names, kinds, one_of_kind, supply_of, bool(held))
-
-
-@dataclass(frozen=True)
 class PassedNodes:
     """The nodes a filter passed for a pod, by kind, as the inventory stood (`version`).
 
@@ -272,24 +227,22 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         refused.FailedAndUnresolvableNodes = dict.fromkeys(names, refusal)
         return FilterDecision(refused, "refused", "queue_not_allowed", demand.queue, False, refusal)
     key = args.pod.key
-    gang = picture.gang(pod)
-    owner = holds_owner(gang)
+    context = picture.pod_context(key, pod, demand)
+    owner, gang = context.owner, context.gang
     # A member of a gang reserved inside a domain is judged on that domain's nodes only.
     candidates = names
-    names, outside = _in_domain(
-        picture, picture.gangs.reservation(owner) if owner else None, names, gang.part
-    )
+    names, outside = _in_domain(picture, context.reservation, names, gang.part)
     reservation: GangReservation | None = None
     # Nodes of one kind (shape and GPU size) get one verdict: a large cluster has few kinds.
-    version = picture.inventory.version  # what the kinds are read at
-    nodes = _candidate_kinds(picture, key, names, owner, demand.queue) if demand.wants_gpu else _NO_CANDIDATES
+    version = picture.nodes_version  # what the kinds are read at
+    nodes = picture.candidates(key, names, owner, demand.queue) if demand.wants_gpu else NO_CANDIDATES
     # A fraction is a larger share of a smaller GPU: admit it per GPU size among the candidates.
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
     size_of = (
         {kind: gpu_memory.get(name) or 0 for kind, name in nodes.one_of_kind.items()} if gpu_memory else {}
     )
     sizes = sorted(set(size_of.values())) or [0]
-    by_size, reservation = queue_admission(picture, names, key, pod, demand, gang, sizes)
+    by_size, reservation = queue_admission(picture, names, context, sizes)
     admitted = [d for d in by_size.values() if d.admit]
     decision = admitted[0] if admitted else next(iter(by_size.values()))
     if not decision.admit:
@@ -309,7 +262,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
             gang=reservation,
         )
     # The per-node part is lookups done by `map` and `compress` in C (thousands of nodes per call).
-    reference = picture.inventory.reference_memory(demand.models)
+    reference = context.reference_memory
     at_size = {}
     for size, admission in by_size.items():
         placement = demand.placement_at(size or reference)
@@ -317,7 +270,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     reason_of = {
         kind: _verdict(at_size[size_of.get(kind, 0)], supply) for kind, supply in nodes.supply_of.items()
     }
-    owed = _owed_first(picture, key, pod, demand, gang)
+    owed = _owed_first(picture, context)
     if owed:
         for kind, supply in nodes.supply_of.items():
             if not reason_of[kind]:
@@ -330,12 +283,12 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         kept, failed = nodes, {}
     passed = kept.names
     if kept.held:
-        passed, failed = _to_hold(picture, key, passed, failed)
+        passed, failed = _to_hold(context, passed, failed)
     if reservation is not None:  # (admitted just now: its domain known now)
         passed, failed = _to_domain(picture, reservation, passed, failed, gang.part)
     failed |= outside
     remembered_nodes = None if kept.held else PassedNodes(key, owner, version, kept)
-    waits, message = ("", decision.reason) if passed else why_unplaced(picture, key, pod, demand)
+    waits, message = ("", decision.reason) if passed else why_unplaced(picture, context)
     return FilterDecision(
         filter_result(args, passed, failed),
         "admitted",
@@ -350,53 +303,37 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     )
 
 
-def holds_owner(gang: GangState) -> str:
-    """The workload whose GPU holds the pod sees as its own ("": none): its gang's, unless it is
-    alone or an elastic member above its part's minimum (the holds are for the minimum)."""
-    return "" if gang.workload.single or gang.elastic else gang.workload.key
-
-
-def why_unplaced(
-    picture: ClusterPicture, key: str, pod: Mapping[str, Any], demand: PodDemand
-) -> tuple[str, str]:
+def why_unplaced(picture: ClusterPicture, context: PodContext) -> tuple[str, str]:
     """Why an admitted pod no candidate fits waits: its queue's fair share in GPUs against what
     the queue holds and the pod asks (`extender.policy.waiting.unplaced`)."""
     view = picture.fairness()
-    share = view.fair_shares.get(demand.queue, {}).get("gpu", 0.0)
-    held = view.tree.subtree(demand.queue, "allocated", "gpu")
-    asked = picture.accounting.resources(key, pod, demand).get("gpu", 0.0)
-    return unplaced(demand.queue, share, held, asked)
+    queue = context.demand.queue
+    share = view.fair_shares.get(queue, {}).get("gpu", 0.0)
+    held = view.tree.subtree(queue, "allocated", "gpu")
+    return unplaced(queue, share, held, context.request.get("gpu", 0.0))
 
 
-def _owed_first(
-    picture: ClusterPicture, key: str, pod: Mapping[str, Any], demand: PodDemand, gang: GangState
-) -> tuple[OwedPod, ...]:
+def _owed_first(picture: ClusterPicture, context: PodContext) -> tuple[OwedPod, ...]:
     """The owed waiting pods this pod defers to where they fit (`extender.policy.deference`):
     none for a pod GPUs are held for (they are its own) or of a gang admitted whole just now."""
     owed = picture.owed_pods()
-    if not owed or not gang.admitted or picture.inventory.held_for(key) is not None:
+    if not owed or not context.gang.admitted or context.hold is not None:
         return ()
-    request = picture.accounting.resources(key, pod, demand)
-    return defers_to(picture.fairness(), demand.queue, request, demand.preemptible, owed)
+    demand = context.demand
+    return defers_to(picture.fairness(), demand.queue, context.request, demand.preemptible, owed)
 
 
-def deferred_everywhere(
-    picture: ClusterPicture,
-    names: list[str],
-    key: str,
-    pod: Mapping[str, Any],
-    demand: PodDemand,
-    gang: GangState,
-) -> str:
+def deferred_everywhere(picture: ClusterPicture, names: list[str], context: PodContext) -> str:
     """Why the filter would leave every node of `names` the admitted pod fits to owed pods
     (`_owed_first`, `_deference`): the first node's reason; '' when it may go to one of them, or
     fits none (then it is not deference that holds it back). The requeue check asks it, so that a
     pod is nudged when the filter would pass it, not while it defers."""
-    owed = _owed_first(picture, key, pod, demand, gang) if demand.wants_gpu else ()
+    demand = context.demand
+    owed = _owed_first(picture, context) if demand.wants_gpu else ()
     if not owed:
         return ""
-    nodes = _candidate_kinds(picture, key, names, holds_owner(gang), demand.queue)
-    reference = picture.inventory.reference_memory(demand.models)
+    nodes = picture.candidates(context.key, names, context.owner, demand.queue)
+    reference = context.reference_memory
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
     deferred = ""
     for kind, supply in nodes.supply_of.items():
@@ -418,12 +355,12 @@ def _deference(picture: ClusterPicture, queue: str, owed: tuple[OwedPod, ...], s
 
 
 def _to_hold(
-    picture: ClusterPicture, key: str, passed: list[str], failed: dict[str, str]
+    context: PodContext, passed: list[str], failed: dict[str, str]
 ) -> tuple[list[str], dict[str, str]]:
     """A pod reclaim holds GPUs for goes where they are, when it fits there: the other nodes
     that fit fail, so it takes the very GPUs freed for it rather than other free ones (which the
     planner counted on for other pods)."""
-    hold = picture.inventory.held_for(key)
+    hold = context.hold
     if hold is None or not hold.gpus or hold.node not in passed or len(passed) == 1:
         return passed, failed
     reason = f"GPUs are held for this pod on node {hold.node}"
@@ -449,7 +386,7 @@ def _in_domain(
             f"part {part} of gang {reservation.workload.key} is placed on {', '.join(sorted(planned))}{where}"
         )
     elif reservation.domain:
-        inside = picture.topology.nodes_in(reservation.level, reservation.domain).__contains__
+        inside = picture.nodes_in(reservation.level, reservation.domain).__contains__
         reason = f"gang {reservation.workload.key} is placed in {reservation.level} {reservation.domain}"
     else:
         return names, {}
@@ -469,57 +406,51 @@ def _to_domain(
 
 
 def queue_admission(
-    picture: ClusterPicture,
-    names: list[str],
-    key: str,
-    pod: Mapping[str, Any],
-    demand: PodDemand,
-    gang: GangState,
-    sizes: list[int],
+    picture: ClusterPicture, names: list[str], context: PodContext, sizes: list[int]
 ) -> tuple[dict[int, AdmissionDecision], GangReservation | None]:
     """The admission rule's decision (`extender.policy.admission.admit`) for the pod on the nodes
     `names`, per GPU size among them (`sizes`, bytes; 0: the largest it could land on): a fraction
     is a larger share of a smaller GPU. A gang not admitted yet is judged whole, once for every
     size (`admit_gang`: its queue, and the GPUs of `names`), and may leave a reservation."""
+    demand, gang = context.demand, context.gang
     if not gang.admitted:
-        unit, reservation = admit_gang(picture, names, key, pod, demand, gang)
+        unit, reservation = admit_gang(picture, names, context)
         return dict.fromkeys(sizes, unit), reservation
     view = picture.fairness()
     return {
         memory: admit(
-            view,
-            Ask(
-                demand.queue, picture.accounting.resources(key, pod, demand, memory), demand.preemptible, gang
-            ),
+            view, Ask(demand.queue, _request_at(picture, context, memory), demand.preemptible, gang)
         )
         for memory in sizes
     }, None
 
 
+def _request_at(picture: ClusterPicture, context: PodContext, gpu_memory: int) -> dict[str, float]:
+    """The pod's fairness vector with a fraction sized at GPUs of `gpu_memory` bytes (0: the
+    largest it could land on, the context's own)."""
+    return context.request if not gpu_memory else picture.pod_resources(context.key, context.pod, gpu_memory)
+
+
 def admit_gang(
-    picture: ClusterPicture,
-    names: list[str],
-    key: str,
-    pod: Mapping[str, Any],
-    demand: PodDemand,
-    gang: GangState,
+    picture: ClusterPicture, names: list[str], context: PodContext
 ) -> tuple[AdmissionDecision, GangReservation | None]:
     """Admit the members a gang still misses, all at once: the admission rule must admit them
     together, and all of them must fit the candidates' GPUs not held for others."""
-    amounts = picture.accounting.resources(key, pod, demand)
+    demand, gang = context.demand, context.gang
+    amounts = context.request
     queued = admit(picture.fairness(), Ask(demand.queue, amounts, demand.preemptible, gang))
     if not queued.admit:
         return queued, None
     missing = gang.missing
-    gpus = demand.gpus_at(picture.inventory.reference_memory(demand.models))
+    gpus = demand.gpus_at(context.reference_memory)
     planned = _GangPlan([""] * missing)
     if gpus is not None:
-        supplies = picture.inventory.supplies_for(key, names, gang.workload.key)
-        parts = _part_asks(picture, gang, pod)
+        supplies = picture.supplies(context.key, names, gang.workload.key)
+        parts = _part_asks(picture, gang, context.pod)
         if parts is not None:  # its parts ask levels of their own
             planned = _plan_by_parts(picture, gang, supplies, gpus, parts)
         else:
-            planned = _plan_whole(picture, gang, pod, supplies, gpus)
+            planned = _plan_whole(picture, gang, context.pod, supplies, gpus)
         if planned.refusal is not None:
             return planned.refusal, None
     level, domain = planned.level, planned.domain
@@ -574,14 +505,14 @@ def _plan_whole(
     ask = picture.topology_ask(pod, gang.workload)
     if ask.any:
         required = _required_domains(picture, gang, ask.required)
-        preferred = picture.topology.domains(ask.preferred) if ask.preferred else NO_DOMAINS
+        preferred = picture.level_domains(ask.preferred) if ask.preferred else NO_DOMAINS
         plan = plan_in_domain(supplies, gpus, missing, required, preferred)
         if len(plan.nodes) == missing:
             return _GangPlan(plan.nodes, ask.required, plan.domain)
         if ask.required:
             why = no_domain_text(ask.required, plan, gpus, missing)
             return _refused(gang, f"{why}{_short(gang, plan.largest_fit)}", GANG_NO_DOMAIN)
-    planned = plan_gang(supplies, gpus, missing, picture.inventory.domains)
+    planned = plan_gang(supplies, gpus, missing, picture.config.domains)
     if len(planned) < missing:
         why = (
             f"GPUs free for {len(planned)} of its {missing} missing pods ({describe(gpus)} each)"
@@ -598,13 +529,13 @@ def _part_asks(picture: ClusterPicture, gang: GangState, pod: Mapping[str, Any])
         return None
     pods = picture.kind("Pod")
     asks: dict[str, TopologyAsk] = {gang.part: picture.topology_ask(pod, gang.workload)}
-    for key in sorted(picture.workloads.members.get(gang.workload.key, ())):
+    for key in sorted(picture.members(gang.workload.key)):
         member = pods.get(key)
         if member is not None and (name := part_of(member)) not in asks:
             asks[name] = picture.topology_ask(member, gang.workload)
     if len({asks.get(part.name, NO_ASK) for part in gang.parts}) == 1:
         return None
-    topology = picture.topology.topology
+    topology = picture.config.topology
     parts: list[PartAsk] = []
     for part in gang.parts:
         ask = asks.get(part.name, NO_ASK)
@@ -615,8 +546,8 @@ def _part_asks(picture: ClusterPicture, gang: GangState, pod: Mapping[str, Any])
                 part.missing,
                 ask.required,
                 topology.levels.index(level) if level is not None else -1,
-                picture.topology.domains(ask.required) if ask.required else None,
-                picture.topology.domains(ask.preferred) if ask.preferred else NO_DOMAINS,
+                picture.level_domains(ask.required) if ask.required else None,
+                picture.level_domains(ask.preferred) if ask.preferred else NO_DOMAINS,
             )
         )
     return parts
@@ -629,7 +560,7 @@ def _plan_by_parts(
     inside one domain of the widest (`plan_parts`)."""
     stating = [part for part in parts if part.required is not None]
     outer = min(stating, key=lambda part: part.depth).level if stating else ""
-    plan = plan_parts(supplies, gpus, parts, outer, picture.topology.domains(outer) if outer else NO_DOMAINS)
+    plan = plan_parts(supplies, gpus, parts, outer, picture.level_domains(outer) if outer else NO_DOMAINS)
     if plan.short:
         return _refused(gang, plan.short, GANG_NO_DOMAIN if plan.level_short else GANG_NO_FIT)
     part_nodes = {part: frozenset(nodes) for part, nodes in plan.by_part.items()}
@@ -648,11 +579,10 @@ def _required_domains(picture: ClusterPicture, gang: GangState, level: str) -> D
     None without a required level."""
     if not level:
         return None
-    domains = picture.topology.domains(level)
+    domains = picture.level_domains(level)
     if not gang.placed:
         return domains
-    landed, _ = picture.gangs.placed(picture.workloads.members.get(gang.workload.key, ()))
-    kept = {domains[node] for node in landed if node in domains}
+    kept = {domains[node] for node in picture.gang_nodes(gang.workload.key) if node in domains}
     return {node: domain for node, domain in domains.items() if domain in kept}
 
 
@@ -671,8 +601,7 @@ def decide_preemption(picture: ClusterPicture, args: ExtenderPreemptionArgs) -> 
     demand = picture.demand(pod)
     if demand.problem:
         raise UnreadablePod(f"unreadable pod: {demand.problem}")
-    key = args.pod.key
-    request = picture.accounting.resources(key, pod, demand)
+    request = picture.pod_resources(args.pod.key, pod)
     keys_by_uid = {str((p.get("metadata") or {}).get("uid")): k for k, p in picture.kind("Pod").items()}
     snapshot = picture.snapshot()
     kept: dict[str, MetaVictims] = {}
@@ -721,15 +650,15 @@ def decide_priorities(
     demand = picture.demand(args.Pod)
     if demand.problem:  # filter refused it with the reason; nothing to rank
         return _neutral(names, "unreadable")
-    placement = demand.placement_at(picture.inventory.reference_memory(demand.models))
+    placement = demand.placement_at(picture.reference_memory(demand.models))
     # GPUs held for its workload are its own to use, as in filter (its workload only: the gang's
     # state would bring the whole queue view up to date after the filter's reservation).
-    workload = picture.workloads.workload(args.Pod)
+    workload = picture.workload(args.Pod)
     owner = "" if workload.single else workload.key
     key = args.pod.key
-    nodes = passed.of(key, owner, names, picture.inventory.version) if passed is not None else None
+    nodes = passed.of(key, owner, names, picture.nodes_version) if passed is not None else None
     if nodes is None:
-        nodes = _candidate_kinds(picture, key, names, owner, demand.queue)
+        nodes = picture.candidates(key, names, owner, demand.queue)
     strategy = queue_strategy(picture, demand.queue)
     score_of = score_kinds(nodes.supply_of, placement, picture.mix(), strategy)
     return PriorityDecision(names, nodes.kinds, score_of, "scored", strategy)

@@ -210,7 +210,7 @@ class PodAdmission:
     async def namespace_labels(self, namespace: str) -> Mapping[str, Any]:
         if not _NAME.match(namespace):
             return {}  # not a namespace name: nothing to read (and no path to build from it)
-        stored = self.picture.store.get("Namespace", namespace)
+        stored = self.picture.get("Namespace", namespace)
         if stored is None:  # created a moment ago: the watch has not delivered it yet
             stored = await self.read(f"/api/v1/namespaces/{namespace}")
         return mapping(meta(stored).get("labels"))
@@ -245,7 +245,7 @@ class PodAdmission:
         # Judged with the Namespace's labels as read; without them the filter judges it instead.
         refusal = self.tenancy_refusal(stored, choice, namespace_labels) if read_namespace else ""
         # A topology level the cluster does not define could never be served: refused at once.
-        refusal = refusal or ask_refusal(self.picture.topology.topology, pod)
+        refusal = refusal or ask_refusal(self.picture.config.topology, pod)
         # So could parts (subgroups) stated wrong: a gang whose parts do not add up never starts.
         refusal = refusal or subgroup_refusal(pod)
         if refusal:

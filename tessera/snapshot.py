@@ -38,7 +38,8 @@ from kubernetes_asyncio.client import ApiClient
 from contract.kube import mapping, meta, sequence
 from contract.names import DRIVER_NAME
 from extender.kubeapi import JsonObject, request
-from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig, pod_created
+from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
+from extender.picture.demands import pod_created
 from extender.policy.reclaim import Budget, Plan, Rules, plan
 from extender.verbs import queue_admission
 from extender.webhook_process import api_client
@@ -123,7 +124,7 @@ def admissions(picture: ClusterPicture) -> list[Decision]:
         demand = picture.demand(pod)
         if demand.problem or not (demand.labelled or demand.wants_gpu):
             continue
-        decision = queue_admission(picture, nodes, key, pod, demand, picture.gang(pod), [0])[0][0]
+        decision = queue_admission(picture, nodes, picture.pod_context(key, pod, demand), [0])[0][0]
         order = (demand.queue, -demand.priority, pod_created(pod), key)
         found.append((order, Decision(key, demand.queue, decision.admit, decision.kind, decision.reason)))
     return [decision for _, decision in sorted(found, key=lambda item: item[0])]

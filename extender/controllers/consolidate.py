@@ -39,7 +39,8 @@ from extender.controllers.evictions import (
     uid_of,
 )
 from extender.metrics import ExtenderMetrics
-from extender.picture.cluster import ClusterPicture, pod_created
+from extender.picture.cluster import ClusterPicture
+from extender.picture.demands import pod_created
 from extender.policy.consolidation import ConsolidationRules, MovePlan, NodeRooms, plan_drain, plan_moves
 from extender.policy.placement import GpuDemand
 from extender.policy.reclaim import Budget, PendingPod, Plan
@@ -133,7 +134,7 @@ class Consolidator:
         now = time.monotonic()
         return frozenset(
             node
-            for node, on_node in self.picture.inventory.holds.items()
+            for node, on_node in self.picture.holds().items()
             if any(key.startswith(DRAIN_HOLD_PREFIX) and hold.expires > now for key, hold in on_node.items())
         )
 
@@ -141,11 +142,11 @@ class Consolidator:
         """Hold what the plan frees; the hold's key."""
         if chosen.pod is not None:
             demand = chosen.pod.demand_on(self.picture.gpu_memory.get(chosen.node, 0))
-            self.picture.inventory.hold(chosen.pod.key, chosen.node, demand, self.options.hold_s)
+            self.picture.hold(chosen.pod.key, chosen.node, demand, self.options.hold_s)
             return chosen.pod.key
         key = DRAIN_HOLD_PREFIX + chosen.node
         gpus = len(self.picture.node_gpus(chosen.node).free_milli)
-        self.picture.inventory.hold(key, chosen.node, GpuDemand(gpus), self.options.drain_hold_s)
+        self.picture.hold(key, chosen.node, GpuDemand(gpus), self.options.drain_hold_s)
         return key
 
     async def carry_out(self, plans: Sequence[MovePlan]) -> list[MovePlan]:
@@ -207,7 +208,7 @@ class Consolidator:
         if refusals:
             if chosen.pod is not None:
                 await self._event(chosen.pod.key, "MoveBlocked", "; ".join(t for _, t in refusals), "Warning")
-            self.picture.inventory.release_hold(hold_key)
+            self.picture.release_hold(hold_key)
             blocked = any(outcome == "blocked" for outcome, _ in refusals)
             self.metrics.move_plans.labels(chosen.goal, "blocked" if blocked else "failed").inc()
             return False

@@ -38,7 +38,8 @@ from extender.admission import gate_removal, is_gated
 from extender.controllers.periodic import PeriodicPass
 from extender.kubeapi import KubeError, request
 from extender.metrics import ExtenderMetrics
-from extender.picture.cluster import ClusterPicture, pod_created
+from extender.picture.cluster import ClusterPicture
+from extender.picture.demands import pod_created
 from extender.picture.ledger import Contribution
 from extender.policy.admission import Ask, GangState, admit
 from extender.policy.fairness import AdmissionDecision
@@ -53,10 +54,10 @@ LIFTED = "admission gate lifted: its queue has room; the scheduler places it"
 
 def _ungated(picture: ClusterPicture, key: str) -> Contribution | None:
     """What a pending pod without the gate asks of its queue (None: not such a pod)."""
-    contribution = picture.accounting.ledger.contributions.get(key)
+    contribution = picture.contributions.get(key)
     if contribution is None or contribution.bucket != "requested":
         return None
-    pod = picture.store.get("Pod", key)
+    pod = picture.get("Pod", key)
     if pod is None or is_gated(pod) or meta(pod).get("deletionTimestamp"):
         return None
     demand = picture.demand(pod)
@@ -73,7 +74,7 @@ def _add(total: dict[str, float], amounts: Mapping[str, float], times: float = 1
 def waiting_ungated(picture: ClusterPicture) -> dict[str, dict[str, float]]:
     """Per queue, what its pending pods without the gate ask for (the scheduler has them)."""
     ahead: dict[str, dict[str, float]] = {}
-    for key in picture.accounting.ledger.contributions:
+    for key in picture.contributions:
         contribution = _ungated(picture, key)
         if contribution is not None:
             _add(ahead.setdefault(contribution.queue, {}), contribution.amounts)
@@ -94,7 +95,7 @@ def ahead_of(picture: ClusterPicture, gang: GangState, queued: Mapping[str, floa
     its missing demand."""
     ahead = dict(queued)
     if not gang.admitted:
-        for key in picture.workloads.members.get(gang.workload.key, ()):
+        for key in picture.members(gang.workload.key):
             contribution = _ungated(picture, key)
             if contribution is not None:
                 _add(ahead, contribution.amounts, -1.0)

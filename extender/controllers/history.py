@@ -121,7 +121,7 @@ class HistoryKeeper:
     def _hand_over(self, adjustment: WeightAdjustment | None) -> None:
         if adjustment != self.adjustment:
             self.adjustment = adjustment
-            self.picture.accounting.adjust_weights(adjustment)
+            self.picture.adjust_weights(adjustment)
 
     async def run_once(self) -> None:
         now = self.clock()

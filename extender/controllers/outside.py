@@ -53,9 +53,9 @@ def bypassing(picture: ClusterPicture, keys: Iterable[str]) -> list[tuple[str, M
     """Of `keys`, the pods outside Tessera that hold GPUs and are not marked yet, with the message."""
     picture.settle()
     found: list[tuple[str, Mapping[str, Any], str]] = []
-    contributions = picture.accounting.ledger.contributions
+    contributions = picture.contributions
     for key in keys:
-        pod = picture.store.get("Pod", key)
+        pod = picture.get("Pod", key)
         contribution = contributions.get(key)
         if pod is None or contribution is None or contribution.bucket != "allocated" or is_marked(pod):
             continue
@@ -78,7 +78,7 @@ class BypassReporter:
         self._to_check: set[str] | None = None  # pods recounted since the last pass (None: all)
         # Pod key -> uid of the pods this replica marked (its patch may not be in the picture yet).
         self._marked: dict[str, str] = {}
-        picture.accounting.recounted.append(self._recounted)
+        picture.on_recount(self._recounted)
         self._loop = PeriodicPass(
             "bypass", interval_s, lambda: is_leader() and picture.ready(), self.run_once
         )
@@ -97,9 +97,9 @@ class BypassReporter:
 
     async def run_once(self) -> int:
         """Mark the pods found since the last pass; returns how many were marked."""
-        keys = self._to_check if self._to_check is not None else set(self.picture.store.kind("Pod"))
+        keys = self._to_check if self._to_check is not None else set(self.picture.kind("Pod"))
         self._to_check = set()
-        for key in [k for k in keys if k in self._marked and self.picture.store.get("Pod", k) is None]:
+        for key in [k for k in keys if k in self._marked and self.picture.get("Pod", k) is None]:
             del self._marked[key]  # gone
         marked = 0
         for key, pod, message in bypassing(self.picture, keys):

@@ -64,7 +64,7 @@ class OwnerReader:
         await self._pass.stop()
 
     async def run_once(self) -> None:
-        for ref in sorted(self.picture.workloads.wanted):
+        for ref in self.picture.owners_to_read():
             path = owner_path(ref)
             if path is None:
                 self.picture.read_owner(ref, None)

@@ -5,7 +5,8 @@ ObjectStore ──(kind, key, old, new)──▶ PodDemands    per-pod parse cac
      │                         └─────▶ GpuInventory   devices, holders, free GPUs per node, pod nodes
      │                         └─────▶ WorkloadMap    workloads, gang members, owners' minimums
      └────────────────────────────────▶ QueueAccounting ledger, reservations, fairness view
-                                          └─ GangReservations  gangs admitted whole: slots, placed counts
+                                          ├─ GangReservations  gangs admitted whole: slots, placed counts
+                                          └─(pods recounted)─▶ RunningPods  the planners' running pods
 ```
 
 Each part subscribes to the kinds it derives from; a change it cannot see directly (a device of a
@@ -17,44 +18,29 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from functools import lru_cache
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from contract.kube import controller_of, mapping, meta, sequence
-from contract.names import (
-    DRIVER_NAME,
-    GPU_MILLI,
-    MOVABLE_ANNOTATION,
-    QUEUE_GROUP,
-    QUEUE_PLURAL,
-    QUEUE_VERSION,
-    RECREATING_OWNER_KINDS,
-)
+from contract.kube import mapping, meta, sequence
+from contract.names import DRIVER_NAME, QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
 from extender.picture.accounting import QueueAccounting, QueueView
-from extender.picture.demands import PodDemand, PodDemands, claim_names, is_terminal
+from extender.picture.demands import PodDemand, PodDemands, pod_created
 from extender.picture.gangs import GangReservation, GangReservations
-from extender.picture.inventory import GpuInventory
+from extender.picture.inventory import CandidateKinds, GpuInventory, Hold
+from extender.picture.ledger import Contribution
+from extender.picture.running import RunningPods
 from extender.picture.store import ObjectStore, Stored
 from extender.picture.topology import TopologyDomains
 from extender.picture.workloads import OwnerRef, WorkloadMap
 from extender.policy.admission import Ask, GangState, Waiting, admit, waiting_list
 from extender.policy.deference import OwedPod, is_owed, owed_pods
+from extender.policy.fairness import WeightAdjustment
 from extender.policy.placement import DomainMap, GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
-from extender.policy.snapshot import (
-    ClusterSnapshot,
-    HeldGpus,
-    RunningPod,
-    could_move,
-    count_victims,
-    keep_movers,
-    mover_order,
-)
+from extender.policy.snapshot import ClusterSnapshot, HeldGpus
 from extender.policy.topology import DEFAULT_TOPOLOGY, Topology, TopologyAsk
-from extender.policy.workloads import Workload, part_of
+from extender.policy.workloads import Workload
 
 # The reason of kube-scheduler's PodScheduled=False condition after a cycle in which no node fit
 # (its own filters, or the extender's refused every node); not after an error ("SchedulerError":
@@ -90,6 +76,27 @@ class PictureConfig:
     topology: Topology = DEFAULT_TOPOLOGY
 
 
+@dataclass(frozen=True)
+class PodContext:
+    """What the filter reads of the picture about the pod it judges, asked at once
+    (`ClusterPicture.pod_context`) rather than part by part at each step."""
+
+    key: str
+    pod: Mapping[str, Any]
+    demand: PodDemand
+    gang: GangState  # its workload (a pod alone is a gang of one), brought in line
+    reservation: GangReservation | None  # its gang's, when the gang was admitted whole
+    reference_memory: int  # bytes of the largest GPU it could land on (sizes its fractions)
+    request: dict[str, float]  # its fairness vector, a fraction sized at `reference_memory`
+    hold: Hold | None  # the GPUs reclaim holds for it
+
+    @property
+    def owner(self) -> str:
+        """The workload whose GPU holds the pod sees as its own ('' for none): its gang's, unless
+        it is alone or an elastic member above its part's minimum (the holds are for the minimum)."""
+        return "" if self.gang.workload.single or self.gang.elastic else self.gang.workload.key
+
+
 class ClusterPicture:
     def __init__(self, config: PictureConfig | None = None) -> None:
         self.config = config or PictureConfig()
@@ -107,21 +114,8 @@ class ClusterPicture:
         self.gangs: GangReservations = self.accounting.gangs  # (the accounting keeps them in line)
         # Called after every change (the status writer uses it to notice newly eligible pods).
         self.listeners: list[Callable[[], None]] = []
-        # Running pods as the planners see them (those holding GPUs; pods with classic GPUs,
-        # numbered per node, are recomputed on each snapshot, on `_classic_nodes`), kept from one
-        # snapshot to the next: only pods the accounting recounted since (`_stale`) are looked at
-        # again. None: rebuild from every pod.
-        self._running: dict[str, RunningPod] | None = None
-        self._classic_nodes: set[str] = set()
-        self._stale: set[str] = set()
-        self._terminating: set[str] = set()  # keys in `_running` of pods being deleted
-        # Per queue, per node, how many pods in `_running` could be victims (the planners'
-        # candidate nodes, kept like `_running` rather than counted by a pass per snapshot).
-        self._victims: dict[str, dict[str, int]] = {}
-        # Per node, the pods in `_running` that could be moved, in consolidation's order (kept
-        # like `_victims`; each node's a tuple replaced on change, so snapshots share them).
-        self._movers: dict[str, tuple[RunningPod, ...]] = {}
-        self.accounting.recounted.append(self._forget_running)
+        # The running pods as the planners see them, kept from one snapshot to the next.
+        self.running = RunningPods(self.store, self.demands, self.inventory, self.accounting, self.workloads)
         # Pending pods kube-scheduler tried and could not place (`scheduler_gave_up`): the
         # planners plan only while one of them waits (`unplaced_waiting`).
         self._unplaced: set[str] = set()
@@ -164,6 +158,26 @@ class ClusterPicture:
     def reserve_gang(self, reservation: GangReservation) -> None:
         self.accounting.reserve_gang(reservation)
 
+    def hold(
+        self,
+        key: str,
+        node: str,
+        demand: GpuDemand,
+        ttl_s: float,
+        owner: str = "",
+        gpus: tuple[tuple[int, int], ...] = (),
+        queue: str = "",
+    ) -> None:
+        """Keep GPUs on `node` for pod `key` (or any pod of `queue`) for `ttl_s` (`Hold`)."""
+        self.inventory.hold(key, node, demand, ttl_s, owner, gpus, queue)
+
+    def release_hold(self, key: str) -> None:
+        self.inventory.release_hold(key)
+
+    def holds(self) -> Mapping[str, Mapping[str, Hold]]:
+        """Node -> pod key -> the GPUs held there for it (expired ones until they are let go)."""
+        return self.inventory.holds
+
     def _changed(self) -> None:
         for listener in self.listeners:
             listener()
@@ -183,6 +197,29 @@ class ClusterPicture:
 
     def kind(self, kind: str) -> dict[str, Stored]:
         return self.store.kind(kind)
+
+    def get(self, kind: str, key: str) -> Stored | None:
+        return self.store.get(kind, key)
+
+    def unsynced(self) -> list[str]:
+        """The watched kinds not listed yet (`ready` once there are none)."""
+        return sorted(set(WATCHED_PATHS) - self.store.synced)
+
+    @property
+    def nodes_version(self) -> int:
+        """Moves whenever a node's supply or kind may have changed, or a hold was made or let go:
+        what was read of the nodes at one version is still true while it has not moved."""
+        return self.inventory.version
+
+    def candidates(self, key: str, names: list[str], owner: str = "", queue: str = "") -> CandidateKinds:
+        """The request's nodes by kind for pod `key` (of workload `owner`, in `queue`): see
+        `GpuInventory.candidates`."""
+        return self.inventory.candidates(key, names, owner, queue)
+
+    def supplies(self, key: str, names: Iterable[str], owner: str = "") -> list[NodeGpus]:
+        """What pod `key` (of workload `owner`) may use of each node of `names`: its free GPUs,
+        those held for others taken off."""
+        return self.inventory.supplies_for(key, names, owner)
 
     def node_gpus(self, name: str) -> NodeGpus:
         return self.inventory.node_gpus(name)
@@ -214,6 +251,41 @@ class ClusterPicture:
     def pod_node(self, key: str, pod: Mapping[str, Any]) -> str:
         return self.inventory.pod_node(key, pod)
 
+    def reference_memory(self, models: frozenset[str]) -> int:
+        """Memory of the largest GPU of `models` (any, when empty): what a fraction is sized at
+        where the node is not known."""
+        return self.inventory.reference_memory(models)
+
+    def pod_context(self, key: str, pod: Mapping[str, Any], demand: PodDemand) -> PodContext:
+        """What the filter reads about pod `key`: `demand` (its readable `demand(pod)`), its gang
+        and the gang's reservation, the GPU size its fractions are read at, its fairness vector
+        there and the GPUs held for it."""
+        gang = self.gang(pod)
+        elastic_or_alone = gang.workload.single or gang.elastic  # (see `PodContext.owner`)
+        return PodContext(
+            key,
+            pod,
+            demand,
+            gang,
+            None if elastic_or_alone else self.gangs.reservation(gang.workload.key),
+            self.inventory.reference_memory(demand.models),
+            self.accounting.resources(key, pod, demand),
+            self.inventory.held_for(key),
+        )
+
+    def workload(self, pod: Mapping[str, Any]) -> Workload:
+        """The pod's workload (`extender.policy.workloads.workload_of`), without its gang's state."""
+        return self.workloads.workload(pod)
+
+    def members(self, workload: str) -> Collection[str]:
+        """The keys of a gang workload's pods."""
+        return self.workloads.members.get(workload, ())
+
+    def gang_nodes(self, workload: str) -> list[str]:
+        """The nodes of the gang's members whose GPUs the picture sees taken (one per member)."""
+        landed, _ = self.gangs.placed(self.members(workload))
+        return landed
+
     def gang(self, pod: Mapping[str, Any]) -> GangState:
         """The pod's workload: its minimum, members, how many are placed, its reservation."""
         self.settle()  # brings reservations in line with the members
@@ -226,6 +298,18 @@ class ClusterPicture:
         group = self.workloads.owners.get(("PodGroup", f"{namespace}/{workload.name}"))
         return self.topology.ask(pod, group if workload.kind == "PodGroup" else None)
 
+    def owners_to_read(self) -> list[OwnerRef]:
+        """The owners whose minimum a gang waits for (`read_owner` each), in order."""
+        return sorted(self.workloads.wanted)
+
+    def level_domains(self, level: str) -> DomainMap:
+        """Node -> its domain at the topology level named (empty for a level the cluster lacks)."""
+        return self.topology.domains(level)
+
+    def nodes_in(self, level: str, domain: str) -> set[str]:
+        """The nodes of one domain at a topology level."""
+        return self.topology.nodes_in(level, domain)
+
     def read_owner(self, ref: OwnerRef, obj: Mapping[str, Any] | None) -> None:
         """What the owner reader got (None: unreadable); gangs waiting for it may go now."""
         self.workloads.read(ref, obj)
@@ -236,6 +320,19 @@ class ClusterPicture:
 
     def fairness(self) -> QueueView:
         return self.accounting.view()
+
+    @property
+    def contributions(self) -> Mapping[str, Contribution]:
+        """What each counted pod adds to its queue (its bucket and amounts), as last recounted."""
+        return self.accounting.ledger.contributions
+
+    def on_recount(self, listener: Callable[[Iterable[str] | None], None]) -> None:
+        """Have `listener` told which pods the accounting recounted (None: all of them)."""
+        self.accounting.recounted.append(listener)
+
+    def adjust_weights(self, adjustment: WeightAdjustment | None) -> None:
+        """Fair shares under `adjustment` from the next view on (`QueueAccounting.adjust_weights`)."""
+        self.accounting.adjust_weights(adjustment)
 
     def tenancy_refusal(self, queue: str, namespace: str, labels: Mapping[str, Any] | None = None) -> str:
         """Why pods of `namespace` may not use `queue` ('' when they may; extender.policy.tenancy).
@@ -259,75 +356,30 @@ class ClusterPicture:
     def snapshot(self) -> ClusterSnapshot:
         """What the planners read: GPU nodes, the pods holding GPUs there, the queues' fairness.
 
-        The running pods are kept between snapshots and only the pods the accounting recounted
-        since are read again, so a snapshot costs a copy of that map, not a pass over every pod
-        (pods with classic GPUs, numbered per node, are the exception: their nodes are redone).
+        The running pods come from `RunningPods`, which keeps them between snapshots and reads
+        again only the pods the accounting recounted since: a snapshot costs a copy of that map,
+        not a pass over every pod.
         """
         view = self.fairness()  # recounts what moved, which marks those pods stale
         nodes = {name: self.node_gpus(name) for name in self.store.kind("Node")}
         nodes.update(
             (name, self.node_gpus(name)) for name in self.inventory.node_devices if name not in nodes
         )
-        pods_by_node = self.inventory.pods_by_node
-        if self._running is None:
-            self._running, self._classic_nodes, self._terminating, self._victims = {}, set(), set(), {}
-            self._movers = {}
-            stale = [(key, node) for node, keys in pods_by_node.items() for key in keys]
-        else:
-            stale = [(key, self._node_of(key)) for key in self._stale]
-        self._stale = set()
-        live = self._running
-        for key, node in stale:
-            gone = live.pop(key, None)
-            if gone is not None:
-                count_victims(self._victims, gone, -1)
-                keep_movers(self._movers, gone, -1)
-            self._terminating.discard(key)
-            if node:
-                entry, classic_gpus = self._running_pod(key, node)
-                if classic_gpus:
-                    self._classic_nodes.add(node)
-                elif entry is not None:
-                    live[key] = entry
-                    count_victims(self._victims, entry, 1)
-                    keep_movers(self._movers, entry, 1)
-                    if entry.terminating:
-                        self._terminating.add(key)
-        running = dict(live)
-        terminating = set(self._terminating)
-        victims = {queue: dict(per_node) for queue, per_node in self._victims.items()}
-        movers = dict(self._movers)
-        for node in list(self._classic_nodes):
-            if not self._add_classic(running, node, nodes.get(node), terminating):
-                self._classic_nodes.discard(node)
-        for node in self._classic_nodes:  # their pods are in `running` only
-            on_node = [
-                running[key]
-                for key in self.inventory.pods_by_node.get(node, ())
-                if key in running and running[key].node == node
-            ]
-            for pod in on_node:
-                if pod.key not in live:
-                    count_victims(victims, pod, 1)
-            movable = sorted((pod for pod in on_node if could_move(pod)), key=mover_order)
-            movers.pop(node, None)
-            if movable:
-                movers[node] = tuple(movable)
-        minimums, part_minimums = self._minimums(running)
+        feed = self.running.feed(nodes)
         return ClusterSnapshot(
             nodes,
-            running,
+            feed.running,
             view,
             view.mix,
             self.inventory.gpu_memory,
-            pods_by_node,
-            minimums=minimums,
-            terminating=terminating,
-            victims=victims,
-            movers=movers,
+            self.inventory.pods_by_node,
+            minimums=feed.minimums,
+            terminating=feed.terminating,
+            victims=feed.victims,
+            movers=feed.movers,
             holds=self._held_gpus(),
             domains=self.inventory.domains,
-            part_minimums=part_minimums,
+            part_minimums=feed.part_minimums,
         )
 
     def _held_gpus(self) -> list[HeldGpus]:
@@ -362,96 +414,6 @@ class ClusterPicture:
                 )
         return held
 
-    def _minimums(
-        self, running: Mapping[str, RunningPod]
-    ) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-        """The minimum of each gang workload with running members, and of those with parts each
-        part's (found from the gangs' members, not by a pass over every running pod)."""
-        minimums: dict[str, int] = {}
-        part_minimums: dict[str, dict[str, int]] = {}
-        for workload, members in self.workloads.members.items():
-            for key in sorted(members):
-                pod = running.get(key)
-                obj = self.store.get("Pod", key) if pod is not None and pod.workload == workload else None
-                if obj is not None:
-                    found = self.workloads.workload(obj)
-                    minimums[workload] = self.workloads.minimum(found)
-                    if found.parts:
-                        part_minimums[workload] = dict(found.parts)
-                    break
-        return minimums, part_minimums
-
-    def _node_of(self, key: str) -> str:
-        pod = self.store.get("Pod", key)
-        return self.inventory.pod_node(key, pod) if pod is not None else ""
-
-    def _add_classic(
-        self, running: dict[str, RunningPod], node: str, supply: NodeGpus | None, terminating: set[str]
-    ) -> bool:
-        """Add the pods of `node` that hold classic GPUs to `running` (and to `terminating` those
-        being deleted); False when it has none."""
-        classic: list[int] | None = None
-        found = False
-        for key in self.inventory.pods_by_node.get(node, ()):
-            entry, classic_gpus = self._running_pod(key, node)
-            if not classic_gpus or entry is None:
-                continue
-            # Which classic GPUs a pod holds is the device plugin's secret: the used ones are
-            # the last of the node's list, handed to its classic pods in turn.
-            if classic is None:
-                classic = self._classic_indexes(node, supply)
-            taken, classic = classic[:classic_gpus], classic[classic_gpus:]
-            running[key] = replace(entry, gpus=entry.gpus + tuple((i, GPU_MILLI) for i in taken))
-            if entry.terminating:
-                terminating.add(key)
-            found = True
-        return found
-
-    def _forget_running(self, keys: Iterable[str] | None) -> None:
-        if keys is None:
-            self._running, self._stale = None, set()
-        elif self._running is not None:  # (none kept yet: the next snapshot reads every pod)
-            self._stale.update(keys)
-
-    def _running_pod(self, key: str, node: str) -> tuple[RunningPod | None, int]:
-        """The pod as planners see it (None: it holds no GPU), and its classic GPU count."""
-        pod = self.store.get("Pod", key)
-        if pod is None or is_terminal(pod):
-            return None, 0
-        demand = self.demands.of(pod)
-        if demand.problem or not demand.wants_gpu:
-            return None, 0
-        held = self.inventory.held_devices(demand.namespace, claim_names(pod))
-        contribution = self.accounting.ledger.contributions.get(key)
-        host = demand.placement_at(0)  # its CPU and memory, given back to the node on eviction
-        # Partitions (index -1) are no GPU of their own: evicting them frees no whole GPU.
-        running = RunningPod(
-            key=key,
-            queue=demand.queue,
-            node=node,
-            gpus=tuple((device.index, round(milli)) for _, device, milli in held if device.index >= 0),
-            # The amounts its contribution counts (shared by pods that count alike), when counted.
-            resources=contribution.amounts if contribution else self.accounting.resources(key, pod, demand),
-            priority=demand.priority,
-            preemptible=demand.preemptible,
-            started=_start_time(pod),
-            terminating=bool(meta(pod).get("deletionTimestamp")),
-            # A gang's member is never moved: its workload would run below its minimum meanwhile.
-            movable=is_movable(pod) and not self.workloads.workload_key(key),
-            workload=self.workloads.workload_key(key),
-            part=part_of(pod) if self.workloads.workload_key(key) else "",
-            cpu_milli=host.cpu_milli,
-            memory_mib=host.memory_mib,
-        )
-        return running, demand.classic_gpus
-
-    def _classic_indexes(self, node: str, supply: NodeGpus | None) -> list[int]:
-        """The node's used classic GPUs (the last of its GPU list)."""
-        if supply is None:
-            return []
-        used = [i for i, free in enumerate(supply.free_milli) if free == 0]
-        return used[len(used) - self._classic_used(node) :]
-
     def waiting_pods(self) -> list[PendingPod]:
         """Pending GPU pods the planners may serve: those the admission rule admits now and no
         GPUs are held for (`extender.policy.admission.waiting_list`), in the scheduler's order.
@@ -477,12 +439,11 @@ class ClusterPicture:
             if not gang.admitted:
                 workload = gang.workload.key
                 if workload not in held_gangs:
-                    members = self.workloads.members.get(workload, ())
-                    held_gangs[workload] = any(self.inventory.held_for(k) for k in members)
+                    held_gangs[workload] = any(self.inventory.held_for(k) for k in self.members(workload))
                 held = held_gangs[workload]
                 if workload not in required:
                     level = self.topology_ask(pod, gang.workload).required
-                    required[workload] = self.topology.domains(level) if level else None
+                    required[workload] = self.level_domains(level) if level else None
             ask = Ask(demand.queue, contribution.amounts, demand.preemptible, gang)
             order = (-demand.priority, pod_created(pod), key)
             candidates.append((order, Waiting(key, ask, held), demand, placement))
@@ -598,9 +559,6 @@ class ClusterPicture:
             counts[queue] = (done + admitted, waiting + (not admitted))
         return counts
 
-    def _classic_used(self, node: str) -> int:
-        return sum(self.demands.of(pod).classic_gpus for pod in self.inventory.pods_on_node(node))
-
 
 def scheduler_gave_up(pod: Mapping[str, Any]) -> bool:
     """A pending pod kube-scheduler tried and could not place: no node yet, and the condition
@@ -614,36 +572,3 @@ def scheduler_gave_up(pod: Mapping[str, Any]) -> bool:
         if condition.get("type") == "PodScheduled":
             return condition.get("status") == "False" and condition.get("reason") == UNSCHEDULABLE_REASON
     return False
-
-
-def is_movable(pod: Mapping[str, Any]) -> bool:
-    """Owned by a controller that recreates it when evicted, and not opted out by annotation."""
-    annotations = mapping(meta(pod).get("annotations"))
-    if str(annotations.get(MOVABLE_ANNOTATION, "")).lower() == "false":
-        return False
-    return controller_of(pod).get("kind") in RECREATING_OWNER_KINDS
-
-
-def _timestamp(text: object) -> float:
-    """Seconds since the epoch of a Kubernetes timestamp (0 when absent or unreadable)."""
-    return _parse_timestamp(text) if isinstance(text, str) else 0.0
-
-
-@lru_cache(maxsize=4096)
-def _parse_timestamp(text: str) -> float:
-    # Cached: the planners read every waiting pod's creation time each cycle; pods created in
-    # the same second share the text.
-    try:
-        moment = datetime.fromisoformat(text)  # RFC 3339, parsed in C
-    except ValueError:
-        return 0.0
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
-
-
-def pod_created(pod: Mapping[str, Any]) -> float:
-    """Seconds since the epoch of a pod's creation (whole seconds; 0 when unknown)."""
-    return _timestamp(meta(pod).get("creationTimestamp"))
-
-
-def _start_time(pod: Mapping[str, Any]) -> float:
-    return _timestamp(mapping(pod.get("status")).get("startTime") or meta(pod).get("creationTimestamp"))

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from datetime import UTC, datetime
+from functools import cached_property, lru_cache
 from typing import Any
 
 from contract.kube import mapping, meta, object_key, pod_claim_refs
@@ -65,6 +66,32 @@ _PLACEMENTS: dict[GpuDemand, GpuDemand] = {}
 def is_terminal(pod: Mapping[str, Any]) -> bool:
     phase = mapping(pod.get("status")).get("phase")
     return isinstance(phase, str) and phase in TERMINAL_PHASES
+
+
+def pod_created(pod: Mapping[str, Any]) -> float:
+    """Seconds since the epoch of a pod's creation (whole seconds; 0 when unknown)."""
+    return _timestamp(meta(pod).get("creationTimestamp"))
+
+
+def pod_started(pod: Mapping[str, Any]) -> float:
+    """Seconds since the epoch of a pod's start (its creation until the kubelet says; 0: unknown)."""
+    return _timestamp(mapping(pod.get("status")).get("startTime") or meta(pod).get("creationTimestamp"))
+
+
+def _timestamp(text: object) -> float:
+    """Seconds since the epoch of a Kubernetes timestamp (0 when absent or unreadable)."""
+    return _parse_timestamp(text) if isinstance(text, str) else 0.0
+
+
+@lru_cache(maxsize=4096)
+def _parse_timestamp(text: str) -> float:
+    # Cached: the planners read every waiting pod's creation time each cycle; pods created in
+    # the same second share the text.
+    try:
+        moment = datetime.fromisoformat(text)  # RFC 3339, parsed in C
+    except ValueError:
+        return 0.0
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
+from itertools import compress
+from operator import not_
 from typing import Any, cast
 
 from contract.kube import mapping, meta, object_key, sequence
@@ -163,6 +165,31 @@ def _host(node: Mapping[str, Any]) -> tuple[int, int] | None:
     return host_cpu_milli(cpu, request=False), host_memory_mib(memory, request=False)
 
 
+@dataclass(frozen=True)
+class CandidateKinds:
+    """The candidates of a request by kind: nodes alike to placement, judged and scored once."""
+
+    names: list[str]  # the candidates, in the request's order
+    kinds: list[str]  # each one's kind
+    one_of_kind: dict[str, str]  # kind -> a node of that kind
+    supply_of: dict[str, NodeGpus]  # kind -> its free GPUs, CPU and memory
+    held: bool = False  # some kinds are nodes with GPUs held (what this pod may use there)
+
+    def keeping(self, reasons: list[str], reason_of: Mapping[str, str]) -> CandidateKinds:
+        """Only the candidates whose verdict is '' (`reasons`: each one's; `reason_of`: each kind's)."""
+        fits = list(map(not_, reasons))
+        return CandidateKinds(
+            list(compress(self.names, fits)),
+            list(compress(self.kinds, fits)),
+            {kind: name for kind, name in self.one_of_kind.items() if not reason_of[kind]},
+            {kind: supply for kind, supply in self.supply_of.items() if not reason_of[kind]},
+            self.held,
+        )
+
+
+NO_CANDIDATES = CandidateKinds([], [], {}, {})
+
+
 class GpuInventory:
     def __init__(
         self, store: ObjectStore, demands: PodDemands, gpu_drivers: frozenset[str], domains: DomainMap
@@ -250,6 +277,21 @@ class GpuInventory:
                     name = names[position]
                     kinds[position] = self._kind(name, self.node_gpus(name))
         return cast(list[str], kinds)
+
+    def candidates(self, key: str, names: list[str], owner: str = "", queue: str = "") -> CandidateKinds:
+        """The candidates' kinds for pod `key` (of workload `owner`, in `queue`). A node with GPUs
+        held for some pod is a kind of its own: its supply is what this pod may use there
+        (`supply_for`)."""
+        kinds = self.kinds_for(names)
+        held = self.held_among(names)
+        if held:
+            kind_of = dict(zip(names, kinds, strict=True))
+            kind_of.update((name, f"held {name}") for name in held)
+            kinds = list(map(kind_of.__getitem__, names))
+        one_of_kind = dict(zip(kinds, names, strict=True))
+        supplies = self.supplies_for(key, one_of_kind.values(), owner, queue)
+        supply_of = dict(zip(one_of_kind, supplies, strict=True))
+        return CandidateKinds(names, kinds, one_of_kind, supply_of, bool(held))
 
     def held_among(self, names: Iterable[str]) -> set[str]:
         """The nodes among `names` where GPUs are held for some pod."""

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from contract.names import GPU_MILLI, MOVABLE_ANNOTATION
-from extender.picture.cluster import is_movable
+from extender.picture.running import is_movable
 from extender.policy.consolidation import ConsolidationRules, MovePlan, plan_drain, plan_moves
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix

@@ -14,7 +14,7 @@ from contract.names import DRIVER_NAME
 from dra_driver.profiles.nvidia.simulated import build_inventory, load_profile
 from dra_driver.slices import NodeRef, SharingMode, build_slices
 from tests import extender_objects as objects
-from tests.unit.extender.test_state import CLASS, running_on, synced_state
+from tests.unit.extender.pictures import CLASS, running_on, synced_state
 
 NODE = "m"
 

@@ -1,113 +1,27 @@
-"""The cluster picture: GPU supply from slices minus claim allocations, queue usage, optimistic binds."""
+"""Queue accounting (`extender.picture.accounting`): usage and pending demand, reservations and
+their expiry, incremental recounts against a picture built afresh, kept fair shares.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import copy
 import random
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import pytest
 
-from extender.kubeapi import KubeError
-from extender.picture import watcher
-from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
-from extender.picture.ledger import Bucket, Contribution, QueueLedger
-from extender.picture.watcher import ClusterWatcher, apply_watch_event
+from extender.picture.cluster import WATCHED_PATHS
 from extender.policy.fairness import (
     FairShareInputs,
     QueueTree,
-    QueueUsage,
     WeightAdjustment,
     compute_fair_shares,
 )
 from extender.policy.placement import GpuDemand
 from tests import extender_objects as objects
+from tests.unit.extender.pictures import CLASS, running_on, synced_state, two_nodes, with_rv
 
-GIB = 2**30
-CLASS = "gpu.tessera.dev"
 KINDS: tuple[Literal["allocated", "requested"], ...] = ("allocated", "requested")
-
-
-def synced_state(objs: Sequence[Mapping[str, Any]], **config: Any) -> ClusterPicture:
-    state = ClusterPicture(PictureConfig(**config))
-    for kind in WATCHED_PATHS:
-        state.replace(kind, [o for o in objs if o["kind"] == kind])
-    return state
-
-
-def two_nodes() -> list[dict[str, Any]]:
-    return [
-        objects.node("a"),
-        objects.node("b"),
-        objects.gpu_slice("a", 4, shareable=True),
-        objects.gpu_slice("b", 4, model="A100-40GB", memory="40Gi"),
-        objects.device_class(CLASS),
-    ]
-
-
-def with_rv(obj: dict[str, Any], rv: int) -> dict[str, Any]:
-    obj["metadata"]["resourceVersion"] = str(rv)
-    return obj
-
-
-def test_free_gpus_are_slice_devices_minus_allocations() -> None:
-    state = synced_state(
-        [
-            *two_nodes(),
-            objects.claim("ns", "whole", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)]),
-            objects.claim(
-                "ns", "part", objects.claim_spec(CLASS, memory="20Gi"), allocated=[("a", "gpu-1", "20Gi")]
-            ),
-        ]
-    )
-    assert state.ready()
-    a = state.node_gpus("a")
-    assert (a.model, a.free_milli) == ("H100-80GB", (0, 750, 1000, 1000))
-    assert state.node_gpus("b").free_milli == (1000,) * 4
-    assert state.node_gpus("unknown").free_milli == ()
-    state.apply("ResourceClaim", "DELETED", objects.claim("ns", "whole", {}))
-    assert state.node_gpus("a").free_milli == (1000, 750, 1000, 1000)
-
-
-def test_an_older_version_never_overwrites_a_newer_one() -> None:
-    state = synced_state(two_nodes())
-    spec = objects.claim_spec(CLASS)
-    state.apply("ResourceClaim", "ADDED", with_rv(objects.claim("ns", "c", spec, [("b", "gpu-2", None)]), 7))
-    state.apply("ResourceClaim", "MODIFIED", with_rv(objects.claim("ns", "c", spec), 5))
-    assert state.node_gpus("b").free_milli == (1000, 1000, 0, 1000)
-
-
-def test_relist_drops_what_is_gone_and_readiness_needs_every_kind() -> None:
-    state = ClusterPicture()
-    state.replace("ResourceSlice", [objects.gpu_slice("a", 2)])
-    assert not state.ready()
-    assert state.node_gpus("a").free_milli == (1000, 1000)
-    state.replace("ResourceSlice", [])
-    assert state.node_gpus("a").free_milli == ()
-
-
-def test_slices_of_other_drivers_and_non_gpu_devices_are_ignored() -> None:
-    mig = objects.gpu_slice("a", 2, name="a-mig")
-    mig["spec"]["devices"][1]["attributes"]["type"] = {"string": "mig"}
-    state = synced_state([objects.gpu_slice("a", 2, driver="nic.example.com"), mig])
-    assert state.node_gpus("a").free_milli == (1000,)
-
-
-def test_classic_extended_resource_gpus_on_a_node() -> None:
-    state = synced_state(
-        [
-            objects.node("c", classic_gpus=4, labels={"nvidia.com/gpu.product": "T4"}),
-            objects.pod("ns", "p", queue="q", classic_gpus=3, node_name="c"),
-        ]
-    )
-    assert state.node_gpus("c").free_milli == (1000, 0, 0, 0)
-    assert state.node_gpus("c").model == "T4"
-    assert state.capacity()["gpu/T4"] == 4
-    assert state.pod_resources("ns/p", state.kind("Pod")["ns/p"])["gpu/T4"] == 3
 
 
 def test_queue_usage_counts_held_devices_and_pending_demand() -> None:
@@ -155,72 +69,11 @@ def test_queue_usage_counts_held_devices_and_pending_demand() -> None:
     assert state.fairness() is view  # cached until the picture changes
 
 
-def test_pending_demand_counts_only_the_configured_schedulers() -> None:
-    state = synced_state(
-        [
-            *two_nodes(),
-            objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
-            objects.pod("ns", "mine", queue="q", template="one", scheduler="tessera"),
-            objects.pod("ns", "other", queue="q", template="one"),
-            objects.queue("q"),
-        ],
-        scheduler_names=frozenset({"tessera"}),
-    )
-    assert state.fairness().usage["q"].requested["gpu"] == 1
-
-
-def test_an_optimistic_bind_counts_once_before_and_after_the_watch_event() -> None:
-    pending = objects.pod("ns", "p", queue="q", classic_gpus=1)
-    state = synced_state([objects.node("c", classic_gpus=2), objects.queue("q"), with_rv(pending, 10)])
-    assert state.fairness().usage["q"].requested == {"gpu": 1, "cpu": 0.1, "memory": 64 * 2**20}
-    state.assume_bound("ns", "p", "c")
-    assert state.fairness().usage["q"].allocated["gpu"] == 1
-    assert state.fairness().usage["q"].requested == {}
-    assert state.node_gpus("c").free_milli == (1000, 0)
-    bound = objects.pod("ns", "p", queue="q", classic_gpus=1, node_name="c")
-    state.apply("Pod", "MODIFIED", with_rv(bound, 11))
-    state.apply("Pod", "MODIFIED", with_rv(bound, 11))  # the same event twice
-    assert state.fairness().usage["q"].allocated["gpu"] == 1
-    assert state.node_gpus("c").free_milli == (1000, 0)
-    assert state.inventory.assumed_nodes == {}
-    state.apply("Pod", "DELETED", bound)
-    assert state.node_gpus("c").free_milli == (1000, 1000)
-
-
-def test_pending_fraction_is_relative_to_the_largest_matching_gpu() -> None:
-    state = synced_state(
-        [
-            *two_nodes(),
-            objects.claim_template("ns", "half", objects.claim_spec(CLASS, memory="20Gi")),
-            objects.pod("ns", "p", queue="q", template="half"),
-        ]
-    )
-    pod = state.kind("Pod")["ns/p"]
-    demand = state.pod_demand(pod)
-    assert demand is not None and (demand.count, demand.milli) == (1, 250)  # 20Gi of an 80Gi GPU
-    demand_on_b = state.demand(pod).gpus_at(state.gpu_memory["b"])
-    assert demand_on_b is not None and demand_on_b.milli == 500  # 20Gi of a 40Gi GPU
-    assert state.pod_resources("ns/p", pod)["gpu"] == pytest.approx(0.25)
-
-
 def test_invalid_queue_objects_are_reported_not_fatal() -> None:
     state = synced_state([objects.queue("bad", resources={"gpu": {"quota": "lots"}})])
     view = state.fairness()
     assert "bad" in view.invalid and "quota" in view.invalid["bad"]
     assert [spec.name for spec in view.specs] == ["default"]
-
-
-def test_a_claim_not_yet_seen_is_sized_from_its_template() -> None:
-    pod = objects.pod("ns", "p", queue="q", template="two")
-    pod["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "p-gpus-abc"}]
-    template = objects.claim_template("ns", "two", objects.claim_spec(CLASS, count=2))
-    state = synced_state([*two_nodes(), template, pod])
-    demand = state.pod_demand(pod)
-    assert demand is not None and demand.count == 2
-    claim = objects.claim("ns", "p-gpus-abc", objects.claim_spec(CLASS, count=3))
-    state.apply("ResourceClaim", "ADDED", claim)
-    demand = state.pod_demand(pod)
-    assert demand is not None and demand.count == 3  # the claim itself wins once known
 
 
 def test_reservations_move_a_pod_to_allocated_and_expire() -> None:
@@ -290,44 +143,6 @@ def test_a_reservation_expires_at_its_last_deadline(monkeypatch: pytest.MonkeyPa
     assert held_gpus() == 0 and state.accounting.reserved == {}
 
 
-def test_watch_events_apply_bookmarks_advance_and_410_asks_for_a_relist() -> None:
-    state = synced_state([])
-    added = {"type": "ADDED", "object": with_rv(objects.gpu_slice("a", 1), 20)}
-    assert apply_watch_event(state, "ResourceSlice", added, "10") == "20"
-    assert state.node_gpus("a").free_milli == (1000,)
-    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "30"}}}
-    assert apply_watch_event(state, "ResourceSlice", bookmark, "20") == "30"
-    assert list(state.kind("ResourceSlice")) == ["a-gpu.tessera.dev"]
-    expired = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
-    assert apply_watch_event(state, "ResourceSlice", expired, "30") == ""
-    with pytest.raises(KubeError) as failure:
-        failed = {"type": "ERROR", "object": {"code": 500, "message": "boom"}}
-        apply_watch_event(state, "ResourceSlice", failed, "30")
-    assert failure.value.status == 500
-
-
-async def test_the_watcher_counts_a_burst_of_events_once_before_the_next_request(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    template = objects.claim_template("ns", "one", objects.claim_spec(CLASS))
-    state = synced_state([*two_nodes(), template, objects.queue("q")])
-    pods = [
-        with_rv(objects.pod("ns", f"p{index}", queue="q", template="one"), 10 + index) for index in range(3)
-    ]
-
-    async def three_pods(*_: Any) -> Any:
-        for pod in pods:
-            yield {"type": "ADDED", "object": pod}
-
-    monkeypatch.setattr(watcher, "watch_lines", three_pods)
-    settled: list[int] = []
-    monkeypatch.setattr(state, "settle", lambda: settled.append(len(state.kind("Pod"))))
-    assert await ClusterWatcher(None, state)._watch("Pod", "/api/v1/pods", "1") == "12"  # type: ignore[arg-type]
-    assert settled == []  # not while applying the events at hand
-    await asyncio.sleep(0)
-    assert settled == [3]  # once, with all three
-
-
 def test_settle_counts_changed_pods_as_the_next_view_would() -> None:
     template = objects.claim_template("ns", "one", objects.claim_spec(CLASS))
     state = synced_state([*two_nodes(), template, objects.queue("q")])
@@ -373,79 +188,6 @@ def test_incremental_accounting_matches_a_fresh_count_after_many_events() -> Non
     assert fresh.fairness().mix == view.mix
 
 
-@pytest.mark.parametrize("seed", range(100))
-def test_usage_and_pending_counts_kept_by_the_ledger_equal_those_of_a_fresh_one(seed: int) -> None:
-    # Pods of queues a-d, 40 random steps: a pod's contribution set (waiting, holding, neither)
-    # or dropped, sometimes the ledger cleared and some of its pods put again (a relist),
-    # sometimes other queues named. After each, `usage` and `pending_pods` equal those of a
-    # ledger given the same contributions afresh (running totals: approx), the usage of a queue
-    # no step touched is the same object as before, and what was handed out before is unchanged.
-    rng = random.Random(seed)
-    ledger = QueueLedger()
-    named: frozenset[str] = frozenset("ab")
-    usage = ledger.usage(named)
-    handed_out: list[tuple[Mapping[str, QueueUsage], dict[str, int], object]] = []
-
-    def frozen(usage: Mapping[str, QueueUsage], pending: Mapping[str, int]) -> object:
-        return {q: (dict(u.allocated), dict(u.requested)) for q, u in usage.items()}, dict(pending)
-
-    for _ in range(40):
-        touched: set[str] = set()
-        roll = rng.random()
-        if roll < 0.85:
-            key = f"p{rng.randrange(8)}"
-            old = ledger.contributions.get(key)
-            touched.update([old.queue] if old is not None and old.bucket != "none" else [])
-            new = None
-            if roll < 0.7:
-                bucket: Bucket = rng.choice(("allocated", "requested", "none"))
-                amounts = {"gpu": rng.choice((0.5, 1.0)), "cpu": rng.choice((0.1, 2.0))}
-                new = Contribution(rng.choice("abcd"), bucket, amounts)
-                touched.update([new.queue] if bucket != "none" else [])
-            ledger.put(key, new)
-        elif roll < 0.95:
-            kept = dict(ledger.contributions)
-            ledger.clear()
-            touched.update(usage)
-            for key, contribution in rng.sample(sorted(kept.items()), k=rng.randint(0, len(kept))):
-                ledger.put(key, contribution)
-        else:
-            named = frozenset(rng.sample("abcde", k=rng.randint(0, 3)))
-            touched.update("abcde")  # every usage may be built again
-        before = usage
-        usage, pending = ledger.usage(named), ledger.pending_pods()
-        fresh = QueueLedger()
-        for key, contribution in ledger.contributions.items():
-            fresh.put(key, contribution)
-        expected = fresh.usage(named)
-        # (a queue whose pods all left keeps an empty usage until the next clear)
-        waiting = Counter(c.queue for c in ledger.contributions.values() if c.bucket == "requested")
-        assert usage.keys() >= expected.keys() and pending == dict(waiting)
-        for queue, kept_usage in usage.items():
-            expected_usage = expected.get(queue, QueueUsage(allocated={}, requested={}))
-            assert kept_usage.allocated == pytest.approx(expected_usage.allocated)
-            assert kept_usage.requested == pytest.approx(expected_usage.requested)
-            if queue in before and queue not in touched:
-                assert kept_usage is before[queue]
-        for usage_then, pending_then, as_then in handed_out:
-            assert frozen(usage_then, pending_then) == as_then
-        handed_out.append((usage, pending, frozen(usage, pending)))
-
-
-def test_ledger_moves_only_the_difference_and_leaves_no_residue() -> None:
-    ledger = QueueLedger()
-    third = {"gpu": 1 / 3}
-    ledger.put("a", Contribution("q", "requested", third, GpuDemand(count=1, milli=333)))
-    ledger.put("b", Contribution("q", "allocated", third))
-    ledger.put("a", Contribution("q", "allocated", third, GpuDemand(count=1, milli=333)))
-    assert ledger.allocated["q"]["gpu"] == pytest.approx(2 / 3)
-    assert ledger.requested["q"] == {} and ledger.pending_pods() == {}
-    ledger.put("a", None)
-    ledger.put("b", None)
-    assert ledger.allocated["q"] == {}
-    assert ledger.mix().demands == ()
-
-
 def test_slice_events_recount_what_they_change_like_a_fresh_count() -> None:
     held = objects.pod("ns", "held", queue="q", template="one", node_name="c")
     held["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "held-gpus"}]
@@ -481,11 +223,6 @@ def test_slice_events_recount_what_they_change_like_a_fresh_count() -> None:
     state.apply("ResourceSlice", "DELETED", objects.gpu_slice("d", 2, model="H200", memory="160Gi"))
     assert state.fairness().usage["q"].requested["gpu"] == pytest.approx(0.5)
     assert_matches_fresh_count()
-
-
-def running_on(name: str, node: str, claim_name: str, queue: str = "q") -> dict[str, Any]:
-    pod = objects.pod("ns", name, queue=queue, claim_name=claim_name, node_name=node)
-    return pod
 
 
 def test_a_pod_bound_before_its_claims_allocation_arrives_counts_its_nodes_model() -> None:
@@ -564,47 +301,6 @@ def test_a_mig_partition_is_charged_its_share_of_a_gpu(whole_gpu_known: bool, sh
     # Charged its share (it was a whole GPU before); MIG partitions add no GPU capacity.
     assert state.fairness().usage["q"].allocated["gpu"] == pytest.approx(share, abs=1e-3)
     assert state.capacity().get("gpu", 0) == (1 if whole_gpu_known else 0)
-
-
-def test_unknown_node_names_are_not_remembered() -> None:
-    state = synced_state(two_nodes())
-    for index in range(1000):
-        assert state.node_gpus(f"made-up-{index}").free_milli == ()
-    assert state.node_gpus("a").free_milli == (1000,) * 4
-    assert set(state.inventory._node_gpus) <= {"a", "b"}
-
-
-def counted_reads(state: ClusterPicture, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the pods whose demand is read (parsed) from now on, in order."""
-    reads: list[str] = []
-    parse = state.demands._parse
-
-    def counted(pod: Mapping[str, Any]) -> Any:
-        reads.append(pod["metadata"]["name"])
-        return parse(pod)
-
-    monkeypatch.setattr(state.demands, "_parse", counted)
-    return reads
-
-
-def test_a_request_pod_the_store_lacks_is_read_once_per_version_until_its_template_changes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Filter, prioritize and the reservation of one scheduling cycle read the same pod version;
-    # the watch may not have delivered it yet. Its demand is kept for that version, and dropped
-    # when what it reads changes (here its claim template: 1 GPU, then 2).
-    template = objects.claim_template("ns", "t", objects.claim_spec(CLASS))
-    state = synced_state([*two_nodes(), template])
-    reads = counted_reads(state, monkeypatch)
-    pod = with_rv(objects.pod("ns", "p", queue="q", template="t"), 7)
-    for _ in range(3):  # three decodes of the same version: one read
-        assert state.demand(copy.deepcopy(pod)).queue == "q"
-    state.demand(with_rv(copy.deepcopy(pod), 8))  # a new version is read
-    assert reads == ["p", "p"]
-    changed = with_rv(objects.claim_template("ns", "t", objects.claim_spec(CLASS, count=2)), 9)
-    apply_watch_event(state, "ResourceClaimTemplate", {"type": "MODIFIED", "object": changed}, "9")
-    again = state.pod_demand(copy.deepcopy(pod))
-    assert again is not None and again.count == 2 and reads == ["p", "p", "p"]
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -700,33 +396,3 @@ def test_kept_fair_shares_are_divided_again_when_the_weight_adjustment_changes_v
     assert gpu_shares() == {"a": 2.0, "b": 2.0}
     state.accounting.adjust_weights(None)  # back to the queues' weights: 2 and 2
     assert gpu_shares() == {"a": 2.0, "b": 2.0}
-
-
-def test_a_pods_demand_is_read_again_only_when_what_it_reads_changes(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A pod event that changes only its phase or node, or a claim event that changes only its
-    # status (allocation), keeps the demand; a new container request or claim spec reads it again.
-    pod = objects.pod("ns", "p", queue="q", claim_name="c")
-    claim = objects.claim("ns", "c", objects.claim_spec(CLASS))
-    state = synced_state([*two_nodes(), with_rv(pod, 1), with_rv(claim, 2)])
-    reads = counted_reads(state, monkeypatch)
-
-    def demand_now() -> GpuDemand | None:
-        return state.pod_demand(state.kind("Pod")["ns/p"])
-
-    assert demand_now() == GpuDemand(count=1) and reads == []  # read when the picture synced
-    bound = with_rv(copy.deepcopy(pod), 3)
-    bound["spec"]["nodeName"] = "a"
-    bound["status"]["phase"] = "Running"
-    state.apply("Pod", "MODIFIED", bound)
-    allocated = with_rv(
-        objects.claim("ns", "c", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)]), 4
-    )
-    state.apply("ResourceClaim", "MODIFIED", allocated)
-    assert demand_now() == GpuDemand(count=1) and reads == []  # not read again
-    bigger = with_rv(objects.claim("ns", "c", objects.claim_spec(CLASS, count=2)), 5)
-    state.apply("ResourceClaim", "MODIFIED", bigger)
-    assert demand_now() == GpuDemand(count=2) and reads == ["p"]
-    more_cpu = with_rv(copy.deepcopy(bound), 6)
-    more_cpu["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "4"
-    state.apply("Pod", "MODIFIED", more_cpu)
-    assert state.demand(state.kind("Pod")["ns/p"]).cpu == 4 and reads == ["p", "p"]
