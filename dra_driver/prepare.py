@@ -785,13 +785,11 @@ class Preparer:
         return outcomes
 
     async def _taken_placements(self, planned: Sequence[_Planned]) -> dict[str, str]:
-        """Claim UID -> why it fails, for each claim a partition of which would go where an
-        instance is already (made since the slice was published, by someone else), from one
-        listing per GPU taken before anything of the request is recorded or made. So a claim is
-        recorded ``started`` only where its placement was free, and the undo of an interrupted
-        create, which takes the instance at the placement for the claim's own, finds no one
-        else's there (the crash between a refused create and the claim's failure record that
-        took it is gone: such a create is not run)."""
+        """Claim UID -> why it fails, for each claim with a partition where an instance already
+        is (made since the slice was published), from one listing per GPU taken before anything
+        of the request is recorded or made. A claim is so recorded ``started`` only where its
+        placement was free: the undo of an interrupted create, which takes the instance at the
+        placement for the claim's, finds no one else's there."""
         partitioned = [(p, d) for p in planned for d in p.devices if d.share.partition is not None]
         if not partitioned or self._partitioner is None:
             return {}
