@@ -146,13 +146,19 @@ def partition_publishing(config: DriverConfig) -> bool | None:
 
 def driver_instances_hidden(checkpoint_dir: Path) -> Callable[[Sequence[Gpu]], list[Gpu]]:
     """What the slices publish of an inventory: the MIG instances this driver made left out, by
-    the records on disk read at each publish (the plugin writes them, maybe another instance of
-    the driver until this one takes over)."""
+    the records on disk read at each publish (the plugin writes them; the first publish comes
+    after its recovery, which restores the claims a damaged checkpoint lost)."""
 
     def published(gpus: Sequence[Gpu]) -> list[Gpu]:
         return without_driver_instances(gpus, read_claims(checkpoint_dir).values())
 
     return published
+
+
+async def _set_after(event: asyncio.Event, *preconditions: asyncio.Event) -> None:
+    for precondition in preconditions:
+        await precondition.wait()
+    event.set()
 
 
 async def run_driver(config: DriverConfig, stop: asyncio.Event) -> None:
@@ -174,15 +180,20 @@ async def run_driver(config: DriverConfig, stop: asyncio.Event) -> None:
     )
     try:
         async with asyncio.TaskGroup() as group:
-            slices = group.create_task(reconciler.run(), name="slices")
+            # The plugin starts by recovering the checkpoint (claims adopted from their CDI specs,
+            # interrupted ones rolled back): the slices are built on what it leaves, so they
+            # publish after it, and the driver is ready once both are done.
             plugin_started = asyncio.Event()
             serving = group.create_task(
                 serve_plugin(config, profile, api, stop, started=plugin_started),
                 name="plugin",
             )
-            await plugin_started.wait()
-            ready.set()
+            slices = group.create_task(reconciler.run(start_after=plugin_started), name="slices")
+            readiness = group.create_task(
+                _set_after(ready, plugin_started, reconciler.published_once), name="readiness"
+            )
             await stop.wait()
+            readiness.cancel()  # a stop while the plugin waits for a previous instance
             slices.cancel()
             await serving
     finally:

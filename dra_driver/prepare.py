@@ -19,11 +19,14 @@ checkpoint makes the driver drop a claim the kubelet was told is prepared, or re
 MIG partitions made on demand (a device of a partitionable GPU: a placement, or the whole GPU as
 its full-size instance) are made by the profile's ``Partitioner`` (GPU and compute instance in one
 command), with the checkpoint written before (``started``: nothing made yet) and after
-(``completed``, with the instance ids and MIG device uuid). Undoing one (unprepare, a
-failure, or the roll-back of a claim a crash interrupted) destroys whatever exists at its
-placement, found on the device rather than from the record, so a crash between a create and its
-record leaves no orphaned instance. A claim whose instance cannot be destroyed stays recorded
-(its unprepare fails, and the kubelet retries it).
+(``completed``, with the instance ids and MIG device uuid). Before either, the GPU's instances
+are listed: a claim whose placement an instance already covers (made since the slice was
+published) fails with nothing recorded or made. Undoing one (unprepare, a failure, or the
+roll-back of a claim a crash interrupted) destroys its recorded instance, or without a recorded
+id the one at its placement, found on the device, so a crash between a create and its record
+leaves no orphaned instance, and since the placement was free when the claim was recorded, the
+instance there is the claim's. A claim whose instance cannot be destroyed stays recorded (its
+unprepare fails, and the kubelet retries it).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from dra_driver.devices.share import (
     GpuShare,
     MigPartition,
     PartitionNotMade,
+    PlacedInstance,
     SharingCommandError,
 )
 from dra_driver.sharing import SharingConflict, SharingManager
@@ -708,6 +712,11 @@ class Preparer:
         for p in planned:
             if not p.devices:  # allocated only to other drivers: nothing to prepare, no spec
                 outcomes[p.ref.uid] = PrepareOutcome()
+        for uid, error in (await self._taken_placements(with_devices)).items():
+            outcomes[uid] = PrepareOutcome(error=error)
+        with_devices = [p for p in with_devices if p.ref.uid not in outcomes]
+        if not with_devices:  # nothing to record: no checkpoint write
+            return outcomes
         specs = {p.ref.uid: cdi.spec_path(self._cdi_dir, self._driver, p.ref.uid) for p in with_devices}
         started = {
             p.ref.uid: ClaimRecord(
@@ -774,6 +783,41 @@ class Preparer:
             outcomes[uid] = PrepareOutcome(devices=devices)
             log.info("prepared claim %s: %s", uid, [d.device_name for d in devices])
         return outcomes
+
+    async def _taken_placements(self, planned: Sequence[_Planned]) -> dict[str, str]:
+        """Claim UID -> why it fails, for each claim with a partition where an instance already
+        is (made since the slice was published), from one listing per GPU taken before anything
+        of the request is recorded or made. A claim is so recorded ``started`` only where its
+        placement was free: the undo of an interrupted create, which takes the instance at the
+        placement for the claim's, finds no one else's there."""
+        partitioned = [(p, d) for p in planned for d in p.devices if d.share.partition is not None]
+        if not partitioned or self._partitioner is None:
+            return {}
+        listed: dict[str, tuple[PlacedInstance, ...] | str] = {}
+        for gpu_uuid in dict.fromkeys(d.share.gpu_uuid for _, d in partitioned):
+            try:
+                listed[gpu_uuid] = await self._partitioner.instances(gpu_uuid)
+            except SharingCommandError as err:
+                listed[gpu_uuid] = f"listing the MIG instances of GPU {gpu_uuid}: {err}"
+        refused: dict[str, str] = {}
+        for p, device in partitioned:
+            partition, found = device.share.partition, listed[device.share.gpu_uuid]
+            if p.ref.uid in refused or partition is None:
+                continue
+            if isinstance(found, str):
+                refused[p.ref.uid] = self._failed("prepare", p.ref, found)
+                continue
+            taken = sorted(i.gpu_instance for i in found if partition.overlaps(i))
+            if taken:
+                last = partition.start + partition.memory_slices - 1
+                refused[p.ref.uid] = self._failed(
+                    "prepare",
+                    p.ref,
+                    f"{device.device.name}: memory slices {partition.start}-{last} are taken by GPU "
+                    f"instance {', '.join(map(str, taken))}, made since the slice was published; "
+                    "nothing was made",
+                )
+        return refused
 
     def _check_not_pinned(self, claim_uid: str, devices: Sequence[PlannedDevice]) -> None:
         """A GPU a spec without a record names may run that claim's pod, set up in a way nobody

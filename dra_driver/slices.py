@@ -502,6 +502,9 @@ class SliceReconciler:
         self.generation = 0
         self._published: list[Any] | None = None
         self._lock = asyncio.Lock()
+        # Set by the first publish that succeeds (written, or found current): the pool in the API
+        # is this driver's view from then on.
+        self.published_once = asyncio.Event()
 
     async def detect_sharing_mode(self) -> SharingMode:
         """Dry-run a slice with a shareable device: the apiserver drops fields whose feature is off."""
@@ -595,6 +598,7 @@ class SliceReconciler:
                 s["spec"]["pool"]["generation"] == self.generation for s in existing.values()
             )
             if in_place and self._published == _comparable(desired):
+                self.published_once.set()
                 return False
             self.generation += 1
             for wanted in desired:
@@ -611,6 +615,7 @@ class SliceReconciler:
                 await self._delete(name)
             self._published = _comparable(desired)
             self._record(gpus, desired)
+            self.published_once.set()
             return True
 
     def _record(self, gpus: Sequence[Gpu], desired: Sequence[Mapping[str, Any]]) -> None:
@@ -642,14 +647,23 @@ class SliceReconciler:
                 await self._delete(name)
             self._published = None
 
-    async def run(self, resync_s: float = RESYNC_INTERVAL_S) -> None:
-        """Publish now, then on every inventory or health change, until cancelled.
+    async def run(
+        self, resync_s: float = RESYNC_INTERVAL_S, start_after: asyncio.Event | None = None
+    ) -> None:
+        """Publish once ``start_after`` is set (at once without it), then on every inventory or
+        health change, until cancelled.
 
+        The first publish waits for ``start_after`` with nothing read: what is published depends
+        on state the event's setter may change (the driver's recovery rewrites the checkpoint,
+        which tells its own MIG instances, and destroys instances a crash left), so the first
+        inventory is read after it. Until then the slices a previous run left stay as they are.
         Every ``resync_s`` without a change the pool is checked against the API too, so slices
         deleted or left behind by someone else are repaired. API errors are logged and retried
         with back-off, never fatal.
         """
         changes = self._discovery.watch_health()  # before the first read: no change slips between
+        if start_after is not None:
+            await start_after.wait()
         gpus = self._discovery.inventory()
         # A task, not wait_for: a timeout must not cancel (and so end) the change iterator.
         next_change: asyncio.Future[list[Gpu]] = asyncio.ensure_future(anext(changes))

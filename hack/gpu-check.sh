@@ -10,12 +10,13 @@
 # 3. CUDA allocations as that claim's client: half the limit must succeed, the limit plus 1 GiB
 #    must fail (CUDA_ERROR_OUT_OF_MEMORY); either other outcome fails the check.
 # 4. Unprepare: MPS stopped, compute mode back to DEFAULT, CDI spec removed (also on failure).
-# 5. MIG partitions on demand, on a GPU whose MIG mode is already on and that holds no MIG
-#    instance: a 1g claim prepared with the driver's partitioner (nvidia-smi mig -cgi <id>:<start>
+# 5. MIG partitions on demand, on a GPU whose MIG mode is already on, at the first 1g placement
+#    the slices publish there (clear of any instance someone else made, which is left as it is):
+#    a 1g claim prepared with the driver's partitioner (nvidia-smi mig -lgi, -cgi <id>:<start>
 #    -C), its MIG device listed by nvidia-smi -L and used by a CUDA allocation through its uuid,
 #    the two capability nodes its CDI spec names printed (/dev/nvidia-caps/nvidia-cap<m> of its
 #    GPU and compute instance, with the host's node beside them), then unprepared (-lgi, -dci,
-#    -dgi) and no instance left. MIG mode is never changed: it needs
+#    -dgi) and the GPU's instances exactly those before. MIG mode is never changed: it needs
 #    a GPU reset, and on a shared or lent machine it is not this script's to change. Without such
 #    a GPU the step says why and is skipped (steps 2-4 need a GPU not in MIG mode, likewise).
 #
@@ -62,9 +63,10 @@ from contract.quantity import parse_quantity
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.devices.model import Gpu, NodeDevice
 from dra_driver.prepare import ClaimRef, Preparer, node_devices
+from dra_driver.profiles.nvidia.mig import parse_gpu_instances
 from dra_driver.profiles.registry import build_profile
 from dra_driver.sharing import ProcessRunner, SharingManager
-from dra_driver.slices import NodeRef, SharingMode, build_slices
+from dra_driver.slices import NodeRef, SharingMode, build_devices, build_slices
 
 DRIVER = "gpu.tessera.dev"
 GIB = 1 << 30
@@ -162,20 +164,33 @@ async def main() -> int:
         results["MPS"] = await mps_check(profile, devices, whole[0])
     else:
         print("\nSKIPPED steps 2-4 (MPS): every GPU here is in MIG mode; MPS needs one that is not")
-    partitionable = [g for g in gpus if g.mig_layout is not None and not g.mig_devices]
-    if partitionable:
-        results["MIG"] = await mig_check(profile, devices, partitionable[0])
+    placements = [(g, p) for g in gpus if (p := free_1g_placement(g, devices)) is not None]
+    if placements:
+        results["MIG"] = await mig_check(profile, devices, *placements[0])
     else:
         print(f"\nSKIPPED step 5 (MIG): {why_no_mig(gpus)}")
     print(f"\nRESULTS: {results or 'nothing could be checked on this machine'}")
     return 0 if results and all(results.values()) else 1
 
 
+def free_1g_placement(gpu: Gpu, devices: dict[str, NodeDevice]) -> NodeDevice | None:
+    """The first 1g placement the slices publish on a partitionable GPU: clear of every instance
+    someone else made there (none is published beside an instance of unknown placement)."""
+    if gpu.mig_layout is None:
+        return None
+    for published in build_devices([gpu], DRIVER, SharingMode.CONSUMABLE_CAPACITY, partitionable=True):
+        device = devices.get(published["name"])
+        placement = device.placement if device is not None and device.is_mig else None
+        if placement is not None and placement.compute_slices == 1:
+            return device
+    return None
+
+
 def why_no_mig(gpus: list[Gpu]) -> str:
     if any(g.mig_layout is not None for g in gpus):
         return (
-            "every GPU in MIG mode already holds MIG instances made by someone else; they are left "
-            "as they are (the driver makes partitions on a GPU whose instances are its own)"
+            "the instances someone else made on every GPU in MIG mode cover each 1g placement (or "
+            "their placement is unknown); they are left as they are"
         )
     if any(g.mig_enabled for g in gpus):
         return "the GPUs in MIG mode are of a model without a placement table (A100, H100, H200)"
@@ -244,9 +259,10 @@ def capability_nodes(spec: dict[str, Any]) -> bool:
     return len(nodes) == 2
 
 
-async def mig_check(profile: Any, devices: dict[str, NodeDevice], gpu: Gpu) -> bool:
-    placement = next(d for d in devices.values() if d.uuid == gpu.uuid and d.is_mig)  # a 1g at start 0
+async def mig_check(profile: Any, devices: dict[str, NodeDevice], gpu: Gpu, placement: NodeDevice) -> bool:
     step(f"5. prepare MIG placement {placement.name} of GPU {gpu.index} (real nvidia-smi mig commands)")
+    before = await asyncio.to_thread(run_text, ["nvidia-smi", "mig", "-i", gpu.uuid, "-lgi"])
+    print(f"GPU {gpu.index}'s instances before (someone else's, left as they are):\n{before}")
     preparer = preparer_for(profile, devices, claim_of("mig", placement.name, {}), "mig-state")
     ref = ClaimRef("gpu-check", "gpu-check-mig", "mig")
     outcome = (await preparer.prepare([ref]))[ref.uid]
@@ -269,8 +285,8 @@ async def mig_check(profile: Any, devices: dict[str, NodeDevice], gpu: Gpu) -> b
         print(await preparer.unprepare([ref]))
         left = await asyncio.to_thread(run_text, ["nvidia-smi", "mig", "-i", gpu.uuid, "-lgi"])
         print(left)
-        gone = "MIG " not in left
-        print(f"no instance left on GPU {gpu.index}: {gone}")
+        gone = parse_gpu_instances(left) == parse_gpu_instances(before)
+        print(f"GPU {gpu.index}'s instances are those before, the claim's gone: {gone}")
     print(f"\nRESULT: a MIG partition made on demand {'WORKS' if held and gone else 'DOES NOT WORK'}")
     return held and gone
 

@@ -24,7 +24,14 @@ from typing import Protocol
 
 from contract.gpuconfig import SharingStrategy
 from dra_driver.devices.model import Gpu, MigInstance, NodeDevice
-from dra_driver.devices.share import Command, ContainerEdits, GpuShare, MigPartition, RunCommand
+from dra_driver.devices.share import (
+    Command,
+    ContainerEdits,
+    GpuShare,
+    MigPartition,
+    PlacedInstance,
+    RunCommand,
+)
 
 
 class BackendUnavailable(RuntimeError):
@@ -72,6 +79,10 @@ class SharingSetup(Protocol):
 class Partitioner(Protocol):
     """Makes and destroys a device's partitions (MIG instances); the driver records a partition
     before it is made and after."""
+
+    async def instances(self, gpu_uuid: str) -> tuple[PlacedInstance, ...]:
+        """The GPU instances on the device now, with their placements (none: an empty tuple)."""
+        ...
 
     async def create(self, gpu_uuid: str, partition: MigPartition) -> MigPartition:
         """The GPU instance at the partition's placement and its compute instance; the partition

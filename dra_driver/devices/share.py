@@ -24,6 +24,23 @@ class MigPartition:
     compute_instance: int | None = None
     uuid: str = ""
 
+    def overlaps(self, instance: PlacedInstance) -> bool:
+        """Whether ``instance`` covers any memory slice of this partition's placement."""
+        return (
+            instance.start < self.start + self.memory_slices
+            and self.start < instance.start + instance.memory_slices
+        )
+
+
+@dataclass(frozen=True)
+class PlacedInstance:
+    """A GPU instance as its device lists it (``nvidia-smi mig -lgi``): its id and placement."""
+
+    gpu_instance: int
+    profile_id: int
+    start: int
+    memory_slices: int
+
 
 @dataclass(frozen=True)
 class GpuShare:

@@ -175,6 +175,8 @@ async def test_the_scheduler_allocates_placements_without_overlap_and_the_kubele
         log = config.checkpoint_dir / "sharing-commands.jsonl"
         one_g_b_device = await allocated_device(k8s, namespace, one_g_b.name)
         assert mig_commands(log) == [
+            f"nvidia-smi mig -i {gpu0} -lgi",  # each GPU's placements checked free, once
+            f"nvidia-smi mig -i {gpu1} -lgi",
             f"nvidia-smi mig -i {gpu0} -cgi 19:{start(one_g_device)} -C",
             f"nvidia-smi mig -i {gpu1} -cgi 9:{start(three_g_device)} -C",
             f"nvidia-smi mig -i {gpu0} -cgi 19:{start(one_g_b_device)} -C",
@@ -195,10 +197,11 @@ async def test_the_scheduler_allocates_placements_without_overlap_and_the_kubele
         whole = await bound_claim(k8s, namespace, "whole")
         assert await allocated_device(k8s, namespace, whole.name) == "gpu-1"
         assert (await kubelet.prepare(endpoint, [whole]))[whole.uid].error == ""
-        assert mig_commands(log)[3:] == [
+        assert mig_commands(log)[5:] == [
             f"nvidia-smi mig -i {gpu1} -lgi",
             f"nvidia-smi mig -i {gpu1} -gi 1 -dci",
             f"nvidia-smi mig -i {gpu1} -gi 1 -dgi",
+            f"nvidia-smi mig -i {gpu1} -lgi",
             f"nvidia-smi mig -i {gpu1} -cgi 0:0 -C",
         ]
         assert smi.instances() == {
@@ -325,13 +328,26 @@ async def test_a_driver_killed_between_making_an_instance_and_recording_it_leave
             pods = Pods(k8s, namespace)
             assert await pods.running_on("one-g") == node
             assert mig_commands(log) == [
-                f"nvidia-smi mig -i {gpu_uuid} -cgi 19:0 -C",  # the killed driver's
+                f"nvidia-smi mig -i {gpu_uuid} -lgi",  # the killed driver's: slice 0 free...
+                f"nvidia-smi mig -i {gpu_uuid} -cgi 19:0 -C",  # ...and made there
                 f"nvidia-smi mig -i {gpu_uuid} -lgi",  # recover(): found at its placement...
                 f"nvidia-smi mig -i {gpu_uuid} -gi 1 -dci",
                 f"nvidia-smi mig -i {gpu_uuid} -gi 1 -dgi",  # ...and destroyed
-                f"nvidia-smi mig -i {gpu_uuid} -cgi 19:0 -C",  # the retry
+                f"nvidia-smi mig -i {gpu_uuid} -lgi",  # the retry
+                f"nvidia-smi mig -i {gpu_uuid} -cgi 19:0 -C",
             ]
             assert smi.instances() == {gpu_uuid: {1: ("1g.10gb", 0, [0])}}  # one, not two
+            # The restarted driver's first publish comes after its recovery: the slices are
+            # built on the checkpoint it leaves (the driver's own instances told by it).
+            restarted_log = short_dir / f"{node}-2.log"
+
+            async def published_again() -> list[str] | None:
+                lines = restarted_log.read_text().splitlines()
+                return lines if any("published pool" in line for line in lines) else None
+
+            lines = await wait_until(published_again, timeout=30, what="the restarted driver's publish")
+            rolled_back = next(i for i, line in enumerate(lines) if "rolled back 1 claim(s)" in line)
+            assert rolled_back < next(i for i, line in enumerate(lines) if "published pool" in line)
             await pods.delete("one-g")
             await wait_until(lambda: pods.gone("one-g"), timeout=60, what="pod one-g gone")
             assert smi.instances() == {}
@@ -402,9 +418,12 @@ async def test_an_instance_an_administrator_made_is_published_allocated_and_left
             == gpus[0].mig_devices[0].uuid
         )
         log = config.checkpoint_dir / "sharing-commands.jsonl"
-        assert mig_commands(log) == [f"nvidia-smi mig -i {gpu0} -cgi 9:0 -C"]
+        assert mig_commands(log) == [
+            f"nvidia-smi mig -i {gpu0} -lgi",
+            f"nvidia-smi mig -i {gpu0} -cgi 9:0 -C",
+        ]
         assert await kubelet.unprepare(endpoint, [admins, made]) == {admins.uid: "", made.uid: ""}
-        assert mig_commands(log)[1:] == [
+        assert mig_commands(log)[2:] == [
             f"nvidia-smi mig -i {gpu0} -lgi",
             f"nvidia-smi mig -i {gpu0} -gi 2 -dci",
             f"nvidia-smi mig -i {gpu0} -gi 2 -dgi",

@@ -10,8 +10,10 @@ then it; nothing there is nothing to do. So undoing a partition whose creation a
 (ids never recorded) leaves no orphaned instance, and a GPU instance whose compute instance was
 never made (``-C`` failing after the GPU instance) goes too.
 
-A create that fails having made nothing (its placement taken, say) is ``PartitionNotMade``:
-its undo does not go looking at the placement, where the instance found is someone else's.
+``instances`` lists the GPU instances with their placements (the preparer checks a placement is
+free before it records and makes a partition there). A create that fails having made nothing
+(its placement taken, say) is ``PartitionNotMade``: its undo does not go looking at the
+placement, where the instance found is someone else's.
 
 ``SimulatedSmi`` answers these commands for simulated GPUs (after recording them like every
 sharing command) from a small state file, the "hardware" that outlives a driver crash: instance
@@ -37,6 +39,7 @@ from dra_driver.devices.share import (
     ContainerEdits,
     MigPartition,
     PartitionNotMade,
+    PlacedInstance,
     RunCommand,
     SharingCommandError,
 )
@@ -55,17 +58,9 @@ def _smi(gpu_uuid: str, *args: str) -> Command:
     return Command(("nvidia-smi", "mig", "-i", gpu_uuid, *args))
 
 
-@dataclass(frozen=True)
-class GpuInstanceRow:
-    profile_id: int
-    gpu_instance: int
-    start: int
-    size: int
-
-
-def parse_gpu_instances(listing: str) -> list[GpuInstanceRow]:
+def parse_gpu_instances(listing: str) -> list[PlacedInstance]:
     return [
-        GpuInstanceRow(int(profile_id), int(gi), int(start), int(size))
+        PlacedInstance(int(gi), int(profile_id), int(start), int(size))
         for _gpu, _name, profile_id, gi, start, size in _GI_ROW.findall(listing)
     ]
 
@@ -120,17 +115,20 @@ class NvidiaMig:
             partition, gpu_instance=gpu_instance, compute_instance=compute_instance, uuid=device_uuid
         )
 
-    async def destroy(self, gpu_uuid: str, partition: MigPartition) -> None:
-        """Whatever exists of the partition at its placement: its compute instances, then its GPU
-        instance. Raises SharingCommandError when a command fails (the caller logs it)."""
+    async def instances(self, gpu_uuid: str) -> tuple[PlacedInstance, ...]:
         try:
             listing = await self._run(_smi(gpu_uuid, "-lgi"))
         except SharingCommandError as err:
             if "No GPU instances found" in str(err):  # a real nvidia-smi exits non-zero for none
-                return
+                return ()
             raise
-        for row in parse_gpu_instances(listing):
-            if (row.profile_id, row.start, row.size) != (
+        return tuple(parse_gpu_instances(listing))
+
+    async def destroy(self, gpu_uuid: str, partition: MigPartition) -> None:
+        """Whatever exists of the partition at its placement: its compute instances, then its GPU
+        instance. Raises SharingCommandError when a command fails (the caller logs it)."""
+        for row in await self.instances(gpu_uuid):
+            if (row.profile_id, row.start, row.memory_slices) != (
                 partition.profile_id,
                 partition.start,
                 partition.memory_slices,

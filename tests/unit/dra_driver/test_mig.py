@@ -272,6 +272,9 @@ async def test_prepare_makes_the_instance_of_each_placement_and_unprepare_destro
     outcomes = await preparer.prepare([ONE_G, THREE_G, WHOLE])
     assert {uid: o.error for uid, o in outcomes.items()} == {ONE_G.uid: "", THREE_G.uid: "", WHOLE.uid: ""}
     assert commands(runner) == [
+        # Each GPU's instances listed once, before anything is recorded: the placements are free.
+        f"nvidia-smi mig -i {GPU0} -lgi",
+        f"nvidia-smi mig -i {GPU1} -lgi",
         # GPU instance profile:start, and -C its default compute instance spanning it
         f"nvidia-smi mig -i {GPU0} -cgi 19:0 -C",  # 1g.10gb at memory slice 0
         f"nvidia-smi mig -i {GPU0} -cgi 9:4 -C",  # 3g.40gb at slices 4-7
@@ -313,34 +316,43 @@ async def test_a_restarted_driver_unprepares_from_the_checkpoint(tmp_path: Path)
 
 
 async def test_a_placement_already_taken_fails_that_claim_only(tmp_path: Path) -> None:
-    # The scheduler never allocates overlapping placements; were it to, the GPU refuses the second.
+    # The scheduler never allocates overlapping placements; were it to, the listing before the
+    # create shows the second's taken (2g.20gb at 0 covers slices 0-1; the 1g holds slice 0).
     claims = mig_claims()
     overlapping = ClaimRef("ns", "uid-2g", "two-g")
     claims.add(claim(overlapping.uid, [Result("gpu-0-mig-2g-20gb-at-0")], name=overlapping.name))
     runner = CrashingRunner()
     preparer = mig_preparer(tmp_path, claims, runner)
     assert (await preparer.prepare([ONE_G]))[ONE_G.uid].error == ""
+    runner.commands.clear()
     error = (await preparer.prepare([overlapping]))[overlapping.uid].error
-    assert "Insufficient Resources: placement 0 overlaps GPU instance 1" in error
+    assert error == (
+        "gpu-0-mig-2g-20gb-at-0: memory slices 0-1 are taken by GPU instance 1, made since the "
+        "slice was published; nothing was made"
+    )
+    assert commands(runner) == [f"nvidia-smi mig -i {GPU0} -lgi"]
     assert instances(tmp_path) == {GPU0: {1: ("1g.10gb", 0, [0])}}
     assert set(Checkpoint(tmp_path / "state").claims) == {ONE_G.uid}
 
 
 @pytest.mark.parametrize(
-    ("crash_on_command", "crash_at_write", "left_on_the_gpu", "undo"),
+    ("crash_on_command", "crash_at_write", "recorded", "left_on_the_gpu", "undo"),
     [
-        # 1. after "started" is on disk, before the instance is made: nothing to destroy
-        ("-cgi", 0, {}, ["-lgi"]),
-        # 2. the instance made (GPU and compute instance), the "completed" write (the request's
+        # 1. listing the GPU's instances, before anything is recorded: nothing to undo
+        ("-lgi", 0, None, {}, []),
+        # 2. after "started" is on disk, before the instance is made: nothing to destroy
+        ("-cgi", 0, "started", {}, ["-lgi"]),
+        # 3. the instance made (GPU and compute instance), the "completed" write (the request's
         #    second) never happens, the CDI spec was written: found at its placement (the record
         #    has no id) and destroyed
-        ("", 2, {2: ("1g.10gb", 0, [0])}, ["-lgi", "-gi 2 -dci", "-gi 2 -dgi"]),
+        ("", 2, "started", {2: ("1g.10gb", 0, [0])}, ["-lgi", "-gi 2 -dci", "-gi 2 -dgi"]),
     ],
 )
 async def test_a_crash_at_each_step_leaves_no_orphaned_instance(
     tmp_path: Path,
     crash_on_command: str,
     crash_at_write: int,
+    recorded: str | None,
     left_on_the_gpu: dict[int, tuple[str, int, list[int]]],
     undo: list[str],
 ) -> None:
@@ -360,7 +372,8 @@ async def test_a_crash_at_each_step_leaves_no_orphaned_instance(
     with pytest.raises(Crash):
         await preparer.prepare([ONE_G])
     assert instances(tmp_path) == {GPU0: {**left_on_the_gpu, 1: ("3g.40gb", 4, [0])}}
-    assert Checkpoint(tmp_path / "state").get(ONE_G.uid).state == "started"  # type: ignore[union-attr]
+    record = Checkpoint(tmp_path / "state").get(ONE_G.uid)
+    assert (record.state if record else None) == recorded
     # The restart rolls the claim back before serving: whatever exists at its placement goes.
     runner = CrashingRunner()
     restarted = mig_preparer(tmp_path, claims, runner)
@@ -372,7 +385,7 @@ async def test_a_crash_at_each_step_leaves_no_orphaned_instance(
     # The kubelet's retry prepares it from scratch, on the instance ids the GPU hands out first.
     runner.commands.clear()
     assert (await restarted.prepare([ONE_G]))[ONE_G.uid].error == ""
-    assert commands(runner) == [f"nvidia-smi mig -i {GPU0} -cgi 19:0 -C"]
+    assert commands(runner) == [f"nvidia-smi mig -i {GPU0} -lgi", f"nvidia-smi mig -i {GPU0} -cgi 19:0 -C"]
     assert instances(tmp_path) == {GPU0: {1: ("3g.40gb", 4, [0]), 2: ("1g.10gb", 0, [0])}}
 
 
@@ -586,24 +599,69 @@ async def test_claims_beside_an_admin_instance_make_and_destroy_only_their_own(t
     # GPU instance 1 is the admin's: the claim's is 2.
     assert instances(tmp_path, gpus) == {gpu0: {1: ("3g.40gb", 4, [0]), 2: ("1g.10gb", 0, [0])}}
     assert await preparer.unprepare([ONE_G]) == {ONE_G.uid: ""}
-    assert commands(runner)[1:] == [
+    assert commands(runner)[2:] == [
         f"nvidia-smi mig -i {gpu0} {step}" for step in ("-lgi", "-gi 2 -dci", "-gi 2 -dgi")
     ]
     assert instances(tmp_path, gpus) == {gpu0: {1: ("3g.40gb", 4, [0])}}
 
 
-async def test_a_claim_at_an_admin_instances_placement_fails_without_touching_it(tmp_path: Path) -> None:
-    # Allocated from a slice published before the admin made it: the create is refused, and the
-    # undo does not look for "its" instance, which would find the admin's (same profile and
-    # placement) and destroy it, as the driver did before.
+@pytest.mark.parametrize(
+    ("crash_on_command", "crash_at_write", "crashes"),
+    [
+        # 1. dies listing GPU 0's instances, before anything is recorded or made
+        ("-lgi", 0, True),
+        # 2. the listing shows slices 4-7 taken: the claim fails there and writes nothing, so no
+        #    crash comes between a "started" record and the claim's failure record (before: the
+        #    record was written and the create refused; a crash then left a "started" record
+        #    whose undo at the restart took the admin's instance, at the claim's placement and
+        #    profile, for the claim's, and destroyed it)
+        ("", 1, False),
+        # 3. no create is run, so none dies on it (before: a crash there had the same undo)
+        ("-cgi", 0, False),
+    ],
+)
+async def test_a_claim_at_an_admin_instances_placement_leaves_it_at_every_crash_step(
+    tmp_path: Path, crash_on_command: str, crash_at_write: int, crashes: bool
+) -> None:
+    # Allocated from a slice published before the admin made the 3g.40gb at 4 (GPU instance 1).
     gpus = admin_h100s(tmp_path)
+    gpu0 = gpus[0].uuid
+    dying = CrashingRunner(crash_on_command)
+    checkpoint = CrashingCheckpoint(tmp_path / "state", dying)
+    checkpoint.crash_at = crash_at_write
+    preparer = mig_preparer(tmp_path, mig_claims(), dying, checkpoint, gpus=gpus)
+    if crashes:
+        with pytest.raises(Crash):
+            await preparer.prepare([THREE_G])
+    else:
+        error = (await preparer.prepare([THREE_G]))[THREE_G.uid].error
+        assert error == (
+            "gpu-0-mig-3g-40gb-at-4: memory slices 4-7 are taken by GPU instance 1, made since the "
+            "slice was published; nothing was made"
+        )
+    assert commands(dying) == ([] if crashes else [f"nvidia-smi mig -i {gpu0} -lgi"])
+    assert checkpoint.writes == 0 and THREE_G.uid not in read_claims(tmp_path / "state")
+    # The restart has nothing to undo: the admin's instance stays, published as theirs.
     runner = CrashingRunner()
+    await mig_preparer(tmp_path, mig_claims(), runner, gpus=gpus).recover()
+    assert commands(runner) == []
+    assert instances(tmp_path, gpus) == {gpu0: {1: ("3g.40gb", 4, [0])}}
+    published = driver_instances_hidden(tmp_path / "state")(gpus)
+    assert published[0].mig_devices == gpus[0].mig_devices
+
+
+async def test_a_create_refused_after_a_clear_listing_destroys_nothing(tmp_path: Path) -> None:
+    # An admin's create landing between the listing and the claim's own (slice 0 free when
+    # listed): the refused create made nothing, and its undo does not look at the placement.
+    gpus = admin_h100s(tmp_path)
+    gpu0 = gpus[0].uuid
+    runner = CrashingRunner()
+    runner.fail_when = lambda command: "-cgi" in command.argv
     preparer = mig_preparer(tmp_path, mig_claims(), runner, gpus=gpus)
-    error = (await preparer.prepare([THREE_G]))[THREE_G.uid].error
-    assert "Insufficient Resources: placement 4 overlaps GPU instance 1" in error
-    assert commands(runner) == [f"nvidia-smi mig -i {gpus[0].uuid} -cgi 9:4 -C"]
-    assert instances(tmp_path, gpus) == {gpus[0].uuid: {1: ("3g.40gb", 4, [0])}}
-    assert THREE_G.uid not in Checkpoint(tmp_path / "state").claims
+    assert "injected failure" in (await preparer.prepare([ONE_G]))[ONE_G.uid].error
+    assert commands(runner) == [f"nvidia-smi mig -i {gpu0} -lgi"]  # the refused create is not recorded
+    assert instances(tmp_path, gpus) == {gpu0: {1: ("3g.40gb", 4, [0])}}
+    assert ONE_G.uid not in Checkpoint(tmp_path / "state").claims
 
 
 async def test_recovery_undoes_an_interrupted_claim_and_leaves_the_admin_instance(tmp_path: Path) -> None:
