@@ -33,6 +33,8 @@ rather than thinned: the scheduler does not re-check that fewer victims still ma
 
 from __future__ import annotations
 
+import math
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import compress, filterfalse
@@ -64,9 +66,18 @@ from extender.policy.placement import (
     Strategy,
     fits,
     score_kinds,
+    scores_from_costs,
 )
 from extender.policy.reclaim import reclaim_refusal
-from extender.policy.topology import NO_ASK, PartAsk, TopologyAsk, no_domain_text, plan_in_domain, plan_parts
+from extender.policy.topology import (
+    NO_ASK,
+    PartAsk,
+    TopologyAsk,
+    fullest_first,
+    no_domain_text,
+    plan_in_domain,
+    plan_parts,
+)
 from extender.policy.waiting import unplaced
 from extender.policy.workloads import part_of, plan_gang
 from extender.wire import (
@@ -732,4 +743,51 @@ def decide_priorities(
         nodes = _candidate_kinds(picture, key, names, owner, demand.queue)
     strategy = queue_strategy(picture, demand.queue)
     score_of = score_kinds(nodes.supply_of, placement, picture.mix(), strategy)
+    ask = NO_ASK if workload.single else picture.topology_ask(args.Pod, workload)
+    if ask.any:
+        return _ranked_by_domains(picture, workload.key, ask, nodes, placement, score_of, strategy)
     return PriorityDecision(names, nodes.kinds, score_of, "scored", strategy)
+
+
+def _ranked_by_domains(
+    picture: ClusterPicture,
+    workload: str,
+    ask: TopologyAsk,
+    nodes: CandidateKinds,
+    placement: GpuDemand,
+    score_of: Mapping[str, int],
+    strategy: Strategy,
+) -> PriorityDecision:
+    """The candidates of a member of a workload with a topology ask ranked by their domains at
+    its required level, then its preferred one (`fullest_first`: where most of its members are,
+    else the tightest that holds the rest), each node's own score deciding inside a domain. A
+    host's kind is then its kind and its domains' ranks (still few: kinds x ranks)."""
+    members = picture.workloads.members.get(workload, set())
+    landed, _ = picture.gangs.placed(members)
+    reservation = picture.gangs.reservation(workload)
+    where = landed + (reservation.slots if reservation is not None else [])
+    missing = max(len(members) - len(landed), 1)
+    fitting: dict[str, int] = {}  # kind -> members it holds
+    for kind, supply in nodes.supply_of.items():
+        fitting[kind] = len(plan_gang([supply], placement, missing))
+    ranks_of_host: list[tuple[int, ...]] = [()] * len(nodes.names)
+    for level in filter(None, (ask.required, ask.preferred)):
+        domains = picture.topology.domains(level)
+        of_host = list(map(domains.get, nodes.names))
+        rooms: dict[str, int] = defaultdict(int)
+        for domain, kind in zip(of_host, nodes.kinds, strict=True):
+            if domain is not None:
+                rooms[domain] += fitting[kind]
+        counted = Counter(filter(None, map(domains.get, where)))
+        rank_of = fullest_first(rooms, counted, missing)
+        last = len(rank_of)  # (a node outside every domain of the level: after them all)
+        ranks_of_host = [
+            (*ranks, last if domain is None else rank_of[domain])
+            for ranks, domain in zip(ranks_of_host, of_host, strict=True)
+        ]
+    kinds = [f"{kind} {ranks}" for kind, ranks in zip(nodes.kinds, ranks_of_host, strict=True)]
+    costs: dict[str, tuple[float, ...]] = {}
+    for composite, kind, ranks in zip(kinds, nodes.kinds, ranks_of_host, strict=True):
+        # (a node it does not fit stays last, whatever its domain)
+        costs[composite] = (*ranks, -score_of[kind]) if fitting[kind] else (math.inf,)
+    return PriorityDecision(nodes.names, kinds, scores_from_costs(costs), "scored", strategy)

@@ -28,6 +28,13 @@ has 12 free").
 (`plan_parts`): the parts with a level inside one domain of the widest of their levels, each part
 in the tightest domain of its own level, narrowest first.
 
+**Ranking** (`fullest_first`), at prioritize, for a member of a workload with an ask (placed pod
+by pod: a reserved gang's members, elastic members, members after a reservation ended): the
+candidates' domains at each asked level, the one already holding most of the workload's members
+(placed, or GPUs held for them) first; among equals, those whose room holds all its members still
+to place, least room first (the tightest that fits, as admission packs), then the others by most
+room. So a member goes where its gang is, and a gang with no member yet fills one domain first.
+
 Worked example (racks r1: 2 nodes x 4 free GPUs, r2: 1 node x 4 free; a gang of 4 one-GPU
 members requiring a rack): both racks hold 4; r2 has 4 free, r1 8: r2 is chosen, r1 stays whole
 for a gang of 8. A gang of 6: only r1 holds it. A gang of 10: none; largest rack has 8 free.
@@ -303,6 +310,27 @@ def no_domain_text(level: str, plan: DomainPlan, demand: GpuDemand, count: int) 
         f"needs {gpus} in one {level}; largest {level} has {plan.largest_free} free "
         f"(room for {plan.largest_fit} of its {count} missing pods)"
     )
+
+
+def fullest_first(rooms: Mapping[str, int], members: Mapping[str, int], missing: int) -> dict[str, int]:
+    """Each domain's rank for a workload's next member, 0 first (`rooms`: domain -> members of
+    its shape the domain's candidates hold; `members`: domain -> its members there; `missing`:
+    its members still to place, the asking one among them). Most members first; among equals,
+    those that hold all `missing`, least room first; then the others, most room first. Domains
+    alike (members, room) share a rank, so the node's own score decides between them.
+
+    r1 holds 6 and 0 members, r2 7 and 1, missing 3: r2 0, r1 1 (members decide). No members,
+    r1 6, r2 4: r2 0 (both hold 3, r2 has less room), r1 1. r1 2, r2 1: neither holds 3, r1 0
+    (most room), r2 1."""
+
+    def key(domain: str) -> tuple[int, bool, int]:
+        room = rooms.get(domain, 0)
+        holds_all = room >= missing
+        return -members.get(domain, 0), not holds_all, room if holds_all else -room
+
+    keys = {domain: key(domain) for domain in {*rooms, *members}}
+    rank_of = {k: rank for rank, k in enumerate(sorted(set(keys.values())))}
+    return {domain: rank_of[k] for domain, k in keys.items()}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from extender.policy.topology import (
     Level,
     Topology,
     ask_refusal,
+    fullest_first,
     no_domain_text,
     parse_topology,
     plan_in_domain,
@@ -124,6 +125,31 @@ def test_preferred_rack_without_a_required_level_lands_in_one_rack_when_one_hold
     assert plan_in_domain(SUPPLIES, ONE_GPU, 4, None, racks).nodes == ["b1"] * 4
     six = plan_in_domain(SUPPLIES, ONE_GPU, 6, None, racks).nodes
     assert {racks[n] for n in six} == {"b1/r1"}
+
+
+@pytest.mark.parametrize(
+    ("rooms", "members", "missing", "ranks"),
+    [
+        # The rack holding a member first, though r1 (room 6) would be tighter: 1 member > 0.
+        ({"r1": 6, "r2": 7}, {"r2": 1}, 3, {"r2": 0, "r1": 1}),
+        # More members beat fewer: r1 holds 2 of them, r2 1 (room plays no part).
+        ({"r1": 1, "r2": 7}, {"r1": 2, "r2": 1}, 3, {"r1": 0, "r2": 1}),
+        # No members yet, both hold the 3 missing: least room first (r2 4 < r1 6).
+        ({"r1": 6, "r2": 4}, {}, 3, {"r2": 0, "r1": 1}),
+        # Only r2 (5) holds 3; r1 (2) does not, and comes after though it is tighter.
+        ({"r1": 2, "r2": 5}, {}, 3, {"r2": 0, "r1": 1}),
+        # Neither holds 3: most room first, so most of them land together (r1 2 > r2 1).
+        ({"r1": 2, "r2": 1}, {}, 3, {"r1": 0, "r2": 1}),
+        # Alike (room 4, no members): one rank, the nodes' own scores decide.
+        ({"r1": 4, "r2": 4}, {}, 2, {"r1": 0, "r2": 0}),
+        # A rack with members but no candidate room still counts them (its room is 0).
+        ({"r1": 4}, {"r2": 3}, 2, {"r2": 0, "r1": 1}),
+    ],
+)
+def test_members_rank_domains_where_their_gang_is_then_the_tightest_that_holds_the_rest(
+    rooms: dict[str, int], members: dict[str, int], missing: int, ranks: dict[str, int]
+) -> None:
+    assert fullest_first(rooms, members, missing) == ranks
 
 
 def pod(annotations: dict[str, str]) -> dict[str, Any]:
