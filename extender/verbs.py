@@ -33,7 +33,6 @@ rather than thinned: the scheduler does not re-check that fewer victims still ma
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -66,13 +65,13 @@ from extender.policy.placement import (
     Strategy,
     fits,
     score_kinds,
-    scores_from_costs,
 )
 from extender.policy.reclaim import reclaim_refusal
 from extender.policy.topology import (
     NO_ASK,
     PartAsk,
     TopologyAsk,
+    domain_scores,
     fullest_first,
     no_domain_text,
     plan_in_domain,
@@ -152,6 +151,8 @@ def describe(demand: GpuDemand) -> str:
 # Why a demand does not fit a node of a shape, kept across requests (nodes whose CPU and memory
 # are partly used have many shapes; each costs microseconds to judge). Bounded: starts over.
 _MISFITS: ShapeMemo[GpuDemand, str] = ShapeMemo(100_000)
+# Members of a shape (up to a count) a node holds, by node shape: prioritize's domain rooms.
+_ROOMS: ShapeMemo[tuple[GpuDemand, int], int] = ShapeMemo(100_000)
 
 
 def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
@@ -765,29 +766,35 @@ def _ranked_by_domains(
     members = picture.workloads.members.get(workload, set())
     landed, _ = picture.gangs.placed(members)
     reservation = picture.gangs.reservation(workload)
-    where = landed + (reservation.slots if reservation is not None else [])
+    # (its slots once the reservation followed its members; until then the nodes it planned)
+    where = landed + ((reservation.slots or list(reservation.nodes)) if reservation is not None else [])
     missing = max(len(members) - len(landed), 1)
     fitting: dict[str, int] = {}  # kind -> members it holds
+    rooms_of_shape = _ROOMS.table((placement, missing))
     for kind, supply in nodes.supply_of.items():
-        fitting[kind] = len(plan_gang([supply], placement, missing))
-    ranks_of_host: list[tuple[int, ...]] = [()] * len(nodes.names)
+        room = rooms_of_shape.get(supply.shape)
+        if room is None:
+            room = _ROOMS.put(rooms_of_shape, supply.shape, len(plan_gang([supply], placement, missing)))
+        fitting[kind] = room
+    # Per level, each host's domain rank; the per-host work is lookups by `map` and `zip` in C
+    # (thousands of names), the rest per (domain, kind) pair.
+    columns: list[list[int]] = []
     for level in filter(None, (ask.required, ask.preferred)):
         domains = picture.topology.domains(level)
         of_host = list(map(domains.get, nodes.names))
         rooms: dict[str, int] = defaultdict(int)
-        for domain, kind in zip(of_host, nodes.kinds, strict=True):
+        for (domain, kind), hosts in Counter(zip(of_host, nodes.kinds, strict=True)).items():
             if domain is not None:
-                rooms[domain] += fitting[kind]
-        counted = Counter(filter(None, map(domains.get, where)))
-        rank_of = fullest_first(rooms, counted, missing)
-        last = len(rank_of)  # (a node outside every domain of the level: after them all)
-        ranks_of_host = [
-            (*ranks, last if domain is None else rank_of[domain])
-            for ranks, domain in zip(ranks_of_host, of_host, strict=True)
-        ]
-    kinds = [f"{kind} {ranks}" for kind, ranks in zip(nodes.kinds, ranks_of_host, strict=True)]
-    costs: dict[str, tuple[float, ...]] = {}
-    for composite, kind, ranks in zip(kinds, nodes.kinds, ranks_of_host, strict=True):
-        # (a node it does not fit stays last, whatever its domain)
-        costs[composite] = (*ranks, -score_of[kind]) if fitting[kind] else (math.inf,)
-    return PriorityDecision(nodes.names, kinds, scores_from_costs(costs), "scored", strategy)
+                rooms[domain] += fitting[kind] * hosts
+        ranked = fullest_first(rooms, Counter(filter(None, map(domains.get, where))), missing)
+        rank_of: dict[str | None, int] = dict(ranked.items())
+        rank_of[None] = len(ranked)  # (a host outside every domain of the level: after them all)
+        columns.append(list(map(rank_of.__getitem__, of_host)))
+    composite: dict[tuple[Any, ...], str] = {}  # (kind, its ranks...) -> a class of its own
+    keys: dict[str, tuple[tuple[int, ...], int] | None] = {}  # class -> (ranks, own score); None: no fit
+    for pair in set(zip(nodes.kinds, *columns, strict=True)):
+        kind, ranks = pair[0], tuple(pair[1:])
+        composite[pair] = name = f"{kind} {ranks}"
+        keys[name] = (ranks, score_of[kind]) if fitting[kind] else None
+    kinds = list(map(composite.__getitem__, zip(nodes.kinds, *columns, strict=True)))
+    return PriorityDecision(nodes.names, kinds, domain_scores(keys), "scored", strategy)

@@ -50,7 +50,14 @@ from typing import Any
 
 from contract.kube import mapping, meta, sequence
 from contract.names import GPU_MILLI, TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_REQUIRED_ANNOTATION
-from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, NodeGpus, WorkloadMix
+from extender.policy.placement import (
+    MAX_NODE_SCORE,
+    NO_DOMAINS,
+    DomainMap,
+    GpuDemand,
+    NodeGpus,
+    WorkloadMix,
+)
 from extender.policy.snapshot import occupy
 from extender.policy.workloads import plan_gang
 
@@ -331,6 +338,38 @@ def fullest_first(rooms: Mapping[str, int], members: Mapping[str, int], missing:
     keys = {domain: key(domain) for domain in {*rooms, *members}}
     rank_of = {k: rank for rank, k in enumerate(sorted(set(keys.values())))}
     return {domain: rank_of[k] for domain, k in keys.items()}
+
+
+# The scores of the best domain's nodes (at or above) and of every other node's (below).
+_BEST_BAND = MAX_NODE_SCORE // 2
+
+
+def _spread(
+    order: Sequence[tuple[tuple[int, ...], int]], low: int, high: int
+) -> dict[tuple[tuple[int, ...], int], int]:
+    """high for the first, low for the last, evenly by position between."""
+    if len(order) <= 1:
+        return dict.fromkeys(order, high)
+    last = len(order) - 1
+    return {key: low + round((high - low) * (last - i) / last) for i, key in enumerate(order)}
+
+
+def domain_scores(keys: Mapping[str, tuple[tuple[int, ...], int] | None]) -> dict[str, int]:
+    """0..10 per class of nodes from its key: its domains' ranks (`fullest_first`, outermost level
+    first) and its own score (0..10, higher better); None: the pod fits none of them (0). Ordered
+    by ranks, then own score: at most 11 distinct keys score evenly by position (the order kept
+    exactly); more would round whole domains together, so the best domain's keys take 5..10 and
+    the others 0..4 - its nodes always above every other's.
+
+    r2 (rank 0) with own scores 10 and 0, r1 (rank 1) with 10 and 0: 10, 7, 3, 0. Twelve racks of
+    one kind: the first 10, the other eleven 4 down to 0."""
+    order = sorted({key for key in keys.values() if key is not None}, key=lambda key: (key[0], -key[1]))
+    if len(order) <= MAX_NODE_SCORE + 1:
+        score_of = _spread(order, 0, MAX_NODE_SCORE)
+    else:
+        best = [key for key in order if key[0] == order[0][0]]
+        score_of = _spread(best, _BEST_BAND, MAX_NODE_SCORE) | _spread(order[len(best) :], 0, _BEST_BAND - 1)
+    return {name: 0 if key is None else score_of[key] for name, key in keys.items()}
 
 
 @dataclass(frozen=True)

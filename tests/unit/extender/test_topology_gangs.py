@@ -119,6 +119,11 @@ async def test_a_preferred_rack_packs_a_gang_without_requiring_one(extender: Ext
     # A preference binds nothing: the other member passes every node with room.
     _, result = await extender.call("filter", args(pods[1], NODES))
     assert result["NodeNames"] == NODES
+    # Prioritize steers it to the rack its gang's GPUs are held in: c (r2) 10, r1's a and b below.
+    # (Binpack alone scores all three alike: each has 2 GPUs this member may use.)
+    _, ranked = await extender.call("prioritize", args(pods[1], NODES))
+    ranks = scores(ranked)
+    assert ranks["c"] == 10 and ranks["a"] < 10 and ranks["b"] < 10
 
 
 async def test_a_gang_no_rack_holds_spills_over_racks_when_it_only_prefers_one(extender: Extender) -> None:
