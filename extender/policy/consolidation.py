@@ -652,6 +652,10 @@ def plan_moves(
     return plans
 
 
+def _milli(pod: RunningPod) -> int:
+    return sum(milli for _, milli in pod.gpus)
+
+
 def _as_one(members: Sequence[PendingPod]) -> PendingPod:
     """A gang's waiting members as one pod asking what they ask together (for rule 1)."""
     summed: dict[str, float] = {}
@@ -736,15 +740,17 @@ def plan_domain_moves(
             if is_mover(pod, now, rules) and pod.key not in pinned and not pod.workload
         ]
         movers.sort(key=lambda pod: (-pod.gpus_held, mover_order(pod)))
-        candidates[domain] = tuple(movers[: rules.max_candidates])
-        short[domain] = asked - sum(sum(fork.nodes[node].free_milli) for node in nodes)
+        chosen = tuple(movers[: rules.max_candidates])
+        lacking = asked - sum(sum(fork.nodes[node].free_milli) for node in nodes)
+        if sum(_milli(pod) for pod in chosen[:budget]) >= lacking:  # (else no set can make it up)
+            candidates[domain], short[domain] = chosen, lacking
     workload = members[0].workload
     for count in range(1, budget + 1):
         groups = sorted(
             (_group_rank(group, domain), domain, group)
             for domain, movers in candidates.items()
             for group in combinations(movers, count)
-            if sum(sum(milli for _, milli in pod.gpus) for pod in group) >= short[domain]
+            if sum(map(_milli, group)) >= short[domain]
         )
         for _, domain, group in groups:
             if not work.spend():
