@@ -33,6 +33,7 @@ rather than thinned: the scheduler does not re-check that fewer victims still ma
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import compress, filterfalse
@@ -65,7 +66,16 @@ from extender.policy.placement import (
     score_kinds,
 )
 from extender.policy.reclaim import reclaim_refusal
-from extender.policy.topology import NO_ASK, PartAsk, TopologyAsk, no_domain_text, plan_in_domain, plan_parts
+from extender.policy.topology import (
+    NO_ASK,
+    PartAsk,
+    TopologyAsk,
+    domain_scores,
+    fullest_first,
+    no_domain_text,
+    plan_in_domain,
+    plan_parts,
+)
 from extender.policy.waiting import unplaced
 from extender.policy.workloads import part_of, plan_gang
 from extender.wire import (
@@ -140,6 +150,8 @@ def describe(demand: GpuDemand) -> str:
 # Why a demand does not fit a node of a shape, kept across requests (nodes whose CPU and memory
 # are partly used have many shapes; each costs microseconds to judge). Bounded: starts over.
 _MISFITS: ShapeMemo[GpuDemand, str] = ShapeMemo(100_000)
+# Members of a shape (up to a count) a node holds, by node shape: prioritize's domain rooms.
+_ROOMS: ShapeMemo[tuple[GpuDemand, int], int] = ShapeMemo(100_000)
 
 
 def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
@@ -661,4 +673,57 @@ def decide_priorities(
         nodes = picture.candidates(key, names, owner, demand.queue)
     strategy = queue_strategy(picture, demand.queue)
     score_of = score_kinds(nodes.supply_of, placement, picture.mix(), strategy)
+    ask = NO_ASK if workload.single else picture.topology_ask(args.Pod, workload)
+    if ask.any:
+        return _ranked_by_domains(picture, workload.key, ask, nodes, placement, score_of, strategy)
     return PriorityDecision(names, nodes.kinds, score_of, "scored", strategy)
+
+
+def _ranked_by_domains(
+    picture: ClusterPicture,
+    workload: str,
+    ask: TopologyAsk,
+    nodes: CandidateKinds,
+    placement: GpuDemand,
+    score_of: Mapping[str, int],
+    strategy: Strategy,
+) -> PriorityDecision:
+    """The candidates of a member of a workload with a topology ask ranked by their domains at
+    its required level, then its preferred one (`fullest_first`: where most of its members are,
+    else the tightest that holds the rest), each node's own score deciding inside a domain. A
+    host's kind is then its kind and its domains' ranks (still few: kinds x ranks)."""
+    members = picture.members(workload)
+    landed = picture.gang_nodes(workload)
+    reservation = picture.gang_reservation(workload)
+    # (its slots once the reservation followed its members; until then the nodes it planned)
+    where = landed + ((reservation.slots or list(reservation.nodes)) if reservation is not None else [])
+    missing = max(len(members) - len(landed), 1)
+    fitting: dict[str, int] = {}  # kind -> members it holds
+    rooms_of_shape = _ROOMS.table((placement, missing))
+    for kind, supply in nodes.supply_of.items():
+        room = rooms_of_shape.get(supply.shape)
+        if room is None:
+            room = _ROOMS.put(rooms_of_shape, supply.shape, len(plan_gang([supply], placement, missing)))
+        fitting[kind] = room
+    # Per level, each host's domain rank; the per-host work is lookups by `map` and `zip` in C
+    # (thousands of names), the rest per (domain, kind) pair.
+    columns: list[list[int]] = []
+    for level in filter(None, (ask.required, ask.preferred)):
+        domains = picture.level_domains(level)
+        of_host = list(map(domains.get, nodes.names))
+        rooms: dict[str, int] = defaultdict(int)
+        for (domain, kind), hosts in Counter(zip(of_host, nodes.kinds, strict=True)).items():
+            if domain is not None:
+                rooms[domain] += fitting[kind] * hosts
+        ranked = fullest_first(rooms, Counter(filter(None, map(domains.get, where))), missing)
+        rank_of: dict[str | None, int] = dict(ranked.items())
+        rank_of[None] = len(ranked)  # (a host outside every domain of the level: after them all)
+        columns.append(list(map(rank_of.__getitem__, of_host)))
+    composite: dict[tuple[Any, ...], str] = {}  # (kind, its ranks...) -> a class of its own
+    keys: dict[str, tuple[tuple[int, ...], int] | None] = {}  # class -> (ranks, own score); None: no fit
+    for pair in set(zip(nodes.kinds, *columns, strict=True)):
+        kind, ranks = pair[0], tuple(pair[1:])
+        composite[pair] = name = f"{kind} {ranks}"
+        keys[name] = (ranks, score_of[kind]) if fitting[kind] else None
+    kinds = list(map(composite.__getitem__, zip(nodes.kinds, *columns, strict=True)))
+    return PriorityDecision(nodes.names, kinds, domain_scores(keys), "scored", strategy)

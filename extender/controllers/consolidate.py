@@ -138,16 +138,21 @@ class Consolidator:
             if any(key.startswith(DRAIN_HOLD_PREFIX) and hold.expires > now for key, hold in on_node.items())
         )
 
-    def _hold(self, chosen: MovePlan) -> str:
-        """Hold what the plan frees; the hold's key."""
+    def _hold(self, chosen: MovePlan) -> list[str]:
+        """Hold what the plan frees; the holds' keys."""
+        if chosen.members:  # a domain freed for a gang: each member's GPUs, for any of its members
+            for member, node in chosen.members:
+                demand = member.demand_on(self.picture.gpu_memory.get(node, 0))
+                self.picture.hold(member.key, node, demand, self.options.hold_s, owner=member.workload)
+            return [member.key for member, _ in chosen.members]
         if chosen.pod is not None:
             demand = chosen.pod.demand_on(self.picture.gpu_memory.get(chosen.node, 0))
             self.picture.hold(chosen.pod.key, chosen.node, demand, self.options.hold_s)
-            return chosen.pod.key
+            return [chosen.pod.key]
         key = DRAIN_HOLD_PREFIX + chosen.node
         gpus = len(self.picture.node_gpus(chosen.node).free_milli)
         self.picture.hold(key, chosen.node, GpuDemand(gpus), self.options.drain_hold_s)
-        return key
+        return [key]
 
     async def carry_out(self, plans: Sequence[MovePlan]) -> list[MovePlan]:
         """Hold what each plan frees, evict every plan's movers at once (`evict_all`), then settle
@@ -159,20 +164,22 @@ class Consolidator:
         outcomes = await evict_all(self.api, list(pods), self.options.evictions)
         return [
             chosen
-            for chosen, hold_key in zip(plans, holds, strict=True)
-            if await self._settle(chosen, hold_key, outcomes, pods)
+            for chosen, hold_keys in zip(plans, holds, strict=True)
+            if await self._settle(chosen, hold_keys, outcomes, pods)
         ]
 
     async def _settle(
         self,
         chosen: MovePlan,
-        hold_key: str,
+        hold_keys: Sequence[str],
         outcomes: Mapping[str, EvictionOutcome],
         mover_pods: Mapping[str, Mapping[str, Any]],
     ) -> bool:
         """Record a plan's moves; drop it (and its hold) when a mover was not evicted - blocked
         by a PodDisruptionBudget, failed, or no answer in time. Whether it was carried out."""
         target = chosen.pod.key if chosen.pod is not None else f"node {chosen.node}"
+        if chosen.members:
+            target = f"gang {chosen.members[0][0].workload} in {chosen.domain}"
         refusals = []
         for move in chosen.moves:
             outcome = outcomes[move.pod.key]
@@ -208,7 +215,8 @@ class Consolidator:
         if refusals:
             if chosen.pod is not None:
                 await self._event(chosen.pod.key, "MoveBlocked", "; ".join(t for _, t in refusals), "Warning")
-            self.picture.release_hold(hold_key)
+            for key in hold_keys:
+                self.picture.release_hold(key)
             blocked = any(outcome == "blocked" for outcome, _ in refusals)
             self.metrics.move_plans.labels(chosen.goal, "blocked" if blocked else "failed").inc()
             return False
@@ -216,13 +224,16 @@ class Consolidator:
         self.metrics.gpus_freed.labels(chosen.goal).inc(chosen.gpus_freed)
         movers = ", ".join(f"{m.pod.key} (to fit on {m.to_node})" for m in chosen.moves)
         if chosen.pod is not None:
+            fits = f"so this pod fits on node {chosen.node}"
+            if chosen.members:
+                fits = f"so the {len(chosen.members)} waiting pods of its gang fit in {chosen.domain}"
             await pod_event(
                 self.api,
                 chosen.pod.key,
                 uid_of(self.picture, chosen.pod.key),
                 "ConsolidationPlanned",
-                f"moved {len(chosen.moves)} pod(s) ({chosen.gpus_moved:.3g} GPUs) so this pod fits on "
-                f"node {chosen.node}: {movers}; the GPUs are held for it for {self.options.hold_s:.0f}s",
+                f"moved {len(chosen.moves)} pod(s) ({chosen.gpus_moved:.3g} GPUs) {fits}: {movers}; "
+                f"the GPUs are held for {'them' if chosen.members else 'it'} for {self.options.hold_s:.0f}s",
                 "Normal",
             )
         log.info(

@@ -281,6 +281,10 @@ class ClusterPicture:
         """The keys of a gang workload's pods."""
         return self.workloads.members.get(workload, ())
 
+    def gang_reservation(self, workload: str) -> GangReservation | None:
+        """The reservation of a gang admitted whole, while its members are being placed."""
+        return self.gangs.reservation(workload)
+
     def gang_nodes(self, workload: str) -> list[str]:
         """The nodes of the gang's members whose GPUs the picture sees taken (one per member)."""
         landed, _ = self.gangs.placed(self.members(workload))

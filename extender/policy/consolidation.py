@@ -28,7 +28,13 @@ Rules (each a test in tests/unit/extender/test_consolidation.py):
 4. Bounded: at most `max_moves_per_pod` moves serve one pod, `max_moves_per_cycle` per cycle,
    `max_pending` waiting pods are tried, and at most `max_trials` sets of movers (or nodes to
    empty) are tried on forks per cycle (a `Budget`: what it cuts off is counted in it).
-5. Consolidation serves what reclaim did not: the fork has the cycle's reclaim plans applied first,
+6. A gang waiting whole is served only when it requires a topology level (no domain of it has
+   room for all its waiting members): the fewest moves that free room for all of them in one
+   domain, each mover landing outside it (`plan_domain_moves`), at most `max_moves_per_pod` per
+   member and within the cycle's moves; rule 1 judges the members' summed ask. The plan names
+   each member's node, where the executor holds its GPUs for the gang. A gang without a level is
+   not served (moves for some members start none of it; reclaim serves gangs whole).
+7. Consolidation serves what reclaim did not: the fork has the cycle's reclaim plans applied first,
    and each move plan is applied before the next, so no GPU is counted twice.
 
 Work proportional to what changed, not to the pods: the live picture keeps each node's movers
@@ -109,6 +115,10 @@ class MovePlan:
     moves: tuple[Move, ...]
     gpus_freed: float  # GPUs made usable on `node`: the served pod's demand, or the whole node
     pod: PendingPod | None = None  # the pod served (consolidate)
+    # A gang served in one domain (`plan_domain_moves`): the domain, and each member with the
+    # node it fits on once the moves are done (`pod` is its first member, `node` that one's node).
+    domain: str = ""
+    members: tuple[tuple[PendingPod, str], ...] = ()
 
     @property
     def gpus_moved(self) -> float:
@@ -594,35 +604,178 @@ def plan_moves(
     movers = _Movers(fork, now, rules, avoid, pinned, rooms if rooms is not None else NodeRooms())
     plans: list[MovePlan] = []
     moves_left = rules.max_moves_per_cycle
+    gangs: dict[str, list[PendingPod]] = {}
+    for waiting in pending:
+        if waiting.workload:
+            gangs.setdefault(waiting.workload, []).append(waiting)
     for waiting in serving_order(fork.fairness, pending, rules.max_pending, rules.max_pending):
         if moves_left <= 0:
             break
         if work.trials <= 0:
             work.cut_off += 1
             continue
-        if waiting.workload:
-            continue  # a member of a gang waiting whole: moves for one member would not start it
         if waiting.key in served_keys:
             continue
-        placed = place_if_it_fits(fork, waiting, search)
-        if placed is not None:
-            movers.touched.append(placed)  # it lost room
-            continue
-        if consolidation_refusal(fork.fairness, waiting):
-            continue
-        budget = min(moves_left, rules.max_moves_per_pod)
-        refused = work.refused
-        outcome = _moves_for(fork, waiting, movers, budget, avoid, work)
-        if outcome is None:
-            work.cut_off += work.refused > refused  # its search stopped short
-            continue
-        found, fork = outcome
-        changed = sorted({found.node, *(move.to_node for move in found.moves)})
+        if waiting.workload:
+            # A gang waiting whole: moves for one member would not start it; one that requires a
+            # topology level may have a domain freed for all its members (rule 6), once.
+            members = gangs.pop(waiting.workload, [])
+            if not members or waiting.domains is None or served_keys.intersection(m.key for m in members):
+                continue
+            if consolidation_refusal(fork.fairness, _as_one(members)):
+                continue
+            budget = min(moves_left, rules.max_moves_per_pod * len(members))
+            outcome = plan_domain_moves(fork, members, now, rules, budget, avoid, pinned, work)
+            if outcome is None:
+                continue
+            found, fork = outcome
+        else:
+            placed = place_if_it_fits(fork, waiting, search)
+            if placed is not None:
+                movers.touched.append(placed)  # it lost room
+                continue
+            if consolidation_refusal(fork.fairness, waiting):
+                continue
+            budget = min(moves_left, rules.max_moves_per_pod)
+            refused = work.refused
+            single = _moves_for(fork, waiting, movers, budget, avoid, work)
+            if single is None:
+                work.cut_off += work.refused > refused  # its search stopped short
+                continue
+            found, fork = single
+        moved = {node for move in found.moves for node in (move.pod.node, move.to_node)}
+        changed = sorted({found.node, *moved, *(node for _, node in found.members)})
         search.touched.extend(changed)
         movers.touched.extend(changed)
         moves_left -= len(found.moves)
         plans.append(found)
     return plans
+
+
+def _milli(pod: RunningPod) -> int:
+    return sum(milli for _, milli in pod.gpus)
+
+
+def _as_one(members: Sequence[PendingPod]) -> PendingPod:
+    """A gang's waiting members as one pod asking what they ask together (for rule 1)."""
+    summed: dict[str, float] = {}
+    for member in members:
+        for resource, amount in member.resources.items():
+            summed[resource] = summed.get(resource, 0.0) + amount
+    return replace(members[0], resources=summed)
+
+
+def _arriving(waiting: PendingPod) -> RunningPod:
+    return RunningPod(waiting.key, waiting.queue, "", (), waiting.resources, waiting.priority)
+
+
+def _place_members(
+    fork: ClusterSnapshot, members: Sequence[PendingPod], nodes: Sequence[str]
+) -> list[tuple[PendingPod, str]] | None:
+    """Each member on the fullest node of `nodes` it fits (binpack, as admission plans a gang),
+    placed in the fork; None (the fork then part changed: a trial's) when one fits none."""
+    placed: list[tuple[PendingPod, str]] = []
+    for member in members:
+        ranked = sorted(nodes, key=lambda name: (sum(fork.nodes[name].free_milli), name))
+        for name in ranked:
+            if fork.place(_arriving(member), member.demand_on(fork.gpu_memory.get(name, 0)), name):
+                placed.append((member, name))
+                break
+        else:
+            return None
+    return placed
+
+
+def _domain_move_message(pod: RunningPod, to_node: str, workload: str, domain: str, count: int) -> str:
+    return (
+        f"moved to free one topology domain for gang {workload}: its {count} waiting pods fit no "
+        f"domain as the GPUs are used; with this pod ({pod.gpus_held:.3g} GPUs) moved out of {domain} "
+        f"they fit there, and this pod's successor fits on node {to_node}"
+    )
+
+
+def plan_domain_moves(
+    fork: ClusterSnapshot,
+    members: Sequence[PendingPod],
+    now: float,
+    rules: ConsolidationRules,
+    budget: int,
+    avoid: Collection[str] = frozenset(),
+    pinned: Collection[str] = frozenset(),
+    work: Budget | None = None,
+) -> tuple[MovePlan, ClusterSnapshot] | None:
+    """The fewest moves (at most `budget`) that free room in one domain of a gang's required
+    level (`members[0].domains`) for all its waiting `members`, each mover landing outside that
+    domain; with the fork after them (the members placed in it). None when a domain holds them
+    already (admission places them: nothing to move), when no set does, or when `work` runs out.
+
+    Movers are those of rule 2 (moved by `is_mover`, not `pinned`, no gang's member, not on a
+    node in `avoid`); of each domain the `max_candidates` that hold most GPUs are tried (most
+    GPUs freed per move: the fewest moves), and for k = 1, 2, ... every set of k of them whose
+    GPUs with the domain's free ones make up what the members ask is tried on a fork, best first
+    by `_group_rank` (fewest GPUs moved, lowest priorities, newest) across the domains; the first
+    where every member fits in the domain and every mover lands outside it wins.
+
+    2 racks x 2 nodes x 4 GPUs, one-GPU pods: r1 holds 5 (3 free), r2 2 (6 free); a gang of 8
+    one-GPU members requiring a rack: no rack holds 8; r2 short by 2 is freed by moving its 2 pods
+    into r1's 3 free GPUs (2 moves), r1 would need 5 moved (more than the budget)."""
+    domains = members[0].domains if members else None
+    if domains is None:
+        return None
+    work = work if work is not None else Budget(rules.max_trials)
+    nodes_of: dict[str, list[str]] = {}
+    for node, domain in sorted(domains.items()):
+        if node in fork.nodes and node not in avoid:
+            nodes_of.setdefault(domain, []).append(node)
+    asked = sum(member.demand.total_milli for member in members)
+    candidates: dict[str, tuple[RunningPod, ...]] = {}
+    short: dict[str, int] = {}  # domain -> milli it lacks for the members (a cheap bound)
+    for domain, nodes in nodes_of.items():
+        if _place_members(fork.fork(), members, nodes) is not None:
+            return None  # a domain holds them now: admission places them there
+        movers = [
+            pod
+            for node in nodes
+            for pod in fork.movers_on(node)
+            if is_mover(pod, now, rules) and pod.key not in pinned and not pod.workload
+        ]
+        movers.sort(key=lambda pod: (-pod.gpus_held, mover_order(pod)))
+        chosen = tuple(movers[: rules.max_candidates])
+        lacking = asked - sum(sum(fork.nodes[node].free_milli) for node in nodes)
+        if sum(_milli(pod) for pod in chosen[:budget]) >= lacking:  # (else no set can make it up)
+            candidates[domain], short[domain] = chosen, lacking
+    workload = members[0].workload
+    for count in range(1, budget + 1):
+        groups = sorted(
+            (_group_rank(group, domain), domain, group)
+            for domain, movers in candidates.items()
+            for group in combinations(movers, count)
+            if sum(map(_milli, group)) >= short[domain]
+        )
+        for _, domain, group in groups:
+            if not work.spend():
+                return None
+            trial = fork.fork()
+            for pod in group:
+                trial.evict(pod.key)
+            placed = _place_members(trial, members, nodes_of[domain])
+            if placed is None:
+                continue
+            outside = {*avoid, *nodes_of[domain]}
+            moves: list[Move] = []
+            for pod in sorted(group, key=mover_order, reverse=True):
+                landed = _land(trial, pod, pod.node, outside)
+                if landed is None:
+                    break
+                message = _domain_move_message(pod, landed, workload, domain, len(members))
+                moves.append(Move(pod, landed, message))
+            else:
+                freed = asked / GPU_MILLI
+                plan = MovePlan(
+                    "consolidate", placed[0][1], tuple(moves), freed, members[0], domain, tuple(placed)
+                )
+                return plan, trial
+    return None
 
 
 def plan_drain(

@@ -28,6 +28,13 @@ has 12 free").
 (`plan_parts`): the parts with a level inside one domain of the widest of their levels, each part
 in the tightest domain of its own level, narrowest first.
 
+**Ranking** (`fullest_first`), at prioritize, for a member of a workload with an ask (placed pod
+by pod: a reserved gang's members, elastic members, members after a reservation ended): the
+candidates' domains at each asked level, the one already holding most of the workload's members
+(placed, or GPUs held for them) first; among equals, those whose room holds all its members still
+to place, least room first (the tightest that fits, as admission packs), then the others by most
+room. So a member goes where its gang is, and a gang with no member yet fills one domain first.
+
 Worked example (racks r1: 2 nodes x 4 free GPUs, r2: 1 node x 4 free; a gang of 4 one-GPU
 members requiring a rack): both racks hold 4; r2 has 4 free, r1 8: r2 is chosen, r1 stays whole
 for a gang of 8. A gang of 6: only r1 holds it. A gang of 10: none; largest rack has 8 free.
@@ -43,7 +50,14 @@ from typing import Any
 
 from contract.kube import mapping, meta, sequence
 from contract.names import GPU_MILLI, TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_REQUIRED_ANNOTATION
-from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, NodeGpus, WorkloadMix
+from extender.policy.placement import (
+    MAX_NODE_SCORE,
+    NO_DOMAINS,
+    DomainMap,
+    GpuDemand,
+    NodeGpus,
+    WorkloadMix,
+)
 from extender.policy.snapshot import occupy
 from extender.policy.workloads import plan_gang
 
@@ -303,6 +317,59 @@ def no_domain_text(level: str, plan: DomainPlan, demand: GpuDemand, count: int) 
         f"needs {gpus} in one {level}; largest {level} has {plan.largest_free} free "
         f"(room for {plan.largest_fit} of its {count} missing pods)"
     )
+
+
+def fullest_first(rooms: Mapping[str, int], members: Mapping[str, int], missing: int) -> dict[str, int]:
+    """Each domain's rank for a workload's next member, 0 first (`rooms`: domain -> members of
+    its shape the domain's candidates hold; `members`: domain -> its members there; `missing`:
+    its members still to place, the asking one among them). Most members first; among equals,
+    those that hold all `missing`, least room first; then the others, most room first. Domains
+    alike (members, room) share a rank, so the node's own score decides between them.
+
+    r1 holds 6 and 0 members, r2 7 and 1, missing 3: r2 0, r1 1 (members decide). No members,
+    r1 6, r2 4: r2 0 (both hold 3, r2 has less room), r1 1. r1 2, r2 1: neither holds 3, r1 0
+    (most room), r2 1."""
+
+    def key(domain: str) -> tuple[int, bool, int]:
+        room = rooms.get(domain, 0)
+        holds_all = room >= missing
+        return -members.get(domain, 0), not holds_all, room if holds_all else -room
+
+    keys = {domain: key(domain) for domain in {*rooms, *members}}
+    rank_of = {k: rank for rank, k in enumerate(sorted(set(keys.values())))}
+    return {domain: rank_of[k] for domain, k in keys.items()}
+
+
+# The scores of the best domain's nodes (at or above) and of every other node's (below).
+_BEST_BAND = MAX_NODE_SCORE // 2
+
+
+def _spread(
+    order: Sequence[tuple[tuple[int, ...], int]], low: int, high: int
+) -> dict[tuple[tuple[int, ...], int], int]:
+    """high for the first, low for the last, evenly by position between."""
+    if len(order) <= 1:
+        return dict.fromkeys(order, high)
+    last = len(order) - 1
+    return {key: low + round((high - low) * (last - i) / last) for i, key in enumerate(order)}
+
+
+def domain_scores(keys: Mapping[str, tuple[tuple[int, ...], int] | None]) -> dict[str, int]:
+    """0..10 per class of nodes from its key: its domains' ranks (`fullest_first`, outermost level
+    first) and its own score (0..10, higher better); None: the pod fits none of them (0). Ordered
+    by ranks, then own score: at most 11 distinct keys score evenly by position (the order kept
+    exactly); more would round whole domains together, so the best domain's keys take 5..10 and
+    the others 0..4 - its nodes always above every other's.
+
+    r2 (rank 0) with own scores 10 and 0, r1 (rank 1) with 10 and 0: 10, 7, 3, 0. Twelve racks of
+    one kind: the first 10, the other eleven 4 down to 0."""
+    order = sorted({key for key in keys.values() if key is not None}, key=lambda key: (key[0], -key[1]))
+    if len(order) <= MAX_NODE_SCORE + 1:
+        score_of = _spread(order, 0, MAX_NODE_SCORE)
+    else:
+        best = [key for key in order if key[0] == order[0][0]]
+        score_of = _spread(best, _BEST_BAND, MAX_NODE_SCORE) | _spread(order[len(best) :], 0, _BEST_BAND - 1)
+    return {name: 0 if key is None else score_of[key] for name, key in keys.items()}
 
 
 @dataclass(frozen=True)

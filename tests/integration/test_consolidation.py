@@ -29,6 +29,7 @@ from extender.controllers.consolidate import ConsolidationOptions
 from extender.controllers.reclaim import ReclaimOptions
 from extender.kubeapi import JsonObject, request
 from extender.picture.cluster import ClusterPicture, PictureConfig
+from extender.policy.topology import DEFAULT_TOPOLOGY, Topology
 from extender.service import ExtenderService, ServiceOptions
 from tessera.dev.localcluster import LocalCluster, SchedulerHandle, api_client, delete_nodes, wait_until
 from tests import extender_objects as objects
@@ -105,7 +106,7 @@ def claim_template(namespace: str, name: str, device_class: str, memory: str | N
     return {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
-def deployment(env: Env, name: str, replicas: int) -> JsonObject:
+def deployment(env: Env, name: str, replicas: int, template: str = "half") -> JsonObject:
     labels = {"app": name, QUEUE_LABEL: env.queue}
     return {
         "apiVersion": "apps/v1",
@@ -114,17 +115,23 @@ def deployment(env: Env, name: str, replicas: int) -> JsonObject:
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": labels}, "spec": env.pod_spec("half")},
+            "template": {"metadata": {"labels": labels}, "spec": env.pod_spec(template)},
         },
     }
 
 
 @asynccontextmanager
 async def consolidation_cluster(
-    cluster: LocalCluster, api: ApiClient, namespace: str, gpu_driver: str, workdir: Path
+    cluster: LocalCluster,
+    api: ApiClient,
+    namespace: str,
+    gpu_driver: str,
+    workdir: Path,
+    topology: Topology = DEFAULT_TOPOLOGY,
 ) -> AsyncIterator[Env]:
     """Four one-GPU nodes run by the node agent, a queue, claim templates, the extender (reclaim
-    and consolidation every 0.5 s, pods movable at once) and a scheduler calling it."""
+    and consolidation every 0.5 s, pods movable at once; the cluster's `topology` levels) and a
+    scheduler calling it."""
     suffix = uuid.uuid4().hex[:6]
     nodes = [f"consol-{suffix}-{i}" for i in range(NODES)]
     profile = yaml.safe_load((SHIPPED_PROFILES / "h100x8.yaml").read_text())
@@ -166,7 +173,11 @@ async def consolidation_cluster(
             )
         scheduler_name = f"tessera-{suffix}"
         picture = ClusterPicture(
-            PictureConfig(gpu_drivers=frozenset({gpu_driver}), scheduler_names=frozenset({scheduler_name}))
+            PictureConfig(
+                gpu_drivers=frozenset({gpu_driver}),
+                scheduler_names=frozenset({scheduler_name}),
+                topology=topology,
+            )
         )
         service = ExtenderService(
             await api_client(cluster.kubeconfig),

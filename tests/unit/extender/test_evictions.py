@@ -293,6 +293,32 @@ def move_plan(served: str, movers: list[str], first_gpu: int) -> MovePlan:
     return MovePlan("consolidate", "n1", moves, 1.0, waiting(served))
 
 
+async def test_a_rack_freed_for_a_gang_holds_each_members_gpus_for_the_gang(
+    apiserver: tuple[FakeEvictionApi, ApiClient],
+) -> None:
+    # The plan of `plan_domain_moves`: a-0 (n3) and a-1 (n4) move out of rack r2 so that gang
+    # Job/ns/g's members g-0 and g-1 fit there, one on each node.
+    fake, api = apiserver
+    state = picture("g-0", "g-1", "a-0", "a-1")
+    options = ConsolidationOptions(evictions=EvictionLimits(16, LONG_S))
+    consolidator = Consolidator(api, state, ExtenderMetrics(state), options)
+    members = tuple(
+        (replace(waiting(f"ns/g-{i}"), workload="Job/ns/g"), node) for i, node in enumerate(["n3", "n4"])
+    )
+    moves = tuple(
+        Move(RunningPod(f"ns/a-{i}", "a", node, ((0, 1000),), movable=True), "n1", "moved out of r2")
+        for i, node in enumerate(["n3", "n4"])
+    )
+    chosen = MovePlan("consolidate", "n3", moves, 2.0, members[0][0], "r2", members)
+    assert await consolidator.carry_out([chosen]) == [chosen]
+    # Each member's GPU is held on its node for any member of the gang (not only for that pod).
+    for member, node in members:
+        hold = state.inventory.held_for(member.key)
+        assert hold is not None and (hold.node, hold.owner) == (node, "Job/ns/g")
+    assert sorted(fake.events) == [("a-0", "Moved"), ("a-1", "Moved"), ("g-0", "ConsolidationPlanned")]
+    assert "so the 2 waiting pods of its gang fit in r2" in fake.messages[("g-0", "ConsolidationPlanned")]
+
+
 @pytest.mark.parametrize(
     ("answer", "result", "why"),
     [

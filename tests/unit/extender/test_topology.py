@@ -16,6 +16,8 @@ from extender.policy.topology import (
     Level,
     Topology,
     ask_refusal,
+    domain_scores,
+    fullest_first,
     no_domain_text,
     parse_topology,
     plan_in_domain,
@@ -124,6 +126,61 @@ def test_preferred_rack_without_a_required_level_lands_in_one_rack_when_one_hold
     assert plan_in_domain(SUPPLIES, ONE_GPU, 4, None, racks).nodes == ["b1"] * 4
     six = plan_in_domain(SUPPLIES, ONE_GPU, 6, None, racks).nodes
     assert {racks[n] for n in six} == {"b1/r1"}
+
+
+@pytest.mark.parametrize(
+    ("rooms", "members", "missing", "ranks"),
+    [
+        # The rack holding a member first, though r1 (room 6) would be tighter: 1 member > 0.
+        ({"r1": 6, "r2": 7}, {"r2": 1}, 3, {"r2": 0, "r1": 1}),
+        # More members beat fewer: r1 holds 2 of them, r2 1 (room plays no part).
+        ({"r1": 1, "r2": 7}, {"r1": 2, "r2": 1}, 3, {"r1": 0, "r2": 1}),
+        # No members yet, both hold the 3 missing: least room first (r2 4 < r1 6).
+        ({"r1": 6, "r2": 4}, {}, 3, {"r2": 0, "r1": 1}),
+        # Only r2 (5) holds 3; r1 (2) does not, and comes after though it is tighter.
+        ({"r1": 2, "r2": 5}, {}, 3, {"r2": 0, "r1": 1}),
+        # Neither holds 3: most room first, so most of them land together (r1 2 > r2 1).
+        ({"r1": 2, "r2": 1}, {}, 3, {"r1": 0, "r2": 1}),
+        # Alike (room 4, no members): one rank, the nodes' own scores decide.
+        ({"r1": 4, "r2": 4}, {}, 2, {"r1": 0, "r2": 0}),
+        # A rack with members but no candidate room still counts them (its room is 0).
+        ({"r1": 4}, {"r2": 3}, 2, {"r2": 0, "r1": 1}),
+    ],
+)
+def test_members_rank_domains_where_their_gang_is_then_the_tightest_that_holds_the_rest(
+    rooms: dict[str, int], members: dict[str, int], missing: int, ranks: dict[str, int]
+) -> None:
+    assert fullest_first(rooms, members, missing) == ranks
+
+
+@pytest.mark.parametrize(
+    ("keys", "scores"),
+    [
+        # 4 distinct keys (at most 11): evenly by position, r2's nodes first, then r1's, each by its
+        # own score: 10, 10*2/3 = 7, 10/3 = 3, 0.
+        (
+            {"c": ((0,), 10), "d": ((0,), 0), "a": ((1,), 10), "b": ((1,), 0)},
+            {"c": 10, "d": 7, "a": 3, "b": 0},
+        ),
+        # A class the pod fits none of scores 0 whatever its domain.
+        ({"c": ((0,), 10), "x": None, "a": ((1,), 0)}, {"c": 10, "x": 0, "a": 0}),
+        # 30 racks (ranks 0..29) of one kind: evenly, rack 1 would score 10 * 28/29 = 9.7 -> 10,
+        # tied with rack 0; banded, rack 0 takes 10 alone, the other 29 4 down to 0 (4 * (29-i)/28).
+        (
+            {f"r{i}": ((i,), 10) for i in range(30)},
+            {"r0": 10, **{f"r{i}": round(4 * (29 - i) / 28) for i in range(1, 30)}},
+        ),
+        # The best rank shared by two classes: both in the 5..10 band, by their own scores.
+        (
+            {"a": ((0,), 10), "b": ((0,), 3), **{f"r{i}": ((i,), 10) for i in range(1, 12)}},
+            {"a": 10, "b": 5, **{f"r{i}": round(4 * (11 - i) / 10) for i in range(1, 12)}},
+        ),
+    ],
+)
+def test_the_best_domains_nodes_score_above_every_others(
+    keys: dict[str, tuple[tuple[int, ...], int] | None], scores: dict[str, int]
+) -> None:
+    assert domain_scores(keys) == scores
 
 
 def pod(annotations: dict[str, str]) -> dict[str, Any]:

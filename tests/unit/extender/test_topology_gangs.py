@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from contract.names import TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_REQUIRED_ANNOTATION
+from contract.names import MIN_MEMBERS_ANNOTATION, TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_REQUIRED_ANNOTATION
 from extender.binder import Binder
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture, PictureConfig
@@ -23,7 +23,7 @@ from extender.status import WaitingPods
 from extender.webhook import MUTATE_PODS_PATH, WebhookOptions, webhook_app
 from tests import extender_objects as objects
 from tests.unit.extender.serving import serve
-from tests.unit.extender.test_gangs import job, member
+from tests.unit.extender.test_gangs import job, member, running_member
 from tests.unit.extender.test_server import CLASS, Extender, args
 from tests.unit.extender.test_webhook import Webhooks
 
@@ -119,6 +119,11 @@ async def test_a_preferred_rack_packs_a_gang_without_requiring_one(extender: Ext
     # A preference binds nothing: the other member passes every node with room.
     _, result = await extender.call("filter", args(pods[1], NODES))
     assert result["NodeNames"] == NODES
+    # Prioritize steers it to the rack its gang's GPUs are held in: c (r2) 10, r1's a and b below.
+    # (Binpack alone scores all three alike: each has 2 GPUs this member may use.)
+    _, ranked = await extender.call("prioritize", args(pods[1], NODES))
+    ranks = scores(ranked)
+    assert ranks["c"] == 10 and ranks["a"] < 10 and ranks["b"] < 10
 
 
 async def test_a_gang_no_rack_holds_spills_over_racks_when_it_only_prefers_one(extender: Extender) -> None:
@@ -128,6 +133,60 @@ async def test_a_gang_no_rack_holds_spills_over_racks_when_it_only_prefers_one(e
     await extender.call("filter", args(spill[0], NODES))
     held = extender.state.gangs.reservation("Job/ns/spill")
     assert held is not None and sorted(held.nodes) == ["a", "a", "b", "b", "c"]
+
+
+def racks_of_four(racks: dict[str, str], *extra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        *(rack_node(name, rack) for name, rack in racks.items()),
+        *(objects.gpu_slice(name, 4) for name in racks),
+        objects.device_class(CLASS),
+        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        objects.queue("team"),
+        *extra,
+    ]
+
+
+def scores(ranked: list[dict[str, Any]]) -> dict[str, int]:
+    return {entry["Host"]: entry["Score"] for entry in ranked}
+
+
+async def test_prioritize_puts_a_member_in_the_rack_its_gang_is_in(extender: Extender) -> None:
+    # Racks r1 (a, b) and r2 (c, d), 4 GPUs each. Workload w (4 members, minimum 1, preferring a
+    # rack): w-0 runs on c; a filler of another job takes 2 GPUs on a. Free: a 2, b 4, c 3, d 4.
+    # Binpack alone ranks the fullest node first: a (2 free) 10, c (3) 5, b and d (4) 0 - w-1
+    # would open rack r1. With the preference r2 (1 member) comes first: c 10 (the fuller of r2),
+    # d, then r1's a, then b.
+    racks = {"a": "r1", "b": "r1", "c": "r2", "d": "r2"}
+    pods = gang("w", 4, required="", preferred="rack")
+    for pod in pods:
+        pod["metadata"]["annotations"][MIN_MEMBERS_ANNOTATION] = "1"
+    running, claim = running_member("w", 0, "team", "c", "gpu-0")
+    running["metadata"]["annotations"] = pods[0]["metadata"]["annotations"]
+    fillers = [*running_member("f", 0, "team", "a", "gpu-0"), *running_member("f", 1, "team", "a", "gpu-1")]
+    extender.sync(racks_of_four(racks, job("w", 4), job("f", 2), running, claim, *pods[1:], *fillers))
+    _, ranked = await extender.call("prioritize", args(pods[1], list(racks)))
+    ranks = scores(ranked)
+    assert ranks["c"] > ranks["d"] > ranks["a"] > ranks["b"]
+    assert ranks["c"] == 10 and ranks["b"] == 0
+    # The filler's job asks nothing: its pods are ranked by binpack alone, a (2 free) first.
+    _, ranked = await extender.call("prioritize", args(member("f", 2), list(racks)))
+    assert scores(ranked)["a"] == 10
+
+
+async def test_prioritize_fills_the_tightest_rack_that_holds_the_rest_of_a_gang(extender: Extender) -> None:
+    # No member placed yet (3 members, minimum 1, preferring a rack; a filler took 3 GPUs on a):
+    # free a 1, b 4 (r1: 5), c 4, d 4 (r2: 8). Both racks hold the 3: r1 has less room and comes
+    # first, b (4 free, all 3 fit) with a; binpack alone would put a first and then c, b, d alike.
+    racks = {"a": "r1", "b": "r1", "c": "r2", "d": "r2"}
+    pods = gang("w", 3, required="", preferred="rack")
+    for pod in pods:
+        pod["metadata"]["annotations"][MIN_MEMBERS_ANNOTATION] = "1"
+    fillers = [obj for i in range(3) for obj in running_member("f", i, "team", "a", f"gpu-{i}")]
+    extender.sync(racks_of_four(racks, job("w", 3), job("f", 3), *pods, *fillers))
+    _, ranked = await extender.call("prioritize", args(pods[0], list(racks)))
+    ranks = scores(ranked)
+    assert min(ranks["a"], ranks["b"]) > max(ranks["c"], ranks["d"])
+    assert ranks["a"] > ranks["b"] and ranks["c"] == ranks["d"] == 0
 
 
 @pytest.fixture
