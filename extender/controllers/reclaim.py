@@ -60,6 +60,7 @@ from extender.policy.reclaim import (
     PendingPod,
     Plan,
     Rules,
+    lost_holds,
     plan,
     protected_restarts,
 )
@@ -143,6 +144,9 @@ class ReclaimLoop:
         self._starved_since: dict[str, float] = {}
         self.follow_ups: list[FollowUp] = []
         self._blocked: dict[str, float] = {}  # pod key -> monotonic time it may be tried again
+        # Victims evicted, until their hold's end (monotonic): gone, whether the picture shows
+        # them terminating yet or not, when the loop looks for lost holds.
+        self._going: dict[str, float] = {}
         # The controllers (owner uid) of pods evicted in the last hour -> when (epoch s, as pods'
         # start times): their pods started since are spared for a while (`protected_restarts`).
         self._evicted_owners: dict[str, float] = {}
@@ -177,6 +181,7 @@ class ReclaimLoop:
             return []
         started = time.perf_counter()
         snapshot = self.picture.snapshot()
+        await self._let_go_of_lost(snapshot)
         self._spare_blocked(snapshot)
         rules = self.rules()
         now = time.time()
@@ -193,6 +198,27 @@ class ReclaimLoop:
         for follow_up in self.follow_ups:
             await follow_up.run_once(snapshot, waiting, done)
         return done
+
+    async def _let_go_of_lost(self, snapshot: ClusterSnapshot) -> None:
+        """Let go of the holds another pod took (rule 12, `lost_holds`), before the waiting pods
+        are listed: their pods are planned again this cycle. The victims this loop evicted count
+        as gone although the picture may not show them terminating yet."""
+        now = time.monotonic()
+        self._going = {
+            key: until for key, until in self._going.items() if until > now and key in snapshot.running
+        }
+        for lost in lost_holds(snapshot, self._going.keys()):
+            self.picture.inventory.release_hold(lost.key)
+            self.metrics.holds_lost.inc()
+            if lost.for_queue:
+                continue
+            devices = ", ".join(f"GPU {gpu}" for gpu, _ in lost.gpus)
+            text = (
+                f"the GPUs held for this pod on node {lost.node} ({devices}) were taken by a pod "
+                "they were not held for; reclaim plans for it again"
+            )
+            log.info("hold lost for %s: %s", lost.key, text)
+            await pod_event(self.api, lost.key, uid_of(self.picture, lost.key), "HoldLost", text, "Normal")
 
     def _spare_blocked(self, snapshot: ClusterSnapshot) -> None:
         """Victims a budget blocked recently are no candidates this cycle (the block is reported
@@ -249,6 +275,8 @@ class ReclaimLoop:
         for key, owner in owners.items():
             if owner and outcomes.get(key) == "evicted":
                 self._evicted_owners[owner] = evicted
+        until = time.monotonic() + self.options.hold_s
+        self._going.update({key: until for key in victims if outcomes.get(key) in ("evicted", "timed_out")})
         return [chosen for chosen in plans if await self._settle(chosen, outcomes, uids, planned_at)]
 
     async def _settle(
