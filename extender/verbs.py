@@ -46,7 +46,7 @@ from extender.picture.demands import PodDemand
 from extender.picture.gangs import GangReservation
 from extender.policy.admission import GANG, GANG_READING, Ask, GangState, admit, gang_text
 from extender.policy.deference import OwedPod, deference_reason, defers_to
-from extender.policy.fairness import AdmissionDecision
+from extender.policy.fairness import AdmissionDecision, Resources
 from extender.policy.placement import (
     NO_DOMAINS,
     DomainMap,
@@ -308,9 +308,10 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     }
     owed = _owed_first(picture, key, pod, demand, gang)
     if owed:
+        request = picture.accounting.resources(key, pod, demand)
         for kind, supply in nodes.supply_of.items():
             if not reason_of[kind]:
-                reason_of[kind] = _deference(picture, demand.queue, owed, supply)
+                reason_of[kind] = _deference(picture, demand.queue, request, owed, supply)
     if any(reason_of.values()):
         reasons = list(map(reason_of.__getitem__, nodes.kinds))
         kept = nodes.keeping(reasons, reason_of)
@@ -382,22 +383,26 @@ def deferred_everywhere(
     nodes = _candidate_kinds(picture, key, names, owner, demand.queue)
     reference = picture.inventory.reference_memory(demand.models)
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
+    request = picture.accounting.resources(key, pod, demand)
     deferred = ""
     for kind, supply in nodes.supply_of.items():
         if _misfit(supply, demand.placement_at(gpu_memory.get(nodes.one_of_kind[kind]) or reference)):
             continue
-        why = _deference(picture, demand.queue, owed, supply)
+        why = _deference(picture, demand.queue, request, owed, supply)
         if not why:
             return ""
         deferred = deferred or why
     return deferred
 
 
-def _deference(picture: ClusterPicture, queue: str, owed: tuple[OwedPod, ...], supply: NodeGpus) -> str:
-    """Why the pod leaves a node to an owed pod that fits its free GPUs ('' when none fits)."""
+def _deference(
+    picture: ClusterPicture, queue: str, request: Resources, owed: tuple[OwedPod, ...], supply: NodeGpus
+) -> str:
+    """Why the pod (of `queue`, asking `request`) leaves a node to an owed pod that fits its free
+    capacity ('' when none fits)."""
     for waiting in owed:
         if not _misfit_in(_MISFITS.table(waiting.demand), supply, waiting.demand):
-            return deference_reason(picture.fairness(), queue, waiting)
+            return deference_reason(picture.fairness(), queue, request, waiting)
     return ""
 
 
