@@ -10,6 +10,7 @@ the other member keeps its hold, and the filter admits the gang whole once the v
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,14 +20,14 @@ from extender.controllers.reclaim import ReclaimLoop, ReclaimOptions
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.policy.placement import GpuDemand
-from extender.policy.reclaim import lost_holds, planning_fork
+from extender.policy.reclaim import Rules, lost_holds, plan, planning_fork
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus
 from extender.verbs import decide_filter
 from extender.wire import ExtenderArgs
 from tests import extender_objects as objects
 from tests.unit.extender.test_evictions import FakeEvictionApi, apiserver, counter  # noqa: F401
 from tests.unit.extender.test_gangs import job, member
-from tests.unit.extender.test_reclaim import Run, Scenario, build, q
+from tests.unit.extender.test_reclaim import NOW, Run, Scenario, Wait, build, q
 from tests.unit.extender.test_server import CLASS
 
 WHOLE = ((3, 1000),)  # GPU 3 of n1, whole
@@ -147,3 +148,24 @@ async def test_a_gang_whose_held_gpu_another_scheduler_took_is_planned_again_in_
     decision = decide_filter(picture, ExtenderArgs(Pod=gang_pending(0), NodeNames=["a", "b"]))
     assert (decision.result.NodeNames, decision.admitted) == (["a"], True), decision.message
     assert decision.gang is not None and sorted(decision.gang.nodes) == ["a", "b"]
+
+
+def test_a_gang_planned_again_stays_in_the_domain_of_its_held_members() -> None:
+    # Racks r1 (n1) and r2 (n2), 2 GPUs each; a gang of 2 of b that must share a rack. g0 is
+    # held on n2's GPU 0; g1's hold was lost to x (a pod of a) on n2's GPU 1. a (quota 2) holds
+    # 3: x and two pods on n1; b (quota 2) counts g0 on its hold: 1 of 2, owed a whole pod.
+    # Both racks have a victim of a (surplus 1, ending at 0 > -1), and r1 sorts first; but g0 is
+    # in r2, so g1 is planned there: x goes (a plan on n1 would split the gang across racks).
+    workload = "Job/ns/g"
+    running = [Run("a0", "a", "n1"), Run("a1", "a", "n1"), Run("x", "a", "n2", milli=1000, gpu=1)]
+    waiting = [Wait("g0", "b", workload=workload), Wait("g1", "b", workload=workload)]  # b waits for 2
+    scenario = Scenario(
+        "racks", {"n1": 2, "n2": 2}, [q("a", quota=2), q("b", quota=2)], running, waiting, set(), {}
+    )
+    built, pending = build(scenario)
+    held = HeldGpus("g0", "b", "n2", ((0, 1000),), {"gpu": 1.0}, workload)
+    snapshot = ClusterSnapshot(built.base_nodes, built.running, built.fairness, built.mix, holds=[held])
+    racks = {"n1": "r1", "n2": "r2"}
+    listed = [replace(pod, domains=racks) for pod in pending if pod.key == "g1"]  # g0 is held for
+    (chosen,) = plan(snapshot, listed, NOW, Rules())
+    assert (chosen.pod.key, chosen.node, [e.pod.key for e in chosen.evictions]) == ("g1", "n2", ["x"])
