@@ -140,6 +140,12 @@ class ExtenderMetrics:
             ["queue"],
             registry=self.registry,
         )
+        self.holds_lost = Counter(
+            "tessera_reclaim_holds_lost_total",
+            "Holds of GPUs a plan freed that a pod they were not held for took (one of another "
+            "scheduler, which sees no holds); each is let go and its pod planned again.",
+            registry=self.registry,
+        )
         self.plans = Counter(
             "tessera_reclaim_plans_total",
             "Plans made by the reclaim loop, by goal and the queue they served.",

@@ -55,7 +55,7 @@ from extender.policy.admission import (
     unplaced_part_text,
 )
 from extender.policy.deference import OwedPod, deference_reason, defers_to
-from extender.policy.fairness import AdmissionDecision
+from extender.policy.fairness import AdmissionDecision, Resources
 from extender.policy.placement import (
     NO_DOMAINS,
     DomainMap,
@@ -286,7 +286,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     if owed:
         for kind, supply in nodes.supply_of.items():
             if not reason_of[kind]:
-                reason_of[kind] = _deference(picture, demand.queue, owed, supply)
+                reason_of[kind] = _deference(picture, demand.queue, context.request, owed, supply)
     if any(reason_of.values()):
         reasons = list(map(reason_of.__getitem__, nodes.kinds))
         kept = nodes.keeping(reasons, reason_of)
@@ -351,18 +351,21 @@ def deferred_everywhere(picture: ClusterPicture, names: list[str], context: PodC
     for kind, supply in nodes.supply_of.items():
         if _misfit(supply, demand.placement_at(gpu_memory.get(nodes.one_of_kind[kind]) or reference)):
             continue
-        why = _deference(picture, demand.queue, owed, supply)
+        why = _deference(picture, demand.queue, context.request, owed, supply)
         if not why:
             return ""
         deferred = deferred or why
     return deferred
 
 
-def _deference(picture: ClusterPicture, queue: str, owed: tuple[OwedPod, ...], supply: NodeGpus) -> str:
-    """Why the pod leaves a node to an owed pod that fits its free GPUs ('' when none fits)."""
+def _deference(
+    picture: ClusterPicture, queue: str, request: Resources, owed: tuple[OwedPod, ...], supply: NodeGpus
+) -> str:
+    """Why the pod (of `queue`, asking `request`) leaves a node to an owed pod that fits its free
+    capacity ('' when none fits)."""
     for waiting in owed:
         if not _misfit_in(_MISFITS.table(waiting.demand), supply, waiting.demand):
-            return deference_reason(picture.fairness(), queue, waiting)
+            return deference_reason(picture.fairness(), queue, request, waiting)
     return ""
 
 

@@ -60,6 +60,7 @@ from extender.policy.reclaim import (
     PendingPod,
     Plan,
     Rules,
+    lost_holds,
     plan,
     protected_restarts,
 )
@@ -146,6 +147,9 @@ class ReclaimLoop:
         self._starved_since: dict[str, float] = {}
         self.follow_ups: list[FollowUp] = []
         self._blocked: dict[str, float] = {}  # pod key -> monotonic time it may be tried again
+        # Victims evicted, until their hold's end (monotonic): gone, whether the picture shows
+        # them terminating yet or not, when the loop looks for lost holds.
+        self._going: dict[str, float] = {}
         # The controllers (owner uid) of pods evicted in the last hour -> when (epoch s, as pods'
         # start times): their pods started since are spared for a while (`protected_restarts`).
         self._evicted_owners: dict[str, float] = {}
@@ -181,6 +185,7 @@ class ReclaimLoop:
             return []
         started = time.perf_counter()
         snapshot = self.picture.snapshot()
+        await self._let_go_of_lost(snapshot)
         self._spare_blocked(snapshot)
         rules = self.rules()
         now = time.time()
@@ -197,6 +202,27 @@ class ReclaimLoop:
         for follow_up in self.follow_ups:
             await follow_up.run_once(snapshot, waiting, done)
         return done
+
+    async def _let_go_of_lost(self, snapshot: ClusterSnapshot) -> None:
+        """Let go of the holds another pod took (rule 12, `lost_holds`), before the waiting pods
+        are listed: their pods are planned again this cycle. The victims this loop evicted count
+        as gone although the picture may not show them terminating yet."""
+        now = time.monotonic()
+        self._going = {
+            key: until for key, until in self._going.items() if until > now and key in snapshot.running
+        }
+        for lost in lost_holds(snapshot, self._going.keys()):
+            self.picture.release_hold(lost.key)
+            self.metrics.holds_lost.inc()
+            if lost.for_queue:
+                continue
+            devices = ", ".join(f"GPU {gpu}" for gpu, _ in lost.gpus)
+            text = (
+                f"the GPUs held for this pod on node {lost.node} ({devices}) were taken by a pod "
+                "they were not held for; reclaim plans for it again"
+            )
+            log.info("hold lost for %s: %s", lost.key, text)
+            await pod_event(self.api, lost.key, uid_of(self.picture, lost.key), "HoldLost", text, "Normal")
 
     def _spare_blocked(self, snapshot: ClusterSnapshot) -> None:
         """Victims a budget blocked recently are no candidates this cycle (the block is reported
@@ -223,7 +249,7 @@ class ReclaimLoop:
 
     def _holds_for(self, queue: str) -> bool:
         pods = self.picture.kind("Pod")
-        for on_node in self.picture.inventory.holds.values():
+        for on_node in self.picture.holds().values():
             for key in on_node:
                 pod = pods.get(key)
                 if pod is not None and self.picture.demand(pod).queue == queue:
@@ -253,6 +279,8 @@ class ReclaimLoop:
         for key, owner in owners.items():
             if owner and outcomes.get(key) == "evicted":
                 self._evicted_owners[owner] = evicted
+        until = time.monotonic() + self.options.hold_s
+        self._going.update({key: until for key in victims if outcomes.get(key) in ("evicted", "timed_out")})
         return [chosen for chosen in plans if await self._settle(chosen, outcomes, uids, planned_at)]
 
     async def _settle(
@@ -290,7 +318,7 @@ class ReclaimLoop:
                 await pod_event(self.api, victim.key, uids[victim.key], reason, eviction.message, "Normal")
         if blocked:
             for held in (*chosen.holds, *chosen.rests):  # what the others freed goes to anyone
-                self.picture.inventory.release_hold(held.key)
+                self.picture.release_hold(held.key)
             text = self._blocked_text(chosen, blocked)
             await pod_event(self.api, served.key, uids[served.key], "EvictionBlocked", text, "Warning")
             return False
@@ -331,7 +359,7 @@ class ReclaimLoop:
     def _hold(self, chosen: Plan) -> None:
         """Keep what the plan frees for the pods it serves: the served pod's, then those riding on it."""
         for held in chosen.holds:
-            self.picture.inventory.hold(
+            self.picture.hold(
                 held.key,
                 held.node,
                 held.demand,
@@ -340,7 +368,7 @@ class ReclaimLoop:
                 gpus=held.gpus,  # the very devices freed: only these are kept from other pods
             )
         for rest in chosen.rests:  # the rest of a GPU its pods share: for its queue's next fractions
-            self.picture.inventory.hold(
+            self.picture.hold(
                 rest.key, rest.node, rest.demand, self.options.hold_s, gpus=rest.gpus, queue=rest.queue
             )
 

@@ -422,11 +422,10 @@ class ClusterPicture:
         """Pending GPU pods the planners may serve: those the admission rule admits now and no
         GPUs are held for (`extender.policy.admission.waiting_list`), in the scheduler's order.
 
-        Of a gang not admitted yet, as many waiting members as it misses, marked with their
-        workload (the planner serves them all or none), and none while GPUs are held for it."""
+        Of a gang not admitted yet, as many waiting members as it misses beyond those GPUs are
+        held for, marked with their workload (the planner serves them all or none)."""
         view = self.fairness()
         ledger = self.accounting.ledger
-        held_gangs: dict[str, bool] = {}  # gang workload -> GPUs held for one of its members
         candidates: list[tuple[tuple[int, float, str], Waiting, PodDemand, GpuDemand]] = []
         required: dict[str, DomainMap | None] = {}  # gang workload -> its required level's domains
         for key in ledger.waiting:
@@ -442,9 +441,6 @@ class ClusterPicture:
             held = self.inventory.held_for(key) is not None
             if not gang.admitted:
                 workload = gang.workload.key
-                if workload not in held_gangs:
-                    held_gangs[workload] = any(self.inventory.held_for(k) for k in self.members(workload))
-                held = held_gangs[workload]
                 if workload not in required:
                     level = self.topology_ask(pod, gang.workload).required
                     required[workload] = self.level_domains(level) if level else None

@@ -33,12 +33,18 @@ admitted with 4 (4 x 1 = 4 <= 4); at limit 2 refused (4 > 2) with the numbers.
 The waiting list (`waiting_list`): the pending pods the planners may make room for, in the order
 given (the scheduler's: priority, then creation): those the rule admits and no GPUs are held for
 yet; of a gang not admitted, judged once at its first pod, as many of its waiting pods as it
-misses, marked with the workload (the planner serves them all or none), and none while GPUs are
-held for any of them; its pods above their part's minimum are not listed (they wait for it).
+misses beyond those GPUs are held for, marked with the workload (the planner serves them all or
+none; the held ones are in place in its fork already). So a gang whose holds cover its missing
+pods is not listed, and one that lost a hold (another pod took the GPUs: reclaim let it go,
+`extender.policy.reclaim.lost_holds`) lists only the pods left without GPUs, planned again at
+once rather than after the other holds expire. Gang of minimum 4, nothing placed, holds for 4:
+nothing listed; a default-scheduler pod takes one held GPU, its hold goes: 1 listed. A gang's
+pods above their part's minimum are not listed (they wait for the gang to be admitted).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -234,7 +240,7 @@ class Waiting:
 
     key: str
     ask: Ask
-    held: bool = False  # GPUs are held for it already (a gang's member: for any member of its gang)
+    held: bool = False  # GPUs are held for it already
 
 
 @dataclass(frozen=True)
@@ -251,6 +257,11 @@ def waiting_list(view: FairnessSnapshot, waiting: Sequence[Waiting]) -> list[Lis
     Pods alone that ask alike (queue, request, preemptible, nothing ahead) are judged once."""
     listed: list[Listed] = []
     left: dict[str, int] = {}  # gang workload -> its pods still to list (0: none)
+    held = Counter(  # gang workload -> its pods GPUs are held for
+        entry.ask.gang.workload.key
+        for entry in waiting
+        if entry.held and entry.ask.gang is not None and entry.ask.whole
+    )
     alike: dict[tuple[object, ...], bool] = {}
     for entry in waiting:
         ask = entry.ask
@@ -259,8 +270,9 @@ def waiting_list(view: FairnessSnapshot, waiting: Sequence[Waiting]) -> list[Lis
                 continue
             workload = ask.gang.workload.key
             if workload not in left:
-                left[workload] = 0 if entry.held or not admit(view, ask).admit else ask.pods
-            if left[workload] > 0:
+                unheld = ask.pods - held[workload]
+                left[workload] = unheld if unheld > 0 and admit(view, ask).admit else 0
+            if left[workload] > 0 and not entry.held:
                 left[workload] -= 1
                 listed.append(Listed(entry, workload))
             continue

@@ -14,8 +14,20 @@ when
 * reclaim would take Q's pod back for R's pod once it started: `reclaim_refusal` with
   ``starting=True`` allows it (rule 1 of `extender.policy.reclaim`: every queue from R up to
   where the paths diverge is owed, every queue from Q up to there would borrow, and ends, the pod
-  poorer, less owed than R's side is now);
+  poorer, less owed than R's side is now) - or, for CPU or memory both pods ask, `drf_refusal`
+  with ``starting=True`` does (rule 10, dominant-resource fairness: R's side below its dominant
+  share and within its GPU share with the pod, Q's side above its dominant share with Q's pod
+  and still above R's side without it);
 * R's pod fits the node's free capacity - what Q's pod would take.
+
+The owed pods are tried most owed first, by the measure reclaim's DRF rule uses: higher queue
+priority first (as `FairnessSnapshot.order`), then the lower dominant share - held over fair
+share, the largest over GPUs, CPU and memory (`extender.policy.drf.dominant_share`) - then
+`FairnessSnapshot.order`'s rank (held over capacity, then name). So where CPU and memory are
+in play, the queue deference serves first is the one DRF counts as most owed, not the one that
+merely holds least of the cluster: b at 1 of 4 GPUs and 14 of 16 cores (dominant share 0.88)
+comes after c at 2 of 4 GPUs and 8 of 48 cores (0.5), though b holds less of the cluster
+(0.22 of its cores against c's 0.25 of its GPUs).
 
 Then the filter refuses Q's pod on that node, naming R. Only there and only while R's pod waits
 and fits, so nothing idles: a node where no owed pod fits takes Q's pod as before, and once R's
@@ -25,7 +37,11 @@ pod is placed (or stops being owed) Q's pod goes. A pod that is not preemptible 
 Worked example (tests/unit/extender/test_deference.py): 8 GPUs; a (share 4) holds 5, b (share 4)
 holds 2 and waits with a 1-GPU pod; one GPU frees. a's older waiting pod would start there and
 bring a to 6 of 4, from which reclaim takes it for b (a ends 1 above its share, b 2 below): so it
-defers, and b's pod takes the GPU. With b at 4 of 4 nothing is owed, and a's pod starts.
+defers, and b's pod takes the GPU. With b at 4 of 4 nothing is owed, and a's pod starts. The
+CPU-starved shape (one node, 8 GPUs, 64 cores; a's pods <1 GPU, 16 cores>, b's <1 GPU, 2
+cores>, shares 4 / 4 GPUs, 48 / 16 cores): a at 3 pods, one of a's ended, a's waiting pod would
+bring a to 4 of 4 GPUs, 64 of 48 cores (dominant share 1.33), from which rule 10 takes it back
+for b (0): it defers, though the GPU rule alone would let it start (a at its GPU share).
 
 `owed_pods` is computed once per picture (the filter keeps it per version of the picture; with
 no owed pod waiting the rule costs nothing); `defers_to` is asked once per pod filtered, and its
@@ -37,10 +53,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from extender.policy.drf import gpu_amounts
+from extender.policy.drf import dominant_share, dominant_text, drf_refusal, gpu_amounts, standings
 from extender.policy.fairness import EPSILON, FairnessSnapshot, Resources, format_amount
 from extender.policy.placement import GpuDemand
 from extender.policy.reclaim import reclaim_refusal
+
+# The resources other than GPUs that reclaim's DRF rule frees for a host-starved pod.
+HOST_RESOURCES = ("cpu", "memory")
 
 
 @dataclass(frozen=True)
@@ -55,14 +74,19 @@ class OwedPod:
 
 def owed_pods(fairness: FairnessSnapshot, waiting: Iterable[OwedPod]) -> tuple[OwedPod, ...]:
     """Of `waiting` (admitted, unplaced, not held for), those of queues below their fair share
-    on every GPU resource they ask for, the most owed queue first, then in the given order; one
-    pod per (queue, request, demand): pods alike defer alike."""
+    on every GPU resource they ask for, the most owed queue first (see the module docstring),
+    then in the given order; one pod per (queue, request, demand): pods alike defer alike."""
     rank = {queue: place for place, queue in enumerate(fairness.order())}
     kept: dict[tuple[str, tuple[tuple[str, float], ...], GpuDemand], OwedPod] = {}
     for pod in waiting:
         if pod.queue in rank and is_owed(fairness, pod.queue, pod.request):
             kept.setdefault((pod.queue, tuple(sorted(pod.request.items())), pod.demand), pod)
-    return tuple(sorted(kept.values(), key=lambda pod: rank[pod.queue]))
+    specs = fairness.tree.specs
+    owed_first = {
+        queue: (-specs[queue].priority, dominant_share(fairness, queue), rank[queue])
+        for queue in {pod.queue for pod in kept.values()}
+    }
+    return tuple(sorted(kept.values(), key=lambda pod: owed_first[pod.queue]))
 
 
 def is_owed(fairness: FairnessSnapshot, queue: str, request: Resources) -> bool:
@@ -88,12 +112,39 @@ def defers_to(
         pod
         for pod in owed
         if pod.queue != queue
-        and not reclaim_refusal(fairness, pod.queue, pod.request, queue, request, starting=True)
+        and (
+            _gpus_taken_back(fairness, queue, request, pod) or _drf_takes_back(fairness, queue, request, pod)
+        )
     )
 
 
-def deference_reason(fairness: FairnessSnapshot, queue: str, owed: OwedPod) -> str:
-    """The refusal's text: the queue owed, and both queues' GPUs against their shares."""
+def _gpus_taken_back(fairness: FairnessSnapshot, queue: str, request: Resources, owed: OwedPod) -> bool:
+    """Rule 1 of reclaim would evict the pod of `queue` for `owed` once it ran."""
+    return not reclaim_refusal(fairness, owed.queue, owed.request, queue, request, starting=True)
+
+
+def _drf_takes_back(fairness: FairnessSnapshot, queue: str, request: Resources, owed: OwedPod) -> bool:
+    """Rule 10 of reclaim (DRF) would evict the pod of `queue` for `owed` once it ran: only where
+    the pod would take `queue` above its fair share of CPU or memory that `owed` asks for too (DRF
+    frees a host-starved pod's CPU or memory; GPUs above a share are rule 1's)."""
+    over = standings(fairness, queue, request)
+    short = any(
+        over.get(resource, 0.0) > 1 + EPSILON and owed.request.get(resource, 0.0) > 0
+        for resource in HOST_RESOURCES
+    )
+    return short and not drf_refusal(fairness, owed.queue, owed.request, queue, request, starting=True)
+
+
+def deference_reason(fairness: FairnessSnapshot, queue: str, request: Resources, owed: OwedPod) -> str:
+    """The refusal's text: the queue owed, and both queues' GPUs against their shares - or, when
+    only DRF would take the pod back, both queues' dominant shares (the pod's with it)."""
+    if not _gpus_taken_back(fairness, queue, request, owed):
+        return (
+            f"free capacity here goes first to a waiting pod of queue '{owed.queue}', at "
+            f"{dominant_text(fairness, owed.queue)}; queue '{queue}' would go to "
+            f"{dominant_text(fairness, queue, request)}, above its fair share, and reclaim would "
+            "take it back"
+        )
     tree, shares = fairness.tree, fairness.fair_shares
 
     def standing(name: str) -> str:

@@ -128,7 +128,7 @@ def host_starved(node: NodeGpus, demand: GpuDemand) -> bool:
     return demand.count > 0 and fits(node, gpus_only) and not fits(node, demand)
 
 
-def _text(fairness: FairnessSnapshot, queue: str, change: Resources | None = None) -> str:
+def dominant_text(fairness: FairnessSnapshot, queue: str, change: Resources | None = None) -> str:
     """`queue`'s dominant share and the resource that makes it, for messages."""
     found = standings(fairness, queue, change)
     if not found:
@@ -148,7 +148,7 @@ def _ratio(value: float) -> str:
 
 def drf_victim_text(fairness: FairnessSnapshot, queue: str) -> str:
     """Why `queue` gives: for the victim's event."""
-    return f"queue '{queue}' holds more than its fair share of a resource: {_text(fairness, queue)}"
+    return f"queue '{queue}' holds more than its fair share of a resource: {dominant_text(fairness, queue)}"
 
 
 def drf_refusal(
@@ -157,9 +157,12 @@ def drf_refusal(
     request: Resources,
     victim: str,
     taken: Resources,
+    starting: bool = False,
 ) -> str:
     """Why a host-starved pod of `reclaimer` asking `request` may not take `taken` (the victims'
-    fairness vectors, summed) from `victim` ('' when it may): the rule of the module docstring."""
+    fairness vectors, summed) from `victim` ('' when it may): the rule of the module docstring.
+    `starting`: `taken` is a pod of `victim` about to start, not counted in its queue yet - would
+    the rule take it back once it ran? (`extender.policy.deference`)"""
     tree = fairness.tree
     if reclaimer == victim or reclaimer not in tree.specs or victim not in tree.specs:
         return "reclaim is between queues"
@@ -168,7 +171,7 @@ def drf_refusal(
     wanted = gpu_amounts(request)
     for queue in up_reclaimer:
         if dominant_share(fairness, queue) >= 1 - EPSILON:
-            return f"queue '{queue}' is not below its dominant share ({_text(fairness, queue)})"
+            return f"queue '{queue}' is not below its dominant share ({dominant_text(fairness, queue)})"
         for resource, amount in wanted.items():
             held, fair = tree.subtree(queue, "allocated", resource), shares.get(queue, {}).get(resource, 0.0)
             if held + amount > fair + EPSILON:
@@ -182,15 +185,20 @@ def drf_refusal(
     if dominant_share(fairness, diverging, request) <= owed_dominant + EPSILON:
         return (
             f"the pod would not raise the dominant share of queue '{diverging}' "
-            f"({_text(fairness, diverging)}): it asks for none of that resource"
+            f"({dominant_text(fairness, diverging)}): it asks for none of that resource"
         )
-    left = {resource: -amount for resource, amount in taken.items()}
+    # Before the move (`starting`: the pod running) and after it (`starting`: as things are now).
+    before, left = (
+        (dict(taken), None) if starting else (None, {resource: -amount for resource, amount in taken.items()})
+    )
     for queue in up_victim:
-        if dominant_share(fairness, queue) <= 1 + EPSILON:
-            return f"queue '{queue}' is not above its dominant share ({_text(fairness, queue)})"
+        if dominant_share(fairness, queue, before) <= 1 + EPSILON:
+            return (
+                f"queue '{queue}' is not above its dominant share ({dominant_text(fairness, queue, before)})"
+            )
         if dominant_share(fairness, queue, left) <= owed_dominant + EPSILON:
             return (
-                f"queue '{queue}' would end at {_text(fairness, queue, left)}, no more than queue "
-                f"'{diverging}' now ({_text(fairness, diverging)}): no fairer"
+                f"queue '{queue}' would end at {dominant_text(fairness, queue, left)}, no more than queue "
+                f"'{diverging}' now ({dominant_text(fairness, diverging)}): no fairer"
             )
     return ""

@@ -137,6 +137,19 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    kept for `b`; `b`'s next quarter, a cycle later, takes it with no eviction (before: `a2` went,
    a second whole GPU for a quarter); `c`'s quarter may not.
 
+12. A hold another pod took is let go, and its pod planned again at once. A pod bound by another
+   scheduler (it sees no holds), or any pod the hold is not for, may land on GPUs a plan freed
+   and holds. Each cycle, the holds whose node has no room left for their pod - terminating
+   pods and pods just evicted gone - are lost (`lost_holds`): the reclaim loop lets them go
+   before it lists the waiting pods, so the pod is listed and planned again in the same cycle,
+   on GPUs free or freed. A gang keeps the holds that stand, and only its members left without
+   GPUs are listed (`extender.policy.admission.waiting_list`) and planned, all or none, inside
+   the topology domain of its held members; its missing members are served whole again before
+   the filter admits it, so it never starts partly placed (before: the gang was not listed
+   while any member was held, and waited the hold's 90 s with 3 of 4 members' GPUs idle).
+   A hold whose GPUs went to another held pod of the same node is placed on the node's other
+   free GPUs instead, as the filter keeps it: it is not lost.
+
 Pods with a `terminating` flag are evicted in the fork first: their GPUs are already coming free,
 so nothing is evicted for a pod that will fit once they are gone. Pods GPUs are held for (the
 snapshot's `holds`) are then placed on exactly those GPUs: they count as their queues' and take
@@ -839,15 +852,41 @@ def _on(waiting: PendingPod, fork: ClusterSnapshot, node: str) -> GpuDemand:
 def planning_fork(snapshot: ClusterSnapshot) -> ClusterSnapshot:
     """A fork to plan on: pods already terminating are gone in it (their GPUs are coming free),
     and each pod GPUs are held for is on exactly those GPUs (they are its own: no plan gives them
-    to another pod, or frees more for it). A hold whose GPUs another pod took meanwhile places
-    nothing."""
+    to another pod, or frees more for it) - or, where another pod got them, on other free GPUs
+    of the node, as the filter keeps it (the DRA allocator chose the devices, and may have given
+    a held GPU to another held pod of the gang). A hold its node has no room for any more places
+    nothing: it is lost (`lost_holds`)."""
+    return _with_holds(snapshot, ())[0]
+
+
+def lost_holds(snapshot: ClusterSnapshot, going: Collection[str] = ()) -> list[HeldGpus]:
+    """Rule 12: the holds whose node has no room for their pod any more, with the pods that are
+    terminating (and `going`: pods evicted whose deletion the snapshot may not show yet) gone -
+    a pod the hold is not for took the GPUs (one of another scheduler, which sees no holds). The
+    caller lets them go, so the pod (a gang: its members left without GPUs) is planned again
+    this cycle instead of waiting for the hold to expire."""
+    return _with_holds(snapshot, going)[1]
+
+
+def _with_holds(snapshot: ClusterSnapshot, going: Collection[str]) -> tuple[ClusterSnapshot, list[HeldGpus]]:
+    """The planning fork (with `going` gone too), and the holds it could not place."""
     fork = snapshot.fork()
-    for key in sorted(fork.terminating()):
+    for key in sorted({*fork.terminating(), *(key for key in going if key in fork.running)}):
         fork.evict(key)
+    lost = []
     for key, hold in sorted(snapshot.holds.items()):
-        if key not in fork.running:
-            fork.place(_held(hold), hold.demand, hold.node, gpus=tuple(index for index, _ in hold.gpus))
-    return fork
+        if key not in fork.running and not _place_held(fork, hold):
+            lost.append(hold)
+    return fork, lost
+
+
+def _place_held(fork: ClusterSnapshot, hold: HeldGpus) -> bool:
+    """Place the pod a hold is for on its GPUs, else (not a queue's rest: that is kept on its
+    very GPU) wherever its node still has room; whether it was placed."""
+    pod, gpus = _held(hold), tuple(index for index, _ in hold.gpus)
+    if fork.place(pod, hold.demand, hold.node, gpus=gpus) is not None:
+        return True
+    return not hold.for_queue and fork.place(pod, hold.demand, hold.node) is not None
 
 
 def serving_order(
@@ -1068,13 +1107,20 @@ def _plan_gang(
 ) -> list[Plan] | None:
     """Plans making room for every waiting member of a gang (added to `served`), or None (and
     the fork and `served` untouched). A gang with a required topology level is tried inside
-    each of its domains in turn, the most free GPU first; the first that serves it whole wins."""
+    each of its domains in turn, the most free GPU first; the first that serves it whole wins -
+    inside the domain of its members GPUs are held for already, when some are (rule 12)."""
     domains = members[0].domains if members else None
     if domains is None:
         return _plan_gang_within(fork, search, served, members, now, rules, budget, work, None)
+    workload = members[0].workload
+    held = {
+        domains.get(hold.node)
+        for hold in fork.holds.values()
+        if hold.workload == workload and hold.key in fork.running
+    }
     nodes_of: dict[str, list[str]] = {}
     for node, domain in domains.items():
-        if node in fork.base_nodes:
+        if node in fork.base_nodes and (not held or domain in held):
             nodes_of.setdefault(domain, []).append(node)
     free = {d: sum(sum(fork.nodes[n].free_milli) for n in ns) for d, ns in nodes_of.items()}
     for domain in sorted(nodes_of, key=lambda d: (-free[d], d)):
@@ -1138,9 +1184,9 @@ def plan(
     served = Served()
     evictions_left = rules.max_evictions
     order = serving_order(fork.fairness, pending, rules.max_pending_per_queue, rules.max_pending)
-    gangs: dict[str, list[PendingPod]] = {}  # a gang's waiting members (listed together)
+    gangs: dict[str, list[PendingPod]] = {}  # a gang's waiting members without GPUs (listed together)
     for waiting in order:
-        if waiting.workload:
+        if waiting.workload and waiting.key not in fork.running:
             gangs.setdefault(waiting.workload, []).append(waiting)
     served_gangs: set[str] = set()
     for waiting in order:

@@ -1096,15 +1096,13 @@ class _Replay:
     def _pending(self, fairness: FairnessSnapshot) -> list[PendingPod]:
         """What the live loop hands the planner (`ClusterPicture.waiting_pods`): the waiting GPU
         pods the admission rule's waiting list takes (`waiting_list`), in the scheduler's order."""
-        held_gangs = {p.gang for i, p in self.waiting.items() if p.gang and i in self.holds}
         gangs = {gang: self._gang(gang) for gang in {p.gang for p in self.waiting.values() if p.gang}}
         candidates = []
         for pod in sorted(self.waiting.values(), key=lambda p: p.order):
             if not pod.demand.count:
                 continue
             gang = gangs.get(pod.gang)
-            whole = gang is not None and not gang.admitted
-            held = pod.gang in held_gangs if whole else pod.index in self.holds
+            held = pod.index in self.holds
             candidates.append(Waiting(pod.key, Ask(pod.queue, pod.request, pod.preemptible, gang), held))
         return [
             PendingPod(

@@ -471,6 +471,95 @@ async def test_a_default_scheduler_pod_taking_a_gpu_mid_admission_leaves_the_gan
         assert [(e["type"], e["involvedObject"]["name"]) for e in warnings] == [("Warning", "outside")]
 
 
+async def test_a_gang_whose_reclaimed_gpu_a_default_scheduler_pod_took_is_planned_again_at_once(
+    local_cluster: LocalCluster, k8s: ApiClient, namespace: str
+) -> None:
+    """Reclaim frees 2 GPUs for a waiting gang of 2 and holds them. Its victims are kept terminating
+    by a finalizer of the test's, so the moment between their ends is the test's: the first ends,
+    and a default-scheduler pod (which sees no holds) takes its GPU. The gang now fits 1 of its 2
+    members; the hold that lost its GPU is let go at the next cycle (`HoldLost`) and the member
+    left without one is planned again - the outside pod is the victim: its queue, the namespace's
+    default without quota, holds 1 GPU above its share of 0 - instead of the gang waiting out the
+    hold's 90 s. Once the other victim ends, the gang is admitted whole and both members run."""
+    async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=4, agent=True) as env:
+        team_a = await env.create_queue("a", resources={"gpu": {"quota": 2}})
+        team_b = await env.create_queue("b", resources={"gpu": {"quota": 2}})
+        fallback = await env.create_queue("ns-default")
+        await request(
+            env.api,
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}",
+            body={"metadata": {"labels": {NAMESPACE_QUEUE_LABEL: fallback}}},
+            content_type="application/merge-patch+json",
+        )
+        # a borrows all 4 GPUs with pods no controller replaces, each kept by the finalizer.
+        for index in range(4):
+            pod = env.pod(team_a, f"a-{index}")
+            pod["metadata"]["finalizers"] = [KEEP_FINALIZER]
+            await request(env.api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
+
+        async def a_runs() -> bool:
+            pods = await env.pods()
+            return sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running") == 4
+
+        await wait_until(a_runs, timeout=90, interval=0.2, what="a's 4 pods running")
+        # b's gang of 2: fair shares 2 / 2, so reclaim evicts 2 of a's pods and holds their GPUs.
+        await env.create_job(team_b, "jb", 2)
+
+        async def victims() -> list[str] | None:
+            going = sorted(
+                p["metadata"]["name"] for p in await env.pods() if p["metadata"].get("deletionTimestamp")
+            )
+            return going if len(going) == 2 else None
+
+        first, second = await wait_until(victims, timeout=60, interval=0.2, what="2 of a's pods evicted")
+        foreign = objects.pod(namespace, "outside", template=TEMPLATE)
+        del foreign["metadata"]["uid"], foreign["status"]
+        await request(env.api, "POST", f"/api/v1/namespaces/{namespace}/pods", body=foreign)
+        await let_go(env, first)  # its GPU frees: the gang cannot take it alone, the outside pod does
+
+        async def replanned() -> list[JsonObject] | None:
+            listing = await request(env.api, "GET", f"/api/v1/namespaces/{namespace}/events")
+            events = listing["items"]
+            lost = [e for e in events if e["reason"] == "HoldLost"]
+            evicted = [
+                e for e in events if e["reason"] == "Reclaimed" and e["involvedObject"]["name"] == "outside"
+            ]
+            return lost if lost and evicted else None
+
+        # The outside pod binds and the next cycle lets the hold go and evicts it (so it may be
+        # gone before a poll sees it Running): within seconds, well inside the hold's 90 s.
+        (lost,) = await wait_until(
+            replanned, timeout=30, interval=0.2, what="the lost hold let go, the gang replanned"
+        )
+        assert lost["involvedObject"]["name"].startswith("jb-")
+        await let_go(env, second)
+
+        async def b_runs() -> bool:
+            return (await running_by_job(env))["jb"] == 2
+
+        await wait_until(b_runs, timeout=60, interval=0.2, what="b's gang with both members running")
+        listing = await request(env.api, "GET", f"/api/v1/namespaces/{namespace}/events")
+        planned = Counter(
+            e["involvedObject"]["name"] for e in listing["items"] if e["reason"] == "ReclaimPlanned"
+        )
+        assert sorted(planned.values()) == [1, 2], planned  # the member whose hold was lost: twice
+
+
+KEEP_FINALIZER = "test.tessera.dev/keep"
+
+
+async def let_go(env: GpuCluster, name: str) -> None:
+    """Remove the test's finalizer from a pod being deleted: its deletion completes."""
+    await request(
+        env.api,
+        "PATCH",
+        f"/api/v1/namespaces/{env.namespace}/pods/{name}",
+        body={"metadata": {"finalizers": None}},
+        content_type="application/merge-patch+json",
+    )
+
+
 HOLD_GATE = "test.tessera.dev/hold"
 
 

@@ -208,10 +208,25 @@ def test_the_waiting_list() -> None:
     ]
 
 
-def test_a_gang_with_gpus_held_for_one_member_is_not_listed() -> None:
-    # GPUs are held for the gang (its first member says so for all): the planner waits for them.
-    held = gang(2, 2)
-    assert waiting_list(view(6), [waiting("g0", held, held=True), waiting("g1", held, held=True)]) == []
+@pytest.mark.parametrize(
+    ("held", "listed"),
+    [
+        # A gang of minimum 4, nothing placed: 4 missing. Holds for all 4: nothing to plan.
+        ({"g0", "g1", "g2", "g3"}, []),
+        # A pod of another scheduler took g3's GPUs, and reclaim let its hold go: 4 - 3 held =
+        # 1 left without GPUs, listed with the workload (planned at once; before: not listed
+        # while any member was held, until the other holds expired 90 s later).
+        ({"g0", "g1", "g2"}, ["g3"]),
+        # Two holds lost: the two members without GPUs, served together or not at all.
+        ({"g0", "g2"}, ["g1", "g3"]),
+        # No hold: all 4 (the gang judged whole, 4 x 1 <= 6).
+        (set(), ["g0", "g1", "g2", "g3"]),
+    ],
+)
+def test_a_gang_lists_only_its_members_no_gpus_are_held_for(held: set[str], listed: list[str]) -> None:
+    four = gang(4, 4)
+    found = waiting_list(view(6), [waiting(f"g{i}", four, held=f"g{i}" in held) for i in range(4)])
+    assert [(entry.waiting.key, entry.workload) for entry in found] == [(key, "Job/ns/j") for key in listed]
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from kubernetes_asyncio.client import ApiClient
 
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
-from extender.policy.deference import OwedPod, defers_to, owed_pods
-from extender.policy.fairness import FairnessSnapshot, QueueUsage
+from extender.policy.deference import OwedPod, deference_reason, defers_to, owed_pods
+from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
 from extender.policy.placement import GpuDemand
 from extender.status import StatusWriter, WaitingPods
 from extender.verbs import decide_filter
@@ -158,3 +158,80 @@ def test_a_pod_defers_exactly_when_reclaim_would_take_it_back_for_the_owed_pod(
     fairness = snapshot(a_held, b_held, a_wants, b_wants)
     owed = owed_pods(fairness, [B0])
     assert defers_to(fairness, "a", ONE, preemptible, owed) == ((B0,) if defers else ())
+
+
+# The CPU-starved shape (docs/queues.md, "CPU and memory (DRF)"): one node of 8 GPUs and 64
+# cores; a's pods ask <1 GPU, 16 cores>, b's <1 GPU, 2 cores>; both want 8 pods. Fair shares:
+# GPUs 4 / 4; cores b 16 (all it asks), a the other 48.
+HOST_CAPACITY = {"gpu": 8.0, "cpu": 64.0}
+A_POD = {"gpu": 1.0, "cpu": 16.0}
+B_POD = {"gpu": 1.0, "cpu": 2.0}
+
+
+def host_snapshot(a_pods: int, b_pods: int) -> FairnessSnapshot:
+    usage = {
+        "a": QueueUsage(
+            allocated={"gpu": a_pods, "cpu": 16.0 * a_pods},
+            requested={"gpu": 8 - a_pods, "cpu": 16.0 * (8 - a_pods)},
+        ),
+        "b": QueueUsage(
+            allocated={"gpu": b_pods, "cpu": 2.0 * b_pods},
+            requested={"gpu": 8 - b_pods, "cpu": 2.0 * (8 - b_pods)},
+        ),
+    }
+    return FairnessSnapshot.build([q("a"), q("b")], usage, HOST_CAPACITY)
+
+
+DRF_DEFERS = (
+    "free capacity here goes first to a waiting pod of queue 'b', at dominant share 0.00 (gpu 0 of 4); "
+    "queue 'a' would go to dominant share 1.33 (cpu 64 of 48), above its fair share, and reclaim would "
+    "take it back"
+)
+B_HOST = OwedPod("b0", "b", B_POD, GpuDemand(1, cpu_milli=2000))
+
+
+@pytest.mark.parametrize(
+    ("a_pods", "b_pods", "a_request", "defers", "why"),
+    [
+        # a runs 3 pods (3 of 4 GPUs, 48 of 48 cores: D 1); one of its pods just ended. Its next
+        # pod would bring it to 4 of 4 GPUs, 64 of 48 cores (D 1.33), from which reclaim's DRF
+        # rule takes it back for b (D 0): a ends at 3 / 4, 48 / 48 = 1 > 0. It defers, though the
+        # GPU rule alone lets it start (a at its GPU share, not above). Before: it started, and
+        # the next reclaim cycle evicted it (churn).
+        (3, 0, A_POD, True, DRF_DEFERS),
+        # A pod of a asking GPUs only takes none of the cores b needs: a stays at 48 of 48 cores
+        # and 4 of 4 GPUs (D 1, not above): it starts.
+        (3, 0, {"gpu": 1.0}, False, ""),
+        # a at 2 pods (32 of 48 cores): its next ends at 48 of 48, D 1, not above: it starts.
+        (2, 0, A_POD, False, ""),
+        # b at 4 of 4 GPUs: not owed, whatever the cores: a's pod starts.
+        (3, 4, A_POD, False, ""),
+    ],
+)
+def test_a_pod_defers_where_reclaims_drf_rule_would_take_it_back(
+    a_pods: int, b_pods: int, a_request: dict[str, float], defers: bool, why: str
+) -> None:
+    fairness = host_snapshot(a_pods, b_pods)
+    owed = owed_pods(fairness, [B_HOST])
+    assert defers_to(fairness, "a", a_request, True, owed) == ((B_HOST,) if defers else ())
+    if defers:
+        assert deference_reason(fairness, "a", a_request, B_HOST) == why
+
+
+def test_the_most_owed_queue_is_the_one_drf_counts_most_owed() -> None:
+    # 8 GPUs, 64 cores; b and c want 4 GPUs each (shares 4 / 4); b asks 16 cores, c 48 (shares
+    # 16 / 48). b holds 1 GPU and 14 cores: standings 1/4 = 0.25, 14/16 = 0.88, D(b) = 0.88. c
+    # holds 2 GPUs and 8 cores: 2/4 = 0.5, 8/48 = 0.17, D(c) = 0.5. DRF (reclaim's rule 10)
+    # counts c the more owed: c's pod is first. (Before: b's, by held over capacity - b
+    # 14/64 = 0.22 against c's 2/8 = 0.25 - so deference and reclaim disagreed.)
+    usage = {
+        "b": QueueUsage(allocated={"gpu": 1.0, "cpu": 14.0}, requested={"gpu": 3.0, "cpu": 2.0}),
+        "c": QueueUsage(allocated={"gpu": 2.0, "cpu": 8.0}, requested={"gpu": 2.0, "cpu": 40.0}),
+    }
+    fairness = FairnessSnapshot.build([q("b"), q("c")], usage, HOST_CAPACITY)
+    assert fairness.fair_shares == {"b": {"gpu": 4.0, "cpu": 16.0}, "c": {"gpu": 4.0, "cpu": 48.0}}
+    b0, c0 = (OwedPod(f"{name}0", name, B_POD, GpuDemand(1, cpu_milli=2000)) for name in "bc")
+    assert [pod.key for pod in owed_pods(fairness, [b0, c0])] == ["c0", "b0"]
+    # A queue of higher priority comes first whatever its dominant share (as the ordering has it).
+    urgent = FairnessSnapshot.build([QueueSpec("b", priority=1), q("c")], usage, HOST_CAPACITY)
+    assert [pod.key for pod in owed_pods(urgent, [b0, c0])] == ["b0", "c0"]
