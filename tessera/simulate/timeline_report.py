@@ -269,6 +269,8 @@ def _queue_figures(queue: QueueSummary, result: TimelineQueuesResult) -> dict[st
         "used % of share": used_pct_of_share(queue, result),
         "h below share": queue.below_fair_share_s / 3600,
         "p95 wait min": queue.p95_wait_s / 60,
+        "max wait min": queue.max_wait_s / 60,
+        "wait GPU-h": queue.wait_gpu_hours,
         "evictions": float(queue.evicted),
         "lost GPU-s": queue.lost_gpu_s,
     }
@@ -278,6 +280,8 @@ _FIGURE_FORMATS = {
     "used % of share": "{:.1f}",
     "h below share": "{:.1f}",
     "p95 wait min": "{:.1f}",
+    "max wait min": "{:.0f}",
+    "wait GPU-h": "{:.0f}",
     "evictions": "{:.0f}",
     "lost GPU-s": "{:.0f}",
 }
@@ -325,14 +329,15 @@ def worst_queue(result: TimelineQueuesResult, figure: str) -> tuple[str, float]:
 
 
 def worst_queues_table(results: Sequence[TimelineQueuesResult]) -> str:
-    """One row per queue replay: each figure's worst queue, and the replay's evictions and lost
-    work (% of the GPU-seconds held)."""
+    """One row per queue replay: each figure's worst queue, and the replay's GPU-hours of waiting,
+    evictions and lost work (% of the GPU-seconds held), all queues together."""
     headers = [
         "load",
         "policy",
         "seed",
         "queues",
         *(f"worst {figure}" for figure in _FIGURE_FORMATS),
+        "wait GPU-h",
         "evictions",
         "lost % of GPU work",
         "secs",
@@ -350,6 +355,7 @@ def worst_queues_table(results: Sequence[TimelineQueuesResult]) -> str:
                 str(r.seed),
                 str(r.queues),
                 *worst,
+                f"{sum(q.wait_gpu_hours for q in r.run.queues):.0f}",
                 str(len(r.run.evictions)),
                 f"{r.run.lost_pct:.3f}",
                 f"{r.seconds:.1f}",
@@ -378,6 +384,8 @@ def write_timeline_queues_csv(results: Sequence[TimelineQueuesResult], out_dir: 
                 "below_fair_share_s",
                 "mean_wait_s",
                 "p95_wait_s",
+                "max_wait_s",
+                "wait_gpu_hours",
                 "evicted",
                 "evicted_for",
                 "lost_gpu_s",
@@ -400,6 +408,8 @@ def write_timeline_queues_csv(results: Sequence[TimelineQueuesResult], out_dir: 
                         f"{q.below_fair_share_s:.0f}",
                         f"{q.mean_wait_s:.0f}",
                         f"{q.p95_wait_s:.0f}",
+                        f"{q.max_wait_s:.0f}",
+                        f"{q.wait_gpu_hours:.3f}",
                         q.evicted,
                         q.evicted_for,
                         f"{q.lost_gpu_s:.0f}",

@@ -75,8 +75,10 @@ def test_the_owner_reclaims_from_the_borrower_and_the_victim_loses_its_runtime_s
     # leaves at 400 (300 s), restarts and runs its whole 1000 s again: the run ends at 1400.
     assert result.run.makespan_s == 1400.0
     assert q0.p95_wait_s == 0.0
-    # q1's waits: 0 (the other pod), 300 (the victim); p95 by nearest rank of 2 is the 2nd.
-    assert q1.p95_wait_s == 300.0
+    # q1's waits: 0 (the other pod), 300 (the victim); p95 by nearest rank of 2 is the 2nd, and
+    # the longest. Waiting GPU-hours: 300 s x 2 GPUs = 600 GPU-s.
+    assert (q1.p95_wait_s, q1.max_wait_s) == (300.0, 300.0)
+    assert q1.wait_gpu_hours == pytest.approx(600 / 3600) and q0.wait_gpu_hours == 0.0
     # GPU-seconds used by q1: 4 x 100 (0-100) + 2 x 300 (100-400) + 4 x 600 (400-1000, the victim
     # back) + 2 x 400 (1000-1400) = 4200; by q0: 2 x 300 = 600. Shares follow demand: q1 wants 4
     # whenever q0 wants nothing and gets them, 2 while b1 runs, 2 at the end (all it wants), so
@@ -98,8 +100,8 @@ def test_in_one_queue_nobody_is_owed_the_pod_waits_and_nothing_is_evicted() -> N
     result = replay_timeline_queues(NODES, BORROW_THEN_OWNER, "tessera", queues=1)
     (only,) = result.run.queues
     assert (len(result.run.evictions), only.lost_gpu_s, result.run.makespan_s) == (0, 0.0, 1300.0)
-    # Waits 0, 0, 900: p95 by nearest rank of 3 is the 3rd.
-    assert only.p95_wait_s == 900.0
+    # Waits 0, 0, 900: p95 by nearest rank of 3 is the 3rd; 900 s x 2 GPUs = 0.5 GPU-h waiting.
+    assert (only.p95_wait_s, only.max_wait_s, only.wait_gpu_hours) == (900.0, 900.0, 0.5)
 
 
 def test_the_worst_queue_of_each_figure_is_reported_not_the_mean() -> None:
@@ -107,6 +109,8 @@ def test_the_worst_queue_of_each_figure_is_reported_not_the_mean() -> None:
     assert worst_queue(result, "evictions") == ("q1", 1.0)
     assert worst_queue(result, "lost GPU-s") == ("q1", 200.0)
     assert worst_queue(result, "p95 wait min") == ("q1", 5.0)  # 300 s
+    name, gpu_hours = worst_queue(result, "wait GPU-h")
+    assert name == "q1" and gpu_hours == pytest.approx(600 / 3600)
     assert worst_queue(result, "used % of share")[1] == pytest.approx(100.0)
     table = worst_queues_table([result])
     assert "5.0 (q1)" in table and "200 (q1)" in table
