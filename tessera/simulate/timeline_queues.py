@@ -26,7 +26,8 @@ queue replay.
 pod's end): GPU-hours used and the GPU-hours of its fair share (its share integrated over time; a
 share follows demand, so a queue wanting nothing deserves nothing then), time below its share
 (while a waiting pod of it would have kept it within its share), wait p95 (nearest rank; a pod's
-waits summed, those after an eviction too), evictions of its pods and the work they lost; and,
+waits summed, those after an eviction too) and the longest wait, GPU-hours of waiting (waits x
+GPUs asked), evictions of its pods and the work they lost; and,
 because one starved queue hides in a mean, the worst queue for each figure.
 """
 
