@@ -7,6 +7,7 @@
     tessera simulate mig [--gpus 64] [--target 130] [--seeds 0,1,2]
     tessera simulate timeline [--policies random,...,tessera+moves] [--loads 1,1.5,2,3] [--seeds 0,1,2]
                               [--cluster-share 0.02] [--move-budget 5] [--min-runtime 300] [--smoke]
+                              [--queues N]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
                             [--partly-owed-wait-s S] [--no-topology-asks] [--history on|off]
 
@@ -56,14 +57,18 @@ from .timeline import (
     replay_timeline,
     sample_nodes,
 )
+from .timeline_queues import QUEUE_POLICIES, TimelineQueuesResult, replay_timeline_queues
 from .timeline_report import (
     MULTI_GPU_P95_LIMIT_S,
     comparison_lines,
     first_load_over,
     plot_timeline,
+    timeline_queues_table,
     timeline_table,
     waits_table,
+    worst_queues_table,
     write_timeline_csv,
+    write_timeline_queues_csv,
 )
 from .trace import (
     DEFAULT_PODS_FILE,
@@ -301,6 +306,28 @@ def _timeline_task(
     )
 
 
+def _timeline_queues_task(
+    nodes_csv: Path,
+    pods_csv: Path,
+    share: float,
+    policy: str,
+    seed: int,
+    load: float,
+    max_pods: int | None,
+    queues: int,
+) -> TimelineQueuesResult:
+    """One timeline replay with queues and reclaim; runs in a worker process."""
+    return replay_timeline_queues(
+        sample_nodes(load_nodes(nodes_csv), share),
+        load_pods(pods_csv),
+        policy,
+        queues=queues,
+        seed=seed,
+        load=load,
+        max_pods=max_pods,
+    )
+
+
 def _comma_list(spec: str) -> list[str]:
     return [part.strip() for part in spec.split(",") if part.strip()]
 
@@ -328,6 +355,8 @@ def _run_timeline(args: argparse.Namespace) -> int:
         max_pods = SMOKE_PODS if args.smoke else args.max_pods
         if max_pods is not None and max_pods < 1:
             raise ValueError("--max-pods must be at least 1")
+        if args.queues is not None and args.queues < 1:
+            raise ValueError("--queues must be at least 1")
         nodes = sample_nodes(load_nodes(nodes_csv), args.cluster_share)  # fail fast, before workers
         load_pods(pods_csv)
     except (TraceError, ValueError) as error:
@@ -399,8 +428,62 @@ def _run_timeline(args: argparse.Namespace) -> int:
     written = write_timeline_csv(results, args.out)
     if not args.no_plots:
         written += [plot_timeline(results, load, args.out) for load in loads]
+    if args.queues is not None:
+        written.append(_run_timeline_queues(args, nodes_csv, pods_csv, policies, loads, seeds, max_pods))
     print("wrote " + ", ".join(str(path) for path in written))
     return 0
+
+
+def _run_timeline_queues(
+    args: argparse.Namespace,
+    nodes_csv: Path,
+    pods_csv: Path,
+    policies: Sequence[str],
+    loads: Sequence[float],
+    seeds: Sequence[int],
+    max_pods: int | None,
+) -> Path:
+    """The queue replays of `--queues`: the tables per queue and of the worst queues, the CSV."""
+    chosen = [policy for policy in policies if policy in QUEUE_POLICIES]
+    print(
+        f"\nqueues: {args.queues}, pods by crc32(name) mod {args.queues}, equal GPU quotas summing to "
+        "the cluster; admission and reclaim as the extender's (docs/simulator.md)"
+        + (
+            f"; no queue replay for {', '.join(sorted(set(policies) - set(chosen)))}"
+            if len(chosen) < len(policies)
+            else ""
+        )
+    )
+    tasks = [(policy, seed, load) for load in loads for policy in chosen for seed in seeds]
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [
+            pool.submit(
+                _timeline_queues_task,
+                nodes_csv,
+                pods_csv,
+                args.cluster_share,
+                policy,
+                seed,
+                load,
+                max_pods,
+                args.queues,
+            )
+            for policy, seed, load in tasks
+        ]
+        for done, future in enumerate(as_completed(futures), start=1):
+            r = future.result()
+            print(
+                f"  [{done}/{len(futures)}] {r.policy} {r.load:g}x seed {r.seed}, {r.queues} queues: "
+                f"{r.seconds:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        results = [future.result() for future in futures]
+    print("per queue, over the whole run (waits in minutes):")
+    print(timeline_queues_table(results))
+    print("\nthe worst queue of each figure:")
+    print(worst_queues_table(results))
+    return write_timeline_queues_csv(results, args.out)
 
 
 def _run_queues(args: argparse.Namespace) -> int:
@@ -555,6 +638,11 @@ def build_parser() -> argparse.ArgumentParser:
     timeline.add_argument("--max-pods", type=int, help="replay only the first N pods by arrival")
     timeline.add_argument("--smoke", action="store_true", help=f"a short replay: the first {SMOKE_PODS} pods")
     timeline.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    timeline.add_argument(
+        "--queues",
+        type=int,
+        help="also replay with N equal queues, admission and reclaim (policies but tessera+moves)",
+    )
     queues = sub.add_parser("queues", help="queue-fairness workload in the native YAML format")
     queues.add_argument("workload", type=Path, help="workload YAML (see docs/simulator.md)")
     queues.add_argument("--policy", default="tessera", help="placement policy (default tessera)")

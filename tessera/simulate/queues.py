@@ -419,6 +419,8 @@ class QueueSummary:
     mean_wait_s: float = 0.0
     p50_wait_s: float = 0.0
     p95_wait_s: float = 0.0
+    max_wait_s: float = 0.0
+    wait_gpu_hours: float = 0.0  # each started pod's waits x the GPUs it asks for
     mean_allocated_gpu: float = 0.0
     mean_fair_share_gpu: float = 0.0
     max_allocated_gpu: float = 0.0
@@ -1360,6 +1362,11 @@ class _Replay:
                     mean_wait_s=sum(waits) / len(waits) if waits else 0.0,
                     p50_wait_s=_percentile(waits, 50),
                     p95_wait_s=_percentile(waits, 95),
+                    max_wait_s=max(waits, default=0.0),
+                    wait_gpu_hours=sum(
+                        p.waited_s * p.demand.total_milli / GPU_MILLI for p in mine if p.ever_started
+                    )
+                    / 3600,
                     mean_allocated_gpu=mean_allocated,
                     mean_fair_share_gpu=sums["share"] / end if end > 0 else 0.0,
                     max_allocated_gpu=self.max_allocated[q.name],

@@ -140,6 +140,14 @@ def sample_nodes(nodes: Sequence[SimNode], share: float) -> list[SimNode]:
     return kept
 
 
+def node_order(nodes: Sequence[SimNode], seed: int) -> list[SimNode]:
+    """The nodes in the replay's order for `seed`: ties between equally ranked nodes go by it, as
+    in the packing replay."""
+    ordered = sorted(nodes, key=lambda node: node.name)
+    random.Random(f"nodes:{seed}").shuffle(ordered)
+    return ordered
+
+
 def percentile(values: Sequence[float], pct: float) -> float:
     """Nearest rank: the smallest value with at least `pct` % of the values at or below it."""
     if not values:
@@ -220,14 +228,13 @@ class Timeline:
                 f"unknown timeline policy {policy!r}; choose from {', '.join(TIMELINE_POLICIES)}"
             )
         mix = mix or workload_mix([SimPod(pod.name, pod.demand) for pod in pods])
-        node_order = sorted(nodes, key=lambda node: node.name)
-        random.Random(f"nodes:{seed}").shuffle(node_order)  # ties go by this order, as in packing
-        self.cluster = Cluster(node_order, mix)
+        ordered = node_order(nodes, seed)
+        self.cluster = Cluster(ordered, mix)
         base = "tessera" if policy == MOVES else policy
         self.placer = Placer(self.cluster, make_policy(base, mix), random.Random(f"policy:{seed}"), "first")
         self.consolidator = Consolidator(self.cluster, move_budget, rules) if policy == MOVES else None
         self.result = TimelineResult(policy, load, seed, sum(node.gpus for node in nodes))
-        self._empty = [self.cluster.node_gpus(i) for i in range(len(node_order))]
+        self._empty = [self.cluster.node_gpus(i) for i in range(len(ordered))]
         self._homes_of: dict[GpuDemand, list[int]] = {}
         self.pods = [pod for pod in pods if self._homes(pod.demand)]
         self.result.never_fit = len(pods) - len(self.pods)

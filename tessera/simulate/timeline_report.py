@@ -1,7 +1,9 @@
 """Timeline replay output: the tables, the CSV files and the plot of ``tessera simulate timeline``.
 
 Figures over seeds are the mean of the per-seed figures (a percentile is taken per seed, then
-averaged). Waits are in minutes in the tables, seconds in the CSV.
+averaged). Waits are in minutes in the tables, seconds in the CSV. The queue replays
+(``--queues``) are reported per seed and per queue, with the worst queue of each figure: a mean
+over queues or seeds would hide the one that starves.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from statistics import mean
 
+from .queues import QueueSummary
 from .report import _pyplot, _save_figure, format_table
 from .timeline import MOVES, SIZE_CLASSES, TimelineResult, percentile
+from .timeline_queues import TimelineQueuesResult
 
 MULTI_GPU_P95_LIMIT_S = 600.0  # the issue's threshold: FGD's multi-GPU p95 wait first above 10 minutes
 PERCENTILES = (50, 95, 99)
@@ -245,3 +249,171 @@ def plot_timeline(results: Sequence[TimelineResult], load: float, out_dir: Path)
     alloc_ax.grid(alpha=0.3)
     queue_ax.grid(alpha=0.3)
     return _save_figure(fig, out_dir / f"timeline-{load:g}x.png")
+
+
+def fair_share_gpu_hours(queue: QueueSummary, result: TimelineQueuesResult) -> float:
+    """The queue's fair share integrated over the run, in GPU-hours."""
+    return queue.mean_fair_share_gpu * result.run.makespan_s / 3600
+
+
+def used_pct_of_share(queue: QueueSummary, result: TimelineQueuesResult) -> float:
+    """GPU-hours used, % of the fair share's (NaN: it deserved nothing)."""
+    share = fair_share_gpu_hours(queue, result)
+    return 100.0 * queue.gpu_hours / share if share else math.nan
+
+
+def _queue_figures(queue: QueueSummary, result: TimelineQueuesResult) -> dict[str, float]:
+    """The per-queue figures the worst-queue table ranks; each one's worst is its highest but the
+    first's, the lowest."""
+    return {
+        "used % of share": used_pct_of_share(queue, result),
+        "h below share": queue.below_fair_share_s / 3600,
+        "p95 wait min": queue.p95_wait_s / 60,
+        "max wait min": queue.max_wait_s / 60,
+        "wait GPU-h": queue.wait_gpu_hours,
+        "evictions": float(queue.evicted),
+        "lost GPU-s": queue.lost_gpu_s,
+    }
+
+
+_FIGURE_FORMATS = {
+    "used % of share": "{:.1f}",
+    "h below share": "{:.1f}",
+    "p95 wait min": "{:.1f}",
+    "max wait min": "{:.0f}",
+    "wait GPU-h": "{:.0f}",
+    "evictions": "{:.0f}",
+    "lost GPU-s": "{:.0f}",
+}
+
+
+def _ordered(results: Sequence[TimelineQueuesResult]) -> list[TimelineQueuesResult]:
+    return sorted(results, key=lambda r: (r.load, r.queues, r.policy, r.seed))
+
+
+def timeline_queues_table(results: Sequence[TimelineQueuesResult]) -> str:
+    """One row per queue of each queue replay."""
+    headers = ["load", "policy", "seed", "queue", "pods", "GPU-h used", "GPU-h fair share", *_FIGURE_FORMATS]
+    rows = []
+    for r in _ordered(results):
+        for queue in r.run.queues:
+            figures = _queue_figures(queue, r)
+            rows.append(
+                [
+                    f"{r.load:g}x",
+                    r.policy,
+                    str(r.seed),
+                    queue.name,
+                    str(queue.pods),
+                    f"{queue.gpu_hours:.0f}",
+                    f"{fair_share_gpu_hours(queue, r):.0f}",
+                    *("" if math.isnan(v) else _FIGURE_FORMATS[k].format(v) for k, v in figures.items()),
+                ]
+            )
+    return format_table(headers, rows)
+
+
+def worst_queue(result: TimelineQueuesResult, figure: str) -> tuple[str, float]:
+    """The queue worst off by `figure` (``used % of share``: the lowest; the others: the highest;
+    the first queue among equals) and its value; ("", NaN) when no queue has the figure."""
+    lowest = figure == "used % of share"
+    values = [
+        (queue.name, value)
+        for queue in result.run.queues
+        for value in (_queue_figures(queue, result)[figure],)
+        if not math.isnan(value)
+    ]
+    if not values:
+        return "", math.nan
+    return (min if lowest else max)(values, key=lambda pair: pair[1])
+
+
+def worst_queues_table(results: Sequence[TimelineQueuesResult]) -> str:
+    """One row per queue replay: each figure's worst queue, and the replay's GPU-hours of waiting,
+    evictions and lost work (% of the GPU-seconds held), all queues together."""
+    headers = [
+        "load",
+        "policy",
+        "seed",
+        "queues",
+        *(f"worst {figure}" for figure in _FIGURE_FORMATS),
+        "wait GPU-h",
+        "evictions",
+        "lost % of GPU work",
+        "secs",
+    ]
+    rows = []
+    for r in _ordered(results):
+        worst = []
+        for figure, form in _FIGURE_FORMATS.items():
+            name, value = worst_queue(r, figure)
+            worst.append(f"{form.format(value)} ({name})" if name else "")
+        rows.append(
+            [
+                f"{r.load:g}x",
+                r.policy,
+                str(r.seed),
+                str(r.queues),
+                *worst,
+                f"{sum(q.wait_gpu_hours for q in r.run.queues):.0f}",
+                str(len(r.run.evictions)),
+                f"{r.run.lost_pct:.3f}",
+                f"{r.seconds:.1f}",
+            ]
+        )
+    return format_table(headers, rows)
+
+
+def write_timeline_queues_csv(results: Sequence[TimelineQueuesResult], out_dir: Path) -> Path:
+    """``timeline-queues.csv``: one row per queue of each queue replay, waits in seconds."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "timeline-queues.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(
+            [
+                "policy",
+                "load",
+                "seed",
+                "queues",
+                "queue",
+                "pods",
+                "started",
+                "gpu_hours",
+                "fair_share_gpu_hours",
+                "below_fair_share_s",
+                "mean_wait_s",
+                "p95_wait_s",
+                "max_wait_s",
+                "wait_gpu_hours",
+                "evicted",
+                "evicted_for",
+                "lost_gpu_s",
+                "makespan_s",
+            ]
+        )
+        for r in _ordered(results):
+            for q in r.run.queues:
+                writer.writerow(
+                    [
+                        r.policy,
+                        r.load,
+                        r.seed,
+                        r.queues,
+                        q.name,
+                        q.pods,
+                        q.started,
+                        f"{q.gpu_hours:.3f}",
+                        f"{fair_share_gpu_hours(q, r):.3f}",
+                        f"{q.below_fair_share_s:.0f}",
+                        f"{q.mean_wait_s:.0f}",
+                        f"{q.p95_wait_s:.0f}",
+                        f"{q.max_wait_s:.0f}",
+                        f"{q.wait_gpu_hours:.3f}",
+                        q.evicted,
+                        q.evicted_for,
+                        f"{q.lost_gpu_s:.0f}",
+                        f"{r.run.makespan_s:.0f}",
+                    ]
+                )
+    return path

@@ -248,3 +248,26 @@ def test_timeline_smoke_replays_the_first_pods_only(
     argv.remove("--smoke")
     assert main(argv) == 0
     assert "2 pods replayed" in capsys.readouterr().out
+
+
+def test_timeline_queues_adds_the_queue_tables_and_leaves_the_others_as_they_were(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = write_timed_trace(tmp_path)
+    argv = ["timeline", "--nodes", str(nodes), "--pods", str(pods), "--cluster-share", "1", "--loads", "1"]
+    argv += ["--policies", "fgd,tessera+moves", "--jobs", "1", "--no-plots", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    without = capsys.readouterr().out
+    assert "worst" not in without and not (tmp_path / "timeline-queues.csv").exists()
+    assert main([*argv, "--queues", "2"]) == 0
+    printed = capsys.readouterr().out
+    # The tables of the run without queues come first, unchanged (but the paths written).
+    assert printed.startswith(without.rsplit("wrote ", 1)[0])
+    assert "no queue replay for tessera+moves" in printed and "the worst queue of each figure" in printed
+    with (tmp_path / "timeline-queues.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    # fgd only, two queues; the five pods that ran (one never did) split between them.
+    assert [(r["policy"], r["queue"]) for r in rows] == [("fgd", "q0"), ("fgd", "q1")]
+    assert sum(int(r["pods"]) for r in rows) == 5
+    assert main([*argv, "--queues", "0"]) == 2
+    assert "--queues must be at least 1" in capsys.readouterr().err
