@@ -218,6 +218,10 @@ class Rules:
     # A pod of a queue owed less than the pod itself reclaims only once it has waited this long
     # (rule 9); until then capacity that frees reaches it first (`extender.policy.deference`).
     partly_owed_wait_s: float = math.inf
+    # A pod of a queue owed a whole pod reclaims only once it has waited this long (rule 13);
+    # until then capacity that frees reaches it first. Kept below the 60 s service target less a
+    # cycle and the victims' termination (docs/queues.md, "No churn").
+    whole_owed_wait_s: float = 0.0
     # Fair share over time is on for some queue (`extender.policy.history`): shares drift by
     # themselves, so rule 9's wait never opens and only a whole pod's deficit reclaims.
     history_on: bool = False
@@ -369,14 +373,25 @@ def owed_a_whole_pod(fairness: FairnessSnapshot, queue: str, request: Resources)
     )
 
 
+def waited_s(waiting: PendingPod, now: float) -> float:
+    """How long `waiting` has waited: since `waiting_since`, else since its creation."""
+    return now - (waiting.created if waiting.waiting_since is None else waiting.waiting_since)
+
+
+def whole_owed_wait_over(waiting: PendingPod, now: float, rules: Rules) -> bool:
+    """Rule 13: a pod of a queue owed a whole pod reclaims once it has waited
+    `rules.whole_owed_wait_s` - capacity that frees by itself within that wait reaches it first
+    (deference) and costs no work."""
+    return waited_s(waiting, now) >= rules.whole_owed_wait_s
+
+
 def reclaims_now(fairness: FairnessSnapshot, waiting: PendingPod, now: float, rules: Rules) -> bool:
-    """Rule 9: a pod of a queue owed a whole pod reclaims at once; one of a queue owed less than
-    the pod only once it has waited `rules.partly_owed_wait_s` (since `waiting_since`, else since
-    its creation)."""
+    """Rules 9 and 13: a pod of a queue owed a whole pod reclaims once it has waited
+    `rules.whole_owed_wait_s` (rule 13); one of a queue owed less than the pod only once it has
+    waited `rules.partly_owed_wait_s` (rule 9)."""
     if owed_a_whole_pod(fairness, waiting.queue, waiting.resources):
-        return True
-    since = waiting.created if waiting.waiting_since is None else waiting.waiting_since
-    return now - since >= rules.effective_partly_owed_wait_s
+        return whole_owed_wait_over(waiting, now, rules)
+    return waited_s(waiting, now) >= rules.effective_partly_owed_wait_s
 
 
 def may_preempt_within(fairness: FairnessSnapshot, queue: str, request: Resources) -> bool:
