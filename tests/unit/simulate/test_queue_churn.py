@@ -113,7 +113,7 @@ def test_a_queue_owed_less_than_its_pod_waits_for_freed_capacity(
         # t=0; a-short, the first by key), which had run 10 s: 10 GPU-s thrown away.
         (0.0, [(10, "a-short", "b")], 10),
         # A 20 s wait: a-short ends at t=25 by itself, a's waiting pod defers to b's, which takes
-        # the GPU - served 15 s later, no eviction.
+        # the GPU - served 15 s later (b below its share t=10-25), no eviction.
         (20.0, [], 25),
     ],
 )
@@ -141,4 +141,6 @@ def test_a_queue_owed_a_whole_pod_waits_for_freed_capacity(
     )
     assert [(e.time, e.victim.split("/")[0], e.served_queue) for e in result.evictions] == victims
     assert first_time(result, "b", 1) == b_starts_at
+    b = next(q for q in result.queues if q.name == "b")
+    assert b.longest_below_fair_share_s == b_starts_at - 10  # owed its pod from t=10 until served
     assert result.idle_gpu_s_while_fitting_pod_waits == 0.0
