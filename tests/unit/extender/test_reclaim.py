@@ -787,7 +787,7 @@ WHOLE_OWED = [
     # its share evicts its own lower-priority pod at once (a holds 2 of its quota 2, asks 1 more at
     # priority 1000: its newest priority-0 pod a1 goes).
     Scenario(
-        "owed a whole pod wait does not delay preemption within the queue",
+        "the whole-owed wait does not delay preemption within a queue",
         nodes={"n1": 2},
         queues=[q("a", quota=2)],
         running=runs("a", 2, "n1", age_s=100),
