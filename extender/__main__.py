@@ -25,6 +25,7 @@ from extender.controllers.history import HISTORY_SAMPLE_S, HistoryOptions
 from extender.controllers.reclaim import ReclaimOptions
 from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.policy.history import DEFAULT_K, DEFAULT_UPDATE_PERIOD_S, DEFAULT_WINDOW_S, HistoryParams
+from extender.policy.reclaim import Rules
 from extender.policy.topology import DEFAULT_TOPOLOGY, Topology, parse_topology
 from extender.queues import parse_duration
 from extender.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CANDIDATE_NODES, operations_app
@@ -115,6 +116,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=math.inf,
         help="seconds a pod of a queue owed less than the pod itself waits before it reclaims; until "
         "then capacity that frees goes to it first (default inf: it never reclaims)",
+    )
+    parser.add_argument(
+        "--whole-owed-wait-s",
+        type=float,
+        default=Rules.whole_owed_wait_s,
+        help="seconds a pod of a queue owed at least the pod itself waits before it reclaims; until "
+        f"then capacity that frees goes to it first (default {Rules.whole_owed_wait_s:g})",
     )
     parser.add_argument(
         "--eviction-concurrency",
@@ -351,6 +359,7 @@ async def run(args: argparse.Namespace) -> None:
                 max_evictions_per_cycle=args.max_evictions_per_cycle,
                 recent_victim_s=args.recent_victim_s,
                 partly_owed_wait_s=args.partly_owed_wait_s,
+                whole_owed_wait_s=args.whole_owed_wait_s,
                 evictions=evictions,
             )
             if args.reclaim_interval > 0

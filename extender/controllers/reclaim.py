@@ -113,6 +113,8 @@ class ReclaimOptions:
     recent_victim_s: float = 60.0
     # A pod of a queue owed less than the pod itself reclaims only after waiting this long (rule 9).
     partly_owed_wait_s: float = math.inf
+    # A pod of a queue owed a whole pod reclaims only after waiting this long (rule 13).
+    whole_owed_wait_s: float = Rules.whole_owed_wait_s
     evictions: EvictionLimits = field(default_factory=EvictionLimits)  # calls in flight, timeout
 
 
@@ -172,6 +174,7 @@ class ReclaimLoop:
             max_evictions=self.options.max_evictions_per_cycle,
             recent_victim_s=self.options.recent_victim_s,
             partly_owed_wait_s=self.options.partly_owed_wait_s,
+            whole_owed_wait_s=self.options.whole_owed_wait_s,
             history_on=self.history_on(),
         )
 

@@ -9,7 +9,8 @@
                               [--cluster-share 0.02] [--move-budget 5] [--min-runtime 300] [--smoke]
                               [--queues N]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
-                            [--partly-owed-wait-s S] [--no-topology-asks] [--history on|off]
+                            [--partly-owed-wait-s S] [--whole-owed-wait-s S] [--no-topology-asks]
+                            [--history on|off]
 
 All print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
 """
@@ -493,11 +494,17 @@ def _run_queues(args: argparse.Namespace) -> int:
         if args.policy == DEPLOYED:
             raise ValueError(f"{DEPLOYED} models the packing replay only; use tessera for queue workloads")
         if (
-            min(args.reclaim_interval or 0.0, args.termination_delay or 0.0, args.partly_owed_wait_s or 0.0)
+            min(
+                args.reclaim_interval or 0.0,
+                args.termination_delay or 0.0,
+                args.partly_owed_wait_s or 0.0,
+                args.whole_owed_wait_s or 0.0,
+            )
             < 0
         ):
             raise ValueError(
-                "--reclaim-interval, --termination-delay and --partly-owed-wait-s cannot be negative"
+                "--reclaim-interval, --termination-delay, --partly-owed-wait-s and --whole-owed-wait-s "
+                "cannot be negative"
             )
     except (WorkloadError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -509,6 +516,7 @@ def _run_queues(args: argparse.Namespace) -> int:
         reclaim_interval_s=args.reclaim_interval,
         termination_delay_s=args.termination_delay,
         partly_owed_wait_s=args.partly_owed_wait_s,
+        whole_owed_wait_s=args.whole_owed_wait_s,
         topology_asks=not args.no_topology_asks,
         history=None if args.history is None else args.history == "on",
     )
@@ -661,6 +669,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds a pod of a queue owed less than the pod waits before it reclaims (default: the "
         "extender's, inf: never)",
+    )
+    queues.add_argument(
+        "--whole-owed-wait-s",
+        type=float,
+        help="seconds a pod of a queue owed at least the pod waits before it reclaims (default: the "
+        "extender's)",
     )
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")

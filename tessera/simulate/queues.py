@@ -427,6 +427,7 @@ class QueueSummary:
     limit_gpu: float | None = None
     utilisation_pct: float = 0.0  # its time-weighted GPUs, % of the cluster's
     below_fair_share_s: float = 0.0  # time a waiting pod of it would have kept it within its share
+    longest_below_fair_share_s: float = 0.0  # the longest of those spells, unbroken
     deficit_gpu_s: float = 0.0  # integral of max(0, fair share - allocated)
     evicted: int = 0  # its pods evicted
     evicted_for: int = 0  # pods evicted to serve its pods
@@ -580,6 +581,7 @@ class _Replay:
         interval: float,
         delay: float,
         partly_owed_wait_s: float | None = None,
+        whole_owed_wait_s: float | None = None,
     ):
         self.pods = _pods(workload)
         self.nodes = list(workload.nodes)
@@ -601,6 +603,7 @@ class _Replay:
             reclaim_min_runtime_s={q.name: q.reclaim_min_runtime_s for q in self.specs},
             preempt_min_runtime_s={q.name: q.preempt_min_runtime_s for q in self.specs},
             partly_owed_wait_s=Rules.partly_owed_wait_s if partly_owed_wait_s is None else partly_owed_wait_s,
+            whole_owed_wait_s=Rules.whole_owed_wait_s if whole_owed_wait_s is None else whole_owed_wait_s,
         )
         self.ledger = QueueLedger()
         # Gang workload -> its minimum (docs/workloads.md), and the workload as admission reads it.
@@ -642,6 +645,9 @@ class _Replay:
             q: {"allocated": 0.0, "share": 0.0, "starved": 0.0, "deficit": 0.0} for q in self.names
         }
         self.max_allocated: dict[str, float] = dict.fromkeys(self.names, 0.0)
+        # queue -> how long its current spell below its share has lasted, and its longest spell
+        self.below_spell: dict[str, float] = dict.fromkeys(self.names, 0.0)
+        self.longest_below: dict[str, float] = dict.fromkeys(self.names, 0.0)
         # Fair share over time, as the extender's history controller runs it (None: off).
         settings = workload.history_settings
         enabled = workload.history.enabled or any(s.enabled for s in settings.values())
@@ -1167,7 +1173,7 @@ class _Replay:
         """Until when reclaim cycles would find nothing to do, the picture staying as it is: no
         GPU pod waits, or the last cycle planned nothing on this very picture and no running pod
         gets past a min runtime (or its protection after an eviction), nor a waiting pod past the
-        wait of rule 9, before then. (A time not after the last cycle: no such promise.)"""
+        wait of rule 9 or 13, before then. (A time not after the last cycle: no such promise.)"""
         if not any(p.demand.count for p in self.waiting.values()):
             return math.inf
         if self.fruitless is None or self.fruitless[0] != self.version:
@@ -1179,14 +1185,16 @@ class _Replay:
 
     def _runtimes_ending_after(self, since: float) -> list[float]:
         """When running preemptible pods pass their queues' min runtimes (and, restarted after an
-        eviction, their protection: rule 8), and waiting pods the wait of rule 9, for those after
-        `since`."""
-        # A pod of a queue owed less than itself may reclaim once it has waited (rule 9).
-        wait = self.rules.effective_partly_owed_wait_s
+        eviction, their protection: rule 8), and waiting pods the waits of rules 9 and 13, for
+        those after `since`."""
+        # A pod reclaims once it has waited: owed less than itself (rule 9), owed it (rule 13).
+        waits = (self.rules.effective_partly_owed_wait_s, self.rules.whole_owed_wait_s)
         ends = [
             pod.waiting_since + wait
             for pod in self.waiting.values()
-            if pod.demand.count and pod.waiting_since + wait > since
+            if pod.demand.count
+            for wait in waits
+            if pod.waiting_since + wait > since
         ]
         for pod in self.running.values():
             if pod.state == "running" and pod.preemptible:
@@ -1272,6 +1280,9 @@ class _Replay:
         idle = free_gpus if fitting else 0.0
         host_idle = free_gpus if not fitting and self._short_of_fair_host(fairness, admissible) else 0.0
         self.level = _Level(allocated, shares, starved, idle, host_idle)
+        for q in self.names:
+            if q not in starved:
+                self.below_spell[q] = 0.0
         pending = Counter(p.queue for p in self.waiting.values())
         running = Counter(p.queue for p in self.running.values())
         for q in self.names:
@@ -1332,6 +1343,9 @@ class _Replay:
             sums["allocated"] += level.allocated.get(q, 0.0) * span
             sums["share"] += level.shares.get(q, 0.0) * span
             sums["starved"] += span if q in level.starved else 0.0
+            if q in level.starved:
+                self.below_spell[q] += span
+                self.longest_below[q] = max(self.longest_below[q], self.below_spell[q])
             sums["deficit"] += max(0.0, level.shares.get(q, 0.0) - level.allocated.get(q, 0.0)) * span
         self.result.idle_gpu_s_while_fitting_pod_waits += level.idle_gpus * span
         self.result.idle_gpu_s_while_host_starved_pod_waits += level.host_idle_gpus * span
@@ -1373,6 +1387,7 @@ class _Replay:
                     limit_gpu=q.limit.get("gpu"),
                     utilisation_pct=100.0 * mean_allocated / gpu_capacity if gpu_capacity else 0.0,
                     below_fair_share_s=sums["starved"],
+                    longest_below_fair_share_s=self.longest_below[q.name],
                     deficit_gpu_s=sums["deficit"],
                     evicted=sum(1 for e in result.evictions if e.victim_queue == q.name),
                     evicted_for=sum(1 for e in result.evictions if e.served_queue == q.name),
@@ -1392,6 +1407,7 @@ def run_queue_workload(
     reclaim_interval_s: float | None = None,
     termination_delay_s: float | None = None,
     partly_owed_wait_s: float | None = None,
+    whole_owed_wait_s: float | None = None,
     topology_asks: bool = True,
     history: bool | None = None,
 ) -> QueueRunResult:
@@ -1405,8 +1421,8 @@ def run_queue_workload(
     delay = workload.termination_delay_s if termination_delay_s is None else termination_delay_s
     if interval < 0 or delay < 0:
         raise ValueError("the reclaim interval and the termination delay cannot be negative")
-    if partly_owed_wait_s is not None and partly_owed_wait_s < 0:
-        raise ValueError("the wait before a partly owed queue reclaims cannot be negative")
+    if min(partly_owed_wait_s or 0.0, whole_owed_wait_s or 0.0) < 0:
+        raise ValueError("the waits before a queue reclaims cannot be negative")
     if not topology_asks:
         jobs = tuple(
             job.model_copy(update={"topology_required": "", "topology_preferred": ""})
@@ -1421,4 +1437,4 @@ def run_queue_workload(
             history_settings=settings if history else {},
         )
     seed = workload.seed if seed is None else seed
-    return _Replay(workload, policy_name, seed, interval, delay, partly_owed_wait_s).run()
+    return _Replay(workload, policy_name, seed, interval, delay, partly_owed_wait_s, whole_owed_wait_s).run()

@@ -32,7 +32,7 @@ from extender.picture.cluster import ClusterPicture
 from extender.policy.consolidation import Move, MovePlan
 from extender.policy.fairness import FairnessSnapshot
 from extender.policy.placement import GpuDemand, WorkloadMix
-from extender.policy.reclaim import Eviction, PendingPod, Plan
+from extender.policy.reclaim import Eviction, PendingPod, Plan, Rules
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod
 from tests import extender_objects as objects
 
@@ -413,3 +413,21 @@ async def test_the_partly_owed_wait_reaches_the_planners_rules(
     options = ReclaimOptions(partly_owed_wait_s=parse_args(argv).partly_owed_wait_s)
     loop = ReclaimLoop(api, state, ExtenderMetrics(state), options)
     assert loop.rules().partly_owed_wait_s == wait_s
+
+
+@pytest.mark.parametrize(
+    ("argv", "wait_s"),
+    [
+        ([], Rules.whole_owed_wait_s),  # the default, the planner's own (rule 13)
+        (["--whole-owed-wait-s=20"], 20.0),
+        (["--whole-owed-wait-s=0"], 0.0),  # reclaims at once, as before rule 13
+    ],
+)
+async def test_the_whole_owed_wait_reaches_the_planners_rules(
+    apiserver: tuple[FakeEvictionApi, ApiClient], argv: list[str], wait_s: float
+) -> None:
+    _, api = apiserver
+    state = ClusterPicture()
+    options = ReclaimOptions(whole_owed_wait_s=parse_args(argv).whole_owed_wait_s)
+    loop = ReclaimLoop(api, state, ExtenderMetrics(state), options)
+    assert loop.rules().whole_owed_wait_s == wait_s

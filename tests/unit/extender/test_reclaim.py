@@ -761,6 +761,49 @@ def test_a_queue_owed_less_than_its_pod_waits_before_it_reclaims(case: Scenario)
     test_reclaim_scenario(case)
 
 
+# Rule 13: a pod of a queue owed a whole pod reclaims only once it has waited `whole_owed_wait_s`
+# (here 20 s); until then GPUs that free go to it first (deference), so a GPU that frees by itself
+# within the wait serves it and no work is lost. The state of FAIRER[0]: 4 GPUs, a and b hold 2
+# each, c holds 0 of its share 1 and asks 1 - owed a whole pod.
+_WHOLE = replace(FAIRER[0], rules=Rules(whole_owed_wait_s=20))
+WHOLE_OWED = [
+    # Waited 0 s < 20 s: nothing is evicted yet. Before: a1 went at once.
+    replace(_WHOLE, name="owed a whole pod, waited 0 s of 20: no eviction yet", evicted=set(), served={}),
+    # 19 s < 20 s: still waiting for a GPU to free.
+    replace(
+        _WHOLE,
+        name="owed a whole pod, waited 19 s of 20: no eviction yet",
+        pending=[*_WHOLE.pending[:-1], Wait("c0", "c", age_s=19)],
+        evicted=set(),
+        served={},
+    ),
+    # 20 s: the wait is over; rule 1 as before (a1: a ends 0.5 owed, less than c's 1).
+    replace(
+        _WHOLE,
+        name="owed a whole pod, waited 20 s of 20: reclaims",
+        pending=[*_WHOLE.pending[:-1], Wait("c0", "c", age_s=20)],
+    ),
+    # Preemption within a queue is not reclaim and does not wait: an urgent pod of a queue within
+    # its share evicts its own lower-priority pod at once (a holds 2 of its quota 2, asks 1 more at
+    # priority 1000: its newest priority-0 pod a1 goes).
+    Scenario(
+        "the whole-owed wait does not delay preemption within a queue",
+        nodes={"n1": 2},
+        queues=[q("a", quota=2)],
+        running=runs("a", 2, "n1", age_s=100),
+        pending=[Wait("u0", "a", priority=1000)],
+        evicted={"a1"},
+        served={"u0": "n1"},
+        rules=Rules(whole_owed_wait_s=20),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", WHOLE_OWED, ids=lambda c: c.name)
+def test_a_queue_owed_a_whole_pod_waits_before_it_reclaims(case: Scenario) -> None:
+    test_reclaim_scenario(case)
+
+
 BACKLOGS = [
     # 8 GPUs; a (quota 4) holds 8 and has `backlog` older pods waiting; b (quota 4) waits for 1:
     # shares b 1, a 7. b is the most owed queue: planned first whatever a's backlog. Before, the 64

@@ -76,6 +76,12 @@ def test_queue_mode_reports_bad_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "bad.yaml" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--partly-owed-wait-s", "--whole-owed-wait-s"])
+def test_queue_mode_refuses_a_negative_wait(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["queues", str(EXAMPLE), flag, "-1"]) == 2
+    assert "cannot be negative" in capsys.readouterr().err
+
+
 def test_several_seeds_give_mean_min_max(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     nodes, pods = write_trace(tmp_path)
     out = tmp_path / "out"

@@ -104,3 +104,43 @@ def test_a_queue_owed_less_than_its_pod_waits_for_freed_capacity(
     assert [(e.time, e.victim.split("/")[0], e.served_queue) for e in result.evictions] == victims
     assert first_time(result, "b", 2) == b_second_at
     assert result.idle_gpu_s_while_fitting_pod_waits == 0.0
+
+
+@pytest.mark.parametrize(
+    ("wait_s", "victims", "b_starts_at"),
+    [
+        # Before rule 13 (no wait): at t=10 b's pod reclaims one of a's 4 pods (all started at
+        # t=0; a-short, the first by key), which had run 10 s: 10 GPU-s thrown away.
+        (0.0, [(10, "a-short", "b")], 10),
+        # A 20 s wait: a-short ends at t=25 by itself, a's waiting pod defers to b's, which takes
+        # the GPU - served 15 s later (b below its share t=10-25), no eviction.
+        (20.0, [], 25),
+    ],
+)
+def test_a_queue_owed_a_whole_pod_waits_for_freed_capacity(
+    wait_s: float, victims: list[tuple[float, str, str]], b_starts_at: float
+) -> None:
+    # 1 node x 4 GPUs; a and b quota 2 each. From t=0 a runs 4 pods (a-short ends at t=25), 2 more
+    # of a's wait from t=1; b's pod comes at t=10: shares b 1 (all it asks), a 3. b, at 0 of 1, is
+    # owed a whole pod: rule 1 lets it take one of a's (a, 4 of 3, ends at its share).
+    result = run_queue_workload(
+        parse_workload(
+            {
+                "name": "whole-owed",
+                "nodes": [{"name": "n", "gpus": 4}],
+                "queues": [queue("a", 2), queue("b", 2)],
+                "jobs": [
+                    job("a-short", "a", 1, duration=25),
+                    job("a-long", "a", 3),
+                    job("a-more", "a", 2, arrival=1),
+                    job("b", "b", 1, arrival=10),
+                ],
+            }
+        ),
+        whole_owed_wait_s=wait_s,
+    )
+    assert [(e.time, e.victim.split("/")[0], e.served_queue) for e in result.evictions] == victims
+    assert first_time(result, "b", 1) == b_starts_at
+    b = next(q for q in result.queues if q.name == "b")
+    assert b.longest_below_fair_share_s == b_starts_at - 10  # owed its pod from t=10 until served
+    assert result.idle_gpu_s_while_fitting_pod_waits == 0.0
