@@ -366,14 +366,23 @@ async def light_kubelet(bench: BenchCluster) -> AsyncIterator[LightKubelet]:
 # -- a round -----------------------------------------------------------------------------------
 
 
-async def _delete_jobs(bench: BenchCluster, namespace: str, query: dict[str, str] | None = None) -> None:
-    await request(
-        bench.api,
-        "DELETE",
-        JOBS_PATH.format(namespace=namespace),
-        query={"propagationPolicy": "Background", **(query or {})},
-        timeout=300.0,
-    )
+async def _delete_jobs(bench: BenchCluster, namespace: str, names: Sequence[str]) -> None:
+    """Deletes the Jobs one by one (their pods by the garbage collector): one delete-collection
+    call of 4000 Jobs outlasts the apiserver's request timeout (504)."""
+
+    async def one(name: str) -> None:
+        try:
+            await request(
+                bench.api,
+                "DELETE",
+                f"{JOBS_PATH.format(namespace=namespace)}/{name}",
+                query={"propagationPolicy": "Background"},
+            )
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
+    await bounded(CREATE_CONCURRENCY, (functools.partial(one, name) for name in names))
 
 
 async def _scale_round(
@@ -414,7 +423,7 @@ async def _scale_round(
             times.append(bound - asked)
             log.info("%s: B's job %s bound after %.1fs", scheduler, name, bound - asked)
             # The GPU goes back to A (its evicted Job's new pod) before the next sample.
-            await _delete_jobs(bench, namespace, {"fieldSelector": f"metadata.name={name}"})
+            await _delete_jobs(bench, namespace, [name])
             b_pods = [pod for pod, queue in tracker.bound.items() if queue == QUEUE_B]
             await bench.delete_pods(namespace, b_pods)
             await tracker.wait_for(
@@ -423,7 +432,7 @@ async def _scale_round(
                 "A to hold every GPU again",
             )
         evicted = list(tracker.deleted.values()).count(QUEUE_A) - evicted_before
-    await _delete_jobs(bench, namespace)
+    await _delete_jobs(bench, namespace, [*names, *(f"b-{index:03d}" for index in range(len(times)))])
     return ScaleRun(scheduler, gpus, filled - started, cpu, tuple(times), reached, evicted)
 
 

@@ -81,3 +81,12 @@ def test_kai_races_in_the_reclaim_smoke(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     for variant in ("default actions", "no consolidation"):
         assert re.search(rf"KAI Scheduler, {variant} \(DRA claims\)\s+8\s+4.*{RATIO}", out), out
+
+
+def test_kai_races_in_the_scale_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    # 5 nodes: KAI fills the 40 GPUs with jobs and reclaims one GPU for B per sample, as Tessera does.
+    if find_kai() is None:
+        pytest.skip(skip_reason())
+    assert bench_main(["--smoke", "--only", "scale"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"KAI Scheduler, default actions\s+5\s+40(\s+\S+){{3}}\s+{RATIO}", out), out
