@@ -20,7 +20,10 @@
    allocator) beside the simulator's deployed mode on the same slice and order (``bench.packing``);
 10. filter latency while large AdmissionReviews flood the webhook port, against the same filters
    with nothing else, the webhooks in their own process and (for contrast) on the verbs' event
-   loop (``bench.webhookflood``).
+   loop (``bench.webhookflood``);
+11. the scale suite, KAI Scheduler's nightly shape on 500 or 1000 simulated nodes: fill rate,
+   time to reclaim one GPU, churn, control-plane CPU (``bench.scale``): not in the full run (its
+   own command, or ``--only scale``: a round takes tens of minutes at 500 nodes); in the smoke.
 
 Default sizes fit a 2-core machine in a few minutes; ``--full`` runs the sizes of the issue
 (hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; 500 nodes / 4000 pods end to end;
@@ -57,6 +60,7 @@ from . import (
     queuecycle,
     reaction,
     reclaim,
+    scale,
     topology,
     webhookflood,
 )
@@ -80,8 +84,9 @@ BENCHMARKS = (
     "queuecycle",
     "topology",
     "history",
+    "scale",
 )
-ON_A_CLUSTER = ("e2e", "reaction", "reclaim", "packing")
+ON_A_CLUSTER = ("e2e", "reaction", "reclaim", "packing", "scale")
 # The smoke's in-process sizes: one small cluster picture, a fraction of a second per hot-path case.
 SMOKE_NODES = [50]
 SMOKE_PODS = 400
@@ -258,6 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         if args.only == name or (args.only is None and args.smoke):
             failed |= module_main(smoke) != 0
+    if args.only == "scale" or (args.only is None and args.smoke and not args.no_cluster):
+        failed |= scale.main(cluster_args) != 0
     return 1 if failed else 0
 
 

@@ -61,7 +61,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,6 +206,14 @@ class ChurnResult:
     reverse: int
     max_ratio: float  # the largest GPUs evicted / GPUs needed of one plan (from its event)
     undone_pairs: tuple[tuple[Eviction, Eviction], ...] = ()
+    lost_gpu_s: float = 0.0  # GPU-seconds the evicted pods had run (single-GPU pods): work lost
+    done_gpu_s: float = 0.0  # GPU-seconds of the pods that ran their whole runtime
+
+    @property
+    def lost_pct(self) -> float:
+        """Work lost as a share of the GPU time the churn's pods used (lost + done)."""
+        used = self.lost_gpu_s + self.done_gpu_s
+        return 100 * self.lost_gpu_s / used if used else 0.0
 
 
 def reclaim_table(result: ReclaimResult) -> str:
@@ -258,6 +266,7 @@ def churn_table(result: ChurnResult) -> str:
         "undone (ping-pong)",
         "reverse reclaims",
         "max plan ratio",
+        "work lost GPU-s",
     ]
     row = [
         str(result.queues),
@@ -268,6 +277,7 @@ def churn_table(result: ChurnResult) -> str:
         str(result.undone),
         str(result.reverse),
         f"{result.max_ratio:.2f}",
+        f"{result.lost_gpu_s:.0f} ({result.lost_pct:.1f}%)",
     ]
     pairs = [
         f"  undone: {first.victim} at {first.at:.0f} ({first.message})\n"
@@ -579,19 +589,31 @@ async def _reclaim_events(bench: BenchCluster, namespace: str, queue_of: dict[st
 
 
 async def _churn(
-    bench: BenchCluster, namespace: str, queues: Sequence[str], seconds: float, backlog: int, seed: int
+    bench: BenchCluster,
+    namespace: str,
+    queues: Sequence[str],
+    seconds: float,
+    backlog: int,
+    seed: int,
+    complete: Callable[[str, Sequence[str]], Awaitable[None]] | None = None,
 ) -> ChurnResult:
+    """The churn; a pod that ran its runtime is completed by `complete(namespace, names)`
+    (default: deleted, as a finished bare pod's owner would)."""
+    complete = complete or bench.delete_pods
     rng = random.Random(seed)
     spells = {queue: Spells(random.Random(rng.random())) for queue in queues}
     queue_of: dict[str, str] = {}
     runtime: dict[str, float] = {}
     first_bound: dict[str, float] = {}
+    gone_at: dict[str, float] = {}  # when a bound pod that did not finish was seen gone
     finished: set[str] = set()
     async with watching(bench.api, namespace) as tracker:
         deadline = time.monotonic() + seconds
         while (now := time.monotonic()) < deadline:
             for name in list(tracker.bound):
                 first_bound.setdefault(name, now)
+            for name in tracker.deleted.keys() - finished - gone_at.keys():
+                gone_at[name] = now
             for queue, spell in spells.items():
                 if not spell.update(now):
                     continue
@@ -608,7 +630,7 @@ async def _churn(
                 if n in tracker.bound and n not in finished and now - at >= runtime[n]
             ]
             finished.update(done)
-            await bench.delete_pods(namespace, done)  # jobs completing
+            await complete(namespace, done)
             await asyncio.sleep(0.5)
     events = await _reclaim_events(bench, namespace, queue_of)
     evictions = []
@@ -635,6 +657,8 @@ async def _churn(
         match = re.search(r"\(([\d.]+) GPUs for ([\d.]+) needed\)", event["message"])
         if match:
             max_ratio = max(max_ratio, float(match.group(1)) / float(match.group(2)))
+    end = time.monotonic()
+    victims = {eviction.victim for eviction in evictions}
     return ChurnResult(
         seconds,
         len(queues),
@@ -645,6 +669,8 @@ async def _churn(
         reverse_reclaims(evictions),
         max_ratio,
         tuple(undone_pairs(evictions)),
+        lost_gpu_s=sum(gone_at.get(v, end) - first_bound[v] for v in victims if v in first_bound),
+        done_gpu_s=sum(runtime[name] for name in finished),
     )
 
 

@@ -143,7 +143,9 @@ def _claim_from_api(obj: Mapping[str, Any]) -> PodClaim:
     return PodClaim(meta["namespace"], meta["name"], meta["uid"], frozenset(r["driver"] for r in results))
 
 
-def _running_status(pod: Mapping[str, Any], node_name: str) -> dict[str, Any]:
+def running_status(pod: Mapping[str, Any], node_name: str) -> dict[str, Any]:
+    """The status a kubelet writes for a pod whose containers all started (a merge patch's body);
+    bench.scale's light kubelet writes it too."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     conditions = [
         {"type": kind, "status": "True", "lastTransitionTime": now}
@@ -260,7 +262,7 @@ class KubeletStandIn:
             await self._core.patch_namespaced_pod_status(
                 meta["name"],
                 meta["namespace"],
-                _running_status(pod, self.node_name),
+                running_status(pod, self.node_name),
             )
         except ApiException as err:
             raise AgentError(f"marking the pod Running: {err.status} {err.reason}") from None

@@ -46,6 +46,15 @@ CASES = [
     ),
     # 6 trace nodes: the cluster beside the simulator, in points.
     ("packing", r"end to end - simulated as deployed: [+-]\d+\.\d\d points"),
+    # 5 nodes (40 GPUs) filled with 40 jobs by each; plain cannot free a DRA-claimed GPU in its
+    # 5 s, Tessera reclaims one GPU per sample (evicting one); then churn, with the work lost.
+    (
+        "scale",
+        rf"plain kube-scheduler\s+5\s+40(\s+\S+){{3}}\s+1\.00x\s+not in 5\s+-\s+-\s+-(\s+\S+){{3}}\s+1\.00x\n"
+        rf"kube-scheduler \+ Tessera\s+5\s+40(\s+\S+){{3}}\s+{RATIO}\s+\d+\.\d\s+\d+\.\d\s+-\s+1\.00"
+        rf"(\s+\S+){{3}}\s+{RATIO}\n"
+        r"[\s\S]*churn, Tessera only: 3 queues[\s\S]*\d+ \(\d+\.\d%\)",
+    ),
 ]
 
 
@@ -72,3 +81,12 @@ def test_kai_races_in_the_reclaim_smoke(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     for variant in ("default actions", "no consolidation"):
         assert re.search(rf"KAI Scheduler, {variant} \(DRA claims\)\s+8\s+4.*{RATIO}", out), out
+
+
+def test_kai_races_in_the_scale_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    # 5 nodes: KAI fills the 40 GPUs with jobs and reclaims one GPU for B per sample, as Tessera does.
+    if find_kai() is None:
+        pytest.skip(skip_reason())
+    assert bench_main(["--smoke", "--only", "scale"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"KAI Scheduler, default actions\s+5\s+40(\s+\S+){{3}}\s+{RATIO}", out), out
