@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from contract.names import GPU_MILLI
 
@@ -280,6 +281,8 @@ def _run_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+Replayed = TypeVar("Replayed")
+
 SMOKE_PODS = 300  # --smoke: the first pods by arrival, enough for waits on a small share
 
 
@@ -329,6 +332,28 @@ def _timeline_queues_task(
     )
 
 
+def _in_pool(
+    args: argparse.Namespace,
+    task: Callable[..., Replayed],
+    inputs: tuple[Path, Path, int | None],
+    runs: Sequence[tuple[str, int, float]],
+    options: tuple[object, ...],
+    said: Callable[[Replayed], str],
+) -> list[Replayed]:
+    """Each (policy, seed, load) of `runs` replayed by `task` (`inputs`: the nodes and pods CSVs
+    and the pod cap; then the run; then `options`) in `args.jobs` processes, each end told on
+    stderr as `said` puts it; the results in the order of `runs`."""
+    nodes_csv, pods_csv, max_pods = inputs
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [
+            pool.submit(task, nodes_csv, pods_csv, args.cluster_share, policy, seed, load, max_pods, *options)
+            for policy, seed, load in runs
+        ]
+        for done, future in enumerate(as_completed(futures), start=1):
+            print(f"  [{done}/{len(futures)}] {said(future.result())}", file=sys.stderr, flush=True)
+        return [future.result() for future in futures]
+
+
 def _comma_list(spec: str) -> list[str]:
     return [part.strip() for part in spec.split(",") if part.strip()]
 
@@ -373,30 +398,14 @@ def _run_timeline(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     tasks = [(policy, seed, load) for load in loads for policy in policies for seed in seeds]
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [
-            pool.submit(
-                _timeline_task,
-                nodes_csv,
-                pods_csv,
-                args.cluster_share,
-                policy,
-                seed,
-                load,
-                max_pods,
-                args.move_budget,
-                args.min_runtime,
-            )
-            for policy, seed, load in tasks
-        ]
-        for done, future in enumerate(as_completed(futures), start=1):
-            r = future.result()
-            print(
-                f"  [{done}/{len(futures)}] {r.policy} {r.load:g}x seed {r.seed}: {r.seconds:.1f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-        results = [future.result() for future in futures]
+    results = _in_pool(
+        args,
+        _timeline_task,
+        (nodes_csv, pods_csv, max_pods),
+        tasks,
+        (args.move_budget, args.min_runtime),
+        lambda r: f"{r.policy} {r.load:g}x seed {r.seed}: {r.seconds:.1f} s",
+    )
     first = results[0]
     print(
         f"{first.pods} pods replayed ({first.never_ran} never ran in the trace, "
@@ -456,30 +465,14 @@ def _run_timeline_queues(
         )
     )
     tasks = [(policy, seed, load) for load in loads for policy in chosen for seed in seeds]
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [
-            pool.submit(
-                _timeline_queues_task,
-                nodes_csv,
-                pods_csv,
-                args.cluster_share,
-                policy,
-                seed,
-                load,
-                max_pods,
-                args.queues,
-            )
-            for policy, seed, load in tasks
-        ]
-        for done, future in enumerate(as_completed(futures), start=1):
-            r = future.result()
-            print(
-                f"  [{done}/{len(futures)}] {r.policy} {r.load:g}x seed {r.seed}, {r.queues} queues: "
-                f"{r.seconds:.1f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-        results = [future.result() for future in futures]
+    results = _in_pool(
+        args,
+        _timeline_queues_task,
+        (nodes_csv, pods_csv, max_pods),
+        tasks,
+        (args.queues,),
+        lambda r: f"{r.policy} {r.load:g}x seed {r.seed}, {r.queues} queues: {r.seconds:.1f} s",
+    )
     print("per queue, over the whole run (waits in minutes):")
     print(timeline_queues_table(results))
     print("\nthe worst queue of each figure:")
