@@ -482,11 +482,12 @@ class ClusterSnapshot:
         """Take a running pod off its node: its GPUs come free, its queue waits for it again."""
         pod = self.running[key]
         self._pod_changes[key] = None
-        node = self.nodes[pod.node]
-        free = list(node.free_milli)
-        for index, milli in pod.gpus:
-            free[index] = min(GPU_MILLI, free[index] + milli)
-        self._node_changes[pod.node] = _with_free(node, free, pod.cpu_milli, pod.memory_mib)
+        node = self.nodes.get(pod.node)
+        if node is not None:  # (none: its node's GPUs went from the picture; nothing comes free)
+            free = list(node.free_milli)
+            for index, milli in pod.gpus:
+                free[index] = min(GPU_MILLI, free[index] + milli)
+            self._node_changes[pod.node] = _with_free(node, free, pod.cpu_milli, pod.memory_mib)
         self._move(pod.queue, pod.resources, -1.0, pod.preemptible)
         return pod
 

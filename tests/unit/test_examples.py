@@ -29,7 +29,7 @@ POD_TEMPLATE_KINDS = {"Job", "Deployment", "StatefulSet", "ReplicaSet", "DaemonS
 
 
 def _documents(directory: str) -> Iterator[tuple[Path, Mapping[str, Any]]]:
-    for path in sorted((ROOT / directory).glob("*.yaml")):
+    for path in sorted((ROOT / directory).rglob("*.yaml")):  # (with examples/more/)
         for document in yaml.safe_load_all(path.read_text()):
             if document:
                 yield path, document
@@ -113,12 +113,12 @@ def test_every_pods_subgroups_are_stated_as_the_webhook_admits_them(directory: s
 
 
 def test_the_leader_workers_example_is_one_workload_of_two_parts() -> None:
-    # Leader=1 and workers=4: a minimum of 5, the 6 workers' 2 above it elastic.
+    # Leader=1 and workers=1: a minimum of 2, all of it.
     found = [
         (workload_of({"metadata": {"namespace": "ns", **d["spec"]["template"]["metadata"]}}), d)
         for _, d in _documents("manifests/examples")
         if d["kind"] == "Job" and d["metadata"]["name"].startswith("serve-")
     ]
     assert {w.key for w, _ in found} == {"Workload/ns/serve"}
-    assert {(w.minimum, w.parts) for w, _ in found} == {(5, (("leader", 1), ("workers", 4)))}
-    assert sum(d["spec"]["parallelism"] for _, d in found) == 7
+    assert {(w.minimum, w.parts) for w, _ in found} == {(2, (("leader", 1), ("workers", 1)))}
+    assert sum(d["spec"]["parallelism"] for _, d in found) == 2

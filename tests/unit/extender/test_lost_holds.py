@@ -76,6 +76,25 @@ def test_a_hold_is_lost_when_its_node_has_no_room_left_for_its_pod(
     assert (placed.gpus if placed is not None else None) == b0_on
 
 
+def test_a_pod_going_from_a_node_whose_gpus_left_the_picture_costs_no_hold() -> None:
+    """A terminating pod (or one just evicted) whose node's slices are gone - another test's node
+    torn down, a node drained - frees nothing when the fork takes it off, and the pass goes on
+    (before: KeyError on its node, every reclaim pass failed while it lasted)."""
+    running = [*A_ON_0_TO_2, Run("gone", "a", "n9", terminating=True)]
+    built, _ = build(
+        Scenario("gone", {"n1": 4, "n9": 1}, [q("a", quota=2), q("b", quota=2)], running, [], set(), {})
+    )
+    snapshot = ClusterSnapshot(
+        {name: node for name, node in built.base_nodes.items() if name != "n9"},  # n9's slices gone
+        built.running,
+        built.fairness,
+        built.mix,
+        holds=[HeldGpus("b0", "b", "n1", WHOLE, {"gpu": 1.0})],
+    )
+    assert lost_holds(snapshot, ("gone",)) == []  # GPU 3 of n1 is free for b0
+    assert "gone" not in planning_fork(snapshot).running
+
+
 def gang_pending(index: int) -> dict[str, Any]:
     """A member of Job ja (2 pods, minimum 2) of queue team, which kube-scheduler could not place."""
     pod = member("ja", index)
