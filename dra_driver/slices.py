@@ -417,46 +417,38 @@ async def read_json(call: Awaitable[Any], timeout_s: float = API_TIMEOUT_S) -> d
     return result
 
 
-def _probe_slice(node: str, driver: str) -> dict[str, Any]:
-    memory = memory_quantity(_MIB)
+def _probe_slice(
+    node: str, driver: str, probe: str, slice_count: int, device: dict[str, Any]
+) -> dict[str, Any]:
+    """A dry-run slice of one device named "probe", in a pool of its own (`probe`: what it
+    probes, in its names) that says it has `slice_count` slices."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{driver}-capability-probe"[:_MAX_NAME]},
+        "metadata": {"name": f"{node}-{driver}-{probe}-probe"[:_MAX_NAME]},
         "spec": {
             "driver": driver,
             "nodeName": node,
-            "pool": {"name": f"{node}-capability-probe", "generation": 0, "resourceSliceCount": 1},
-            "devices": [
-                {
-                    "name": "probe",
-                    "allowMultipleAllocations": True,
-                    "capacity": {MEMORY_CAPACITY: {"value": memory, "requestPolicy": {"default": memory}}},
-                }
-            ],
+            "pool": {"name": f"{node}-{probe}-probe", "generation": 0, "resourceSliceCount": slice_count},
+            "devices": [{"name": "probe", **device}],
         },
     }
+
+
+def _capacity_probe_slice(node: str, driver: str) -> dict[str, Any]:
+    memory = memory_quantity(_MIB)
+    device = {
+        "allowMultipleAllocations": True,
+        "capacity": {MEMORY_CAPACITY: {"value": memory, "requestPolicy": {"default": memory}}},
+    }
+    return _probe_slice(node, driver, "capability", 1, device)
 
 
 def _partition_probe_slice(node: str, driver: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{driver}-partition-probe"[:_MAX_NAME]},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": f"{node}-partition-probe", "generation": 0, "resourceSliceCount": 2},
-            "devices": [
-                {
-                    "name": "probe",
-                    "consumesCounters": [
-                        {"counterSet": "probe", "counters": {memory_slice_counter(0): {"value": "1"}}}
-                    ],
-                }
-            ],
-        },
+    device = {
+        "consumesCounters": [{"counterSet": "probe", "counters": {memory_slice_counter(0): {"value": "1"}}}]
     }
+    return _probe_slice(node, driver, "partition", 2, device)
 
 
 def _comparable(slices: Sequence[Mapping[str, Any]]) -> list[Any]:
@@ -509,7 +501,9 @@ class SliceReconciler:
     async def detect_sharing_mode(self) -> SharingMode:
         """Dry-run a slice with a shareable device: the apiserver drops fields whose feature is off."""
         device = await self._echoed_device(
-            _probe_slice(self._node_name, self._driver), "consumable-capacity", "publishing whole GPUs only"
+            _capacity_probe_slice(self._node_name, self._driver),
+            "consumable-capacity",
+            "publishing whole GPUs only",
         )
         if device is None:
             return SharingMode.WHOLE_DEVICE
