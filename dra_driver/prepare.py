@@ -339,6 +339,18 @@ def plan_claim(
     return planned
 
 
+def _taken_by(partition: MigPartition, found: Iterable[PlacedInstance]) -> str:
+    """What of the partition's placement the listed GPU instances cover ("" when none), e.g.
+    ``memory slices 4-7 are taken by GPU instance 1``."""
+    taken = sorted(i.gpu_instance for i in found if partition.overlaps(i))
+    if not taken:
+        return ""
+    last = partition.start + partition.memory_slices - 1
+    slices = f"memory slice {last}" if last == partition.start else f"memory slices {partition.start}-{last}"
+    verb = "is" if last == partition.start else "are"
+    return f"{slices} {verb} taken by GPU instance {', '.join(map(str, taken))}"
+
+
 def _partition_of(device: NodeDevice) -> MigPartition | None:
     """The instance to make for a placement device (its ids come once it is made)."""
     placement = device.placement
@@ -807,17 +819,32 @@ class Preparer:
             if isinstance(found, str):
                 refused[p.ref.uid] = self._failed("prepare", p.ref, found)
                 continue
-            taken = sorted(i.gpu_instance for i in found if partition.overlaps(i))
+            taken = _taken_by(partition, found)
             if taken:
-                last = partition.start + partition.memory_slices - 1
                 refused[p.ref.uid] = self._failed(
                     "prepare",
                     p.ref,
-                    f"{device.device.name}: memory slices {partition.start}-{last} are taken by GPU "
-                    f"instance {', '.join(map(str, taken))}, made since the slice was published; "
-                    "nothing was made",
+                    f"{device.device.name}: {taken}, made since the slice was published; nothing was made",
                 )
         return refused
+
+    async def _why_not_made(self, share: GpuShare, refusal: PartitionNotMade) -> PartitionNotMade:
+        """A create refused after a clear listing: listed again, an instance now covering the
+        placement was made by someone else between the two (an administrator's ``-cgi``); the
+        refusal then says so, with its id. Otherwise the refusal as the command gave it."""
+        assert share.partition is not None and self._partitioner is not None
+        try:
+            found = await self._partitioner.instances(share.gpu_uuid)
+        except SharingCommandError as err:
+            log.warning("listing GPU %s again after a refused create: %s", share.gpu_uuid, err)
+            return refusal
+        taken = _taken_by(share.partition, found)
+        if not taken:
+            return refusal
+        return PartitionNotMade(
+            f"{share.device_name}: {taken}, made between the driver's listing and its create (by someone "
+            "else); nothing was made"
+        )
 
     def _check_not_pinned(self, claim_uid: str, devices: Sequence[PlannedDevice]) -> None:
         """A GPU a spec without a record names may run that claim's pod, set up in a way nobody
@@ -868,7 +895,10 @@ class Preparer:
             raise SharingConflict(
                 f"{share.device_name}: the {self._profile.name} device profile makes no MIG partitions"
             )
-        made = await self._partitioner.create(share.gpu_uuid, share.partition)
+        try:
+            made = await self._partitioner.create(share.gpu_uuid, share.partition)
+        except PartitionNotMade as refusal:
+            raise await self._why_not_made(share, refusal) from None
         shares[index] = replace(share, partition=made)
         assert made.gpu_instance is not None and made.compute_instance is not None
         return MigInstance(share.gpu_uuid, made.gpu_instance, made.compute_instance)

@@ -21,9 +21,10 @@ from dra_driver.__main__ import driver_instances_hidden
 from dra_driver.checkpoint import Checkpoint, ClaimRecord, read_claims
 from dra_driver.devices.model import Gpu, MigDevice
 from dra_driver.devices.profile import BackendUnavailable
-from dra_driver.devices.share import Command, GpuShare, MigPartition, SharingCommandError
+from dra_driver.devices.share import Command, GpuShare, MigPartition, RunCommand, SharingCommandError
 from dra_driver.prepare import ClaimRef, Preparer, node_devices, without_driver_instances
-from dra_driver.profiles.nvidia.mig import SimulatedSmi
+from dra_driver.profiles.nvidia.mig import NvidiaMig, SimulatedSmi
+from dra_driver.profiles.nvidia.migcaps import MigCapabilities
 from dra_driver.profiles.nvidia.migtables import mig_layout
 from dra_driver.profiles.nvidia.profile import SIMULATED_MIG_STATE, NvidiaProfile
 from dra_driver.profiles.nvidia.simulated import SimulatedDiscovery, build_inventory, load_profile
@@ -217,6 +218,7 @@ def mig_preparer(
     runner: CrashingRunner,
     checkpoint: Checkpoint | None = None,
     gpus: list[Gpu] | None = None,
+    partitioner: NvidiaMig | None = None,
 ) -> Preparer:
     profile = NvidiaProfile("simulated", SimulatedDiscovery(gpus or two_h100s()), simulated=True)
     devices = node_devices(profile.discovery.inventory(), profile)
@@ -229,7 +231,7 @@ def mig_preparer(
         checkpoint=checkpoint or Checkpoint(tmp_path / "state"),
         sharing=SharingManager(runner, profile.sharing(tmp_path / "mps")),
         cdi_dir=tmp_path / "cdi",
-        partitioner=profile.partitioner(runner.run, tmp_path / "state"),
+        partitioner=partitioner or profile.partitioner(runner.run, tmp_path / "state"),
     )
 
 
@@ -659,9 +661,71 @@ async def test_a_create_refused_after_a_clear_listing_destroys_nothing(tmp_path:
     runner.fail_when = lambda command: "-cgi" in command.argv
     preparer = mig_preparer(tmp_path, mig_claims(), runner, gpus=gpus)
     assert "injected failure" in (await preparer.prepare([ONE_G]))[ONE_G.uid].error
-    assert commands(runner) == [f"nvidia-smi mig -i {gpu0} -lgi"]  # the refused create is not recorded
+    # The refused create is not recorded; listed again, slice 0 is still free: the refusal as it came.
+    assert commands(runner) == [f"nvidia-smi mig -i {gpu0} -lgi"] * 2
     assert instances(tmp_path, gpus) == {gpu0: {1: ("3g.40gb", 4, [0])}}
     assert ONE_G.uid not in Checkpoint(tmp_path / "state").claims
+
+
+class RacingSmi(SimulatedSmi):
+    """The simulated GPUs with an administrator's ``-cgi`` landing just before the driver's first
+    create: after the driver listed the GPU's instances, before its own create reaches the GPU."""
+
+    def __init__(self, state_file: Path, gpus: list[Gpu], record: RunCommand, admin_create: Command) -> None:
+        super().__init__(state_file, gpus, record)
+        self.admin_create: Command | None = admin_create
+
+    async def run(self, command: Command) -> str:
+        if "-cgi" in command.argv and self.admin_create is not None:
+            admin, self.admin_create = self.admin_create, None
+            await super().run(admin)
+        return await super().run(command)
+
+
+@pytest.mark.parametrize(
+    ("admin_makes", "taken", "left_on_gpu0"),
+    [
+        # the claim's own placement and profile: 1g.10gb (profile 19) at slice 0
+        ("19:0", "memory slice 0 is taken by GPU instance 1", {1: ("1g.10gb", 0, [0])}),
+        # an overlapping one: 2g.20gb (profile 14) at slices 0-1 covers the 1g's slice 0
+        ("14:0", "memory slice 0 is taken by GPU instance 1", {1: ("2g.20gb", 0, [0])}),
+    ],
+)
+async def test_an_admin_create_between_the_listing_and_the_create_is_named_on_the_claim(
+    tmp_path: Path, admin_makes: str, taken: str, left_on_gpu0: dict[int, tuple[str, int, list[int]]]
+) -> None:
+    # The known window: the listing shows slice 0 free, then an administrator makes an instance
+    # there; the driver's create is refused (Insufficient Resources). Listed again, the GPU shows
+    # who took the placement: the claim's error names it, nothing is made, recorded or destroyed.
+    gpus = two_h100s()
+    runner = CrashingRunner()
+    admin = Command(("nvidia-smi", "mig", "-i", GPU0, "-cgi", admin_makes, "-C"))
+    smi = RacingSmi(tmp_path / "state" / SIMULATED_MIG_STATE, gpus, runner.run, admin)
+    # Simulated GPUs name no capability node, so none is read.
+    partitioner = NvidiaMig(smi.run, smi.instance_uuid, MigCapabilities(tmp_path / "proc"), gpus)
+    preparer = mig_preparer(tmp_path, mig_claims(), runner, partitioner=partitioner)
+    error = (await preparer.prepare([ONE_G]))[ONE_G.uid].error
+    assert error == (
+        f"gpu-0-mig-1g-10gb-at-0: {taken}, made between the driver's listing and its create (by "
+        "someone else); nothing was made"
+    )
+    assert commands(runner) == [
+        f"nvidia-smi mig -i {GPU0} -lgi",  # slice 0 free
+        f"nvidia-smi mig -i {GPU0} -cgi {admin_makes} -C",  # the administrator's
+        f"nvidia-smi mig -i {GPU0} -cgi 19:0 -C",  # the claim's, refused
+        f"nvidia-smi mig -i {GPU0} -lgi",  # listed again: GPU instance 1 covers slice 0
+    ]
+    assert instances(tmp_path) == {GPU0: left_on_gpu0}
+    assert ONE_G.uid not in Checkpoint(tmp_path / "state").claims
+    # The kubelet's retry fails at the listing, before anything is recorded or run.
+    runner.commands.clear()
+    retry = (await preparer.prepare([ONE_G]))[ONE_G.uid].error
+    assert retry == f"gpu-0-mig-1g-10gb-at-0: {taken}, made since the slice was published; nothing was made"
+    assert commands(runner) == [f"nvidia-smi mig -i {GPU0} -lgi"]
+    # A restart has nothing to undo: the administrator's instance stays.
+    restarted = CrashingRunner()
+    await mig_preparer(tmp_path, mig_claims(), restarted).recover()
+    assert commands(restarted) == [] and instances(tmp_path) == {GPU0: left_on_gpu0}
 
 
 async def test_recovery_undoes_an_interrupted_claim_and_leaves_the_admin_instance(tmp_path: Path) -> None:
