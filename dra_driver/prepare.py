@@ -21,7 +21,9 @@ its full-size instance) are made by the profile's ``Partitioner`` (GPU and compu
 command), with the checkpoint written before (``started``: nothing made yet) and after
 (``completed``, with the instance ids and MIG device uuid). Before either, the GPU's instances
 are listed: a claim whose placement an instance already covers (made since the slice was
-published) fails with nothing recorded or made. Undoing one (unprepare, a failure, or the
+published) fails with nothing recorded or made; a create refused after a clear listing (an
+instance someone made in between) made nothing, so nothing is destroyed, and the GPU is listed
+again for the claim's error to name that instance. Undoing one (unprepare, a failure, or the
 roll-back of a claim a crash interrupted) destroys its recorded instance, or without a recorded
 id the one at its placement, found on the device, so a crash between a create and its record
 leaves no orphaned instance, and since the placement was free when the claim was recorded, the
