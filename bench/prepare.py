@@ -13,10 +13,12 @@ at a time; then the floor process (``serve floor``, same socket path) answers th
 with one empty entry per claim: the cost of gRPC over a unix socket alone.
 
 The MIG rows: one-claim requests of a 1g.10gb placement on an 8x H100 node in MIG mode (partitions
-made on demand: each prepare makes a GPU and a compute instance, two ``nvidia-smi mig`` commands
-answered by the simulated GPUs, and writes the checkpoint three times; each unprepare lists,
-destroys the compute and then the GPU instance), against the whole-GPU baseline measured in the
-same run: one-claim requests of a whole H100 (exclusive: no command, one checkpoint write).
+made on demand: each prepare lists the GPU's instances and makes a GPU instance with its compute
+instance, two ``nvidia-smi mig`` commands answered by the simulated GPUs, and writes the
+checkpoint twice, ``started`` before the create and ``completed`` after it; each unprepare lists,
+destroys the compute and then the GPU instance, and writes it once), against the whole-GPU
+baseline measured in the same run: one-claim requests of a whole H100 (exclusive: no command, one
+checkpoint write).
 
 The recovery row: the driver died while 150 claims (MPS fractions spread over the 8 GPUs) were
 being prepared, so all 150 are ``started`` in its checkpoint. After the restart the driver rolls
