@@ -135,6 +135,69 @@ async def test_a_damaged_newest_slot_loses_no_prepared_claim(
     assert not _spec(tmp_path, B).exists()
 
 
+def _torn_after(k: int, new: bytes, old: bytes) -> bytes:
+    """The write of ``new`` over ``old`` torn by a crash after its first k bytes."""
+    return new[:k] + old[k:]
+
+
+def _flipped_at(k: int, new: bytes, old: bytes) -> bytes:
+    """The whole write of ``new``, with one bit of byte k flipped later (the disk, a person)."""
+    return new[:k] + bytes([new[k] ^ 0x01]) + new[k + 1 :]
+
+
+@pytest.mark.parametrize("slot_at", [_torn_after, _flipped_at], ids=["torn", "flipped"])
+async def test_the_write_of_b_damaged_at_every_byte_loses_no_prepared_claim(
+    tmp_path: Path, slot_at: Callable[[int, bytes, bytes], bytes]
+) -> None:
+    # The write of generation 3 (B's only record) over slot 1, which held generation 1 (A
+    # "started"): torn by a crash after its first k bytes (the new document's first k bytes,
+    # padded to the slot's size as written, then the old one's), or whole with byte k flipped.
+    # At every k through the header and the generation (the first 128 bytes) and the last 32,
+    # and every 16th between (the body's records; each k costs a restart with a checkpoint
+    # write). A write torn while its bytes still equal the old ones (k up to 25, the common
+    # '{"version":2,"checksum":"') wrote nothing, so the kubelet was never answered for B: its
+    # spec is a leftover, removed, and the kubelet's retry prepares B again. At every other k
+    # the restarted driver knows A and B as completed, keeps both specs, runs no command, and
+    # doubts the checkpoint unless the write is whole.
+    claims = _claims()
+    state = tmp_path / "checkpoint"
+    preparer = make_preparer(tmp_path, claims, RecordingRunner())
+    await preparer.prepare([A])
+    old = (state / "checkpoint.1.json").read_bytes()  # generation 1
+    answered = await preparer.prepare([B])
+    new = (state / "checkpoint.1.json").read_bytes()  # generation 3, padded to at least len(old)
+    slot0 = (state / "checkpoint.0.json").read_bytes()  # generation 2: A completed
+    specs = {path.name: path.read_bytes() for path in (tmp_path / "cdi").iterdir()}
+    assert len(specs) == 2 and len(new) >= len(old)
+    forgotten: list[int] = []
+    wrote_nothing: list[int] = []
+    last = len(new) + (1 if slot_at is _torn_after else 0)
+    for k in sorted({*range(128), *range(128, last - 32, 16), *range(last - 32, last)}):
+        for leftover in state.iterdir():
+            leftover.unlink()
+        damaged = slot_at(k, new, old)
+        (state / "checkpoint.0.json").write_bytes(slot0)
+        (state / "checkpoint.1.json").write_bytes(damaged)
+        for name, data in specs.items():
+            (tmp_path / "cdi" / name).write_bytes(data)
+        runner = RecordingRunner()
+        restarted = await _restart(tmp_path, claims, runner)
+        known = {uid for uid, r in Checkpoint(state).claims.items() if r.state == "completed"}
+        kept = {path.name for path in (tmp_path / "cdi").iterdir()}
+        if damaged == old:  # torn before its first changed byte
+            wrote_nothing.append(k)
+            assert (known, kept, restarted.recovery.doubts) == ({"uid-a"}, {_spec(tmp_path, A).name}, ()), k
+            assert (await restarted.prepare([B]))["uid-b"].devices == answered["uid-b"].devices, k
+        elif known != {"uid-a", "uid-b"} or kept != set(specs) or runner.commands:
+            forgotten.append(k)
+        else:
+            whole = slot_at is _torn_after and k == len(new)
+            assert bool(restarted.recovery.doubts) != whole, k
+    assert forgotten == []
+    common = len('{"version":2,"checksum":"')
+    assert wrote_nothing == (list(range(common + 1)) if slot_at is _torn_after else [])
+
+
 def answered_record(tmp_path: Path, answered: dict[str, PrepareOutcome]) -> object:
     """B's record as its spec carries it: completed, with the devices the kubelet was told."""
     spec = json.loads(_spec(tmp_path, B).read_text())
