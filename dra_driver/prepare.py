@@ -832,8 +832,9 @@ class Preparer:
 
     async def _why_not_made(self, share: GpuShare, refusal: PartitionNotMade) -> PartitionNotMade:
         """A create refused after a clear listing: listed again, an instance now covering the
-        placement was made by someone else between the two (an administrator's ``-cgi``); the
-        refusal then says so, with its id. Otherwise the refusal as the command gave it."""
+        placement was made between the two (an administrator's ``-cgi``, or, were the scheduler
+        to allocate overlapping placements to one request, its claim before); the refusal then
+        says so, with its id. Otherwise the refusal as the command gave it."""
         assert share.partition is not None and self._partitioner is not None
         try:
             found = await self._partitioner.instances(share.gpu_uuid)
@@ -844,8 +845,8 @@ class Preparer:
         if not taken:
             return refusal
         return PartitionNotMade(
-            f"{share.device_name}: {taken}, made between the driver's listing and its create (by someone "
-            "else); nothing was made"
+            f"{share.device_name}: {taken}, made between the driver's listing and its create; "
+            "nothing was made"
         )
 
     def _check_not_pinned(self, claim_uid: str, devices: Sequence[PlannedDevice]) -> None:

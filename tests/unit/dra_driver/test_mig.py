@@ -706,8 +706,7 @@ async def test_an_admin_create_between_the_listing_and_the_create_is_named_on_th
     preparer = mig_preparer(tmp_path, mig_claims(), runner, partitioner=partitioner)
     error = (await preparer.prepare([ONE_G]))[ONE_G.uid].error
     assert error == (
-        f"gpu-0-mig-1g-10gb-at-0: {taken}, made between the driver's listing and its create (by "
-        "someone else); nothing was made"
+        f"gpu-0-mig-1g-10gb-at-0: {taken}, made between the driver's listing and its create; nothing was made"
     )
     assert commands(runner) == [
         f"nvidia-smi mig -i {GPU0} -lgi",  # slice 0 free
