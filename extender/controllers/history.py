@@ -5,7 +5,8 @@ Every ``sample_interval_s`` (default 10 s):
 
 * **the leader** records what every queue holds (``FairShareHistory.record``: the allocation seen
   at the previous pass, held since), takes the rule's weight adjustment (new factors at most once
-  per update period, default 60 s, each moved by at most 0.1 per minute) and hands it to the
+  per update period, default 60 s, moving no queue's share by more than 0.1 of its share with
+  history off per minute) and hands it to the
   accounting (``QueueAccounting.adjust_weights``), so the filter, reclaim and ordering divide the
   same history-weighted shares. At most once per update period it patches ``status.history`` of
   the queues whose history moved materially (``QueueHistory.to_status``: the buckets, the

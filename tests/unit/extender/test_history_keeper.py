@@ -7,7 +7,7 @@ The cluster: nodes a and b with 2 GPUs each (4 GPUs); queue `a` holds 3 of them 
 a-gpu-1, b-gpu-0), queue `b` holds 1 (b-gpu-1); both have fair share over time on with a
 half-life of 1 h, and 4 one-GPU pods of each wait (both want more than the cluster). The keeper's
 clock is stepped an hour at a time: each step is longer than the update period (60 s), so every
-step writes, and a factor may move 0.1 per minute of it.
+step writes, and a share may move 0.1 of its share with history off per minute of it.
 
 Each hour the queues hold the same, so each hour adds what the one before added, and the hours
 before are halved: `a`'s GPU-hours after n hours are 3 / ln 2 * (1 - 0.5^n) (the decayed
