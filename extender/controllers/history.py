@@ -13,8 +13,10 @@ Every ``sample_interval_s`` (default 10 s):
   parameters, the update time, the normalised usage, GPU-hours and the weight factors), and
   posts an Event on a queue whose factor moved by ``event_threshold`` or more since its last one.
 * **a standby** reads the histories and factors back from the Queue objects' status and divides
-  under those factors, so its shares are the leader's. When it becomes the leader it starts from
-  them: a leader change loses at most what happened since the last write (one update period).
+  under those factors, so its shares are the leader's (and knows, from the Queues' parameters,
+  whose shares the rule moves: ``history_moves``, for rule 9 of reclaim). When it becomes the
+  leader it starts from them: a leader change loses at most what happened since the last write
+  (one update period).
 
 Off (no queue enables it, and the cluster-wide default is off): no adjustment is handed over at
 all and nothing is written: today's shares.
@@ -45,8 +47,11 @@ from extender.policy.history import (
     DEFAULT_UPDATE_PERIOD_S,
     FairShareHistory,
     HistoryParams,
+    HistorySettings,
     QueueHistory,
+    history_moves,
     material_changes,
+    resolve_params,
 )
 from extender.queues import history_settings
 
@@ -95,6 +100,8 @@ class HistoryKeeper:
         self.is_leader, self.clock = is_leader, clock
         self.rule = FairShareHistory(options.defaults, options.update_period_s, options.max_change_per_minute)
         self.adjustment: WeightAdjustment | None = None
+        # The queues whose shares the rule moves (rule 9's wait never opens for them).
+        self.moving: frozenset[str] = frozenset()
         self._leading = False
         self._written: dict[str, tuple[object, ...]] = {}  # queue -> summary of its last write
         self._reported: dict[str, dict[str, float]] = {}  # queue -> factors of its last Event
@@ -124,10 +131,21 @@ class HistoryKeeper:
             self.adjustment = adjustment
             self.picture.adjust_weights(adjustment)
 
+    def _settings(self) -> dict[str, HistorySettings]:
+        return {
+            key: found
+            for key, obj in self.picture.kind("Queue").items()
+            for found in (history_settings(obj),)
+            if found is not None
+        }
+
     async def run_once(self) -> None:
         now = self.clock()
         if not self.is_leader():
             self._leading = False
+            view = self.picture.fairness()
+            params = resolve_params(view.tree, self._settings(), self.options.defaults)
+            self.moving = history_moves(view.tree, params)
             kept = self._kept()
             self.rule.restore(
                 {q: h for q, (h, _, _) in kept.items()}, {q: f for q, (_, f, _) in kept.items()}
@@ -145,13 +163,8 @@ class HistoryKeeper:
             self._reported = {q: dict(f) for q, (_, f, _) in kept.items()}
             self._leading = True
         view = self.picture.fairness()
-        settings = {
-            key: found
-            for key, obj in self.picture.kind("Queue").items()
-            for found in (history_settings(obj),)
-            if found is not None
-        }
-        self.rule.record(now, view.tree, view.capacity, settings)
+        self.rule.record(now, view.tree, view.capacity, self._settings())
+        self.moving = self.rule.moving
         self._hand_over(self.rule.adjustment(now, view.tree, view.capacity))
         if self.adjustment is not None and now - self._last_write >= self.options.update_period_s:
             self._last_write = now

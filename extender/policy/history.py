@@ -35,9 +35,10 @@ plugin and usage database at the pinned revision; docs/queues.md compares the tw
    wants more than it gets the shares follow that line, and the furthest point is found at once;
    where demand caps or the weight bounds bend the shares, in a few steps). So history never
    frees a burst of capacity for reclaim at once. And while the rule is on, reclaim serves only a
-   queue owed a whole pod (``Rules.history_on`` in ``extender.policy.reclaim``, rule 9): the
-   shares drift by themselves as the holder's usage grows, and a partial deficit would change
-   sides with every pod moved (an eviction storm).
+   queue owed a whole pod among the queues whose shares it moves (``history_moves``: the rule is
+   on for a queue of their level or of an ancestor's level; ``Rules.history_moves`` in
+   ``extender.policy.reclaim``, rule 9): the shares drift by themselves as the holder's usage
+   grows, and a partial deficit would change sides with every pod moved (an eviction storm).
 
 Parameters are per queue (``spec.fairShareHistory``: enabled, halfLife, window, kValue), each one
 missing taken from the nearest ancestor that sets it, else the cluster-wide defaults; KAI's
@@ -298,6 +299,23 @@ def _taking_part(tree: QueueTree, children: Sequence[str], resource: str) -> lis
     ]
 
 
+def history_moves(tree: QueueTree, params: Mapping[str, HistoryParams]) -> frozenset[str]:
+    """The queues whose fair shares the rule may move: the children of every level where some
+    child has it on (their weights are adjusted), and everything below them (their parents'
+    shares move). Elsewhere shares are today's."""
+    adjusted = {
+        parent
+        for parent, children in tree.children.items()
+        if any(params.get(child, HistoryParams()).enabled for child in children)
+    }
+    moving: set[str] = set()
+    for name in tree.top_down():
+        parent = tree.specs[name].parent
+        if parent in adjusted or parent in moving:
+            moving.add(name)
+    return frozenset(moving)
+
+
 def target_factors(
     tree: QueueTree,
     fractions: Mapping[str, Mapping[str, float]],
@@ -454,6 +472,7 @@ class FairShareHistory:
     _capacity: dict[str, float] = field(default_factory=dict)
     _recorded: float | None = None
     _params: dict[str, HistoryParams] = field(default_factory=dict)
+    moving: frozenset[str] = frozenset()  # `history_moves` at the last record
 
     def restore(
         self, histories: Mapping[str, QueueHistory], factors: Mapping[str, Mapping[str, float]]
@@ -473,6 +492,7 @@ class FairShareHistory:
         settings: Mapping[str, HistorySettings],
     ) -> None:
         self._params = params = resolve_params(tree, settings, self.defaults)
+        self.moving = history_moves(tree, params)
         if not any(p.enabled for p in params.values()):
             self._holding, self._recorded = {}, now
             return

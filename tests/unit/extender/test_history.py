@@ -22,6 +22,7 @@ from extender.policy.history import (
     QueueHistory,
     bounded_factors,
     decayed_integral,
+    history_moves,
     material_changes,
     resolve_params,
     target_factors,
@@ -271,6 +272,36 @@ def test_the_newcomers_share_moves_a_tenth_of_its_share_off_in_the_first_minute(
     first = rule.adjustment(HOUR, tree, {"gpu": 16})
     assert first is not None
     assert _shares(tree, first.factors) == pytest.approx({"a": 5.067, "b": 5.067, "new": 5.867}, abs=1e-3)
+
+
+ORGS = (
+    QueueSpec("org-a"),
+    QueueSpec("a1", parent="org-a"),
+    QueueSpec("a2", parent="org-a"),
+    QueueSpec("org-b"),
+    QueueSpec("b1", parent="org-b"),
+    QueueSpec("c"),
+)
+
+
+@pytest.mark.parametrize(
+    ("enabled", "moving"),
+    [
+        # Nowhere: no share moves.
+        ((), set()),
+        # a1 only: a1 and a2 compete under org-a with adjusted weights; org-a's share among the
+        # top-level queues is today's, and so is everything outside org-a.
+        (("a1",), {"a1", "a2"}),
+        # org-a (a1 and a2 inherit it): the top level's weights move, so every top-level queue's
+        # share does, and with them their children's.
+        (("org-a", "a1", "a2"), {"org-a", "a1", "a2", "org-b", "b1", "c"}),
+        # c, a top-level leaf: the same.
+        (("c",), {"org-a", "a1", "a2", "org-b", "b1", "c"}),
+    ],
+)
+def test_the_queues_whose_shares_history_moves(enabled: tuple[str, ...], moving: set[str]) -> None:
+    params = {name: HistoryParams(enabled=name in enabled) for name in (s.name for s in ORGS)}
+    assert history_moves(QueueTree(ORGS, {}), params) == moving
 
 
 def test_parameters_are_inherited() -> None:

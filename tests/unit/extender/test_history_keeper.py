@@ -252,13 +252,13 @@ async def test_a_malformed_status_costs_only_its_queue(apiserver: tuple[FakeQueu
 async def test_the_reclaim_rules_know_when_history_moves_the_shares(
     apiserver: tuple[FakeQueueApi, ApiClient],
 ) -> None:
-    # Rule 9's wait never opens while fair share over time is on (extender.policy.reclaim).
+    # Rule 9's wait never opens for a queue whose share fair share over time moves
+    # (extender.policy.reclaim): here both queues, which have it on, and the picture's default
+    # queue beside them at the top level (its weight's part of the level moves with theirs).
     _, api = apiserver
     picture = picture_of()
     keeper = HistoryKeeper(api, picture, HistoryOptions(), clock=Clock(T0))
-    loop = ReclaimLoop(
-        api, picture, ExtenderMetrics(picture), history_on=lambda: keeper.adjustment is not None
-    )
-    assert not loop.rules().history_on  # before the keeper's first pass: no adjustment
+    loop = ReclaimLoop(api, picture, ExtenderMetrics(picture), history_moves=lambda: keeper.moving)
+    assert loop.rules().history_moves == frozenset()  # before the keeper's first pass
     await keeper.run_once()
-    assert loop.rules().history_on
+    assert loop.rules().history_moves == {"a", "b", "default"}
