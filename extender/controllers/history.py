@@ -59,8 +59,6 @@ log = logging.getLogger(__name__)
 
 EVENT_REASON = "FairShareHistory"
 HISTORY_SAMPLE_S = 10.0  # usage is recorded this often (at most)
-# Events about cluster-scoped objects live in the default namespace.
-EVENT_NAMESPACE = "default"
 
 
 @dataclass(frozen=True)
@@ -206,11 +204,7 @@ class HistoryKeeper:
                 for resource, (before, after) in moved.items()
             )
             about = InvolvedObject(
-                f"{QUEUE_GROUP}/{QUEUE_VERSION}",
-                QUEUE_KIND,
-                EVENT_NAMESPACE,
-                name,
-                str(meta(obj).get("uid", "")),
+                f"{QUEUE_GROUP}/{QUEUE_VERSION}", QUEUE_KIND, "", name, str(meta(obj).get("uid", ""))
             )
             try:
                 await post_event(self.api, about, EVENT_REASON, f"fair share over time: {message}")

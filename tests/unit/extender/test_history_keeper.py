@@ -26,8 +26,9 @@ from aiohttp.test_utils import TestServer
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from contract.names import QUEUE_GROUP, QUEUE_VERSION
-from extender.controllers.history import EVENT_NAMESPACE, EVENT_REASON, HistoryKeeper, HistoryOptions
+from extender.controllers.history import EVENT_REASON, HistoryKeeper, HistoryOptions
 from extender.controllers.reclaim import ReclaimLoop
+from extender.events import CLUSTER_EVENT_NAMESPACE
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
 from tests import extender_objects as objects
@@ -48,7 +49,7 @@ class FakeQueueApi:
         self.histories: dict[str, dict[str, Any]] = {}
         self.patches: list[str] = []  # queue names, in order
         self.events: list[tuple[str, str, str]] = []
-        self.event_namespaces: set[str] = set()
+        self.event_namespaces: set[tuple[str, str]] = set()
         self.app = web.Application()
         self.app.router.add_patch(f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/queues/{{name}}/status", self.patch)
         self.app.router.add_post("/api/v1/namespaces/{ns}/events", self.event)
@@ -63,7 +64,9 @@ class FakeQueueApi:
 
     async def event(self, request: web.Request) -> web.Response:
         body = await request.json()
-        self.event_namespaces.add(request.match_info["ns"])
+        # The Event's namespace, and the Queue's in it ("": cluster-scoped, or kubectl describe
+        # would not find it).
+        self.event_namespaces.add((request.match_info["ns"], body["involvedObject"]["namespace"]))
         self.events.append((body["involvedObject"]["name"], body["reason"], body["message"]))
         return web.json_response(body, status=201)
 
@@ -169,7 +172,7 @@ async def test_the_leader_writes_the_decayed_history_every_period(
         "(decayed usage 75.0% of the capacity over the window); "
         f"{MODEL}: over-quota weight x1.00 -> x0.50 (decayed usage 75.0% of the capacity over the window)"
     )
-    assert fake.event_namespaces == {EVENT_NAMESPACE}
+    assert fake.event_namespaces == {(CLUSTER_EVENT_NAMESPACE, "")}
 
 
 async def test_a_history_that_did_not_move_materially_is_not_written_again(
