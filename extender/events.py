@@ -14,6 +14,9 @@ from extender.kubeapi import STRATEGIC_MERGE_PATCH, request
 
 COMPONENT = "tessera-extender"
 MAX_MESSAGE = 1024  # the API truncates long messages anyway; keep events small
+# Where the Events of a cluster-scoped object (namespace "") are stored: the API server accepts
+# them there, and `kubectl describe` finds them by `involvedObject.namespace=""` in every namespace.
+CLUSTER_EVENT_NAMESPACE = "default"
 
 
 def now_rfc3339() -> str:
@@ -46,13 +49,18 @@ async def post_pod_event(
 
 @dataclass(frozen=True)
 class InvolvedObject:
-    """The object an event is about (a pod, or the Job or workload that owns pods)."""
+    """The object an event is about (a pod, or the Job or workload that owns pods; a Queue, of
+    namespace "")."""
 
     api_version: str
     kind: str
-    namespace: str
+    namespace: str  # "": a cluster-scoped object
     name: str
     uid: str
+
+    @property
+    def event_namespace(self) -> str:
+        return self.namespace or CLUSTER_EVENT_NAMESPACE
 
 
 async def post_event(
@@ -62,12 +70,12 @@ async def post_event(
     message: str,
     kind: Literal["Normal", "Warning"] = "Normal",
 ) -> None:
-    """Record an event on any namespaced object (raises KubeError)."""
+    """Record an event on any object, namespaced or cluster-scoped (raises KubeError)."""
     now = now_rfc3339()
     event = {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{about.name}.", "namespace": about.namespace},
+        "metadata": {"generateName": f"{about.name}.", "namespace": about.event_namespace},
         "involvedObject": {
             "apiVersion": about.api_version,
             "kind": about.kind,
@@ -85,4 +93,4 @@ async def post_event(
         "lastTimestamp": now,
         "count": 1,
     }
-    await request(api, "POST", f"/api/v1/namespaces/{about.namespace}/events", body=event)
+    await request(api, "POST", f"/api/v1/namespaces/{about.event_namespace}/events", body=event)

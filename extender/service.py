@@ -95,7 +95,7 @@ class ExtenderService:
                 options.reclaim,
                 self.lease.is_leader if self.lease else (lambda: True),
                 # (the history keeper is made below; asked each cycle)
-                history_on=lambda: self.history.adjustment is not None,
+                history_moves=lambda: self.history.moving,
             )
             if options.reclaim
             else None

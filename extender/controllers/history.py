@@ -5,15 +5,18 @@ Every ``sample_interval_s`` (default 10 s):
 
 * **the leader** records what every queue holds (``FairShareHistory.record``: the allocation seen
   at the previous pass, held since), takes the rule's weight adjustment (new factors at most once
-  per update period, default 60 s, each moved by at most 0.1 per minute) and hands it to the
+  per update period, default 60 s, moving no queue's share by more than 0.1 of its share with
+  history off per minute) and hands it to the
   accounting (``QueueAccounting.adjust_weights``), so the filter, reclaim and ordering divide the
   same history-weighted shares. At most once per update period it patches ``status.history`` of
   the queues whose history moved materially (``QueueHistory.to_status``: the buckets, the
   parameters, the update time, the normalised usage, GPU-hours and the weight factors), and
   posts an Event on a queue whose factor moved by ``event_threshold`` or more since its last one.
 * **a standby** reads the histories and factors back from the Queue objects' status and divides
-  under those factors, so its shares are the leader's. When it becomes the leader it starts from
-  them: a leader change loses at most what happened since the last write (one update period).
+  under those factors, so its shares are the leader's (and knows, from the Queues' parameters,
+  whose shares the rule moves: ``history_moves``, for rule 9 of reclaim). When it becomes the
+  leader it starts from them: a leader change loses at most what happened since the last write
+  (one update period).
 
 Off (no queue enables it, and the cluster-wide default is off): no adjustment is handed over at
 all and nothing is written: today's shares.
@@ -44,8 +47,11 @@ from extender.policy.history import (
     DEFAULT_UPDATE_PERIOD_S,
     FairShareHistory,
     HistoryParams,
+    HistorySettings,
     QueueHistory,
+    history_moves,
     material_changes,
+    resolve_params,
 )
 from extender.queues import history_settings
 
@@ -53,8 +59,6 @@ log = logging.getLogger(__name__)
 
 EVENT_REASON = "FairShareHistory"
 HISTORY_SAMPLE_S = 10.0  # usage is recorded this often (at most)
-# Events about cluster-scoped objects live in the default namespace.
-EVENT_NAMESPACE = "default"
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,8 @@ class HistoryKeeper:
         self.is_leader, self.clock = is_leader, clock
         self.rule = FairShareHistory(options.defaults, options.update_period_s, options.max_change_per_minute)
         self.adjustment: WeightAdjustment | None = None
+        # The queues whose shares the rule moves (rule 9's wait never opens for them).
+        self.moving: frozenset[str] = frozenset()
         self._leading = False
         self._written: dict[str, tuple[object, ...]] = {}  # queue -> summary of its last write
         self._reported: dict[str, dict[str, float]] = {}  # queue -> factors of its last Event
@@ -123,10 +129,21 @@ class HistoryKeeper:
             self.adjustment = adjustment
             self.picture.adjust_weights(adjustment)
 
+    def _settings(self) -> dict[str, HistorySettings]:
+        return {
+            key: found
+            for key, obj in self.picture.kind("Queue").items()
+            for found in (history_settings(obj),)
+            if found is not None
+        }
+
     async def run_once(self) -> None:
         now = self.clock()
         if not self.is_leader():
             self._leading = False
+            view = self.picture.fairness()
+            params = resolve_params(view.tree, self._settings(), self.options.defaults)
+            self.moving = history_moves(view.tree, params)
             kept = self._kept()
             self.rule.restore(
                 {q: h for q, (h, _, _) in kept.items()}, {q: f for q, (_, f, _) in kept.items()}
@@ -144,13 +161,8 @@ class HistoryKeeper:
             self._reported = {q: dict(f) for q, (_, f, _) in kept.items()}
             self._leading = True
         view = self.picture.fairness()
-        settings = {
-            key: found
-            for key, obj in self.picture.kind("Queue").items()
-            for found in (history_settings(obj),)
-            if found is not None
-        }
-        self.rule.record(now, view.tree, view.capacity, settings)
+        self.rule.record(now, view.tree, view.capacity, self._settings())
+        self.moving = self.rule.moving
         self._hand_over(self.rule.adjustment(now, view.tree, view.capacity))
         if self.adjustment is not None and now - self._last_write >= self.options.update_period_s:
             self._last_write = now
@@ -192,11 +204,7 @@ class HistoryKeeper:
                 for resource, (before, after) in moved.items()
             )
             about = InvolvedObject(
-                f"{QUEUE_GROUP}/{QUEUE_VERSION}",
-                QUEUE_KIND,
-                EVENT_NAMESPACE,
-                name,
-                str(meta(obj).get("uid", "")),
+                f"{QUEUE_GROUP}/{QUEUE_VERSION}", QUEUE_KIND, "", name, str(meta(obj).get("uid", ""))
             )
             try:
                 await post_event(self.api, about, EVENT_REASON, f"fair share over time: {message}")

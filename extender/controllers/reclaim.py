@@ -136,15 +136,16 @@ class ReclaimLoop:
         metrics: ExtenderMetrics,
         options: ReclaimOptions | None = None,
         is_leader: Callable[[], bool] = lambda: True,
-        history_on: Callable[[], bool] = lambda: False,
+        history_moves: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         self.api = api
         self.picture = picture
         self.metrics = metrics
         self.options = options or ReclaimOptions()
         self.is_leader = is_leader
-        # Whether fair share over time moves the shares now (rule 9's wait never opens then).
-        self.history_on = history_on
+        # The queues whose shares fair share over time moves now (rule 9's wait never opens for
+        # them).
+        self.history_moves = history_moves
         self.counts = ReclaimCounts()
         self._starved_since: dict[str, float] = {}
         self.follow_ups: list[FollowUp] = []
@@ -175,7 +176,7 @@ class ReclaimLoop:
             recent_victim_s=self.options.recent_victim_s,
             partly_owed_wait_s=self.options.partly_owed_wait_s,
             whole_owed_wait_s=self.options.whole_owed_wait_s,
-            history_on=self.history_on(),
+            history_moves=self.history_moves(),
         )
 
     async def run_once(self) -> list[Plan]:

@@ -24,11 +24,19 @@ plugin and usage database at the pinned revision; docs/queues.md compares the tw
    rule off takes part with ``U'_i = W'_i`` (it neither gains nor loses). Quotas, limits and
    priorities are untouched: only the over-quota weights move (``WeightAdjustment``, whose bounds
    keep a weighted queue weighted).
-4. **Smoothly.** A factor moves toward its target by at most ``max_change_per_minute`` (default
-   0.1) per minute elapsed, and the factors are recomputed at most once per update period (default
-   60 s): a history change moves a share by at most a tenth of the queue's weighted part per
-   minute, so it never frees a burst of capacity for reclaim at once. And while the rule is on,
-   reclaim serves only a queue owed a whole pod (``Rules.history_on`` in
+4. **Smoothly, per queue.** History alone moves each queue's fair share of each resource by at
+   most ``max_change_per_minute`` (default 0.1) of its fair share with history off, per minute
+   elapsed (``bounded_factors``); the factors are recomputed at most once per update period
+   (default 60 s). Bounding each factor instead was not enough: the shares of a level follow the
+   ratios of its weights, so a newcomer whose factor rose 0.1 while its two siblings' fell 0.1 got
+   1.38 times the bound in a minute. Each level's factors move together, as parts of the level's
+   over-quota weight (``W'_i`` times the factor, over their sum), along the straight line to their
+   targets, as far along it as the most constrained queue allows (where every queue of the level
+   wants more than it gets the shares follow that line, and the furthest point is found at once;
+   where demand caps or the weight bounds bend the shares, in a few steps). So history never
+   frees a burst of capacity for reclaim at once. And while the rule is on, reclaim serves only a
+   queue owed a whole pod among the queues whose shares it moves (``history_moves``: the rule is
+   on for a queue of their level or of an ancestor's level; ``Rules.history_moves`` in
    ``extender.policy.reclaim``, rule 9): the shares drift by themselves as the holder's usage
    grows, and a partial deficit would change sides with every pod moved (an eviction storm).
 
@@ -48,7 +56,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from extender.policy.fairness import GPU_MODEL_PREFIX, QueueTree, WeightAdjustment
+from extender.policy.fairness import (
+    GPU_MODEL_PREFIX,
+    FairShareInputs,
+    QueueTree,
+    WeightAdjustment,
+    compute_fair_shares,
+)
 
 DAY_S = 24 * 3600.0
 DEFAULT_WINDOW_S = 7 * DAY_S  # KAI's default window: one week
@@ -58,6 +72,10 @@ DEFAULT_MAX_CHANGE_PER_MINUTE = 0.1
 BUCKETS_PER_WINDOW = 12
 # A factor that moved less than this since the last version is not a new version.
 FACTOR_TOLERANCE = 1e-6
+# A share within this many units of its bound is within it (the arithmetic's rounding).
+SHARE_TOLERANCE = 1e-9
+# `bounded_factors` shortens its step at most this many times (then keeps the factors as they were).
+MAX_STEPS = 20
 
 
 @dataclass(frozen=True)
@@ -268,6 +286,36 @@ def tracked_resources(tree: QueueTree, capacity: Mapping[str, float]) -> list[st
     return sorted(r for r in capacity if r == "gpu" or r.startswith(GPU_MODEL_PREFIX) or r in declared)
 
 
+def _taking_part(tree: QueueTree, children: Sequence[str], resource: str) -> list[tuple[str, float]]:
+    """The children of one parent that take part for ``resource`` (an over-quota weight above 0
+    and some demand), with their weights."""
+    return [
+        (child, weight)
+        for child in children
+        if child not in tree.broken
+        for weight in (tree.specs[child].over_quota_weight.get(resource, 1.0),)
+        if weight > 0
+        and tree.subtree(child, "allocated", resource) + tree.subtree(child, "requested", resource) > 0
+    ]
+
+
+def history_moves(tree: QueueTree, params: Mapping[str, HistoryParams]) -> frozenset[str]:
+    """The queues whose fair shares the rule may move: the children of every level where some
+    child has it on (their weights are adjusted), and everything below them (their parents'
+    shares move). Elsewhere shares are today's."""
+    adjusted = {
+        parent
+        for parent, children in tree.children.items()
+        if any(params.get(child, HistoryParams()).enabled for child in children)
+    }
+    moving: set[str] = set()
+    for name in tree.top_down():
+        parent = tree.specs[name].parent
+        if parent in adjusted or parent in moving:
+            moving.add(name)
+    return frozenset(moving)
+
+
 def target_factors(
     tree: QueueTree,
     fractions: Mapping[str, Mapping[str, float]],
@@ -279,15 +327,7 @@ def target_factors(
     factors: dict[str, dict[str, float]] = {name: {} for name in tree.specs}
     for parent, children in tree.children.items():
         for resource in resources:
-            taking_part = [
-                (child, weight)
-                for child in children
-                if child not in tree.broken
-                for weight in (tree.specs[child].over_quota_weight.get(resource, 1.0),)
-                if weight > 0
-                and tree.subtree(child, "allocated", resource) + tree.subtree(child, "requested", resource)
-                > 0
-            ]
+            taking_part = _taking_part(tree, children, resource)
             if len(taking_part) < 2:
                 continue
             level = 1.0 if parent is None else fractions.get(parent, {}).get(resource, 0.0)
@@ -311,10 +351,86 @@ def target_factors(
     return factors
 
 
-def smoothed(previous: float, target: float, elapsed_s: float, max_change_per_minute: float) -> float:
-    """``target``, or as near it as ``max_change_per_minute`` allows over ``elapsed_s``."""
-    step = max_change_per_minute * elapsed_s / 60.0
-    return min(max(target, previous - step), previous + step)
+def _along(
+    tree: QueueTree,
+    previous: Mapping[str, Mapping[str, float]],
+    targets: Mapping[str, Mapping[str, float]],
+    resources: Sequence[str],
+    progress: float,
+) -> dict[str, dict[str, float]]:
+    """The factors ``progress`` (0 to 1) of the way from ``previous`` to ``targets`` (missing: 1).
+    At a level with two or more queues taking part, in parts of the level's over-quota weight
+    (``W'_i * f_i / sum(W' * f)``): ``progress`` 0 gives the previous ratios (the same shares),
+    1 the targets. Elsewhere a factor changes no share: it moves alike, factor by factor."""
+    factors: dict[str, dict[str, float]] = {name: {} for name in tree.specs}
+    for children in tree.children.values():
+        for resource in resources:
+            before = {child: previous.get(child, {}).get(resource, 1.0) for child in children}
+            wanted = {child: targets.get(child, {}).get(resource, 1.0) for child in children}
+            for child in children:
+                factors[child][resource] = before[child] + progress * (wanted[child] - before[child])
+            taking_part = _taking_part(tree, children, resource)
+            if len(taking_part) < 2:
+                continue
+            total_weight = sum(weight for _, weight in taking_part)
+            normalised = {child: weight / total_weight for child, weight in taking_part}
+            held = sum(w * before[child] for child, w in normalised.items())
+            aimed = sum(w * wanted[child] for child, w in normalised.items())
+            for child, w in normalised.items():
+                part = w * before[child] / held if held > 0 else w
+                goal = w * wanted[child] / aimed if aimed > 0 else w
+                factors[child][resource] = (part + progress * (goal - part)) / w
+    return factors
+
+
+def bounded_factors(
+    tree: QueueTree,
+    capacity: Mapping[str, float],
+    previous: Mapping[str, Mapping[str, float]],
+    targets: Mapping[str, Mapping[str, float]],
+    resources: Sequence[str],
+    max_change: float,
+) -> dict[str, dict[str, float]]:
+    """The factors as far from ``previous`` toward ``targets`` as moves no queue's fair share of
+    a resource by more than ``max_change`` times its fair share with history off (module
+    docstring, step 4): every level along its line (``_along``) by one common ``progress``. The
+    targets if they are within it; else the progress shortened by the tightest share's
+    ``allowed / moved``, again until every share is within its bound: exact at once where the
+    shares are straight lines in the progress (where each level's queues all want more than they
+    get), a few steps where demand caps or the weight bounds bend them."""
+    specs = tuple(tree.specs.values())
+
+    def divided(factors: Mapping[str, Mapping[str, float]] | None) -> dict[str, dict[str, float]]:
+        adjustment = None if factors is None else WeightAdjustment("bounded", factors)
+        return compute_fair_shares(FairShareInputs(specs, tree.usage, capacity, adjustment))
+
+    start, off = divided(previous), divided(None)
+
+    def moves(shares: Mapping[str, Mapping[str, float]]) -> list[tuple[float, float]]:
+        """(how far each share moved, how far it may move), per queue and resource."""
+        return [
+            (abs(shares[q].get(r, 0.0) - start[q].get(r, 0.0)), max_change * off[q].get(r, 0.0))
+            for q in start
+            for r in resources
+        ]
+
+    def within(shares: Mapping[str, Mapping[str, float]]) -> bool:
+        return all(moved <= allowed + SHARE_TOLERANCE for moved, allowed in moves(shares))
+
+    progress = 1.0
+    for _ in range(MAX_STEPS):
+        candidate = _along(tree, previous, targets, resources, progress)
+        over = [
+            allowed / moved
+            for moved, allowed in moves(divided(candidate))
+            if moved > allowed + SHARE_TOLERANCE
+        ]
+        if not over:
+            return candidate
+        progress *= min(over)
+        if progress <= 0:
+            break
+    return _along(tree, previous, targets, resources, 0.0)
 
 
 def material_changes(
@@ -356,6 +472,7 @@ class FairShareHistory:
     _capacity: dict[str, float] = field(default_factory=dict)
     _recorded: float | None = None
     _params: dict[str, HistoryParams] = field(default_factory=dict)
+    moving: frozenset[str] = frozenset()  # `history_moves` at the last record
 
     def restore(
         self, histories: Mapping[str, QueueHistory], factors: Mapping[str, Mapping[str, float]]
@@ -375,6 +492,7 @@ class FairShareHistory:
         settings: Mapping[str, HistorySettings],
     ) -> None:
         self._params = params = resolve_params(tree, settings, self.defaults)
+        self.moving = history_moves(tree, params)
         if not any(p.enabled for p in params.values()):
             self._holding, self._recorded = {}, now
             return
@@ -410,21 +528,23 @@ class FairShareHistory:
             return None
         if self.factors_at is None or now - self.factors_at >= self.update_period_s:
             elapsed = self.update_period_s if self.factors_at is None else now - self.factors_at
+            resources = tracked_resources(tree, capacity)
             fractions = {
-                name: {r: history.fraction(r) for r in tracked_resources(tree, capacity)}
+                name: {r: history.fraction(r) for r in resources}
                 for name, history in self.histories.items()
                 if params.get(name, HistoryParams()).enabled
             }
-            targets = target_factors(tree, fractions, params, tracked_resources(tree, capacity))
+            targets = target_factors(tree, fractions, params, resources)
+            kept = sorted({r for f in self.factors.values() for r in f} - set(resources))
+            step = self.max_change_per_minute * elapsed / 60.0
+            bounded = bounded_factors(tree, capacity, self.factors, targets, [*resources, *kept], step)
             moved = False
             factors: dict[str, dict[str, float]] = {}
-            for name in tree.specs:
-                previous, wanted = self.factors.get(name, {}), targets.get(name, {})
+            for name, resources_of in bounded.items():
+                previous = self.factors.get(name, {})
                 own: dict[str, float] = {}
-                for resource in sorted(set(previous) | set(wanted)):
-                    before = previous.get(resource, 1.0)
-                    value = smoothed(before, wanted.get(resource, 1.0), elapsed, self.max_change_per_minute)
-                    moved = moved or abs(value - before) > FACTOR_TOLERANCE
+                for resource, value in sorted(resources_of.items()):
+                    moved = moved or abs(value - previous.get(resource, 1.0)) > FACTOR_TOLERANCE
                     if abs(value - 1.0) > FACTOR_TOLERANCE:
                         own[resource] = value
                 if own:

@@ -95,12 +95,14 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    Example: 5 GPUs, a, b, c sharing them (1.67 each), a holds 3, b and c 1 each and want more.
    b is owed 0.67, less than its 1-GPU pod: nothing is evicted (before: one of a's pods, 10 s
    into its run); when one of a's pods ends, a's waiting pod defers and b's takes the GPU.
-   With fair share over time on (`Rules.history_on`) the wait never opens, whatever it is set
+   For a queue whose share fair share over time moves (`Rules.history_moves`: the rule is on
+   for a queue of its level or of an ancestor's level) the wait never opens, whatever it is set
    to: history moves the shares by itself (the queue holding the capacity accumulates usage, its
    share falls), so a partial deficit changes sides as soon as a pod moves, and reclaiming on it
    hands the same capacity back and forth (one 16-GPU node of whole-node jobs, a wait of 0:
    814 evictions in a week). A whole pod's deficit only comes back after history has moved the
-   shares by a whole pod (docs/queues.md, "Fair share over time").
+   shares by a whole pod (docs/queues.md, "Fair share over time"). Queues whose shares history
+   does not move keep the wait they are given.
 7. Holds name the GPUs freed. Applying a plan places its pod on the node it made room on, on the
    GPUs the filter's placement chooses there, and the plan holds exactly those devices for it
    (`HeldGpus`: node, GPU indexes, the share of each). A pod placed later in the cycle on shares a plan freed
@@ -248,14 +250,14 @@ class Rules:
     # until then capacity that frees reaches it first. Kept below the 60 s service target less a
     # cycle and the victims' termination (docs/queues.md, "No churn").
     whole_owed_wait_s: float = 0.0
-    # Fair share over time is on for some queue (`extender.policy.history`): shares drift by
-    # themselves, so rule 9's wait never opens and only a whole pod's deficit reclaims.
-    history_on: bool = False
+    # The queues whose fair shares fair share over time moves (`extender.policy.history`,
+    # `history_moves`): their shares drift by themselves, so rule 9's wait never opens for them
+    # and only a whole pod's deficit reclaims.
+    history_moves: frozenset[str] = frozenset()
 
-    @property
-    def effective_partly_owed_wait_s(self) -> float:
-        """Rule 9's wait as it applies: never while history moves the shares."""
-        return math.inf if self.history_on else self.partly_owed_wait_s
+    def partly_owed_wait_for(self, queue: str) -> float:
+        """Rule 9's wait as it applies to a pod of `queue`: never while history moves its share."""
+        return math.inf if queue in self.history_moves else self.partly_owed_wait_s
 
 
 @dataclass
@@ -417,7 +419,7 @@ def reclaims_now(fairness: FairnessSnapshot, waiting: PendingPod, now: float, ru
     waited `rules.partly_owed_wait_s` (rule 9)."""
     if owed_a_whole_pod(fairness, waiting.queue, waiting.resources):
         return whole_owed_wait_over(waiting, now, rules)
-    return waited_s(waiting, now) >= rules.effective_partly_owed_wait_s
+    return waited_s(waiting, now) >= rules.partly_owed_wait_for(waiting.queue)
 
 
 def may_preempt_within(fairness: FairnessSnapshot, queue: str, request: Resources) -> bool:

@@ -651,7 +651,6 @@ class _Replay:
         # Fair share over time, as the extender's history controller runs it (None: off).
         settings = workload.history_settings
         enabled = workload.history.enabled or any(s.enabled for s in settings.values())
-        self.rules = replace(self.rules, history_on=enabled)  # rule 9's wait never opens
         # The factors move at most once per reclaim cycle (and per minute), as in the extender,
         # where the reclaim loop reads the shares a minute's update left.
         period = max(DEFAULT_UPDATE_PERIOD_S, interval)
@@ -1059,6 +1058,8 @@ class _Replay:
             return
         tree = QueueTree(self.specs, self.ledger.usage(self.names))
         self.history.record(now, tree, self.capacity, self.history_settings)
+        # Rule 9's wait never opens for the queues whose shares history moves.
+        self.rules = replace(self.rules, history_moves=self.history.moving)
         adjustment = self.history.adjustment(now, tree, self.capacity)
         if adjustment != self.adjustment:
             self.adjustment = adjustment
@@ -1188,12 +1189,11 @@ class _Replay:
         eviction, their protection: rule 8), and waiting pods the waits of rules 9 and 13, for
         those after `since`."""
         # A pod reclaims once it has waited: owed less than itself (rule 9), owed it (rule 13).
-        waits = (self.rules.effective_partly_owed_wait_s, self.rules.whole_owed_wait_s)
         ends = [
             pod.waiting_since + wait
             for pod in self.waiting.values()
             if pod.demand.count
-            for wait in waits
+            for wait in (self.rules.partly_owed_wait_for(pod.queue), self.rules.whole_owed_wait_s)
             if pod.waiting_since + wait > since
         ]
         for pod in self.running.values():

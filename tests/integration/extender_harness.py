@@ -23,6 +23,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 
 from contract.names import MIN_MEMBERS_ANNOTATION, QUEUE_GROUP, QUEUE_LABEL, QUEUE_PLURAL, QUEUE_VERSION
+from extender.controllers.history import HistoryOptions
 from extender.controllers.reclaim import ReclaimOptions
 from extender.kubeapi import JsonObject, KubeError, request
 from extender.picture.cluster import ClusterPicture, PictureConfig
@@ -199,6 +200,7 @@ class GpuCluster:
         lease: tuple[str, str, str] | None = None,
         webhooks: WebhookOptions | None = None,
         webhook_tls: WebhookTLS | None = None,
+        history: HistoryOptions | None = None,
     ) -> ExtenderService:
         """An extender service of this cluster, started and synced (the caller stops it); its
         webhooks, if any, in their own process."""
@@ -222,6 +224,7 @@ class GpuCluster:
                 webhooks=webhooks,
                 webhook_tls=webhook_tls,
                 kubeconfig=str(self.cluster.kubeconfig),
+                history=history or HistoryOptions(),
             ),
         )
         await service.start()
@@ -234,9 +237,12 @@ class GpuCluster:
         lease: tuple[str, str, str] | None = None,
         webhooks: WebhookOptions | None = None,
         webhook_tls: WebhookTLS | None = None,
+        history: HistoryOptions | None = None,
     ) -> ExtenderService:
         """The extender the scheduler calls."""
-        self.service = await self.new_extender(port, lease=lease, webhooks=webhooks, webhook_tls=webhook_tls)
+        self.service = await self.new_extender(
+            port, lease=lease, webhooks=webhooks, webhook_tls=webhook_tls, history=history
+        )
         return self.service
 
     async def stop_extender(self) -> None:

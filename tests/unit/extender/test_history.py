@@ -20,10 +20,11 @@ from extender.policy.history import (
     HistoryParams,
     HistorySettings,
     QueueHistory,
+    bounded_factors,
     decayed_integral,
+    history_moves,
     material_changes,
     resolve_params,
-    smoothed,
     target_factors,
 )
 
@@ -166,19 +167,141 @@ def test_who_takes_part() -> None:
     assert factors["c"] == factors["d"] == {}
 
 
+def _shares(tree: QueueTree, factors: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    inputs = FairShareInputs(
+        tuple(tree.specs.values()), tree.usage, {"gpu": 16}, WeightAdjustment(0, factors)
+    )
+    return {q: s["gpu"] for q, s in compute_fair_shares(inputs).items()}
+
+
+def _wanting(*specs: QueueSpec, held: Mapping[str, float]) -> QueueTree:
+    """Queues each holding `held` GPUs (missing: none) and waiting for 16 more."""
+    return QueueTree(specs, {s.name: QueueUsage({"gpu": held.get(s.name, 0.0)}, {"gpu": 16}) for s in specs})
+
+
+NEWCOMER = (QueueSpec("a"), QueueSpec("b"), QueueSpec("new"))
+
+
 @pytest.mark.parametrize(
-    ("previous", "target", "elapsed", "expected"),
+    ("tree", "previous", "targets", "change", "expected"),
     [
-        (1.0, 0.5, 60, 0.9),  # 0.1 per minute: one minute moves 0.1
-        (1.0, 0.5, 300, 0.5),  # five minutes reach it
-        (1.0, 1.5, 120, 1.2),  # up as down
-        (1.0, 1.05, 60, 1.05),  # within the bound: the target
+        # 16 GPUs, two queues wanting more, W' = 0.5: shares with history off 8 and 8, so a
+        # share may move 0.1 * 8 = 0.8 GPU per minute. Targets 0 and 2 would move each by 8: a
+        # tenth of the way, factors 0.9 and 1.1, shares 7.2 and 8.8.
+        (
+            _wanting(QueueSpec("a"), QueueSpec("b"), held={}),
+            {},
+            {"a": 0.0, "b": 2.0},
+            0.1,
+            {"a": 0.9, "b": 1.1},
+        ),
+        # The newcomer among two (W' = 1/3, shares off 16/3 = 5.333, a bound of 0.533 GPU):
+        # targets 0.5, 0.5, 2 move the shares by -2.667, -2.667, +5.333; the newcomer's bound
+        # is the tightest, 0.533 / 5.333 = 0.1 of the way: factors 0.95, 0.95, 1.1 (each part of
+        # the level, 1/3 + 0.1 * (1/6 - 1/3) = 0.3167 and 1/3 + 0.1 * (2/3 - 1/3) = 0.3667),
+        # shares 5.067, 5.067, 5.867. Moving every factor 0.1 instead (0.9, 0.9, 1.1) gave the
+        # newcomer 16 * 1.1 / 2.9 = 6.069: 0.736 GPU in a minute, 1.38 times its bound.
+        (
+            _wanting(*NEWCOMER, held={}),
+            {},
+            {"a": 0.5, "b": 0.5, "new": 2.0},
+            0.1,
+            {"a": 0.95, "b": 0.95, "new": 1.1},
+        ),
+        # Within the bound: the targets at once (parts 0.5 -> 0.52, 0.8 GPU of 8 allowed).
+        (
+            _wanting(QueueSpec("a"), QueueSpec("b"), held={}),
+            {},
+            {"a": 0.96, "b": 1.04},
+            0.1,
+            {"a": 0.96, "b": 1.04},
+        ),
+        # Factors 0.5 and 0.5 left from a newcomer that has gone: only their ratio counts, so
+        # the targets 1 and 1 change no share and are taken at once.
+        (
+            _wanting(QueueSpec("a"), QueueSpec("b"), held={}),
+            {"a": {"gpu": 0.5}, "b": {"gpu": 0.5}},
+            {"a": 1.0, "b": 1.0},
+            0.1,
+            {"a": 1.0, "b": 1.0},
+        ),
+        # c wants 2 GPUs only (capped at 2 with history off and on): a and b split the other 14,
+        # shares off 7 each, 0.7 GPU a minute. Factors 0.2 and 1.8 (a at 14 * 0.2 / 2 = 1.4)
+        # toward 1 and 1 would move a by 5.6: an eighth of the way, 0.7 / 5.6, in parts of the
+        # level (W' = 1/3: 0.0667 -> 0.0667 + (1/3 - 0.0667) / 8 = 0.1, 0.6 -> 0.5667, c stays
+        # at 1/3): factors 0.3, 1.7, 1; a gets 14 * 0.3 / 2 = 2.1, b 11.9, c 2.
+        (
+            QueueTree(
+                (QueueSpec("a"), QueueSpec("b"), QueueSpec("c")),
+                {
+                    "a": QueueUsage({}, {"gpu": 16}),
+                    "b": QueueUsage({}, {"gpu": 16}),
+                    "c": QueueUsage({}, {"gpu": 2}),
+                },
+            ),
+            {"a": {"gpu": 0.2}, "b": {"gpu": 1.8}},
+            {"a": 1.0, "b": 1.0, "c": 1.0},
+            0.1,
+            {"a": 0.3, "b": 1.7, "c": 1.0},
+        ),
     ],
 )
-def test_factors_move_at_most_a_tenth_per_minute(
-    previous: float, target: float, elapsed: float, expected: float
+def test_a_share_moves_at_most_a_tenth_of_its_share_off_per_minute(
+    tree: QueueTree,
+    previous: dict[str, dict[str, float]],
+    targets: dict[str, float],
+    change: float,
+    expected: dict[str, float],
 ) -> None:
-    assert smoothed(previous, target, elapsed, 0.1) == pytest.approx(expected)
+    wanted = {q: {"gpu": f} for q, f in targets.items()}
+    factors = bounded_factors(tree, {"gpu": 16}, previous, wanted, ["gpu"], change)
+    assert {q: factors.get(q, {}).get("gpu", 1.0) for q in expected} == pytest.approx(expected, abs=1e-3)
+    before, after, off = _shares(tree, previous), _shares(tree, factors), _shares(tree, {})
+    for queue in tree.specs:
+        assert abs(after[queue] - before[queue]) <= change * off[queue] + 1e-6
+
+
+def test_the_newcomers_share_moves_a_tenth_of_its_share_off_in_the_first_minute() -> None:
+    # a and b held 8 GPUs each for an hour, the newcomer none; all three want 16 more. Shares
+    # with history off: 16 / 3 = 5.333 each, so a share may move 0.533 GPU in the first minute:
+    # the newcomer's goes to 5.867, a's and b's to 5.067 (the second row of the table above).
+    tree = _wanting(*NEWCOMER, held={"a": 8, "b": 8})
+    rule = FairShareHistory(defaults=ON)
+    rule.record(0.0, tree, {"gpu": 16}, {})
+    rule.record(HOUR, tree, {"gpu": 16}, {})
+    first = rule.adjustment(HOUR, tree, {"gpu": 16})
+    assert first is not None
+    assert _shares(tree, first.factors) == pytest.approx({"a": 5.067, "b": 5.067, "new": 5.867}, abs=1e-3)
+
+
+ORGS = (
+    QueueSpec("org-a"),
+    QueueSpec("a1", parent="org-a"),
+    QueueSpec("a2", parent="org-a"),
+    QueueSpec("org-b"),
+    QueueSpec("b1", parent="org-b"),
+    QueueSpec("c"),
+)
+
+
+@pytest.mark.parametrize(
+    ("enabled", "moving"),
+    [
+        # Nowhere: no share moves.
+        ((), set()),
+        # a1 only: a1 and a2 compete under org-a with adjusted weights; org-a's share among the
+        # top-level queues is today's, and so is everything outside org-a.
+        (("a1",), {"a1", "a2"}),
+        # org-a (a1 and a2 inherit it): the top level's weights move, so every top-level queue's
+        # share does, and with them their children's.
+        (("org-a", "a1", "a2"), {"org-a", "a1", "a2", "org-b", "b1", "c"}),
+        # c, a top-level leaf: the same.
+        (("c",), {"org-a", "a1", "a2", "org-b", "b1", "c"}),
+    ],
+)
+def test_the_queues_whose_shares_history_moves(enabled: tuple[str, ...], moving: set[str]) -> None:
+    params = {name: HistoryParams(enabled=name in enabled) for name in (s.name for s in ORGS)}
+    assert history_moves(QueueTree(ORGS, {}), params) == moving
 
 
 def test_parameters_are_inherited() -> None:

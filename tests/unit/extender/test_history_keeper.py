@@ -7,7 +7,7 @@ The cluster: nodes a and b with 2 GPUs each (4 GPUs); queue `a` holds 3 of them 
 a-gpu-1, b-gpu-0), queue `b` holds 1 (b-gpu-1); both have fair share over time on with a
 half-life of 1 h, and 4 one-GPU pods of each wait (both want more than the cluster). The keeper's
 clock is stepped an hour at a time: each step is longer than the update period (60 s), so every
-step writes, and a factor may move 0.1 per minute of it.
+step writes, and a share may move 0.1 of its share with history off per minute of it.
 
 Each hour the queues hold the same, so each hour adds what the one before added, and the hours
 before are halved: `a`'s GPU-hours after n hours are 3 / ln 2 * (1 - 0.5^n) (the decayed
@@ -26,8 +26,9 @@ from aiohttp.test_utils import TestServer
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from contract.names import QUEUE_GROUP, QUEUE_VERSION
-from extender.controllers.history import EVENT_NAMESPACE, EVENT_REASON, HistoryKeeper, HistoryOptions
+from extender.controllers.history import EVENT_REASON, HistoryKeeper, HistoryOptions
 from extender.controllers.reclaim import ReclaimLoop
+from extender.events import CLUSTER_EVENT_NAMESPACE
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
 from tests import extender_objects as objects
@@ -48,7 +49,7 @@ class FakeQueueApi:
         self.histories: dict[str, dict[str, Any]] = {}
         self.patches: list[str] = []  # queue names, in order
         self.events: list[tuple[str, str, str]] = []
-        self.event_namespaces: set[str] = set()
+        self.event_namespaces: set[tuple[str, str]] = set()
         self.app = web.Application()
         self.app.router.add_patch(f"/apis/{QUEUE_GROUP}/{QUEUE_VERSION}/queues/{{name}}/status", self.patch)
         self.app.router.add_post("/api/v1/namespaces/{ns}/events", self.event)
@@ -63,7 +64,9 @@ class FakeQueueApi:
 
     async def event(self, request: web.Request) -> web.Response:
         body = await request.json()
-        self.event_namespaces.add(request.match_info["ns"])
+        # The Event's namespace, and the Queue's in it ("": cluster-scoped, or kubectl describe
+        # would not find it).
+        self.event_namespaces.add((request.match_info["ns"], body["involvedObject"]["namespace"]))
         self.events.append((body["involvedObject"]["name"], body["reason"], body["message"]))
         return web.json_response(body, status=201)
 
@@ -169,7 +172,7 @@ async def test_the_leader_writes_the_decayed_history_every_period(
         "(decayed usage 75.0% of the capacity over the window); "
         f"{MODEL}: over-quota weight x1.00 -> x0.50 (decayed usage 75.0% of the capacity over the window)"
     )
-    assert fake.event_namespaces == {EVENT_NAMESPACE}
+    assert fake.event_namespaces == {(CLUSTER_EVENT_NAMESPACE, "")}
 
 
 async def test_a_history_that_did_not_move_materially_is_not_written_again(
@@ -252,13 +255,13 @@ async def test_a_malformed_status_costs_only_its_queue(apiserver: tuple[FakeQueu
 async def test_the_reclaim_rules_know_when_history_moves_the_shares(
     apiserver: tuple[FakeQueueApi, ApiClient],
 ) -> None:
-    # Rule 9's wait never opens while fair share over time is on (extender.policy.reclaim).
+    # Rule 9's wait never opens for a queue whose share fair share over time moves
+    # (extender.policy.reclaim): here both queues, which have it on, and the picture's default
+    # queue beside them at the top level (its weight's part of the level moves with theirs).
     _, api = apiserver
     picture = picture_of()
     keeper = HistoryKeeper(api, picture, HistoryOptions(), clock=Clock(T0))
-    loop = ReclaimLoop(
-        api, picture, ExtenderMetrics(picture), history_on=lambda: keeper.adjustment is not None
-    )
-    assert not loop.rules().history_on  # before the keeper's first pass: no adjustment
+    loop = ReclaimLoop(api, picture, ExtenderMetrics(picture), history_moves=lambda: keeper.moving)
+    assert loop.rules().history_moves == frozenset()  # before the keeper's first pass
     await keeper.run_once()
-    assert loop.rules().history_on
+    assert loop.rules().history_moves == {"a", "b", "default"}

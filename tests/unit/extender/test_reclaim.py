@@ -736,22 +736,32 @@ PARTLY_OWED = [
     ),
     # A queue owed a whole pod does not wait: c owed 1 (0 of 1) asks 1, served at 0 s (FAIRER[0]).
     replace(FAIRER[0], name="owed a whole pod, waited 0 s: reclaims at once"),
-    # Fair share over time on: the wait never opens, whatever it is set to (0 here, and a day
-    # waited): 0.75 owed < 1 asked, nothing is evicted. Before: v2 went at once, as in the row
-    # "no wait configured" - the storm of history-week without a min runtime (814 evictions).
+    # Fair share over time moves r's share: the wait never opens, whatever it is set to (0 here,
+    # and a day waited): 0.75 owed < 1 asked, nothing is evicted. Before: v2 went at once, as in
+    # the row "no wait configured" - the storm of history-week without a min runtime (814
+    # evictions).
     replace(
         _PARTLY,
-        name="partly owed, no wait configured, history on: no eviction",
+        name="partly owed, no wait configured, history moves its share: no eviction",
         pending=[Wait("r1", "r", age_s=86_400)],
         evicted=set(),
         served={},
-        rules=Rules(partly_owed_wait_s=0, history_on=True),
+        rules=Rules(partly_owed_wait_s=0, history_moves=frozenset({"r"})),
+    ),
+    # History moves other queues' shares only (on in another subtree): r keeps its wait of 0 and
+    # reclaims at once, as in the row "no wait configured". Before, any queue's history closed
+    # every queue's wait.
+    replace(
+        _PARTLY,
+        name="partly owed, no wait configured, history elsewhere: reclaims at once",
+        pending=[Wait("r1", "r")],
+        rules=Rules(partly_owed_wait_s=0, history_moves=frozenset({"elsewhere"})),
     ),
     # History on, owed a whole pod (c owed 1, asks 1): reclaims at once, as without history.
     replace(
         FAIRER[0],
         name="owed a whole pod, history on: reclaims at once",
-        rules=Rules(partly_owed_wait_s=0, history_on=True),
+        rules=Rules(partly_owed_wait_s=0, history_moves=frozenset({"c"})),
     ),
 ]
 
