@@ -69,6 +69,7 @@ from extender.policy.reclaim import reclaim_refusal
 from extender.policy.topology import (
     NO_ASK,
     PartAsk,
+    RoomMemo,
     TopologyAsk,
     domain_scores,
     fullest_first,
@@ -152,6 +153,9 @@ def describe(demand: GpuDemand) -> str:
 _MISFITS: ShapeMemo[GpuDemand, str] = ShapeMemo(100_000)
 # Members of a shape (up to a count) a node holds, by node shape: prioritize's domain rooms.
 _ROOMS: ShapeMemo[tuple[GpuDemand, int], int] = ShapeMemo(100_000)
+# Members of a gang's shape, and whole GPUs free, per node shape, for the domain choice at a
+# gang's admission (`plan_in_domain`).
+_DOMAIN_ROOMS: RoomMemo = ShapeMemo(100_000)
 
 
 def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
@@ -528,7 +532,7 @@ def _plan_whole(
     if ask.any:
         required = _required_domains(picture, gang, ask.required)
         preferred = picture.level_domains(ask.preferred) if ask.preferred else NO_DOMAINS
-        plan = plan_in_domain(supplies, gpus, missing, required, preferred)
+        plan = plan_in_domain(supplies, gpus, missing, required, preferred, _DOMAIN_ROOMS)
         if len(plan.nodes) == missing:
             return _GangPlan(plan.nodes, ask.required, plan.domain)
         if ask.required:

@@ -46,11 +46,13 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, eq
 from typing import Any
 
 from contract.kube import mapping, meta, sequence
 from contract.names import GPU_MILLI, TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_REQUIRED_ANNOTATION
+from extender.memo import ShapeMemo
 from extender.policy.placement import (
     MAX_NODE_SCORE,
     NO_DOMAINS,
@@ -212,20 +214,28 @@ def _free_gpus(node: NodeGpus) -> int:
     return sum(node.free_milli) // GPU_MILLI
 
 
+# Each node shape's room for (demand, count), kept across calls by the caller that passes it
+# (`plan_in_domain`'s `memo`): the node's own answer, the same in every call.
+RoomMemo = ShapeMemo[tuple[GpuDemand, int], tuple[int, int]]
+
+
 class _Room:
     """Each node's room (members of `demand` it takes, up to `count`; whole GPUs free), memoised
     by shape: it is the node's own answer, the same in every domain, so thousands of nodes cost
-    a few placements and a lookup each."""
+    a few placements and a lookup each (across calls too, with a `memo`)."""
 
-    def __init__(self, demand: GpuDemand, count: int) -> None:
-        self.demand, self.count = demand, count
-        self._by_shape: dict[str, tuple[int, int]] = {}
+    def __init__(self, demand: GpuDemand, count: int, memo: RoomMemo | None = None) -> None:
+        self.demand, self.count, self._memo = demand, count, memo
+        self._by_shape = memo.table((demand, count)) if memo is not None else {}
 
     def of(self, node: NodeGpus) -> tuple[int, int]:
         room = self._by_shape.get(node.shape)
         if room is None:
-            fitting = len(plan_gang([node], self.demand, self.count))
-            room = self._by_shape[node.shape] = (fitting, _free_gpus(node))
+            room = (len(plan_gang([node], self.demand, self.count)), _free_gpus(node))
+            if self._memo is not None:
+                self._memo.put(self._by_shape, node.shape, room)
+            else:
+                self._by_shape[node.shape] = room
         return room
 
     def total(self, nodes: Sequence[NodeGpus]) -> tuple[int, int]:
@@ -250,11 +260,12 @@ def _tightest(supplies: Sequence[NodeGpus], domains: DomainMap, room: _Room) -> 
     shapes = list(map(_SHAPE, supplies))
     one_of = dict(zip(shapes, supplies, strict=True))
     counted = Counter(zip(map(domains.get, map(_NAME, supplies)), shapes, strict=True))
+    rooms = {shape: room.of(node) for shape, node in one_of.items()}
     fits: dict[str, int] = defaultdict(int)
     frees: dict[str, int] = defaultdict(int)
     for (domain, shape), nodes in counted.items():
         if domain is not None:
-            fit, free = room.of(one_of[shape])
+            fit, free = rooms[shape]
             fits[domain] += fit * nodes
             frees[domain] += free * nodes
     holding = [(frees[domain], domain) for domain, fit in fits.items() if fit >= room.count]
@@ -289,10 +300,12 @@ def plan_in_domain(
     count: int,
     required: DomainMap | None,
     preferred: DomainMap = NO_DOMAINS,
+    memo: RoomMemo | None = None,
 ) -> DomainPlan:
     """Nodes for `count` members of one GPU shape within one domain of the required level
-    (`required`: node -> its domain; None: no required level, the cluster is one domain)."""
-    room = _Room(demand, count)
+    (`required`: node -> its domain; None: no required level, the cluster is one domain).
+    `memo`: each node shape's room, kept by the caller across calls."""
+    room = _Room(demand, count, memo)
     if required is None:  # the cluster is one domain
         domain: str | None = ""
         largest_fit, largest_free = room.total(supplies)
@@ -303,8 +316,10 @@ def plan_in_domain(
     if domain is None:
         return DomainPlan("", [], largest_fit, largest_free)
     inside = (
-        supplies if required is None else [node for node in supplies if required.get(node.name) == domain]
-    )
+        supplies
+        if required is None
+        else list(compress(supplies, map(eq, map(required.get, map(_NAME, supplies)), repeat(domain))))
+    )  # (selected in C: thousands of nodes)
     return DomainPlan(domain, _packed(inside, room, preferred))
 
 

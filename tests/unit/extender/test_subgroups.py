@@ -795,3 +795,34 @@ def test_a_gang_of_parts_asks_its_queue_for_each_parts_missing_pods_with_their_o
     gang = GangState(workload, 5, 5, sum(placed), parts=parts, part=asking)
     ask = Ask("team", leader if asking == "leader" else worker, gang=gang)
     assert ask.asked() == asked
+
+
+async def test_reclaim_lists_each_part_with_its_own_level_inside_the_widest(racked: Extender) -> None:
+    # Every GPU taken (a, b, c, d of RACKS with 0 free): a leader requiring a rack and 4 workers
+    # requiring a host wait. Reclaim's waiting list carries each part's level (the leader's
+    # racks, the workers' hosts) and the widest of them (racks) for both, so it frees GPUs for
+    # the workers inside one host of one rack, not inside the level of whichever is listed first.
+    leader = lw_member("leader", 0)
+    leader["metadata"]["annotations"][TOPOLOGY_REQUIRED_ANNOTATION] = "rack"
+    workers = [lw_member("workers", i) for i in range(4)]
+    for pod in workers:
+        pod["metadata"]["annotations"][TOPOLOGY_REQUIRED_ANNOTATION] = "host"
+    racked.sync(
+        [
+            *(
+                objects.node(name, labels={RACK: rack, "kubernetes.io/hostname": name})
+                for name, rack in RACKS.items()
+            ),
+            objects.device_class(CLASS),
+            objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+            objects.queue("team"),
+            leader,
+            *workers,
+        ]
+    )
+    listed = {p.key: (p.part, p.domains, p.outer) for p in racked.state.waiting_pods()}
+    hosts = {node: f"{rack}/{node}" for node, rack in RACKS.items()}
+    assert listed == {
+        "ns/leader-0": ("leader", RACKS, RACKS),
+        **{f"ns/workers-{i}": ("workers", hosts, RACKS) for i in range(4)},
+    }
