@@ -33,8 +33,9 @@ race KAI Scheduler too when ``hack/build-kai.sh`` built it (``bench.kai``; ``--n
 out); without that build they say so and run without it.
 
 ``--smoke`` runs every benchmark module at tiny sizes, one round each (the in-process ones not in
-the list above, ``bench.codec``, ``bench.queuecycle`` and ``bench.history``, too): what ``make
-test`` runs to catch a benchmark that no longer works, not a measurement.
+the list above, ``bench.codec``, ``bench.queuecycle``, ``bench.topology``, ``bench.topologywaits``
+and ``bench.history``, too): what ``make test`` runs to catch a benchmark that no longer works, not
+a measurement.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from . import (
     reclaim,
     scale,
     topology,
+    topologywaits,
     webhookflood,
 )
 from .hotpath import HotPathRow, run_hotpath
@@ -83,6 +85,7 @@ BENCHMARKS = (
     "codec",
     "queuecycle",
     "topology",
+    "topologywaits",
     "history",
     "scale",
 )
@@ -259,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("codec", codec.main),
         ("queuecycle", queuecycle.main),
         ("topology", topology.main),
+        ("topologywaits", topologywaits.main),
         ("history", history.main),
     ):
         if args.only == name or (args.only is None and args.smoke):

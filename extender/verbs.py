@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 from contract.names import GPU_MILLI
 from extender.memo import ShapeMemo
 from extender.picture.cluster import ClusterPicture, PodContext
-from extender.picture.gangs import GangReservation
+from extender.picture.gangs import GangReservation, PartSlots
 from extender.picture.inventory import NO_CANDIDATES, CandidateKinds
 from extender.policy.admission import (
     GANG,
@@ -69,6 +69,7 @@ from extender.policy.reclaim import reclaim_refusal
 from extender.policy.topology import (
     NO_ASK,
     PartAsk,
+    RoomMemo,
     TopologyAsk,
     domain_scores,
     fullest_first,
@@ -152,6 +153,9 @@ def describe(demand: GpuDemand) -> str:
 _MISFITS: ShapeMemo[GpuDemand, str] = ShapeMemo(100_000)
 # Members of a shape (up to a count) a node holds, by node shape: prioritize's domain rooms.
 _ROOMS: ShapeMemo[tuple[GpuDemand, int], int] = ShapeMemo(100_000)
+# Members of a gang's shape, and whole GPUs free, per node shape, for the domain choice at a
+# gang's admission (`plan_in_domain`).
+_DOMAIN_ROOMS: RoomMemo = ShapeMemo(100_000)
 
 
 def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
@@ -264,6 +268,8 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
             result, "refused", decision.kind or "refused", demand.queue, False, decision.reason
         )
     if not demand.wants_gpu:
+        if reservation is not None:  # (admitted just now: a part without GPUs may be kept in a domain)
+            names, outside = _to_domain(picture, reservation, names, outside, gang.part)
         return FilterDecision(
             filter_result(args, names, outside),
             "admitted",
@@ -390,16 +396,19 @@ def _in_domain(
     thousands of names, and the per-kind work then runs on the domain's few)."""
     if reservation is None:
         return names, {}
-    if reservation.part_nodes:
+    if reservation.part_nodes or reservation.part_domains:
         planned = reservation.part_nodes.get(part)
-        if planned is None:  # (a part with nothing missing when the gang was admitted)
-            return names, {}
-        inside = planned.__contains__
         level, domain = reservation.part_domains.get(part, ("", ""))
-        where = f" in {level} {domain}" if domain else ""
-        reason = (
-            f"part {part} of gang {reservation.workload.key} is placed on {', '.join(sorted(planned))}{where}"
-        )
+        if planned is not None:
+            inside = planned.__contains__
+            where = f" in {level} {domain}" if domain else ""
+            on = f"on {', '.join(sorted(planned))}{where}"
+        elif domain:  # (a part without GPUs, kept in the others' domain: any node of it)
+            inside = picture.nodes_in(level, domain).__contains__
+            on = f"in {level} {domain}"
+        else:  # (a part with nothing missing when the gang was admitted, or without a level)
+            return names, {}
+        reason = f"part {part} of gang {reservation.workload.key} is placed {on}"
     elif reservation.domain:
         inside = picture.nodes_in(reservation.level, reservation.domain).__contains__
         reason = f"gang {reservation.workload.key} is placed in {reservation.level} {reservation.domain}"
@@ -459,12 +468,12 @@ def admit_gang(
     missing = gang.missing
     gpus = demand.gpus_at(context.reference_memory)
     planned = _GangPlan([""] * missing)
-    if gpus is not None:
+    by_parts = _part_asks(picture, gang, context)
+    if by_parts is not None or gpus is not None:
         supplies = picture.supplies(context.key, names, gang.workload.key)
-        parts = _part_asks(picture, gang, context.pod)
-        if parts is not None:  # its parts ask levels of their own
-            planned = _plan_by_parts(picture, gang, supplies, gpus, parts)
-        else:
+        if by_parts is not None:  # its parts ask levels of their own, or differ in shape
+            planned = _plan_by_parts(picture, gang, supplies, *by_parts)
+        elif gpus is not None:
             planned = _plan_whole(picture, gang, context.pod, supplies, gpus)
         if planned.refusal is not None:
             return planned.refusal, None
@@ -481,6 +490,7 @@ def admit_gang(
         domain=domain,
         part_domains=planned.part_domains,
         part_nodes=planned.part_nodes,
+        part_slots=planned.part_slots,
     )
     where = f" in {level} {domain}" if domain else ""
     if planned.part_domains:
@@ -498,6 +508,7 @@ class _GangPlan(NamedTuple):
     domain: str = ""
     part_domains: Mapping[str, tuple[str, str]] = MappingProxyType({})
     part_nodes: Mapping[str, frozenset[str]] = MappingProxyType({})
+    part_slots: Mapping[str, PartSlots] = MappingProxyType({})
     refusal: AdmissionDecision | None = None
 
 
@@ -521,7 +532,7 @@ def _plan_whole(
     if ask.any:
         required = _required_domains(picture, gang, ask.required)
         preferred = picture.level_domains(ask.preferred) if ask.preferred else NO_DOMAINS
-        plan = plan_in_domain(supplies, gpus, missing, required, preferred)
+        plan = plan_in_domain(supplies, gpus, missing, required, preferred, _DOMAIN_ROOMS)
         if len(plan.nodes) == missing:
             return _GangPlan(plan.nodes, ask.required, plan.domain)
         if ask.required:
@@ -537,18 +548,47 @@ def _plan_whole(
     return _GangPlan(planned)
 
 
-def _part_asks(picture: ClusterPicture, gang: GangState, pod: Mapping[str, Any]) -> list[PartAsk] | None:
-    """Each part's missing members with the topology ask of its own pods (the pod asking: its
-    own; another part: one of its members), when the parts do not all ask alike; else None."""
+class _PartShape(NamedTuple):
+    """What one member of a part asks: its GPUs at the reference size, its fairness vector."""
+
+    gpus: GpuDemand | None
+    amounts: Mapping[str, float]
+
+
+def _part_shapes(picture: ClusterPicture, gang: GangState, context: PodContext) -> dict[str, _PartShape]:
+    """Each part's shape, read off one of its members (the asking pod's part: its own); a part
+    whose pods cannot be read is left out (the filter refuses those pods with the reason)."""
+    shapes = {gang.part: _PartShape(context.demand.gpus_at(context.reference_memory), context.request)}
+    pods = picture.kind("Pod")
+    for key in sorted(picture.members(gang.workload.key)):
+        member = pods.get(key)
+        if member is None or (name := part_of(member)) in shapes:
+            continue
+        demand = picture.demand(member)
+        if not demand.problem:
+            gpus = demand.gpus_at(picture.reference_memory(demand.models))
+            shapes[name] = _PartShape(gpus, picture.pod_resources(key, member))
+    return shapes
+
+
+def _part_asks(
+    picture: ClusterPicture, gang: GangState, context: PodContext
+) -> tuple[list[PartAsk], dict[str, _PartShape]] | None:
+    """Each part's missing members with the topology ask and the shape of its own pods (the pod
+    asking: its own; another part: one of its members), when the parts do not all ask alike or
+    are not all alike in shape, with each part's shape; else None."""
     if not gang.parts:
         return None
     pods = picture.kind("Pod")
-    asks: dict[str, TopologyAsk] = {gang.part: picture.topology_ask(pod, gang.workload)}
+    asks: dict[str, TopologyAsk] = {gang.part: picture.topology_ask(context.pod, gang.workload)}
     for key in sorted(picture.members(gang.workload.key)):
         member = pods.get(key)
         if member is not None and (name := part_of(member)) not in asks:
             asks[name] = picture.topology_ask(member, gang.workload)
-    if len({asks.get(part.name, NO_ASK) for part in gang.parts}) == 1:
+    shapes = _part_shapes(picture, gang, context)
+    own = shapes[gang.part].gpus
+    alike_asks = len({asks.get(part.name, NO_ASK) for part in gang.parts}) == 1
+    if alike_asks and all(shapes.get(part.name, shapes[gang.part]).gpus == own for part in gang.parts):
         return None
     topology = picture.config.topology
     parts: list[PartAsk] = []
@@ -563,23 +603,41 @@ def _part_asks(picture: ClusterPicture, gang: GangState, pod: Mapping[str, Any])
                 topology.levels.index(level) if level is not None else -1,
                 picture.level_domains(ask.required) if ask.required else None,
                 picture.level_domains(ask.preferred) if ask.preferred else NO_DOMAINS,
+                shapes.setdefault(part.name, shapes[gang.part]).gpus,
             )
         )
-    return parts
+    return parts, shapes
 
 
 def _plan_by_parts(
-    picture: ClusterPicture, gang: GangState, supplies: list[NodeGpus], gpus: GpuDemand, parts: list[PartAsk]
+    picture: ClusterPicture,
+    gang: GangState,
+    supplies: list[NodeGpus],
+    parts: list[PartAsk],
+    shapes: Mapping[str, _PartShape],
 ) -> _GangPlan:
-    """The missing members part by part, each in a domain of its own level, those with a level
-    inside one domain of the widest (`plan_parts`)."""
+    """The missing members part by part, each in a domain of its own level with its own shape,
+    those with a level inside one domain of the widest (`plan_parts`). Parts of different shapes
+    get slots of their own (`PartSlots`): each holds its members' GPUs and counts their requests."""
     stating = [part for part in parts if part.required is not None]
     outer = min(stating, key=lambda part: part.depth).level if stating else ""
-    plan = plan_parts(supplies, gpus, parts, outer, picture.level_domains(outer) if outer else NO_DOMAINS)
+    plan = plan_parts(supplies, parts, outer, picture.level_domains(outer) if outer else NO_DOMAINS)
     if plan.short:
         return _refused(gang, plan.short, GANG_NO_DOMAIN if plan.level_short else GANG_NO_FIT)
-    part_nodes = {part: frozenset(nodes) for part, nodes in plan.by_part.items()}
-    return _GangPlan(plan.nodes, part_domains=plan.domains, part_nodes=part_nodes)
+    part_nodes = {
+        part.name: frozenset(plan.by_part[part.name])
+        for part in parts
+        if part.demand is not None and part.name in plan.by_part
+    }
+    part_slots: dict[str, PartSlots] = {}
+    if len({part.demand for part in parts}) > 1:
+        part_slots = {
+            state.name: PartSlots(
+                state.minimum, part.demand, shapes[state.name].amounts, list(plan.by_part.get(state.name, []))
+            )
+            for state, part in zip(gang.parts, parts, strict=True)
+        }
+    return _GangPlan(plan.nodes, part_domains=plan.domains, part_nodes=part_nodes, part_slots=part_slots)
 
 
 def _short(gang: GangState, fitting: int) -> str:

@@ -14,7 +14,16 @@ from pathlib import Path
 from dra_driver.profiles.nvidia.simulated import PROFILE_DIR
 from tessera import snapshot
 from tessera.dev.demo import DEMO_DIR, DemoError, run_demo, summary
-from tessera.dev.localcluster import REPO_ROOT, ClusterError, LocalCluster, free_port
+from tessera.dev.localcluster import (
+    BLOCK_LABEL,
+    RACK_LABEL,
+    REPO_ROOT,
+    ClusterError,
+    LocalCluster,
+    NodeLayout,
+    free_port,
+    node_layout,
+)
 
 DEFAULT_STATE_DIR = REPO_ROOT / ".tessera" / "cluster"
 # The scheduler profile that calls the extender, named as the chart names it
@@ -39,7 +48,14 @@ def _up_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
         help="show three teams sharing the GPUs (a burst, borrowing, reclaim) live, then a summary; "
         "the cluster stays up afterwards",
     )
-    up.add_argument("--nodes", type=int, default=2, help="number of fake GPU nodes (default 2)")
+    up.add_argument(
+        "--nodes",
+        type=_layout,
+        default=node_layout("2"),
+        help="the fake GPU nodes: a count (default 2), or a topology layout RACKSxN or BLOCKSxRACKSxN "
+        f"(2x4x4: 2 blocks of 4 racks of 4 nodes, labelled {BLOCK_LABEL} and {RACK_LABEL}; the "
+        "extender's topology levels are block, rack, host)",
+    )
     up.add_argument(
         "--profile",
         default="h100x8",
@@ -52,6 +68,13 @@ def _up_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser])
         default=DEFAULT_STATE_DIR,
         help=f"where certificates, kubeconfig, logs and driver state go (default {DEFAULT_STATE_DIR})",
     )
+
+
+def _layout(text: str) -> NodeLayout:
+    try:
+        return node_layout(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def _profile_path(profile: str) -> Path:
@@ -87,8 +110,9 @@ def extender_config(port: int) -> dict[str, object]:
     }
 
 
-def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> str:
+def _start_tessera(cluster: LocalCluster, layout: NodeLayout, profile: Path) -> str:
     """Starts Tessera's parts on the cluster; returns the extender's URL (for `kubectl tessera`)."""
+    nodes = list(layout.nodes)
     for manifest in INSTALL_FIRST:
         cluster.apply(REPO_ROOT / manifest)
     python = sys.executable
@@ -112,6 +136,7 @@ def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> st
             f"--webhook-key-file={webhook_cert.key_path}",
             f"--webhook-scheduler-name={TESSERA_SCHEDULER}",
             f"--move-min-runtime={LOCAL_MOVE_MIN_RUNTIME_S}",
+            *([f"--topology-levels={layout.levels}"] if layout.levels else []),
         ],
     )
     cluster.wait_healthy(extender, f"http://127.0.0.1:{extender_port}/readyz", tls=False)
@@ -128,6 +153,11 @@ def _start_tessera(cluster: LocalCluster, nodes: list[str], profile: Path) -> st
             f"--state-dir={cluster.workdir / 'nodes'}",
             "--create-nodes",
             *(f"--node-name={node}" for node in nodes),
+            *(
+                f"--node-label={node}:{key}={value}"
+                for node, labels in layout.nodes.items()
+                for key, value in labels.items()
+            ),
         ],
     )
     deadline = time.monotonic() + 60
@@ -148,13 +178,20 @@ def _server_version(cluster: LocalCluster) -> str:
     return version
 
 
-def _usage(cluster: LocalCluster, nodes: list[str], extender_url: str) -> str:
+def _usage(cluster: LocalCluster, layout: NodeLayout, extender_url: str) -> str:
+    nodes = list(layout.nodes)
+    topology = (
+        [f"  topology:       --topology-levels={layout.levels} (gangs ask e.g. topology-required: rack)"]
+        if layout.levels
+        else []
+    )
     return "\n".join(
         [
             "",
             f"Tessera is up on a local Kubernetes {_server_version(cluster)} control plane"
             f" at {cluster.server}",
             f"  fake GPU nodes: {', '.join(nodes)} (DRA driver: simulated GPUs, kubelet stand-in)",
+            *topology,
             f"  scheduler:      profile '{TESSERA_SCHEDULER}' calls the Tessera extender (filter, prioritize,"
             " preempt); pods opt in with schedulerName: tessera and name their queue with the"
             " label scheduling.tessera.dev/queue (on the pod, its Job or Deployment, or as the"
@@ -181,7 +218,7 @@ def _usage(cluster: LocalCluster, nodes: list[str], extender_url: str) -> str:
 def run_up(args: argparse.Namespace) -> int:
     state_dir: Path = args.state_dir
     shutil.rmtree(state_dir, ignore_errors=True)
-    nodes = [f"gpu-node-{index}" for index in range(args.nodes)]
+    layout: NodeLayout = args.nodes
     print("[tessera] starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler", flush=True)
     with LocalCluster(workdir=state_dir) as cluster:
         print(
@@ -190,12 +227,12 @@ def run_up(args: argparse.Namespace) -> int:
             flush=True,
         )
         try:
-            extender_url = _start_tessera(cluster, nodes, _profile_path(args.profile))
+            extender_url = _start_tessera(cluster, layout, _profile_path(args.profile))
             if args.demo:
                 print(f"[tessera] demo: the workloads of {DEMO_DIR.relative_to(REPO_ROOT)}/, step by step\n")
                 result = run_demo(cluster, sys.stdout)
                 print("\n".join(summary(result)), flush=True)
-            print(_usage(cluster, nodes, extender_url), flush=True)
+            print(_usage(cluster, layout, extender_url), flush=True)
             while all(c.process.poll() is None for c in cluster.components):
                 time.sleep(1)
             print("[tessera] a component exited; the tails of the logs follow", file=sys.stderr)

@@ -163,7 +163,7 @@ class GateController:
                 if workload:
                     gangs[workload] = decision
                 if decision.admit:
-                    _add(queued, resources, ask.pods)
+                    _add(queued, ask.asked())
                     ahead[demand.queue] = queued
             if decision.admit:
                 verdicts.lifted.append((key, pod))

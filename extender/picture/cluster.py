@@ -427,7 +427,7 @@ class ClusterPicture:
         view = self.fairness()
         ledger = self.accounting.ledger
         candidates: list[tuple[tuple[int, float, str], Waiting, PodDemand, GpuDemand]] = []
-        required: dict[str, DomainMap | None] = {}  # gang workload -> its required level's domains
+        levels: dict[str, dict[str, str]] = {}  # gang workload -> part -> its required level ("": none)
         for key in ledger.waiting:
             contribution = ledger.contributions[key]
             placement = contribution.gpu_demand
@@ -440,20 +440,25 @@ class ClusterPicture:
             gang = self.gangs.state(pod)  # `view` above brought the reservations in line
             held = self.inventory.held_for(key) is not None
             if not gang.admitted:
-                workload = gang.workload.key
-                if workload not in required:
-                    level = self.topology_ask(pod, gang.workload).required
-                    required[workload] = self.level_domains(level) if level else None
+                of_parts = levels.setdefault(gang.workload.key, {})
+                if gang.part not in of_parts:
+                    of_parts[gang.part] = self.topology_ask(pod, gang.workload).required
             ask = Ask(demand.queue, contribution.amounts, demand.preemptible, gang)
             order = (-demand.priority, pod_created(pod), key)
             candidates.append((order, Waiting(key, ask, held), demand, placement))
         candidates.sort(key=lambda candidate: candidate[0])
         found = {entry.key: (order[1], demand, placement) for order, entry, demand, placement in candidates}
+        where = {workload: self._reclaim_domains(parts) for workload, parts in levels.items()}
         waiting: list[PendingPod] = []
         for listed in waiting_list(view, [candidate[1] for candidate in candidates]):
             key = listed.waiting.key
             created, demand, placement = found[key]
             fraction = demand.gpu_requests[0].memory_bytes if demand.fractional else None
+            of_gang = listed.waiting.ask.gang
+            part = of_gang.part if of_gang is not None and listed.workload else ""
+            domains, outer = (
+                where[listed.workload].get(part, (None, None)) if listed.workload else (None, None)
+            )
             waiting.append(
                 PendingPod(
                     key=key,
@@ -465,10 +470,25 @@ class ClusterPicture:
                     fraction_memory=fraction,
                     preemptible=demand.preemptible,
                     workload=listed.workload,
-                    domains=required.get(listed.workload) if listed.workload else None,
+                    domains=domains,
+                    outer=outer,
+                    part=part,
                 )
             )
         return waiting
+
+    def _reclaim_domains(
+        self, levels: Mapping[str, str]
+    ) -> dict[str, tuple[DomainMap | None, DomainMap | None]]:
+        """Where reclaim serves each part of a gang (`PendingPod.domains` and `outer`), from the
+        parts' required levels (part -> level, "" none; without parts one entry, part ""): all
+        alike, the one level's domains; else each part's own inside the widest level's."""
+        domains_of = {part: self.level_domains(level) if level else None for part, level in levels.items()}
+        if len(set(levels.values())) <= 1:
+            return {part: (domains, None) for part, domains in domains_of.items()}
+        names = [level.name for level in self.config.topology.levels]
+        outer = self.level_domains(min(filter(None, levels.values()), key=names.index))
+        return {part: (domains, outer) for part, domains in domains_of.items()}
 
     def owed_pods(self) -> tuple[OwedPod, ...]:
         """The waiting pods free capacity goes to first (`extender.policy.deference.owed_pods`):

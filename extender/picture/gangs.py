@@ -62,6 +62,25 @@ GANG_HOLD_S = 60.0
 
 
 @dataclass
+class PartSlots:
+    """A part's own slots, in a reservation of parts of different shapes (a CPU-only leader and
+    8-GPU workers): held with its members' shape, counted with their fairness vector."""
+
+    minimum: int
+    demand: GpuDemand | None  # one member's GPU shape (None: no GPU)
+    amounts: Mapping[str, float]  # one member's fairness vector
+    nodes: list[str]  # the node planned for each of its members still to place when admitted
+
+
+@dataclass(frozen=True)
+class _Slot:
+    node: str
+    demand: GpuDemand | None
+    amounts: Mapping[str, float]
+    counted: bool  # stands for a member not admitted yet: counted against the queue
+
+
+@dataclass
 class GangReservation:
     """A workload admitted whole: slots for the members still to place."""
 
@@ -81,6 +100,9 @@ class GangReservation:
     # the filter passes them (so no part takes GPUs held for another); a part not named: anywhere.
     part_domains: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     part_nodes: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Of a gang whose parts differ in shape: part -> its slots (`demand`, `amounts` and `nodes`
+    # above are then the asking pod's and unused); a part not named has none to hold.
+    part_slots: Mapping[str, PartSlots] = field(default_factory=dict)
     expires: float = 0.0  # monotonic; renewed whenever a member is placed
     placed: int = 0
     slots: list[str] = field(default_factory=list)  # nodes of the slots held now
@@ -180,8 +202,13 @@ class GangReservations:
         for name, minimum in workload.parts:
             keys = by_part.get(name, [])
             landed, admitted = self.placed(keys)
-            states.append(PartState(name, minimum, len(keys), len(landed) + admitted))
+            states.append(PartState(name, minimum, len(keys), len(landed) + admitted, self._request_of(keys)))
         return tuple(states)
+
+    def _request_of(self, keys: Iterable[str]) -> Mapping[str, float]:
+        """One member's fairness vector, as its queue counts it (the first counted); {} for none."""
+        contributions = self.ledger.contributions
+        return next((contributions[key].amounts for key in keys if key in contributions), {})
 
     def toward_minimum(self, workload: Workload, members: Iterable[str]) -> tuple[list[str], int]:
         """`placed`, counting of each part no more than its minimum: members above it are elastic
@@ -255,45 +282,85 @@ class GangReservations:
         if placed > reservation.placed:  # progress: the scheduler is completing the gang
             reservation.expires = now + self.hold_s
         reservation.placed = placed
-        slots = [] if end else remaining_slots(reservation.nodes, landed, reservation.target - len(landed))
-        if slots and reservation.demand is not None:
-            # Slots whose GPUs a pod of another scheduler took move to nodes with room (none: the
-            # reservation ends now, not when it expires, and the gang is judged again).
-            held = rehold_slots(
-                slots,
-                reservation.demand,
-                self.inventory.node_gpus,
-                lambda node: self.inventory.supply_for("", node, workload),
-                self.store.kind("Node"),
-            )
-            if held is None:
-                log.info("gang %s: GPUs held for its members were taken by others; judged again", workload)
-            elif held != slots:
-                reservation.nodes = [*landed, *held]  # the plan its next members follow
-            slots = held or []
-        counted = max(reservation.target - placed, 0)  # slots not standing for an admitted member
+        if end:
+            slots: list[_Slot] | None = []
+        elif reservation.part_slots:
+            slots = self._part_slots(reservation, members)
+        else:
+            slots = self._whole_slots(reservation, landed, placed)
+        if slots is None:
+            # Slots whose GPUs a pod of another scheduler took fit nowhere now: the reservation
+            # ends now, not when it expires, and the gang is judged again.
+            log.info("gang %s: GPUs held for its members were taken by others; judged again", workload)
+            slots = []
         for index in range(len(reservation.slots)):
             self.ledger.put(reservation.slot_key(index), None)
             self.inventory.release_hold(reservation.slot_key(index))
-        reservation.slots = slots
+        reservation.slots = [slot.node for slot in slots]
         if not slots:
             del self._reservations[workload]
             self._ended.update(members)
             return
-        for index, node in enumerate(slots):
+        for index, slot in enumerate(slots):
             key = reservation.slot_key(index)
-            if index < counted:
+            if slot.counted:
                 self.ledger.put(
                     key,
                     Contribution(
-                        reservation.queue,
-                        "allocated",
-                        reservation.amounts,
-                        preemptible=reservation.preemptible,
+                        reservation.queue, "allocated", slot.amounts, preemptible=reservation.preemptible
                     ),
                 )
-            if node and reservation.demand is not None:
-                self.inventory.hold(key, node, reservation.demand, reservation.expires - now, owner=workload)
+            if slot.node and slot.demand is not None:
+                self.inventory.hold(key, slot.node, slot.demand, reservation.expires - now, owner=workload)
+
+    def _whole_slots(
+        self, reservation: GangReservation, landed: list[str], placed: int
+    ) -> list[_Slot] | None:
+        """The slots of a gang whose members are alike: the planned nodes no member landed on, up to
+        the minimum; those beyond the placed-or-admitted count are counted against the queue."""
+        nodes = remaining_slots(reservation.nodes, landed, reservation.target - len(landed))
+        held = self._reheld(reservation, nodes, reservation.demand)
+        if held is None:
+            return None
+        if held != nodes:
+            reservation.nodes = [*landed, *held]  # the plan its next members follow
+        counted = max(reservation.target - placed, 0)  # slots not standing for an admitted member
+        return [
+            _Slot(node, reservation.demand, reservation.amounts, i < counted) for i, node in enumerate(held)
+        ]
+
+    def _part_slots(self, reservation: GangReservation, members: Iterable[str]) -> list[_Slot] | None:
+        """The slots of a gang of parts of different shapes, part by part as `_whole_slots`: a
+        member takes a slot of its own part only, each part counting up to its minimum."""
+        by_part = self._by_part(members)
+        slots: list[_Slot] = []
+        for name, part in reservation.part_slots.items():
+            landed, admitted = self.placed(by_part.get(name, []))
+            landed = landed[: part.minimum]
+            nodes = remaining_slots(part.nodes, landed, part.minimum - len(landed))
+            held = self._reheld(reservation, nodes, part.demand)
+            if held is None:
+                return None
+            if held != nodes:
+                part.nodes = [*landed, *held]
+            counted = max(part.minimum - len(landed) - admitted, 0)
+            slots += [_Slot(node, part.demand, part.amounts, i < counted) for i, node in enumerate(held)]
+        return slots
+
+    def _reheld(
+        self, reservation: GangReservation, nodes: list[str], demand: GpuDemand | None
+    ) -> list[str] | None:
+        """`nodes` once slots of shape `demand` whose GPUs were taken under them moved (`rehold_slots`)."""
+        if not nodes or demand is None:
+            return nodes
+        workload = reservation.workload.key
+        return rehold_slots(
+            nodes,
+            demand,
+            self.inventory.node_gpus,
+            lambda node: self.inventory.supply_for("", node, workload),
+            self.store.kind("Node"),
+        )
 
 
 def remaining_slots(planned: Iterable[str], landed: Iterable[str], count: int) -> list[str]:

@@ -21,10 +21,11 @@ for (`ahead`, the gate's: admitted before it). Checked in order, the first that 
    is beyond its part's minimum: that one is elastic and judged alone (4);
 4. the queue (`FairnessSnapshot.admit`) is asked for `ahead` plus the pods asked at once: a gang
    not admitted yet asks for its missing members (minimum - placed) together, each asking what
-   this pod asks; anything else for itself. Refused by a limit on the queue's path
-   (`over_limit`), by a quota for a pod that is not preemptible - against the non-preemptible use
-   of the path (`over_quota`) - or by an unusable queue (`unknown_queue`, `invalid_queue`,
-   `not_leaf`).
+   this pod asks - of a gang with parts, each part's missing members what a member of that part
+   asks (a CPU-only leader and 8-GPU workers differ); anything else for itself. Refused by a
+   limit on the queue's path (`over_limit`), by a quota for a pod that is not preemptible -
+   against the non-preemptible use of the path (`over_quota`) - or by an unusable queue
+   (`unknown_queue`, `invalid_queue`, `not_leaf`).
 
 Limit 4 GPUs, 2 held, 2 waiting ungated ahead: a pod of 1 is refused (2 + 2 + 1 > 4). A gang of
 minimum 4 one-GPU pods, nothing placed, limit 4: refused with 3 pods present (incomplete),
@@ -86,6 +87,9 @@ class PartState:
     minimum: int
     members: int  # its pods that exist
     placed: int  # as `GangState.placed`, its members only
+    # One member's fairness vector (parts may differ: a CPU-only leader, 8-GPU workers); empty
+    # when none of its pods is counted yet (its queue is then asked what the asking pod asks).
+    request: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def missing(self) -> int:
@@ -142,6 +146,17 @@ class GangState:
         )
         return replace(self, members=self.members + 1, parts=parts)
 
+    def missing_request(self, asking: Resources) -> dict[str, float]:
+        """What its missing pods ask together: of each part, its missing pods times its member's
+        request (`asking`, the asking pod's, for a part with none counted); without parts,
+        missing times `asking`. Leader=1 (1 CPU), workers=4 (8 GPUs each), nothing placed: 1
+        CPU + 32 GPUs, not 5 times either pod's."""
+        total: dict[str, float] = {}
+        for part in self.parts or (PartState("", self.minimum, self.members, self.placed, asking),):
+            request = part.request or asking
+            add_amounts(total, {resource: amount * part.missing for resource, amount in request.items()})
+        return total
+
     def short_parts(self) -> list[PartState]:
         """The parts with fewer pods than their minimum."""
         return [part for part in self.parts if part.members < part.minimum]
@@ -169,10 +184,17 @@ class Ask:
         """How many pods like this one its queue must take to let it go."""
         return self.gang.missing if self.gang is not None and self.whole else 1
 
+    def asked(self) -> dict[str, float]:
+        """What the pods asked at once ask: the request - of a gang judged whole, its missing
+        pods' requests, each part's own (`GangState.missing_request`)."""
+        if self.gang is not None and self.whole:
+            return self.gang.missing_request(self.request)
+        return dict(self.request)
+
     def total(self) -> dict[str, float]:
-        """What the queue is asked for: `ahead`, plus `pods` times the request."""
+        """What the queue is asked for: `ahead` plus `asked`."""
         total = dict(self.ahead)
-        add_amounts(total, {resource: amount * self.pods for resource, amount in self.request.items()})
+        add_amounts(total, self.asked())
         return total
 
 

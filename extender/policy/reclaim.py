@@ -217,8 +217,12 @@ class PendingPod:
     # Since when it waits (None: since `created`); a pod recreated after an eviction waits anew.
     waiting_since: float | None = None
     # A gang with a required topology level: node -> its domain at that level; the gang is
-    # served inside one domain (`_plan_gang`). None: anywhere.
+    # served inside one domain (`_plan_gang`). None: anywhere. Of a gang whose parts ask
+    # different levels, its own part's level, and `outer` the widest of the parts' levels: the
+    # parts with a level are served inside one domain of it, each inside one of its own.
     domains: DomainMap | None = None
+    outer: DomainMap | None = None
+    part: str = ""  # its part (subgroup) of the gang ("": none)
 
     def demand_on(self, gpu_memory: int) -> GpuDemand:
         if self.fraction_memory is None or gpu_memory <= 0:
@@ -1138,11 +1142,72 @@ def _plan_gang(
     """Plans making room for every waiting member of a gang (added to `served`), or None (and
     the fork and `served` untouched). A gang with a required topology level is tried inside
     each of its domains in turn, the most free GPU first; the first that serves it whole wins -
-    inside the domain of its members GPUs are held for already, when some are (rule 12)."""
+    inside the domain of its members GPUs are held for already, when some are (rule 12). A gang
+    whose parts ask different levels is served part by part (`_plan_parts`)."""
+    if any(member.outer is not None for member in members):
+        return _plan_parts(fork, search, served, members, now, rules, budget, work)
     domains = members[0].domains if members else None
-    if domains is None:
-        return _plan_gang_within(fork, search, served, members, now, rules, budget, work, None)
-    workload = members[0].workload
+    return _plan_in_a_domain(fork, search, served, members, domains, now, rules, budget, work, None)
+
+
+def _plan_parts(
+    fork: ClusterSnapshot,
+    search: Search,
+    served: Served,
+    members: Sequence[PendingPod],
+    now: float,
+    rules: Rules,
+    budget: int,
+    work: Budget,
+) -> list[Plan] | None:
+    """A gang whose parts ask different levels, as admission plans it (`plan_parts`): each domain
+    of the widest level (`outer`) in turn, the most free GPU first; in it, the parts narrowest
+    level first (the most domains), each inside one domain of its own level within the outer one
+    (a part without a level anywhere), each on what the ones before it freed and took; the first
+    outer domain where every part is served wins. Racks r1 (n1), r2 (n2); workers requiring a
+    host, the leader no level: the workers are served inside one host whatever the leader's."""
+    outer = next(member.outer for member in members if member.outer is not None)
+    parts: dict[str, list[PendingPod]] = {}
+    for member in members:
+        parts.setdefault(member.part, []).append(member)
+    ordered = sorted(
+        parts.values(), key=lambda part: -len(set(part[0].domains.values())) if part[0].domains else 1
+    )
+    for inside in _domains_by_free(fork, outer, members[0].workload, None):
+        trial = fork.fork()
+        trial_search = Search(trial)
+        trial_served = served.copy()
+        for part in ordered:
+            evicted = sum(len(p.evictions) for p in trial_served.plans[len(served.plans) :])
+            within = inside if part[0].domains is not None else None
+            if (
+                _plan_in_a_domain(
+                    trial,
+                    trial_search,
+                    trial_served,
+                    part,
+                    part[0].domains,
+                    now,
+                    rules,
+                    budget - evicted,
+                    work,
+                    within,
+                )
+                is None
+            ):
+                break
+        else:
+            fork.adopt(trial)
+            search.touched.extend(trial_search.touched)
+            return served.adopt(trial_served)
+    return None
+
+
+def _domains_by_free(
+    fork: ClusterSnapshot, domains: DomainMap, workload: str, inside: Collection[str] | None
+) -> list[list[str]]:
+    """The nodes of each domain of `domains` (within `inside`, None: all), the most free GPU
+    first; only the domains of the workload's members GPUs are held for, when some are."""
     held = {
         domains.get(hold.node)
         for hold in fork.holds.values()
@@ -1150,11 +1215,30 @@ def _plan_gang(
     }
     nodes_of: dict[str, list[str]] = {}
     for node, domain in domains.items():
-        if node in fork.base_nodes and (not held or domain in held):
+        if node in fork.base_nodes and (not held or domain in held) and (inside is None or node in inside):
             nodes_of.setdefault(domain, []).append(node)
     free = {d: sum(sum(fork.nodes[n].free_milli) for n in ns) for d, ns in nodes_of.items()}
-    for domain in sorted(nodes_of, key=lambda d: (-free[d], d)):
-        done = _plan_gang_within(fork, search, served, members, now, rules, budget, work, nodes_of[domain])
+    return [nodes_of[domain] for domain in sorted(nodes_of, key=lambda d: (-free[d], d))]
+
+
+def _plan_in_a_domain(
+    fork: ClusterSnapshot,
+    search: Search,
+    served: Served,
+    members: Sequence[PendingPod],
+    domains: DomainMap | None,
+    now: float,
+    rules: Rules,
+    budget: int,
+    work: Budget,
+    inside: Collection[str] | None,
+) -> list[Plan] | None:
+    """`members` served inside one domain of `domains` (None: anywhere), among the nodes `inside`
+    (None: all), each domain in turn, the most free GPU first."""
+    if domains is None:
+        return _plan_gang_within(fork, search, served, members, now, rules, budget, work, inside)
+    for nodes in _domains_by_free(fork, domains, members[0].workload, inside):
+        done = _plan_gang_within(fork, search, served, members, now, rules, budget, work, nodes)
         if done is not None:
             return done
     return None

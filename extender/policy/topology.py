@@ -24,9 +24,10 @@ No required level: the whole cluster is the one domain. When no domain holds the
 the largest room found, and the gang waits with it ("needs 16 GPUs in one rack; largest rack
 has 12 free").
 
-**Parts** (subgroups) whose templates ask different levels are planned part by part
-(`plan_parts`): the parts with a level inside one domain of the widest of their levels, each part
-in the tightest domain of its own level, narrowest first.
+**Parts** (subgroups) whose templates ask different levels, or whose members differ in shape (a
+CPU-only leader, 8-GPU workers), are planned part by part (`plan_parts`): the parts with a level
+inside one domain of the widest of their levels, each part in the tightest domain of its own
+level with its own shape, narrowest first; a part without GPUs holds no node.
 
 **Ranking** (`fullest_first`), at prioritize, for a member of a workload with an ask (placed pod
 by pod: a reserved gang's members, elastic members, members after a reservation ended): the
@@ -45,11 +46,13 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, eq
 from typing import Any
 
 from contract.kube import mapping, meta, sequence
 from contract.names import GPU_MILLI, TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_REQUIRED_ANNOTATION
+from extender.memo import ShapeMemo
 from extender.policy.placement import (
     MAX_NODE_SCORE,
     NO_DOMAINS,
@@ -211,20 +214,28 @@ def _free_gpus(node: NodeGpus) -> int:
     return sum(node.free_milli) // GPU_MILLI
 
 
+# Each node shape's room for (demand, count), kept across calls by the caller that passes it
+# (`plan_in_domain`'s `memo`): the node's own answer, the same in every call.
+RoomMemo = ShapeMemo[tuple[GpuDemand, int], tuple[int, int]]
+
+
 class _Room:
     """Each node's room (members of `demand` it takes, up to `count`; whole GPUs free), memoised
     by shape: it is the node's own answer, the same in every domain, so thousands of nodes cost
-    a few placements and a lookup each."""
+    a few placements and a lookup each (across calls too, with a `memo`)."""
 
-    def __init__(self, demand: GpuDemand, count: int) -> None:
-        self.demand, self.count = demand, count
-        self._by_shape: dict[str, tuple[int, int]] = {}
+    def __init__(self, demand: GpuDemand, count: int, memo: RoomMemo | None = None) -> None:
+        self.demand, self.count, self._memo = demand, count, memo
+        self._by_shape = memo.table((demand, count)) if memo is not None else {}
 
     def of(self, node: NodeGpus) -> tuple[int, int]:
         room = self._by_shape.get(node.shape)
         if room is None:
-            fitting = len(plan_gang([node], self.demand, self.count))
-            room = self._by_shape[node.shape] = (fitting, _free_gpus(node))
+            room = (len(plan_gang([node], self.demand, self.count)), _free_gpus(node))
+            if self._memo is not None:
+                self._memo.put(self._by_shape, node.shape, room)
+            else:
+                self._by_shape[node.shape] = room
         return room
 
     def total(self, nodes: Sequence[NodeGpus]) -> tuple[int, int]:
@@ -249,11 +260,12 @@ def _tightest(supplies: Sequence[NodeGpus], domains: DomainMap, room: _Room) -> 
     shapes = list(map(_SHAPE, supplies))
     one_of = dict(zip(shapes, supplies, strict=True))
     counted = Counter(zip(map(domains.get, map(_NAME, supplies)), shapes, strict=True))
+    rooms = {shape: room.of(node) for shape, node in one_of.items()}
     fits: dict[str, int] = defaultdict(int)
     frees: dict[str, int] = defaultdict(int)
     for (domain, shape), nodes in counted.items():
         if domain is not None:
-            fit, free = room.of(one_of[shape])
+            fit, free = rooms[shape]
             fits[domain] += fit * nodes
             frees[domain] += free * nodes
     holding = [(frees[domain], domain) for domain, fit in fits.items() if fit >= room.count]
@@ -288,10 +300,12 @@ def plan_in_domain(
     count: int,
     required: DomainMap | None,
     preferred: DomainMap = NO_DOMAINS,
+    memo: RoomMemo | None = None,
 ) -> DomainPlan:
     """Nodes for `count` members of one GPU shape within one domain of the required level
-    (`required`: node -> its domain; None: no required level, the cluster is one domain)."""
-    room = _Room(demand, count)
+    (`required`: node -> its domain; None: no required level, the cluster is one domain).
+    `memo`: each node shape's room, kept by the caller across calls."""
+    room = _Room(demand, count, memo)
     if required is None:  # the cluster is one domain
         domain: str | None = ""
         largest_fit, largest_free = room.total(supplies)
@@ -302,8 +316,10 @@ def plan_in_domain(
     if domain is None:
         return DomainPlan("", [], largest_fit, largest_free)
     inside = (
-        supplies if required is None else [node for node in supplies if required.get(node.name) == domain]
-    )
+        supplies
+        if required is None
+        else list(compress(supplies, map(eq, map(required.get, map(_NAME, supplies)), repeat(domain))))
+    )  # (selected in C: thousands of nodes)
     return DomainPlan(domain, _packed(inside, room, preferred))
 
 
@@ -374,7 +390,7 @@ def domain_scores(keys: Mapping[str, tuple[tuple[int, ...], int] | None]) -> dic
 
 @dataclass(frozen=True)
 class PartAsk:
-    """One part of a gang as its plan sees it: its missing members and its own ask."""
+    """One part of a gang as its plan sees it: its missing members, their shape and its own ask."""
 
     name: str
     count: int  # its missing members
@@ -382,13 +398,23 @@ class PartAsk:
     depth: int  # that level's place among the cluster's levels, outermost 0 (-1: none)
     required: DomainMap | None  # that level's domains (None: no level)
     preferred: DomainMap  # its preferred level's (NO_DOMAINS: none)
+    demand: GpuDemand | None  # one member's GPUs (None: none, e.g. a CPU-only leader)
+
+    @property
+    def gpus(self) -> int:
+        """Whole GPUs its missing members take together."""
+        return 0 if self.demand is None else _gpus(self.demand, self.count)
+
+
+def _gpus(demand: GpuDemand, count: int) -> int:
+    return demand.count * count * demand.milli // GPU_MILLI
 
 
 @dataclass(frozen=True)
 class PartsPlan:
-    """Where each part's missing members go (`nodes`, part after part) and the domain each part
-    with a level is kept in (part -> (level, domain)); or, when they do not all fit, `short` says
-    which part is short and by what (`nodes` empty)."""
+    """Where each part's missing members go (`nodes`, part after part; "" for a member without
+    GPUs) and the domain each part with a level is kept in (part -> (level, domain)); or, when
+    they do not all fit, `short` says which part is short and by what (`nodes` empty)."""
 
     nodes: list[str]
     domains: dict[str, tuple[str, str]]
@@ -401,14 +427,12 @@ _NO_MIX = WorkloadMix(demands=())
 
 
 def plan_parts(
-    supplies: Sequence[NodeGpus],
-    demand: GpuDemand,
-    parts: Sequence[PartAsk],
-    outer: str,
-    outer_map: DomainMap,
+    supplies: Sequence[NodeGpus], parts: Sequence[PartAsk], outer: str, outer_map: DomainMap
 ) -> PartsPlan:
-    """A plan for a gang whose parts ask different levels: each part's members inside one domain
-    of its own required level, packed by its preferred one; a part stating no level anywhere.
+    """A plan for a gang whose parts ask different levels or differ in shape: each part's members
+    inside one domain of its own required level, packed by its preferred one, on nodes that fit
+    its own shape; a part stating no level anywhere; a part without GPUs holds no node (with a
+    level, it is kept in the domain of the widest level the others are planned in).
 
     The parts that state a level are kept inside one domain of the widest of them (`outer`, its
     map `outer_map`; "": none states one): its domains that hold them all are tried by least room
@@ -420,22 +444,21 @@ def plan_parts(
     requiring a rack and 4 workers a host (5 with a level): r2 (5 free) is tried before r1 (6);
     the workers take c, the tightest host that holds 4, and the leader d. With c at 3 free, no
     host of r2 holds 4 and r1's hosts hold 3: "part workers: needs 4 GPUs in one host; largest
-    host has 3 free"."""
-    stated = sum(part.count for part in parts if part.required is not None)
+    host has 3 free". A CPU-only leader and 2 workers of 4 GPUs requiring a rack, r1 of 3 + 3
+    free: no node holds a worker: "its parts with a level together: needs 8 GPUs in one rack;
+    largest rack has 6 free (room for 0 of its 2 missing pods)"."""
     candidates: list[tuple[int, str]] = [(0, "")]
     if outer:
-        room = _Room(demand, stated)
-        totals = {domain: room.total(nodes) for domain, nodes in _group(supplies, outer_map).items()}
-        candidates = sorted((free, domain) for domain, (fit, free) in totals.items() if fit >= stated)
+        candidates, why = _outer_candidates(
+            supplies, [p for p in parts if p.required is not None], outer, outer_map
+        )
         if not candidates:
-            plan = plan_in_domain(supplies, demand, stated, outer_map)
-            why = no_domain_text(outer, plan, demand, stated)
             return PartsPlan([], {}, short=f"its parts with a level together: {why}", level_short=True)
     ordered = sorted(parts, key=lambda part: -part.depth)  # (stable: ties keep their order)
     first_short: PartsPlan | None = None
     for _, domain in candidates:
         inside = frozenset(n.name for n in supplies if not outer or outer_map.get(n.name) == domain)
-        planned = _plan_parts_within(supplies, demand, ordered, inside)
+        planned = _plan_parts_within(supplies, ordered, inside, (outer, domain))
         if not planned.short:
             return planned
         first_short = first_short or planned
@@ -443,10 +466,46 @@ def plan_parts(
     return first_short
 
 
+def _outer_candidates(
+    supplies: Sequence[NodeGpus], stating: Sequence[PartAsk], outer: str, outer_map: DomainMap
+) -> tuple[list[tuple[int, str]], str]:
+    """The domains of the widest level that may hold the parts stating a level, by least free
+    GPUs first; none: why, with the largest room found. Of one shape, exactly (each domain's room
+    for their members, as `plan_in_domain`); of several, each shape's members must fit the domain
+    and its free GPUs hold them all (the parts' own plans then decide)."""
+    by_shape: dict[GpuDemand, int] = defaultdict(int)
+    for part in stating:
+        if part.demand is not None:
+            by_shape[part.demand] += part.count
+    grouped = _group(supplies, outer_map)
+    if len(by_shape) <= 1:
+        demand, stated = next(iter(by_shape.items()), (None, 0))
+        if demand is None:  # (only parts without GPUs state a level: any domain holds them)
+            return sorted((sum(map(_free_gpus, nodes)), domain) for domain, nodes in grouped.items()), ""
+        room = _Room(demand, stated)
+        totals = {domain: room.total(nodes) for domain, nodes in grouped.items()}
+        found = sorted((free, domain) for domain, (fit, free) in totals.items() if fit >= stated)
+        if found:
+            return found, ""
+        return [], no_domain_text(outer, plan_in_domain(supplies, demand, stated, outer_map), demand, stated)
+    rooms = [_Room(demand, count) for demand, count in by_shape.items()]
+    needed = sum(_gpus(demand, count) for demand, count in by_shape.items())
+    found = []
+    largest = 0
+    for domain, nodes in grouped.items():
+        free = sum(map(_free_gpus, nodes))
+        largest = max(largest, free)
+        if free >= needed and all(room.total(nodes)[0] >= room.count for room in rooms):
+            found.append((free, domain))
+    why = f"needs {needed} GPUs in one {outer}; largest {outer} has {largest} free"
+    return sorted(found), "" if found else why
+
+
 def _plan_parts_within(
-    supplies: Sequence[NodeGpus], demand: GpuDemand, parts: Sequence[PartAsk], inside: frozenset[str]
+    supplies: Sequence[NodeGpus], parts: Sequence[PartAsk], inside: frozenset[str], outer: tuple[str, str]
 ) -> PartsPlan:
-    """The parts in order on `supplies`, those with a level on the nodes `inside` only."""
+    """The parts in order on `supplies`, those with a level on the nodes `inside` only (of the
+    domain `outer`: (level, domain), ("", "") for none)."""
     current = {node.name: node for node in supplies}
     nodes: list[str] = []
     domains: dict[str, tuple[str, str]] = {}
@@ -454,13 +513,20 @@ def _plan_parts_within(
     for part in parts:
         if part.count <= 0:
             continue
+        if part.demand is None:  # no GPUs: it holds no node, kept in the others' outer domain
+            if part.required is not None and outer[1]:
+                domains[part.name] = outer
+            by_part[part.name] = [""] * part.count
+            nodes.extend(by_part[part.name])
+            continue
+        demand = part.demand
         pool = [n for n in current.values() if part.required is None or n.name in inside]
         plan = plan_in_domain(pool, demand, part.count, part.required, part.preferred)
         if len(plan.nodes) < part.count:
             if part.required is not None:
                 why = no_domain_text(part.level, plan, demand, part.count)
             else:
-                why = f"GPUs free for {len(plan.nodes)} of its {part.count} missing pods"
+                why = f"GPUs free for {plan.largest_fit} of its {part.count} missing pods"
             return PartsPlan([], {}, short=f"part {part.name}: {why}", level_short=part.required is not None)
         if part.required is not None:
             domains[part.name] = (part.level, plan.domain)

@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -66,6 +67,49 @@ _PR_SET_PDEATHSIG = 1
 
 class ClusterError(RuntimeError):
     """A component failed to start or answer; the message carries the tail of its log."""
+
+
+# The node labels of `tessera up --nodes` layouts: a block of racks, a rack of nodes (the names
+# docs/workloads.md's examples ask for: `topology-required: rack`).
+BLOCK_LABEL = "example.com/block"
+RACK_LABEL = "example.com/rack"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Fake nodes by name with their topology labels, and the extender's `--topology-levels` for
+    them ("": a flat layout, the extender's default levels)."""
+
+    nodes: dict[str, dict[str, str]]
+    levels: str = ""
+
+
+def node_layout(text: str) -> NodeLayout:
+    """`tessera up --nodes`: a count ("4": 4 nodes, no topology labels), racks x nodes ("4x4"),
+    or blocks x racks x nodes ("2x4x4": 32 nodes, racks block0/rack0 .. block1/rack3, rack names
+    repeating per block as a domain path allows). Nodes are numbered across the layout
+    (gpu-node-0 .. gpu-node-31), rack by rack. Raises ValueError on anything else.
+
+    "2x2x2": gpu-node-0, 1 in block0/rack0; 2, 3 in block0/rack1; 4, 5 in block1/rack0; 6, 7 in
+    block1/rack1."""
+    parts = text.strip().lower().split("x")
+    if not 1 <= len(parts) <= 3 or not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise ValueError(f"--nodes {text!r}: want N, RACKSxN or BLOCKSxRACKSxN (positive counts), e.g. 2x4x4")
+    sizes = [int(part) for part in parts]
+    levels = [("block", BLOCK_LABEL), ("rack", RACK_LABEL)][3 - len(sizes) :]
+    nodes: dict[str, dict[str, str]] = {}
+    per_node = sizes[-1]
+    for index in range(math.prod(sizes)):
+        labels, position = {}, index // per_node
+        for (name, label), size in reversed(list(zip(levels, sizes[:-1], strict=True))):
+            labels[label] = f"{name}{position % size}"
+            position //= size
+        nodes[f"gpu-node-{index}"] = labels
+    if not levels:
+        return NodeLayout(nodes)
+    flag = ",".join(f"{name}={label}" for name, label in levels)
+    return NodeLayout(nodes, f"{flag},host={HOSTNAME_LABEL}")
 
 
 def free_port() -> int:

@@ -15,7 +15,8 @@ of DRA over the real sockets:
   pods marked Succeeded or Failed (tests finish a Job's pods that way: containers never exit here).
 
 Usage: ``tessera-node-agent --kubeconfig KC --profile dra_driver/profiles/nvidia/nodes/h100x8.yaml
---node-name sim-1 --node-name sim-2 --state-dir /tmp/tessera-nodes --create-nodes``.
+--node-name sim-1 --node-name sim-2 --state-dir /tmp/tessera-nodes --create-nodes``, with
+``--node-label sim-1:example.com/rack=rack0`` (repeatable) for the created Nodes' topology labels.
 """
 
 from __future__ import annotations
@@ -375,6 +376,23 @@ async def run_simulated_node(config: DriverConfig, api: client.ApiClient, stop: 
         group.create_task(run_kubelet_stand_in(stand_in, stop), name=f"kubelet-{config.node_name}")
 
 
+def _node_label(text: str) -> tuple[str, str, str]:
+    """`NODE:KEY=VALUE` -> (node, key, value)."""
+    node, _, label = text.partition(":")
+    key, sep, value = label.partition("=")
+    if not node or not key or not sep:
+        raise argparse.ArgumentTypeError(f"{text!r}: want NODE:KEY=VALUE")
+    return node, key, value
+
+
+def labels_by_node(labels: Iterable[tuple[str, str, str]]) -> dict[str, dict[str, str]]:
+    """The `--node-label` triples grouped by node."""
+    grouped: dict[str, dict[str, str]] = {}
+    for node, key, value in labels:
+        grouped.setdefault(node, {})[key] = value
+    return grouped
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="tessera-node-agent",
@@ -392,6 +410,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="how the driver publishes the GPUs (auto: consumable capacity where the apiserver has it)",
     )
     parser.add_argument("--create-nodes", action="store_true", help="create the fake Node objects first")
+    parser.add_argument(
+        "--node-label",
+        action="append",
+        default=[],
+        type=_node_label,
+        metavar="NODE:KEY=VALUE",
+        help="a label the created Node gets (repeatable), e.g. gpu-node-0:example.com/rack=rack0",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser.parse_args(argv)
 
@@ -407,9 +433,10 @@ async def _main(args: argparse.Namespace) -> None:
     api = await api_client(args.kubeconfig)
     try:
         if args.create_nodes:
+            labels = labels_by_node(args.node_label)
             for name in args.node_name:
                 with contextlib.suppress(ApiException):  # already there: reuse it
-                    await create_fake_node(api, name)
+                    await create_fake_node(api, name, labels.get(name))
         async with asyncio.TaskGroup() as group:
             for name in args.node_name:
                 config = node_driver_config(

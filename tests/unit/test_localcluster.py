@@ -1,15 +1,20 @@
-"""Pure parts of the control-plane harness: certificates and ports (no processes started)."""
+"""Pure parts of the control-plane harness: certificates, ports and node layouts (no processes
+started)."""
 
 from __future__ import annotations
 
+import argparse
 import socket
 from pathlib import Path
 
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tessera.dev.localcluster import free_port
+from extender.policy.topology import parse_topology
+from tessera.cli import _up_parser
+from tessera.dev.localcluster import BLOCK_LABEL, RACK_LABEL, free_port, node_layout
 from tessera.dev.pki import CertificateAuthority, write_service_account_key
 
 
@@ -48,3 +53,71 @@ def test_free_ports_are_distinct_and_bindable() -> None:
     for port in ports:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize(
+    ("text", "nodes", "labels", "levels"),
+    [
+        # a count: flat, the extender keeps its default levels
+        ("3", 3, {"gpu-node-2": {}}, ""),
+        # racks x nodes: 2 x 3 = 6 nodes; node 4 is the 2nd of rack 1 (4 // 3 = 1)
+        ("2x3", 6, {"gpu-node-4": {RACK_LABEL: "rack1"}}, f"rack={RACK_LABEL},host=kubernetes.io/hostname"),
+        # blocks x racks x nodes, the issue's 2 x 4 x 4 = 32: node 21 is in rack 21 // 4 = 5,
+        # block 5 // 4 = 1, rack 5 % 4 = 1 of it
+        (
+            "2x4x4",
+            32,
+            {
+                "gpu-node-0": {BLOCK_LABEL: "block0", RACK_LABEL: "rack0"},
+                "gpu-node-21": {BLOCK_LABEL: "block1", RACK_LABEL: "rack1"},
+                "gpu-node-31": {BLOCK_LABEL: "block1", RACK_LABEL: "rack3"},
+            },
+            f"block={BLOCK_LABEL},rack={RACK_LABEL},host=kubernetes.io/hostname",
+        ),
+    ],
+)
+def test_node_layouts_label_each_node_into_its_rack_and_block(
+    text: str, nodes: int, labels: dict[str, dict[str, str]], levels: str
+) -> None:
+    layout = node_layout(text)
+    assert len(layout.nodes) == nodes
+    assert {name: layout.nodes[name] for name in labels} == labels
+    assert layout.levels == levels
+
+
+def test_a_layout_s_levels_place_its_nodes_in_the_racks_the_labels_name() -> None:
+    """What `tessera up --nodes 2x2x2` hands the extender reads back as 4 racks of 2 nodes."""
+    layout = node_layout("2x2x2")
+    topology = parse_topology(layout.levels)
+    rack = topology.level("rack")
+    assert rack is not None
+    racks = {
+        name: topology.domain_of({**labels, "kubernetes.io/hostname": name}, rack)
+        for name, labels in layout.nodes.items()
+    }
+    assert racks == {
+        "gpu-node-0": "block0/rack0",
+        "gpu-node-1": "block0/rack0",
+        "gpu-node-2": "block0/rack1",
+        "gpu-node-3": "block0/rack1",
+        "gpu-node-4": "block1/rack0",
+        "gpu-node-5": "block1/rack0",
+        "gpu-node-6": "block1/rack1",
+        "gpu-node-7": "block1/rack1",
+    }
+
+
+@pytest.mark.parametrize("text", ["0", "2x0x4", "2x4x4x2", "two", "4x", ""])
+def test_a_layout_that_is_not_counts_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="want N, RACKSxN or BLOCKSxRACKSxN"):
+        node_layout(text)
+
+
+def test_up_parses_a_layout_and_refuses_a_bad_one(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    _up_parser(parser.add_subparsers())
+    assert len(parser.parse_args(["up", "--nodes", "2x4x4"]).nodes.nodes) == 32
+    assert len(parser.parse_args(["up"]).nodes.nodes) == 2
+    with pytest.raises(SystemExit):
+        parser.parse_args(["up", "--nodes", "2x"])
+    assert "want N, RACKSxN or BLOCKSxRACKSxN" in capsys.readouterr().err

@@ -1,12 +1,15 @@
-"""The node agent's kubelet parts that need no API server: claim names and the registration handshake."""
+"""The node agent's kubelet parts that need no API server: claim names, the registration handshake
+and the created Nodes' labels."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dra_driver.plugin import DraPlugin
-from tessera.dev.nodeagent import Registrar, pod_claim_names
+from tessera.dev.nodeagent import Registrar, _parse_args, labels_by_node, pod_claim_names
 
 from .fakes import DRIVER, FakeClaims, gpu, make_plugin
 
@@ -47,3 +50,23 @@ async def test_registrar_handshakes_and_notices_a_restart(root: Path) -> None:
     await registrar.refresh()
     assert DRIVER in registrar.drivers and restarted.registered.is_set()
     await restarted.stop(grace_s=0)
+
+
+def test_node_labels_are_grouped_by_node_and_a_malformed_one_refused() -> None:
+    args = _parse_args(
+        [
+            "--kubeconfig=kc",
+            "--profile=p.yaml",
+            "--node-name=a",
+            "--node-name=b",
+            "--node-label=a:example.com/rack=rack0",
+            "--node-label=a:example.com/block=block0",
+            "--node-label=b:example.com/rack=rack1",
+        ]
+    )
+    assert labels_by_node(args.node_label) == {
+        "a": {"example.com/rack": "rack0", "example.com/block": "block0"},
+        "b": {"example.com/rack": "rack1"},
+    }
+    with pytest.raises(SystemExit):
+        _parse_args(["--kubeconfig=kc", "--profile=p.yaml", "--node-name=a", "--node-label=a-rack0"])

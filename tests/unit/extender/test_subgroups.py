@@ -514,7 +514,7 @@ def supplies(free: dict[str, int]) -> list[NodeGpus]:
 def part_ask(name: str, count: int, level: str) -> PartAsk:
     maps = {"rack": RACKS, "host": {node: f"{rack}/{node}" for node, rack in RACKS.items()}}
     depth = {"": -1, "rack": 0, "host": 1}[level]
-    return PartAsk(name, count, level, depth, maps[level] if level else None, NO_DOMAINS)
+    return PartAsk(name, count, level, depth, maps[level] if level else None, NO_DOMAINS, GpuDemand(1))
 
 
 @pytest.mark.parametrize(
@@ -565,7 +565,7 @@ def test_each_part_is_planned_in_a_domain_of_its_own_level(
     parts = [part_ask("leader", 1, leader_level), part_ask("workers", 4, "host")]
     outer = "rack" if leader_level == "rack" else "host"
     outer_map = RACKS if outer == "rack" else {node: f"{rack}/{node}" for node, rack in RACKS.items()}
-    plan = plan_parts(supplies(free), GpuDemand(1), parts, outer, outer_map)
+    plan = plan_parts(supplies(free), parts, outer, outer_map)
     assert (plan.nodes, plan.domains) == (nodes, domains)
     assert plan.short.startswith(short) and bool(plan.short) == bool(short)
 
@@ -621,3 +621,208 @@ async def test_a_leader_in_a_rack_and_workers_in_one_host_go_to_the_nodes_planne
     _, result = await racked.call("filter", args(leader, names))
     assert result["NodeNames"] == ["d"]
     assert result["FailedNodes"]["c"] == "part leader of gang Workload/ns/lw is placed on d in rack r2"
+
+
+# ---- parts of different shapes -----------------------------------------------------------------
+
+SHAPED = "leader=1,workers=2"  # a CPU-only leader (no claim), 2 workers of 4 GPUs each
+
+
+def shaped_member(part: str, index: int, requirement: str = "") -> JsonObject:
+    pod = objects.pod("ns", f"{part}-{index}", queue="team", template="four" if part == "workers" else None)
+    pod["metadata"]["labels"] |= {WORKLOAD_LABEL: "lw", SUBGROUP_LABEL: part}
+    pod["metadata"]["annotations"] = {SUBGROUP_MINIMUMS_ANNOTATION: SHAPED}
+    if requirement:
+        pod["metadata"]["annotations"][TOPOLOGY_REQUIRED_ANNOTATION] = requirement
+    return pod
+
+
+def shaped_cluster(free: dict[str, int], *pods: JsonObject, limit: int | None = None) -> list[JsonObject]:
+    """Nodes of `free` GPUs, racks r1 (a, b) and r2 (c, d) as RACKS; queue team (GPU limit)."""
+    resources = {"gpu": {"limit": limit}} if limit is not None else None
+    return [
+        *(objects.node(name, labels={RACK: RACKS[name], "kubernetes.io/hostname": name}) for name in free),
+        *(objects.gpu_slice(name, gpus) for name, gpus in free.items()),
+        objects.device_class(CLASS),
+        objects.claim_template("ns", "four", objects.claim_spec(CLASS, 4)),
+        objects.queue("team", resources=resources),
+        *pods,
+    ]
+
+
+def bind_four(picture: ClusterPicture, pod: JsonObject, node: str, version: int) -> None:
+    """A worker bound to `node` with its claim allocated to that node's 4 GPUs."""
+    name = pod["metadata"]["name"]
+    devices: list[tuple[str, str, str | None]] = [(node, f"gpu-{minor}", None) for minor in range(4)]
+    claim = objects.claim("ns", f"{name}-gpus", objects.claim_spec(CLASS, 4), allocated=devices)
+    picture.apply(
+        "ResourceClaim", "ADDED", {**claim, "metadata": {**claim["metadata"], "resourceVersion": "1"}}
+    )
+    status = {
+        **pod["status"],
+        "resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": f"{name}-gpus"}],
+    }
+    metadata = {**pod["metadata"], "resourceVersion": str(version)}
+    picture.apply(
+        "Pod",
+        "MODIFIED",
+        {**pod, "metadata": metadata, "spec": {**pod["spec"], "nodeName": node}, "status": status},
+    )
+
+
+def free_for_others(picture: ClusterPicture, names: list[str]) -> list[int]:
+    """Whole GPUs a pod outside the gang sees free on each node (the gang's holds taken)."""
+    return [sum(picture.inventory.supply_for("ns/other", name).free_milli) // GPU_MILLI for name in names]
+
+
+@pytest.mark.parametrize("asking", ["leader", "workers"])
+async def test_a_cpu_only_leader_and_four_gpu_workers_are_admitted_together_each_with_its_shape(
+    racked: Extender, asking: str
+) -> None:
+    # a 4, b 4, c 2 free. The 3 missing pods, planned alike with the asking pod's shape, were
+    # either 3 x 4 GPUs (a worker asking: a, b, and c holds 2 -> "GPUs free for 2 of its 3") or
+    # 3 x nothing (the leader asking: admitted with no GPU held, the workers' GPUs free to
+    # anyone). Each part with its own shape: the workers' 2 x 4 GPUs held on a and b, the leader
+    # holds none, whichever member's filter admits the gang.
+    pods = [shaped_member("leader", 0), shaped_member("workers", 0), shaped_member("workers", 1)]
+    racked.sync(shaped_cluster({"a": 4, "b": 4, "c": 2}, *pods))
+    names = ["a", "b", "c"]
+    _, result = await racked.call("filter", args(pods[0 if asking == "leader" else 1], names))
+    reservation = racked.state.gangs.reservation("Workload/ns/lw")
+    assert reservation is not None, result
+    assert {part: slots.nodes for part, slots in reservation.part_slots.items()} == {
+        "leader": [""],
+        "workers": ["a", "b"],
+    }
+    racked.state.fairness()  # (the reservation's slots are held from here)
+    assert free_for_others(racked.state, names) == [0, 0, 2]
+    # The queue counts the slots with each part's request: 8 GPUs (the leader's counts none).
+    assert racked.state.fairness().usage["team"].allocated.get("gpu", 0.0) == 8
+    # Each worker passes only the nodes planned for its part.
+    _, result = await racked.call("filter", args(pods[2], names))
+    assert result["NodeNames"] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("free", "limit", "reason"),
+    [
+        # 2 x 4 GPUs asked, limit 6: refused with each part's request summed (asked as 3 pods of
+        # the leader's nothing, it went through).
+        (
+            {"a": 4, "b": 4},
+            6,
+            "its 3 missing pods together: queue 'team': gpu allocated 0 + request 8 would exceed its "
+            "limit (6)",
+        ),
+        # One node holds a worker: part workers is short, named with its own count.
+        ({"a": 4, "b": 3}, None, "part workers: GPUs free for 1 of its 2 missing pods"),
+    ],
+)
+async def test_parts_of_different_shapes_are_refused_with_their_own_numbers(
+    racked: Extender, free: dict[str, int], limit: int | None, reason: str
+) -> None:
+    pods = [shaped_member("leader", 0), shaped_member("workers", 0), shaped_member("workers", 1)]
+    racked.sync(shaped_cluster(free, *pods, limit=limit))
+    _, result = await racked.call("filter", args(pods[0], list(free)))
+    assert racked.state.gangs.reservation("Workload/ns/lw") is None
+    assert reason in result["FailedAndUnresolvableNodes"]["a"]
+
+
+async def test_workers_requiring_a_rack_land_in_one_and_a_cpu_only_leader_requiring_it_follows(
+    racked: Extender,
+) -> None:
+    # Racks r1 (a 4, b 2: 6 free) and r2 (c 4, d 4: 8). The workers (2 x 4 GPUs) fit r2 only;
+    # the leader, CPU only, requires the rack too: it holds no GPU and passes r2's nodes.
+    free = {"a": 4, "b": 2, "c": 4, "d": 4}
+    leader = shaped_member("leader", 0, requirement="rack")
+    workers = [shaped_member("workers", i, requirement="rack") for i in range(2)]
+    racked.sync(shaped_cluster(free, leader, *workers))
+    names = list(free)
+    await racked.call("filter", args(workers[0], names))
+    reservation = racked.state.gangs.reservation("Workload/ns/lw")
+    assert reservation is not None
+    assert dict(reservation.part_domains) == {"workers": ("rack", "r2"), "leader": ("rack", "r2")}
+    assert sorted(reservation.part_slots["workers"].nodes) == ["c", "d"]
+    _, result = await racked.call("filter", args(leader, names))
+    assert result["NodeNames"] == ["c", "d"]
+    assert result["FailedNodes"]["a"] == "part leader of gang Workload/ns/lw is placed in rack r2"
+
+
+async def test_a_worker_takes_its_own_parts_slot_and_the_gang_ends_when_every_part_is_placed(
+    racked: Extender,
+) -> None:
+    # a 4, b 4, c 2: workers held on a and b, the leader on no node. worker-0 binds on a (all 4
+    # of its GPUs): its slot goes, b's stays (4 GPUs), the leader's stays (counted, no hold).
+    pods = [shaped_member("leader", 0), shaped_member("workers", 0), shaped_member("workers", 1)]
+    racked.sync(shaped_cluster({"a": 4, "b": 4, "c": 2}, *pods))
+    await racked.call("filter", args(pods[1], ["a", "b", "c"]))
+    bind_four(racked.state, pods[1], "a", 10)
+    racked.state.fairness()
+    held = racked.state.gangs.reservation("Workload/ns/lw")
+    assert held is not None and (held.placed, sorted(held.slots)) == (1, ["", "b"])
+    assert free_for_others(racked.state, ["a", "b", "c"]) == [0, 0, 2]
+    bind_four(racked.state, pods[2], "b", 11)
+    racked.state.fairness()
+    held = racked.state.gangs.reservation("Workload/ns/lw")
+    assert held is not None and held.slots == [""]  # the leader still to place
+    bound = {**pods[0], "spec": {**pods[0]["spec"], "nodeName": "c"}}
+    racked.state.apply(
+        "Pod", "MODIFIED", {**bound, "metadata": {**bound["metadata"], "resourceVersion": "12"}}
+    )
+    racked.state.fairness()
+    assert racked.state.gangs.reservation("Workload/ns/lw") is None
+
+
+@pytest.mark.parametrize(
+    ("placed", "asking", "asked"),
+    [
+        # Nothing placed: 1 leader x 1 CPU + 4 workers x (8 GPUs, 2 CPUs) = 32 GPUs, 9 CPUs -
+        # whichever pod asks (5 x the leader's was 0 GPUs; 5 x a worker's, 40).
+        ((0, 0), "leader", {"cpu": 9.0, "gpu": 32.0}),
+        ((0, 0), "workers", {"cpu": 9.0, "gpu": 32.0}),
+        # The leader and 3 workers placed: 1 worker missing, 8 GPUs and 2 CPUs.
+        ((1, 3), "leader", {"cpu": 2.0, "gpu": 8.0}),
+    ],
+)
+def test_a_gang_of_parts_asks_its_queue_for_each_parts_missing_pods_with_their_own_request(
+    placed: tuple[int, int], asking: str, asked: dict[str, float]
+) -> None:
+    leader, worker = {"cpu": 1.0}, {"cpu": 2.0, "gpu": 8.0}
+    parts = (PartState("leader", 1, 1, placed[0], leader), PartState("workers", 4, 4, placed[1], worker))
+    workload = Workload(
+        "Workload/ns/lw", "Workload", "lw", 5, "annotation", parts=(("leader", 1), ("workers", 4))
+    )
+    gang = GangState(workload, 5, 5, sum(placed), parts=parts, part=asking)
+    ask = Ask("team", leader if asking == "leader" else worker, gang=gang)
+    assert ask.asked() == asked
+
+
+async def test_reclaim_lists_each_part_with_its_own_level_inside_the_widest(racked: Extender) -> None:
+    # Every GPU taken (a, b, c, d of RACKS with 0 free): a leader requiring a rack and 4 workers
+    # requiring a host wait. Reclaim's waiting list carries each part's level (the leader's
+    # racks, the workers' hosts) and the widest of them (racks) for both, so it frees GPUs for
+    # the workers inside one host of one rack, not inside the level of whichever is listed first.
+    leader = lw_member("leader", 0)
+    leader["metadata"]["annotations"][TOPOLOGY_REQUIRED_ANNOTATION] = "rack"
+    workers = [lw_member("workers", i) for i in range(4)]
+    for pod in workers:
+        pod["metadata"]["annotations"][TOPOLOGY_REQUIRED_ANNOTATION] = "host"
+    racked.sync(
+        [
+            *(
+                objects.node(name, labels={RACK: rack, "kubernetes.io/hostname": name})
+                for name, rack in RACKS.items()
+            ),
+            objects.device_class(CLASS),
+            objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+            objects.queue("team"),
+            leader,
+            *workers,
+        ]
+    )
+    listed = {p.key: (p.part, p.domains, p.outer) for p in racked.state.waiting_pods()}
+    hosts = {node: f"{rack}/{node}" for node, rack in RACKS.items()}
+    assert listed == {
+        "ns/leader-0": ("leader", RACKS, RACKS),
+        **{f"ns/workers-{i}": ("workers", hosts, RACKS) for i in range(4)},
+    }

@@ -270,3 +270,29 @@ def test_reclaim_frees_gpus_for_a_gang_inside_one_domain(required: bool) -> None
         assert served == {"g2": ("n2", ["n2"])}
     else:
         assert set(served) == {"lone"}
+
+
+@pytest.mark.parametrize("by_part", [True, False])
+def test_reclaim_for_a_gang_of_parts_frees_gpus_inside_each_parts_own_domain(by_part: bool) -> None:
+    # One rack (r1) of hosts n1 and n2, 4 GPUs each. a runs 2 pods on n2 (its oldest) and 3 on
+    # n1 (1 free, n2 2 free); b waits with a leader (no level) and 3 workers requiring one host
+    # (`leader=1,workers=3`), all one-GPU; b's fair share is 4, a's 4: a may lose 1 of its 5.
+    # Part by part: the workers (a level) first, inside one host, the most free first: n2 holds
+    # 2, a third GPU there is freed by evicting a's newest pod on n2 (a1); the leader, anywhere,
+    # takes n1's free GPU. Planned as one group with the level of the first listed member (the
+    # leader's: none), the fourth GPU is freed anywhere - a's newest, a4 on n1 - and no host then
+    # holds the 3 workers (n1 2 free, n2 2): the gang waits after the eviction.
+    running = [(f"a{i}", "a", "n2" if i < 2 else "n1", "") for i in range(5)]
+    pending = [("leader", "b", 1, "Workload/ns/lw")] + [(f"w{i}", "b", 1, "Workload/ns/lw") for i in range(3)]
+    snapshot, waiting = build(Case("", {"a": 4, "b": 4}, running, {}, pending, set(), {}))
+    hosts = {"n1": "r1/n1", "n2": "r1/n2"}
+    if by_part:  # as the picture lists them: each part's own level, the widest of them
+        waiting = [
+            replace(p, part="leader", outer=hosts)
+            if p.key == "leader"
+            else replace(p, part="workers", domains=hosts, outer=hosts)
+            for p in waiting
+        ]
+    plans = plan(snapshot, waiting, NOW, Rules())
+    evicted = sorted(e.pod.key for p in plans for e in p.evictions)
+    assert evicted == (["a1"] if by_part else ["a4"])

@@ -1,0 +1,162 @@
+"""Benchmark: what a preferred topology level costs gangs in waiting, in the queue simulator,
+against the same gangs placed without it.
+
+Each seed draws one mixed workload (`mixed_workload`): 2 blocks x 4 racks x 4 nodes of 4 GPUs
+(128 GPUs in 8 racks of 16), 32 lone one-GPU pods of a second queue scattered over the racks
+first (they run long, so the racks stay fragmented), then gangs of 2 to 32 GPUs (sizes drawn from
+2, 4, 6, 8, 12, 16, 24, 32; one, two or four GPUs a member) arriving at random (exponential gaps)
+at about the cluster's capacity (`--load 1`: the gangs' GPU-seconds per second equal the GPUs the
+lone pods leave), each preferring one rack. The workload is replayed twice by
+`tessera.simulate.queues.run_queue_workload`: with the asks and with `topology_asks=False` (the
+same gangs placed by the plain binpack). Per seed: the gangs' wait p95 with the preference over
+the one without (the issue's target: at most 1.10x) and the mean racks each gang's minimum
+started across, both ways; the last row is the worst seed. The seeds are not tuned on: every
+seed of `--seeds` is a fresh draw.
+
+    python -m bench.topologywaits [--seeds 0-9] [--gangs 40] [--load 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tessera.simulate.queues import QueueRunResult, parse_workload, run_queue_workload
+from tessera.simulate.report import format_table
+
+from . import SMOKE_HELP
+
+GANG_GPUS = (2, 4, 6, 8, 12, 16, 24, 32)
+MEMBER_GPUS = (1, 2, 4)
+CLUSTER_GPUS = 128  # 2 blocks x 4 racks x 4 nodes x 4 GPUs
+LONE_PODS = 32
+
+
+def mixed_workload(seed: int, gangs: int, load: float = 1.0) -> dict[str, Any]:
+    """The seed's workload, as a queue-simulator YAML would state it (see the module docstring);
+    `load`: the gangs' offered GPU-seconds per second over the GPUs the lone pods leave."""
+    draw = random.Random(seed)
+    jobs: list[dict[str, Any]] = [
+        {"name": "lone", "queue": "batch", "count": LONE_PODS, "interval": 0.5, "duration": 3600, "gpus": 1}
+    ]
+    sizes = [draw.choice(GANG_GPUS) for _ in range(gangs)]
+    durations = [draw.uniform(200, 900) for _ in range(gangs)]
+    mean_gap = (
+        sum(s * d for s, d in zip(sizes, durations, strict=True)) / gangs / (CLUSTER_GPUS - LONE_PODS) / load
+    )
+    arrival = 30.0
+    for index, (gpus, duration) in enumerate(zip(sizes, durations, strict=True)):
+        per_member = draw.choice([m for m in MEMBER_GPUS if gpus % m == 0 and gpus // m >= 2])
+        members = gpus // per_member
+        jobs.append(
+            {
+                "name": f"g{gpus}-{index}",
+                "queue": "train",
+                "count": members,
+                "minMembers": members,
+                "arrival": round(arrival, 1),
+                "duration": round(duration),
+                "gpus": per_member,
+                "topologyPreferred": "rack",
+            }
+        )
+        arrival += draw.expovariate(1 / mean_gap)
+    return {
+        "name": f"topology-mixed-seed{seed}",
+        "topology": [
+            {"name": "block", "label": "example.com/block"},
+            {"name": "rack", "label": "example.com/rack"},
+        ],
+        "nodes": [{"name": "n", "count": 32, "gpus": 4, "cpu": 64, "memory": "512Gi", "layout": [2, 4]}],
+        "queues": [
+            {"name": "train", "spec": {"resources": {"gpu": {"quota": CLUSTER_GPUS - LONE_PODS}}}},
+            {"name": "batch", "spec": {"resources": {"gpu": {"quota": LONE_PODS}}}},
+        ],
+        "jobs": jobs,
+    }
+
+
+@dataclass(frozen=True)
+class SeedRow:
+    seed: int
+    gangs: int
+    p95_with_s: float
+    p95_without_s: float
+    racks_with: float
+    racks_without: float
+
+    @property
+    def ratio(self) -> float:
+        """p95 with the preference over without (equal waits: 1; none without, some with: inf)."""
+        if self.p95_with_s == self.p95_without_s:
+            return 1.0
+        return self.p95_with_s / self.p95_without_s if self.p95_without_s else float("inf")
+
+
+def _p95(result: QueueRunResult) -> float:
+    """The gangs' wait p95, nearest rank (as the simulator's gang table)."""
+    waits = sorted(gang.wait_s for gang in result.gangs)
+    return waits[min(len(waits) - 1, round(0.95 * (len(waits) - 1)))]
+
+
+def _mean_racks(result: QueueRunResult) -> float:
+    return sum(gang.spanned["rack"] for gang in result.gangs) / len(result.gangs)
+
+
+def run_seed(seed: int, gangs: int, load: float) -> SeedRow:
+    workload = parse_workload(mixed_workload(seed, gangs, load), f"seed {seed}")
+    asked = run_queue_workload(workload, "tessera", seed)
+    plain = run_queue_workload(workload, "tessera", seed, topology_asks=False)
+    return SeedRow(seed, len(asked.gangs), _p95(asked), _p95(plain), _mean_racks(asked), _mean_racks(plain))
+
+
+def table(rows: Sequence[SeedRow]) -> str:
+    headers = [
+        "seed",
+        "gangs",
+        "wait p95 s",
+        "without s",
+        "p95 / without",
+        "racks spanned",
+        "without",
+    ]
+    body = [
+        [
+            str(r.seed),
+            str(r.gangs),
+            f"{r.p95_with_s:.0f}",
+            f"{r.p95_without_s:.0f}",
+            f"{r.ratio:.2f}x",
+            f"{r.racks_with:.2f}",
+            f"{r.racks_without:.2f}",
+        ]
+        for r in rows
+    ]
+    worst = max(rows, key=lambda r: r.ratio)
+    body.append(["worst", f"seed {worst.seed}", "", "", f"{worst.ratio:.2f}x", "", ""])
+    return format_table(headers, body)
+
+
+def _seeds(text: str) -> list[int]:
+    first, _, last = text.partition("-")
+    return list(range(int(first), int(last) + 1)) if last else [int(s) for s in text.split(",")]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.topologywaits", description=__doc__)
+    parser.add_argument("--seeds", default="0-9", help="FIRST-LAST or a comma list (default 0-9)")
+    parser.add_argument("--gangs", type=int, default=40, help="gangs per workload (default 40)")
+    parser.add_argument("--load", type=float, default=1.0, help="offered load of the gangs (default 1.0)")
+    parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_HELP} (seed 0, 6 gangs)")
+    args = parser.parse_args(argv)
+    seeds, gangs = ([0], 6) if args.smoke else (_seeds(args.seeds), args.gangs)
+    print(table([run_seed(seed, gangs, args.load) for seed in seeds]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
