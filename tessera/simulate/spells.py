@@ -4,32 +4,35 @@ A leaf queue is *below its share* (the `longest below s` column) while one of it
 admissible pods would keep it within its fair share if it ran. The service target of issue 25 is
 that such a spell ends within `LONG_SPELL_S` (60 s, simulated). When one lasts longer, the replay
 asks, at the moment it reaches that length, what keeps reclaim from serving the queue's smallest
-such pod (a gang: with its waiting members), and records the first of these that applies:
+such pod (a gang: with its waiting members), and records the first of these that applies (in
+this order):
 
 * `held`: GPUs are held for it (a plan's victims still terminating, or the hold not yet taken);
 * `fits`: it fits the free GPUs now (pods terminating gone, holds placed) and has not started:
   another pod's hold, deference to a more owed queue, or the scheduler's order;
 * `waits`: reclaim waits for capacity to free (rules 9 and 13 of `extender.policy.reclaim`);
-* `path owed less`: rule 1 refuses every queue above its share, and a queue above the pod's own
-  on its path (where the paths diverge) is owed less than the pod: its department is nearly at
-  its share while the leaf is owed a whole pod;
-* `no giver`: rule 1 refuses every other queue for another reason (none is above its share, or
-  each would end as owed as the reclaimer);
-* `no node`: some queue may give, but on no node do its victims make room for the pod (a 4-GPU
-  pod needs 4 GPUs on one node; victims too young, non-preemptible, a gang at its minimum);
 * `planned`: the planner serves it when asked alone: the cycle served other pods first, ran out
-  of its budget or evictions, or the pod's victims are still terminating.
+  of its budget or evictions, or the pod's victims are still terminating;
+* `ratio`: the pods rule 1 allows make room on a node, but only by evicting more than rule 4
+  allows, or a gang at its minimum with them;
+* `no node`: on no node would every borrower's pod that may be evicted (preemptible, run long
+  enough, not just restarted) make room for it: too few GPUs of borrowers on one node for a
+  multi-GPU pod, or its victims too young;
+* `path owed less`: on some node the borrowers' pods would make room, but rule 1 refuses a queue
+  among them because a queue above the pod's own on its path (up to where the paths diverge) is
+  owed less than the pod: its department is nearly at its share while the leaf is owed a pod;
+* `refused`: the same, refused for another reason (the queue would end as owed as the reclaimer).
 
 Pure: it reads a snapshot and the planner's rules, as the reclaim loop would, and changes nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Literal
 
 from extender.policy.drf import diverging_paths
-from extender.policy.fairness import EPSILON
+from extender.policy.fairness import EPSILON, FairnessSnapshot
 from extender.policy.reclaim import (
     PendingPod,
     Rules,
@@ -43,15 +46,16 @@ from extender.policy.snapshot import ClusterSnapshot
 
 LONG_SPELL_S = 60.0  # the service target: a queue below its share is served within this
 
-SpellCause = Literal["held", "fits", "waits", "path owed less", "no giver", "no node", "planned"]
+SpellCause = Literal["held", "fits", "waits", "planned", "path owed less", "refused", "no node", "ratio"]
 SPELL_CAUSES: tuple[SpellCause, ...] = (
     "held",
     "fits",
     "waits",
-    "path owed less",
-    "no giver",
-    "no node",
     "planned",
+    "path owed less",
+    "refused",
+    "no node",
+    "ratio",
 )
 
 
@@ -69,15 +73,38 @@ def spell_cause(
         return "waits"
     if plan(snapshot, unit, now, rules):
         return "planned"
-    givers = sorted({p.queue for p in fork.running.values() if p.preemptible and p.queue != head.queue})
     gpus = head.resources.get("gpu", 0.0)
-    refused = [q for q in givers if reclaim_refusal(fairness, head.queue, head.resources, q, {"gpu": gpus})]
-    if len(refused) < len(givers):
+    tree = fairness.tree
+    holding = {p.queue for p in fork.running.values()} - {head.queue}
+    borrowers = {q for q in holding if tree.subtree(q, "allocated", "gpu") > _share(fairness, q) + EPSILON}
+    allowed = {
+        q for q in borrowers if not reclaim_refusal(fairness, head.queue, head.resources, q, {"gpu": gpus})
+    }
+    if _room(fork, head, allowed, now, rules):
+        return "ratio"
+    if not _room(fork, head, borrowers, now, rules):
         return "no node"
-    tree, shares = fairness.tree, fairness.fair_shares
-    for giver in refused:
-        diverging = diverging_paths(tree, head.queue, giver)[0][-1]
-        owed = shares.get(diverging, {}).get("gpu", 0.0) - tree.subtree(diverging, "allocated", "gpu")
+    for refused in sorted(borrowers - allowed):
+        diverging = diverging_paths(tree, head.queue, refused)[0][-1]
+        owed = _share(fairness, diverging) - tree.subtree(diverging, "allocated", "gpu")
         if diverging != head.queue and owed < gpus - EPSILON:
             return "path owed less"
-    return "no giver"
+    return "refused"
+
+
+def _room(fork: ClusterSnapshot, pod: PendingPod, givers: Collection[str], now: float, rules: Rules) -> bool:
+    """Whether, on some node, evicting every pod of `givers` that reclaim may evict would make room
+    for `pod`."""
+    for node in fork.nodes:
+        trial = fork.fork()
+        for running in trial.pods_on(node):
+            old_enough = now - running.started >= rules.reclaim_min_runtime_s.get(running.queue, 0.0)
+            if running.queue in givers and running.preemptible and not running.terminating and old_enough:
+                trial.evict(running.key)
+        if trial.fitting_nodes(pod.demand_on(trial.gpu_memory.get(node, 0)), [node]):
+            return True
+    return False
+
+
+def _share(fairness: FairnessSnapshot, queue: str) -> float:
+    return fairness.fair_shares.get(queue, {}).get("gpu", 0.0)
