@@ -10,11 +10,16 @@ this order):
 * `held`: GPUs are held for it (a plan's victims still terminating, or the hold not yet taken);
 * `fits`: it fits the free GPUs now (pods terminating gone, holds placed) and has not started:
   another pod's hold, deference to a more owed queue, or the scheduler's order;
+* `host share`: its queue is not below its dominant share (`extender.policy.drf`): it holds its
+  fair share or more of CPU or memory, so neither rule 1's GPU reclaim (which frees no cores)
+  nor rule 10's serves it - by DRF it is owed nothing (the CPU hog of `cpu-starved`);
 * `waits`: reclaim waits for capacity to free (rules 9 and 13 of `extender.policy.reclaim`);
 * `planned`: the planner serves it when asked alone: the cycle served other pods first, ran out
   of its budget or evictions, or the pod's victims are still terminating;
 * `ratio`: the pods rule 1 allows make room on a node, but only by evicting more than rule 4
   allows, or a gang at its minimum with them;
+* `no borrower`: no other queue holds more than its share: what the queue is owed lies free, but
+  in no shape its pod fits (cores or GPUs stranded on several nodes), and nothing may be evicted;
 * `no node`: on no node would every borrower's pod that may be evicted (preemptible, run long
   enough, not just restarted) make room for it: too few GPUs of borrowers on one node for a
   multi-GPU pod, or its victims too young;
@@ -31,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Literal
 
-from extender.policy.drf import diverging_paths
+from extender.policy.drf import diverging_paths, dominant_share
 from extender.policy.fairness import EPSILON, FairnessSnapshot
 from extender.policy.reclaim import (
     PendingPod,
@@ -46,16 +51,29 @@ from extender.policy.snapshot import ClusterSnapshot
 
 LONG_SPELL_S = 60.0  # the service target: a queue below its share is served within this
 
-SpellCause = Literal["held", "fits", "waits", "planned", "path owed less", "refused", "no node", "ratio"]
+SpellCause = Literal[
+    "held",
+    "fits",
+    "host share",
+    "waits",
+    "planned",
+    "ratio",
+    "no borrower",
+    "no node",
+    "path owed less",
+    "refused",
+]
 SPELL_CAUSES: tuple[SpellCause, ...] = (
     "held",
     "fits",
+    "host share",
     "waits",
     "planned",
+    "ratio",
+    "no borrower",
+    "no node",
     "path owed less",
     "refused",
-    "no node",
-    "ratio",
 )
 
 
@@ -69,6 +87,8 @@ def spell_cause(
     if len(unit) == 1 and place_if_it_fits(fork, head) is not None:
         return "fits"
     fairness = snapshot.fairness
+    if dominant_share(fairness, head.queue) >= 1 - EPSILON:
+        return "host share"
     if not reclaims_now(fairness, head, now, rules):
         return "waits"
     if plan(snapshot, unit, now, rules):
@@ -82,6 +102,8 @@ def spell_cause(
     }
     if _room(fork, head, allowed, now, rules):
         return "ratio"
+    if not borrowers:
+        return "no borrower"
     if not _room(fork, head, borrowers, now, rules):
         return "no node"
     for refused in sorted(borrowers - allowed):
