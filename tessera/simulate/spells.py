@@ -10,9 +10,10 @@ this order):
 * `held`: GPUs are held for it (a plan's victims still terminating, or the hold not yet taken);
 * `fits`: it fits the free GPUs now (pods terminating gone, holds placed) and has not started:
   another pod's hold, deference to a more owed queue, or the scheduler's order;
-* `host share`: its queue is not below its dominant share (`extender.policy.drf`): it holds its
-  fair share or more of CPU or memory, so neither rule 1's GPU reclaim (which frees no cores)
-  nor rule 10's serves it - by DRF it is owed nothing (the CPU hog of `cpu-starved`);
+* `host owed less`: its queue is owed less than the pod in CPU or memory (its fair share of
+  them less what it holds, against what the pod asks): by DRF it is not owed that pod, and it
+  waits for capacity as a queue owed less than a pod's GPUs does (the CPU hog of `cpu-starved`,
+  evicted for a pod of another queue, then owed 14 cores for its 16-core pod);
 * `waits`: reclaim waits for capacity to free (rules 9 and 13 of `extender.policy.reclaim`);
 * `planned`: the planner serves it when asked alone: the cycle served other pods first, ran out
   of its budget or evictions, or the pod's victims are still terminating;
@@ -36,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Literal
 
-from extender.policy.drf import diverging_paths, dominant_share
+from extender.policy.drf import diverging_paths
 from extender.policy.fairness import EPSILON, FairnessSnapshot
 from extender.policy.reclaim import (
     PendingPod,
@@ -54,7 +55,7 @@ LONG_SPELL_S = 60.0  # the service target: a queue below its share is served wit
 SpellCause = Literal[
     "held",
     "fits",
-    "host share",
+    "host owed less",
     "waits",
     "planned",
     "ratio",
@@ -66,7 +67,7 @@ SpellCause = Literal[
 SPELL_CAUSES: tuple[SpellCause, ...] = (
     "held",
     "fits",
-    "host share",
+    "host owed less",
     "waits",
     "planned",
     "ratio",
@@ -87,14 +88,18 @@ def spell_cause(
     if len(unit) == 1 and place_if_it_fits(fork, head) is not None:
         return "fits"
     fairness = snapshot.fairness
-    if dominant_share(fairness, head.queue) >= 1 - EPSILON:
-        return "host share"
+    tree = fairness.tree
+    for resource in ("cpu", "memory"):
+        owed = fairness.fair_shares.get(head.queue, {}).get(resource, 0.0) - tree.subtree(
+            head.queue, "allocated", resource
+        )
+        if fairness.capacity.get(resource, 0.0) > 0 and owed < head.resources.get(resource, 0.0) - EPSILON:
+            return "host owed less"
     if not reclaims_now(fairness, head, now, rules):
         return "waits"
     if plan(snapshot, unit, now, rules):
         return "planned"
     gpus = head.resources.get("gpu", 0.0)
-    tree = fairness.tree
     holding = {p.queue for p in fork.running.values()} - {head.queue}
     borrowers = {q for q in holding if tree.subtree(q, "allocated", "gpu") > _share(fairness, q) + EPSILON}
     allowed = {
