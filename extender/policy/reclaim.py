@@ -91,9 +91,9 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    pod: no smaller eviction exists); and at most `max_evictions` pods per cycle.
 6. Bounded time, per queue and per cycle, never by a window of the oldest pods: waiting pods
    are taken queue by queue, the most owed first (`FairnessSnapshot.order`), of each queue its
-   head (highest priority, then oldest) - at most `max_pending_per_queue` pods or gangs, a
-   gang's waiting members together - and at most `max_pending` pods or gangs in all
-   (`serving_order`); for each the `node_trials` nodes holding possible victims with the most
+   head (highest priority, then oldest) - at most `max_pending_per_queue` pods or gangs that may
+   reclaim now (rules 9 and 13) and as many that may not, a gang's waiting members together -
+   and at most `max_pending` pods or gangs in all (`serving_order`); for each the `node_trials` nodes holding possible victims with the most
    free GPU; and a work budget per cycle (`Budget`: `max_trials` node searches in all), after
    which the remaining waiting pods are not tried. So a queue below its share is planned in the
    first cycle after its pod fails to fit, whatever other queues' backlogs. What is cut off
@@ -960,7 +960,11 @@ def _place_held(fork: ClusterSnapshot, hold: HeldGpus) -> bool:
 
 
 def serving_order(
-    fairness: FairnessSnapshot, pending: Sequence[PendingPod], per_queue: int, limit: int
+    fairness: FairnessSnapshot,
+    pending: Sequence[PendingPod],
+    per_queue: int,
+    limit: int,
+    reclaims: Callable[[PendingPod], bool] | None = None,
 ) -> list[PendingPod]:
     """Waiting pods in the order plans serve them: queue by queue, the most owed first
     (`FairnessSnapshot.order`: below its fair share first, over whole subtrees, so across the
@@ -968,6 +972,12 @@ def serving_order(
     units: a pod, or a gang's waiting members, listed together (one unit, however many). At most
     `limit` units in all, taken in that order, so the queues that lose out are the least owed;
     a gang is never split. Pods of a queue the tree does not know are left out.
+
+    `reclaims` (a unit by its first pod): whether it may reclaim now (rules 9 and 13). Those that
+    may not take `per_queue` places of their own, beside the head of those that may: a queue
+    owed one GPU whose 16 oldest pods ask 2 or 4 (owed less than them, they wait for capacity)
+    has its 1-GPU pod behind them planned too. (Before, those 16 filled the queue's places and
+    its 1-GPU pod was never tried: on `churn` a queue stayed owed a pod for minutes.)
 
     No window of the oldest pods across queues: a borrower's backlog, however long, takes at most
     `per_queue` places, behind every queue more owed (before, the 64 oldest waiting pods were
@@ -987,18 +997,21 @@ def serving_order(
         for pod in pods:
             if pod.workload:
                 gangs.setdefault(pod.workload, []).append(pod)
-        taken = 0
+        taken = {True: 0, False: 0}  # places taken by units that may reclaim now, and by the rest
         for pod in pods:
-            if taken >= per_queue or units >= limit:
+            full = taken[True] >= per_queue and (reclaims is None or taken[False] >= per_queue)
+            if full or units >= limit:
                 break
+            if pod.workload and pod.workload not in gangs:
+                continue  # listed with its gang's first member
+            group = reclaims is None or reclaims(pod)
+            if taken[group] >= per_queue:
+                continue
             if pod.workload:
-                members = gangs.pop(pod.workload, None)
-                if members is None:
-                    continue  # listed with its gang's first member
-                order.extend(members)
+                order.extend(gangs.pop(pod.workload))
             else:
                 order.append(pod)
-            taken += 1
+            taken[group] += 1
             units += 1
         if units >= limit:
             break
@@ -1253,7 +1266,14 @@ def plan(
     search = Search(fork, fit_index)
     served = Served()
     evictions_left = rules.max_evictions
-    order = serving_order(fork.fairness, pending, rules.max_pending_per_queue, rules.max_pending)
+    fairness = fork.fairness
+    order = serving_order(
+        fairness,
+        pending,
+        rules.max_pending_per_queue,
+        rules.max_pending,
+        reclaims=lambda waiting: reclaims_now(fairness, waiting, now, rules),
+    )
     gangs: dict[str, list[PendingPod]] = {}  # a gang's waiting members without GPUs (listed together)
     for waiting in order:
         if waiting.workload and waiting.key not in fork.running:

@@ -17,24 +17,27 @@ this order):
 * `waits`: reclaim waits for capacity to free (rules 9 and 13 of `extender.policy.reclaim`);
 * `planned`: the planner serves it when asked alone: the cycle served other pods first, ran out
   of its budget or evictions, or the pod's victims are still terminating;
-* `ratio`: the pods rule 1 allows make room on a node, but only by evicting more than rule 4
-  allows, or a gang at its minimum with them;
 * `no borrower`: no other queue holds more than its share: what the queue is owed lies free, but
   in no shape its pod fits (cores or GPUs stranded on several nodes), and nothing may be evicted;
 * `no node`: on no node would every borrower's pod that may be evicted (preemptible, run long
   enough, not just restarted) make room for it: too few GPUs of borrowers on one node for a
   multi-GPU pod, or its victims too young;
-* `path owed less`: on some node the borrowers' pods would make room, but rule 1 refuses a queue
-  among them because a queue above the pod's own on its path (up to where the paths diverge) is
-  owed less than the pod: its department is nearly at its share while the leaf is owed a pod;
-* `refused`: the same, refused for another reason (the queue would end as owed as the reclaimer).
+* `ratio`: the pods rule 1 allows (each judged with its own GPUs) make room on a node, but the
+  planner finds no plan: more GPUs evicted than rule 4 allows (a 2-GPU victim for a 1-GPU pod),
+  a gang at its minimum among them, or more nodes than it searches;
+* `path owed less`: on some node the borrowers' evictable pods would make room, but rule 1
+  refuses some of them because a queue above the pod's own on its path (up to where the paths
+  diverge) is owed less than the pod: its department is nearly at its share while the leaf is
+  owed a pod;
+* `refused`: the same, refused for another reason (the victim's queue would end as owed as the
+  reclaimer is now, or, a victim bigger than the pod, more).
 
 Pure: it reads a snapshot and the planner's rules, as the reclaim loop would, and changes nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from extender.policy.drf import diverging_paths
@@ -48,7 +51,7 @@ from extender.policy.reclaim import (
     reclaim_refusal,
     reclaims_now,
 )
-from extender.policy.snapshot import ClusterSnapshot
+from extender.policy.snapshot import ClusterSnapshot, RunningPod
 
 LONG_SPELL_S = 60.0  # the service target: a queue below its share is served within this
 
@@ -58,9 +61,9 @@ SpellCause = Literal[
     "host owed less",
     "waits",
     "planned",
-    "ratio",
     "no borrower",
     "no node",
+    "ratio",
     "path owed less",
     "refused",
 ]
@@ -70,9 +73,9 @@ SPELL_CAUSES: tuple[SpellCause, ...] = (
     "host owed less",
     "waits",
     "planned",
-    "ratio",
     "no borrower",
     "no node",
+    "ratio",
     "path owed less",
     "refused",
 )
@@ -102,16 +105,17 @@ def spell_cause(
     gpus = head.resources.get("gpu", 0.0)
     holding = {p.queue for p in fork.running.values()} - {head.queue}
     borrowers = {q for q in holding if tree.subtree(q, "allocated", "gpu") > _share(fairness, q) + EPSILON}
-    allowed = {
-        q for q in borrowers if not reclaim_refusal(fairness, head.queue, head.resources, q, {"gpu": gpus})
-    }
-    if _room(fork, head, allowed, now, rules):
-        return "ratio"
     if not borrowers:
         return "no borrower"
-    if not _room(fork, head, borrowers, now, rules):
+    if not _room(fork, head, lambda pod: pod.queue in borrowers, now, rules):
         return "no node"
-    for refused in sorted(borrowers - allowed):
+
+    def allowed(pod: RunningPod) -> bool:
+        return not reclaim_refusal(fairness, head.queue, head.resources, pod.queue, pod.resources)
+
+    if _room(fork, head, allowed, now, rules):
+        return "ratio"
+    for refused in sorted(borrowers):
         diverging = diverging_paths(tree, head.queue, refused)[0][-1]
         owed = _share(fairness, diverging) - tree.subtree(diverging, "allocated", "gpu")
         if diverging != head.queue and owed < gpus - EPSILON:
@@ -119,14 +123,16 @@ def spell_cause(
     return "refused"
 
 
-def _room(fork: ClusterSnapshot, pod: PendingPod, givers: Collection[str], now: float, rules: Rules) -> bool:
-    """Whether, on some node, evicting every pod of `givers` that reclaim may evict would make room
-    for `pod`."""
+def _room(
+    fork: ClusterSnapshot, pod: PendingPod, gives: Callable[[RunningPod], bool], now: float, rules: Rules
+) -> bool:
+    """Whether, on some node, evicting every pod that reclaim may evict and that `gives` would
+    make room for `pod`."""
     for node in fork.nodes:
         trial = fork.fork()
         for running in trial.pods_on(node):
             old_enough = now - running.started >= rules.reclaim_min_runtime_s.get(running.queue, 0.0)
-            if running.queue in givers and running.preemptible and not running.terminating and old_enough:
+            if gives(running) and running.preemptible and not running.terminating and old_enough:
                 trial.evict(running.key)
         if trial.fitting_nodes(pod.demand_on(trial.gpu_memory.get(node, 0)), [node]):
             return True

@@ -916,6 +916,21 @@ BACKLOGS = [
         evicted={f"a{i}" for i in range(8, 16)},
         served={f"g{i}": "n2" for i in range(8)},
     ),
+    # 8 GPUs; a (quota 4) holds 5, b (quota 4) holds 3 and waits with 16 older 2-GPU pods and a
+    # 1-GPU pod: shares 4 / 4. b is owed 1: less than a 2-GPU pod (rule 9: those wait for
+    # capacity), a whole 1-GPU pod - a's newest goes (a ends at its share, 0 owed < 1). Before,
+    # the 16 2-GPU pods filled b's 16 places in the cycle's order and the 1-GPU pod was never
+    # tried: b stayed owed a pod until capacity freed.
+    Scenario(
+        "a queue owed a GPU behind 16 of its own 2-GPU pods gets its 1-GPU pod planned",
+        nodes={"n1": 8},
+        queues=[q("a", quota=4), q("b", quota=4)],
+        running=runs("a", 5, "n1", age_s=200_000) + [Run(f"b-run{i}", "b", "n1") for i in range(3)],
+        pending=[Wait(f"b-pair{i}", "b", gpus=2, age_s=100_000.0 - i) for i in range(16)]
+        + [Wait("b-one", "b")],
+        evicted={"a4"},
+        served={"b-one": "n1"},
+    ),
 ]
 
 
