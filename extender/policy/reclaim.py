@@ -89,15 +89,16 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
 4. Never more than needed: GPUs evicted / GPUs needed <= `max_ratio` (1.1), unless a single
    victim no bigger than the whole GPUs the pod needs is evicted (a whole-GPU pod for a half-GPU
    pod: no smaller eviction exists); and at most `max_evictions` pods per cycle.
-6. Bounded time, per queue and per cycle, never by a window of the oldest pods: waiting pods
-   are taken queue by queue, the most owed first (`FairnessSnapshot.order`), of each queue its
-   head (highest priority, then oldest) - at most `max_pending_per_queue` pods or gangs that may
+6. Bounded time, per queue and per cycle, never by a window of the oldest pods: waiting pods are
+   taken queue by queue, the most owed first (`FairnessSnapshot.order`), of each queue its head
+   (highest priority, then oldest) - at most `max_pending_per_queue` pods or gangs that may
    reclaim now (rules 9 and 13) and as many that may not, a gang's waiting members together -
-   and at most `max_pending` pods or gangs in all (`serving_order`); for each the `node_trials` nodes holding possible victims with the most
-   free GPU; and a work budget per cycle (`Budget`: `max_trials` node searches in all), after
-   which the remaining waiting pods are not tried. So a queue below its share is planned in the
-   first cycle after its pod fails to fit, whatever other queues' backlogs. What is cut off
-   waits for a later cycle and is counted in the budget, which the controller reports (metric
+   and at most `max_pending` pods or gangs in all (`serving_order`); for each the `node_trials`
+   nodes holding possible victims with the most free GPU; and a work budget per cycle (`Budget`:
+   `max_trials` node searches in all), after which the remaining waiting pods are not tried. So
+   a queue below its share is planned in the first cycle after its pod fails to fit, whatever
+   other queues' backlogs. What is cut off waits for a later cycle and is counted in the budget,
+   which the controller reports (metric
    and log). A node searched whose GPUs rule out a plan within the
    cycle's evictions left (`fewest_evictions`, a lower bound on the pods to evict there) costs
    its trial but no trial evictions.
