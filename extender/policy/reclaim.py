@@ -14,20 +14,39 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    tree diverge: for a reclaimer R and a victim's queue V below their lowest common ancestor, R'
    and V' are the children of that ancestor on each path (the roots when they share none). A
    pod of R asking r GPUs may take the t GPUs of a victim when every queue from R up to R' is
-   owed, every queue from V up to V' has a surplus, and each of those ends, t GPUs poorer, owed
-   less than R' is now: surplus(X) - t > surplus(R') for X from V to V'.
+   owed, every queue from V up to V' has a surplus, and
 
-   Why: R' gains r and V' loses t, everything else at that level stays (and the fair shares stay:
-   a move changes no queue's demand, the victims waiting again as their controllers recreate
-   them). The less well off of the two was R'; after the move both
-   are better off than R' was, so the lowest surplus of the pair rises - and, with the queues
-   between V and V' held to the same bound, no queue anywhere ends below the lowest surplus the
-   move raised: the surpluses of all queues, sorted, grow lexicographically (max-min). So no
-   sequence of reclaims can come back to where it started (no ping-pong, not only no immediate
-   reversal), and each one is a step towards the max-min fair allocation in whole pods.
-   Comparing after the move with before it ("less owed than R' is now") is what lets a whole
-   pod move although fair shares are fractional; the strict "less" refuses a swap that only
-   changes who is owed (its reverse would be allowed by the same numbers).
+   (a) each of those ends, t GPUs poorer, owed less than the most owed queue from R up to R' is
+       now: surplus(X) - t > m = min surplus(Y) over Y from R to R', for X from V to V';
+   (b) V' ends no more owed than R' is now: surplus(V') - t >= surplus(R') - never inverted
+       where the paths diverge; an exact swap there is allowed, when a queue below R' is owed
+       more than R' is.
+
+   Why (a potential that every reclaim raises): with r = t the move changes the surpluses of
+   exactly the queues from R up to R' (each r up) and from V up to V' (each t down); the common
+   ancestors and every other queue stay, and so do the fair shares (a move changes no queue's
+   demand, the victims waiting again as their controllers recreate them). Before the move the
+   lowest of the changed surpluses is m (the victim's side has surpluses, the reclaimer's is
+   owed); after it the reclaimer's side is above where it was and the victim's side above m by
+   (a), so the lowest changed surplus rises. Then the surpluses of all queues, sorted ascending,
+   grow lexicographically: the entries below m are untouched, one entry at m is gone and none
+   joins at or below it. Holdings move in whole pods, so that vector takes finitely many values
+   and no sequence of reclaims can come back to where it started (no ping-pong, not only no
+   immediate reversal; `test_no_sequence_of_reclaims_comes_back_to_where_it_started` replays
+   random moves the rule allows and checks the vector rises at every one). Comparing after the
+   move with before it ("less owed than ... is now") is what lets a whole pod move although fair
+   shares are fractional; the strict "less" refuses a swap that only changes who is owed (its
+   reverse would be allowed by the same numbers). (b) adds no freedom, it keeps the order of the
+   subtrees where the paths diverge: a department never ends more owed than the reclaimer's
+   department was, however owed a leaf inside it.
+
+   Where R is R' (a leaf right below the common ancestor: every pair in a flat tree) m is
+   surplus(R'), (b) follows from (a), and the rule is the one it replaces ("owed less than R' is
+   now"). They differ in a hierarchy, for a leaf owed a whole pod in a department owed less than
+   one: on `churn` at t=23003 dept-b was at 23.5 of 24 and its leaf b4 at 3 of 4; a GPU from
+   dept-a, at 24.5 of 24, leaves dept-a as owed as dept-b was, which the old rule refused (no
+   fairer where the paths diverge), though the most owed queue moved, b4 at -1, ends at its
+   share and nothing ends owed more than 0.5. Now that swap of the departments goes.
 
    Worked examples (tests/unit/extender/test_reclaim.py):
 
@@ -49,10 +68,19 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
      1.5 (that ends at its share, 0 owed < 0.5), not from one at 2 of 1.5 (a swap) - once rule 9
      lets it reclaim at all.
 
+   * Two departments (4 GPUs each, leaves 2 each): b1 at 1 of 2 in dept-b at 3.5 of 4, a1 at 3 of
+     2 in dept-a at 4.5 of 4. a1's GPU leaves dept-a 0.5 owed, as owed as dept-b is now (b: a
+     swap, allowed), a1 at its share and b1 too, every end above b1's -1 (a): b1's pod goes.
+     A 2-GPU victim for a b1 owed 2 would leave dept-a 1.5 owed, less than b1's 2 but more than
+     dept-b's 0.5: inverted (b), refused.
+
    So where R' is owed at least the pod's r GPUs, any victim of no more than r GPUs whose queues
-   up to V' are above their shares may go (surplus(X) - t > -t >= -r >= surplus(R')): a queue
-   owed a whole pod (what the simulator's "below fair s" counts) is served from any borrower; one
-   owed less takes only from a queue further above its share than the pod's size.
+   up to V' are above their shares may go (surplus(X) - t > -t >= -r >= surplus(R'), (a) and
+   (b)): a queue owed a whole pod in a subtree owed a whole pod too (what the simulator's "below
+   fair s" counts of a leaf) is served from any borrower. A leaf owed a pod in a department owed
+   less is served from any borrower of its department, and from another department that ends no
+   more owed than its own is; one owed less than the pod takes only from a queue further above
+   its share than the pod's size.
 2. Victims are running, preemptible, not already terminating, and have run at least their
    queue's `reclaimMinRuntime` (reclaim) or `preemptMinRuntime` (preempt).
 3. On each node, victims are taken lowest priority first, then newest, until the pod fits; then
@@ -61,15 +89,16 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
 4. Never more than needed: GPUs evicted / GPUs needed <= `max_ratio` (1.1), unless a single
    victim no bigger than the whole GPUs the pod needs is evicted (a whole-GPU pod for a half-GPU
    pod: no smaller eviction exists); and at most `max_evictions` pods per cycle.
-6. Bounded time, per queue and per cycle, never by a window of the oldest pods: waiting pods
-   are taken queue by queue, the most owed first (`FairnessSnapshot.order`), of each queue its
-   head (highest priority, then oldest) - at most `max_pending_per_queue` pods or gangs, a
-   gang's waiting members together - and at most `max_pending` pods or gangs in all
-   (`serving_order`); for each the `node_trials` nodes holding possible victims with the most
-   free GPU; and a work budget per cycle (`Budget`: `max_trials` node searches in all), after
-   which the remaining waiting pods are not tried. So a queue below its share is planned in the
-   first cycle after its pod fails to fit, whatever other queues' backlogs. What is cut off
-   waits for a later cycle and is counted in the budget, which the controller reports (metric
+6. Bounded time, per queue and per cycle, never by a window of the oldest pods: waiting pods are
+   taken queue by queue, the most owed first (`FairnessSnapshot.order`), of each queue its head
+   (highest priority, then oldest) - at most `max_pending_per_queue` pods or gangs that may
+   reclaim now (rules 9 and 13) and as many that may not, a gang's waiting members together -
+   and at most `max_pending` pods or gangs in all (`serving_order`); for each the `node_trials`
+   nodes holding possible victims with the most free GPU; and a work budget per cycle (`Budget`:
+   `max_trials` node searches in all), after which the remaining waiting pods are not tried. So
+   a queue below its share is planned in the first cycle after its pod fails to fit, whatever
+   other queues' backlogs. What is cut off waits for a later cycle and is counted in the budget,
+   which the controller reports (metric
    and log). A node searched whose GPUs rule out a plan within the
    cycle's evictions left (`fewest_evictions`, a lower bound on the pods to evict there) costs
    its trial but no trial evictions.
@@ -333,7 +362,8 @@ def reclaim_refusal(
 
     With R' and V' the queues where the two paths diverge: every queue from the reclaimer up to
     R' is below its fair share (owed); every queue from the victim's up to V' is above its own,
-    and ends, `taken` poorer, less owed than R' is now. Worked examples in the module docstring.
+    and ends, `taken` poorer, less owed than the most owed queue from the reclaimer up to R' is
+    now, and V' no more owed than R' is now. Worked examples in the module docstring.
 
     A running pod also holds its GPU model's resource (`gpu/<model>`), which a pending pod that
     takes any model does not ask for; the victim's share of that resource is no reason to keep
@@ -359,7 +389,9 @@ def reclaim_refusal(
                 )
     diverging = up_reclaimer[-1]  # R'
     for resource, amount in freed.items():
-        reclaimer_held, reclaimer_fair = standing(diverging, resource)
+        # The most owed queue from the reclaimer up to R' (the first on ties: the reclaimer's own).
+        most_owed = max(up_reclaimer, key=lambda q: standing(q, resource)[1] - standing(q, resource)[0])
+        reclaimer_held, reclaimer_fair = standing(most_owed, resource)
         owed = reclaimer_fair - reclaimer_held
         for queue in up_victim:
             held, fair = standing(queue, resource)
@@ -374,9 +406,20 @@ def reclaim_refusal(
                     f"queue '{queue}' would end {format_amount(resource, fair - held + amount)} below "
                     f"its fair share ({resource} {format_amount(resource, held)} - "
                     f"{format_amount(resource, amount)} of {format_amount(resource, fair)}), no less than "
-                    f"queue '{diverging}' is now ({format_amount(resource, reclaimer_held)} of "
+                    f"queue '{most_owed}' is now ({format_amount(resource, reclaimer_held)} of "
                     f"{format_amount(resource, reclaimer_fair)}): no fairer"
                 )
+        held, fair = standing(up_victim[-1], resource)  # V'
+        held += amount if starting else 0.0
+        diverging_held, diverging_fair = standing(diverging, resource)
+        if fair - (held - amount) > diverging_fair - diverging_held + EPSILON:
+            return (
+                f"queue '{up_victim[-1]}' would end {format_amount(resource, fair - held + amount)} below "
+                f"its fair share ({resource} {format_amount(resource, held)} - "
+                f"{format_amount(resource, amount)} of {format_amount(resource, fair)}), more than "
+                f"queue '{diverging}' is now ({format_amount(resource, diverging_held)} of "
+                f"{format_amount(resource, diverging_fair)}): inverted where their paths diverge"
+            )
     return ""
 
 
@@ -924,7 +967,11 @@ def _place_held(fork: ClusterSnapshot, hold: HeldGpus) -> bool:
 
 
 def serving_order(
-    fairness: FairnessSnapshot, pending: Sequence[PendingPod], per_queue: int, limit: int
+    fairness: FairnessSnapshot,
+    pending: Sequence[PendingPod],
+    per_queue: int,
+    limit: int,
+    reclaims: Callable[[PendingPod], bool] | None = None,
 ) -> list[PendingPod]:
     """Waiting pods in the order plans serve them: queue by queue, the most owed first
     (`FairnessSnapshot.order`: below its fair share first, over whole subtrees, so across the
@@ -932,6 +979,12 @@ def serving_order(
     units: a pod, or a gang's waiting members, listed together (one unit, however many). At most
     `limit` units in all, taken in that order, so the queues that lose out are the least owed;
     a gang is never split. Pods of a queue the tree does not know are left out.
+
+    `reclaims` (a unit by its first pod): whether it may reclaim now (rules 9 and 13). Those that
+    may not take `per_queue` places of their own, beside the head of those that may: a queue
+    owed one GPU whose 16 oldest pods ask 2 or 4 (owed less than them, they wait for capacity)
+    has its 1-GPU pod behind them planned too. (Before, those 16 filled the queue's places and
+    its 1-GPU pod was never tried: on `churn` a queue stayed owed a pod for minutes.)
 
     No window of the oldest pods across queues: a borrower's backlog, however long, takes at most
     `per_queue` places, behind every queue more owed (before, the 64 oldest waiting pods were
@@ -951,18 +1004,21 @@ def serving_order(
         for pod in pods:
             if pod.workload:
                 gangs.setdefault(pod.workload, []).append(pod)
-        taken = 0
+        taken = {True: 0, False: 0}  # places taken by units that may reclaim now, and by the rest
         for pod in pods:
-            if taken >= per_queue or units >= limit:
+            full = taken[True] >= per_queue and (reclaims is None or taken[False] >= per_queue)
+            if full or units >= limit:
                 break
+            if pod.workload and pod.workload not in gangs:
+                continue  # listed with its gang's first member
+            group = reclaims is None or reclaims(pod)
+            if taken[group] >= per_queue:
+                continue
             if pod.workload:
-                members = gangs.pop(pod.workload, None)
-                if members is None:
-                    continue  # listed with its gang's first member
-                order.extend(members)
+                order.extend(gangs.pop(pod.workload))
             else:
                 order.append(pod)
-            taken += 1
+            taken[group] += 1
             units += 1
         if units >= limit:
             break
@@ -1297,7 +1353,14 @@ def plan(
     search = Search(fork, fit_index)
     served = Served()
     evictions_left = rules.max_evictions
-    order = serving_order(fork.fairness, pending, rules.max_pending_per_queue, rules.max_pending)
+    fairness = fork.fairness
+    order = serving_order(
+        fairness,
+        pending,
+        rules.max_pending_per_queue,
+        rules.max_pending,
+        reclaims=lambda waiting: reclaims_now(fairness, waiting, now, rules),
+    )
     gangs: dict[str, list[PendingPod]] = {}  # a gang's waiting members without GPUs (listed together)
     for waiting in order:
         if waiting.workload and waiting.key not in fork.running:

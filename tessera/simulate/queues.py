@@ -118,6 +118,7 @@ from extender.queues import (
 from .cluster import Cluster
 from .packing import Placer, workload_mix
 from .policies import make_policy
+from .spells import LONG_SPELL_S, SpellCause, spell_cause
 from .trace import SimNode, SimPod
 
 MIB = 2**20
@@ -398,6 +399,17 @@ class EvictionRecord:
     started_while_served_waited: bool = False
 
 
+@dataclass
+class SpellRecord:
+    """A leaf queue's spell below its share that lasted over `LONG_SPELL_S`, and what kept reclaim
+    from serving it when it reached that length (`tessera.simulate.spells`)."""
+
+    queue: str
+    start: float
+    cause: SpellCause
+    length_s: float = LONG_SPELL_S  # how long it lasted in all (set when it ends)
+
+
 @dataclass(frozen=True)
 class GangRecord:
     """A gang's first start: how long its first member waited for it, and the domains of each
@@ -460,6 +472,7 @@ class QueueRunResult:
     refusals: dict[str, int] = field(default_factory=dict)  # reason -> pods refused at least once
     gpu_s_used: float = 0.0  # GPU-seconds held by pods over the run (running and terminating)
     gangs: list[GangRecord] = field(default_factory=list)  # gangs' first starts, when levels exist
+    long_spells: list[SpellRecord] = field(default_factory=list)  # leaf queues below share > 60 s
     history: bool = False  # fair share over time was on for some queue
 
     @property
@@ -648,6 +661,9 @@ class _Replay:
         # queue -> how long its current spell below its share has lasted, and its longest spell
         self.below_spell: dict[str, float] = dict.fromkeys(self.names, 0.0)
         self.longest_below: dict[str, float] = dict.fromkeys(self.names, 0.0)
+        parents = {q.parent for q in self.specs}
+        self.leaves = {q for q in self.names if q not in parents}
+        self.open_spell: dict[str, SpellRecord] = {}  # leaf -> its current spell, once over 60 s
         # Fair share over time, as the extender's history controller runs it (None: off).
         settings = workload.history_settings
         enabled = workload.history.enabled or any(s.enabled for s in settings.values())
@@ -1073,6 +1089,22 @@ class _Replay:
         if self._quiet_until() > now:
             return False
         fairness = self._fairness()
+        snapshot = self._snapshot(fairness, now)
+        pending = self._pending(fairness)
+        plans = plan(snapshot, pending, now, self.rules)
+        if not plans:
+            self.fruitless = (self.version, now)
+            return False
+        for chosen in plans:
+            self._carry_out(chosen, now)
+        self.version += 1
+        if not self.delay:
+            self._schedule(now)
+        return True
+
+    def _snapshot(self, fairness: FairnessSnapshot, now: float) -> ClusterSnapshot:
+        """The reclaim loop's view of the simulated cluster now: the picture's snapshot, with the
+        holds and kept rests placed and the pods restarted after an eviction spared (rule 8)."""
         snapshot = ClusterSnapshot(
             {node.name: self.cluster.node_gpus(i) for i, node in enumerate(self.nodes)},
             {pod.key: self._running_pod(pod) for pod in self.running.values() if pod.demand.count},
@@ -1090,17 +1122,7 @@ class _Replay:
                 snapshot.running.values(), lambda pod: self.evicted_at.get(int(pod.key)), now, self.rules
             )
         )
-        pending = self._pending(fairness)
-        plans = plan(snapshot, pending, now, self.rules)
-        if not plans:
-            self.fruitless = (self.version, now)
-            return False
-        for chosen in plans:
-            self._carry_out(chosen, now)
-        self.version += 1
-        if not self.delay:
-            self._schedule(now)
-        return True
+        return snapshot
 
     def _pending(self, fairness: FairnessSnapshot) -> list[PendingPod]:
         """What the live loop hands the planner (`ClusterPicture.waiting_pods`): the waiting GPU
@@ -1283,6 +1305,9 @@ class _Replay:
         for q in self.names:
             if q not in starved:
                 self.below_spell[q] = 0.0
+                spell = self.open_spell.pop(q, None)
+                if spell is not None:
+                    spell.length_s = now - spell.start
         pending = Counter(p.queue for p in self.waiting.values())
         running = Counter(p.queue for p in self.running.values())
         for q in self.names:
@@ -1344,15 +1369,34 @@ class _Replay:
             sums["share"] += level.shares.get(q, 0.0) * span
             sums["starved"] += span if q in level.starved else 0.0
             if q in level.starved:
+                before = self.below_spell[q]
                 self.below_spell[q] += span
                 self.longest_below[q] = max(self.longest_below[q], self.below_spell[q])
+                if q in self.leaves and before < LONG_SPELL_S <= self.below_spell[q]:
+                    self._long_spell(q, self.last_time - before, self.last_time + LONG_SPELL_S - before)
             sums["deficit"] += max(0.0, level.shares.get(q, 0.0) - level.allocated.get(q, 0.0)) * span
         self.result.idle_gpu_s_while_fitting_pod_waits += level.idle_gpus * span
         self.result.idle_gpu_s_while_host_starved_pod_waits += level.host_idle_gpus * span
         self.last_time = now
 
+    def _long_spell(self, queue: str, start: float, now: float) -> None:
+        """Record a spell of `queue` below its share reaching `LONG_SPELL_S` at `now` (the state
+        is the one since the last change), with what keeps its smallest such pod waiting."""
+        fairness = self._fairness()
+        pending = [p for p in self._pending(fairness) if p.queue == queue]
+        cause: SpellCause = "held"  # the planner lists none of its pods: GPUs are held for them
+        if pending:
+            smallest = min(pending, key=lambda p: (p.resources.get("gpu", 0.0), p.created, p.key))
+            gang = smallest.workload
+            unit = [p for p in pending if p.workload == gang] if gang else [smallest]
+            cause = spell_cause(self._snapshot(fairness, now), unit, now, self.rules)
+        self.open_spell[queue] = SpellRecord(queue, start, cause)
+        self.result.long_spells.append(self.open_spell[queue])
+
     def _summarise(self) -> None:
         result, end = self.result, self.result.makespan_s
+        for spell in self.open_spell.values():
+            spell.length_s = end - spell.start
         gpu_capacity = self.capacity.get("gpu", 0.0)
         result.refusals = {reason: len(pods) for reason, pods in sorted(self.refused.items())}
         # A plan's needed GPUs include the fractions that took the rest it kept (rule 11).

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from .packing import PackingResult
 from .queues import QueueRunResult
+from .spells import LONG_SPELL_S, SPELL_CAUSES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -413,8 +414,25 @@ def queue_table(result: QueueRunResult) -> str:
             "GPU-s idle while a pod waited that would fit if CPU and memory were shared fairly: "
             f"{result.idle_gpu_s_while_host_starved_pod_waits:.1f}",
             reclaim,
+            long_spells_line(result),
         ]
     )
+
+
+def long_spells_line(result: QueueRunResult) -> str:
+    """The leaf queues' spells below their shares over 60 s, by what kept reclaim from serving
+    them (`tessera.simulate.spells`): how many, and the longest, of each cause."""
+    spells = result.long_spells
+    if not spells:
+        return f"spells below share over {LONG_SPELL_S:g} s: none"
+    causes = [
+        f"{cause} {len(mine)} (longest {longest.length_s:.0f} s, {longest.queue} from {longest.start:.0f} s)"
+        for cause in SPELL_CAUSES
+        for mine in ([s for s in spells if s.cause == cause],)
+        if mine
+        for longest in (max(mine, key=lambda s: s.length_s),)
+    ]
+    return f"spells below share over {LONG_SPELL_S:g} s: {len(spells)}; " + ", ".join(causes)
 
 
 def gpu_hours_table(result: QueueRunResult, weights: Mapping[str, float]) -> str:

@@ -3,6 +3,7 @@ in; evictions and placements out. The arithmetic of each case is in its comment.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -442,6 +443,7 @@ def standing(
 
 
 ORG = {"a": "org", "b": "org"}  # org (a, b) and c at the root
+DEPTS = {"a1": "dept-a", "a2": "dept-a", "b1": "dept-b", "b2": "dept-b"}  # two departments
 
 REFUSALS = [
     # (case, held, shares, parents, reclaimer, victim, GPUs taken, refusal ('' = allowed))
@@ -586,6 +588,49 @@ REFUSALS = [
         1,
         "",
     ),
+    # Two departments of 4 (leaves 2 each); b1 is owed a whole GPU (1 of 2) in dept-b, owed half
+    # (3.5 of 4), and dept-a holds 4.5 (a1 3, a2 1.5). a1's GPU leaves dept-a 0.5 owed (3.5 of 4),
+    # exactly as owed as dept-b is now - a swap where the paths diverge, no inversion - and a1 at
+    # its share; below them b1 goes from 1 owed to 0, and nothing on either path ends as owed as
+    # b1 is now (1). The lowest surplus of the queues moved, b1's -1, rises to -0.5: fairer. The
+    # rule before compared dept-a with dept-b only, and refused it ("no fairer"): b1 waited.
+    (
+        "a leaf owed a GPU in a department owed half: a swap of the departments",
+        {"a1": 3, "a2": 1.5, "b1": 1, "b2": 2.5, "dept-a": 0, "dept-b": 0},
+        {"dept-a": 4, "dept-b": 4, "a1": 2, "a2": 2, "b1": 2, "b2": 2},
+        DEPTS,
+        "b1",
+        "a1",
+        1,
+        "",
+    ),
+    # The same departments, b1 owed 2 (0 of 2), b2 at 3.5: a 2-GPU victim of a1 would leave dept-a
+    # 1.5 owed (2.5 of 4), less than b1's 2, but more than dept-b's 0.5 now: the departments would
+    # change places, inverted where the paths diverge.
+    (
+        "a leaf owed 2 GPUs in a department owed half: no inversion of the departments",
+        {"a1": 3, "a2": 1.5, "b1": 0, "b2": 3.5, "dept-a": 0, "dept-b": 0},
+        {"dept-a": 4, "dept-b": 4, "a1": 2, "a2": 2, "b1": 2, "b2": 2},
+        DEPTS,
+        "b1",
+        "a1",
+        2,
+        "queue 'dept-a' would end 1.5 below its fair share (gpu 4.5 - 2 of 4), more than queue 'dept-b' "
+        "is now (3.5 of 4): inverted where their paths diverge",
+    ),
+    # A leaf owed half a GPU in that department compares with its own deficit, 0.5: a1 ending at
+    # its share is fine, dept-a ending 0.5 owed is not (no less owed than b1 is now).
+    (
+        "a leaf owed half a GPU in a department owed half",
+        {"a1": 3, "a2": 1.5, "b1": 1.5, "b2": 2, "dept-a": 0, "dept-b": 0},
+        {"dept-a": 4, "dept-b": 4, "a1": 2, "a2": 2, "b1": 2, "b2": 2},
+        DEPTS,
+        "b1",
+        "a1",
+        1,
+        "queue 'dept-a' would end 0.5 below its fair share (gpu 4.5 - 1 of 4), no less than queue 'b1' is "
+        "now (1.5 of 2): no fairer",
+    ),
 ]
 
 
@@ -667,6 +712,42 @@ FAIRER = [
         + [Wait(f"d{i}", "d", age_s=3 - i) for i in range(3)],
         evicted={"c2", "b2"},
         served={"d0": "n1", "d1": "n1"},
+    ),
+    # Two departments (churn at t=23003 in small): 8 GPUs, all queues want more, shares dept-a 4,
+    # dept-b 4, each leaf 2. a1 holds 3, a2 1.5, b1 1, b2 2.5 (none of it preemptible: inside
+    # dept-b nothing may go). b1 is owed 1 (1 of 2), dept-b only 0.5 (3.5 of 4). a1's newest GPU
+    # leaves dept-a 0.5 owed (3.5 of 4), as owed as dept-b is now (a swap of the departments, no
+    # inversion), a1 at its share, b1 at its share: the most owed queue moved, b1 at -1, ends at
+    # 0. Before, where the paths diverge dept-a would end no less owed than dept-b: refused, and
+    # b1 waited for a GPU to free by itself.
+    Scenario(
+        "a leaf owed a GPU in a department owed half takes it from the other department",
+        nodes={"n1": 8},
+        queues=[
+            q("dept-a"),
+            q("dept-b"),
+            q("a1", "dept-a"),
+            q("a2", "dept-a"),
+            q("b1", "dept-b"),
+            q("b2", "dept-b"),
+        ],
+        running=[
+            Run("a2-half", "a2", "n1", milli=500, gpu=7, age_s=400),
+            Run("b2-half", "b2", "n1", milli=500, gpu=7, age_s=50, preemptible=False),
+            *runs("a1", 3, "n1", age_s=300),
+            Run("a2-0", "a2", "n1", age_s=400),
+            Run("b1-0", "b1", "n1", age_s=400),
+            Run("b2-0", "b2", "n1", age_s=400, preemptible=False),
+            Run("b2-1", "b2", "n1", age_s=400, preemptible=False),
+        ],
+        pending=[
+            *older("a1", 2, start=3),
+            *older("a2", 2, start=1),
+            *older("b2", 2, start=2),
+            Wait("b1-1", "b1"),
+        ],
+        evicted={"a12"},
+        served={"b1-1": "n1"},
     ),
     # 5 GPUs; quotas r 1.5, v 1.5, w 2; r holds 1 and wants 1 more, v holds 2.5 (a half and two
     # whole GPUs), w holds 1.5 and wants no more. Guarantees 1.5 each, the 0.5 left split between
@@ -845,6 +926,21 @@ BACKLOGS = [
         evicted={f"a{i}" for i in range(8, 16)},
         served={f"g{i}": "n2" for i in range(8)},
     ),
+    # 8 GPUs; a (quota 4) holds 5, b (quota 4) holds 3 and waits with 16 older 2-GPU pods and a
+    # 1-GPU pod: shares 4 / 4. b is owed 1: less than a 2-GPU pod (rule 9: those wait for
+    # capacity), a whole 1-GPU pod - a's newest goes (a ends at its share, 0 owed < 1). Before,
+    # the 16 2-GPU pods filled b's 16 places in the cycle's order and the 1-GPU pod was never
+    # tried: b stayed owed a pod until capacity freed.
+    Scenario(
+        "a queue owed a GPU behind 16 of its own 2-GPU pods gets its 1-GPU pod planned",
+        nodes={"n1": 8},
+        queues=[q("a", quota=4), q("b", quota=4)],
+        running=runs("a", 5, "n1", age_s=200_000) + [Run(f"b-run{i}", "b", "n1") for i in range(3)],
+        pending=[Wait(f"b-pair{i}", "b", gpus=2, age_s=100_000.0 - i) for i in range(16)]
+        + [Wait("b-one", "b")],
+        evicted={"a4"},
+        served={"b-one": "n1"},
+    ),
 ]
 
 
@@ -907,3 +1003,47 @@ def test_serving_order_takes_each_queues_head_most_owed_queue_first(
         pod("b2", "b", 20.0, priority=5),
     ]
     assert [p.key for p in serving_order(fairness, pending, per_queue, limit)] == order
+
+
+def surpluses(held: dict[str, float], shares: dict[str, float], parents: dict[str, str]) -> list[float]:
+    """Every queue's surplus (its subtree's GPUs minus its fair share), sorted: the potential
+    every reclaim rule 1 allows raises, lexicographically (the module docstring's argument)."""
+    subtree = dict.fromkeys(shares, 0.0)
+    for leaf, gpus in held.items():
+        queue: str | None = leaf
+        while queue is not None:
+            subtree[queue] += gpus
+            queue = parents.get(queue)
+    return sorted(subtree[name] - share for name, share in shares.items())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_sequence_of_reclaims_comes_back_to_where_it_started(seed: int) -> None:
+    # Two departments of three leaves, 24 GPUs, shares dept 12 and leaves 4, with random holdings in
+    # halves. Moves of half, one or two GPUs between random leaves, each made only when rule 1
+    # allows it, raise the sorted surpluses of all queues every time - departments and leaves
+    # alike - so no state comes back, whatever the order of the moves.
+    rng = random.Random(seed)
+    parents = {f"{d}{i}": f"dept-{d}" for d in "ab" for i in range(3)}
+    shares = {"dept-a": 12.0, "dept-b": 12.0} | dict.fromkeys(parents, 4.0)
+    held = dict.fromkeys(parents, 0.0)
+    for _ in range(48):
+        held[rng.choice(sorted(parents))] += 0.5
+    seen = {tuple(sorted(held.items()))}
+    moves = 0
+    for _ in range(400):
+        reclaimer, victim = rng.sample(sorted(parents), 2)
+        gpus = rng.choice([0.5, 1.0, 2.0])
+        if held[victim] < gpus:
+            continue
+        fairness = standing(held | dict.fromkeys(shares.keys() - held.keys(), 0.0), shares, parents)
+        if reclaim_refusal(fairness, reclaimer, {"gpu": gpus}, victim, {"gpu": gpus}):
+            continue
+        potential = surpluses(held, shares, parents)
+        held = held | {reclaimer: held[reclaimer] + gpus, victim: held[victim] - gpus}
+        assert surpluses(held, shares, parents) > potential, (reclaimer, victim, gpus)
+        state = tuple(sorted(held.items()))
+        assert state not in seen
+        seen.add(state)
+        moves += 1
+    assert moves > 0
