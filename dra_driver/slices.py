@@ -688,13 +688,17 @@ class SliceReconciler:
                 await self._publish_with_retry(gpus)
                 waiting: set[asyncio.Future[Any]] = {next_change, requested}
                 done, _ = await asyncio.wait(waiting, timeout=resync_s, return_when=asyncio.FIRST_COMPLETED)
+                if requested in done and next_change not in done:
+                    # Held back by the rate limit, not past a change: that is published meanwhile.
+                    hold = min_interval_s - (time.monotonic() - self._last_requested_publish)
+                    if hold > 0:
+                        changed, _ = await asyncio.wait({next_change}, timeout=hold)
+                        done |= changed
                 if next_change in done:  # a request still pending is served next time round
                     gpus = next_change.result()
                     next_change = asyncio.ensure_future(anext(changes))
                     continue
                 if requested in done:
-                    since_last = time.monotonic() - self._last_requested_publish
-                    await asyncio.sleep(max(0.0, min_interval_s - since_last))
                     # Cleared before the inventory is read: a later request gets a later publish.
                     self._republish_requested.clear()
                     requested = asyncio.ensure_future(self._republish_requested.wait())

@@ -840,6 +840,31 @@ async def test_a_prepare_refused_for_an_admins_instance_republishes_the_slices_w
     assert len(reasons) == 2
 
 
+async def test_a_republish_request_held_back_neither_delays_a_health_change_nor_is_lost(
+    tmp_path: Path,
+) -> None:
+    # A request within the rate limit (here an hour) of the last one it served waits; a health
+    # change arriving meanwhile is published at once, and the request stays pending after it.
+    discovery = SimulatedDiscovery(two_h100s())
+    async with ApiClient() as api:
+        slices = PoolRecorder(api, discovery, tmp_path / "state")
+        loop = asyncio.create_task(slices.run(min_interval_s=3600))
+        try:
+            await slices.next_pool()  # the first publish
+            slices.request_republish("a refusal")  # none served before: served at once
+            await slices.next_pool()
+            slices.request_republish("the kubelet's retry")
+            # Let the loop take the request and start holding it (were the change already there
+            # when it woke, it would be published first without the hold being tried).
+            await asyncio.sleep(0.05)
+            discovery.set_health(1, healthy=False, message="XID 79")
+            changed = await slices.next_pool()
+            assert "taints" in changed["gpu-1"]  # GPU 1 marked unhealthy
+            assert slices._republish_requested.is_set()  # still to be served, once the hour is up
+        finally:
+            loop.cancel()
+
+
 async def test_recovery_undoes_an_interrupted_claim_and_leaves_the_admin_instance(tmp_path: Path) -> None:
     gpus = admin_h100s(tmp_path)
     gpu0 = gpus[0].uuid
