@@ -102,7 +102,7 @@ from extender.policy.history import (
     HistoryParams,
     HistorySettings,
 )
-from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, choose_gpus, fits
+from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, WorkloadMix, choose_gpus, fits
 from extender.policy.reclaim import PendingPod, Plan, Rules, plan, protected_restarts
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, take
 from extender.policy.topology import Level, Topology, TopologyAsk, ask_refusal, plan_in_domain
@@ -116,7 +116,7 @@ from extender.queues import (
 )
 
 from .cluster import Cluster
-from .packing import Placer, workload_mix
+from .packing import Placer, TieBreak, workload_mix
 from .policies import make_policy
 from .spells import LONG_SPELL_S, SpellCause, spell_cause
 from .trace import SimNode, SimPod
@@ -595,13 +595,15 @@ class _Replay:
         delay: float,
         partly_owed_wait_s: float | None = None,
         whole_owed_wait_s: float | None = None,
+        mix: WorkloadMix | None = None,
+        tie_break: TieBreak = "random",
     ):
         self.pods = _pods(workload)
         self.nodes = list(workload.nodes)
         self.node_index = {node.name: i for i, node in enumerate(self.nodes)}
-        mix = workload_mix([SimPod(p.job, p.demand) for p in self.pods])
+        mix = mix or workload_mix([SimPod(p.job, p.demand) for p in self.pods])
         self.cluster = Cluster(self.nodes, mix, workload.domains)
-        self.placer = Placer(self.cluster, make_policy(policy_name, mix), random.Random(seed))
+        self.placer = Placer(self.cluster, make_policy(policy_name, mix), random.Random(seed), tie_break)
         # The capacity in the same vocabulary: each node's CPU, memory and GPUs of its model.
         self.capacity: dict[str, float] = {}
         for node in self.nodes:
@@ -1454,13 +1456,17 @@ def run_queue_workload(
     whole_owed_wait_s: float | None = None,
     topology_asks: bool = True,
     history: bool | None = None,
+    mix: WorkloadMix | None = None,
+    tie_break: TieBreak = "random",
 ) -> QueueRunResult:
     """Replay `workload`; the interval and delay default to the workload's own, the wait of a pod
     of a queue owed less than itself before it reclaims (rule 9) to the extender's. Without
     `topology_asks`, gangs are placed as if they asked no level (the domains they span are still
     reported: the comparison). `history`: fair share over time on (the workload's parameters,
     enabled by default) or off (no queue's settings either: today's shares); None: as the
-    workload says."""
+    workload says. `mix`: the pods placement scores against (default: the workload's own);
+    `tie_break`: how placement picks among equally ranked nodes (``packing.Placer``: by default at
+    random per seed; "first": the first in the workload's node order, as the timeline replay)."""
     interval = workload.reclaim_interval_s if reclaim_interval_s is None else reclaim_interval_s
     delay = workload.termination_delay_s if termination_delay_s is None else termination_delay_s
     if interval < 0 or delay < 0:
@@ -1481,4 +1487,6 @@ def run_queue_workload(
             history_settings=settings if history else {},
         )
     seed = workload.seed if seed is None else seed
-    return _Replay(workload, policy_name, seed, interval, delay, partly_owed_wait_s, whole_owed_wait_s).run()
+    return _Replay(
+        workload, policy_name, seed, interval, delay, partly_owed_wait_s, whole_owed_wait_s, mix, tie_break
+    ).run()

@@ -121,11 +121,14 @@ def replay_timeline_queues(
     started = time.perf_counter()
     timed = timed_pods(pods, load)[0][:max_pods]
     ordered = node_order(nodes, seed)
-    cluster = Cluster(ordered, workload_mix(pods))
+    mix = workload_mix(pods)
+    cluster = Cluster(ordered, mix)
     empty = [cluster.node_gpus(i) for i in range(len(ordered))]
     fitting = {demand: any(fits(node, demand) for node in empty) for demand in {pod.demand for pod in timed}}
     kept = [pod for pod in timed if fitting[pod.demand]]
-    run = run_queue_workload(queue_workload(ordered, kept, queues), policy, seed)
+    # Placement as in the plain timeline: scored against the trace's whole mix, ties to the first
+    # node in the seed's order; so one queue replays exactly what the plain timeline does.
+    run = run_queue_workload(queue_workload(ordered, kept, queues), policy, seed, mix=mix, tie_break="first")
     return TimelineQueuesResult(
         policy,
         load,

@@ -15,7 +15,7 @@ import pytest
 
 from extender.policy.placement import GpuDemand, placement_demand
 from tessera.simulate.queues import QueueSummary
-from tessera.simulate.timeline import MOVES
+from tessera.simulate.timeline import MOVES, node_order, replay_timeline
 from tessera.simulate.timeline_queues import (
     TimelineQueuesResult,
     equal_quotas,
@@ -131,3 +131,38 @@ def test_the_load_divides_the_gaps_and_pods_fitting_no_node_are_left_out() -> No
 def test_moves_have_no_queue_replay() -> None:
     with pytest.raises(ValueError, match="no queue replay for policy 'tessera\\+moves'"):
         replay_timeline_queues(NODES, BORROW_THEN_OWNER, MOVES, queues=2)
+
+
+def test_one_queue_replays_exactly_what_the_plain_timeline_does() -> None:
+    # Two 4-GPU T4 nodes, "small" with 16 CPUs and "big" with 64. At t=0 "a" (1 GPU, 2 CPUs, runs
+    # 5000 s) arrives, at t=10 "b" (4 GPUs, 48 CPUs, 100 s), which only "big" holds. Twenty pods
+    # like "a" that never ran in the trace (no scheduled_time) are not replayed but are in the
+    # mix FGD scores against: with them, b's kind is 1 pod in 22 and FGD ranks "a" on either node
+    # alike (a tie); scored against the replayed pods alone (b 1 in 2) it keeps "a" off "big".
+    never_ran = [
+        SimPod(f"c{i}", placement_demand(GpuDemand(1, 1000, frozenset()), 2000, 1024), creation_time=0)
+        for i in range(20)
+    ]
+    shaped = [
+        SimPod(
+            name,
+            placement_demand(GpuDemand(gpus, 1000, frozenset()), cpu, 1024),
+            created,
+            created,
+            created + runs,
+        )
+        for name, created, runs, gpus, cpu in (("a", 0, 5000, 1, 2000), ("b", 10, 100, 4, 48000))
+    ]
+    nodes = [SimNode("small", "T4", 4, 16000, 65536), SimNode("big", "T4", 4, 64000, 65536)]
+    for seed in range(6):
+        plain = replay_timeline(nodes, [*shaped, *never_ran], "fgd", seed=seed)
+        queued = replay_timeline_queues(nodes, [*shaped, *never_ran], "fgd", queues=1, seed=seed)
+        # The tie goes to the first node in the seed's order, in both replays: where that is
+        # "big", b waits until a leaves at 5000: 4990 s x 4 GPUs = 19960 GPU-s; else it waits 0.
+        first = node_order(nodes, seed)[0].name
+        expected = 4990 * 4 if first == "big" else 0
+        assert plain.wait_gpu_hours * 3600 == pytest.approx(expected)
+        (only,) = queued.run.queues
+        assert only.wait_gpu_hours * 3600 == pytest.approx(expected)
+    # Both cases occur among seeds 0-5 (seeds 0 and 5 order "big" first).
+    assert {node_order(nodes, seed)[0].name for seed in range(6)} == {"big", "small"}
