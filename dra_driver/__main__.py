@@ -185,15 +185,7 @@ async def run_driver(config: DriverConfig, stop: asyncio.Event) -> None:
             # publish after it, and the driver is ready once both are done.
             plugin_started = asyncio.Event()
             serving = group.create_task(
-                serve_plugin(
-                    config,
-                    profile,
-                    api,
-                    stop,
-                    started=plugin_started,
-                    # A prepare refused for an instance the slices lack: publish the instance.
-                    instances_changed=reconciler.request_republish,
-                ),
+                serve_plugin(config, profile, api, stop, started=plugin_started),
                 name="plugin",
             )
             slices = group.create_task(reconciler.run(start_after=plugin_started), name="slices")

@@ -23,13 +23,12 @@ command), with the checkpoint written before (``started``: nothing made yet) and
 are listed: a claim whose placement an instance already covers (made since the slice was
 published) fails with nothing recorded or made; a create refused after a clear listing (an
 instance someone made in between) made nothing, so nothing is destroyed, and the GPU is listed
-again for the claim's error to name that instance. Either way the slices were out of date: the
-preparer's ``instances_changed`` callback asks the slice publisher to publish again. Undoing one
-(unprepare, a failure, or the roll-back of a claim a crash interrupted) destroys its recorded
-instance, or without a recorded id the one at its placement, found on the device, so a crash
-between a create and its record leaves no orphaned instance, and since the placement was free
-when the claim was recorded, the instance there is the claim's. A claim whose instance cannot be
-destroyed stays recorded (its unprepare fails, and the kubelet retries it).
+again for the claim's error to name that instance. Undoing one (unprepare, a failure, or the
+roll-back of a claim a crash interrupted) destroys its recorded instance, or without a recorded
+id the one at its placement, found on the device, so a crash between a create and its record
+leaves no orphaned instance, and since the placement was free when the claim was recorded, the
+instance there is the claim's. A claim whose instance cannot be destroyed stays recorded (its
+unprepare fails, and the kubelet retries it).
 """
 
 from __future__ import annotations
@@ -543,12 +542,8 @@ class Preparer:
         sharing: SharingManager,
         cdi_dir: Path,
         partitioner: Partitioner | None = None,
-        instances_changed: Callable[[str], None] | None = None,
     ) -> None:
         self._driver = driver_name
-        # Told (with why) when a listing shows MIG instances the published slices lack: the
-        # driver's slice publisher then publishes again, so no more claims get that placement.
-        self._instances_changed = instances_changed or (lambda reason: None)
         self._profile = profile
         self._pool = node_name
         self._devices = devices
@@ -833,7 +828,6 @@ class Preparer:
                     p.ref,
                     f"{device.device.name}: {taken}, made since the slice was published; nothing was made",
                 )
-                self._instances_changed(f"GPU {device.share.gpu_uuid}: {device.device.name} {taken}")
         return refused
 
     async def _why_not_made(self, share: GpuShare, refusal: PartitionNotMade) -> PartitionNotMade:
@@ -850,7 +844,6 @@ class Preparer:
         taken = _taken_by(share.partition, found)
         if not taken:
             return refusal
-        self._instances_changed(f"GPU {share.gpu_uuid}: {share.device_name} {taken}")
         return PartitionNotMade(
             f"{share.device_name}: {taken}, made between the driver's listing and its create; "
             "nothing was made"

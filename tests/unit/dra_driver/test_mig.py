@@ -8,14 +8,12 @@ state file that outlives a "crash" (the hardware), so an instance a crash left b
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import ApiClient
 
 from contract.gpuconfig import SharingStrategy
 from dra_driver import cdi
@@ -31,7 +29,7 @@ from dra_driver.profiles.nvidia.migtables import mig_layout
 from dra_driver.profiles.nvidia.profile import SIMULATED_MIG_STATE, NvidiaProfile
 from dra_driver.profiles.nvidia.simulated import SimulatedDiscovery, build_inventory, load_profile
 from dra_driver.sharing import RecordingRunner, SharingManager
-from dra_driver.slices import NodeRef, SharingMode, SliceReconciler, build_slices
+from dra_driver.slices import NodeRef, SharingMode, build_slices
 from tests.unit.dra_driver.fakes import DRIVER, NODE, FakeClaims, Result, claim, gpu_config, opaque
 
 GIB = 1 << 30
@@ -221,7 +219,6 @@ def mig_preparer(
     checkpoint: Checkpoint | None = None,
     gpus: list[Gpu] | None = None,
     partitioner: NvidiaMig | None = None,
-    instances_changed: Callable[[str], None] | None = None,
 ) -> Preparer:
     profile = NvidiaProfile("simulated", SimulatedDiscovery(gpus or two_h100s()), simulated=True)
     devices = node_devices(profile.discovery.inventory(), profile)
@@ -235,7 +232,6 @@ def mig_preparer(
         sharing=SharingManager(runner, profile.sharing(tmp_path / "mps")),
         cdi_dir=tmp_path / "cdi",
         partitioner=partitioner or profile.partitioner(runner.run, tmp_path / "state"),
-        instances_changed=instances_changed,
     )
 
 
@@ -729,140 +725,6 @@ async def test_an_admin_create_between_the_listing_and_the_create_is_named_on_th
     restarted = CrashingRunner()
     await mig_preparer(tmp_path, mig_claims(), restarted).recover()
     assert commands(restarted) == [] and instances(tmp_path) == {GPU0: left_on_gpu0}
-
-
-class ListingDiscovery(SimulatedDiscovery):
-    """The simulated GPUs listing the MIG instances their state file holds when asked, as NVML
-    lists every instance there is (``SimulatedDiscovery`` lists those of its profile only)."""
-
-    def __init__(self, gpus: list[Gpu], state_file: Path) -> None:
-        super().__init__(gpus)
-        self._smi = SimulatedSmi(state_file, gpus, RecordingRunner().run)
-
-    def inventory(self) -> list[Gpu]:
-        listed = self._smi.instances()
-        return [
-            replace(
-                gpu,
-                mig_devices=tuple(
-                    MigDevice(
-                        gi, cis[0], profile, f"MIG-{gpu.minor}-{gi}", _memory(gpu, profile, start), start
-                    )
-                    for gi, (profile, start, cis) in listed.get(gpu.uuid, {}).items()
-                ),
-            )
-            for gpu in super().inventory()
-        ]
-
-
-def _memory(gpu: Gpu, profile: str, start: int) -> int:
-    assert gpu.mig_layout is not None
-    placement = gpu.mig_layout.placement(profile, start)
-    assert placement is not None
-    return placement.memory_bytes
-
-
-class PoolRecorder(SliceReconciler):
-    """The reconciler's loop with each publish recorded as the pool it would write: the test
-    reads the devices, not the API (the real apiserver's view is the integration tests')."""
-
-    def __init__(self, api: ApiClient, discovery: SimulatedDiscovery, state_dir: Path) -> None:
-        super().__init__(
-            api,
-            NODE,
-            DRIVER,
-            discovery,
-            mode=SharingMode.CONSUMABLE_CAPACITY,
-            partitionable=True,
-            published=driver_instances_hidden(state_dir),
-        )
-        self.pools: asyncio.Queue[dict[str, dict[str, Any]]] = asyncio.Queue()
-
-    async def publish(self, gpus: Sequence[Gpu]) -> bool:
-        assert self.mode is not None
-        self.generation += 1
-        published = self._published_gpus(gpus)
-        pool = build_slices(NodeRef(NODE), DRIVER, published, self.mode, self.generation, partitionable=True)
-        self.pools.put_nowait(_devices(pool))
-        return True
-
-    async def next_pool(self) -> dict[str, dict[str, Any]]:
-        return await asyncio.wait_for(self.pools.get(), timeout=10)
-
-
-async def test_a_prepare_refused_for_an_admins_instance_republishes_the_slices_with_it(
-    tmp_path: Path,
-) -> None:
-    # The admin's 1g.10gb lands at slice 0 between the driver's listing and its create. The
-    # refusal asks for a republish at once (none served before, so the 1-hour rate limit does
-    # not hold it back), from an inventory read after it: the admin's instance is published as
-    # gpu-0-mig-1-0 (GPU instance 1, compute instance 0) and the placements overlapping slice 0
-    # (1g.10gb at 0, 1g.20gb, 2g.20gb, 3g.40gb and 4g.40gb at 0, and the whole GPU) are gone.
-    gpus = two_h100s()
-    state = tmp_path / "state"
-    discovery = ListingDiscovery(gpus, state / SIMULATED_MIG_STATE)
-    reasons: list[str] = []
-    async with ApiClient() as api:
-        slices = PoolRecorder(api, discovery, state)
-
-        def instances_changed(reason: str) -> None:
-            reasons.append(reason)
-            slices.request_republish(reason)
-
-        loop = asyncio.create_task(slices.run(min_interval_s=3600))
-        try:
-            before = await slices.next_pool()
-            assert {"gpu-0", "gpu-0-mig-1g-10gb-at-0"} <= before.keys() and "gpu-0-mig-1-0" not in before
-            runner = CrashingRunner()
-            admin = Command(("nvidia-smi", "mig", "-i", GPU0, "-cgi", "19:0", "-C"))
-            smi = RacingSmi(state / SIMULATED_MIG_STATE, gpus, runner.run, admin)
-            partitioner = NvidiaMig(smi.run, smi.instance_uuid, MigCapabilities(tmp_path / "proc"), gpus)
-            preparer = mig_preparer(
-                tmp_path, mig_claims(), runner, partitioner=partitioner, instances_changed=instances_changed
-            )
-            assert (
-                "made between the driver's listing and its create"
-                in (await preparer.prepare([ONE_G]))[ONE_G.uid].error
-            )
-            assert reasons == [
-                f"GPU {GPU0}: gpu-0-mig-1g-10gb-at-0 memory slice 0 is taken by GPU instance 1"
-            ]
-            after = await slices.next_pool()
-        finally:
-            loop.cancel()
-    assert _consumed(after["gpu-0-mig-1-0"]) == {"memory-slice-0": "1", "compute-slices": "1"}
-    overlapping = {f"gpu-0-mig-{p}-at-0" for p in ("1g-10gb", "1g-20gb", "2g-20gb", "3g-40gb", "4g-40gb")}
-    assert before.keys() - after.keys() == {"gpu-0", *overlapping}
-    assert after.keys() - before.keys() == {"gpu-0-mig-1-0"}
-    # The kubelet's retry (of a claim allocated before the republish) is refused at the listing,
-    # and asks again.
-    assert "made since the slice was published" in (await preparer.prepare([ONE_G]))[ONE_G.uid].error
-    assert len(reasons) == 2
-
-
-async def test_a_republish_request_held_back_neither_delays_a_health_change_nor_is_lost(
-    tmp_path: Path,
-) -> None:
-    # A request within the rate limit (here an hour) of the last one it served waits; a health
-    # change arriving meanwhile is published at once, and the request stays pending after it.
-    discovery = SimulatedDiscovery(two_h100s())
-    async with ApiClient() as api:
-        slices = PoolRecorder(api, discovery, tmp_path / "state")
-        loop = asyncio.create_task(slices.run(min_interval_s=3600))
-        try:
-            await slices.next_pool()  # the first publish
-            slices.request_republish("a refusal")  # none served before: served at once
-            await slices.next_pool()
-            slices.request_republish("the kubelet's retry")
-            # Let the loop take the request and start holding it (were the change already there
-            # when it woke, it would be published first without the hold being tried).
-            await asyncio.sleep(0.05)
-            discovery.set_health(1, healthy=False, message="XID 79")
-            changed = await slices.next_pool()
-            assert "taints" in changed["gpu-1"]  # GPU 1 marked unhealthy
-            assert slices._republish_requested.is_set()  # still to be served, once the hour is up
-        finally:
-            loop.cancel()
 
 
 async def test_recovery_undoes_an_interrupted_claim_and_leaves_the_admin_instance(tmp_path: Path) -> None:
