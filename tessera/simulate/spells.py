@@ -38,7 +38,7 @@ Pure: it reads a snapshot and the planner's rules, as the reclaim loop would, an
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 from extender.policy.drf import diverging_paths
 from extender.policy.fairness import EPSILON, FairnessSnapshot
@@ -67,18 +67,7 @@ SpellCause = Literal[
     "path owed less",
     "refused",
 ]
-SPELL_CAUSES: tuple[SpellCause, ...] = (
-    "held",
-    "fits",
-    "host owed less",
-    "waits",
-    "planned",
-    "no borrower",
-    "no node",
-    "ratio",
-    "path owed less",
-    "refused",
-)
+SPELL_CAUSES: tuple[SpellCause, ...] = get_args(SpellCause)
 
 
 def spell_cause(
