@@ -269,7 +269,14 @@ async def slices_published(k8s: ApiClient, driver: str, node: str) -> bool:
     listing = await ResourceV1Api(k8s).list_resource_slice(
         field_selector=f"spec.nodeName={node},spec.driver={driver}"
     )
-    return bool(listing.items)
+    # A pool may span several slices (MIG: the counters in one, the devices in another), written
+    # one by one; it is published when every slice of its newest generation is there.
+    pools = [item.spec.pool for item in listing.items]
+    newest = {pool.name: pool.generation for pool in sorted(pools, key=lambda pool: pool.generation)}
+    current = [pool for pool in pools if pool.generation == newest[pool.name]]
+    return bool(current) and all(
+        pool.resource_slice_count == sum(other.name == pool.name for other in current) for pool in current
+    )
 
 
 async def test_whole_and_fractional_gpus_are_prepared_and_survive_a_driver_kill(
