@@ -46,7 +46,7 @@ def with_history(picture: ClusterPicture) -> float:
     adjustment = rule.adjustment(HOUR_S, view.tree, view.capacity)
     if adjustment is None or not adjustment.factors:
         raise AssertionError("the history adjusted no queue's weight: nothing would be measured")
-    picture.accounting.adjust_weights(adjustment)
+    picture.adjust_weights(adjustment)
     picture.fairness()
     return (time.process_time() - started) * 1000
 

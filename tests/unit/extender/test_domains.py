@@ -85,7 +85,7 @@ def picture(domains: DomainMap) -> ClusterPicture:
 def test_the_inventorys_node_kinds_keep_domains_apart(domains: DomainMap, shared: bool) -> None:
     # Nodes a and b: 2 free GPUs each, the same shape and GPU memory.
     state = picture(domains)
-    kind_a, kind_b = state.inventory.kinds_for(["a", "b"])
+    kind_a, kind_b = state.candidates("ns/p", ["a", "b"]).kinds
     assert (kind_a == kind_b) is shared
 
 

@@ -191,7 +191,7 @@ async def test_a_sixteen_victim_plan_evicts_side_by_side_and_holds_the_gpus(
     chosen = reclaim_plan("ns/b-0", keys(16))
     assert await loop.carry_out([chosen]) == [chosen]
     assert fake.peak == 16
-    assert state.inventory.held_for("ns/b-0") is not None
+    assert state.held_for("ns/b-0") is not None
     assert counter(metrics, "tessera_reclaim_evictions_total", outcome="evicted") == 16
     assert loop.counts.evicted_from["a"] == 16 and loop.counts.reclaimed_for["b"] == 16
     assert sorted(fake.events) == sorted(
@@ -211,9 +211,7 @@ async def test_the_freed_gpus_are_held_before_the_first_eviction(
         api, state, ExtenderMetrics(state), ReclaimOptions(evictions=EvictionLimits(16, LONG_S))
     )
     held_when_evicted: dict[str, bool] = {}
-    fake.on_evict = lambda name: held_when_evicted.update(
-        {name: state.inventory.held_for("ns/b-0") is not None}
-    )
+    fake.on_evict = lambda name: held_when_evicted.update({name: state.held_for("ns/b-0") is not None})
     chosen = reclaim_plan("ns/b-0", ["ns/a-0", "ns/a-1"])
     assert await loop.carry_out([chosen]) == [chosen]
     assert held_when_evicted == {"a-0": True, "a-1": True}
@@ -251,7 +249,7 @@ async def test_a_victim_without_an_answer_still_leaves_the_gpus_held(
     assert await loop.carry_out([chosen]) == [chosen]
     # No answer is no refusal: as for a failed call, the GPUs are held for the served pod (a-1
     # may well be going; the next cycle sees it in the picture), and a-1 is not counted evicted.
-    assert state.inventory.held_for("ns/b-0") is not None
+    assert state.held_for("ns/b-0") is not None
     timed_out = counter(metrics, "tessera_reclaim_evictions_total", outcome="timed_out")
     assert (timed_out, loop.counts.evicted_from["a"]) == (1, 1)
     assert sorted(fake.events) == [("a-0", "Reclaimed"), ("b-0", "ReclaimPlanned")]
@@ -269,9 +267,9 @@ async def test_a_blocked_victim_drops_its_plan_only(apiserver: tuple[FakeEvictio
     assert await loop.carry_out([blocked, served]) == [served]
     # b-0's plan: a-1's budget refused; a-0 went (its GPU goes to whoever the scheduler picks),
     # no hold for b-0, and a-1 is left alone for blocked_retry_s.
-    assert state.inventory.held_for("ns/b-0") is None and "ns/a-1" in loop._blocked
+    assert state.held_for("ns/b-0") is None and "ns/a-1" in loop._blocked
     # b-1's plan: a-2 evicted, a-3 was gone already: carried out, its GPUs held.
-    assert state.inventory.held_for("ns/b-1") is not None
+    assert state.held_for("ns/b-1") is not None
     assert loop.counts.evicted_from["a"] == 2 and loop.counts.reclaimed_for["b"] == 2  # a-0, a-2
     assert sorted(fake.events) == [
         ("a-0", "Reclaimed"),
@@ -315,7 +313,7 @@ async def test_a_rack_freed_for_a_gang_holds_each_members_gpus_for_the_gang(
     assert await consolidator.carry_out([chosen]) == [chosen]
     # Each member's GPU is held on its node for any member of the gang (not only for that pod).
     for member, node in members:
-        hold = state.inventory.held_for(member.key)
+        hold = state.held_for(member.key)
         assert hold is not None and (hold.node, hold.owner) == (node, "Job/ns/g")
     assert sorted(fake.events) == [("a-0", "Moved"), ("a-1", "Moved"), ("g-0", "ConsolidationPlanned")]
     assert "so the 2 waiting pods of its gang fit in r2" in fake.messages[("g-0", "ConsolidationPlanned")]
@@ -343,8 +341,8 @@ async def test_a_mover_not_evicted_drops_its_move_plan(
     moved = move_plan("ns/b-1", ["ns/a-2", "ns/a-3"], 2)
     assert await consolidator.carry_out([dropped, moved]) == [moved]
     # b-0's plan is dropped and its hold released; a-1 is not tried again for blocked_retry_s.
-    assert state.inventory.held_for("ns/b-0") is None and "ns/a-1" in consolidator._pinned()
-    assert state.inventory.held_for("ns/b-1") is not None
+    assert state.held_for("ns/b-0") is None and "ns/a-1" in consolidator._pinned()
+    assert state.held_for("ns/b-1") is not None
     # Every mover evicted is followed up (its successor checked), a-0 too.
     assert sorted(m.key for m in consolidator.moved) == ["ns/a-0", "ns/a-2", "ns/a-3"]
     assert counter(metrics, "tessera_consolidation_plans_total", result=result) == 1

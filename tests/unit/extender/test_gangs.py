@@ -23,6 +23,7 @@ from extender.status import StatusWriter, WaitingPods
 from extender.verbs import decide_filter, decide_preemption
 from extender.wire import ExtenderArgs, ExtenderPreemptionArgs, decode
 from tests import extender_objects as objects
+from tests.unit.extender.pictures import gang_members, lapse_gang_reservations, reserved_gangs, supply
 from tests.unit.extender.serving import serve
 from tests.unit.extender.test_server import CLASS, Extender, args
 
@@ -40,7 +41,7 @@ NODES = ["a", "b"]
 
 
 def reservation_of(extender: Extender, workload: str) -> GangReservation:
-    found = extender.state.gangs.reservation(workload)
+    found = extender.state.gang_reservation(workload)
     assert found is not None, f"{workload} holds no reservation"
     return found
 
@@ -132,8 +133,8 @@ async def test_two_gangs_of_four_on_four_gpus_never_split(extender: Extender) ->
     for version, (pod, (node, device)) in enumerate(zip(first, places, strict=True), start=10):
         bind(extender.state, pod, node, device, version)
         extender.state.fairness()
-    assert not extender.state.gangs.reserved("Job/ns/ja")
-    assert extender.state.inventory.holds == {}
+    assert not (extender.state.gang_reservation("Job/ns/ja") is not None)
+    assert extender.state.holds() == {}
     assert extender.state.workload_counts() == {"team": (1, 1)}  # ja's minimum runs; jb waits
 
 
@@ -148,7 +149,7 @@ async def test_the_queue_admits_the_whole_minimum_or_nothing(extender: Extender)
         "its 4 missing pods together: queue 'team': gpu allocated 0 + request 4 would exceed its limit (3)"
         in (reason)
     )
-    assert extender.state.gangs.reserved_workloads() == []
+    assert reserved_gangs(extender.state) == []
 
 
 async def test_a_gang_counts_its_reserved_members_against_the_queue(extender: Extender) -> None:
@@ -195,7 +196,7 @@ async def test_min_two_of_four_starts_with_two_and_grows(extender: Extender) -> 
     bind(extender.state, pods[0], "a", "gpu-0", 10)
     bind(extender.state, pods[1], "a", "gpu-1", 11)
     extender.state.fairness()
-    assert extender.state.gangs.reserved_workloads() == []
+    assert reserved_gangs(extender.state) == []
     # The minimum runs (node a full): pods 3 and 4 are elastic and go one by one, as any pod.
     _, result = await extender.call("filter", args(pods[2], NODES))
     assert result["NodeNames"] == ["b"]
@@ -206,13 +207,13 @@ async def test_a_gang_that_is_not_completed_in_time_gives_back_everything(extend
     first = [member("ja", i) for i in range(4)]
     second = [member("jb", i) for i in range(4)]
     extender.sync(cluster(job("ja", 4), job("jb", 4), *first, *second))
-    extender.state.gangs.hold_s = 0.0  # ja's reservation lapses at once: no member is placed
+    lapse_gang_reservations(extender.state)  # ja's reservation lapses at once: no member is placed
     _, result = await extender.call("filter", args(first[0], NODES))
     assert result["NodeNames"] == NODES
     extender.state.release("ns/ja-0")  # its bind did not come either
     _, result = await extender.call("filter", args(second[0], NODES))
     assert result["NodeNames"] == NODES
-    assert extender.state.gangs.reserved_workloads() == ["Job/ns/jb"]
+    assert reserved_gangs(extender.state) == ["Job/ns/jb"]
 
 
 async def test_a_gang_waiting_for_gpus_keeps_what_reclaim_holds_for_it(extender: Extender) -> None:
@@ -223,17 +224,17 @@ async def test_a_gang_waiting_for_gpus_keeps_what_reclaim_holds_for_it(extender:
     assert result["NodeNames"] == NODES
     # Reclaim freed a GPU for ja's members (its victims still terminating, say): ja-0 is refused
     # for want of GPUs, not by its queue, so the hold stays for it.
-    extender.state.inventory.hold("ns/ja-0", "a", GpuDemand(1), 90.0, owner="Job/ns/ja")
+    extender.state.hold("ns/ja-0", "a", GpuDemand(1), 90.0, owner="Job/ns/ja")
     _, result = await extender.call("filter", args(first[0], NODES))
     assert "GPUs free for 0 of its 4 missing pods" in result["FailedAndUnresolvableNodes"]["a"]
-    assert extender.state.inventory.held_for("ns/ja-0") is not None
+    assert extender.state.held_for("ns/ja-0") is not None
 
 
 async def test_members_rank_gpus_held_for_their_gang_as_free(extender: Extender) -> None:
     pods = [member("ja", i) for i in range(4)]
     extender.sync(cluster(job("ja", 4), *pods))
     # Reclaim freed node a's two GPUs for the gang (held under ja-0's name, for any member).
-    extender.state.inventory.hold("ns/ja-0", "a", GpuDemand(2), 90.0, owner="Job/ns/ja")
+    extender.state.hold("ns/ja-0", "a", GpuDemand(2), 90.0, owner="Job/ns/ja")
     _, ranked = await extender.call("prioritize", args(pods[1], NODES))
     scores = {entry["Host"]: entry["Score"] for entry in ranked}
     assert scores["a"] == scores["b"] == 10  # both empty for ja-1: alike (not a "full" node a)
@@ -267,7 +268,7 @@ def test_members_follow_the_pods_and_make_the_minimum_of_an_unread_owner() -> No
     state.apply("Pod", "MODIFIED", done)
     assert (state.gang(pods[0]).minimum, state.gang(pods[0]).members) == (2, 2)
     state.apply("Pod", "DELETED", pods[1])
-    assert state.workloads.members == {"Workload/ns/sweep": {"ns/w-0"}}
+    assert gang_members(state) == {"Workload/ns/sweep": {"ns/w-0"}}
 
 
 def test_a_members_workload_follows_its_owner_job() -> None:
@@ -357,7 +358,7 @@ async def test_a_gang_waits_for_its_owners_spec_then_takes_its_minimum_from_it(e
     # PyTorchJob, its pods wait; then the minimum is 4 (1 master + 3 workers), not the 2 present.
     pods = [pytorch_pod("pt-master-0"), pytorch_pod("pt-worker-0")]
     extender.sync(cluster(*pods))
-    assert extender.state.workloads.wanted == {PT_REF}
+    assert set(extender.state.owners_to_read()) == {PT_REF}
     _, result = await extender.call("filter", args(pods[0], NODES))
     reason = result["FailedAndUnresolvableNodes"]["a"]
     assert "waits for its minimum: reading the spec of its PyTorchJob pt" in reason
@@ -377,7 +378,7 @@ async def test_an_owner_that_cannot_be_read_leaves_the_minimum_to_the_pods(exten
     pods = [pytorch_pod("pt-master-0"), pytorch_pod("pt-worker-0")]
     extender.sync(cluster(*pods))
     extender.state.read_owner(PT_REF, None)  # e.g. the CRD is not installed: 404
-    assert extender.state.workloads.wanted == set()
+    assert set(extender.state.owners_to_read()) == set()
     _, result = await extender.call("filter", args(pods[0], NODES))
     assert result["NodeNames"] == NODES  # the 2 present are the gang
     assert reservation_of(extender, "PyTorchJob/ns/pt").target == 2
@@ -406,7 +407,7 @@ async def test_a_slot_whose_gpu_another_scheduler_took_moves_to_a_node_with_room
     # Both members still have GPUs (a's gpu-1, and b's, held for their gang); others see neither.
     _, result = await extender.call("filter", args(pods[1], NODES))
     assert result["NodeNames"] == NODES
-    assert extender.state.inventory.supply_for("ns/other", "b").free_milli == (0, 1000)
+    assert supply(extender.state, "ns/other", "b").free_milli == (0, 1000)
 
 
 async def test_a_gang_whose_last_gpu_another_scheduler_took_is_judged_again_at_once(
@@ -426,8 +427,8 @@ async def test_a_gang_whose_last_gpu_another_scheduler_took_is_judged_again_at_o
     assert reservation_of(extender, "Job/ns/ja").slots == ["b"]
     foreign_takes(extender, "b", "gpu-1")
     extender.state.fairness()
-    assert not extender.state.gangs.reserved("Job/ns/ja")
-    assert extender.state.inventory.holds == {}
+    assert not (extender.state.gang_reservation("Job/ns/ja") is not None)
+    assert extender.state.holds() == {}
     _, result = await extender.call("filter", args(pods[3], NODES))
     reason = result["FailedAndUnresolvableNodes"]["b"]
     assert "workload Job/ns/ja (minimum 4 pods, 3 placed, 4 present) starts whole or not at all" in reason

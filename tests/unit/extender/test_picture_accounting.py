@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 import pytest
 
-from extender.picture.cluster import WATCHED_PATHS
 from extender.policy.fairness import (
     FairShareInputs,
     QueueTree,
@@ -19,7 +18,16 @@ from extender.policy.fairness import (
 )
 from extender.policy.placement import GpuDemand
 from tests import extender_objects as objects
-from tests.unit.extender.pictures import CLASS, running_on, synced_state, two_nodes, with_rv
+from tests.unit.extender.pictures import (
+    CLASS,
+    ledger_mix,
+    objects_of,
+    reserved_pods,
+    running_on,
+    synced_state,
+    two_nodes,
+    with_rv,
+)
 
 KINDS: tuple[Literal["allocated", "requested"], ...] = ("allocated", "requested")
 
@@ -95,14 +103,14 @@ def test_reservations_move_a_pod_to_allocated_and_expire() -> None:
     # The pod moved from waiting to holding: no queue's demand changed, so the shares are reused.
     assert shifted.fair_shares is before.fair_shares
     # The incremental accounting equals a full recount of the same objects and reservation.
-    fresh = synced_state([obj for store in state.store.objects.values() for obj in store.values()])
+    fresh = synced_state(objects_of(state))
     fresh.reserve("ns/p", fresh.kind("Pod")["ns/p"], ttl_s=60)
     assert fresh.fairness().usage == shifted.usage
     state.release("ns/p")
     assert state.fairness().usage["q"] == before.usage["q"]
     state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=-1)  # already expired: dropped at the next look
     assert state.fairness().usage["q"] == before.usage["q"]
-    assert state.accounting.reserved == {}
+    assert reserved_pods(state) == {}
 
 
 def test_a_reservation_expires_at_its_last_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,18 +146,18 @@ def test_a_reservation_expires_at_its_last_deadline(monkeypatch: pytest.MonkeyPa
     clock[0] = 112.0
     assert held_gpus() == 2  # p's first deadline (110) passed: not its last
     clock[0] = 113.0
-    assert held_gpus() == 1 and set(state.accounting.reserved) == {"ns/p"}
+    assert held_gpus() == 1 and set(reserved_pods(state)) == {"ns/p"}
     clock[0] = 116.0
-    assert held_gpus() == 0 and state.accounting.reserved == {}
+    assert held_gpus() == 0 and reserved_pods(state) == {}
 
 
 def test_settle_counts_changed_pods_as_the_next_view_would() -> None:
     template = objects.claim_template("ns", "one", objects.claim_spec(CLASS))
     state = synced_state([*two_nodes(), template, objects.queue("q")])
-    before = state.accounting.ledger.mix()
+    before = ledger_mix(state)
     state.apply("Pod", "ADDED", with_rv(objects.pod("ns", "p0", queue="q", template="one"), 10))
     state.settle()
-    counted = state.accounting.ledger.mix()  # the ledger as settle left it, read without a recount
+    counted = ledger_mix(state)  # the ledger as settle left it, read without a recount
     fresh = synced_state([*two_nodes(), template, objects.queue("q"), *state.kind("Pod").values()])
     assert counted != before and counted == fresh.mix()
 
@@ -180,7 +188,7 @@ def test_incremental_accounting_matches_a_fresh_count_after_many_events() -> Non
     assert view.usage["q"].allocated["gpu"] == 3
     assert view.usage["q"].requested["gpu"] == 1
     assert view.pending_pods == {"q": 1}
-    fresh = synced_state([obj for store in state.store.objects.values() for obj in store.values()])
+    fresh = synced_state(objects_of(state))
     for queue, usage in fresh.fairness().usage.items():
         assert usage.allocated == pytest.approx(view.usage[queue].allocated)
         assert usage.requested == pytest.approx(view.usage[queue].requested)
@@ -206,7 +214,7 @@ def test_slice_events_recount_what_they_change_like_a_fresh_count() -> None:
 
     def assert_matches_fresh_count() -> None:
         view = state.fairness()
-        fresh = synced_state([obj for store in state.store.objects.values() for obj in store.values()])
+        fresh = synced_state(objects_of(state))
         assert fresh.fairness().usage["q"].allocated == pytest.approx(view.usage["q"].allocated)
         assert fresh.fairness().usage["q"].requested == pytest.approx(view.usage["q"].requested)
         assert fresh.fairness().mix == view.mix
@@ -345,8 +353,8 @@ def test_fair_shares_kept_across_pod_events_equal_those_of_a_fresh_picture(seed:
                 "Queue", "MODIFIED", objects.queue("c", resources={"gpu": {"quota": rng.randint(0, 3)}})
             )
         view = live.fairness()
-        fresh = synced_state([obj for kind in WATCHED_PATHS for obj in live.kind(kind).values()])
-        for key in live.accounting.reserved:
+        fresh = synced_state(objects_of(live))
+        for key in reserved_pods(live):
             fresh.reserve(key, live.kind("Pod")[key], 30.0)
         again = fresh.fairness()
         # (running totals may differ from fresh sums in the last bits: approx there)
@@ -388,11 +396,11 @@ def test_kept_fair_shares_are_divided_again_when_the_weight_adjustment_changes_v
         return {queue: view.fair_shares[queue]["gpu"] for queue in ("a", "b")}
 
     assert gpu_shares() == {"a": 2.0, "b": 2.0}
-    state.accounting.adjust_weights(WeightAdjustment(version=1, factors={"a": {"gpu": 3.0}}))
+    state.adjust_weights(WeightAdjustment(version=1, factors={"a": {"gpu": 3.0}}))
     assert gpu_shares() == {"a": 3.0, "b": 1.0}
-    state.accounting.adjust_weights(WeightAdjustment(version=1, factors={"a": {"gpu": 1.0}}))
+    state.adjust_weights(WeightAdjustment(version=1, factors={"a": {"gpu": 1.0}}))
     assert gpu_shares() == {"a": 3.0, "b": 1.0}  # version 1 still: the kept shares stand
-    state.accounting.adjust_weights(WeightAdjustment(version=2, factors={"a": {"gpu": 1.0}}))
+    state.adjust_weights(WeightAdjustment(version=2, factors={"a": {"gpu": 1.0}}))
     assert gpu_shares() == {"a": 2.0, "b": 2.0}
-    state.accounting.adjust_weights(None)  # back to the queues' weights: 2 and 2
+    state.adjust_weights(None)  # back to the queues' weights: 2 and 2
     assert gpu_shares() == {"a": 2.0, "b": 2.0}

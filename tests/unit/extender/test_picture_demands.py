@@ -5,16 +5,13 @@ fractions sized against the largest GPU they could land on, read once per versio
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from typing import Any
 
 import pytest
 
-from extender.picture.cluster import ClusterPicture
 from extender.picture.watcher import apply_watch_event
 from extender.policy.placement import GpuDemand
 from tests import extender_objects as objects
-from tests.unit.extender.pictures import CLASS, synced_state, two_nodes, with_rv
+from tests.unit.extender.pictures import CLASS, demand_parses, synced_state, two_nodes, with_rv
 
 
 def test_pending_demand_counts_only_the_configured_schedulers() -> None:
@@ -60,19 +57,6 @@ def test_a_claim_not_yet_seen_is_sized_from_its_template() -> None:
     assert demand is not None and demand.count == 3  # the claim itself wins once known
 
 
-def counted_reads(state: ClusterPicture, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the pods whose demand is read (parsed) from now on, in order."""
-    reads: list[str] = []
-    parse = state.demands._parse
-
-    def counted(pod: Mapping[str, Any]) -> Any:
-        reads.append(pod["metadata"]["name"])
-        return parse(pod)
-
-    monkeypatch.setattr(state.demands, "_parse", counted)
-    return reads
-
-
 def test_a_request_pod_the_store_lacks_is_read_once_per_version_until_its_template_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -81,7 +65,7 @@ def test_a_request_pod_the_store_lacks_is_read_once_per_version_until_its_templa
     # when what it reads changes (here its claim template: 1 GPU, then 2).
     template = objects.claim_template("ns", "t", objects.claim_spec(CLASS))
     state = synced_state([*two_nodes(), template])
-    reads = counted_reads(state, monkeypatch)
+    reads = demand_parses(state, monkeypatch)
     pod = with_rv(objects.pod("ns", "p", queue="q", template="t"), 7)
     for _ in range(3):  # three decodes of the same version: one read
         assert state.demand(copy.deepcopy(pod)).queue == "q"
@@ -99,7 +83,7 @@ def test_a_pods_demand_is_read_again_only_when_what_it_reads_changes(monkeypatch
     pod = objects.pod("ns", "p", queue="q", claim_name="c")
     claim = objects.claim("ns", "c", objects.claim_spec(CLASS))
     state = synced_state([*two_nodes(), with_rv(pod, 1), with_rv(claim, 2)])
-    reads = counted_reads(state, monkeypatch)
+    reads = demand_parses(state, monkeypatch)
 
     def demand_now() -> GpuDemand | None:
         return state.pod_demand(state.kind("Pod")["ns/p"])

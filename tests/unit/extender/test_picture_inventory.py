@@ -5,7 +5,14 @@ classic GPUs of a device plugin, optimistic binds, and no memory for unknown nod
 from __future__ import annotations
 
 from tests import extender_objects as objects
-from tests.unit.extender.pictures import CLASS, synced_state, two_nodes, with_rv
+from tests.unit.extender.pictures import (
+    CLASS,
+    assumed_nodes,
+    remembered_nodes,
+    synced_state,
+    two_nodes,
+    with_rv,
+)
 
 
 def test_free_gpus_are_slice_devices_minus_allocations() -> None:
@@ -60,7 +67,7 @@ def test_an_optimistic_bind_counts_once_before_and_after_the_watch_event() -> No
     state.apply("Pod", "MODIFIED", with_rv(bound, 11))  # the same event twice
     assert state.fairness().usage["q"].allocated["gpu"] == 1
     assert state.node_gpus("c").free_milli == (1000, 0)
-    assert state.inventory.assumed_nodes == {}
+    assert assumed_nodes(state) == {}
     state.apply("Pod", "DELETED", bound)
     assert state.node_gpus("c").free_milli == (1000, 1000)
 
@@ -70,4 +77,4 @@ def test_unknown_node_names_are_not_remembered() -> None:
     for index in range(1000):
         assert state.node_gpus(f"made-up-{index}").free_milli == ()
     assert state.node_gpus("a").free_milli == (1000,) * 4
-    assert set(state.inventory._node_gpus) <= {"a", "b"}
+    assert remembered_nodes(state) <= {"a", "b"}

@@ -427,10 +427,10 @@ async def test_a_refused_pod_gives_up_the_gpus_held_for_it(extender: Extender) -
     second["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "second-gpus"}]
     claim = objects.claim("ns", "second-gpus", objects.claim_spec(CLASS), allocated=[("b", "gpu-0", None)])
     extender.sync(cluster(pod, second, claim))
-    extender.state.inventory.hold("ns/p", "b", GpuDemand(count=1), ttl_s=60)
+    extender.state.hold("ns/p", "b", GpuDemand(count=1), ttl_s=60)
     status, result = await extender.call("filter", args(pod, ["a", "b"]))
     assert status == 200 and "its limit (2)" in next(iter(result["FailedAndUnresolvableNodes"].values()))
-    assert extender.state.inventory.held_for("ns/p") is None
+    assert extender.state.held_for("ns/p") is None
 
 
 async def test_a_default_queue_pod_no_node_fits_says_its_fair_share_is_zero(extender: Extender) -> None:

@@ -17,6 +17,7 @@ from contract.names import QUEUE_LABEL
 from extender.server import PICTURE_KEY
 from extender.verbs import decide_filter, decide_priorities
 from extender.wire import ExtenderArgs, decode, encode
+from tests.unit.extender.pictures import reserved_pods
 
 JSON = {"Content-Type": "application/json"}
 
@@ -101,9 +102,9 @@ def test_a_queue_cycle_admits_and_reserves_each_new_pod_in_a_leaf_of_the_tree() 
     spent = [0.0, 0.0, 0.0]
     for cycle in range(3):
         run_cycle(picture, payloads.body(cycle), spent)
-    reserved = sorted(picture.accounting.reserved)
+    reserved = sorted(reserved_pods(picture))
     assert reserved == [f"bench/pending-{cycle:07d}" for cycle in range(3)]
-    queues = {picture.accounting.reserved_pods[key]["metadata"]["labels"][QUEUE_LABEL] for key in reserved}
+    queues = {reserved_pods(picture)[key]["metadata"]["labels"][QUEUE_LABEL] for key in reserved}
     assert queues == set(leaf_queues(tree)[:3])
     rows = run_queuecycle([10], pods=100, cycles=2)
     assert [row[:3] for row in rows] == [["10", "2 flat", "2"], ["10", "1000 in 3 levels", "2"]]
