@@ -24,9 +24,9 @@ from typing import Any
 
 from contract.kube import mapping, meta, sequence
 from contract.names import DRIVER_NAME, QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
-from extender.picture.accounting import QueueAccounting, QueueView
+from extender.picture.accounting import PodAccount, QueueAccounting, QueueView
 from extender.picture.demands import PodDemand, PodDemands, pod_created
-from extender.picture.gangs import GangReservation, GangReservations
+from extender.picture.gangs import GangReservation, GangReservations, holds_for_itself, split_by_reservation
 from extender.picture.inventory import CandidateKinds, GpuInventory, Hold
 from extender.picture.ledger import Contribution
 from extender.picture.running import RunningPods
@@ -89,12 +89,36 @@ class PodContext:
     reference_memory: int  # bytes of the largest GPU it could land on (sizes its fractions)
     request: dict[str, float]  # its fairness vector, a fraction sized at `reference_memory`
     hold: Hold | None  # the GPUs reclaim holds for it
+    view: QueueView  # the queues' fairness it is judged against
+    # A fraction's vector sized at each GPU size of the cluster ({} for whole GPUs).
+    requests: Mapping[int, dict[str, float]] = field(default_factory=dict)
 
     @property
     def owner(self) -> str:
         """The workload whose GPU holds the pod sees as its own ('' for none): its gang's, unless
         it is alone or an elastic member above its part's minimum (the holds are for the minimum)."""
-        return "" if self.gang.workload.single or self.gang.elastic else self.gang.workload.key
+        return "" if holds_for_itself(self.gang) else self.gang.workload.key
+
+    @property
+    def may_defer(self) -> bool:
+        """Whether the pod leaves free GPUs to owed waiting pods (`extender.policy.deference`):
+        not when GPUs are held for it (they are its own), nor of a gang still to admit whole."""
+        return self.gang.admitted and self.hold is None
+
+
+@dataclass(frozen=True)
+class FilterInputs:
+    """What one filter call reads of the picture (`ClusterPicture.filter_inputs`), each part
+    entered once for it (tests/unit/extender/test_filter_inputs.py counts the entries)."""
+
+    context: PodContext
+    refusal: str  # why its namespace may not use its queue ('' when it may)
+    names: list[str]  # the candidates it may use: of a gang reserved in a domain, the domain's
+    outside: dict[str, str]  # the other candidates, with why
+    version: int  # the inventory's version `nodes` were read at (`ClusterPicture.nodes_version`)
+    nodes: CandidateKinds  # `names` by kind (none for a pod without GPUs, or refused)
+    gpu_memory: Mapping[str, int]  # node -> the memory of its GPUs
+    owed: tuple[OwedPod, ...]  # the owed waiting pods (`owed_pods`; none unless `may_defer`)
 
 
 class ClusterPicture:
@@ -128,7 +152,7 @@ class ClusterPicture:
         self._unplaced: set[str] = set()
         self._unplaced_changes = 0  # counts changes to `_unplaced` (what `owed_pods` is kept by)
         # `owed_pods`' answer, and the view, inventory version and unplaced changes it was read at.
-        self._owed: tuple[QueueView, int, int, tuple[OwedPod, ...]] | None = None
+        self._owed_kept: tuple[QueueView, int, int, tuple[OwedPod, ...]] | None = None
         self._store.subscribe("Pod", self._pod_tried)
 
     # ---- updates -----------------------------------------------------------------------------
@@ -270,18 +294,52 @@ class ClusterPicture:
     def pod_context(self, key: str, pod: Mapping[str, Any], demand: PodDemand) -> PodContext:
         """What the filter reads about pod `key`: `demand` (its readable `demand(pod)`), its gang
         and the gang's reservation, the GPU size its fractions are read at, its fairness vector
-        there and the GPUs held for it."""
-        gang = self.gang(pod)
-        elastic_or_alone = gang.workload.single or gang.elastic  # (see `PodContext.owner`)
+        there (and at every GPU size), the GPUs held for it and the view it is judged against."""
+        return self._context(key, pod, demand, self._accounting.account(key, pod, demand), self.held_for(key))
+
+    def _context(
+        self, key: str, pod: Mapping[str, Any], demand: PodDemand, account: PodAccount, hold: Hold | None
+    ) -> PodContext:
         return PodContext(
             key,
             pod,
             demand,
-            gang,
-            None if elastic_or_alone else self._gangs.reservation(gang.workload.key),
-            self._inventory.reference_memory(demand.models),
-            self._accounting.resources(key, pod, demand),
-            self._inventory.held_for(key),
+            account.gang,
+            account.reservation,
+            account.reference_memory,
+            account.request,
+            hold,
+            account.view,
+            account.requests,
+        )
+
+    def filter_inputs(
+        self, key: str, pod: Mapping[str, Any], demand: PodDemand, names: list[str]
+    ) -> FilterInputs:
+        """All the filter reads about pod `key` (`demand`: its readable `demand(pod)`) on the
+        candidates `names`, each part asked once: the accounting (its context and tenancy), the
+        topology (a reserved gang's domain), the inventory (the candidates by kind, its holds).
+
+        A gang's admission plans it whole on top (its members, their topology asks, the
+        candidates' supplies), and a recount of the owed pods reads them one by one; both are
+        rare beside the filter calls of pods alone and admitted gangs' members."""
+        account = self._accounting.account(key, pod, demand)
+        gang = account.gang
+        inside, outside = names, dict[str, str]()
+        if account.reservation is not None and not account.refusal:
+            inside, outside = split_by_reservation(
+                account.reservation,
+                names,
+                gang.part,
+                lambda level, domain: self._topology.nodes_in(level, domain),
+            )
+        owner = "" if holds_for_itself(gang) else gang.workload.key
+        wants_nodes = demand.wants_gpu and not account.refusal
+        nodes = self._inventory.pod_nodes(key, inside, owner, demand.queue, wants_nodes)
+        context = self._context(key, pod, demand, account, nodes.hold)
+        owed = self._owed(account.view, nodes.version) if wants_nodes and context.may_defer else ()
+        return FilterInputs(
+            context, account.refusal, inside, outside, nodes.version, nodes.candidates, nodes.gpu_memory, owed
         )
 
     def workload(self, pod: Mapping[str, Any]) -> Workload:
@@ -522,14 +580,14 @@ class ClusterPicture:
         change, and nothing to do while no pod waits unplaced (the common case costs a test)."""
         if not self._unplaced:
             return ()
-        view = self.fairness()
-        kept = self._owed
-        if (
-            kept is not None
-            and kept[0] is view
-            and kept[1] == self._inventory.version
-            and kept[2] == self._unplaced_changes
-        ):
+        return self._owed(self.fairness(), self._inventory.version)
+
+    def _owed(self, view: QueueView, version: int) -> tuple[OwedPod, ...]:
+        """`owed_pods` under `view` and the inventory at `version` (the filter's, read already)."""
+        if not self._unplaced:
+            return ()
+        kept = self._owed_kept
+        if kept is not None and kept[0] is view and kept[1] == version and kept[2] == self._unplaced_changes:
             return kept[3]
         ledger = self._accounting.ledger
         candidates: list[tuple[tuple[int, float, str], OwedPod]] = []
@@ -552,7 +610,7 @@ class ClusterPicture:
             candidates.append((order, OwedPod(key, demand.queue, contribution.amounts, placement)))
         candidates.sort(key=lambda candidate: candidate[0])
         owed = owed_pods(view, (pod for _, pod in candidates))
-        self._owed = (view, self._inventory.version, self._unplaced_changes, owed)
+        self._owed_kept = (view, version, self._unplaced_changes, owed)
         return owed
 
     def unplaced_waiting(self) -> bool:

@@ -7,7 +7,9 @@ helpers here, so that a change of a part's insides is mended in one file."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -132,3 +134,34 @@ def demand_parses(picture: ClusterPicture, monkeypatch: pytest.MonkeyPatch) -> l
 
     monkeypatch.setattr(picture._demands, "_parse", counted)
     return reads
+
+
+class _Counted:
+    """A part of the picture that counts each attribute the picture reads of it (an entry)."""
+
+    def __init__(self, part: object, name: str, counts: Counter[str]) -> None:
+        self._part, self._name, self._counts = part, name, counts
+
+    def __getattr__(self, attribute: str) -> Any:
+        self._counts[self._name] += 1
+        return getattr(self._part, attribute)
+
+
+@contextmanager
+def counting_entries(picture: ClusterPicture) -> Iterator[Counter[str]]:
+    """Count the picture's entries into each of its parts while inside: part attribute (`_store`,
+    `_accounting`, ...) -> how many times the picture read something of it. The parts' own calls
+    to one another are theirs, not counted: what is counted is what the picture asks."""
+    counts: Counter[str] = Counter()
+    parts = {
+        name: part
+        for name, part in vars(picture).items()
+        if name.startswith("_") and type(part).__module__.startswith("extender.picture.")
+    }
+    for name, part in parts.items():
+        setattr(picture, name, _Counted(part, name, counts))
+    try:
+        yield counts
+    finally:
+        for name, part in parts.items():
+            setattr(picture, name, part)
