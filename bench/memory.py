@@ -36,7 +36,7 @@ from tessera.simulate.report import format_table
 
 from . import SMOKE_HELP
 from .hotpath import ServerProcess
-from .picture import Picture, build_picture, load_state
+from .picture import Picture, build_picture, load_picture
 
 
 @dataclass(frozen=True)
@@ -117,20 +117,20 @@ def breakdown(nodes: int, pods: int) -> tuple[int, list[tuple[str, int, int]]]:
         for kind, kind_pages in pages.items()
     }
     counts = {kind: len(items) for kind, items in objects.items()}
-    state = load_state(Picture(objects, [], pending), projected=True)
+    picture = load_picture(Picture(objects, [], pending), projected=True)
     objects.clear()
-    running = state.snapshot().running
+    running = picture.snapshot().running
     gc.collect()
     total = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     walk = _Walk()
-    parts = state.parts()
+    parts = picture.parts()
     walk.seen.add(id(vars(parts["store"])["objects"]))  # (its kinds are weighed one by one below)
     rows: list[tuple[str, int, int]] = []
     big = ("Pod", "ResourceClaim", "Node", "ResourceSlice")
     for kind in big:
-        rows.append((f"store: {kind}", counts[kind], walk.size([state.kind(kind)])))
-    others = [state.kind(k) for k in WATCHED_PATHS if k not in big]
+        rows.append((f"store: {kind}", counts[kind], walk.size([picture.kind(kind)])))
+    others = [picture.kind(k) for k in WATCHED_PATHS if k not in big]
     rows.append(
         (
             "store: other kinds",
@@ -141,7 +141,7 @@ def breakdown(nodes: int, pods: int) -> tuple[int, list[tuple[str, int, int]]]:
     for name in ("pod demands", "GPU inventory", "queue accounting", "workloads"):
         part = parts[name]
         rows.append((name, 0, walk.size(v for v in vars(part).values() if not isinstance(v, _PARTS))))
-    rows.append(("running pods (planners' snapshot)", len(running), walk.size([running, vars(state)])))
+    rows.append(("running pods (planners' snapshot)", len(running), walk.size([running, vars(picture)])))
     rows.append(("other (sharing tables, interned strings)", 0, total - sum(size for _, _, size in rows)))
     return sum(counts.values()), rows
 

@@ -24,11 +24,11 @@ from tests import extender_objects as objects
 CLASS = "gpu.tessera.dev"
 
 
-def synced_state(objs: Sequence[Mapping[str, Any]], **config: Any) -> ClusterPicture:
-    state = ClusterPicture(PictureConfig(**config))
+def synced_picture(objs: Sequence[Mapping[str, Any]], **config: Any) -> ClusterPicture:
+    picture = ClusterPicture(PictureConfig(**config))
     for kind in WATCHED_PATHS:
-        state.replace(kind, [o for o in objs if o["kind"] == kind])
-    return state
+        picture.replace(kind, [o for o in objs if o["kind"] == kind])
+    return picture
 
 
 def two_nodes() -> list[dict[str, Any]]:

@@ -77,8 +77,8 @@ def test_the_slots_follow_the_binds_until_the_minimum_is_placed(pods: list[dict[
     bind(picture, pods[3], "b", "gpu-1", 20)
     assert allocated_gpus(picture) == 4  # 4 bound + 0 slots
     assert not (picture.gang_reservation(WORKLOAD) is not None) and picture.holds() == {}
-    state = picture.gang(pods[3])
-    assert (state.placed, state.reserved, state.admitted) == (4, False, True)
+    gang = picture.gang(pods[3])
+    assert (gang.placed, gang.reserved, gang.admitted) == (4, False, True)
 
 
 def test_a_member_a_filter_admitted_is_placed_but_keeps_its_slot_until_its_gpus_show(

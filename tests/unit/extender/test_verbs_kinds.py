@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from bench.picture import build_picture, load_state, pod_object
+from bench.picture import build_picture, load_picture, pod_object
 from extender.picture.cluster import ClusterPicture
 from extender.policy.placement import GpuDemand, score_nodes
 from extender.verbs import _misfit, decide_filter, decide_priorities, queue_strategy
@@ -50,7 +50,7 @@ def _verdicts(result: ExtenderFilterResult) -> dict[str, str]:
 @pytest.mark.parametrize("pending", ["whole", "half"])
 def test_kinds_judge_and_score_every_node_as_the_per_node_rule_does(seed: int, pending: str) -> None:
     built = build_picture(nodes=40, pods=300, seed=seed)
-    picture = load_state(built)
+    picture = load_picture(built)
     rng = random.Random(seed)
     pod = built.pending_pods[pending]
     key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
@@ -77,7 +77,7 @@ def test_kinds_judge_and_score_every_node_as_the_per_node_rule_does(seed: int, p
 
 def test_prioritize_reads_the_kinds_the_filter_passed_while_no_node_changed() -> None:
     built = build_picture(nodes=40, pods=300, seed=1)
-    picture = load_state(built)
+    picture = load_picture(built)
     pod = built.pending_pods["whole"]
     key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
     decision = decide_filter(picture, ExtenderArgs(Pod=pod, NodeNames=list(built.node_names)))
@@ -111,7 +111,7 @@ def test_prioritize_reads_the_kinds_the_filter_passed_while_no_node_changed() ->
 
 def test_a_filter_with_gpus_held_on_a_candidate_keeps_nothing_for_prioritize() -> None:
     built = build_picture(nodes=10, pods=50, seed=2)
-    picture = load_state(built)
+    picture = load_picture(built)
     pod = built.pending_pods["half"]
     picture.hold("other/pod", built.node_names[0], GpuDemand(count=1), ttl_s=600)
     decision = decide_filter(picture, ExtenderArgs(Pod=pod, NodeNames=list(built.node_names)))

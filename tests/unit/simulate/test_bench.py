@@ -10,7 +10,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from bench.hotpath import Payloads
 from bench.memory import breakdown, breakdown_table
-from bench.picture import GPUS_PER_NODE, build_picture, leaf_queues, load_state, queue_tree
+from bench.picture import GPUS_PER_NODE, build_picture, leaf_queues, load_picture, queue_tree
 from bench.queuecycle import run_cycle, run_queuecycle
 from bench.servers import CODECS, floor_app, tessera_app
 from contract.names import QUEUE_LABEL
@@ -27,8 +27,8 @@ def test_picture_fills_gpus_and_pods_as_documented() -> None:
     counts = picture.count()
     assert counts["Node"] == counts["ResourceSlice"] == 10
     assert counts["Pod"] == 500
-    state = load_state(picture)
-    free = sum(sum(state.node_gpus(name).free_milli) for name in picture.node_names)
+    live = load_picture(picture)
+    free = sum(sum(live.node_gpus(name).free_milli) for name in picture.node_names)
     # 70% of the 80 GPUs are held (56), whole or as two halves.
     assert free == (10 * GPUS_PER_NODE - 56) * 1000
 
@@ -39,7 +39,7 @@ def test_the_queue_tree_has_1000_queues_with_pods_in_its_900_leaves() -> None:
     assert len(picture.objects["Queue"]) == 1000 and len(leaf_queues(tree)) == 900
     pod_queues = {pod["metadata"]["labels"][QUEUE_LABEL] for pod in picture.objects["Pod"]}
     assert pod_queues == set(leaf_queues(tree))
-    view = load_state(picture).fairness()
+    view = load_picture(picture).fairness()
     assert not view.invalid  # children's quotas (an even split of the parent's) add up
     assert len(view.fair_shares) == 1001  # and the default queue
     assert view.fair_shares["r0"]["gpu"] > 0
@@ -97,7 +97,7 @@ def test_a_queue_cycle_admits_and_reserves_each_new_pod_in_a_leaf_of_the_tree() 
     # (in 3 different leaves) is admitted and reserved, as the server's filter does; the table
     # has a row per picture, the flat one at 1.00x of itself.
     tree = queue_tree()
-    picture = load_state(build_picture(nodes=10, pods=200, tree=tree))
+    picture = load_picture(build_picture(nodes=10, pods=200, tree=tree))
     payloads = Payloads(10, "names", tree=True)
     spent = [0.0, 0.0, 0.0]
     for cycle in range(3):
