@@ -236,11 +236,10 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     if not demand.wants_gpu and not demand.labelled:
         # Neither a GPU pod nor one that names a queue: not ours to hold back.
         return FilterDecision(filter_result(args, names, {}), "passed", "no_gpu")
-    # Its namespace may not use its queue (the webhook that refuses such pods was bypassed): see
-    # `inputs.refusal` below.
     key = args.pod.key
     # One question of the picture: the rest of the decision reads what it answered.
     inputs = picture.filter_inputs(key, pod, demand, names)
+    # Its namespace may not use its queue (the webhook that refuses such pods was bypassed).
     if inputs.refusal:
         refused = filter_result(args, [], {})
         refused.FailedAndUnresolvableNodes = dict.fromkeys(names, inputs.refusal)

@@ -76,6 +76,13 @@ class PictureConfig:
     topology: Topology = DEFAULT_TOPOLOGY
 
 
+def hold_owner(gang: GangState) -> str:
+    """The workload whose GPU holds the pod of `gang` sees as its own ('' for none): its gang's,
+    unless it is alone or an elastic member above its part's minimum (the holds are for the
+    minimum)."""
+    return "" if holds_for_itself(gang) else gang.workload.key
+
+
 @dataclass(frozen=True)
 class PodContext:
     """What the filter reads of the picture about the pod it judges, asked at once
@@ -95,9 +102,8 @@ class PodContext:
 
     @property
     def owner(self) -> str:
-        """The workload whose GPU holds the pod sees as its own ('' for none): its gang's, unless
-        it is alone or an elastic member above its part's minimum (the holds are for the minimum)."""
-        return "" if holds_for_itself(self.gang) else self.gang.workload.key
+        """The workload whose GPU holds the pod sees as its own (`hold_owner`)."""
+        return hold_owner(self.gang)
 
     @property
     def may_defer(self) -> bool:
@@ -333,9 +339,8 @@ class ClusterPicture:
                 gang.part,
                 lambda level, domain: self._topology.nodes_in(level, domain),
             )
-        owner = "" if holds_for_itself(gang) else gang.workload.key
         wants_nodes = demand.wants_gpu and not account.refusal
-        nodes = self._inventory.pod_nodes(key, inside, owner, demand.queue, wants_nodes)
+        nodes = self._inventory.pod_nodes(key, inside, hold_owner(gang), demand.queue, wants_nodes)
         context = self._context(key, pod, demand, account, nodes.hold)
         owed = self._owed(account.view, nodes.version) if wants_nodes and context.may_defer else ()
         return FilterInputs(
