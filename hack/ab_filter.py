@@ -25,13 +25,16 @@ from pathlib import Path
 # Run inside each tree: build the picture once, then time a slice of filter calls per line read.
 CHILD = """
 import json, sys, time
-from bench.picture import build_picture, leaf_queues, load_state, pod_object
+from bench import picture as bench_picture
+from bench.picture import build_picture, leaf_queues, pod_object
 from extender.verbs import decide_filter
 from extender.wire import ExtenderArgs
 
 nodes = int(sys.argv[1])
 built = build_picture(nodes, pods=4 * nodes)
-picture = load_state(built)
+# (`load_state` before issue 27's renames: a base tree of then still loads)
+load = getattr(bench_picture, "load_picture", None) or getattr(bench_picture, "load_state")
+picture = load(built)
 templates = {
     label: pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
     for label, pod in built.pending_pods.items()
