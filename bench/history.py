@@ -27,7 +27,7 @@ from tessera.simulate.report import format_table
 
 from . import SMOKE_HELP
 from .hotpath import Payloads
-from .picture import build_picture, load_state, queue_tree
+from .picture import build_picture, load_picture, queue_tree
 from .queuecycle import WARM_UP_CYCLES, run_cycle
 
 ROUNDS = 3
@@ -46,7 +46,7 @@ def with_history(picture: ClusterPicture) -> float:
     adjustment = rule.adjustment(HOUR_S, view.tree, view.capacity)
     if adjustment is None or not adjustment.factors:
         raise AssertionError("the history adjusted no queue's weight: nothing would be measured")
-    picture.accounting.adjust_weights(adjustment)
+    picture.adjust_weights(adjustment)
     picture.fairness()
     return (time.process_time() - started) * 1000
 
@@ -64,8 +64,8 @@ def cycle_ms(picture: ClusterPicture, bodies: Sequence[bytes]) -> float:
 
 def run_history(nodes: int, pods: int, cycles: int) -> list[list[str]]:
     pictures = {
-        "off": load_state(build_picture(nodes, pods, tree=queue_tree())),
-        "on": load_state(build_picture(nodes, pods, tree=queue_tree())),
+        "off": load_picture(build_picture(nodes, pods, tree=queue_tree())),
+        "on": load_picture(build_picture(nodes, pods, tree=queue_tree())),
     }
     update_ms = with_history(pictures["on"])
     payloads = Payloads(nodes, "names", True)

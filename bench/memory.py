@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from extender.picture.accounting import QueueAccounting
-from extender.picture.cluster import ClusterPicture
+from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.picture.demands import PodDemands
 from extender.picture.inventory import GpuInventory
 from extender.picture.store import ObjectStore, project
@@ -36,7 +36,7 @@ from tessera.simulate.report import format_table
 
 from . import SMOKE_HELP
 from .hotpath import ServerProcess
-from .picture import Picture, build_picture, load_state
+from .picture import Picture, build_picture, load_picture
 
 
 @dataclass(frozen=True)
@@ -117,34 +117,31 @@ def breakdown(nodes: int, pods: int) -> tuple[int, list[tuple[str, int, int]]]:
         for kind, kind_pages in pages.items()
     }
     counts = {kind: len(items) for kind, items in objects.items()}
-    state = load_state(Picture(objects, [], pending), projected=True)
+    picture = load_picture(Picture(objects, [], pending), projected=True)
     objects.clear()
-    running = state.snapshot().running
+    running = picture.snapshot().running
     gc.collect()
     total = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     walk = _Walk()
-    walk.seen.add(id(state.store.objects))
+    parts = picture.parts()
+    walk.seen.add(id(vars(parts["store"])["objects"]))  # (its kinds are weighed one by one below)
     rows: list[tuple[str, int, int]] = []
     big = ("Pod", "ResourceClaim", "Node", "ResourceSlice")
     for kind in big:
-        rows.append((f"store: {kind}", counts[kind], walk.size([state.store.objects[kind]])))
-    others = [state.store.objects[k] for k in state.store.kinds if k not in big]
+        rows.append((f"store: {kind}", counts[kind], walk.size([picture.kind(kind)])))
+    others = [picture.kind(k) for k in WATCHED_PATHS if k not in big]
     rows.append(
         (
             "store: other kinds",
-            sum(counts.get(k, 0) for k in state.store.kinds if k not in big),
+            sum(counts.get(k, 0) for k in WATCHED_PATHS if k not in big),
             walk.size(others),
         )
     )
-    for name, part in (
-        ("pod demands", state.demands),
-        ("GPU inventory", state.inventory),
-        ("queue accounting", state.accounting),
-        ("workloads", state.workloads),
-    ):
+    for name in ("pod demands", "GPU inventory", "queue accounting", "workloads"):
+        part = parts[name]
         rows.append((name, 0, walk.size(v for v in vars(part).values() if not isinstance(v, _PARTS))))
-    rows.append(("running pods (planners' snapshot)", len(running), walk.size([running, vars(state)])))
+    rows.append(("running pods (planners' snapshot)", len(running), walk.size([running, vars(picture)])))
     rows.append(("other (sharing tables, interned strings)", 0, total - sum(size for _, _, size in rows)))
     return sum(counts.values()), rows
 

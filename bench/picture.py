@@ -184,7 +184,7 @@ def _claim_object(name: str, memory: str | None, pool: str, device: str) -> Json
 
 @dataclass
 class Picture:
-    objects: dict[str, list[Stored]]  # JSON objects, or their projections (`load_state`)
+    objects: dict[str, list[Stored]]  # JSON objects, or their projections (`load_picture`)
     node_names: list[str]
     pending_pods: dict[str, JsonObject]  # "whole" and "half": what the scheduler asks about
 
@@ -275,10 +275,10 @@ def build_picture(
     )
 
 
-def load_state(picture: Picture, projected: bool = False) -> ClusterPicture:
+def load_picture(built: Picture, projected: bool = False) -> ClusterPicture:
     """A ClusterPicture holding the picture, synced as after the watcher's first list
     (`projected`: the objects are the store's projections already)."""
-    state = ClusterPicture()
+    picture = ClusterPicture()
     for kind in (
         "Namespace",
         "DeviceClass",
@@ -290,11 +290,11 @@ def load_state(picture: Picture, projected: bool = False) -> ClusterPicture:
         "Job",
         "Pod",
     ):
-        state.replace(kind, picture.objects.get(kind, []), projected)
-    if not state.ready():
+        picture.replace(kind, built.objects.get(kind, []), projected)
+    if not picture.ready():
         raise RuntimeError("the synthetic picture did not sync every watched kind")
-    for label, pod in picture.pending_pods.items():
-        if state.pod_demand(pod) is None:
+    for label, pod in built.pending_pods.items():
+        if picture.pod_demand(pod) is None:
             raise RuntimeError(f"the {label} pending pod has no GPU demand in the picture")
     freeze_after_list()
-    return state
+    return picture

@@ -29,7 +29,7 @@ from bench.picture import (
     NAMESPACE,
     QUEUES,
     build_picture,
-    load_state,
+    load_picture,
     pod_object,
 )
 from extender.policy.consolidation import ConsolidationRules, NodeRooms, plan_moves
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     built.objects["Pod"].extend(
         pod_object(f"waiting-{i:04d}", QUEUES[1], None, template="eight-gpu") for i in range(args.waiting)
     )
-    picture = load_state(built)
+    picture = load_picture(built)
     now = time.time()
     rules = Rules()
     waiting_count = len(picture.waiting_pods())

@@ -29,7 +29,7 @@ from tessera.simulate.report import format_table
 
 from . import SMOKE_HELP
 from .hotpath import Payloads
-from .picture import build_picture, load_state, queue_tree
+from .picture import build_picture, load_picture, queue_tree
 
 WARM_UP_CYCLES = 5
 
@@ -64,7 +64,7 @@ def run_cycle(picture: ClusterPicture, body: bytes, spent: list[float]) -> None:
 
 
 def measure(nodes: int, pods: int, tree: bool, cycles: int) -> CycleCost:
-    picture = load_state(build_picture(nodes, pods, tree=queue_tree() if tree else None))
+    picture = load_picture(build_picture(nodes, pods, tree=queue_tree() if tree else None))
     payloads = Payloads(nodes, "names", tree)
     bodies = [payloads.body(cycle) for cycle in range(cycles + WARM_UP_CYCLES)]
     for body in bodies[cycles:]:

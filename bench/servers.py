@@ -29,7 +29,7 @@ from extender.server import build_app
 from extender.serving import SERVER_SETTINGS
 from extender.status import WaitingPods
 
-from .picture import Picture, build_picture, load_state, queue_tree
+from .picture import Picture, build_picture, load_picture, queue_tree
 
 MAX_BODY_BYTES = 256 * 2**20  # a NodeList of 5000 nodes is ~8 MB; leave room
 
@@ -44,14 +44,14 @@ def rss_mib() -> float:
 
 def _write_pages(path: str, nodes: int, pods: int, tree: bool) -> None:
     """In a child process: the picture as the API server would list it, pages of 500 objects."""
-    picture = build_picture(nodes, pods, tree=queue_tree() if tree else None)
+    built = build_picture(nodes, pods, tree=queue_tree() if tree else None)
     listed = {
         "pages": {
             kind: [msgspec.json.encode(items[i : i + 500]) for i in range(0, len(items), 500)]
-            for kind, items in picture.objects.items()
+            for kind, items in built.objects.items()
         },
-        "node_names": picture.node_names,
-        "pending_pods": picture.pending_pods,
+        "node_names": built.node_names,
+        "pending_pods": built.pending_pods,
     }
     with open(path, "wb") as out:
         out.write(msgspec.msgpack.encode(listed))
@@ -69,8 +69,8 @@ def _listed(nodes: int, pods: int, tree: bool) -> tuple[Picture, dict[str, list[
         child.join()
         with open(path, "rb") as listed_file:
             listed = msgspec.msgpack.decode(listed_file.read())
-    picture = Picture(objects={}, node_names=listed["node_names"], pending_pods=listed["pending_pods"])
-    return picture, listed["pages"]
+    built = Picture(objects={}, node_names=listed["node_names"], pending_pods=listed["pending_pods"])
+    return built, listed["pages"]
 
 
 def tessera_app(nodes: int, pods: int, api: ApiClient, tree: bool = False) -> tuple[web.Application, int]:
@@ -80,19 +80,19 @@ def tessera_app(nodes: int, pods: int, api: ApiClient, tree: bool = False) -> tu
     projected one page at a time (built in Python they would share strings a real list never
     shares, and the memory benchmark would flatter).
     """
-    picture, pages = _listed(nodes, pods, tree)
-    picture.objects = {
+    built, pages = _listed(nodes, pods, tree)
+    built.objects = {
         kind: [project(kind, obj) for page in kind_pages for obj in msgspec.json.decode(page)]
         for kind, kind_pages in pages.items()
     }
     del pages
     gc.collect()
-    objects = sum(picture.count().values())
-    state = load_state(picture, projected=True)
-    picture.objects.clear()  # the picture's objects are the state's now
+    objects = sum(built.count().values())
+    picture = load_picture(built, projected=True)
+    built.objects.clear()  # the objects are the picture's now
     # The binder is never called by the benchmark; its client makes no connection until used.
     app = build_app(
-        state, Binder(api, state), WaitingPods(), ExtenderMetrics(state), max_body_bytes=MAX_BODY_BYTES
+        picture, Binder(api, picture), WaitingPods(), ExtenderMetrics(picture), max_body_bytes=MAX_BODY_BYTES
     )
     return app, objects
 

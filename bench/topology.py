@@ -34,7 +34,7 @@ from extender.wire import ExtenderArgs, decode
 from tessera.simulate.report import format_table
 
 from . import SMOKE_HELP
-from .picture import QUEUES, build_picture, load_state, pod_object
+from .picture import QUEUES, build_picture, load_picture, pod_object
 
 RACK_SIZE = 16
 GANG = 8
@@ -67,7 +67,7 @@ def run(nodes: int, rounds: int) -> list[list[str]]:
     built = build_picture(nodes, nodes * 4, fill=0.5)
     for index, node in enumerate(built.objects["Node"]):
         node["metadata"].setdefault("labels", {})[ZONE] = f"rack-{index // RACK_SIZE:04d}"
-    picture = load_state(built)
+    picture = load_picture(built)
     rows = []
     timings: dict[str, dict[str, float]] = {}
     for name, ask in (("plain", {}), ("racked", {TOPOLOGY_REQUIRED_ANNOTATION: "zone"})):

@@ -471,7 +471,7 @@ class StatusWriter:
                 if not gang.admitted:
                     gangs[gang.workload.key] = decision
             if decision.admit:
-                code, reason = why_unplaced(self.picture, context)
+                code, reason = why_unplaced(context)
                 self.waiting.no_node_fits(namespace, name, uid, demand.queue, reason, code)
             else:
                 self.waiting.refused(namespace, name, uid, demand.queue, decision.reason, decision.kind)

@@ -36,15 +36,15 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from itertools import compress, filterfalse
+from itertools import compress
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from contract.names import GPU_MILLI
 from extender.memo import ShapeMemo
 from extender.picture.cluster import ClusterPicture, PodContext
-from extender.picture.gangs import GangReservation, PartSlots
-from extender.picture.inventory import NO_CANDIDATES, CandidateKinds
+from extender.picture.gangs import GangReservation, PartSlots, split_by_reservation
+from extender.picture.inventory import CandidateKinds
 from extender.policy.admission import (
     GANG,
     GANG_READING,
@@ -55,7 +55,7 @@ from extender.policy.admission import (
     unplaced_part_text,
 )
 from extender.policy.deference import OwedPod, deference_reason, defers_to
-from extender.policy.fairness import AdmissionDecision, Resources
+from extender.policy.fairness import AdmissionDecision
 from extender.policy.placement import (
     NO_DOMAINS,
     DomainMap,
@@ -236,24 +236,24 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     if not demand.wants_gpu and not demand.labelled:
         # Neither a GPU pod nor one that names a queue: not ours to hold back.
         return FilterDecision(filter_result(args, names, {}), "passed", "no_gpu")
-    # Its namespace may not use its queue (the webhook that refuses such pods was bypassed).
-    refusal = picture.tenancy_refusal(demand.queue, demand.namespace)
-    if refusal:
-        refused = filter_result(args, [], {})
-        refused.FailedAndUnresolvableNodes = dict.fromkeys(names, refusal)
-        return FilterDecision(refused, "refused", "queue_not_allowed", demand.queue, False, refusal)
     key = args.pod.key
-    context = picture.pod_context(key, pod, demand)
+    # One question of the picture: the rest of the decision reads what it answered.
+    inputs = picture.filter_inputs(key, pod, demand, names)
+    # Its namespace may not use its queue (the webhook that refuses such pods was bypassed).
+    if inputs.refusal:
+        refused = filter_result(args, [], {})
+        refused.FailedAndUnresolvableNodes = dict.fromkeys(names, inputs.refusal)
+        return FilterDecision(refused, "refused", "queue_not_allowed", demand.queue, False, inputs.refusal)
+    context = inputs.context
     owner, gang = context.owner, context.gang
     # A member of a gang reserved inside a domain is judged on that domain's nodes only.
     candidates = names
-    names, outside = _in_domain(picture, context.reservation, names, gang.part)
+    names, outside = inputs.names, inputs.outside
     reservation: GangReservation | None = None
     # Nodes of one kind (shape and GPU size) get one verdict: a large cluster has few kinds.
-    version = picture.nodes_version  # what the kinds are read at
-    nodes = picture.candidates(key, names, owner, demand.queue) if demand.wants_gpu else NO_CANDIDATES
+    version, nodes = inputs.version, inputs.nodes  # (the kinds as read at that version)
     # A fraction is a larger share of a smaller GPU: admit it per GPU size among the candidates.
-    gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
+    gpu_memory = inputs.gpu_memory if demand.fractional else {}  # {}: the size does not matter
     size_of = (
         {kind: gpu_memory.get(name) or 0 for kind, name in nodes.one_of_kind.items()} if gpu_memory else {}
     )
@@ -288,11 +288,11 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     reason_of = {
         kind: _verdict(at_size[size_of.get(kind, 0)], supply) for kind, supply in nodes.supply_of.items()
     }
-    owed = _owed_first(picture, context)
+    owed = _owed_first(inputs.owed, context)
     if owed:
         for kind, supply in nodes.supply_of.items():
             if not reason_of[kind]:
-                reason_of[kind] = _deference(picture, demand.queue, context.request, owed, supply)
+                reason_of[kind] = _deference(context, owed, supply)
     if any(reason_of.values()):
         reasons = list(map(reason_of.__getitem__, nodes.kinds))
         kept = nodes.keeping(reasons, reason_of)
@@ -306,7 +306,7 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         passed, failed = _to_domain(picture, reservation, passed, failed, gang.part)
     failed |= outside
     remembered_nodes = None if kept.held else PassedNodes(key, owner, version, kept)
-    waits, message = ("", decision.reason) if passed else why_unplaced(picture, context)
+    waits, message = ("", decision.reason) if passed else why_unplaced(context)
     return FilterDecision(
         filter_result(args, passed, failed),
         "admitted",
@@ -321,24 +321,24 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     )
 
 
-def why_unplaced(picture: ClusterPicture, context: PodContext) -> tuple[str, str]:
+def why_unplaced(context: PodContext) -> tuple[str, str]:
     """Why an admitted pod no candidate fits waits: its queue's fair share in GPUs against what
     the queue holds and the pod asks (`extender.policy.waiting.unplaced`)."""
-    view = picture.fairness()
+    view = context.view
     queue = context.demand.queue
     share = view.fair_shares.get(queue, {}).get("gpu", 0.0)
     held = view.tree.subtree(queue, "allocated", "gpu")
     return unplaced(queue, share, held, context.request.get("gpu", 0.0))
 
 
-def _owed_first(picture: ClusterPicture, context: PodContext) -> tuple[OwedPod, ...]:
-    """The owed waiting pods this pod defers to where they fit (`extender.policy.deference`):
-    none for a pod GPUs are held for (they are its own) or of a gang admitted whole just now."""
-    owed = picture.owed_pods()
-    if not owed or not context.gang.admitted or context.hold is not None:
+def _owed_first(owed: tuple[OwedPod, ...], context: PodContext) -> tuple[OwedPod, ...]:
+    """Of the `owed` waiting pods, those this pod defers to where they fit
+    (`extender.policy.deference`): none unless it may defer (`PodContext.may_defer`: not a pod
+    GPUs are held for, they are its own, nor of a gang admitted whole just now)."""
+    if not owed or not context.may_defer:
         return ()
     demand = context.demand
-    return defers_to(picture.fairness(), demand.queue, context.request, demand.preemptible, owed)
+    return defers_to(context.view, demand.queue, context.request, demand.preemptible, owed)
 
 
 def deferred_everywhere(picture: ClusterPicture, names: list[str], context: PodContext) -> str:
@@ -347,7 +347,7 @@ def deferred_everywhere(picture: ClusterPicture, names: list[str], context: PodC
     fits none (then it is not deference that holds it back). The requeue check asks it, so that a
     pod is nudged when the filter would pass it, not while it defers."""
     demand = context.demand
-    owed = _owed_first(picture, context) if demand.wants_gpu else ()
+    owed = _owed_first(picture.owed_pods(), context) if demand.wants_gpu else ()
     if not owed:
         return ""
     nodes = picture.candidates(context.key, names, context.owner, demand.queue)
@@ -357,21 +357,18 @@ def deferred_everywhere(picture: ClusterPicture, names: list[str], context: PodC
     for kind, supply in nodes.supply_of.items():
         if _misfit(supply, demand.placement_at(gpu_memory.get(nodes.one_of_kind[kind]) or reference)):
             continue
-        why = _deference(picture, demand.queue, context.request, owed, supply)
+        why = _deference(context, owed, supply)
         if not why:
             return ""
         deferred = deferred or why
     return deferred
 
 
-def _deference(
-    picture: ClusterPicture, queue: str, request: Resources, owed: tuple[OwedPod, ...], supply: NodeGpus
-) -> str:
-    """Why the pod (of `queue`, asking `request`) leaves a node to an owed pod that fits its free
-    capacity ('' when none fits)."""
+def _deference(context: PodContext, owed: tuple[OwedPod, ...], supply: NodeGpus) -> str:
+    """Why the pod leaves a node to an owed pod that fits its free capacity ('' when none fits)."""
     for waiting in owed:
         if not _misfit_in(_MISFITS.table(waiting.demand), supply, waiting.demand):
-            return deference_reason(picture.fairness(), queue, request, waiting)
+            return deference_reason(context.view, context.demand.queue, context.request, waiting)
     return ""
 
 
@@ -388,35 +385,6 @@ def _to_hold(
     return [hold.node], failed | {name: reason for name in passed if name != hold.node}
 
 
-def _in_domain(
-    picture: ClusterPicture, reservation: GangReservation | None, names: list[str], part: str = ""
-) -> tuple[list[str], dict[str, str]]:
-    """The candidates inside the domain a reserved gang's member is kept in - of a gang planned
-    by parts, the nodes planned for its part (`part`) - and the others with why (split in C:
-    thousands of names, and the per-kind work then runs on the domain's few)."""
-    if reservation is None:
-        return names, {}
-    if reservation.part_nodes or reservation.part_domains:
-        planned = reservation.part_nodes.get(part)
-        level, domain = reservation.part_domains.get(part, ("", ""))
-        if planned is not None:
-            inside = planned.__contains__
-            where = f" in {level} {domain}" if domain else ""
-            on = f"on {', '.join(sorted(planned))}{where}"
-        elif domain:  # (a part without GPUs, kept in the others' domain: any node of it)
-            inside = picture.nodes_in(level, domain).__contains__
-            on = f"in {level} {domain}"
-        else:  # (a part with nothing missing when the gang was admitted, or without a level)
-            return names, {}
-        reason = f"part {part} of gang {reservation.workload.key} is placed {on}"
-    elif reservation.domain:
-        inside = picture.nodes_in(reservation.level, reservation.domain).__contains__
-        reason = f"gang {reservation.workload.key} is placed in {reservation.level} {reservation.domain}"
-    else:
-        return names, {}
-    return list(filter(inside, names)), dict.fromkeys(filterfalse(inside, names), reason)
-
-
 def _to_domain(
     picture: ClusterPicture,
     reservation: GangReservation,
@@ -425,7 +393,7 @@ def _to_domain(
     part: str,
 ) -> tuple[list[str], dict[str, str]]:
     """The pod whose filter admitted its gang into a domain just now goes to that domain's nodes."""
-    kept, outside = _in_domain(picture, reservation, passed, part)
+    kept, outside = split_by_reservation(reservation, passed, part, picture.nodes_in)
     return kept, failed | outside
 
 
@@ -440,19 +408,17 @@ def queue_admission(
     if not gang.admitted:
         unit, reservation = admit_gang(picture, names, context)
         return dict.fromkeys(sizes, unit), reservation
-    view = picture.fairness()
+    view = context.view
     return {
-        memory: admit(
-            view, Ask(demand.queue, _request_at(picture, context, memory), demand.preemptible, gang)
-        )
+        memory: admit(view, Ask(demand.queue, _request_at(context, memory), demand.preemptible, gang))
         for memory in sizes
     }, None
 
 
-def _request_at(picture: ClusterPicture, context: PodContext, gpu_memory: int) -> dict[str, float]:
+def _request_at(context: PodContext, gpu_memory: int) -> dict[str, float]:
     """The pod's fairness vector with a fraction sized at GPUs of `gpu_memory` bytes (0: the
     largest it could land on, the context's own)."""
-    return context.request if not gpu_memory else picture.pod_resources(context.key, context.pod, gpu_memory)
+    return context.requests[gpu_memory] if gpu_memory else context.request
 
 
 def admit_gang(
@@ -462,7 +428,7 @@ def admit_gang(
     together, and all of them must fit the candidates' GPUs not held for others."""
     demand, gang = context.demand, context.gang
     amounts = context.request
-    queued = admit(picture.fairness(), Ask(demand.queue, amounts, demand.preemptible, gang))
+    queued = admit(context.view, Ask(demand.queue, amounts, demand.preemptible, gang))
     if not queued.admit:
         return queued, None
     missing = gang.missing

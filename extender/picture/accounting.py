@@ -37,12 +37,12 @@ from typing import Any
 from contract.kube import mapping, meta
 from contract.names import DEFAULT_QUEUE, GPU_MILLI
 from extender.picture.demands import PodDemand, PodDemands, claim_names, is_terminal
-from extender.picture.gangs import GangReservation, GangReservations
+from extender.picture.gangs import GangReservation, GangReservations, holds_for_itself
 from extender.picture.inventory import GpuInventory
 from extender.picture.ledger import Bucket, Contribution, QueueLedger
 from extender.picture.store import ObjectStore, Stored
 from extender.picture.workloads import WorkloadMap
-from extender.policy.admission import fairness_vector
+from extender.policy.admission import GangState, fairness_vector
 from extender.policy.fairness import (
     FairnessSnapshot,
     FairShareInputs,
@@ -96,6 +96,21 @@ class _Specs:
     invalid: Mapping[str, str]  # Queue objects that failed to parse -> why
     by_name: Mapping[str, QueueSpec]
     restricted: bool  # some queue says which namespaces may use it (else tenancy refuses nothing)
+
+
+@dataclass(frozen=True)
+class PodAccount:
+    """What the accounting answers about the pod a filter judges, asked at once (`account`)."""
+
+    refusal: str  # why its namespace may not use its queue ('' when it may)
+    view: QueueView
+    gang: GangState  # its workload, as the recount `view` does first left the reservations
+    reservation: GangReservation | None  # its gang's, when admitted whole (`PodContext.reservation`)
+    reference_memory: int  # bytes of the largest GPU it could land on
+    request: dict[str, float]  # its fairness vector, a fraction sized at `reference_memory`
+    # A fraction's vector sized at each GPU size of the cluster (`GpuInventory.gpu_sizes`; {} for
+    # a pod of whole GPUs): the filter admits it per GPU size among its candidates.
+    requests: Mapping[int, dict[str, float]]
 
 
 class QueueAccounting:
@@ -249,6 +264,21 @@ class QueueAccounting:
                 model = self.inventory.node_model(self.inventory.pod_node(key, pod))
             gpus.append((model, amount))
         return fairness_vector(demand.cpu, demand.memory, gpus)
+
+    def account(self, key: str, pod: Mapping[str, Any], demand: PodDemand) -> PodAccount:
+        """What the filter reads of the accounting about pod `key` (`demand`: its readable demand)."""
+        view = self.view()  # recounts first, which brings the gang reservations in line
+        gang = self.gangs.state(pod)
+        sizes = self.inventory.gpu_sizes() if demand.fractional else ()
+        return PodAccount(
+            self.tenancy_refusal(demand.queue, demand.namespace),
+            view,
+            gang,
+            None if holds_for_itself(gang) else self.gangs.reservation(gang.workload.key),
+            self.inventory.reference_memory(demand.models),
+            self.resources(key, pod, demand),
+            {size: self.resources(key, pod, demand, size) for size in sizes},
+        )
 
     def view(self) -> QueueView:
         """Queue specs, usage, capacity and fair shares, brought up to date with the picture.

@@ -24,9 +24,9 @@ from typing import Any
 
 from contract.kube import mapping, meta, sequence
 from contract.names import DRIVER_NAME, QUEUE_GROUP, QUEUE_PLURAL, QUEUE_VERSION
-from extender.picture.accounting import QueueAccounting, QueueView
+from extender.picture.accounting import PodAccount, QueueAccounting, QueueView
 from extender.picture.demands import PodDemand, PodDemands, pod_created
-from extender.picture.gangs import GangReservation, GangReservations
+from extender.picture.gangs import GangReservation, GangReservations, holds_for_itself, split_by_reservation
 from extender.picture.inventory import CandidateKinds, GpuInventory, Hold
 from extender.picture.ledger import Contribution
 from extender.picture.running import RunningPods
@@ -76,6 +76,13 @@ class PictureConfig:
     topology: Topology = DEFAULT_TOPOLOGY
 
 
+def hold_owner(gang: GangState) -> str:
+    """The workload whose GPU holds the pod of `gang` sees as its own ('' for none): its gang's,
+    unless it is alone or an elastic member above its part's minimum (the holds are for the
+    minimum)."""
+    return "" if holds_for_itself(gang) else gang.workload.key
+
+
 @dataclass(frozen=True)
 class PodContext:
     """What the filter reads of the picture about the pod it judges, asked at once
@@ -89,74 +96,104 @@ class PodContext:
     reference_memory: int  # bytes of the largest GPU it could land on (sizes its fractions)
     request: dict[str, float]  # its fairness vector, a fraction sized at `reference_memory`
     hold: Hold | None  # the GPUs reclaim holds for it
+    view: QueueView  # the queues' fairness it is judged against
+    # A fraction's vector sized at each GPU size of the cluster ({} for whole GPUs).
+    requests: Mapping[int, dict[str, float]] = field(default_factory=dict)
 
     @property
     def owner(self) -> str:
-        """The workload whose GPU holds the pod sees as its own ('' for none): its gang's, unless
-        it is alone or an elastic member above its part's minimum (the holds are for the minimum)."""
-        return "" if self.gang.workload.single or self.gang.elastic else self.gang.workload.key
+        """The workload whose GPU holds the pod sees as its own (`hold_owner`)."""
+        return hold_owner(self.gang)
+
+    @property
+    def may_defer(self) -> bool:
+        """Whether the pod leaves free GPUs to owed waiting pods (`extender.policy.deference`):
+        not when GPUs are held for it (they are its own), nor of a gang still to admit whole."""
+        return self.gang.admitted and self.hold is None
+
+
+@dataclass(frozen=True)
+class FilterInputs:
+    """What one filter call reads of the picture (`ClusterPicture.filter_inputs`), each part
+    entered once for it (tests/unit/extender/test_filter_inputs.py counts the entries)."""
+
+    context: PodContext
+    refusal: str  # why its namespace may not use its queue ('' when it may)
+    names: list[str]  # the candidates it may use: of a gang reserved in a domain, the domain's
+    outside: dict[str, str]  # the other candidates, with why
+    version: int  # the inventory's version `nodes` were read at (`ClusterPicture.nodes_version`)
+    nodes: CandidateKinds  # `names` by kind (none for a pod without GPUs, or refused)
+    gpu_memory: Mapping[str, int]  # node -> the memory of its GPUs
+    owed: tuple[OwedPod, ...]  # the owed waiting pods (`owed_pods`; none unless `may_defer`)
 
 
 class ClusterPicture:
     def __init__(self, config: PictureConfig | None = None) -> None:
         self.config = config or PictureConfig()
-        self.store = ObjectStore(WATCHED_PATHS)
-        self.demands = PodDemands(
-            self.store,
+        # The parts are private: callers ask the questions below, so that what a part keeps and
+        # how it is kept exact can change without them (the tests' helpers: tests/unit/extender/
+        # pictures.py).
+        self._store = ObjectStore(WATCHED_PATHS)
+        self._demands = PodDemands(
+            self._store,
             self.config.gpu_drivers,
             self.config.non_preemptible_priority,
             self.config.scheduler_names,
         )
-        self.inventory = GpuInventory(self.store, self.demands, self.config.gpu_drivers, self.config.domains)
-        self.workloads = WorkloadMap(self.store)
-        self.topology = TopologyDomains(self.store, self.config.topology)
-        self.accounting = QueueAccounting(self.store, self.demands, self.inventory, self.workloads)
-        self.gangs: GangReservations = self.accounting.gangs  # (the accounting keeps them in line)
+        self._inventory = GpuInventory(
+            self._store, self._demands, self.config.gpu_drivers, self.config.domains
+        )
+        self._workloads = WorkloadMap(self._store)
+        self._topology = TopologyDomains(self._store, self.config.topology)
+        self._accounting = QueueAccounting(self._store, self._demands, self._inventory, self._workloads)
+        self._gangs: GangReservations = self._accounting.gangs  # (the accounting keeps them in line)
         # Called after every change (the status writer uses it to notice newly eligible pods).
         self.listeners: list[Callable[[], None]] = []
         # The running pods as the planners see them, kept from one snapshot to the next.
-        self.running = RunningPods(self.store, self.demands, self.inventory, self.accounting, self.workloads)
+        self._running = RunningPods(
+            self._store, self._demands, self._inventory, self._accounting, self._workloads
+        )
         # Pending pods kube-scheduler tried and could not place (`scheduler_gave_up`): the
         # planners plan only while one of them waits (`unplaced_waiting`).
         self._unplaced: set[str] = set()
         self._unplaced_changes = 0  # counts changes to `_unplaced` (what `owed_pods` is kept by)
         # `owed_pods`' answer, and the view, inventory version and unplaced changes it was read at.
-        self._owed: tuple[QueueView, int, int, tuple[OwedPod, ...]] | None = None
-        self.store.subscribe("Pod", self._pod_tried)
+        self._owed_kept: tuple[QueueView, int, int, tuple[OwedPod, ...]] | None = None
+        self._store.subscribe("Pod", self._pod_tried)
 
     # ---- updates -----------------------------------------------------------------------------
 
     def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event (ADDED, MODIFIED, DELETED). Older versions never overwrite newer."""
-        if self.store.apply(kind, event_type, obj):
+        if self._store.apply(kind, event_type, obj):
             self._changed()
 
     def replace(self, kind: str, items: Iterable[Stored], projected: bool = False) -> None:
         """A fresh list of a kind (first sync or relist after 410): what is gone is dropped."""
-        self.store.replace(kind, items, projected)
+        self._store.replace(kind, items, projected)
         if self.ready():
             # Count every pod and every node's free GPUs (and their shapes) now, while
             # (re)listing, rather than in the first request after it.
             self.fairness()
-            for node in self.store.kind("Node"):
+            for node in self._store.kind("Node"):
                 _ = self.node_gpus(node).shape
         self._changed()
 
     def assume_bound(self, namespace: str, name: str, node: str) -> None:
         """The binder's optimistic update: count the pod on `node` before the watch says so."""
         key = f"{namespace}/{name}"
-        self.inventory.assume(key, node)
-        self.accounting.assumed(key)
+        self._inventory.assume(key, node)
+        self._accounting.assumed(key)
         self._changed()
 
     def reserve(self, key: str, pod: Mapping[str, Any], ttl_s: float) -> None:
-        self.accounting.reserve(key, pod, ttl_s)
+        self._accounting.reserve(key, pod, ttl_s)
 
     def release(self, key: str) -> None:
-        self.accounting.release(key)
+        self._accounting.release(key)
 
     def reserve_gang(self, reservation: GangReservation) -> None:
-        self.accounting.reserve_gang(reservation)
+        self._accounting.reserve_gang(reservation)
 
     def hold(
         self,
@@ -169,14 +206,18 @@ class ClusterPicture:
         queue: str = "",
     ) -> None:
         """Keep GPUs on `node` for pod `key` (or any pod of `queue`) for `ttl_s` (`Hold`)."""
-        self.inventory.hold(key, node, demand, ttl_s, owner, gpus, queue)
+        self._inventory.hold(key, node, demand, ttl_s, owner, gpus, queue)
 
     def release_hold(self, key: str) -> None:
-        self.inventory.release_hold(key)
+        self._inventory.release_hold(key)
 
     def holds(self) -> Mapping[str, Mapping[str, Hold]]:
         """Node -> pod key -> the GPUs held there for it (expired ones until they are let go)."""
-        return self.inventory.holds
+        return self._inventory.holds
+
+    def held_for(self, key: str) -> Hold | None:
+        """The GPUs held for pod `key` (None: none)."""
+        return self._inventory.held_for(key)
 
     def _changed(self) -> None:
         for listener in self.listeners:
@@ -193,169 +234,214 @@ class ClusterPicture:
     # ---- questions ---------------------------------------------------------------------------
 
     def ready(self) -> bool:
-        return self.store.ready()
+        return self._store.ready()
 
     def kind(self, kind: str) -> dict[str, Stored]:
-        return self.store.kind(kind)
+        return self._store.kind(kind)
 
     def get(self, kind: str, key: str) -> Stored | None:
-        return self.store.get(kind, key)
+        return self._store.get(kind, key)
 
     def unsynced(self) -> list[str]:
         """The watched kinds not listed yet (`ready` once there are none)."""
-        return sorted(set(WATCHED_PATHS) - self.store.synced)
+        return sorted(set(WATCHED_PATHS) - self._store.synced)
 
     @property
     def nodes_version(self) -> int:
         """Moves whenever a node's supply or kind may have changed, or a hold was made or let go:
         what was read of the nodes at one version is still true while it has not moved."""
-        return self.inventory.version
+        return self._inventory.version
 
     def candidates(self, key: str, names: list[str], owner: str = "", queue: str = "") -> CandidateKinds:
         """The request's nodes by kind for pod `key` (of workload `owner`, in `queue`): see
         `GpuInventory.candidates`."""
-        return self.inventory.candidates(key, names, owner, queue)
+        return self._inventory.candidates(key, names, owner, queue)
 
-    def supplies(self, key: str, names: Iterable[str], owner: str = "") -> list[NodeGpus]:
-        """What pod `key` (of workload `owner`) may use of each node of `names`: its free GPUs,
-        those held for others taken off."""
-        return self.inventory.supplies_for(key, names, owner)
+    def supplies(self, key: str, names: Iterable[str], owner: str = "", queue: str = "") -> list[NodeGpus]:
+        """What pod `key` (of workload `owner`, in `queue`) may use of each node of `names`: its
+        free GPUs, those held for others taken off."""
+        return self._inventory.supplies_for(key, names, owner, queue)
 
     def node_gpus(self, name: str) -> NodeGpus:
-        return self.inventory.node_gpus(name)
+        return self._inventory.node_gpus(name)
 
     @property
     def gpu_memory(self) -> Mapping[str, int]:
         """Memory of each GPU node's GPUs, which sizes fractional demands there."""
-        return self.inventory.gpu_memory
+        return self._inventory.gpu_memory
 
     def demand(self, pod: Mapping[str, Any]) -> PodDemand:
-        return self.demands.of(pod)
+        return self._demands.of(pod)
 
     def pod_demand(self, pod: Mapping[str, Any]) -> GpuDemand | None:
         """GPUs a pod asks for (None: none); fractions relative to the largest GPU they could land on.
 
         Raises ValueError for a pod that cannot be read (it costs only its own request)."""
-        demand = self.demands.of(pod)
+        demand = self._demands.of(pod)
         if demand.problem:
             raise ValueError(demand.problem)
-        return demand.gpus_at(self.inventory.reference_memory(demand.models))
+        return demand.gpus_at(self._inventory.reference_memory(demand.models))
 
     def pod_resources(self, key: str, pod: Mapping[str, Any], gpu_memory: int = 0) -> dict[str, float]:
         """The fairness vector of a pod (see QueueAccounting.resources)."""
-        demand = self.demands.of(pod)
+        demand = self._demands.of(pod)
         if demand.problem:
             raise ValueError(demand.problem)
-        return self.accounting.resources(key, pod, demand, gpu_memory)
+        return self._accounting.resources(key, pod, demand, gpu_memory)
 
     def pod_node(self, key: str, pod: Mapping[str, Any]) -> str:
-        return self.inventory.pod_node(key, pod)
+        return self._inventory.pod_node(key, pod)
 
     def reference_memory(self, models: frozenset[str]) -> int:
         """Memory of the largest GPU of `models` (any, when empty): what a fraction is sized at
         where the node is not known."""
-        return self.inventory.reference_memory(models)
+        return self._inventory.reference_memory(models)
 
     def pod_context(self, key: str, pod: Mapping[str, Any], demand: PodDemand) -> PodContext:
         """What the filter reads about pod `key`: `demand` (its readable `demand(pod)`), its gang
         and the gang's reservation, the GPU size its fractions are read at, its fairness vector
-        there and the GPUs held for it."""
-        gang = self.gang(pod)
-        elastic_or_alone = gang.workload.single or gang.elastic  # (see `PodContext.owner`)
+        there (and at every GPU size), the GPUs held for it and the view it is judged against."""
+        return self._context(key, pod, demand, self._accounting.account(key, pod, demand), self.held_for(key))
+
+    def _context(
+        self, key: str, pod: Mapping[str, Any], demand: PodDemand, account: PodAccount, hold: Hold | None
+    ) -> PodContext:
         return PodContext(
             key,
             pod,
             demand,
-            gang,
-            None if elastic_or_alone else self.gangs.reservation(gang.workload.key),
-            self.inventory.reference_memory(demand.models),
-            self.accounting.resources(key, pod, demand),
-            self.inventory.held_for(key),
+            account.gang,
+            account.reservation,
+            account.reference_memory,
+            account.request,
+            hold,
+            account.view,
+            account.requests,
+        )
+
+    def filter_inputs(
+        self, key: str, pod: Mapping[str, Any], demand: PodDemand, names: list[str]
+    ) -> FilterInputs:
+        """All the filter reads about pod `key` (`demand`: its readable `demand(pod)`) on the
+        candidates `names`, each part asked once: the accounting (its context and tenancy), the
+        topology (a reserved gang's domain), the inventory (the candidates by kind, its holds).
+
+        A gang's admission plans it whole on top (its members, their topology asks, the
+        candidates' supplies), and a recount of the owed pods reads them one by one; both are
+        rare beside the filter calls of pods alone and admitted gangs' members."""
+        account = self._accounting.account(key, pod, demand)
+        gang = account.gang
+        inside, outside = names, dict[str, str]()
+        if account.reservation is not None and not account.refusal:
+            inside, outside = split_by_reservation(
+                account.reservation,
+                names,
+                gang.part,
+                lambda level, domain: self._topology.nodes_in(level, domain),
+            )
+        wants_nodes = demand.wants_gpu and not account.refusal
+        nodes = self._inventory.pod_nodes(key, inside, hold_owner(gang), demand.queue, wants_nodes)
+        context = self._context(key, pod, demand, account, nodes.hold)
+        owed = self._owed(account.view, nodes.version) if wants_nodes and context.may_defer else ()
+        return FilterInputs(
+            context, account.refusal, inside, outside, nodes.version, nodes.candidates, nodes.gpu_memory, owed
         )
 
     def workload(self, pod: Mapping[str, Any]) -> Workload:
         """The pod's workload (`extender.policy.workloads.workload_of`), without its gang's state."""
-        return self.workloads.workload(pod)
+        return self._workloads.workload(pod)
 
     def members(self, workload: str) -> Collection[str]:
         """The keys of a gang workload's pods."""
-        return self.workloads.members.get(workload, ())
+        return self._workloads.members.get(workload, ())
 
     def gang_reservation(self, workload: str) -> GangReservation | None:
         """The reservation of a gang admitted whole, while its members are being placed."""
-        return self.gangs.reservation(workload)
+        return self._gangs.reservation(workload)
 
     def gang_nodes(self, workload: str) -> list[str]:
         """The nodes of the gang's members whose GPUs the picture sees taken (one per member)."""
-        landed, _ = self.gangs.placed(self.members(workload))
+        landed, _ = self._gangs.placed(self.members(workload))
         return landed
 
     def gang(self, pod: Mapping[str, Any]) -> GangState:
         """The pod's workload: its minimum, members, how many are placed, its reservation."""
         self.settle()  # brings reservations in line with the members
-        return self.gangs.state(pod)
+        return self._gangs.state(pod)
 
     def topology_ask(self, pod: Mapping[str, Any], workload: Workload) -> TopologyAsk:
         """The levels the pod's workload asks for: the pod's annotations, its PodGroup's
         scheduling constraints when the group was read."""
         namespace = str((pod.get("metadata") or {}).get("namespace") or "")
-        group = self.workloads.owners.get(("PodGroup", f"{namespace}/{workload.name}"))
-        return self.topology.ask(pod, group if workload.kind == "PodGroup" else None)
+        group = self._workloads.owners.get(("PodGroup", f"{namespace}/{workload.name}"))
+        return self._topology.ask(pod, group if workload.kind == "PodGroup" else None)
 
     def owners_to_read(self) -> list[OwnerRef]:
         """The owners whose minimum a gang waits for (`read_owner` each), in order."""
-        return sorted(self.workloads.wanted)
+        return sorted(self._workloads.wanted)
 
     def level_domains(self, level: str) -> DomainMap:
         """Node -> its domain at the topology level named (empty for a level the cluster lacks)."""
-        return self.topology.domains(level)
+        return self._topology.domains(level)
 
     def nodes_in(self, level: str, domain: str) -> set[str]:
         """The nodes of one domain at a topology level."""
-        return self.topology.nodes_in(level, domain)
+        return self._topology.nodes_in(level, domain)
 
     def read_owner(self, ref: OwnerRef, obj: Mapping[str, Any] | None) -> None:
         """What the owner reader got (None: unreadable); gangs waiting for it may go now."""
-        self.workloads.read(ref, obj)
+        self._workloads.read(ref, obj)
         self._changed()
 
     def is_pending(self, key: str, pod: Mapping[str, Any]) -> bool:
-        return self.accounting.is_pending(key, pod)
+        return self._accounting.is_pending(key, pod)
 
     def fairness(self) -> QueueView:
-        return self.accounting.view()
+        return self._accounting.view()
 
     @property
     def contributions(self) -> Mapping[str, Contribution]:
         """What each counted pod adds to its queue (its bucket and amounts), as last recounted."""
-        return self.accounting.ledger.contributions
+        return self._accounting.ledger.contributions
 
     def on_recount(self, listener: Callable[[Iterable[str] | None], None]) -> None:
         """Have `listener` told which pods the accounting recounted (None: all of them)."""
-        self.accounting.recounted.append(listener)
+        self._accounting.recounted.append(listener)
 
     def adjust_weights(self, adjustment: WeightAdjustment | None) -> None:
         """Fair shares under `adjustment` from the next view on (`QueueAccounting.adjust_weights`)."""
-        self.accounting.adjust_weights(adjustment)
+        self._accounting.adjust_weights(adjustment)
 
     def tenancy_refusal(self, queue: str, namespace: str, labels: Mapping[str, Any] | None = None) -> str:
         """Why pods of `namespace` may not use `queue` ('' when they may; extender.policy.tenancy).
         `labels`: the Namespace's, when the caller has them; else the picture's."""
-        return self.accounting.tenancy_refusal(queue, namespace, labels)
+        return self._accounting.tenancy_refusal(queue, namespace, labels)
 
     def settle(self) -> None:
         """Count what changed into the ledger, without the fair shares `fairness` computes too:
         the watcher calls it after a burst of events, ahead of the next request (kube-scheduler
         waits for a filter answer in every pod's cycle, not for a watch event), and the questions
         that read only the ledger call it first."""
-        self.accounting.settle()
+        self._accounting.settle()
 
     def mix(self) -> WorkloadMix:
         """The workload mix placement ranks against (the view's, without computing the rest)."""
-        return self.accounting.mix()
+        return self._accounting.mix()
 
     def capacity(self) -> dict[str, float]:
-        return self.inventory.capacity()
+        return self._inventory.capacity()
+
+    def parts(self) -> dict[str, object]:
+        """The picture's parts by name, opaque: what a memory profile weighs (`bench.memory`)."""
+        return {
+            "store": self._store,
+            "pod demands": self._demands,
+            "GPU inventory": self._inventory,
+            "workloads": self._workloads,
+            "topology": self._topology,
+            "queue accounting": self._accounting,
+            "running pods": self._running,
+        }
 
     def snapshot(self) -> ClusterSnapshot:
         """What the planners read: GPU nodes, the pods holding GPUs there, the queues' fairness.
@@ -365,24 +451,24 @@ class ClusterPicture:
         not a pass over every pod.
         """
         view = self.fairness()  # recounts what moved, which marks those pods stale
-        nodes = {name: self.node_gpus(name) for name in self.store.kind("Node")}
+        nodes = {name: self.node_gpus(name) for name in self._store.kind("Node")}
         nodes.update(
-            (name, self.node_gpus(name)) for name in self.inventory.node_devices if name not in nodes
+            (name, self.node_gpus(name)) for name in self._inventory.node_devices if name not in nodes
         )
-        feed = self.running.feed(nodes)
+        feed = self._running.feed(nodes)
         return ClusterSnapshot(
             nodes,
             feed.running,
             view,
             view.mix,
-            self.inventory.gpu_memory,
-            self.inventory.pods_by_node,
+            self._inventory.gpu_memory,
+            self._inventory.pods_by_node,
             minimums=feed.minimums,
             terminating=feed.terminating,
             victims=feed.victims,
             movers=feed.movers,
             holds=self._held_gpus(),
-            domains=self.inventory.domains,
+            domains=self._inventory.domains,
             part_minimums=feed.part_minimums,
         )
 
@@ -390,10 +476,10 @@ class ClusterPicture:
         """Reclaim's holds that name their GPUs, as the planners see them: the pod, its queue,
         the devices, and its fairness vector if its queue still counts it waiting (not when a
         filter's admission already counts it allocated)."""
-        contributions = self.accounting.ledger.contributions
+        contributions = self._accounting.ledger.contributions
         now = time.monotonic()
         held: list[HeldGpus] = []
-        for node, on_node in self.inventory.holds.items():
+        for node, on_node in self._inventory.holds.items():
             for key, hold in on_node.items():
                 if hold.queue and hold.gpus and hold.expires >= now:  # a freed GPU's rest, any pod's
                     held.append(HeldGpus(key, hold.queue, node, hold.gpus, for_queue=True))
@@ -425,7 +511,7 @@ class ClusterPicture:
         Of a gang not admitted yet, as many waiting members as it misses beyond those GPUs are
         held for, marked with their workload (the planner serves them all or none)."""
         view = self.fairness()
-        ledger = self.accounting.ledger
+        ledger = self._accounting.ledger
         candidates: list[tuple[tuple[int, float, str], Waiting, PodDemand, GpuDemand]] = []
         levels: dict[str, dict[str, str]] = {}  # gang workload -> part -> its required level ("": none)
         for key in ledger.waiting:
@@ -433,12 +519,12 @@ class ClusterPicture:
             placement = contribution.gpu_demand
             if placement is None:
                 continue
-            pod = self.store.get("Pod", key)
+            pod = self._store.get("Pod", key)
             if pod is None or meta(pod).get("deletionTimestamp"):
                 continue
-            demand = self.demands.of(pod)
-            gang = self.gangs.state(pod)  # `view` above brought the reservations in line
-            held = self.inventory.held_for(key) is not None
+            demand = self._demands.of(pod)
+            gang = self._gangs.state(pod)  # `view` above brought the reservations in line
+            held = self._inventory.held_for(key) is not None
             if not gang.admitted:
                 of_parts = levels.setdefault(gang.workload.key, {})
                 if gang.part not in of_parts:
@@ -499,27 +585,27 @@ class ClusterPicture:
         change, and nothing to do while no pod waits unplaced (the common case costs a test)."""
         if not self._unplaced:
             return ()
-        view = self.fairness()
-        kept = self._owed
-        if (
-            kept is not None
-            and kept[0] is view
-            and kept[1] == self.inventory.version
-            and kept[2] == self._unplaced_changes
-        ):
+        return self._owed(self.fairness(), self._inventory.version)
+
+    def _owed(self, view: QueueView, version: int) -> tuple[OwedPod, ...]:
+        """`owed_pods` under `view` and the inventory at `version` (the filter's, read already)."""
+        if not self._unplaced:
+            return ()
+        kept = self._owed_kept
+        if kept is not None and kept[0] is view and kept[1] == version and kept[2] == self._unplaced_changes:
             return kept[3]
-        ledger = self.accounting.ledger
+        ledger = self._accounting.ledger
         candidates: list[tuple[tuple[int, float, str], OwedPod]] = []
         for key in self._unplaced & ledger.waiting:
             contribution = ledger.contributions[key]
             placement = contribution.gpu_demand
-            pod = self.store.get("Pod", key)
+            pod = self._store.get("Pod", key)
             if placement is None or pod is None or meta(pod).get("deletionTimestamp"):
                 continue
-            demand = self.demands.of(pod)
-            if not is_owed(view, demand.queue, contribution.amounts) or self.inventory.held_for(key):
+            demand = self._demands.of(pod)
+            if not is_owed(view, demand.queue, contribution.amounts) or self._inventory.held_for(key):
                 continue
-            gang = self.gangs.state(pod)  # (`view` above brought the reservations in line)
+            gang = self._gangs.state(pod)  # (`view` above brought the reservations in line)
             if (
                 not gang.admitted
                 or not admit(view, Ask(demand.queue, contribution.amounts, demand.preemptible, gang)).admit
@@ -529,7 +615,7 @@ class ClusterPicture:
             candidates.append((order, OwedPod(key, demand.queue, contribution.amounts, placement)))
         candidates.sort(key=lambda candidate: candidate[0])
         owed = owed_pods(view, (pod for _, pod in candidates))
-        self._owed = (view, self.inventory.version, self._unplaced_changes, owed)
+        self._owed_kept = (view, version, self._unplaced_changes, owed)
         return owed
 
     def unplaced_waiting(self) -> bool:
@@ -539,7 +625,7 @@ class ClusterPicture:
         yet (a backlog of new pods) may well fit where it is, and planning for it would be a pass
         over every waiting pod each cycle with nothing to come of it."""
         self.settle()  # brings the ledger's waiting pods up to date
-        ledger = self.accounting.ledger
+        ledger = self._accounting.ledger
         return any(
             ledger.contributions[key].gpu_demand is not None for key in self._unplaced & ledger.waiting
         )
@@ -552,24 +638,24 @@ class ClusterPicture:
         pending: set[str] = set()
         queue_of: dict[str, str] = {}
         sample: dict[str, Stored] = {}
-        for key, contribution in self.accounting.ledger.contributions.items():
-            pod = self.store.get("Pod", key)
+        for key, contribution in self._accounting.ledger.contributions.items():
+            pod = self._store.get("Pod", key)
             if pod is None:
                 continue  # a gang's slot
-            workload = self.workloads.workload_key(key) or key
+            workload = self._workloads.workload_key(key) or key
             queue_of[workload] = contribution.queue
             sample[workload] = pod
             if contribution.bucket == "allocated":
                 placed[workload] += 1
-            elif contribution.bucket == "requested" or self.gangs.reserved(workload):
+            elif contribution.bucket == "requested" or self._gangs.reserved(workload):
                 pending.add(workload)
         counts: dict[str, tuple[int, int]] = {}
         for workload, queue in queue_of.items():
-            if self.gangs.reserved(workload):
+            if self._gangs.reserved(workload):
                 admitted = True
-            elif workload in self.workloads.members:  # a gang: its minimum placed?
-                admitted = placed[workload] >= self.workloads.minimum(
-                    self.workloads.workload(sample[workload])
+            elif workload in self._workloads.members:  # a gang: its minimum placed?
+                admitted = placed[workload] >= self._workloads.minimum(
+                    self._workloads.workload(sample[workload])
                 )
             else:
                 admitted = placed[workload] > 0

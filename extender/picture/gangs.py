@@ -41,8 +41,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import filterfalse
 from typing import Any
 
 from extender.picture.demands import PodDemands, claim_names
@@ -109,6 +110,46 @@ class GangReservation:
 
     def slot_key(self, index: int) -> str:
         return f"{self.workload.key}#{index}"
+
+
+def holds_for_itself(gang: GangState) -> bool:
+    """Whether the pod of `gang` (its workload's state) asks for itself, not as a member of a gang
+    reservation: a pod alone, or an elastic member above its part's minimum (the reservation and
+    the gang's GPU holds are for the minimum)."""
+    return gang.workload.single or gang.elastic
+
+
+def split_by_reservation(
+    reservation: GangReservation | None,
+    names: list[str],
+    part: str,
+    nodes_in: Callable[[str, str], Collection[str]],
+) -> tuple[list[str], dict[str, str]]:
+    """The candidates `names` inside the domain a reserved gang's member is kept in - of a gang
+    planned by parts, the nodes planned for its part (`part`) - and the others with why
+    (`nodes_in(level, domain)`: a topology domain's nodes). Split in C: thousands of names, and
+    the per-kind work then runs on the domain's few."""
+    if reservation is None:
+        return names, {}
+    if reservation.part_nodes or reservation.part_domains:
+        planned = reservation.part_nodes.get(part)
+        level, domain = reservation.part_domains.get(part, ("", ""))
+        if planned is not None:
+            inside = planned.__contains__
+            where = f" in {level} {domain}" if domain else ""
+            on = f"on {', '.join(sorted(planned))}{where}"
+        elif domain:  # (a part without GPUs, kept in the others' domain: any node of it)
+            inside = nodes_in(level, domain).__contains__
+            on = f"in {level} {domain}"
+        else:  # (a part with nothing missing when the gang was admitted, or without a level)
+            return names, {}
+        reason = f"part {part} of gang {reservation.workload.key} is placed {on}"
+    elif reservation.domain:
+        inside = nodes_in(reservation.level, reservation.domain).__contains__
+        reason = f"gang {reservation.workload.key} is placed in {reservation.level} {reservation.domain}"
+    else:
+        return names, {}
+    return list(filter(inside, names)), dict.fromkeys(filterfalse(inside, names), reason)
 
 
 class GangReservations:

@@ -190,6 +190,17 @@ class CandidateKinds:
 NO_CANDIDATES = CandidateKinds([], [], {}, {})
 
 
+@dataclass(frozen=True)
+class PodNodes:
+    """What the inventory answers about the nodes a pod the filter judges may use, asked at once
+    (`GpuInventory.pod_nodes`)."""
+
+    version: int  # the inventory's version the rest was read at (`GpuInventory.version`)
+    hold: Hold | None  # the GPUs held for the pod
+    candidates: CandidateKinds
+    gpu_memory: Mapping[str, int]  # node -> the memory of its GPUs (`GpuInventory.gpu_memory`)
+
+
 class GpuInventory:
     def __init__(
         self, store: ObjectStore, demands: PodDemands, gpu_drivers: frozenset[str], domains: DomainMap
@@ -224,6 +235,7 @@ class GpuInventory:
         # their models, so only a change of which sizes exist recounts every pod.
         self._gpu_sizes: Counter[tuple[str, int]] = Counter()
         self._memory_by_models: dict[frozenset[str], int] = {}
+        self._sizes: tuple[int, ...] | None = None  # `gpu_sizes`, until a size appears or goes
         self._node_gpus: dict[str, NodeGpus] = {}
         # Each cached node's kind: its shape (with its domain) and GPU memory in one string
         # (`kinds_for`).
@@ -377,6 +389,21 @@ class GpuInventory:
                 (d.memory_bytes for d in self.devices.values() if not models or d.model in models), default=0
             )
         return self._memory_by_models[models]
+
+    def gpu_sizes(self) -> tuple[int, ...]:
+        """The memory sizes of the cluster's GPUs, smallest first: every size a node's GPUs are
+        (`gpu_memory`), so every size a fraction may be sized at."""
+        if self._sizes is None:
+            self._sizes = tuple(sorted({memory for _, memory in self._gpu_sizes}))
+        return self._sizes
+
+    def pod_nodes(self, key: str, names: list[str], owner: str, queue: str, wants_gpu: bool) -> PodNodes:
+        """What the filter reads of the inventory about pod `key` (of workload `owner`, in
+        `queue`) on the candidates `names`: their kinds (`candidates`; none for a pod that wants
+        no GPU), the GPUs held for it, each node's GPU size, and the version all that is true at."""
+        version, hold = self.version, self.held_for(key)
+        nodes = self.candidates(key, names, owner, queue) if wants_gpu else NO_CANDIDATES
+        return PodNodes(version, hold, nodes, self.gpu_memory)
 
     def held_devices(self, namespace: str, claims: Iterable[str]) -> list[tuple[DeviceKey, GpuDevice, float]]:
         """GPU devices the named claims of a namespace hold, with the thousandths each pod takes.
@@ -626,6 +653,7 @@ class GpuInventory:
             del self._gpu_sizes[size]
         if (before == 0) != (size not in self._gpu_sizes):  # a size appeared or went
             self._memory_by_models.clear()
+            self._sizes = None
             self._notify(None)
 
     def _claim_changed(self, key: str, old: Stored | None, new: Stored | None) -> None:

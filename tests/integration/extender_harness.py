@@ -204,7 +204,7 @@ class GpuCluster:
     ) -> ExtenderService:
         """An extender service of this cluster, started and synced (the caller stops it); its
         webhooks, if any, in their own process."""
-        state = ClusterPicture(
+        picture = ClusterPicture(
             PictureConfig(
                 gpu_drivers=frozenset({self.driver}),
                 scheduler_names=frozenset({self.scheduler_name}),
@@ -217,7 +217,7 @@ class GpuCluster:
             ServiceOptions(
                 host="127.0.0.1",
                 port=port,
-                picture=state,
+                picture=picture,
                 queue_status_interval_s=0.5,
                 reclaim=reclaim or ReclaimOptions(),
                 lease=lease,

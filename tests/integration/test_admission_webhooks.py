@@ -167,7 +167,7 @@ async def test_pods_get_their_queue_from_their_top_owner_or_the_namespace_defaul
         picture = env.service.picture
 
         async def picture_has_labels() -> bool:
-            stored = picture.store.get("Namespace", namespace) or {}
+            stored = picture.get("Namespace", namespace) or {}
             return bool(stored.get("metadata", {}).get("labels", {}).get(NAMESPACE_QUEUE_LABEL) == team)
 
         await wait_until(picture_has_labels, timeout=10, what="the picture seeing the Namespace's labels")

@@ -336,7 +336,7 @@ async def test_a_move_a_disruption_budget_blocks_is_reported_not_forced(
         assert sample(env, "moves_total", goal="consolidate", outcome="evicted") == 0
         # Nothing was forced: the same four halves run where they ran; the hold was released.
         assert {p["metadata"]["name"]: gpu_of(p) for p in await env.running(HALVES)} == before
-        assert env.service.picture.inventory.held_for(f"{namespace}/whole") is None
+        assert env.service.picture.held_for(f"{namespace}/whole") is None
 
 
 async def test_scale_down_empties_gpu_nodes_whose_pods_fit_elsewhere(

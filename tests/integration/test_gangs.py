@@ -25,6 +25,7 @@ from tessera.dev.localcluster import LocalCluster, wait_until
 from tests import extender_objects as objects
 from tests.extender_objects import open_crd
 from tests.integration.extender_harness import TEMPLATE, GpuCluster, gpu_cluster
+from tests.unit.extender.pictures import owner_read
 
 pytestmark = pytest.mark.integration
 
@@ -361,12 +362,12 @@ async def test_a_pytorchjobs_minimum_comes_from_its_spec(
 
         await create(["pt-master-0", "pt-worker-0"])
         assert env.service is not None
-        workloads = env.service.picture.workloads
+        picture = env.service.picture
 
         async def read_and_refused() -> bool:
             pods = await env.pods()
             refused = [p for p in pods if condition(p).get("status") == "False"]
-            return ("PyTorchJob", f"{namespace}/pt") in workloads.owners and len(refused) == 2
+            return owner_read(picture, "PyTorchJob", f"{namespace}/pt") and len(refused) == 2
 
         await wait_until(read_and_refused, timeout=60, interval=0.2, what="the spec read, both pods refused")
         assert not any(p["spec"].get("nodeName") for p in await env.pods())
@@ -414,7 +415,7 @@ async def test_a_default_scheduler_pod_taking_a_gpu_mid_admission_leaves_the_gan
             await lift(env, pod["metadata"]["name"])
 
         async def three_bound() -> bool:
-            return (await bound_by_job(env))["gang"] == 3 and picture.gangs.reserved(workload)
+            return (await bound_by_job(env))["gang"] == 3 and (picture.gang_reservation(workload) is not None)
 
         await wait_until(three_bound, timeout=60, interval=0.2, what="3 members bound, the 4th's GPU held")
         # The namespace's default queue is another queue; the pod's label names the gang's (which
@@ -438,7 +439,7 @@ async def test_a_default_scheduler_pod_taking_a_gpu_mid_admission_leaves_the_gan
         await wait_until(foreign_runs, timeout=60, interval=0.2, what="the default-scheduler pod running")
 
         async def ended() -> bool:
-            return not picture.gangs.reserved(workload)
+            return not (picture.gang_reservation(workload) is not None)
 
         await wait_until(ended, timeout=15, what="the reservation ended")
         last = gang[3]["metadata"]["name"]

@@ -129,29 +129,29 @@ async def apiserver() -> AsyncIterator[tuple[FakeApiserver, ApiClient]]:
             yield fake, api
 
 
-def picture(*extra: dict[str, Any]) -> ClusterPicture:
-    state = ClusterPicture(PictureConfig(scheduler_names=frozenset({"default-scheduler"})))
-    state.replace("Node", [objects.node("a"), objects.node("b")])
-    state.replace("Pod", list(extra))
-    return state
+def picture_of(*extra: dict[str, Any]) -> ClusterPicture:
+    picture = ClusterPicture(PictureConfig(scheduler_names=frozenset({"default-scheduler"})))
+    picture.replace("Node", [objects.node("a"), objects.node("b")])
+    picture.replace("Pod", list(extra))
+    return picture
 
 
 async def test_a_pending_pod_is_bound_with_its_uid_as_precondition(
     apiserver: tuple[FakeApiserver, ApiClient],
 ) -> None:
     fake, api = apiserver
-    state = picture(objects.pod("ns", "p"))
-    assert await Binder(api, state).bind(bind_args()) == ""
+    picture = picture_of(objects.pod("ns", "p"))
+    assert await Binder(api, picture).bind(bind_args()) == ""
     (binding,) = fake.bindings
     assert binding["metadata"]["uid"] == "uid-ns-p" and binding["target"]["name"] == "a"
-    assert state.pod_node("ns/p", state.kind("Pod")["ns/p"]) == "a"
+    assert picture.pod_node("ns/p", picture.kind("Pod")["ns/p"]) == "a"
 
 
 async def test_a_pod_the_picture_lacks_is_read_and_a_missing_one_refused(
     apiserver: tuple[FakeApiserver, ApiClient],
 ) -> None:
     fake, api = apiserver
-    binder = Binder(api, picture())
+    binder = Binder(api, picture_of())
     assert "pod ns/p does not exist" in await binder.bind(bind_args())
     fake.pods["ns/p"] = objects.pod("ns", "p", node_name="b")
     assert "already bound to node b, not a" in await binder.bind(bind_args())
@@ -167,7 +167,7 @@ async def test_only_nodes_the_filter_passed_are_bound_when_required(
     apiserver: tuple[FakeApiserver, ApiClient],
 ) -> None:
     fake, api = apiserver
-    binder = Binder(api, picture(objects.pod("ns", "p")), require_filtered=True)
+    binder = Binder(api, picture_of(objects.pod("ns", "p")), require_filtered=True)
     assert "was not filtered" in await binder.bind(bind_args())
     binder.filtered.remember("uid-ns-p", ["b"])
     assert "not among the nodes the filter passed" in await binder.bind(bind_args(node="a"))
@@ -182,13 +182,13 @@ async def test_a_slow_apiserver_is_an_error_field_not_a_timeout(
     fake, api = apiserver
     monkeypatch.setattr(binder_module, "API_TIMEOUT_S", 0.2)
     fake.delay = 5.0
-    error = await Binder(api, picture(objects.pod("ns", "p"))).bind(bind_args())
+    error = await Binder(api, picture_of(objects.pod("ns", "p"))).bind(bind_args())
     assert "failed: the apiserver did not answer within 0.2 s" in error
-    error = await Binder(api, picture()).bind(bind_args())  # the pod must be read first
+    error = await Binder(api, picture_of()).bind(bind_args())  # the pod must be read first
     assert "reading the pod failed: the apiserver did not answer" in error
 
 
 async def test_an_unreachable_apiserver_is_an_error_field() -> None:
     async with ApiClient(Configuration(host=f"http://127.0.0.1:{free_port()}")) as api:
-        error = await Binder(api, picture(objects.pod("ns", "p"))).bind(bind_args())
+        error = await Binder(api, picture_of(objects.pod("ns", "p"))).bind(bind_args())
     assert error.startswith("binding pod ns/p to node a failed:"), error

@@ -73,27 +73,27 @@ def test_the_gang_plan_finds_a_count_per_shape_and_domain(
     assert calls.count("a") == 5 and calls.count("b") == tries_of_b
 
 
-def picture(domains: DomainMap) -> ClusterPicture:
+def picture_of(domains: DomainMap) -> ClusterPicture:
     objs = objects.two_nodes_of_two_gpus(CLASS)
-    state = ClusterPicture(PictureConfig(domains=domains))
+    picture = ClusterPicture(PictureConfig(domains=domains))
     for kind in WATCHED_PATHS:
-        state.replace(kind, [o for o in objs if o["kind"] == kind])
-    return state
+        picture.replace(kind, [o for o in objs if o["kind"] == kind])
+    return picture
 
 
 @pytest.mark.parametrize(("domains", "shared"), KEYS)
 def test_the_inventorys_node_kinds_keep_domains_apart(domains: DomainMap, shared: bool) -> None:
     # Nodes a and b: 2 free GPUs each, the same shape and GPU memory.
-    state = picture(domains)
-    kind_a, kind_b = state.inventory.kinds_for(["a", "b"])
+    picture = picture_of(domains)
+    kind_a, kind_b = picture.candidates("ns/p", ["a", "b"]).kinds
     assert (kind_a == kind_b) is shared
 
 
 def test_reclaims_snapshot_and_its_forks_carry_the_pictures_map() -> None:
     domains = {"a": "rack-1", "b": "rack-2"}
-    snapshot = picture(domains).snapshot()
+    snapshot = picture_of(domains).snapshot()
     assert snapshot.domains == domains and snapshot.fork().fork().domains == domains
-    assert picture(NO_DOMAINS).snapshot().domains == {}
+    assert picture_of(NO_DOMAINS).snapshot().domains == {}
 
 
 @pytest.mark.parametrize(("domains", "states"), [(NO_DOMAINS, 1), ({"a": "rack-1", "b": "rack-2"}, 2)])

@@ -24,6 +24,7 @@ from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod, Rules, plan
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 from tests import extender_objects as objects
+from tests.unit.extender.pictures import supply
 
 NOW = 10_000.0
 CORES = 64.0
@@ -334,9 +335,9 @@ def test_a_hold_keeps_the_cpu_of_the_pod_it_is_for() -> None:
     # for b0 - and b0 sees all 16. (Before, a hold kept GPUs only: the hog's pod took the cores
     # back and b0 did not fit.)
     picture = live_picture(a_pods=3)
-    picture.inventory.hold("ns/b0", "n1", GpuDemand(1, cpu_milli=2000), 60.0, gpus=((3, GPU_MILLI),))
-    assert picture.inventory.supply_for("ns/a3", "n1").cpu_free_milli == 14_000
-    assert picture.inventory.supply_for("ns/b0", "n1").cpu_free_milli == 16_000
+    picture.hold("ns/b0", "n1", GpuDemand(1, cpu_milli=2000), 60.0, gpus=((3, GPU_MILLI),))
+    assert supply(picture, "ns/a3", "n1").cpu_free_milli == 14_000
+    assert supply(picture, "ns/b0", "n1").cpu_free_milli == 16_000
     (held,) = picture.snapshot().holds.values()
     assert (held.key, held.cpu_milli) == ("ns/b0", 2000)  # what the planning fork places
 

@@ -145,10 +145,10 @@ async def test_an_unreachable_api_server_is_a_failed_eviction() -> None:
         assert await evict_all(api, ["ns/p"], EvictionLimits(1, SHORT_S)) == {"ns/p": "failed"}
 
 
-def picture(*names: str) -> ClusterPicture:
-    state = ClusterPicture()
-    state.replace("Pod", [objects.pod("ns", name, queue=name.split("-")[0]) for name in names])
-    return state
+def picture_of(*names: str) -> ClusterPicture:
+    picture = ClusterPicture()
+    picture.replace("Pod", [objects.pod("ns", name, queue=name.split("-")[0]) for name in names])
+    return picture
 
 
 PLANNED = 1_700_000_000.0  # when a test's plans were made (epoch s)
@@ -185,13 +185,13 @@ async def test_a_sixteen_victim_plan_evicts_side_by_side_and_holds_the_gpus(
 ) -> None:
     fake, api = apiserver
     fake.together = 16  # a slow Eviction API: it answers once all 16 are asked
-    state = picture("b-0", *(f"a-{i}" for i in range(16)))
-    metrics = ExtenderMetrics(state)
-    loop = ReclaimLoop(api, state, metrics, ReclaimOptions(evictions=EvictionLimits(16, LONG_S)))
+    picture = picture_of("b-0", *(f"a-{i}" for i in range(16)))
+    metrics = ExtenderMetrics(picture)
+    loop = ReclaimLoop(api, picture, metrics, ReclaimOptions(evictions=EvictionLimits(16, LONG_S)))
     chosen = reclaim_plan("ns/b-0", keys(16))
     assert await loop.carry_out([chosen]) == [chosen]
     assert fake.peak == 16
-    assert state.inventory.held_for("ns/b-0") is not None
+    assert picture.held_for("ns/b-0") is not None
     assert counter(metrics, "tessera_reclaim_evictions_total", outcome="evicted") == 16
     assert loop.counts.evicted_from["a"] == 16 and loop.counts.reclaimed_for["b"] == 16
     assert sorted(fake.events) == sorted(
@@ -206,14 +206,12 @@ async def test_the_freed_gpus_are_held_before_the_first_eviction(
     # evictions and events are done: the replacement must find what the plan frees held already
     # (made after them, the hold came too late for a waiting gang in 1 live run of 4 under load).
     fake, api = apiserver
-    state = picture("b-0", "a-0", "a-1")
+    picture = picture_of("b-0", "a-0", "a-1")
     loop = ReclaimLoop(
-        api, state, ExtenderMetrics(state), ReclaimOptions(evictions=EvictionLimits(16, LONG_S))
+        api, picture, ExtenderMetrics(picture), ReclaimOptions(evictions=EvictionLimits(16, LONG_S))
     )
     held_when_evicted: dict[str, bool] = {}
-    fake.on_evict = lambda name: held_when_evicted.update(
-        {name: state.inventory.held_for("ns/b-0") is not None}
-    )
+    fake.on_evict = lambda name: held_when_evicted.update({name: picture.held_for("ns/b-0") is not None})
     chosen = reclaim_plan("ns/b-0", ["ns/a-0", "ns/a-1"])
     assert await loop.carry_out([chosen]) == [chosen]
     assert held_when_evicted == {"a-0": True, "a-1": True}
@@ -223,9 +221,9 @@ async def test_the_work_each_eviction_throws_away_is_counted_per_queue(
     apiserver: tuple[FakeEvictionApi, ApiClient],
 ) -> None:
     _, api = apiserver
-    state = picture("b-0", "a-0", "a-1")
-    metrics = ExtenderMetrics(state)
-    loop = ReclaimLoop(api, state, metrics, ReclaimOptions(evictions=EvictionLimits(16, LONG_S)))
+    picture = picture_of("b-0", "a-0", "a-1")
+    metrics = ExtenderMetrics(picture)
+    loop = ReclaimLoop(api, picture, metrics, ReclaimOptions(evictions=EvictionLimits(16, LONG_S)))
     chosen = reclaim_plan("ns/b-0", ["ns/a-0", "ns/a-1"])
     # a-0 started 100 s before the plan, a-1 30 s: 1 GPU each, 100 + 30 GPU-seconds lost.
     chosen = replace(
@@ -244,14 +242,14 @@ async def test_a_victim_without_an_answer_still_leaves_the_gpus_held(
 ) -> None:
     fake, api = apiserver
     fake.answers = {"a-1": HANG}
-    state = picture("b-0", "a-0", "a-1")
-    metrics = ExtenderMetrics(state)
-    loop = ReclaimLoop(api, state, metrics, ReclaimOptions(evictions=EvictionLimits(16, SHORT_S)))
+    picture = picture_of("b-0", "a-0", "a-1")
+    metrics = ExtenderMetrics(picture)
+    loop = ReclaimLoop(api, picture, metrics, ReclaimOptions(evictions=EvictionLimits(16, SHORT_S)))
     chosen = reclaim_plan("ns/b-0", ["ns/a-0", "ns/a-1"])
     assert await loop.carry_out([chosen]) == [chosen]
     # No answer is no refusal: as for a failed call, the GPUs are held for the served pod (a-1
     # may well be going; the next cycle sees it in the picture), and a-1 is not counted evicted.
-    assert state.inventory.held_for("ns/b-0") is not None
+    assert picture.held_for("ns/b-0") is not None
     timed_out = counter(metrics, "tessera_reclaim_evictions_total", outcome="timed_out")
     assert (timed_out, loop.counts.evicted_from["a"]) == (1, 1)
     assert sorted(fake.events) == [("a-0", "Reclaimed"), ("b-0", "ReclaimPlanned")]
@@ -261,17 +259,17 @@ async def test_a_blocked_victim_drops_its_plan_only(apiserver: tuple[FakeEvictio
     fake, api = apiserver
     fake.answers = {"a-1": 429, "a-3": 404}
     fake.together = 4  # both plans' victims at once, or no answer
-    state = picture("b-0", "b-1", "a-0", "a-1", "a-2", "a-3")
-    metrics = ExtenderMetrics(state)
-    loop = ReclaimLoop(api, state, metrics, ReclaimOptions(evictions=EvictionLimits(16, LONG_S)))
+    picture = picture_of("b-0", "b-1", "a-0", "a-1", "a-2", "a-3")
+    metrics = ExtenderMetrics(picture)
+    loop = ReclaimLoop(api, picture, metrics, ReclaimOptions(evictions=EvictionLimits(16, LONG_S)))
     blocked = reclaim_plan("ns/b-0", ["ns/a-0", "ns/a-1"])
     served = reclaim_plan("ns/b-1", ["ns/a-2", "ns/a-3"])
     assert await loop.carry_out([blocked, served]) == [served]
     # b-0's plan: a-1's budget refused; a-0 went (its GPU goes to whoever the scheduler picks),
     # no hold for b-0, and a-1 is left alone for blocked_retry_s.
-    assert state.inventory.held_for("ns/b-0") is None and "ns/a-1" in loop._blocked
+    assert picture.held_for("ns/b-0") is None and "ns/a-1" in loop._blocked
     # b-1's plan: a-2 evicted, a-3 was gone already: carried out, its GPUs held.
-    assert state.inventory.held_for("ns/b-1") is not None
+    assert picture.held_for("ns/b-1") is not None
     assert loop.counts.evicted_from["a"] == 2 and loop.counts.reclaimed_for["b"] == 2  # a-0, a-2
     assert sorted(fake.events) == [
         ("a-0", "Reclaimed"),
@@ -301,9 +299,9 @@ async def test_a_rack_freed_for_a_gang_holds_each_members_gpus_for_the_gang(
     # The plan of `plan_domain_moves`: a-0 (n3) and a-1 (n4) move out of rack r2 so that gang
     # Job/ns/g's members g-0 and g-1 fit there, one on each node.
     fake, api = apiserver
-    state = picture("g-0", "g-1", "a-0", "a-1")
+    picture = picture_of("g-0", "g-1", "a-0", "a-1")
     options = ConsolidationOptions(evictions=EvictionLimits(16, LONG_S))
-    consolidator = Consolidator(api, state, ExtenderMetrics(state), options)
+    consolidator = Consolidator(api, picture, ExtenderMetrics(picture), options)
     members = tuple(
         (replace(waiting(f"ns/g-{i}"), workload="Job/ns/g"), node) for i, node in enumerate(["n3", "n4"])
     )
@@ -315,7 +313,7 @@ async def test_a_rack_freed_for_a_gang_holds_each_members_gpus_for_the_gang(
     assert await consolidator.carry_out([chosen]) == [chosen]
     # Each member's GPU is held on its node for any member of the gang (not only for that pod).
     for member, node in members:
-        hold = state.inventory.held_for(member.key)
+        hold = picture.held_for(member.key)
         assert hold is not None and (hold.node, hold.owner) == (node, "Job/ns/g")
     assert sorted(fake.events) == [("a-0", "Moved"), ("a-1", "Moved"), ("g-0", "ConsolidationPlanned")]
     assert "so the 2 waiting pods of its gang fit in r2" in fake.messages[("g-0", "ConsolidationPlanned")]
@@ -334,17 +332,17 @@ async def test_a_mover_not_evicted_drops_its_move_plan(
 ) -> None:
     fake, api = apiserver
     fake.answers = {"a-1": answer}
-    state = picture("b-0", "b-1", "a-0", "a-1", "a-2", "a-3")
-    metrics = ExtenderMetrics(state)
+    picture = picture_of("b-0", "b-1", "a-0", "a-1", "a-2", "a-3")
+    metrics = ExtenderMetrics(picture)
     # (only the unanswered call is waited out; an answer may take long on a busy machine)
     options = ConsolidationOptions(evictions=EvictionLimits(16, SHORT_S if answer == HANG else LONG_S))
-    consolidator = Consolidator(api, state, metrics, options)
+    consolidator = Consolidator(api, picture, metrics, options)
     dropped = move_plan("ns/b-0", ["ns/a-0", "ns/a-1"], 0)
     moved = move_plan("ns/b-1", ["ns/a-2", "ns/a-3"], 2)
     assert await consolidator.carry_out([dropped, moved]) == [moved]
     # b-0's plan is dropped and its hold released; a-1 is not tried again for blocked_retry_s.
-    assert state.inventory.held_for("ns/b-0") is None and "ns/a-1" in consolidator._pinned()
-    assert state.inventory.held_for("ns/b-1") is not None
+    assert picture.held_for("ns/b-0") is None and "ns/a-1" in consolidator._pinned()
+    assert picture.held_for("ns/b-1") is not None
     # Every mover evicted is followed up (its successor checked), a-0 too.
     assert sorted(m.key for m in consolidator.moved) == ["ns/a-0", "ns/a-2", "ns/a-3"]
     assert counter(metrics, "tessera_consolidation_plans_total", result=result) == 1
@@ -381,13 +379,13 @@ async def test_pods_of_an_owner_evicted_from_are_spared_for_a_while_after_their_
     # a-0 (ReplicaSet rs-a) is evicted for b-0. Its replacement a-1 (rs-a, started after the
     # eviction) is no victim for recent_victim_s (rule 8); a-2 of another ReplicaSet is.
     _, api = apiserver
-    state = ClusterPicture()
-    state.replace("Pod", [owned("a-0", "rs-a"), objects.pod("ns", "b-0", queue="b")])
+    picture = ClusterPicture()
+    picture.replace("Pod", [owned("a-0", "rs-a"), objects.pod("ns", "b-0", queue="b")])
     loop = ReclaimLoop(
-        api, state, ExtenderMetrics(state), ReclaimOptions(evictions=EvictionLimits(16, LONG_S))
+        api, picture, ExtenderMetrics(picture), ReclaimOptions(evictions=EvictionLimits(16, LONG_S))
     )
     assert await loop.carry_out([reclaim_plan("ns/b-0", ["ns/a-0"])])
-    state.replace("Pod", [owned("a-1", "rs-a"), owned("a-2", "rs-other")])
+    picture.replace("Pod", [owned("a-1", "rs-a"), owned("a-2", "rs-other")])
     restarted = time.time()  # after the eviction was recorded
     running = {
         key: RunningPod(key, "a", "n1", ((gpu, 1000),), {"gpu": 1.0}, started=restarted)
@@ -412,9 +410,9 @@ async def test_the_partly_owed_wait_reaches_the_planners_rules(
     apiserver: tuple[FakeEvictionApi, ApiClient], argv: list[str], wait_s: float
 ) -> None:
     _, api = apiserver
-    state = ClusterPicture()
+    picture = ClusterPicture()
     options = ReclaimOptions(partly_owed_wait_s=parse_args(argv).partly_owed_wait_s)
-    loop = ReclaimLoop(api, state, ExtenderMetrics(state), options)
+    loop = ReclaimLoop(api, picture, ExtenderMetrics(picture), options)
     assert loop.rules().partly_owed_wait_s == wait_s
 
 
@@ -430,7 +428,7 @@ async def test_the_whole_owed_wait_reaches_the_planners_rules(
     apiserver: tuple[FakeEvictionApi, ApiClient], argv: list[str], wait_s: float
 ) -> None:
     _, api = apiserver
-    state = ClusterPicture()
+    picture = ClusterPicture()
     options = ReclaimOptions(whole_owed_wait_s=parse_args(argv).whole_owed_wait_s)
-    loop = ReclaimLoop(api, state, ExtenderMetrics(state), options)
+    loop = ReclaimLoop(api, picture, ExtenderMetrics(picture), options)
     assert loop.rules().whole_owed_wait_s == wait_s

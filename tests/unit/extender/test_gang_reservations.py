@@ -15,6 +15,7 @@ import pytest
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
 from extender.picture.gangs import GangReservation
 from extender.policy.placement import GpuDemand
+from tests.unit.extender.pictures import lapse_gang_reservations, reserved_gangs, supply
 from tests.unit.extender.test_gangs import bind, cluster, job, member
 
 WORKLOAD = "Job/ns/ja"
@@ -32,7 +33,7 @@ def admit_whole(picture: ClusterPicture, pods: list[dict[str, Any]], nodes: list
     first = pods[0]
     picture.reserve_gang(
         GangReservation(
-            workload=picture.workloads.workload(first),
+            workload=picture.workload(first),
             queue="team",
             amounts=picture.pod_resources("ns/ja-0", first),
             demand=GpuDemand(1),
@@ -68,16 +69,16 @@ def test_the_slots_follow_the_binds_until_the_minimum_is_placed(pods: list[dict[
             bind(picture, pods[bound], node, device, version)
             bound += 1
         assert allocated_gpus(picture) == counted
-        reservation = picture.gangs.reservation(WORKLOAD)
+        reservation = picture.gang_reservation(WORKLOAD)
         assert reservation is not None
         assert (reservation.slots, reservation.placed) == (slots, placed)
         assert picture.gang(pods[3]).placed == placed
     # The 4th binds: the minimum is placed, the reservation ends and holds nothing.
     bind(picture, pods[3], "b", "gpu-1", 20)
     assert allocated_gpus(picture) == 4  # 4 bound + 0 slots
-    assert not picture.gangs.reserved(WORKLOAD) and picture.inventory.holds == {}
-    state = picture.gang(pods[3])
-    assert (state.placed, state.reserved, state.admitted) == (4, False, True)
+    assert not (picture.gang_reservation(WORKLOAD) is not None) and picture.holds() == {}
+    gang = picture.gang(pods[3])
+    assert (gang.placed, gang.reserved, gang.admitted) == (4, False, True)
 
 
 def test_a_member_a_filter_admitted_is_placed_but_keeps_its_slot_until_its_gpus_show(
@@ -90,22 +91,22 @@ def test_a_member_a_filter_admitted_is_placed_but_keeps_its_slot_until_its_gpus_
     admit_whole(picture, pods, ["a", "a", "b", "b"])
     picture.reserve("ns/ja-0", pods[0], 30.0)
     assert allocated_gpus(picture) == 4
-    reservation = picture.gangs.reservation(WORKLOAD)
+    reservation = picture.gang_reservation(WORKLOAD)
     assert reservation is not None and (len(reservation.slots), reservation.placed) == (4, 1)
-    assert picture.inventory.supply_for("ns/other", "a").free_milli == (0, 0)  # held for the gang
-    assert picture.inventory.supply_for("ns/ja-1", "a", WORKLOAD).free_milli == (1000, 1000)
+    assert supply(picture, "ns/other", "a").free_milli == (0, 0)  # held for the gang
+    assert supply(picture, "ns/ja-1", "a", WORKLOAD).free_milli == (1000, 1000)
 
 
 def test_a_reservation_without_progress_lapses_and_its_members_wait_again(
     pods: list[dict[str, Any]],
 ) -> None:
     picture = picture_of(cluster(job("ja", 4), *pods))
-    picture.gangs.hold_s = 0.0  # no member placed within the hold: it lapses at the next recount
+    lapse_gang_reservations(picture)  # no member placed within the hold: it lapses at the next recount
     admit_whole(picture, pods, ["a", "a", "b", "b"])
     usage = picture.fairness().usage["team"]
     # Slots and holds given back; the 4 pending members count as waiting (requested) again.
     assert (usage.allocated.get("gpu", 0.0), usage.requested.get("gpu")) == (0.0, 4)
-    assert picture.gangs.reserved_workloads() == [] and picture.inventory.holds == {}
+    assert reserved_gangs(picture) == [] and picture.holds() == {}
     assert picture.gang(pods[0]).admitted is False
 
 

@@ -23,16 +23,17 @@ from extender.status import StatusWriter, WaitingPods
 from extender.verbs import decide_filter, decide_preemption
 from extender.wire import ExtenderArgs, ExtenderPreemptionArgs, decode
 from tests import extender_objects as objects
+from tests.unit.extender.pictures import gang_members, lapse_gang_reservations, reserved_gangs, supply
 from tests.unit.extender.serving import serve
 from tests.unit.extender.test_server import CLASS, Extender, args
 
 
 @pytest.fixture
 async def extender() -> AsyncIterator[Extender]:
-    state, waiting, api = ClusterPicture(), WaitingPods(), ApiClient()
-    app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state))
+    picture, waiting, api = ClusterPicture(), WaitingPods(), ApiClient()
+    app = build_app(picture, Binder(api, picture), waiting, ExtenderMetrics(picture))
     async with serve(app) as client:
-        yield Extender(client, state, waiting, api)
+        yield Extender(client, picture, waiting, api)
     await api.close()
 
 
@@ -40,7 +41,7 @@ NODES = ["a", "b"]
 
 
 def reservation_of(extender: Extender, workload: str) -> GangReservation:
-    found = extender.state.gangs.reservation(workload)
+    found = extender.picture.gang_reservation(workload)
     assert found is not None, f"{workload} holds no reservation"
     return found
 
@@ -119,7 +120,7 @@ async def test_two_gangs_of_four_on_four_gpus_never_split(extender: Extender) ->
         assert "GPUs free for 0 of its 4 missing pods (1 GPU each)" in reason
 
     # The queue counts one workload admitted (ja, held for) and one waiting (jb).
-    assert extender.state.workload_counts() == {"team": (1, 1)}
+    assert extender.picture.workload_counts() == {"team": (1, 1)}
 
     # ja's other pods pass on both nodes: the GPUs held for their gang are theirs.
     for pod in first[1:]:
@@ -130,11 +131,11 @@ async def test_two_gangs_of_four_on_four_gpus_never_split(extender: Extender) ->
     # reservation ends with the 4th.
     places = [("a", "gpu-0"), ("a", "gpu-1"), ("b", "gpu-0"), ("b", "gpu-1")]
     for version, (pod, (node, device)) in enumerate(zip(first, places, strict=True), start=10):
-        bind(extender.state, pod, node, device, version)
-        extender.state.fairness()
-    assert not extender.state.gangs.reserved("Job/ns/ja")
-    assert extender.state.inventory.holds == {}
-    assert extender.state.workload_counts() == {"team": (1, 1)}  # ja's minimum runs; jb waits
+        bind(extender.picture, pod, node, device, version)
+        extender.picture.fairness()
+    assert not (extender.picture.gang_reservation("Job/ns/ja") is not None)
+    assert extender.picture.holds() == {}
+    assert extender.picture.workload_counts() == {"team": (1, 1)}  # ja's minimum runs; jb waits
 
 
 async def test_the_queue_admits_the_whole_minimum_or_nothing(extender: Extender) -> None:
@@ -148,7 +149,7 @@ async def test_the_queue_admits_the_whole_minimum_or_nothing(extender: Extender)
         "its 4 missing pods together: queue 'team': gpu allocated 0 + request 4 would exceed its limit (3)"
         in (reason)
     )
-    assert extender.state.gangs.reserved_workloads() == []
+    assert reserved_gangs(extender.picture) == []
 
 
 async def test_a_gang_counts_its_reserved_members_against_the_queue(extender: Extender) -> None:
@@ -158,7 +159,7 @@ async def test_a_gang_counts_its_reserved_members_against_the_queue(extender: Ex
     extender.sync(cluster(job("ja", 2), job("jb", 3), *ja, *jb, limit=4))
     _, result = await extender.call("filter", args(ja[0], NODES))
     assert result["NodeNames"] == NODES
-    assert extender.state.fairness().usage["team"].allocated["gpu"] == 2  # ja-0 + one slot
+    assert extender.picture.fairness().usage["team"].allocated["gpu"] == 2  # ja-0 + one slot
     _, result = await extender.call("filter", args(jb[0], NODES))
     assert (
         "gpu allocated 2 + request 3 would exceed its limit (4)" in result["FailedAndUnresolvableNodes"]["a"]
@@ -177,12 +178,14 @@ async def test_the_requeue_check_lets_a_member_of_a_gang_being_placed_through_as
     extender.sync(cluster(job("ja", 4), *pods, limit=4))
     _, result = await extender.call("filter", args(pods[0], NODES))
     assert result["NodeNames"] == NODES
-    assert extender.state.fairness().usage["team"].allocated["gpu"] == 4
+    assert extender.picture.fairness().usage["team"].allocated["gpu"] == 4
     extender.waiting.refused("ns", "ja-1", "uid-ns-ja-1", "team", "waited for its gang")
-    filtered = decide_filter(extender.state, decode(ExtenderArgs, json.dumps(args(pods[1], NODES)).encode()))
+    filtered = decide_filter(
+        extender.picture, decode(ExtenderArgs, json.dumps(args(pods[1], NODES)).encode())
+    )
     assert (filtered.admitted, filtered.reason) == (True, "fits")
     assert "(minimum 4 pods, 1 placed, 4 present) is being placed" in filtered.message
-    writer = StatusWriter(extender.api, extender.state, extender.waiting, ExtenderMetrics(extender.state))
+    writer = StatusWriter(extender.api, extender.picture, extender.waiting, ExtenderMetrics(extender.picture))
     assert [entry.name for entry in writer.eligible_now()] == ["ja-1"]
 
 
@@ -192,10 +195,10 @@ async def test_min_two_of_four_starts_with_two_and_grows(extender: Extender) -> 
     _, result = await extender.call("filter", args(pods[0], NODES))
     assert result["NodeNames"] == NODES
     assert reservation_of(extender, "Job/ns/ja").target == 2
-    bind(extender.state, pods[0], "a", "gpu-0", 10)
-    bind(extender.state, pods[1], "a", "gpu-1", 11)
-    extender.state.fairness()
-    assert extender.state.gangs.reserved_workloads() == []
+    bind(extender.picture, pods[0], "a", "gpu-0", 10)
+    bind(extender.picture, pods[1], "a", "gpu-1", 11)
+    extender.picture.fairness()
+    assert reserved_gangs(extender.picture) == []
     # The minimum runs (node a full): pods 3 and 4 are elastic and go one by one, as any pod.
     _, result = await extender.call("filter", args(pods[2], NODES))
     assert result["NodeNames"] == ["b"]
@@ -206,13 +209,13 @@ async def test_a_gang_that_is_not_completed_in_time_gives_back_everything(extend
     first = [member("ja", i) for i in range(4)]
     second = [member("jb", i) for i in range(4)]
     extender.sync(cluster(job("ja", 4), job("jb", 4), *first, *second))
-    extender.state.gangs.hold_s = 0.0  # ja's reservation lapses at once: no member is placed
+    lapse_gang_reservations(extender.picture)  # ja's reservation lapses at once: no member is placed
     _, result = await extender.call("filter", args(first[0], NODES))
     assert result["NodeNames"] == NODES
-    extender.state.release("ns/ja-0")  # its bind did not come either
+    extender.picture.release("ns/ja-0")  # its bind did not come either
     _, result = await extender.call("filter", args(second[0], NODES))
     assert result["NodeNames"] == NODES
-    assert extender.state.gangs.reserved_workloads() == ["Job/ns/jb"]
+    assert reserved_gangs(extender.picture) == ["Job/ns/jb"]
 
 
 async def test_a_gang_waiting_for_gpus_keeps_what_reclaim_holds_for_it(extender: Extender) -> None:
@@ -223,17 +226,17 @@ async def test_a_gang_waiting_for_gpus_keeps_what_reclaim_holds_for_it(extender:
     assert result["NodeNames"] == NODES
     # Reclaim freed a GPU for ja's members (its victims still terminating, say): ja-0 is refused
     # for want of GPUs, not by its queue, so the hold stays for it.
-    extender.state.inventory.hold("ns/ja-0", "a", GpuDemand(1), 90.0, owner="Job/ns/ja")
+    extender.picture.hold("ns/ja-0", "a", GpuDemand(1), 90.0, owner="Job/ns/ja")
     _, result = await extender.call("filter", args(first[0], NODES))
     assert "GPUs free for 0 of its 4 missing pods" in result["FailedAndUnresolvableNodes"]["a"]
-    assert extender.state.inventory.held_for("ns/ja-0") is not None
+    assert extender.picture.held_for("ns/ja-0") is not None
 
 
 async def test_members_rank_gpus_held_for_their_gang_as_free(extender: Extender) -> None:
     pods = [member("ja", i) for i in range(4)]
     extender.sync(cluster(job("ja", 4), *pods))
     # Reclaim freed node a's two GPUs for the gang (held under ja-0's name, for any member).
-    extender.state.inventory.hold("ns/ja-0", "a", GpuDemand(2), 90.0, owner="Job/ns/ja")
+    extender.picture.hold("ns/ja-0", "a", GpuDemand(2), 90.0, owner="Job/ns/ja")
     _, ranked = await extender.call("prioritize", args(pods[1], NODES))
     scores = {entry["Host"]: entry["Score"] for entry in ranked}
     assert scores["a"] == scores["b"] == 10  # both empty for ja-1: alike (not a "full" node a)
@@ -249,10 +252,10 @@ def test_members_follow_the_pods_and_make_the_minimum_of_an_unread_owner() -> No
         pod = objects.pod("ns", f"w-{i}", queue="team", template="one")
         pod["metadata"]["labels"][WORKLOAD_LABEL] = "sweep"
         pods.append(pod)
-    state = ClusterPicture()
+    picture = ClusterPicture()
     for kind in WATCHED_PATHS:
-        state.replace(kind, [o for o in [*cluster(), *pods] if o["kind"] == kind])
-    gang = state.gang(pods[0])
+        picture.replace(kind, [o for o in [*cluster(), *pods] if o["kind"] == kind])
+    gang = picture.gang(pods[0])
     assert (gang.workload.key, gang.minimum, gang.members, gang.admitted) == (
         "Workload/ns/sweep",
         3,
@@ -264,29 +267,29 @@ def test_members_follow_the_pods_and_make_the_minimum_of_an_unread_owner() -> No
         "status": {"phase": "Succeeded"},
         "metadata": {**pods[2]["metadata"], "resourceVersion": "9"},
     }
-    state.apply("Pod", "MODIFIED", done)
-    assert (state.gang(pods[0]).minimum, state.gang(pods[0]).members) == (2, 2)
-    state.apply("Pod", "DELETED", pods[1])
-    assert state.workloads.members == {"Workload/ns/sweep": {"ns/w-0"}}
+    picture.apply("Pod", "MODIFIED", done)
+    assert (picture.gang(pods[0]).minimum, picture.gang(pods[0]).members) == (2, 2)
+    picture.apply("Pod", "DELETED", pods[1])
+    assert gang_members(picture) == {"Workload/ns/sweep": {"ns/w-0"}}
 
 
 def test_a_members_workload_follows_its_owner_job() -> None:
     # The workload of a stored pod is kept from one question to the next; a change of its Job
     # (parallelism 2 -> 3) or of the pod itself finds it again.
-    state = ClusterPicture()
+    picture = ClusterPicture()
     objs = [*cluster(), job("train", 2), member("train", 0), member("train", 1)]
     for kind in WATCHED_PATHS:
-        state.replace(kind, [o for o in objs if o["kind"] == kind])
-    stored = state.kind("Pod")["ns/train-0"]
-    assert state.gang(stored).minimum == 2
-    assert state.gang(stored).minimum == 2  # the kept workload
+        picture.replace(kind, [o for o in objs if o["kind"] == kind])
+    stored = picture.kind("Pod")["ns/train-0"]
+    assert picture.gang(stored).minimum == 2
+    assert picture.gang(stored).minimum == 2  # the kept workload
     grown = {**job("train", 3), "metadata": {**job("train", 3)["metadata"], "resourceVersion": "9"}}
-    state.apply("Job", "MODIFIED", grown)
-    assert state.gang(stored).minimum == 3
+    picture.apply("Job", "MODIFIED", grown)
+    assert picture.gang(stored).minimum == 3
     alone = objects.pod("ns", "train-0", queue="team", template="one")
     alone["metadata"]["resourceVersion"] = "10"
-    state.apply("Pod", "MODIFIED", alone)
-    assert state.gang(state.kind("Pod")["ns/train-0"]).workload.single
+    picture.apply("Pod", "MODIFIED", alone)
+    assert picture.gang(picture.kind("Pod")["ns/train-0"]).workload.single
 
 
 def running_member(job_name: str, index: int, queue: str, node: str, device: str) -> list[dict[str, Any]]:
@@ -332,7 +335,7 @@ async def test_the_schedulers_preemption_never_breaks_a_gang(extender: Extender)
     assert status == 200
     assert list(result["NodeNameToMetaVictims"]) == ["b"]
     dropped = decide_preemption(
-        extender.state, decode(ExtenderPreemptionArgs, json.dumps(body).encode())
+        extender.picture, decode(ExtenderPreemptionArgs, json.dumps(body).encode())
     ).dropped
     assert dropped == {
         "a": "pod ns/jh-0 is one of the 2 running pods of workload Job/ns/jh, its minimum: evicting it "
@@ -357,17 +360,17 @@ async def test_a_gang_waits_for_its_owners_spec_then_takes_its_minimum_from_it(e
     # PyTorchJob, its pods wait; then the minimum is 4 (1 master + 3 workers), not the 2 present.
     pods = [pytorch_pod("pt-master-0"), pytorch_pod("pt-worker-0")]
     extender.sync(cluster(*pods))
-    assert extender.state.workloads.wanted == {PT_REF}
+    assert set(extender.picture.owners_to_read()) == {PT_REF}
     _, result = await extender.call("filter", args(pods[0], NODES))
     reason = result["FailedAndUnresolvableNodes"]["a"]
     assert "waits for its minimum: reading the spec of its PyTorchJob pt" in reason
-    extender.state.read_owner(PT_REF, PYTORCHJOB)
+    extender.picture.read_owner(PT_REF, PYTORCHJOB)
     _, result = await extender.call("filter", args(pods[0], NODES))
     reason = result["FailedAndUnresolvableNodes"]["a"]
     assert "workload PyTorchJob/ns/pt (minimum 4 pods, 0 placed, 2 present) waits for its pods" in reason
     # The last pods come: the 4 fit the 4 GPUs and are admitted whole.
-    extender.state.apply("Pod", "ADDED", pytorch_pod("pt-worker-1"))
-    extender.state.apply("Pod", "ADDED", pytorch_pod("pt-worker-2"))
+    extender.picture.apply("Pod", "ADDED", pytorch_pod("pt-worker-1"))
+    extender.picture.apply("Pod", "ADDED", pytorch_pod("pt-worker-2"))
     _, result = await extender.call("filter", args(pods[0], NODES))
     assert result["NodeNames"] == NODES
     assert reservation_of(extender, "PyTorchJob/ns/pt").target == 4
@@ -376,8 +379,8 @@ async def test_a_gang_waits_for_its_owners_spec_then_takes_its_minimum_from_it(e
 async def test_an_owner_that_cannot_be_read_leaves_the_minimum_to_the_pods(extender: Extender) -> None:
     pods = [pytorch_pod("pt-master-0"), pytorch_pod("pt-worker-0")]
     extender.sync(cluster(*pods))
-    extender.state.read_owner(PT_REF, None)  # e.g. the CRD is not installed: 404
-    assert extender.state.workloads.wanted == set()
+    extender.picture.read_owner(PT_REF, None)  # e.g. the CRD is not installed: 404
+    assert set(extender.picture.owners_to_read()) == set()
     _, result = await extender.call("filter", args(pods[0], NODES))
     assert result["NodeNames"] == NODES  # the 2 present are the gang
     assert reservation_of(extender, "PyTorchJob/ns/pt").target == 2
@@ -386,11 +389,11 @@ async def test_an_owner_that_cannot_be_read_leaves_the_minimum_to_the_pods(exten
 def foreign_takes(extender: Extender, node: str, device: str) -> None:
     """A default-scheduler pod (it sees no holds) gets `device` on `node`: claim allocated, then bound."""
     claim = objects.claim("ns", "foreign-gpu", objects.claim_spec(CLASS), allocated=[(node, device, None)])
-    extender.state.apply(
+    extender.picture.apply(
         "ResourceClaim", "ADDED", {**claim, "metadata": {**claim["metadata"], "resourceVersion": "1"}}
     )
     pod = objects.pod("ns", "foreign", claim_name="foreign-gpu", node_name=node)
-    extender.state.apply("Pod", "ADDED", {**pod, "metadata": {**pod["metadata"], "resourceVersion": "2"}})
+    extender.picture.apply("Pod", "ADDED", {**pod, "metadata": {**pod["metadata"], "resourceVersion": "2"}})
 
 
 async def test_a_slot_whose_gpu_another_scheduler_took_moves_to_a_node_with_room(extender: Extender) -> None:
@@ -401,12 +404,12 @@ async def test_a_slot_whose_gpu_another_scheduler_took_moves_to_a_node_with_room
     _, result = await extender.call("filter", args(pods[0], NODES))
     assert reservation_of(extender, "Job/ns/ja").nodes == ["a", "a"]
     foreign_takes(extender, "a", "gpu-0")
-    extender.state.fairness()
+    extender.picture.fairness()
     assert sorted(reservation_of(extender, "Job/ns/ja").slots) == ["a", "b"]
     # Both members still have GPUs (a's gpu-1, and b's, held for their gang); others see neither.
     _, result = await extender.call("filter", args(pods[1], NODES))
     assert result["NodeNames"] == NODES
-    assert extender.state.inventory.supply_for("ns/other", "b").free_milli == (0, 1000)
+    assert supply(extender.picture, "ns/other", "b").free_milli == (0, 1000)
 
 
 async def test_a_gang_whose_last_gpu_another_scheduler_took_is_judged_again_at_once(
@@ -421,18 +424,18 @@ async def test_a_gang_whose_last_gpu_another_scheduler_took_is_judged_again_at_o
     for version, (pod, (node, device)) in enumerate(
         zip(pods[:3], [("a", "gpu-0"), ("a", "gpu-1"), ("b", "gpu-0")], strict=False), start=10
     ):
-        bind(extender.state, pod, node, device, version)
-        extender.state.fairness()
+        bind(extender.picture, pod, node, device, version)
+        extender.picture.fairness()
     assert reservation_of(extender, "Job/ns/ja").slots == ["b"]
     foreign_takes(extender, "b", "gpu-1")
-    extender.state.fairness()
-    assert not extender.state.gangs.reserved("Job/ns/ja")
-    assert extender.state.inventory.holds == {}
+    extender.picture.fairness()
+    assert not (extender.picture.gang_reservation("Job/ns/ja") is not None)
+    assert extender.picture.holds() == {}
     _, result = await extender.call("filter", args(pods[3], NODES))
     reason = result["FailedAndUnresolvableNodes"]["b"]
     assert "workload Job/ns/ja (minimum 4 pods, 3 placed, 4 present) starts whole or not at all" in reason
     assert "GPUs free for 0 of its 1 missing pods" in reason
-    assert [(p.key, p.workload) for p in extender.state.waiting_pods()] == [("ns/ja-3", "Job/ns/ja")]
+    assert [(p.key, p.workload) for p in extender.picture.waiting_pods()] == [("ns/ja-3", "Job/ns/ja")]
 
 
 async def test_a_refused_members_reason_follows_its_gangs_binds(extender: Extender) -> None:
@@ -445,13 +448,13 @@ async def test_a_refused_members_reason_follows_its_gangs_binds(extender: Extend
     _, result = await extender.call("filter", args(pods[3], NODES))
     assert "(minimum 4 pods, 0 placed, 4 present)" in result["FailedAndUnresolvableNodes"]["a"]
     assert "GPUs free for 3 of its 4 missing pods" in result["FailedAndUnresolvableNodes"]["a"]
-    writer = StatusWriter(extender.api, extender.state, extender.waiting, ExtenderMetrics(extender.state))
+    writer = StatusWriter(extender.api, extender.picture, extender.waiting, ExtenderMetrics(extender.picture))
     extender.waiting.reports.clear()
     assert writer.eligible_now() == [] and extender.waiting.reports == {}  # nothing moved yet
     for version, (pod, (node, device)) in enumerate(
         zip(pods[:3], [("a", "gpu-0"), ("a", "gpu-1"), ("b", "gpu-0")], strict=False), start=10
     ):
-        bind(extender.state, pod, node, device, version)
+        bind(extender.picture, pod, node, device, version)
     assert writer.eligible_now() == []
     report = extender.waiting.reports["ns/ja-3"]
     assert (report.admitted, report.post_event) == (False, True)  # condition False and an Event

@@ -140,9 +140,7 @@ async def test_a_gang_whose_held_gpu_another_scheduler_took_is_planned_again_in_
     picture = picture_of(*bound("x", "side", "a", "gpu-1"))
     workload = "Job/ns/ja"
     for index in range(2):
-        picture.inventory.hold(
-            f"ns/ja-{index}", "a", GpuDemand(1), 90.0, owner=workload, gpus=((index, 1000),)
-        )
+        picture.hold(f"ns/ja-{index}", "a", GpuDemand(1), 90.0, owner=workload, gpus=((index, 1000),))
     # Fair shares of the 4 GPUs: team 2 (its quota), side 1, other the 1 left. team counts ja-0
     # on its hold (1 of 2: owed a whole pod); other holds 2 of 1 and ends at 1 without one of
     # its pods, less owed than team is (rule 1: 1 - 1 = 0 > -1).
@@ -152,9 +150,9 @@ async def test_a_gang_whose_held_gpu_another_scheduler_took_is_planned_again_in_
     (victim,) = [eviction.pod for eviction in chosen.evictions]
     assert (chosen.pod.key, chosen.node, victim.key in {"ns/o-0", "ns/o-1"}) == ("ns/ja-1", "b", True)
     assert fake.calls == [victim.key.split("/")[1]]
-    moved = picture.inventory.held_for("ns/ja-1")
+    moved = picture.held_for("ns/ja-1")
     assert moved is not None and (moved.node, moved.gpus) == ("b", victim.gpus)
-    kept = picture.inventory.held_for("ns/ja-0")
+    kept = picture.held_for("ns/ja-0")
     assert kept is not None and (kept.node, kept.gpus) == ("a", ((0, 1000),))
     assert ("ja-1", "HoldLost") in fake.events
     assert counter(loop.metrics, "tessera_reclaim_holds_lost_total") == 1

@@ -14,7 +14,7 @@ from contract.names import DRIVER_NAME
 from dra_driver.profiles.nvidia.simulated import build_inventory, load_profile
 from dra_driver.slices import NodeRef, SharingMode, build_slices
 from tests import extender_objects as objects
-from tests.unit.extender.pictures import CLASS, running_on, synced_state
+from tests.unit.extender.pictures import CLASS, running_on, synced_picture
 
 NODE = "m"
 
@@ -60,20 +60,20 @@ def placement_pod(name: str, device: str) -> list[dict[str, Any]]:
 def test_a_placement_is_charged_its_compute_slices_and_uses_its_gpu(
     held: list[tuple[str, str]], charged: float, free_milli: tuple[int, ...]
 ) -> None:
-    state = synced_state(
+    picture = synced_picture(
         [*partitionable_node(), *(o for name, device in held for o in placement_pod(name, device))]
     )
-    usage = state.fairness().usage
+    usage = picture.fairness().usage
     assert (usage["q"].allocated.get("gpu", 0.0) if "q" in usage else 0.0) == pytest.approx(charged, abs=1e-3)
-    assert state.node_gpus(NODE).free_milli == free_milli
-    assert state.capacity()["gpu"] == 2  # placements add no capacity: 2 GPUs, not 2 + 34
+    assert picture.node_gpus(NODE).free_milli == free_milli
+    assert picture.capacity()["gpu"] == 2  # placements add no capacity: 2 GPUs, not 2 + 34
 
 
 def test_a_freed_placement_frees_its_share_of_the_gpu() -> None:
     objs = [*partitionable_node(), *placement_pod("three", "gpu-0-mig-3g-40gb-at-4")]
-    state = synced_state(objs)
-    assert state.node_gpus(NODE).free_milli == (571, 1000)
+    picture = synced_picture(objs)
+    assert picture.node_gpus(NODE).free_milli == (571, 1000)
     claim = next(o for o in objs if o["kind"] == "ResourceClaim")
     claim["metadata"]["resourceVersion"] = "99"
-    state.apply("ResourceClaim", "DELETED", claim)
-    assert state.node_gpus(NODE).free_milli == (1000, 1000)
+    picture.apply("ResourceClaim", "DELETED", claim)
+    assert picture.node_gpus(NODE).free_milli == (1000, 1000)

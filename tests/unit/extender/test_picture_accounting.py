@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 import pytest
 
-from extender.picture.cluster import WATCHED_PATHS
 from extender.policy.fairness import (
     FairShareInputs,
     QueueTree,
@@ -19,7 +18,16 @@ from extender.policy.fairness import (
 )
 from extender.policy.placement import GpuDemand
 from tests import extender_objects as objects
-from tests.unit.extender.pictures import CLASS, running_on, synced_state, two_nodes, with_rv
+from tests.unit.extender.pictures import (
+    CLASS,
+    ledger_mix,
+    objects_of,
+    reserved_pods,
+    running_on,
+    synced_picture,
+    two_nodes,
+    with_rv,
+)
 
 KINDS: tuple[Literal["allocated", "requested"], ...] = ("allocated", "requested")
 
@@ -27,7 +35,7 @@ KINDS: tuple[Literal["allocated", "requested"], ...] = ("allocated", "requested"
 def test_queue_usage_counts_held_devices_and_pending_demand() -> None:
     bound = objects.pod("ns", "bound", queue="team-a", template="gone", node_name="a")
     bound["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "bound-gpus"}]
-    state = synced_state(
+    picture = synced_picture(
         [
             *two_nodes(),
             objects.queue("team-a", resources={"gpu": {"quota": 2}}),
@@ -45,7 +53,7 @@ def test_queue_usage_counts_held_devices_and_pending_demand() -> None:
             | {"status": {"phase": "Succeeded"}},
         ]
     )
-    view = state.fairness()
+    view = picture.fairness()
     assert view.capacity["gpu"] == 8
     assert view.capacity["gpu/H100-80GB"] == 4
     assert view.capacity["cpu"] == 128
@@ -66,18 +74,18 @@ def test_queue_usage_counts_held_devices_and_pending_demand() -> None:
         GpuDemand(count=2, cpu_milli=100, memory_mib=64),
         GpuDemand(count=0, cpu_milli=2000, memory_mib=64),
     }
-    assert state.fairness() is view  # cached until the picture changes
+    assert picture.fairness() is view  # cached until the picture changes
 
 
 def test_invalid_queue_objects_are_reported_not_fatal() -> None:
-    state = synced_state([objects.queue("bad", resources={"gpu": {"quota": "lots"}})])
-    view = state.fairness()
+    picture = synced_picture([objects.queue("bad", resources={"gpu": {"quota": "lots"}})])
+    view = picture.fairness()
     assert "bad" in view.invalid and "quota" in view.invalid["bad"]
     assert [spec.name for spec in view.specs] == ["default"]
 
 
 def test_reservations_move_a_pod_to_allocated_and_expire() -> None:
-    state = synced_state(
+    picture = synced_picture(
         [
             *two_nodes(),
             objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
@@ -85,9 +93,9 @@ def test_reservations_move_a_pod_to_allocated_and_expire() -> None:
             objects.pod("ns", "p", queue="q", template="one"),
         ]
     )
-    before = state.fairness()
-    state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=60)
-    shifted = state.fairness()
+    before = picture.fairness()
+    picture.reserve("ns/p", picture.kind("Pod")["ns/p"], ttl_s=60)
+    shifted = picture.fairness()
     assert shifted.usage["q"].allocated == {"gpu": 1, "cpu": 0.1, "memory": 64 * 2**20}
     assert shifted.usage["q"].requested == {}
     assert shifted.pending_pods.get("q", 0) == 0
@@ -95,14 +103,16 @@ def test_reservations_move_a_pod_to_allocated_and_expire() -> None:
     # The pod moved from waiting to holding: no queue's demand changed, so the shares are reused.
     assert shifted.fair_shares is before.fair_shares
     # The incremental accounting equals a full recount of the same objects and reservation.
-    fresh = synced_state([obj for store in state.store.objects.values() for obj in store.values()])
+    fresh = synced_picture(objects_of(picture))
     fresh.reserve("ns/p", fresh.kind("Pod")["ns/p"], ttl_s=60)
     assert fresh.fairness().usage == shifted.usage
-    state.release("ns/p")
-    assert state.fairness().usage["q"] == before.usage["q"]
-    state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=-1)  # already expired: dropped at the next look
-    assert state.fairness().usage["q"] == before.usage["q"]
-    assert state.accounting.reserved == {}
+    picture.release("ns/p")
+    assert picture.fairness().usage["q"] == before.usage["q"]
+    picture.reserve(
+        "ns/p", picture.kind("Pod")["ns/p"], ttl_s=-1
+    )  # already expired: dropped at the next look
+    assert picture.fairness().usage["q"] == before.usage["q"]
+    assert reserved_pods(picture) == {}
 
 
 def test_a_reservation_expires_at_its_last_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,7 +122,7 @@ def test_a_reservation_expires_at_its_last_deadline(monkeypatch: pytest.MonkeyPa
     # deadline, 120, is not its last).
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    state = synced_state(
+    picture = synced_picture(
         [
             *two_nodes(),
             objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
@@ -123,64 +133,64 @@ def test_a_reservation_expires_at_its_last_deadline(monkeypatch: pytest.MonkeyPa
     )
 
     def held_gpus() -> float:
-        return state.fairness().usage["q"].allocated.get("gpu", 0.0)
+        return picture.fairness().usage["q"].allocated.get("gpu", 0.0)
 
-    state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=10)
-    state.reserve("ns/r", state.kind("Pod")["ns/r"], ttl_s=20)
+    picture.reserve("ns/p", picture.kind("Pod")["ns/p"], ttl_s=10)
+    picture.reserve("ns/r", picture.kind("Pod")["ns/r"], ttl_s=20)
     clock[0] = 101.0
-    state.release("ns/r")
+    picture.release("ns/r")
     clock[0] = 105.0
-    state.reserve("ns/p", state.kind("Pod")["ns/p"], ttl_s=10)
+    picture.reserve("ns/p", picture.kind("Pod")["ns/p"], ttl_s=10)
     assert held_gpus() == 1  # p
     clock[0] = 111.0
-    state.reserve("ns/r", state.kind("Pod")["ns/r"], ttl_s=1)
+    picture.reserve("ns/r", picture.kind("Pod")["ns/r"], ttl_s=1)
     assert held_gpus() == 2  # p and r
     clock[0] = 112.0
     assert held_gpus() == 2  # p's first deadline (110) passed: not its last
     clock[0] = 113.0
-    assert held_gpus() == 1 and set(state.accounting.reserved) == {"ns/p"}
+    assert held_gpus() == 1 and set(reserved_pods(picture)) == {"ns/p"}
     clock[0] = 116.0
-    assert held_gpus() == 0 and state.accounting.reserved == {}
+    assert held_gpus() == 0 and reserved_pods(picture) == {}
 
 
 def test_settle_counts_changed_pods_as_the_next_view_would() -> None:
     template = objects.claim_template("ns", "one", objects.claim_spec(CLASS))
-    state = synced_state([*two_nodes(), template, objects.queue("q")])
-    before = state.accounting.ledger.mix()
-    state.apply("Pod", "ADDED", with_rv(objects.pod("ns", "p0", queue="q", template="one"), 10))
-    state.settle()
-    counted = state.accounting.ledger.mix()  # the ledger as settle left it, read without a recount
-    fresh = synced_state([*two_nodes(), template, objects.queue("q"), *state.kind("Pod").values()])
+    picture = synced_picture([*two_nodes(), template, objects.queue("q")])
+    before = ledger_mix(picture)
+    picture.apply("Pod", "ADDED", with_rv(objects.pod("ns", "p0", queue="q", template="one"), 10))
+    picture.settle()
+    counted = ledger_mix(picture)  # the ledger as settle left it, read without a recount
+    fresh = synced_picture([*two_nodes(), template, objects.queue("q"), *picture.kind("Pod").values()])
     assert counted != before and counted == fresh.mix()
 
 
 def test_incremental_accounting_matches_a_fresh_count_after_many_events() -> None:
     template = objects.claim_template("ns", "one", objects.claim_spec(CLASS))
-    state = synced_state([*two_nodes(), template, objects.queue("q", resources={"gpu": {"quota": 2}})])
-    state.fairness()
+    picture = synced_picture([*two_nodes(), template, objects.queue("q", resources={"gpu": {"quota": 2}})])
+    picture.fairness()
     for index in range(6):
         pod = with_rv(objects.pod("ns", f"p{index}", queue="q", template="one"), 10 + index)
-        state.apply("Pod", "ADDED", pod)
-        state.fairness()
+        picture.apply("Pod", "ADDED", pod)
+        picture.fairness()
     for index in range(4):  # the claims appear, get allocated, the pods get bound
         claim_name = f"p{index}-gpus"
         claim = objects.claim("ns", claim_name, objects.claim_spec(CLASS))
-        state.apply("ResourceClaim", "ADDED", with_rv(claim, 30))
-        state.fairness()
+        picture.apply("ResourceClaim", "ADDED", with_rv(claim, 30))
+        picture.fairness()
         bound = with_rv(objects.pod("ns", f"p{index}", queue="q", template="one", node_name="a"), 40 + index)
         bound["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": claim_name}]
-        state.apply("Pod", "MODIFIED", bound)
+        picture.apply("Pod", "MODIFIED", bound)
         allocated = objects.claim(
             "ns", claim_name, objects.claim_spec(CLASS), allocated=[("a", f"gpu-{index}", None)]
         )
-        state.apply("ResourceClaim", "MODIFIED", with_rv(allocated, 50 + index))
-    state.apply("Pod", "DELETED", objects.pod("ns", "p0"))
-    state.apply("Pod", "DELETED", objects.pod("ns", "p5"))
-    view = state.fairness()
+        picture.apply("ResourceClaim", "MODIFIED", with_rv(allocated, 50 + index))
+    picture.apply("Pod", "DELETED", objects.pod("ns", "p0"))
+    picture.apply("Pod", "DELETED", objects.pod("ns", "p5"))
+    view = picture.fairness()
     assert view.usage["q"].allocated["gpu"] == 3
     assert view.usage["q"].requested["gpu"] == 1
     assert view.pending_pods == {"q": 1}
-    fresh = synced_state([obj for store in state.store.objects.values() for obj in store.values()])
+    fresh = synced_picture(objects_of(picture))
     for queue, usage in fresh.fairness().usage.items():
         assert usage.allocated == pytest.approx(view.usage[queue].allocated)
         assert usage.requested == pytest.approx(view.usage[queue].requested)
@@ -191,7 +201,7 @@ def test_incremental_accounting_matches_a_fresh_count_after_many_events() -> Non
 def test_slice_events_recount_what_they_change_like_a_fresh_count() -> None:
     held = objects.pod("ns", "held", queue="q", template="one", node_name="c")
     held["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "held-gpus"}]
-    state = synced_state(
+    picture = synced_picture(
         [
             *two_nodes(),
             objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
@@ -205,23 +215,23 @@ def test_slice_events_recount_what_they_change_like_a_fresh_count() -> None:
     )
 
     def assert_matches_fresh_count() -> None:
-        view = state.fairness()
-        fresh = synced_state([obj for store in state.store.objects.values() for obj in store.values()])
+        view = picture.fairness()
+        fresh = synced_picture(objects_of(picture))
         assert fresh.fairness().usage["q"].allocated == pytest.approx(view.usage["q"].allocated)
         assert fresh.fairness().usage["q"].requested == pytest.approx(view.usage["q"].requested)
         assert fresh.fairness().mix == view.mix
 
-    assert "gpu/H100-80GB" not in state.fairness().usage["q"].allocated
-    state.apply("ResourceSlice", "ADDED", objects.gpu_slice("c", 2))  # a GPU size already known
-    assert state.fairness().usage["q"].allocated["gpu/H100-80GB"] == 1
-    assert state.fairness().usage["q"].requested["gpu"] == pytest.approx(0.5)  # 40Gi of 80Gi
+    assert "gpu/H100-80GB" not in picture.fairness().usage["q"].allocated
+    picture.apply("ResourceSlice", "ADDED", objects.gpu_slice("c", 2))  # a GPU size already known
+    assert picture.fairness().usage["q"].allocated["gpu/H100-80GB"] == 1
+    assert picture.fairness().usage["q"].requested["gpu"] == pytest.approx(0.5)  # 40Gi of 80Gi
     assert_matches_fresh_count()
-    state.apply("ResourceSlice", "ADDED", objects.gpu_slice("d", 2, model="H200", memory="160Gi"))
-    assert state.fairness().usage["q"].requested["gpu"] == pytest.approx(0.25)  # now of 160Gi
+    picture.apply("ResourceSlice", "ADDED", objects.gpu_slice("d", 2, model="H200", memory="160Gi"))
+    assert picture.fairness().usage["q"].requested["gpu"] == pytest.approx(0.25)  # now of 160Gi
     assert_matches_fresh_count()
-    state.apply("ResourceSlice", "DELETED", objects.gpu_slice("c", 2))
-    state.apply("ResourceSlice", "DELETED", objects.gpu_slice("d", 2, model="H200", memory="160Gi"))
-    assert state.fairness().usage["q"].requested["gpu"] == pytest.approx(0.5)
+    picture.apply("ResourceSlice", "DELETED", objects.gpu_slice("c", 2))
+    picture.apply("ResourceSlice", "DELETED", objects.gpu_slice("d", 2, model="H200", memory="160Gi"))
+    assert picture.fairness().usage["q"].requested["gpu"] == pytest.approx(0.5)
     assert_matches_fresh_count()
 
 
@@ -232,7 +242,7 @@ def test_a_pod_bound_before_its_claims_allocation_arrives_counts_its_nodes_model
     gpu/<model> never disagree (its status once said gpu 2, gpu/H100-80GB 1)."""
     bound = objects.pod("ns", "bound", queue="q", template="one", node_name="a")
     bound["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "bound-gpus"}]
-    state = synced_state(
+    picture = synced_picture(
         [
             *two_nodes(),
             objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
@@ -241,20 +251,20 @@ def test_a_pod_bound_before_its_claims_allocation_arrives_counts_its_nodes_model
             objects.queue("q"),
         ]
     )
-    assert state.fairness().usage["q"].allocated["gpu"] == 1
-    assert state.fairness().usage["q"].allocated["gpu/H100-80GB"] == 1
-    state.apply(
+    assert picture.fairness().usage["q"].allocated["gpu"] == 1
+    assert picture.fairness().usage["q"].allocated["gpu/H100-80GB"] == 1
+    picture.apply(
         "ResourceClaim",
         "MODIFIED",
         objects.claim("ns", "bound-gpus", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)]),
     )
-    assert state.fairness().usage["q"].allocated["gpu/H100-80GB"] == 1
+    assert picture.fairness().usage["q"].allocated["gpu/H100-80GB"] == 1
     # Its node's slice goes and comes back: the pod is recounted each time, like a fresh count.
-    state.apply("ResourceSlice", "DELETED", objects.gpu_slice("a", 4, shareable=True))
-    state.apply("ResourceClaim", "MODIFIED", objects.claim("ns", "bound-gpus", objects.claim_spec(CLASS)))
-    assert "gpu/H100-80GB" not in state.fairness().usage["q"].allocated  # node a has no GPUs now
-    state.apply("ResourceSlice", "ADDED", objects.gpu_slice("a", 4, shareable=True))
-    assert state.fairness().usage["q"].allocated["gpu/H100-80GB"] == 1
+    picture.apply("ResourceSlice", "DELETED", objects.gpu_slice("a", 4, shareable=True))
+    picture.apply("ResourceClaim", "MODIFIED", objects.claim("ns", "bound-gpus", objects.claim_spec(CLASS)))
+    assert "gpu/H100-80GB" not in picture.fairness().usage["q"].allocated  # node a has no GPUs now
+    picture.apply("ResourceSlice", "ADDED", objects.gpu_slice("a", 4, shareable=True))
+    assert picture.fairness().usage["q"].allocated["gpu/H100-80GB"] == 1
 
 
 def test_a_claim_shared_by_two_pods_is_charged_once() -> None:
@@ -264,11 +274,11 @@ def test_a_claim_shared_by_two_pods_is_charged_once() -> None:
         {"resource": "pods", "name": "p1", "uid": "uid-ns-p1"},
         {"resource": "pods", "name": "p2", "uid": "uid-ns-p2"},
     ]
-    state = synced_state(
+    picture = synced_picture(
         [*two_nodes(), shared, running_on("p1", "a", "shared"), running_on("p2", "a", "shared")]
     )
-    assert state.fairness().usage["q"].allocated["gpu"] == pytest.approx(1.0)
-    assert state.node_gpus("a").free_milli == (0, 1000, 1000, 1000)
+    assert picture.fairness().usage["q"].allocated["gpu"] == pytest.approx(1.0)
+    assert picture.node_gpus("a").free_milli == (0, 1000, 1000, 1000)
 
 
 def mig_slice(node: str, model: str, with_whole_gpu: bool) -> dict[str, Any]:
@@ -289,7 +299,7 @@ def mig_slice(node: str, model: str, with_whole_gpu: bool) -> dict[str, Any]:
 )
 def test_a_mig_partition_is_charged_its_share_of_a_gpu(whole_gpu_known: bool, share: float) -> None:
     claim = objects.claim("ns", "slice", objects.claim_spec(CLASS), allocated=[("m", "mig-0", None)])
-    state = synced_state(
+    picture = synced_picture(
         [
             objects.node("m"),
             mig_slice("m", "A100-80GB", with_whole_gpu=whole_gpu_known),
@@ -299,8 +309,8 @@ def test_a_mig_partition_is_charged_its_share_of_a_gpu(whole_gpu_known: bool, sh
         ]
     )
     # Charged its share (it was a whole GPU before); MIG partitions add no GPU capacity.
-    assert state.fairness().usage["q"].allocated["gpu"] == pytest.approx(share, abs=1e-3)
-    assert state.capacity().get("gpu", 0) == (1 if whole_gpu_known else 0)
+    assert picture.fairness().usage["q"].allocated["gpu"] == pytest.approx(share, abs=1e-3)
+    assert picture.capacity().get("gpu", 0) == (1 if whole_gpu_known else 0)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -313,7 +323,7 @@ def test_fair_shares_kept_across_pod_events_equal_those_of_a_fresh_picture(seed:
     # a division and a sum over the whole tree of the view's usage, to the bit. Only some sums
     # are asked of each view (as admission does), so the next keeps some, not all.
     rng = random.Random(seed)
-    live = synced_state(
+    live = synced_picture(
         [
             *objects.two_nodes_of_two_gpus(CLASS),
             objects.queue("org", resources={"gpu": {"quota": 3}}),
@@ -345,8 +355,8 @@ def test_fair_shares_kept_across_pod_events_equal_those_of_a_fresh_picture(seed:
                 "Queue", "MODIFIED", objects.queue("c", resources={"gpu": {"quota": rng.randint(0, 3)}})
             )
         view = live.fairness()
-        fresh = synced_state([obj for kind in WATCHED_PATHS for obj in live.kind(kind).values()])
-        for key in live.accounting.reserved:
+        fresh = synced_picture(objects_of(live))
+        for key in reserved_pods(live):
             fresh.reserve(key, live.kind("Pod")[key], 30.0)
         again = fresh.fairness()
         # (running totals may differ from fresh sums in the last bits: approx there)
@@ -370,7 +380,7 @@ def test_kept_fair_shares_are_divided_again_when_the_weight_adjustment_changes_v
     # adjustment of factor 3 on a (version 1): weights 3 and 1, so a 3 and b 1. The same factors
     # under the same version are not read again (the kept shares stay); a new version with
     # factor 1 brings back 2 and 2 - with no pod or Queue event in between.
-    state = synced_state(
+    picture = synced_picture(
         [
             *objects.two_nodes_of_two_gpus(CLASS),
             objects.queue("a"),
@@ -384,15 +394,15 @@ def test_kept_fair_shares_are_divided_again_when_the_weight_adjustment_changes_v
     )
 
     def gpu_shares() -> dict[str, float]:
-        view = state.fairness()
+        view = picture.fairness()
         return {queue: view.fair_shares[queue]["gpu"] for queue in ("a", "b")}
 
     assert gpu_shares() == {"a": 2.0, "b": 2.0}
-    state.accounting.adjust_weights(WeightAdjustment(version=1, factors={"a": {"gpu": 3.0}}))
+    picture.adjust_weights(WeightAdjustment(version=1, factors={"a": {"gpu": 3.0}}))
     assert gpu_shares() == {"a": 3.0, "b": 1.0}
-    state.accounting.adjust_weights(WeightAdjustment(version=1, factors={"a": {"gpu": 1.0}}))
+    picture.adjust_weights(WeightAdjustment(version=1, factors={"a": {"gpu": 1.0}}))
     assert gpu_shares() == {"a": 3.0, "b": 1.0}  # version 1 still: the kept shares stand
-    state.accounting.adjust_weights(WeightAdjustment(version=2, factors={"a": {"gpu": 1.0}}))
+    picture.adjust_weights(WeightAdjustment(version=2, factors={"a": {"gpu": 1.0}}))
     assert gpu_shares() == {"a": 2.0, "b": 2.0}
-    state.accounting.adjust_weights(None)  # back to the queues' weights: 2 and 2
+    picture.adjust_weights(None)  # back to the queues' weights: 2 and 2
     assert gpu_shares() == {"a": 2.0, "b": 2.0}

@@ -5,20 +5,17 @@ fractions sized against the largest GPU they could land on, read once per versio
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from typing import Any
 
 import pytest
 
-from extender.picture.cluster import ClusterPicture
 from extender.picture.watcher import apply_watch_event
 from extender.policy.placement import GpuDemand
 from tests import extender_objects as objects
-from tests.unit.extender.pictures import CLASS, synced_state, two_nodes, with_rv
+from tests.unit.extender.pictures import CLASS, demand_parses, synced_picture, two_nodes, with_rv
 
 
 def test_pending_demand_counts_only_the_configured_schedulers() -> None:
-    state = synced_state(
+    picture = synced_picture(
         [
             *two_nodes(),
             objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
@@ -28,49 +25,36 @@ def test_pending_demand_counts_only_the_configured_schedulers() -> None:
         ],
         scheduler_names=frozenset({"tessera"}),
     )
-    assert state.fairness().usage["q"].requested["gpu"] == 1
+    assert picture.fairness().usage["q"].requested["gpu"] == 1
 
 
 def test_pending_fraction_is_relative_to_the_largest_matching_gpu() -> None:
-    state = synced_state(
+    picture = synced_picture(
         [
             *two_nodes(),
             objects.claim_template("ns", "half", objects.claim_spec(CLASS, memory="20Gi")),
             objects.pod("ns", "p", queue="q", template="half"),
         ]
     )
-    pod = state.kind("Pod")["ns/p"]
-    demand = state.pod_demand(pod)
+    pod = picture.kind("Pod")["ns/p"]
+    demand = picture.pod_demand(pod)
     assert demand is not None and (demand.count, demand.milli) == (1, 250)  # 20Gi of an 80Gi GPU
-    demand_on_b = state.demand(pod).gpus_at(state.gpu_memory["b"])
+    demand_on_b = picture.demand(pod).gpus_at(picture.gpu_memory["b"])
     assert demand_on_b is not None and demand_on_b.milli == 500  # 20Gi of a 40Gi GPU
-    assert state.pod_resources("ns/p", pod)["gpu"] == pytest.approx(0.25)
+    assert picture.pod_resources("ns/p", pod)["gpu"] == pytest.approx(0.25)
 
 
 def test_a_claim_not_yet_seen_is_sized_from_its_template() -> None:
     pod = objects.pod("ns", "p", queue="q", template="two")
     pod["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "p-gpus-abc"}]
     template = objects.claim_template("ns", "two", objects.claim_spec(CLASS, count=2))
-    state = synced_state([*two_nodes(), template, pod])
-    demand = state.pod_demand(pod)
+    picture = synced_picture([*two_nodes(), template, pod])
+    demand = picture.pod_demand(pod)
     assert demand is not None and demand.count == 2
     claim = objects.claim("ns", "p-gpus-abc", objects.claim_spec(CLASS, count=3))
-    state.apply("ResourceClaim", "ADDED", claim)
-    demand = state.pod_demand(pod)
+    picture.apply("ResourceClaim", "ADDED", claim)
+    demand = picture.pod_demand(pod)
     assert demand is not None and demand.count == 3  # the claim itself wins once known
-
-
-def counted_reads(state: ClusterPicture, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the pods whose demand is read (parsed) from now on, in order."""
-    reads: list[str] = []
-    parse = state.demands._parse
-
-    def counted(pod: Mapping[str, Any]) -> Any:
-        reads.append(pod["metadata"]["name"])
-        return parse(pod)
-
-    monkeypatch.setattr(state.demands, "_parse", counted)
-    return reads
 
 
 def test_a_request_pod_the_store_lacks_is_read_once_per_version_until_its_template_changes(
@@ -80,16 +64,16 @@ def test_a_request_pod_the_store_lacks_is_read_once_per_version_until_its_templa
     # the watch may not have delivered it yet. Its demand is kept for that version, and dropped
     # when what it reads changes (here its claim template: 1 GPU, then 2).
     template = objects.claim_template("ns", "t", objects.claim_spec(CLASS))
-    state = synced_state([*two_nodes(), template])
-    reads = counted_reads(state, monkeypatch)
+    picture = synced_picture([*two_nodes(), template])
+    reads = demand_parses(picture, monkeypatch)
     pod = with_rv(objects.pod("ns", "p", queue="q", template="t"), 7)
     for _ in range(3):  # three decodes of the same version: one read
-        assert state.demand(copy.deepcopy(pod)).queue == "q"
-    state.demand(with_rv(copy.deepcopy(pod), 8))  # a new version is read
+        assert picture.demand(copy.deepcopy(pod)).queue == "q"
+    picture.demand(with_rv(copy.deepcopy(pod), 8))  # a new version is read
     assert reads == ["p", "p"]
     changed = with_rv(objects.claim_template("ns", "t", objects.claim_spec(CLASS, count=2)), 9)
-    apply_watch_event(state, "ResourceClaimTemplate", {"type": "MODIFIED", "object": changed}, "9")
-    again = state.pod_demand(copy.deepcopy(pod))
+    apply_watch_event(picture, "ResourceClaimTemplate", {"type": "MODIFIED", "object": changed}, "9")
+    again = picture.pod_demand(copy.deepcopy(pod))
     assert again is not None and again.count == 2 and reads == ["p", "p", "p"]
 
 
@@ -98,26 +82,26 @@ def test_a_pods_demand_is_read_again_only_when_what_it_reads_changes(monkeypatch
     # status (allocation), keeps the demand; a new container request or claim spec reads it again.
     pod = objects.pod("ns", "p", queue="q", claim_name="c")
     claim = objects.claim("ns", "c", objects.claim_spec(CLASS))
-    state = synced_state([*two_nodes(), with_rv(pod, 1), with_rv(claim, 2)])
-    reads = counted_reads(state, monkeypatch)
+    picture = synced_picture([*two_nodes(), with_rv(pod, 1), with_rv(claim, 2)])
+    reads = demand_parses(picture, monkeypatch)
 
     def demand_now() -> GpuDemand | None:
-        return state.pod_demand(state.kind("Pod")["ns/p"])
+        return picture.pod_demand(picture.kind("Pod")["ns/p"])
 
     assert demand_now() == GpuDemand(count=1) and reads == []  # read when the picture synced
     bound = with_rv(copy.deepcopy(pod), 3)
     bound["spec"]["nodeName"] = "a"
     bound["status"]["phase"] = "Running"
-    state.apply("Pod", "MODIFIED", bound)
+    picture.apply("Pod", "MODIFIED", bound)
     allocated = with_rv(
         objects.claim("ns", "c", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)]), 4
     )
-    state.apply("ResourceClaim", "MODIFIED", allocated)
+    picture.apply("ResourceClaim", "MODIFIED", allocated)
     assert demand_now() == GpuDemand(count=1) and reads == []  # not read again
     bigger = with_rv(objects.claim("ns", "c", objects.claim_spec(CLASS, count=2)), 5)
-    state.apply("ResourceClaim", "MODIFIED", bigger)
+    picture.apply("ResourceClaim", "MODIFIED", bigger)
     assert demand_now() == GpuDemand(count=2) and reads == ["p"]
     more_cpu = with_rv(copy.deepcopy(bound), 6)
     more_cpu["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "4"
-    state.apply("Pod", "MODIFIED", more_cpu)
-    assert state.demand(state.kind("Pod")["ns/p"]).cpu == 4 and reads == ["p", "p"]
+    picture.apply("Pod", "MODIFIED", more_cpu)
+    assert picture.demand(picture.kind("Pod")["ns/p"]).cpu == 4 and reads == ["p", "p"]

@@ -15,15 +15,9 @@ from typing import Any
 import pytest
 
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
-from extender.picture.running import PlannerFeed
-from extender.policy.snapshot import RunningPod
 from tests import extender_objects as objects
+from tests.unit.extender.pictures import running_feed, running_reads
 from tests.unit.extender.test_snapshot import CLASS, picture
-
-
-def feed(live: ClusterPicture) -> PlannerFeed:
-    live.settle()  # (what `snapshot` does first: the recount marks the moved pods stale)
-    return live.running.feed({name: live.node_gpus(name) for name in live.kind("Node")})
 
 
 def fresh(live: ClusterPicture) -> ClusterPicture:
@@ -33,19 +27,6 @@ def fresh(live: ClusterPicture) -> ClusterPicture:
     return again
 
 
-def reads_of(live: ClusterPicture, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The keys of the pods the feed reads (builds a `RunningPod` for) from now on."""
-    reads: list[str] = []
-    read = live.running._running_pod
-
-    def counted(key: str, node: str) -> tuple[RunningPod | None, int]:
-        reads.append(key)
-        return read(key, node)
-
-    monkeypatch.setattr(live.running, "_running_pod", counted)
-    return reads
-
-
 def with_condition(pod: Mapping[str, Any]) -> dict[str, Any]:
     status = {**pod["status"], "conditions": [{"type": "Ready", "status": "True"}]}
     return {**pod, "status": status}
@@ -53,14 +34,14 @@ def with_condition(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 def test_a_feed_reads_again_only_the_pods_recounted_since_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
     live = picture()
-    reads = reads_of(live, monkeypatch)
-    assert sorted(feed(live).running) == ["ns/half", "ns/w0", "ns/w1"]
+    reads = running_reads(live, monkeypatch)
+    assert sorted(running_feed(live).running) == ["ns/half", "ns/w0", "ns/w1"]
     assert sorted(reads) == ["ns/half", "ns/w0", "ns/w1"]  # the first feed: every pod on a node
     reads.clear()
-    feed(live)
+    running_feed(live)
     assert reads == []  # nothing moved: nothing read
     live.apply("Pod", "MODIFIED", with_condition(live.kind("Pod")["ns/w0"]))
-    feed(live)
+    running_feed(live)
     assert reads == ["ns/w0"]  # its status changed: only it
     reads.clear()
     # "waiting" bound to a, its claim allocated gpu-3: read, and in the feed from now on.
@@ -69,21 +50,21 @@ def test_a_feed_reads_again_only_the_pods_recounted_since_the_last(monkeypatch: 
     claim = objects.claim("ns", "waiting-gpus", objects.claim_spec(CLASS), allocated=[("a", "gpu-3", None)])
     live.apply("ResourceClaim", "ADDED", claim)
     live.apply("Pod", "MODIFIED", bound)
-    kept = feed(live)
+    kept = running_feed(live)
     assert reads == ["ns/waiting"]
     assert kept.running["ns/waiting"].gpus == ((3, 1000),)
-    assert kept == feed(fresh(live))
+    assert kept == running_feed(fresh(live))
 
 
 def test_a_feed_is_a_copy_the_planner_may_change() -> None:
     # A planner's fork evicts pods from the feed it was given; the next feed is as it was.
     live = picture()
-    first = feed(live)
+    first = running_feed(live)
     as_given = copy.deepcopy(first)
     first.running.pop("ns/w0")
     first.terminating.add("ns/w1")
     first.victims["team-a"].clear()
     first.movers.clear()
-    again = feed(live)
-    assert again == as_given == feed(fresh(live))
+    again = running_feed(live)
+    assert again == as_given == running_feed(fresh(live))
     assert again.victims == {"team-a": {"a": 3}}  # team-a's three preemptible pods on node a

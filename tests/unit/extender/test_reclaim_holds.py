@@ -21,6 +21,7 @@ from extender.policy.snapshot import ClusterSnapshot, HeldGpus
 from extender.verbs import decide_filter
 from extender.wire import ExtenderArgs
 from tests import extender_objects as objects
+from tests.unit.extender.pictures import supply
 from tests.unit.extender.test_reclaim import NOW, Run, Scenario, Wait, a_runs, build, q
 
 Devices = tuple[tuple[int, int], ...]  # (GPU index, thousandths)
@@ -281,9 +282,9 @@ def test_a_hold_keeps_exactly_its_devices_from_other_pods(
 ) -> None:
     picture = picture_of()
     for key, gpu in holds:
-        picture.inventory.hold(key, "n1", GpuDemand(1, 500), 60.0, gpus=((gpu, 500),))
-    assert picture.inventory.supply_for("ns/other", "n1").free_milli == for_others
-    assert picture.inventory.supply_for("ns/b0", "n1").free_milli == for_b0
+        picture.hold(key, "n1", GpuDemand(1, 500), 60.0, gpus=((gpu, 500),))
+    assert supply(picture, "ns/other", "n1").free_milli == for_others
+    assert supply(picture, "ns/b0", "n1").free_milli == for_b0
 
 
 def test_a_held_pod_passes_only_its_holds_node_and_others_not_its_gpus() -> None:
@@ -293,11 +294,11 @@ def test_a_held_pod_passes_only_its_holds_node_and_others_not_its_gpus() -> None
     b0 = objects.pod("ns", "b0", queue="b", template="whole")
     other = objects.pod("ns", "a0", queue="a", template="whole")
     picture = picture_of(b0, other)
-    picture.inventory.hold("ns/b0", "n1", GpuDemand(1), 60.0, gpus=((0, 1000),))
+    picture.hold("ns/b0", "n1", GpuDemand(1), 60.0, gpus=((0, 1000),))
     held = decide_filter(picture, ExtenderArgs(Pod=b0, NodeNames=["n1", "n2"]))
     assert held.result.NodeNames == ["n1"]
     assert held.result.FailedNodes == {"n2": "GPUs are held for this pod on node n1"}
-    assert picture.inventory.supply_for("ns/a0", "n1").free_milli == (0, 1000)
+    assert supply(picture, "ns/a0", "n1").free_milli == (0, 1000)
     unheld = decide_filter(picture, ExtenderArgs(Pod=other, NodeNames=["n1", "n2"]))
     assert unheld.result.NodeNames == ["n1", "n2"]
 
@@ -307,7 +308,7 @@ def test_the_pictures_snapshot_hands_the_planner_its_holds() -> None:
     # places it); GPU 1 of n2 is held for it.
     b0 = objects.pod("ns", "b0", queue="b", template="half")
     picture = picture_of(b0)
-    picture.inventory.hold("ns/b0", "n2", GpuDemand(1, 500), 60.0, gpus=((1, 500),))
+    picture.hold("ns/b0", "n2", GpuDemand(1, 500), 60.0, gpus=((1, 500),))
     (hold,) = picture.snapshot().holds.values()
     assert (hold.key, hold.queue, hold.node, hold.gpus) == ("ns/b0", "b", "n2", ((1, 500),))
     assert hold.resources["gpu"] == 0.5
@@ -321,10 +322,10 @@ def test_a_hold_whose_gpu_another_pod_got_keeps_its_share_on_another_gpu() -> No
     bound = objects.pod("ns", "b1", queue="b", claim_name="b1-gpu", node_name="n1")
     claim = objects.claim("ns", "b1-gpu", objects.claim_spec(CLASS), allocated=[("n1", "gpu-0", None)])
     picture = picture_of(bound, claim)
-    picture.inventory.hold("ns/b0", "n1", GpuDemand(1), 60.0, gpus=((0, 1000),))
-    assert picture.inventory.node_gpus("n1").free_milli == (0, 1000)
-    assert picture.inventory.supply_for("ns/a0", "n1").free_milli == (0, 0)
-    assert picture.inventory.supply_for("ns/b0", "n1").free_milli == (0, 1000)
+    picture.hold("ns/b0", "n1", GpuDemand(1), 60.0, gpus=((0, 1000),))
+    assert picture.node_gpus("n1").free_milli == (0, 1000)
+    assert supply(picture, "ns/a0", "n1").free_milli == (0, 0)
+    assert supply(picture, "ns/b0", "n1").free_milli == (0, 1000)
 
 
 def test_the_rest_of_a_freed_gpu_is_kept_for_its_queue_in_the_filter() -> None:
@@ -335,9 +336,9 @@ def test_the_rest_of_a_freed_gpu_is_kept_for_its_queue_in_the_filter() -> None:
     b1 = objects.pod("ns", "b1", queue="b", template="half")
     a1 = objects.pod("ns", "a1", queue="a", template="half")
     picture = picture_of(b1, a1)
-    picture.inventory.hold("b/rest/n1/0", "n1", GpuDemand(1, 500), 60.0, gpus=((0, 500),), queue="b")
-    assert picture.inventory.supply_for("ns/b1", "n1", queue="b").free_milli == (1000, 1000)
-    assert picture.inventory.supply_for("ns/a1", "n1", queue="a").free_milli == (500, 1000)
+    picture.hold("b/rest/n1/0", "n1", GpuDemand(1, 500), 60.0, gpus=((0, 500),), queue="b")
+    assert supply(picture, "ns/b1", "n1", queue="b").free_milli == (1000, 1000)
+    assert supply(picture, "ns/a1", "n1", queue="a").free_milli == (500, 1000)
     assert decide_filter(picture, ExtenderArgs(Pod=b1, NodeNames=["n1"])).result.NodeNames == ["n1"]
     (rest,) = picture.snapshot().holds.values()
     assert rest == HeldGpus("b/rest/n1/0", "b", "n1", ((0, 500),), for_queue=True)

@@ -28,13 +28,13 @@ CLASS = "gpu.tessera.dev"
 
 class Extender:
     def __init__(
-        self, client: TestClient[Any, Any], state: ClusterPicture, waiting: WaitingPods, api: ApiClient
+        self, client: TestClient[Any, Any], picture: ClusterPicture, waiting: WaitingPods, api: ApiClient
     ) -> None:
-        self.client, self.state, self.waiting, self.api = client, state, waiting, api
+        self.client, self.picture, self.waiting, self.api = client, picture, waiting, api
 
     def sync(self, objs: list[dict[str, Any]]) -> None:
         for kind in WATCHED_PATHS:
-            self.state.replace(kind, [o for o in objs if o["kind"] == kind])
+            self.picture.replace(kind, [o for o in objs if o["kind"] == kind])
 
     async def call(self, verb: str, body: Any) -> tuple[int, Any]:
         data = body if isinstance(body, bytes) else json.dumps(body)
@@ -45,11 +45,13 @@ class Extender:
 
 @pytest.fixture
 async def extender() -> AsyncIterator[Extender]:
-    state, waiting = ClusterPicture(), WaitingPods()
+    picture, waiting = ClusterPicture(), WaitingPods()
     api = ApiClient()
-    app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state), max_body_bytes=64 * 1024)
+    app = build_app(
+        picture, Binder(api, picture), waiting, ExtenderMetrics(picture), max_body_bytes=64 * 1024
+    )
     async with serve(app) as client:
-        yield Extender(client, state, waiting, api)
+        yield Extender(client, picture, waiting, api)
     await api.close()
 
 
@@ -115,11 +117,11 @@ async def test_refused_pod_becomes_eligible_once_capacity_is_freed(extender: Ext
     pod = objects.pod("ns", "p", queue="team-a", template="two")
     extender.sync(cluster(pod))
     await extender.call("filter", args(pod, ["a", "b"]))
-    writer = StatusWriter(extender.api, extender.state, extender.waiting, ExtenderMetrics(extender.state))
+    writer = StatusWriter(extender.api, extender.picture, extender.waiting, ExtenderMetrics(extender.picture))
     assert writer.eligible_now() == []
-    extender.state.apply("Pod", "DELETED", objects.pod("ns", "held"))
+    extender.picture.apply("Pod", "DELETED", objects.pod("ns", "held"))
     assert [entry.name for entry in writer.eligible_now()] == ["p"]
-    extender.state.apply("ResourceClaim", "DELETED", objects.claim("ns", "held-gpus", {}))
+    extender.picture.apply("ResourceClaim", "DELETED", objects.claim("ns", "held-gpus", {}))
     # Admitted on the retry: the wait entry goes and a True condition is queued.
     _, result = await extender.call("filter", args(pod, ["a", "b"]))
     assert result["NodeNames"] == ["a", "b"]
@@ -138,11 +140,11 @@ async def test_a_new_instance_picks_up_pods_an_earlier_one_refused(extender: Ext
         }
     ]
     extender.sync(cluster(pod))
-    writer = StatusWriter(extender.api, extender.state, extender.waiting, ExtenderMetrics(extender.state))
+    writer = StatusWriter(extender.api, extender.picture, extender.waiting, ExtenderMetrics(extender.picture))
     assert writer.eligible_now() == []
     assert extender.waiting.waiting["ns/p"].reason == "queue 'team-a': over its limit"
-    extender.state.apply("Pod", "DELETED", objects.pod("ns", "held"))
-    extender.state.apply("ResourceClaim", "DELETED", objects.claim("ns", "held-gpus", {}))
+    extender.picture.apply("Pod", "DELETED", objects.pod("ns", "held"))
+    extender.picture.apply("ResourceClaim", "DELETED", objects.claim("ns", "held-gpus", {}))
     assert [entry.name for entry in writer.eligible_now()] == ["p"]
 
 
@@ -190,11 +192,11 @@ async def test_a_pod_with_an_unreadable_quantity_gets_400(extender: Extender) ->
 
 
 def test_a_stored_pod_with_an_unreadable_quantity_is_not_counted() -> None:
-    state = ClusterPicture()
+    picture = ClusterPicture()
     for kind in WATCHED_PATHS:
-        state.replace(kind, [objects.pod("ns", "odd", queue="q", cpu="lots")] if kind == "Pod" else [])
-    assert state.fairness().usage["default"].allocated == {}
-    assert "q" not in state.fairness().usage
+        picture.replace(kind, [objects.pod("ns", "odd", queue="q", cpu="lots")] if kind == "Pod" else [])
+    assert picture.fairness().usage["default"].allocated == {}
+    assert "q" not in picture.fairness().usage
 
 
 async def test_oversized_body_gets_413(extender: Extender) -> None:
@@ -405,11 +407,13 @@ async def test_a_fraction_is_admitted_at_the_candidate_nodes_gpu_size(extender: 
 
 
 async def test_bind_accepts_only_a_node_the_filter_passed_for_the_pod() -> None:
-    state, api = ClusterPicture(), ApiClient()
+    picture, api = ClusterPicture(), ApiClient()
     pod = objects.pod("ns", "p", queue="team-b", template="two")
-    app = build_app(state, Binder(api, state, require_filtered=True), WaitingPods(), ExtenderMetrics(state))
+    app = build_app(
+        picture, Binder(api, picture, require_filtered=True), WaitingPods(), ExtenderMetrics(picture)
+    )
     async with serve(app) as client:
-        extender = Extender(client, state, WaitingPods(), api)
+        extender = Extender(client, picture, WaitingPods(), api)
         extender.sync(cluster(pod))
         status, result = await extender.call("filter", args(pod, ["a", "b"]))
         assert status == 200 and result["NodeNames"] == ["b"]  # a has 1 free GPU, p wants 2
@@ -427,10 +431,10 @@ async def test_a_refused_pod_gives_up_the_gpus_held_for_it(extender: Extender) -
     second["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "second-gpus"}]
     claim = objects.claim("ns", "second-gpus", objects.claim_spec(CLASS), allocated=[("b", "gpu-0", None)])
     extender.sync(cluster(pod, second, claim))
-    extender.state.inventory.hold("ns/p", "b", GpuDemand(count=1), ttl_s=60)
+    extender.picture.hold("ns/p", "b", GpuDemand(count=1), ttl_s=60)
     status, result = await extender.call("filter", args(pod, ["a", "b"]))
     assert status == 200 and "its limit (2)" in next(iter(result["FailedAndUnresolvableNodes"].values()))
-    assert extender.state.inventory.held_for("ns/p") is None
+    assert extender.picture.held_for("ns/p") is None
 
 
 async def test_a_default_queue_pod_no_node_fits_says_its_fair_share_is_zero(extender: Extender) -> None:
@@ -494,7 +498,7 @@ async def test_a_pod_kube_scheduler_refused_before_asking_the_extender_is_explai
         objects.pod("ns", "b2", queue="team-b", template="one"),
     ]
     extender.sync(cluster(default_pod, capped, *team_b))
-    writer = StatusWriter(extender.api, extender.state, extender.waiting, ExtenderMetrics(extender.state))
+    writer = StatusWriter(extender.api, extender.picture, extender.waiting, ExtenderMetrics(extender.picture))
     assert writer.explain_unschedulable() == 2  # b1 and b2 were never tried: not Unschedulable
     reports = extender.waiting.reports
     assert (reports["ns/p"].admitted, reports["ns/p"].code) == (True, "fair_share_zero")
@@ -507,7 +511,7 @@ async def test_a_pod_kube_scheduler_refused_before_asking_the_extender_is_explai
     # team-b's pods go: it asks for nothing, so the default queue's fair share is the 2 GPUs it
     # asks (of the 3 team-a does not hold): 0 + 2 <= 2, reclaim would come; said at once.
     for name in ("b1", "b2"):
-        extender.state.apply("Pod", "DELETED", objects.pod("ns", name))
+        extender.picture.apply("Pod", "DELETED", objects.pod("ns", name))
     assert writer.explain_unschedulable() == 1
     assert (reports["ns/p"].code, reports["ns/p"].reason) == (
         "waiting_for_reclaim",
@@ -532,7 +536,7 @@ async def test_a_new_instance_does_not_say_again_what_an_earlier_one_said(extend
     ]
     restarted = WaitingPods()
     extender.sync(cluster(pod))
-    writer = StatusWriter(extender.api, extender.state, restarted, ExtenderMetrics(extender.state))
+    writer = StatusWriter(extender.api, extender.picture, restarted, ExtenderMetrics(extender.picture))
     writer.seed_from_conditions()
     assert restarted.refused("ns", "p", "uid-ns-p", "team-a", reason, "over_limit") is False
     assert restarted.reports == {}

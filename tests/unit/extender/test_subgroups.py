@@ -54,6 +54,7 @@ from extender.server import build_app
 from extender.status import WaitingPods
 from extender.webhook import MUTATE_PODS_PATH, WebhookOptions, webhook_app
 from tests import extender_objects as objects
+from tests.unit.extender.pictures import supply
 from tests.unit.extender.serving import serve
 from tests.unit.extender.test_gangs import bind
 from tests.unit.extender.test_server import CLASS, Extender, args
@@ -66,10 +67,10 @@ LEADER_WORKERS = "leader=1,workers=4"
 
 @pytest.fixture
 async def extender() -> AsyncIterator[Extender]:
-    state, waiting, api = ClusterPicture(), WaitingPods(), ApiClient()
-    app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state))
+    picture, waiting, api = ClusterPicture(), WaitingPods(), ApiClient()
+    app = build_app(picture, Binder(api, picture), waiting, ExtenderMetrics(picture))
     async with serve(app) as client:
-        yield Extender(client, state, waiting, api)
+        yield Extender(client, picture, waiting, api)
     await api.close()
 
 
@@ -462,14 +463,14 @@ async def admitted_with_four_workers_bound(extender: Extender, c_gpus: int) -> l
     pods = [lw_member("leader", 0), *(lw_member("workers", i) for i in range(5))]
     extender.sync(lw_cluster(*pods, third_gpus=c_gpus))
     await extender.call("filter", args(pods[1], NODES))
-    reservation = extender.state.gangs.reservation("Workload/ns/lw")
+    reservation = extender.picture.gang_reservation("Workload/ns/lw")
     assert reservation is not None and sorted(reservation.nodes) == ["a", "a", "b", "b", "c"]
     devices = [("a", "gpu-0"), ("a", "gpu-1"), ("b", "gpu-0"), ("b", "gpu-1")]
     for version, (pod, (node, device)) in enumerate(zip(pods[1:5], devices, strict=True), start=10):
-        bind(extender.state, pod, node, device, version)
-        extender.state.fairness()  # (the reservation follows its members)
+        bind(extender.picture, pod, node, device, version)
+        extender.picture.fairness()  # (the reservation follows its members)
     # Part workers is at its minimum; the slot left, on c, is the leader's.
-    held = extender.state.gangs.reservation("Workload/ns/lw")
+    held = extender.picture.gang_reservation("Workload/ns/lw")
     assert held is not None and held.slots == ["c"]
     return pods
 
@@ -493,13 +494,13 @@ async def test_an_elastic_worker_bound_does_not_complete_the_gang(extender: Exte
     # has none: the reservation stays, its one slot the leader's. (Counted as one group, 5 of 5
     # placed ended it, and the leader went pod by pod without a held GPU.)
     leader, *workers = await admitted_with_four_workers_bound(extender, c_gpus=2)
-    bind(extender.state, workers[4], "c", "gpu-1", 20)
-    extender.state.fairness()
-    held = extender.state.gangs.reservation("Workload/ns/lw")
+    bind(extender.picture, workers[4], "c", "gpu-1", 20)
+    extender.picture.fairness()
+    held = extender.picture.gang_reservation("Workload/ns/lw")
     assert held is not None and (held.placed, held.slots) == (4, ["c"])
-    bind(extender.state, leader, "c", "gpu-0", 21)
-    extender.state.fairness()
-    assert extender.state.gangs.reservation("Workload/ns/lw") is None  # every part at its minimum
+    bind(extender.picture, leader, "c", "gpu-0", 21)
+    extender.picture.fairness()
+    assert extender.picture.gang_reservation("Workload/ns/lw") is None  # every part at its minimum
 
 
 # ---- a level per part --------------------------------------------------------------------------
@@ -575,10 +576,10 @@ TOPOLOGY = parse_topology(f"rack={RACK},host=kubernetes.io/hostname")
 
 @pytest.fixture
 async def racked() -> AsyncIterator[Extender]:
-    state, waiting, api = ClusterPicture(PictureConfig(topology=TOPOLOGY)), WaitingPods(), ApiClient()
-    app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state))
+    picture, waiting, api = ClusterPicture(PictureConfig(topology=TOPOLOGY)), WaitingPods(), ApiClient()
+    app = build_app(picture, Binder(api, picture), waiting, ExtenderMetrics(picture))
     async with serve(app) as client:
-        yield Extender(client, state, waiting, api)
+        yield Extender(client, picture, waiting, api)
     await api.close()
 
 
@@ -609,7 +610,7 @@ async def test_a_leader_in_a_rack_and_workers_in_one_host_go_to_the_nodes_planne
     )
     names = list(RACKS)
     _, result = await racked.call("filter", args(workers[0], names))
-    reservation = racked.state.gangs.reservation("Workload/ns/lw")
+    reservation = racked.picture.gang_reservation("Workload/ns/lw")
     assert reservation is not None
     assert sorted(reservation.nodes) == ["c", "c", "c", "c", "d"]
     assert dict(reservation.part_domains) == {"workers": ("host", "r2/c"), "leader": ("rack", "r2")}
@@ -672,7 +673,7 @@ def bind_four(picture: ClusterPicture, pod: JsonObject, node: str, version: int)
 
 def free_for_others(picture: ClusterPicture, names: list[str]) -> list[int]:
     """Whole GPUs a pod outside the gang sees free on each node (the gang's holds taken)."""
-    return [sum(picture.inventory.supply_for("ns/other", name).free_milli) // GPU_MILLI for name in names]
+    return [sum(supply(picture, "ns/other", name).free_milli) // GPU_MILLI for name in names]
 
 
 @pytest.mark.parametrize("asking", ["leader", "workers"])
@@ -688,16 +689,16 @@ async def test_a_cpu_only_leader_and_four_gpu_workers_are_admitted_together_each
     racked.sync(shaped_cluster({"a": 4, "b": 4, "c": 2}, *pods))
     names = ["a", "b", "c"]
     _, result = await racked.call("filter", args(pods[0 if asking == "leader" else 1], names))
-    reservation = racked.state.gangs.reservation("Workload/ns/lw")
+    reservation = racked.picture.gang_reservation("Workload/ns/lw")
     assert reservation is not None, result
     assert {part: slots.nodes for part, slots in reservation.part_slots.items()} == {
         "leader": [""],
         "workers": ["a", "b"],
     }
-    racked.state.fairness()  # (the reservation's slots are held from here)
-    assert free_for_others(racked.state, names) == [0, 0, 2]
+    racked.picture.fairness()  # (the reservation's slots are held from here)
+    assert free_for_others(racked.picture, names) == [0, 0, 2]
     # The queue counts the slots with each part's request: 8 GPUs (the leader's counts none).
-    assert racked.state.fairness().usage["team"].allocated.get("gpu", 0.0) == 8
+    assert racked.picture.fairness().usage["team"].allocated.get("gpu", 0.0) == 8
     # Each worker passes only the nodes planned for its part.
     _, result = await racked.call("filter", args(pods[2], names))
     assert result["NodeNames"] == ["a", "b"]
@@ -724,7 +725,7 @@ async def test_parts_of_different_shapes_are_refused_with_their_own_numbers(
     pods = [shaped_member("leader", 0), shaped_member("workers", 0), shaped_member("workers", 1)]
     racked.sync(shaped_cluster(free, *pods, limit=limit))
     _, result = await racked.call("filter", args(pods[0], list(free)))
-    assert racked.state.gangs.reservation("Workload/ns/lw") is None
+    assert racked.picture.gang_reservation("Workload/ns/lw") is None
     assert reason in result["FailedAndUnresolvableNodes"]["a"]
 
 
@@ -739,7 +740,7 @@ async def test_workers_requiring_a_rack_land_in_one_and_a_cpu_only_leader_requir
     racked.sync(shaped_cluster(free, leader, *workers))
     names = list(free)
     await racked.call("filter", args(workers[0], names))
-    reservation = racked.state.gangs.reservation("Workload/ns/lw")
+    reservation = racked.picture.gang_reservation("Workload/ns/lw")
     assert reservation is not None
     assert dict(reservation.part_domains) == {"workers": ("rack", "r2"), "leader": ("rack", "r2")}
     assert sorted(reservation.part_slots["workers"].nodes) == ["c", "d"]
@@ -756,21 +757,21 @@ async def test_a_worker_takes_its_own_parts_slot_and_the_gang_ends_when_every_pa
     pods = [shaped_member("leader", 0), shaped_member("workers", 0), shaped_member("workers", 1)]
     racked.sync(shaped_cluster({"a": 4, "b": 4, "c": 2}, *pods))
     await racked.call("filter", args(pods[1], ["a", "b", "c"]))
-    bind_four(racked.state, pods[1], "a", 10)
-    racked.state.fairness()
-    held = racked.state.gangs.reservation("Workload/ns/lw")
+    bind_four(racked.picture, pods[1], "a", 10)
+    racked.picture.fairness()
+    held = racked.picture.gang_reservation("Workload/ns/lw")
     assert held is not None and (held.placed, sorted(held.slots)) == (1, ["", "b"])
-    assert free_for_others(racked.state, ["a", "b", "c"]) == [0, 0, 2]
-    bind_four(racked.state, pods[2], "b", 11)
-    racked.state.fairness()
-    held = racked.state.gangs.reservation("Workload/ns/lw")
+    assert free_for_others(racked.picture, ["a", "b", "c"]) == [0, 0, 2]
+    bind_four(racked.picture, pods[2], "b", 11)
+    racked.picture.fairness()
+    held = racked.picture.gang_reservation("Workload/ns/lw")
     assert held is not None and held.slots == [""]  # the leader still to place
     bound = {**pods[0], "spec": {**pods[0]["spec"], "nodeName": "c"}}
-    racked.state.apply(
+    racked.picture.apply(
         "Pod", "MODIFIED", {**bound, "metadata": {**bound["metadata"], "resourceVersion": "12"}}
     )
-    racked.state.fairness()
-    assert racked.state.gangs.reservation("Workload/ns/lw") is None
+    racked.picture.fairness()
+    assert racked.picture.gang_reservation("Workload/ns/lw") is None
 
 
 @pytest.mark.parametrize(
@@ -820,7 +821,7 @@ async def test_reclaim_lists_each_part_with_its_own_level_inside_the_widest(rack
             *workers,
         ]
     )
-    listed = {p.key: (p.part, p.domains, p.outer) for p in racked.state.waiting_pods()}
+    listed = {p.key: (p.part, p.domains, p.outer) for p in racked.picture.waiting_pods()}
     hosts = {node: f"{rack}/{node}" for node, rack in RACKS.items()}
     assert listed == {
         "ns/leader-0": ("leader", RACKS, RACKS),

@@ -577,7 +577,7 @@ def test_while_every_queue_is_open_a_new_queue_recounts_no_pod() -> None:
         picture.replace(kind, [o for o in objs if o["kind"] == kind])
     picture.fairness()
     told: list[object] = []
-    picture.accounting.recounted.append(lambda keys: told.append(keys if keys is None else sorted(keys)))
+    picture.on_recount(lambda keys: told.append(keys if keys is None else sorted(keys)))
     picture.apply("Queue", "ADDED", objects.queue("team-c", parent="team-a"))
     picture.fairness()
     assert None not in told

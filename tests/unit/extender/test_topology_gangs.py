@@ -22,6 +22,7 @@ from extender.server import build_app
 from extender.status import WaitingPods
 from extender.webhook import MUTATE_PODS_PATH, WebhookOptions, webhook_app
 from tests import extender_objects as objects
+from tests.unit.extender.pictures import reserved_gangs
 from tests.unit.extender.serving import serve
 from tests.unit.extender.test_gangs import job, member, running_member
 from tests.unit.extender.test_server import CLASS, Extender, args
@@ -35,10 +36,10 @@ NODES = list(RACKS)
 
 @pytest.fixture
 async def extender() -> AsyncIterator[Extender]:
-    state, waiting, api = ClusterPicture(PictureConfig(topology=TOPOLOGY)), WaitingPods(), ApiClient()
-    app = build_app(state, Binder(api, state), waiting, ExtenderMetrics(state))
+    picture, waiting, api = ClusterPicture(PictureConfig(topology=TOPOLOGY)), WaitingPods(), ApiClient()
+    app = build_app(picture, Binder(api, picture), waiting, ExtenderMetrics(picture))
     async with serve(app) as client:
-        yield Extender(client, state, waiting, api)
+        yield Extender(client, picture, waiting, api)
     await api.close()
 
 
@@ -73,7 +74,7 @@ async def test_a_gang_requiring_a_rack_is_held_in_the_fitting_rack_of_least_room
     pods = gang("ja", 2)
     extender.sync(cluster(job("ja", 2), *pods))
     _, result = await extender.call("filter", args(pods[0], NODES))
-    reservation = extender.state.gangs.reservation("Job/ns/ja")
+    reservation = extender.picture.gang_reservation("Job/ns/ja")
     assert reservation is not None
     assert (reservation.level, reservation.domain, list(reservation.nodes)) == ("rack", "r2", ["c", "c"])
     assert result["NodeNames"] == ["c"]
@@ -93,7 +94,7 @@ async def test_a_gang_no_rack_holds_waits_naming_the_level_and_the_largest_room(
     assert result["NodeNames"] == []
     reason = result["FailedAndUnresolvableNodes"]["a"]
     assert "needs 5 GPUs in one rack; largest rack has 4 free (room for 4 of its 5 missing pods)" in reason
-    assert extender.state.gangs.reserved_workloads() == []
+    assert reserved_gangs(extender.picture) == []
     report = extender.waiting.reports["ns/big-0"]
     assert report.code == "gang_no_domain" and wait_reason(report.code).condition == "WaitingForGangDomain"
 
@@ -101,9 +102,9 @@ async def test_a_gang_no_rack_holds_waits_naming_the_level_and_the_largest_room(
     moved = cluster(job("big", 5), *pods)
     moved[2] = rack_node("c", "r1")
     extender.sync(moved)
-    assert extender.state.topology.domains("rack") == {"a": "r1", "b": "r1", "c": "r1"}
+    assert extender.picture.level_domains("rack") == {"a": "r1", "b": "r1", "c": "r1"}
     _, result = await extender.call("filter", args(pods[0], NODES))
-    reservation = extender.state.gangs.reservation("Job/ns/big")
+    reservation = extender.picture.gang_reservation("Job/ns/big")
     assert reservation is not None and reservation.domain == "r1"
 
 
@@ -113,7 +114,7 @@ async def test_a_preferred_rack_packs_a_gang_without_requiring_one(extender: Ext
     pods = gang("pref", 2, required="", preferred="rack")
     extender.sync(cluster(job("pref", 2), *pods))
     _, result = await extender.call("filter", args(pods[0], NODES))
-    reservation = extender.state.gangs.reservation("Job/ns/pref")
+    reservation = extender.picture.gang_reservation("Job/ns/pref")
     assert reservation is not None
     assert (reservation.domain, list(reservation.nodes)) == ("", ["c", "c"])
     # A preference binds nothing: the other member passes every node with room.
@@ -131,7 +132,7 @@ async def test_a_gang_no_rack_holds_spills_over_racks_when_it_only_prefers_one(e
     spill = gang("spill", 5, required="", preferred="rack")
     extender.sync(cluster(job("spill", 5), *spill))
     await extender.call("filter", args(spill[0], NODES))
-    held = extender.state.gangs.reservation("Job/ns/spill")
+    held = extender.picture.gang_reservation("Job/ns/spill")
     assert held is not None and sorted(held.nodes) == ["a", "a", "b", "b", "c"]
 
 

@@ -32,7 +32,7 @@ def gpu_pod(name: str, *conditions: Mapping[str, Any], node: str | None = None) 
     return pod
 
 
-def picture(pods: Sequence[Mapping[str, Any]]) -> ClusterPicture:
+def picture_of(pods: Sequence[Mapping[str, Any]]) -> ClusterPicture:
     objs = [
         objects.node("a"),
         objects.gpu_slice("a", 4),
@@ -41,10 +41,10 @@ def picture(pods: Sequence[Mapping[str, Any]]) -> ClusterPicture:
         objects.queue("q"),
         *pods,
     ]
-    state = ClusterPicture()
+    picture = ClusterPicture()
     for kind in WATCHED_PATHS:
-        state.replace(kind, [o for o in objs if o["kind"] == kind])
-    return state
+        picture.replace(kind, [o for o in objs if o["kind"] == kind])
+    return picture
 
 
 @pytest.mark.parametrize(
@@ -66,34 +66,34 @@ def test_a_pod_the_scheduler_gave_up_on(
 
 
 def test_planning_waits_for_a_waiting_gpu_pod_the_scheduler_could_not_place() -> None:
-    state = picture([gpu_pod("new"), gpu_pod("gated", scheduled("False", "SchedulingGated"))])
-    assert not state.unplaced_waiting()  # two GPU pods wait, neither was tried
+    picture = picture_of([gpu_pod("new"), gpu_pod("gated", scheduled("False", "SchedulingGated"))])
+    assert not picture.unplaced_waiting()  # two GPU pods wait, neither was tried
 
     refused = gpu_pod("new", scheduled("False", "Unschedulable"))
     refused["metadata"]["resourceVersion"] = "2"
-    state.apply("Pod", "MODIFIED", refused)
-    assert state.unplaced_waiting()
+    picture.apply("Pod", "MODIFIED", refused)
+    assert picture.unplaced_waiting()
 
     bound = gpu_pod("new", scheduled("True", ""), node="a")
     bound["metadata"]["resourceVersion"] = "3"
-    state.apply("Pod", "MODIFIED", bound)
-    assert not state.unplaced_waiting()
+    picture.apply("Pod", "MODIFIED", bound)
+    assert not picture.unplaced_waiting()
 
 
 def test_a_cpu_pod_the_scheduler_could_not_place_is_no_reason_to_plan() -> None:
     cpu_only = objects.pod("ns", "cpu", queue="q")
     cpu_only["status"]["conditions"] = [scheduled("False", "Unschedulable")]
-    state = picture([cpu_only])
+    picture = picture_of([cpu_only])
     assert scheduler_gave_up(cpu_only)
-    assert not state.unplaced_waiting()  # not a waiting GPU pod: reclaim frees only GPUs
+    assert not picture.unplaced_waiting()  # not a waiting GPU pod: reclaim frees only GPUs
 
 
 def test_a_deleted_pod_leaves_the_unplaced_set() -> None:
     refused = gpu_pod("p", scheduled("False", "Unschedulable"))
-    state = picture([refused])
-    assert state.unplaced_waiting()
-    state.apply("Pod", "DELETED", refused)
-    assert not state.unplaced_waiting()
+    picture = picture_of([refused])
+    assert picture.unplaced_waiting()
+    picture.apply("Pod", "DELETED", refused)
+    assert not picture.unplaced_waiting()
 
 
 class FollowUp:
@@ -125,10 +125,10 @@ def counter(metrics: ExtenderMetrics, name: str) -> float:
 async def test_a_reclaim_cycle_plans_only_when_something_can_come_of_it(
     conditions: tuple[dict[str, Any], ...], own_work: bool, plans: bool
 ) -> None:
-    state = picture([gpu_pod("p", *conditions)])
-    metrics = ExtenderMetrics(state)
+    picture = picture_of([gpu_pod("p", *conditions)])
+    metrics = ExtenderMetrics(picture)
     api = ApiClient()
-    loop = ReclaimLoop(api, state, metrics)
+    loop = ReclaimLoop(api, picture, metrics)
     follow_up = FollowUp(own_work)
     loop.follow_ups.append(follow_up)
     try:

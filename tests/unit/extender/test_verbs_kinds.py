@@ -14,20 +14,21 @@ import random
 
 import pytest
 
-from bench.picture import build_picture, load_state, pod_object
+from bench.picture import build_picture, load_picture, pod_object
 from extender.picture.cluster import ClusterPicture
 from extender.policy.placement import GpuDemand, score_nodes
 from extender.verbs import _misfit, decide_filter, decide_priorities, queue_strategy
 from extender.wire import ExtenderArgs, ExtenderFilterResult
+from tests.unit.extender.pictures import supply
 
 
 def _oracle_filter(picture: ClusterPicture, args: ExtenderArgs) -> dict[str, str]:
     demand = picture.demand(args.Pod)
-    reference = picture.inventory.reference_memory(demand.models)
+    reference = picture.reference_memory(demand.models)
     sizes = picture.gpu_memory if demand.fractional else {}
     return {
         name: _misfit(
-            picture.inventory.supply_for(args.pod.key, name),
+            supply(picture, args.pod.key, name),
             demand.placement_at(sizes.get(name) or reference),
         )
         for name in args.candidate_names()
@@ -36,8 +37,8 @@ def _oracle_filter(picture: ClusterPicture, args: ExtenderArgs) -> dict[str, str
 
 def _oracle_scores(picture: ClusterPicture, args: ExtenderArgs) -> dict[str, int]:
     demand = picture.demand(args.Pod)
-    placement = demand.placement_at(picture.inventory.reference_memory(demand.models))
-    supplies = [picture.inventory.supply_for(args.pod.key, name) for name in args.candidate_names()]
+    placement = demand.placement_at(picture.reference_memory(demand.models))
+    supplies = [supply(picture, args.pod.key, name) for name in args.candidate_names()]
     return score_nodes(supplies, placement, picture.mix(), queue_strategy(picture, demand.queue))
 
 
@@ -49,7 +50,7 @@ def _verdicts(result: ExtenderFilterResult) -> dict[str, str]:
 @pytest.mark.parametrize("pending", ["whole", "half"])
 def test_kinds_judge_and_score_every_node_as_the_per_node_rule_does(seed: int, pending: str) -> None:
     built = build_picture(nodes=40, pods=300, seed=seed)
-    picture = load_state(built)
+    picture = load_picture(built)
     rng = random.Random(seed)
     pod = built.pending_pods[pending]
     key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
@@ -57,7 +58,7 @@ def test_kinds_judge_and_score_every_node_as_the_per_node_rule_does(seed: int, p
     # pod (it may); a held node is a kind of its own.
     for i, node in enumerate(rng.sample(built.node_names, 6)):
         holder = key if i < 2 else f"other/pod-{i}"
-        picture.inventory.hold(holder, node, GpuDemand(count=rng.choice([1, 2])), ttl_s=600)
+        picture.hold(holder, node, GpuDemand(count=rng.choice([1, 2])), ttl_s=600)
     names = [*built.node_names, "not-a-node"]
     rng.shuffle(names)
     args = ExtenderArgs(Pod=pod, NodeNames=names)
@@ -76,7 +77,7 @@ def test_kinds_judge_and_score_every_node_as_the_per_node_rule_does(seed: int, p
 
 def test_prioritize_reads_the_kinds_the_filter_passed_while_no_node_changed() -> None:
     built = build_picture(nodes=40, pods=300, seed=1)
-    picture = load_state(built)
+    picture = load_picture(built)
     pod = built.pending_pods["whole"]
     key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
     decision = decide_filter(picture, ExtenderArgs(Pod=pod, NodeNames=list(built.node_names)))
@@ -85,7 +86,7 @@ def test_prioritize_reads_the_kinds_the_filter_passed_while_no_node_changed() ->
     assert passed.nodes.names == decision.result.NodeNames
     # kube-scheduler asks prioritize about the nodes passed: a new request, a new list of them.
     asked = ExtenderArgs(Pod=pod, NodeNames=list(decision.result.NodeNames))
-    version = picture.inventory.version
+    version = picture.nodes_version
     assert passed.of(key, "", list(decision.result.NodeNames), version) is passed.nodes
     before = decide_priorities(picture, asked, passed).scores
     assert before == _oracle_scores(picture, asked)
@@ -101,8 +102,8 @@ def test_prioritize_reads_the_kinds_the_filter_passed_while_no_node_changed() ->
     hog = pod_object("hog", "team-a", node)
     hog["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "128"
     picture.apply("Pod", "ADDED", hog)
-    assert picture.inventory.version != version
-    assert passed.of(key, "", asked.candidate_names(), picture.inventory.version) is None
+    assert picture.nodes_version != version
+    assert passed.of(key, "", asked.candidate_names(), picture.nodes_version) is None
     scores = decide_priorities(picture, asked, passed).scores
     assert scores == _oracle_scores(picture, asked)
     assert scores[node] == 0
@@ -110,9 +111,9 @@ def test_prioritize_reads_the_kinds_the_filter_passed_while_no_node_changed() ->
 
 def test_a_filter_with_gpus_held_on_a_candidate_keeps_nothing_for_prioritize() -> None:
     built = build_picture(nodes=10, pods=50, seed=2)
-    picture = load_state(built)
+    picture = load_picture(built)
     pod = built.pending_pods["half"]
-    picture.inventory.hold("other/pod", built.node_names[0], GpuDemand(count=1), ttl_s=600)
+    picture.hold("other/pod", built.node_names[0], GpuDemand(count=1), ttl_s=600)
     decision = decide_filter(picture, ExtenderArgs(Pod=pod, NodeNames=list(built.node_names)))
     assert decision.outcome == "admitted" and decision.passed is None  # judged per call there
     without = decide_filter(picture, ExtenderArgs(Pod=pod, NodeNames=built.node_names[1:]))

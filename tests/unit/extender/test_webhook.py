@@ -266,7 +266,7 @@ async def test_the_picture_counts_an_unlabelled_pod_in_its_namespace_default_que
         picture.replace(
             kind, [o for o in cluster(objects.pod("ml", "p", template="one")) if o["kind"] == kind]
         )
-    assert picture.demand(picture.store.get("Pod", "ml/p") or {}).queue == "team-b"
+    assert picture.demand(picture.get("Pod", "ml/p") or {}).queue == "team-b"
     assert picture.fairness().pending_pods.get("team-b") == 1
     # The Namespace's default changes: its pods move with it.
     picture.apply("Namespace", "MODIFIED", namespace("ml", {NAMESPACE_QUEUE_LABEL: "team-a"}))

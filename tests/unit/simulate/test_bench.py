@@ -10,13 +10,14 @@ from kubernetes_asyncio.client import ApiClient
 
 from bench.hotpath import Payloads
 from bench.memory import breakdown, breakdown_table
-from bench.picture import GPUS_PER_NODE, build_picture, leaf_queues, load_state, queue_tree
+from bench.picture import GPUS_PER_NODE, build_picture, leaf_queues, load_picture, queue_tree
 from bench.queuecycle import run_cycle, run_queuecycle
 from bench.servers import CODECS, floor_app, tessera_app
 from contract.names import QUEUE_LABEL
 from extender.server import PICTURE_KEY
 from extender.verbs import decide_filter, decide_priorities
 from extender.wire import ExtenderArgs, decode, encode
+from tests.unit.extender.pictures import reserved_pods
 
 JSON = {"Content-Type": "application/json"}
 
@@ -26,8 +27,8 @@ def test_picture_fills_gpus_and_pods_as_documented() -> None:
     counts = picture.count()
     assert counts["Node"] == counts["ResourceSlice"] == 10
     assert counts["Pod"] == 500
-    state = load_state(picture)
-    free = sum(sum(state.node_gpus(name).free_milli) for name in picture.node_names)
+    live = load_picture(picture)
+    free = sum(sum(live.node_gpus(name).free_milli) for name in picture.node_names)
     # 70% of the 80 GPUs are held (56), whole or as two halves.
     assert free == (10 * GPUS_PER_NODE - 56) * 1000
 
@@ -38,7 +39,7 @@ def test_the_queue_tree_has_1000_queues_with_pods_in_its_900_leaves() -> None:
     assert len(picture.objects["Queue"]) == 1000 and len(leaf_queues(tree)) == 900
     pod_queues = {pod["metadata"]["labels"][QUEUE_LABEL] for pod in picture.objects["Pod"]}
     assert pod_queues == set(leaf_queues(tree))
-    view = load_state(picture).fairness()
+    view = load_picture(picture).fairness()
     assert not view.invalid  # children's quotas (an even split of the parent's) add up
     assert len(view.fair_shares) == 1001  # and the default queue
     assert view.fair_shares["r0"]["gpu"] > 0
@@ -96,14 +97,14 @@ def test_a_queue_cycle_admits_and_reserves_each_new_pod_in_a_leaf_of_the_tree() 
     # (in 3 different leaves) is admitted and reserved, as the server's filter does; the table
     # has a row per picture, the flat one at 1.00x of itself.
     tree = queue_tree()
-    picture = load_state(build_picture(nodes=10, pods=200, tree=tree))
+    picture = load_picture(build_picture(nodes=10, pods=200, tree=tree))
     payloads = Payloads(10, "names", tree=True)
     spent = [0.0, 0.0, 0.0]
     for cycle in range(3):
         run_cycle(picture, payloads.body(cycle), spent)
-    reserved = sorted(picture.accounting.reserved)
+    reserved = sorted(reserved_pods(picture))
     assert reserved == [f"bench/pending-{cycle:07d}" for cycle in range(3)]
-    queues = {picture.accounting.reserved_pods[key]["metadata"]["labels"][QUEUE_LABEL] for key in reserved}
+    queues = {reserved_pods(picture)[key]["metadata"]["labels"][QUEUE_LABEL] for key in reserved}
     assert queues == set(leaf_queues(tree)[:3])
     rows = run_queuecycle([10], pods=100, cycles=2)
     assert [row[:3] for row in rows] == [["10", "2 flat", "2"], ["10", "1000 in 3 levels", "2"]]

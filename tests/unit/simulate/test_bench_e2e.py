@@ -36,11 +36,11 @@ def test_slices_are_the_drivers_h100x8_pool_and_the_extender_counts_eight_free_g
     assert owners == {(DRIVER_NAME, "gpu-0001")}
     assert all("memory" in device["capacity"] for device in devices)
 
-    state = ClusterPicture(PictureConfig())
-    state.apply("Node", "ADDED", objects.node("gpu-0001"))
+    picture = ClusterPicture(PictureConfig())
+    picture.apply("Node", "ADDED", objects.node("gpu-0001"))
     for s in slices:
-        state.apply("ResourceSlice", "ADDED", s)
-    assert state.node_gpus("gpu-0001").free_milli == (1000,) * GPUS_PER_NODE
+        picture.apply("ResourceSlice", "ADDED", s)
+    assert picture.node_gpus("gpu-0001").free_milli == (1000,) * GPUS_PER_NODE
 
 
 def test_pod_takes_one_gpu_from_the_template_in_its_queue() -> None:

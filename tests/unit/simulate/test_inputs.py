@@ -126,7 +126,7 @@ def test_extender_and_simulator_build_identical_pod_demands_and_mix() -> None:
     for name, demand, _ in PODS:
         parsed = picture.demand(pods[name])
         # Fractions are sized against the largest GPU the pod could land on, as in the filter.
-        assert parsed.placement_at(picture.inventory.reference_memory(parsed.models)) == demand, name
+        assert parsed.placement_at(picture.reference_memory(parsed.models)) == demand, name
     # The mix: every pod seen (GPU-less and pending ones too), by count (rounded to two digits).
     assert picture.fairness().mix == rounded_mix(Counter(demand for _, demand, _ in PODS))
 

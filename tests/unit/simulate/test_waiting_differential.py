@@ -175,7 +175,7 @@ def _picture(replay: _Replay) -> ClusterPicture:
         if pod.index in replay.holds:
             hold = replay.holds[pod.index]
             held_on = WORKLOAD.nodes[hold.node].name
-            picture.inventory.hold(f"ns/{names[pod.key]}", held_on, pod.demand, HOLD_S, gpus=hold.gpus)
+            picture.hold(f"ns/{names[pod.key]}", held_on, pod.demand, HOLD_S, gpus=hold.gpus)
     return picture
 
 
