@@ -160,8 +160,10 @@ _ROOMS: ShapeMemo[tuple[GpuDemand, int], int] = ShapeMemo(100_000)
 _DOMAIN_ROOMS: RoomMemo = ShapeMemo(100_000)
 # The last domain plan per gang shape and ask (`DomainChoices`): a gang that waits, or whose
 # admitting filter the scheduler calls again, is not planned again over thousands of nodes
-# while neither their supplies nor their domains changed.
-_DOMAIN_CHOICES = DomainChoices(1_000)
+# while neither their supplies nor their domains changed. Each kept plan keeps its call's list of
+# supplies (8 bytes a node: 40 KB at 5000 nodes), so a few dozen: as many as gangs of distinct
+# shapes and asks wait at once, and keys of an old topology version go at the next start-over.
+_DOMAIN_CHOICES = DomainChoices(64)
 
 
 def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
