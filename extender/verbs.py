@@ -68,6 +68,8 @@ from extender.policy.placement import (
 from extender.policy.reclaim import reclaim_refusal
 from extender.policy.topology import (
     NO_ASK,
+    DomainChoices,
+    DomainPlan,
     PartAsk,
     RoomMemo,
     TopologyAsk,
@@ -156,6 +158,12 @@ _ROOMS: ShapeMemo[tuple[GpuDemand, int], int] = ShapeMemo(100_000)
 # Members of a gang's shape, and whole GPUs free, per node shape, for the domain choice at a
 # gang's admission (`plan_in_domain`).
 _DOMAIN_ROOMS: RoomMemo = ShapeMemo(100_000)
+# The last domain plan per gang shape and ask (`DomainChoices`): a gang that waits, or whose
+# admitting filter the scheduler calls again, is not planned again over thousands of nodes
+# while neither their supplies nor their domains changed. Each kept plan keeps its call's list of
+# supplies (8 bytes a node: 40 KB at 5000 nodes), so a few dozen: as many as gangs of distinct
+# shapes and asks wait at once, and keys of an old topology version go at the next start-over.
+_DOMAIN_CHOICES = DomainChoices(64)
 
 
 def _misfit(supply: NodeGpus, demand: GpuDemand) -> str:
@@ -496,11 +504,17 @@ def _plan_whole(
     missing = gang.missing
     ask = picture.topology_ask(pod, gang.workload)
     if ask.any:
-        required = _required_domains(picture, gang, ask.required)
+        kept = _kept_domains(picture, gang, ask.required)
         preferred = picture.level_domains(ask.preferred) if ask.preferred else NO_DOMAINS
-        plan = plan_in_domain(supplies, gpus, missing, required, preferred, _DOMAIN_ROOMS)
-        if len(plan.nodes) == missing:
-            return _GangPlan(plan.nodes, ask.required, plan.domain)
+
+        def planned_anew() -> DomainPlan:
+            required = _required_domains(picture, ask.required, kept)
+            return plan_in_domain(supplies, gpus, missing, required, preferred, _DOMAIN_ROOMS)
+
+        choice = (picture.topology_version, gpus, missing, ask, kept)
+        plan = _DOMAIN_CHOICES.plan(choice, supplies, planned_anew)
+        if len(plan.nodes) == missing:  # (the plan may be shared: the reservation gets a copy)
+            return _GangPlan(list(plan.nodes), ask.required, plan.domain)
         if ask.required:
             why = no_domain_text(ask.required, plan, gpus, missing)
             return _refused(gang, f"{why}{_short(gang, plan.largest_fit)}", GANG_NO_DOMAIN)
@@ -612,16 +626,23 @@ def _short(gang: GangState, fitting: int) -> str:
     return f"; {short}" if short else ""
 
 
-def _required_domains(picture: ClusterPicture, gang: GangState, level: str) -> DomainMap | None:
-    """The required level's domains a gang's missing members may go to: all of them, or the one
-    its placed members are in (a gang readmitted after its reservation lapsed stays together);
-    None without a required level."""
+def _kept_domains(picture: ClusterPicture, gang: GangState, level: str) -> frozenset[str] | None:
+    """The required level's domains a gang's missing members may go to: the ones its placed
+    members are in (a gang readmitted after its reservation lapsed stays together); None: any."""
+    if not level or not gang.placed:
+        return None
+    domains = picture.level_domains(level)
+    return frozenset(domains[node] for node in picture.gang_nodes(gang.workload.key) if node in domains)
+
+
+def _required_domains(picture: ClusterPicture, level: str, kept: frozenset[str] | None) -> DomainMap | None:
+    """The required level's map, of the `kept` domains only (None: all of them); None without a
+    required level."""
     if not level:
         return None
     domains = picture.level_domains(level)
-    if not gang.placed:
+    if kept is None:
         return domains
-    kept = {domains[node] for node in picture.gang_nodes(gang.workload.key) if node in domains}
     return {node: domain for node, domain in domains.items() if domain in kept}
 
 

@@ -388,6 +388,12 @@ class ClusterPicture:
         """The nodes of one domain at a topology level."""
         return self._topology.nodes_in(level, domain)
 
+    @property
+    def topology_version(self) -> int:
+        """Moves whenever a node's domain at some level changes: the level maps read at one
+        version are unchanged while it has not moved."""
+        return self._topology.version
+
     def read_owner(self, ref: OwnerRef, obj: Mapping[str, Any] | None) -> None:
         """What the owner reader got (None: unreadable); gangs waiting for it may go now."""
         self._workloads.read(ref, obj)

@@ -16,12 +16,16 @@ node by node, and only for members of a gang with a required level.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import count
 from typing import Any
 
 from contract.kube import mapping, meta
 from extender.picture.store import ObjectStore, Stored
 from extender.policy.placement import DomainMap
 from extender.policy.topology import Level, Topology, TopologyAsk, read_ask
+
+# Every picture's topology versions, in the order they were taken.
+_VERSIONS = count()
 
 
 class TopologyDomains:
@@ -30,6 +34,11 @@ class TopologyDomains:
         self._maps: dict[str, dict[str, str]] = {level.name: {} for level in topology.levels}
         # Level -> domain -> its nodes: the filter splits a request's names by one (in C).
         self._nodes: dict[str, dict[str, set[str]]] = {level.name: {} for level in topology.levels}
+        # Moves whenever a node's domain at some level changes (added, relabelled, removed): a
+        # plan read off the maps at one version holds while it has not moved. Drawn from one
+        # count for the process, so no two pictures' maps share a version (memos outside a
+        # picture tell them apart).
+        self.version = next(_VERSIONS)
         # (A relist announces every node gone and every node listed: no handler of its own.)
         store.subscribe("Node", self._node_changed)
 
@@ -47,6 +56,8 @@ class TopologyDomains:
         domain = self.topology.domain_of(labels, level)
         domains, nodes = self._maps[level.name], self._nodes[level.name]
         old = domains.pop(name, None)
+        if old != domain:
+            self.version = next(_VERSIONS)
         if old is not None:
             nodes[old].discard(name)
             if not nodes[old]:

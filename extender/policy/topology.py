@@ -44,7 +44,7 @@ for a gang of 8. A gang of 6: only r1 holds it. A gang of 10: none; largest rack
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, eq
@@ -321,6 +321,35 @@ def plan_in_domain(
         else list(compress(supplies, map(eq, map(required.get, map(_NAME, supplies)), repeat(domain))))
     )  # (selected in C: thousands of nodes)
     return DomainPlan(domain, _packed(inside, room, preferred))
+
+
+class DomainChoices:
+    """The last plan per key, kept across calls: `plan_in_domain` is a function of its inputs
+    alone, so a call with the same key and equal supplies gets the plan the last one made. The
+    key is the caller's and says all the plan reads besides the supplies: the shape and count
+    asked, which level maps and the version they were read at (maps change in place).
+
+    Supplies are compared as lists: a node whose supply did not change is the very object the
+    picture handed out last time, so equal lists of thousands of nodes compare by identity, in
+    C; a node whose supply changed (a member bound, GPUs held) is a new object and compares by
+    value, so a change of free capacity anywhere is a miss. At most `limit` keys are kept, then
+    it starts over. Plans handed out are shared: callers copy what they change."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._last: dict[Hashable, tuple[list[NodeGpus], DomainPlan]] = {}
+
+    def plan(self, key: Hashable, supplies: list[NodeGpus], compute: Callable[[], DomainPlan]) -> DomainPlan:
+        """The plan for `supplies` under `key`: the last one's when its supplies equal these,
+        else `compute()`'s (kept for the next call)."""
+        last = self._last.get(key)
+        if last is not None and last[0] == supplies:
+            return last[1]
+        if last is None and len(self._last) >= self.limit:
+            self._last.clear()
+        plan = compute()
+        self._last[key] = (list(supplies), plan)  # (a copy: the caller's list may change)
+        return plan
 
 
 def no_domain_text(level: str, plan: DomainPlan, demand: GpuDemand, count: int) -> str:

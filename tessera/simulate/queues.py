@@ -597,8 +597,11 @@ class _Replay:
         whole_owed_wait_s: float | None = None,
         mix: WorkloadMix | None = None,
         tie_break: TieBreak = "random",
+        gangs_in_order: bool = False,
     ):
         self.pods = _pods(workload)
+        # A counterfactual the extender does not do: no gang starts while an older one waits.
+        self.gangs_in_order = gangs_in_order
         self.nodes = list(workload.nodes)
         self.node_index = {node.name: i for i, node in enumerate(self.nodes)}
         mix = mix or workload_mix([SimPod(p.job, p.demand) for p in self.pods])
@@ -777,15 +780,18 @@ class _Replay:
         owed = self._owed(admission)
         deferred = retry = False
         tried: set[str] = set()  # gangs judged in this pass
+        gang_waits = False  # (with `gangs_in_order`: an older gang did not start, the later wait)
         for pod in sorted(self.waiting.values(), key=lambda p: p.order):
             if pod.index not in self.waiting:
                 continue  # started with its gang
             if pod.gang and self._missing(pod.gang):
-                if pod.gang not in tried:
+                if pod.gang not in tried and not gang_waits:
                     tried.add(pod.gang)
                     if self._start_gang(pod.gang, admission, now):
                         admission = self._fairness(shares={})
                         admitted.clear()
+                    else:
+                        gang_waits = self.gangs_in_order
                 continue
             held = pod.index in self.holds
             if pod.signature in refused:
@@ -1458,6 +1464,7 @@ def run_queue_workload(
     history: bool | None = None,
     mix: WorkloadMix | None = None,
     tie_break: TieBreak = "random",
+    gangs_in_order: bool = False,
 ) -> QueueRunResult:
     """Replay `workload`; the interval and delay default to the workload's own, the wait of a pod
     of a queue owed less than itself before it reclaims (rule 9) to the extender's. Without
@@ -1466,7 +1473,9 @@ def run_queue_workload(
     enabled by default) or off (no queue's settings either: today's shares); None: as the
     workload says. `mix`: the pods placement scores against (default: the workload's own);
     `tie_break`: how placement picks among equally ranked nodes (``packing.Placer``: by default at
-    random per seed; "first": the first in the workload's node order, as the timeline replay)."""
+    random per seed; "first": the first in the workload's node order, as the timeline replay).
+    `gangs_in_order`: a counterfactual, not the extender's behaviour - gangs start in the order
+    they came, none while an older one waits (lone pods still go where they fit)."""
     interval = workload.reclaim_interval_s if reclaim_interval_s is None else reclaim_interval_s
     delay = workload.termination_delay_s if termination_delay_s is None else termination_delay_s
     if interval < 0 or delay < 0:
@@ -1488,5 +1497,14 @@ def run_queue_workload(
         )
     seed = workload.seed if seed is None else seed
     return _Replay(
-        workload, policy_name, seed, interval, delay, partly_owed_wait_s, whole_owed_wait_s, mix, tie_break
+        workload,
+        policy_name,
+        seed,
+        interval,
+        delay,
+        partly_owed_wait_s,
+        whole_owed_wait_s,
+        mix,
+        tie_break,
+        gangs_in_order,
     ).run()

@@ -54,11 +54,15 @@ CASES = [
         rf"50\s+2 flat\s+10(\s+\S+){{4}}\s+1\.00x\n50\s+1000 in 3 levels\s+10(\s+\S+){{4}}\s+{RATIO}",
     ),
     # A gang of 8 without an ask, then one requiring a zone (racks of 16): admit, member and
-    # per-gang ratios.
+    # per-gang ratios, with nothing changed between admitting calls, then with the supplies and
+    # then the domains moved.
     (
         "topology",
-        rf"50\s+plain\s+-(\s+\S+){{2}}\s+1\.00x\s+1\.00x\s+1\.00x\n"
-        rf"50\s+racked\s+\S+(\s+\S+){{2}}\s+{RATIO}\s+{RATIO}\s+{RATIO}",
+        "".join(
+            rf"50\s+{case}\s+plain\s+-(\s+\S+){{2}}\s+1\.00x\s+1\.00x\s+1\.00x\n"
+            rf"50\s+{case}\s+racked\s+\S+(\s+\S+){{2}}\s+{RATIO}\s+{RATIO}\s+{RATIO}\n?"
+            for case in ("repeated", "supply moved", "domains moved")
+        ),
     ),
     # Seed 0's gangs with a preferred rack and without: the p95 ratio, then the worst seed's.
     ("topologywaits", rf"\n0\s+6(\s+\S+){{2}}\s+{RATIO}(\s+\d+\.\d+){{2}}\nworst\s+seed 0\s+{RATIO}"),

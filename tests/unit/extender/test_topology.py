@@ -13,6 +13,8 @@ from extender.policy.placement import GpuDemand, NodeGpus
 from extender.policy.reclaim import Rules, plan
 from extender.policy.topology import (
     DEFAULT_TOPOLOGY,
+    DomainChoices,
+    DomainPlan,
     Level,
     Topology,
     ask_refusal,
@@ -126,6 +128,68 @@ def test_preferred_rack_without_a_required_level_lands_in_one_rack_when_one_hold
     assert plan_in_domain(SUPPLIES, ONE_GPU, 4, None, racks).nodes == ["b1"] * 4
     six = plan_in_domain(SUPPLIES, ONE_GPU, 6, None, racks).nodes
     assert {racks[n] for n in six} == {"b1/r1"}
+
+
+class CountingPlans:
+    """Rack plans through a `DomainChoices`, counting those made anew."""
+
+    def __init__(self, limit: int = 10) -> None:
+        self.choices, self.made = DomainChoices(limit), 0
+
+    def plan(
+        self, supplies: list[NodeGpus], members: int, version: int = 1, demand: GpuDemand = ONE_GPU
+    ) -> DomainPlan:
+        def anew() -> DomainPlan:
+            self.made += 1
+            return plan_in_domain(supplies, demand, members, level_map(RACK))
+
+        return self.choices.plan((version, demand, members), supplies, anew)
+
+
+def test_the_domain_choice_is_kept_while_supplies_and_domains_stay() -> None:
+    plans = CountingPlans()
+    first = plans.plan(SUPPLIES, 4)  # b1/r2 (4 free), made: 1
+    # The same nodes, in a list of its own (each call gets a fresh list): kept, made still 1.
+    assert plans.plan(list(SUPPLIES), 4) is first and plans.made == 1
+    # Equal by value, not the same objects (the picture read a node anew): kept, made 1.
+    assert plans.plan([replace(n) for n in SUPPLIES], 4) is first and plans.made == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "domain"),
+    [
+        # The topology version moved (a node relabelled): planned anew, b1/r2 still the tightest.
+        ({"version": 2}, "b1/r2"),
+        # b1 lost a GPU (3 free; a member bound there): b1/r2 no longer holds 4, and of b1/r1 (8)
+        # and b2/r1 (5) the tighter is b2/r1.
+        ({"supplies": [node(n.name, 3) if n.name == "b1" else n for n in SUPPLIES]}, "b2/r1"),
+        # A node gone from the candidates (the filter found it full): b1/r2 has no node left.
+        ({"supplies": [n for n in SUPPLIES if n.name != "b1"]}, "b2/r1"),
+        # Another ask: 5 members (b2/r1 holds 5 with least room), 2 GPUs each (b1/r1 holds 8).
+        ({"members": 5}, "b2/r1"),
+        ({"demand": GpuDemand(2)}, "b1/r1"),
+    ],
+)
+def test_the_domain_choice_is_made_anew_when_anything_it_read_changed(
+    change: dict[str, Any], domain: str
+) -> None:
+    plans = CountingPlans()
+    assert plans.plan(SUPPLIES, 4).domain == "b1/r2"
+    asked = {"supplies": SUPPLIES, "members": 4, **change}
+    assert plans.plan(**asked).domain == domain
+    assert plans.made == 2
+    # The change is kept in turn: asked again, nothing is planned.
+    plans.plan(**asked)
+    assert plans.made == 2
+
+
+def test_domain_choices_start_over_at_their_limit() -> None:
+    # Limit 2: plans for 4 and 5 members are kept; a third key (6) starts over, so 4 is made
+    # again (made: 4, 5, 6, 4 = 4 plans), while 6 stays kept.
+    plans = CountingPlans(limit=2)
+    for members in (4, 5, 6, 4, 6):
+        plans.plan(SUPPLIES, members)
+    assert plans.made == 4
 
 
 @pytest.mark.parametrize(

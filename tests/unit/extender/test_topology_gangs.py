@@ -99,9 +99,17 @@ async def test_a_gang_no_rack_holds_waits_naming_the_level_and_the_largest_room(
     assert report.code == "gang_no_domain" and wait_reason(report.code).condition == "WaitingForGangDomain"
 
     # Node c is moved into rack r1 (its label changes): r1 has 6 free, the gang is admitted there.
+    # The move is a new topology version, so the domain choice the gang's last try made (none
+    # holds it) is not kept; a label no level reads leaves the version as it was.
+    version = extender.picture.topology_version
+    relabelled = rack_node("c", "r2")
+    relabelled["metadata"]["labels"]["example.com/team"] = "vision"
+    extender.picture.apply("Node", "MODIFIED", relabelled)
+    assert extender.picture.topology_version == version
     moved = cluster(job("big", 5), *pods)
     moved[2] = rack_node("c", "r1")
     extender.sync(moved)
+    assert extender.picture.topology_version != version
     assert extender.picture.level_domains("rack") == {"a": "r1", "b": "r1", "c": "r1"}
     _, result = await extender.call("filter", args(pods[0], NODES))
     reservation = extender.picture.gang_reservation("Job/ns/big")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tessera.simulate.queues import WorkloadError, parse_workload
+from tessera.simulate.queues import WorkloadError, parse_workload, run_queue_workload
 from tests.unit.simulate.test_queue_reclaim import queue, run, state_at
 
 EIGHT = [{"name": "n", "count": 1, "gpus": 8}]
@@ -97,3 +97,30 @@ def test_a_waiting_gang_reclaims_whole() -> None:
 def test_min_members_above_the_count_is_refused() -> None:
     with pytest.raises(WorkloadError, match="minMembers 5 is more than its 4 pods"):
         parse_workload({"nodes": EIGHT, "queues": [queue("t")], "jobs": [job("g", "t", 4, 10, minMembers=5)]})
+
+
+@pytest.mark.parametrize(("in_order", "at_two", "at_120"), [(False, 8, 4), (True, 6, 6)])
+def test_gangs_in_order_keeps_a_later_gang_from_starting_ahead_of_an_older_one(
+    in_order: bool, at_two: int, at_120: int
+) -> None:
+    # 8 GPUs, 6 taken until t=50. Gang big (4 one-GPU pods) comes at t=1: 2 free, it waits. Gang
+    # small (2 pods) comes at t=2 and fits the 2 free: it starts at once (6 + 2 = 8 GPUs taken at
+    # t=2), ahead of big, and ends at 102; big starts at 50 and ends at 150, alone at t=120 (4).
+    # With `gangs_in_order` (the counterfactual bench.topologywaits uses) small waits while big
+    # does (6 taken at t=2); both start at t=50 (8 free: 4 + 2) and run at t=120 (6).
+    workload = parse_workload(
+        {
+            "name": "case",
+            "nodes": EIGHT,
+            "queues": [queue("t")],
+            "jobs": [
+                job("other", "t", 6, 50, interval=0),
+                job("big", "t", 4, 100, arrival=1, minMembers=4, interval=0),
+                job("small", "t", 2, 100, arrival=2, minMembers=2, interval=0),
+            ],
+        }
+    )
+    result = run_queue_workload(workload, gangs_in_order=in_order)
+    assert state_at(result, 2)["t"].allocated_gpu == at_two
+    assert state_at(result, 50)["t"].allocated_gpu == 6
+    assert state_at(result, 120)["t"].allocated_gpu == at_120
