@@ -23,8 +23,11 @@ command), with the checkpoint written before (``started``: nothing made yet) and
 are listed: a claim whose placement an instance already covers (made since the slice was
 published) fails with nothing recorded or made; a create refused after a clear listing (an
 instance someone made in between) made nothing, so nothing is destroyed, and the GPU is listed
-again for the claim's error to name that instance. Undoing one (unprepare, a failure, or the
-roll-back of a claim a crash interrupted) destroys its recorded instance, or without a recorded
+again for the claim's error to name that instance. Once a prepare or unprepare of partitions
+has written its records, the ``instances_changed`` callback asks the slice publisher to publish
+again (an instance someone else made at a placement is then published, and the placements it
+overlaps withdrawn). Undoing one (unprepare, a failure, or the roll-back of a claim a crash
+interrupted) destroys its recorded instance, or without a recorded
 id the one at its placement, found on the device, so a crash between a create and its record
 leaves no orphaned instance, and since the placement was free when the claim was recorded, the
 instance there is the claim's. A claim whose instance cannot be destroyed stays recorded (its
@@ -542,8 +545,12 @@ class Preparer:
         sharing: SharingManager,
         cdi_dir: Path,
         partitioner: Partitioner | None = None,
+        instances_changed: Callable[[str], None] | None = None,
     ) -> None:
         self._driver = driver_name
+        # Told (with why) once a prepare or unprepare that made, destroyed or found MIG instances
+        # has written its records: the slice publisher then publishes from what is there now.
+        self._instances_changed = instances_changed or (lambda reason: None)
         self._profile = profile
         self._pool = node_name
         self._devices = devices
@@ -686,6 +693,10 @@ class Preparer:
             if to_plan:
                 async with self._state_lock:
                     outcomes.update(await self._prepare_planned(to_plan, planned))
+        # Its records written: an instance made (hidden from the slices as the claim's) or one
+        # someone else made at a claim's placement (published, the placements it overlaps
+        # withdrawn). Asked after the writes, so the publish reads the claims as they ended.
+        self._tell_instances_changed("prepare", (d.share for p in planned for d in p.devices))
         for outcome in outcomes.values():
             CLAIM_OPERATIONS.labels("prepare", "error" if outcome.error else "ok").inc()
         CALL_DURATION.labels("prepare").observe(time.perf_counter() - started)
@@ -982,10 +993,16 @@ class Preparer:
             if known:
                 async with self._state_lock:
                     errors.update(await self._unprepare_known(known))
+        self._tell_instances_changed("unprepare", (s for _, record in known.values() for s in record.shares))
         for error in errors.values():
             CLAIM_OPERATIONS.labels("unprepare", "error" if error else "ok").inc()
         CALL_DURATION.labels("unprepare").observe(time.perf_counter() - started)
         return errors
+
+    def _tell_instances_changed(self, operation: str, shares: Iterable[GpuShare]) -> None:
+        gpus = sorted({share.gpu_uuid for share in shares if share.partition is not None})
+        if gpus:
+            self._instances_changed(f"{operation} of MIG partitions on {', '.join(gpus)}")
 
     async def _unprepare_known(self, known: Mapping[str, tuple[ClaimRef, ClaimRecord]]) -> dict[str, str]:
         errors: dict[str, str] = {}
