@@ -586,7 +586,7 @@ class SliceReconciler:
 
     async def publish(self, gpus: Sequence[Gpu]) -> bool:
         """Write the pool for ``gpus`` if it differs from what was last published; True if written."""
-        gpus = self._published_gpus(gpus)
+        gpus = self._published_gpus(gpus)  # before any await: see _publish_with_retry
         async with self._lock:
             if self.mode is None:
                 self.mode = await self.detect_sharing_mode()
@@ -682,13 +682,12 @@ class SliceReconciler:
         changes = self._discovery.watch_health()  # before the first read: no change slips between
         if start_after is not None:
             await start_after.wait()
-        gpus = self._discovery.inventory()
         # Tasks, not wait_for: a timeout must not cancel (and so end) the change iterator.
         next_change: asyncio.Future[list[Gpu]] = asyncio.ensure_future(anext(changes))
         requested = asyncio.ensure_future(self._republish_requested.wait())
         try:
             while True:
-                await self._publish_with_retry(gpus)
+                await self._publish_with_retry()
                 waiting: set[asyncio.Future[Any]] = {next_change, requested}
                 done, _ = await asyncio.wait(waiting, timeout=resync_s, return_when=asyncio.FIRST_COMPLETED)
                 if requested in done and next_change not in done:
@@ -703,7 +702,7 @@ class SliceReconciler:
                         changed, _ = await asyncio.wait({next_change}, timeout=hold)
                         done |= changed
                 if next_change in done:  # a request still pending is served next time round
-                    gpus = next_change.result()
+                    next_change.result()  # the change is read again with the records, below
                     next_change = asyncio.ensure_future(anext(changes))
                     continue
                 if requested in done:
@@ -711,16 +710,21 @@ class SliceReconciler:
                     self._republish_requested.clear()
                     requested = asyncio.ensure_future(self._republish_requested.wait())
                     self._last_requested_publish = time.monotonic()
-                gpus = self._discovery.inventory()
         finally:
             next_change.cancel()
             requested.cancel()
 
-    async def _publish_with_retry(self, gpus: Sequence[Gpu], attempts: int = 5) -> None:
+    async def _publish_with_retry(self, attempts: int = 5) -> None:
+        """Publish the inventory as it is now, read at each attempt in the same turn of the event
+        loop as ``publish`` reads the driver's records (no await between): a MIG instance the
+        driver destroys is gone from the inventory before its record goes (the destroy returns
+        on this loop first), so no listing of it meets the records without its claim and
+        publishes it as someone else's, as one read earlier (the change's own, or before a
+        retry's back-off) could."""
         delay = 1.0
         for attempt in range(1, attempts + 1):
             try:
-                await self.publish(gpus)
+                await self.publish(self._discovery.inventory())
                 return
             except (ApiException, OSError) as exc:
                 log.warning("publishing slices failed (attempt %d/%d): %s", attempt, attempts, exc)

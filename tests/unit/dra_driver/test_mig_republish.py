@@ -5,7 +5,8 @@ overlaps withdrawn; a prepare or unprepare of partitions asks the slice publishe
 again once its records are written (``request_republish``, coalesced).
 
 Every test keeps its state under its own ``tmp_path`` and waits for what it checks (the next
-pool the reconciler would write) with a deadline, never for a fixed time. The reconciler's
+pool the reconciler would write) with a deadline, never for a fixed time. A change is published
+from the inventory read with the driver's records, not from the listing the change carried. The reconciler's
 publish is recorded as the pool it would write, not sent to an API (the real apiserver's view is
 ``tests/integration/test_dra_mig.py``'s).
 """
@@ -17,6 +18,7 @@ import logging
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from dra_driver.__main__ import driver_instances_hidden
-from dra_driver.devices.model import Gpu
+from dra_driver.devices.model import Gpu, MigDevice
 from dra_driver.devices.share import Command
 from dra_driver.profiles.nvidia import nvml, simulated
 from dra_driver.profiles.nvidia.mig import NvidiaMig, SimulatedSmi, simulated_mig_uuid
@@ -267,3 +269,36 @@ async def test_nvml_reports_a_mig_instance_made_after_the_start(monkeypatch: pyt
     gpus = await asyncio.wait_for(anext(watcher), DEADLINE_S)
     assert [(m.gi, m.uuid) for m in gpus[1].mig_devices] == [(2, "MIG-7"), (3, "MIG-8")]
     await watcher.aclose()
+
+
+class StaleListing(SimulatedDiscovery):
+    """Its one change carries a listing taken before the driver destroyed its instance (GPU
+    instance 1 of GPU 0, a 1g.10gb at slice 0); the inventory read now has none."""
+
+    def __init__(self, gpus: list[Gpu], stale: list[Gpu]) -> None:
+        super().__init__(gpus)
+        self._stale = stale
+
+    async def _changes(self) -> AsyncIterator[list[Gpu]]:
+        yield self._stale
+        await asyncio.Event().wait()  # no change after it
+
+    def watch_health(self) -> Any:
+        return self._changes()
+
+
+async def test_a_change_is_published_from_the_inventory_read_with_the_records(tmp_path: Path) -> None:
+    # The change's listing still shows the driver's instance, whose claim was unprepared since
+    # (destroyed, then its record removed: the records hold no claim). Published from that
+    # listing, the instance would be someone else's (gpu-0-mig-1-0) and the placements at slice
+    # 0 withdrawn; the reconciler reads the inventory again with the records, and publishes the
+    # 18 placements of GPU 0.
+    gpus = two_h100s()
+    stale = [replace(gpus[0], mig_devices=(MigDevice(1, 0, "1g.10gb", "MIG-gone", 10 * GIB, 0),)), gpus[1]]
+    async with ApiClient() as api:
+        slices = PoolRecorder(api, StaleListing(gpus, stale), tmp_path / "state")
+        async with running(slices):
+            await slices.next_pool()  # the first publish
+            after_change = await slices.next_pool()
+    assert "gpu-0-mig-1-0" not in after_change
+    assert len([name for name in after_change if name.startswith("gpu-0")]) == 18
