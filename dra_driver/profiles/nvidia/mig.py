@@ -16,10 +16,12 @@ free before it records and makes a partition there). A create that fails having 
 placement, where the instance found is someone else's.
 
 ``SimulatedSmi`` answers these commands for simulated GPUs (after recording them like every
-sharing command) from a small state file, the "hardware" that outlives a driver crash: instance
-ids are the lowest free, a placement overlapping an instance is refused as on a real GPU; the
-GPUs start with the instances an administrator made (``madeByAdmin``), and each instance's
-capability files come and go with it (``migcaps.SimulatedCapabilities``).
+sharing command) from a small state file (``SimulatedMigState``), the "hardware" that outlives a
+driver crash and that another process (an administrator's ``nvidia-smi`` in a test) may change
+too, so it is read at every command and changed under a lock: instance ids are the lowest free,
+a placement overlapping an instance is refused as on a real GPU; the GPUs start with the
+instances an administrator made (``madeByAdmin``), and each instance's capability files come and
+go with it (``migcaps.SimulatedCapabilities``).
 """
 
 from __future__ import annotations
