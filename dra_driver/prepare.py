@@ -26,12 +26,13 @@ instance someone made in between) made nothing, so nothing is destroyed, and the
 again for the claim's error to name that instance. Once a prepare or unprepare of partitions
 has written its records, the ``instances_changed`` callback asks the slice publisher to publish
 again (an instance someone else made at a placement is then published, and the placements it
-overlaps withdrawn). Undoing one (unprepare, a failure, or the roll-back of a claim a crash
-interrupted) destroys its recorded instance, or without a recorded
-id the one at its placement, found on the device, so a crash between a create and its record
-leaves no orphaned instance, and since the placement was free when the claim was recorded, the
-instance there is the claim's. A claim whose instance cannot be destroyed stays recorded (its
-unprepare fails, and the kubelet retries it).
+overlaps withdrawn). A claim of an existing MIG device that is the driver's partition of another
+claim fails (an allocation of an administrator's instance that outlived it). Undoing one
+(unprepare, a failure, or the roll-back of a claim a crash interrupted) destroys its recorded
+instance, or without a recorded id the one at its placement, found on the device, so a crash
+between a create and its record leaves no orphaned instance, and since the placement was free
+when the claim was recorded, the instance there is the claim's. A claim whose instance cannot be
+destroyed stays recorded (its unprepare fails, and the kubelet retries it).
 """
 
 from __future__ import annotations
@@ -739,6 +740,8 @@ class Preparer:
                 outcomes[p.ref.uid] = PrepareOutcome()
         for uid, error in (await self._taken_placements(with_devices)).items():
             outcomes[uid] = PrepareOutcome(error=error)
+        for uid, error in self._drivers_own_instances(with_devices).items():
+            outcomes.setdefault(uid, PrepareOutcome(error=error))
         with_devices = [p for p in with_devices if p.ref.uid not in outcomes]
         if not with_devices:  # nothing to record: no checkpoint write
             return outcomes
@@ -839,6 +842,34 @@ class Preparer:
                     p.ref,
                     f"{device.device.name}: {taken}, made since the slice was published; nothing was made",
                 )
+        return refused
+
+    def _drivers_own_instances(self, planned: Sequence[_Planned]) -> dict[str, str]:
+        """Claim UID -> why it fails, for each claim of an existing MIG device that is a partition
+        this driver made for another claim. Discovery lists every instance there is, the
+        driver's too; only someone else's is published (``without_driver_instances``), but an
+        allocation can outlive its device: an administrator's instance published as
+        ``gpu-0-mig-1-0`` and destroyed, then the driver's next partition there given GPU
+        instance id 1 (the lowest free), would be handed to the stale claim as well."""
+        made = {
+            (share.gpu_uuid, share.partition.gpu_instance): uid
+            for uid, record in self._checkpoint.claims.items()
+            for share in record.shares
+            if share.partition is not None and share.partition.gpu_instance is not None
+        }
+        refused: dict[str, str] = {}
+        for p in planned:
+            for device in p.devices:
+                instance = device.device.instance
+                holder = made.get((instance.gpu_uuid, instance.gpu_instance)) if instance else None
+                if instance is not None and holder not in (None, p.ref.uid):
+                    refused[p.ref.uid] = self._failed(
+                        "prepare",
+                        p.ref,
+                        f"{device.device.name}: GPU instance {instance.gpu_instance} is this driver's "
+                        f"partition of claim {holder}, not an instance someone else made; nothing was made",
+                    )
+                    break
         return refused
 
     async def _why_not_made(self, share: GpuShare, refusal: PartitionNotMade) -> PartitionNotMade:

@@ -28,6 +28,7 @@ from kubernetes_asyncio.client import ApiClient
 from dra_driver.__main__ import driver_instances_hidden
 from dra_driver.devices.model import Gpu, MigDevice
 from dra_driver.devices.share import Command
+from dra_driver.prepare import ClaimRef
 from dra_driver.profiles.nvidia import nvml, simulated
 from dra_driver.profiles.nvidia.mig import NvidiaMig, SimulatedSmi, simulated_mig_uuid
 from dra_driver.profiles.nvidia.migcaps import MigCapabilities
@@ -36,7 +37,7 @@ from dra_driver.profiles.nvidia.simulated import SimulatedDiscovery
 from dra_driver.profiles.registry import build_profile
 from dra_driver.sharing import RecordingRunner
 from dra_driver.slices import NodeRef, SharingMode, SliceReconciler, build_slices
-from tests.unit.dra_driver.fakes import DRIVER, NODE
+from tests.unit.dra_driver.fakes import DRIVER, NODE, Result, claim
 from tests.unit.dra_driver.test_devices import FakeNvml
 from tests.unit.dra_driver.test_mig import (
     GPU0,
@@ -302,3 +303,26 @@ async def test_a_change_is_published_from_the_inventory_read_with_the_records(tm
             after_change = await slices.next_pool()
     assert "gpu-0-mig-1-0" not in after_change
     assert len([name for name in after_change if name.startswith("gpu-0")]) == 18
+
+
+async def test_a_stale_claim_of_a_destroyed_admin_instance_gets_no_partition_of_the_driver(
+    tmp_path: Path,
+) -> None:
+    # An administrator's instance was published as gpu-0-mig-1-0 and a claim allocated it; the
+    # admin destroyed it, and the driver's next partition (ONE_G's 1g.10gb at slice 0) got GPU
+    # instance id 1, the lowest free. Discovery lists that one too, as gpu-0-mig-1-0: the stale
+    # claim is refused, naming the claim whose partition it is, and ONE_G's instance is left.
+    claims = mig_claims()
+    stale = ClaimRef("ns", "uid-stale", "stale")
+    claims.add(claim(stale.uid, [Result("gpu-0-mig-1-0")], name=stale.name))
+    runner = CrashingRunner()
+    assert (await mig_preparer(tmp_path, claims, runner).prepare([ONE_G]))[ONE_G.uid].error == ""
+    listed = SimulatedDiscovery(two_h100s(), mig_state=state_file(tmp_path)).inventory()
+    assert [(m.gi, m.ci) for m in listed[0].mig_devices] == [(1, 0)]
+    restarted = mig_preparer(tmp_path, claims, runner, gpus=listed)
+    error = (await restarted.prepare([stale]))[stale.uid].error
+    assert error == (
+        "gpu-0-mig-1-0: GPU instance 1 is this driver's partition of claim uid-1g, not an instance "
+        "someone else made; nothing was made"
+    )
+    assert admin_smi(tmp_path).instances() == {GPU0: {1: ("1g.10gb", 0, [0])}}
