@@ -163,7 +163,9 @@ async def _set_after(event: asyncio.Event, *preconditions: asyncio.Event) -> Non
 
 async def run_driver(config: DriverConfig, stop: asyncio.Event) -> None:
     """Wire discovery, slices and the kubelet plugin; return after ``stop`` is set."""
-    profile = build_profile(config.backend, config.profile, node_name=config.node_name)
+    profile = build_profile(
+        config.backend, config.profile, node_name=config.node_name, state_dir=config.checkpoint_dir
+    )
     gpus = profile.discovery.inventory()
     log.info("discovered %d GPU(s) on %s: %s", len(gpus), config.node_name, [g.product_name for g in gpus])
     api = await kube_client(config.kubeconfig)
@@ -185,7 +187,15 @@ async def run_driver(config: DriverConfig, stop: asyncio.Event) -> None:
             # publish after it, and the driver is ready once both are done.
             plugin_started = asyncio.Event()
             serving = group.create_task(
-                serve_plugin(config, profile, api, stop, started=plugin_started),
+                serve_plugin(
+                    config,
+                    profile,
+                    api,
+                    stop,
+                    started=plugin_started,
+                    # MIG instances made, destroyed or found by a prepare: publish what is there.
+                    instances_changed=reconciler.request_republish,
+                ),
                 name="plugin",
             )
             slices = group.create_task(reconciler.run(start_after=plugin_started), name="slices")

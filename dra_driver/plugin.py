@@ -27,7 +27,7 @@ import secrets
 import socket
 import stat
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -465,9 +465,12 @@ def build_plugin(
     cdi_dir: Path,
     checkpoint_dir: Path,
     health_refresh_s: float = HEALTH_REFRESH_S,
+    instances_changed: Callable[[str], None] | None = None,
 ) -> tuple[DraPlugin, DeviceInventory]:
     """Wire checkpoint, sharing, preparer and servers together (nothing is started yet);
-    ``gpus`` is the profile's first inventory."""
+    ``gpus`` is the profile's first inventory. ``instances_changed`` is told once a prepare or
+    unprepare that made, destroyed or found MIG instances has written its records (the slice
+    publisher's ``request_republish``)."""
     inventory = DeviceInventory(node_name, profile, gpus)
     sockets = PluginSockets.for_driver(driver_name, plugin_dir, registry_dir)
     preparer = Preparer(
@@ -481,6 +484,7 @@ def build_plugin(
         sharing=SharingManager(runner, profile.sharing(plugin_dir / driver_name / "mps")),
         cdi_dir=cdi_dir,
         partitioner=profile.partitioner(runner.run, checkpoint_dir),
+        instances_changed=instances_changed,
     )
     plugin = DraPlugin(
         driver_name=driver_name,
@@ -508,11 +512,12 @@ async def serve_plugin(
     *,
     runner: CommandRunner | None = None,
     started: asyncio.Event | None = None,
+    instances_changed: Callable[[str], None] | None = None,
 ) -> None:
     """Run the kubelet plugin until ``stop`` is set, then shut down gracefully.
 
     ``runner`` performs sharing commands (default: ``default_runner(config, profile)``). ``started``
-    (optional) is set once both sockets are served.
+    (optional) is set once both sockets are served. ``instances_changed``: see ``build_plugin``.
     """
     config.checkpoint_dir.mkdir(parents=True, exist_ok=True, mode=_DIR_MODE)
     plugin, inventory = build_plugin(
@@ -526,6 +531,7 @@ async def serve_plugin(
         registry_dir=config.registry_dir,
         cdi_dir=config.cdi_dir,
         checkpoint_dir=config.checkpoint_dir,
+        instances_changed=instances_changed,
     )
     # Starting may wait for a previous instance to go; a stop during that wait ends it.
     starting = asyncio.create_task(plugin.start(), name="plugin-start")

@@ -23,12 +23,16 @@ command), with the checkpoint written before (``started``: nothing made yet) and
 are listed: a claim whose placement an instance already covers (made since the slice was
 published) fails with nothing recorded or made; a create refused after a clear listing (an
 instance someone made in between) made nothing, so nothing is destroyed, and the GPU is listed
-again for the claim's error to name that instance. Undoing one (unprepare, a failure, or the
-roll-back of a claim a crash interrupted) destroys its recorded instance, or without a recorded
-id the one at its placement, found on the device, so a crash between a create and its record
-leaves no orphaned instance, and since the placement was free when the claim was recorded, the
-instance there is the claim's. A claim whose instance cannot be destroyed stays recorded (its
-unprepare fails, and the kubelet retries it).
+again for the claim's error to name that instance. Once a prepare or unprepare of partitions
+has written its records, the ``instances_changed`` callback asks the slice publisher to publish
+again (an instance someone else made at a placement is then published, and the placements it
+overlaps withdrawn). A claim of an existing MIG device that is the driver's partition of another
+claim fails (an allocation of an administrator's instance that outlived it). Undoing one
+(unprepare, a failure, or the roll-back of a claim a crash interrupted) destroys its recorded
+instance, or without a recorded id the one at its placement, found on the device, so a crash
+between a create and its record leaves no orphaned instance, and since the placement was free
+when the claim was recorded, the instance there is the claim's. A claim whose instance cannot be
+destroyed stays recorded (its unprepare fails, and the kubelet retries it).
 """
 
 from __future__ import annotations
@@ -542,8 +546,12 @@ class Preparer:
         sharing: SharingManager,
         cdi_dir: Path,
         partitioner: Partitioner | None = None,
+        instances_changed: Callable[[str], None] | None = None,
     ) -> None:
         self._driver = driver_name
+        # Told (with why) once a prepare or unprepare that made, destroyed or found MIG instances
+        # has written its records: the slice publisher then publishes from what is there now.
+        self._instances_changed = instances_changed or (lambda reason: None)
         self._profile = profile
         self._pool = node_name
         self._devices = devices
@@ -686,6 +694,10 @@ class Preparer:
             if to_plan:
                 async with self._state_lock:
                     outcomes.update(await self._prepare_planned(to_plan, planned))
+        # Its records written: an instance made (hidden from the slices as the claim's) or one
+        # someone else made at a claim's placement (published, the placements it overlaps
+        # withdrawn). Asked after the writes, so the publish reads the claims as they ended.
+        self._tell_instances_changed("prepare", (d.share for p in planned for d in p.devices))
         for outcome in outcomes.values():
             CLAIM_OPERATIONS.labels("prepare", "error" if outcome.error else "ok").inc()
         CALL_DURATION.labels("prepare").observe(time.perf_counter() - started)
@@ -728,6 +740,8 @@ class Preparer:
                 outcomes[p.ref.uid] = PrepareOutcome()
         for uid, error in (await self._taken_placements(with_devices)).items():
             outcomes[uid] = PrepareOutcome(error=error)
+        for uid, error in self._drivers_own_instances(with_devices).items():
+            outcomes.setdefault(uid, PrepareOutcome(error=error))
         with_devices = [p for p in with_devices if p.ref.uid not in outcomes]
         if not with_devices:  # nothing to record: no checkpoint write
             return outcomes
@@ -828,6 +842,34 @@ class Preparer:
                     p.ref,
                     f"{device.device.name}: {taken}, made since the slice was published; nothing was made",
                 )
+        return refused
+
+    def _drivers_own_instances(self, planned: Sequence[_Planned]) -> dict[str, str]:
+        """Claim UID -> why it fails, for each claim of an existing MIG device that is a partition
+        this driver made for another claim. Discovery lists every instance there is, the
+        driver's too; only someone else's is published (``without_driver_instances``), but an
+        allocation can outlive its device: an administrator's instance published as
+        ``gpu-0-mig-1-0`` and destroyed, then the driver's next partition there given GPU
+        instance id 1 (the lowest free), would be handed to the stale claim as well."""
+        made = {
+            (share.gpu_uuid, share.partition.gpu_instance): uid
+            for uid, record in self._checkpoint.claims.items()
+            for share in record.shares
+            if share.partition is not None and share.partition.gpu_instance is not None
+        }
+        refused: dict[str, str] = {}
+        for p in planned:
+            for device in p.devices:
+                instance = device.device.instance
+                holder = made.get((instance.gpu_uuid, instance.gpu_instance)) if instance else None
+                if instance is not None and holder not in (None, p.ref.uid):
+                    refused[p.ref.uid] = self._failed(
+                        "prepare",
+                        p.ref,
+                        f"{device.device.name}: GPU instance {instance.gpu_instance} is this driver's "
+                        f"partition of claim {holder}, not an instance someone else made; nothing was made",
+                    )
+                    break
         return refused
 
     async def _why_not_made(self, share: GpuShare, refusal: PartitionNotMade) -> PartitionNotMade:
@@ -982,10 +1024,16 @@ class Preparer:
             if known:
                 async with self._state_lock:
                     errors.update(await self._unprepare_known(known))
+        self._tell_instances_changed("unprepare", (s for _, record in known.values() for s in record.shares))
         for error in errors.values():
             CLAIM_OPERATIONS.labels("unprepare", "error" if error else "ok").inc()
         CALL_DURATION.labels("unprepare").observe(time.perf_counter() - started)
         return errors
+
+    def _tell_instances_changed(self, operation: str, shares: Iterable[GpuShare]) -> None:
+        gpus = sorted({share.gpu_uuid for share in shares if share.partition is not None})
+        if gpus:
+            self._instances_changed(f"{operation} of MIG partitions on {', '.join(gpus)}")
 
     async def _unprepare_known(self, known: Mapping[str, tuple[ClaimRef, ClaimRecord]]) -> dict[str, str]:
         errors: dict[str, str] = {}

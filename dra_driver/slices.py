@@ -5,7 +5,10 @@ Two halves:
   each device carries the common attributes and the ones its profile's discovery gave it;
 - ``SliceReconciler``: detects whether the cluster supports consumable capacity, publishes at
   start, republishes (with a pool generation bump) when the inventory or a device's health
-  changes, and deletes this node's stale slices.
+  changes (discovery reports MIG instances made or destroyed as changes too), or soon after
+  ``request_republish`` (the preparer made, destroyed or found MIG instances, and its records
+  say so: requests coalesce, at most one publish per ``REPUBLISH_MIN_INTERVAL_S``), and deletes
+  this node's stale slices.
 
 Sharing modes. With consumable capacity (DRAConsumableCapacity) every whole GPU allows multiple
 allocations and carries two capacities: ``memory`` (a quantity such as ``80Gi``) whose request
@@ -38,7 +41,9 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -73,6 +78,10 @@ _MAX_NAME = 253
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "tessera-dra-driver"
 RESYNC_INTERVAL_S = 300.0
+# The least time between two publishes asked for by ``request_republish``: every MIG prepare and
+# unprepare asks (a kubelet retrying a refused prepare at each retry), and each republish reads
+# the inventory and the API.
+REPUBLISH_MIN_INTERVAL_S = 5.0
 
 TaintEffect = Literal["NoSchedule", "NoExecute", "None"]
 
@@ -497,6 +506,16 @@ class SliceReconciler:
         # Set by the first publish that succeeds (written, or found current): the pool in the API
         # is this driver's view from then on.
         self.published_once = asyncio.Event()
+        self._republish_requested = asyncio.Event()
+        self._last_requested_publish = -math.inf  # time.monotonic() of the last one
+
+    def request_republish(self, reason: str) -> None:
+        """Publish again soon from a fresh inventory and the records on disk (``run`` does;
+        requests made before it begins its publish are served by that one). Call it on the
+        event loop, once what the publish should see is written."""
+        if not self._republish_requested.is_set():
+            log.debug("republishing the slices soon: %s", reason)
+            self._republish_requested.set()
 
     async def detect_sharing_mode(self) -> SharingMode:
         """Dry-run a slice with a shareable device: the apiserver drops fields whose feature is off."""
@@ -567,7 +586,7 @@ class SliceReconciler:
 
     async def publish(self, gpus: Sequence[Gpu]) -> bool:
         """Write the pool for ``gpus`` if it differs from what was last published; True if written."""
-        gpus = self._published_gpus(gpus)
+        gpus = self._published_gpus(gpus)  # before any await: see _publish_with_retry
         async with self._lock:
             if self.mode is None:
                 self.mode = await self.detect_sharing_mode()
@@ -642,7 +661,10 @@ class SliceReconciler:
             self._published = None
 
     async def run(
-        self, resync_s: float = RESYNC_INTERVAL_S, start_after: asyncio.Event | None = None
+        self,
+        resync_s: float = RESYNC_INTERVAL_S,
+        start_after: asyncio.Event | None = None,
+        min_interval_s: float = REPUBLISH_MIN_INTERVAL_S,
     ) -> None:
         """Publish once ``start_after`` is set (at once without it), then on every inventory or
         health change, until cancelled.
@@ -652,32 +674,57 @@ class SliceReconciler:
         which tells its own MIG instances, and destroys instances a crash left), so the first
         inventory is read after it. Until then the slices a previous run left stay as they are.
         Every ``resync_s`` without a change the pool is checked against the API too, so slices
-        deleted or left behind by someone else are repaired. API errors are logged and retried
-        with back-off, never fatal.
+        deleted or left behind by someone else are repaired. A ``request_republish`` is served
+        like a resync, from an inventory read after the request, once ``min_interval_s`` has
+        passed since the last one it served. API errors are logged and retried with back-off,
+        never fatal.
         """
         changes = self._discovery.watch_health()  # before the first read: no change slips between
         if start_after is not None:
             await start_after.wait()
-        gpus = self._discovery.inventory()
-        # A task, not wait_for: a timeout must not cancel (and so end) the change iterator.
+        # Tasks, not wait_for: a timeout must not cancel (and so end) the change iterator.
         next_change: asyncio.Future[list[Gpu]] = asyncio.ensure_future(anext(changes))
+        requested = asyncio.ensure_future(self._republish_requested.wait())
         try:
             while True:
-                await self._publish_with_retry(gpus)
-                done, _ = await asyncio.wait({next_change}, timeout=resync_s)
-                if done:
-                    gpus = next_change.result()
+                await self._publish_with_retry()
+                waiting: set[asyncio.Future[Any]] = {next_change, requested}
+                done, _ = await asyncio.wait(waiting, timeout=resync_s, return_when=asyncio.FIRST_COMPLETED)
+                if requested in done and next_change not in done:
+                    # Held back by the rate limit, not past a change: that is published meanwhile.
+                    hold = min_interval_s - (time.monotonic() - self._last_requested_publish)
+                    if hold > 0:
+                        log.debug(
+                            "a republish asked for is held back %.1f s (at most one per %g s)",
+                            hold,
+                            min_interval_s,
+                        )
+                        changed, _ = await asyncio.wait({next_change}, timeout=hold)
+                        done |= changed
+                if next_change in done:  # a request still pending is served next time round
+                    next_change.result()  # the change is read again with the records, below
                     next_change = asyncio.ensure_future(anext(changes))
-                else:
-                    gpus = self._discovery.inventory()
+                    continue
+                if requested in done:
+                    # Cleared before the inventory is read: a later request gets a later publish.
+                    self._republish_requested.clear()
+                    requested = asyncio.ensure_future(self._republish_requested.wait())
+                    self._last_requested_publish = time.monotonic()
         finally:
             next_change.cancel()
+            requested.cancel()
 
-    async def _publish_with_retry(self, gpus: Sequence[Gpu], attempts: int = 5) -> None:
+    async def _publish_with_retry(self, attempts: int = 5) -> None:
+        """Publish the inventory as it is now, read at each attempt in the same turn of the event
+        loop as ``publish`` reads the driver's records (no await between): a MIG instance the
+        driver destroys is gone from the inventory before its record goes (the destroy returns
+        on this loop first), so no listing of it meets the records without its claim and
+        publishes it as someone else's, as one read earlier (the change's own, or before a
+        retry's back-off) could."""
         delay = 1.0
         for attempt in range(1, attempts + 1):
             try:
-                await self.publish(gpus)
+                await self.publish(self._discovery.inventory())
                 return
             except (ApiException, OSError) as exc:
                 log.warning("publishing slices failed (attempt %d/%d): %s", attempt, attempts, exc)

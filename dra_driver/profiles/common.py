@@ -15,6 +15,10 @@ from dra_driver.devices.profile import BackendUnavailable
 Settings = TypeVar("Settings", bound=BaseModel)
 
 SYSFS_PCI_DEVICES = Path("/sys/bus/pci/devices")
+# How often discovery lists the partitions (MIG instances) of the GPUs whose partitions are made
+# on demand: nothing tells it when an administrator makes or destroys one, and the slices must
+# show it (and withdraw the placements it overlaps) within seconds.
+PARTITION_POLL_S = 2.0
 
 
 def parse_bytes(value: object) -> int:

@@ -12,6 +12,7 @@ The outcome is made unambiguous by pinning the partitions: the 1g claim selects 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, ResourceV1Api
 
 from dra_driver.checkpoint import Checkpoint
+from dra_driver.devices.share import Command
 from dra_driver.profiles.nvidia.mig import SimulatedSmi
 from dra_driver.profiles.nvidia.profile import SIMULATED_MIG_STATE
 from dra_driver.profiles.nvidia.simulated import SimulatedDiscovery, build_inventory, load_profile
@@ -430,3 +432,56 @@ async def test_an_instance_an_administrator_made_is_published_allocated_and_left
         ]
         smi = SimulatedSmi(config.checkpoint_dir / SIMULATED_MIG_STATE, gpus, RecordingRunner().run)
         assert smi.instances() == {gpu0: {1: ("3g.40gb", 4, [0])}}
+
+
+async def test_an_instance_an_admin_makes_after_the_start_is_published_within_seconds(
+    local_cluster: LocalCluster, k8s: ApiClient, driver: str, short_dir: Path
+) -> None:
+    """The driver is up and its slices published; an administrator makes a 3g.40gb at memory
+    slices 4-7 of GPU 0 with the simulated GPUs' nvidia-smi (another process's, on the driver's
+    state file). The apiserver's slices show it as gpu-0-mig-1-0 within seconds (discovery lists
+    the instances every 2 s), and the 8 placements overlapping slices 4-7 (1g.10gb at 4, 5, 6,
+    1g.20gb at 4 and 6, 2g.20gb at 4, 3g.40gb at 4) and the whole GPU are withdrawn: 18 - 8 + 1 =
+    11 devices on GPU 0. Destroyed, the 18 placements are back."""
+    async with node_with_driver(local_cluster, k8s, short_dir, PROFILE, driver) as (config, process):
+        node = config.node_name
+        gpus = build_inventory(load_profile(PROFILE), seed=node)
+        admin = SimulatedSmi(config.checkpoint_dir / SIMULATED_MIG_STATE, gpus, RecordingRunner().run)
+
+        async def on_gpu0() -> set[str]:
+            listed: Any = await ResourceV1Api(k8s).list_resource_slice(
+                field_selector=f"spec.nodeName={node},spec.driver={driver}"
+            )
+            specs = [k8s.sanitize_for_serialization(s)["spec"] for s in listed.items]
+            return {
+                d["name"]
+                for spec in specs
+                for d in spec.get("devices") or ()
+                if d["name"].startswith("gpu-0")
+            }
+
+        async def showing(wanted: Callable[[set[str]], bool]) -> bool:
+            return await slices_published(k8s, driver, node) and wanted(await on_gpu0())
+
+        before = await on_gpu0()
+        assert len(before) == 18 and "gpu-0-mig-1-0" not in before
+        await admin.run(Command(("nvidia-smi", "mig", "-i", gpus[0].uuid, "-cgi", "9:4", "-C")))
+        await wait_until(
+            partial(showing, lambda names: "gpu-0-mig-1-0" in names),
+            timeout=10,
+            what="the admin's instance published",
+        )
+        overlapping = {f"gpu-0-mig-1g-10gb-at-{s}" for s in (4, 5, 6)} | {
+            "gpu-0-mig-1g-20gb-at-4",
+            "gpu-0-mig-1g-20gb-at-6",
+            "gpu-0-mig-2g-20gb-at-4",
+            "gpu-0-mig-3g-40gb-at-4",
+            "gpu-0",
+        }
+        assert await on_gpu0() == (before - overlapping) | {"gpu-0-mig-1-0"}
+        await admin.run(Command(("nvidia-smi", "mig", "-i", gpus[0].uuid, "-gi", "1", "-dci")))
+        await admin.run(Command(("nvidia-smi", "mig", "-i", gpus[0].uuid, "-gi", "1", "-dgi")))
+        await wait_until(
+            partial(showing, lambda names: names == before), timeout=10, what="the placements back"
+        )
+        assert process.proc is not None and process.proc.poll() is None

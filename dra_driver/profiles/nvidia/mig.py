@@ -16,24 +16,28 @@ free before it records and makes a partition there). A create that fails having 
 placement, where the instance found is someone else's.
 
 ``SimulatedSmi`` answers these commands for simulated GPUs (after recording them like every
-sharing command) from a small state file, the "hardware" that outlives a driver crash: instance
-ids are the lowest free, a placement overlapping an instance is refused as on a real GPU; the
-GPUs start with the instances an administrator made (``madeByAdmin``), and each instance's
-capability files come and go with it (``migcaps.SimulatedCapabilities``).
+sharing command) from a small state file (``SimulatedMigState``), the "hardware" that outlives a
+driver crash and that another process (an administrator's ``nvidia-smi`` in a test) may change
+too, so it is read at every command and changed under a lock: instance ids are the lowest free,
+a placement overlapping an instance is refused as on a real GPU; the GPUs start with the
+instances an administrator made (``madeByAdmin``), and each instance's capability files come and
+go with it (``migcaps.SimulatedCapabilities``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
+import os
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dra_driver.devices.model import Gpu, MigInstance
+from dra_driver.devices.model import Gpu, MigDevice, MigInstance
 from dra_driver.devices.share import (
     Command,
     ContainerEdits,
@@ -155,46 +159,67 @@ class _SimulatedInstance:
     compute_instances: list[int]
 
 
-class SimulatedSmi:
-    """``nvidia-smi mig`` for simulated GPUs: each command is first handed to ``record`` (the
-    driver's recording runner: logged, failures injected), then answered from the state file."""
+SimulatedInstances = dict[str, dict[int, _SimulatedInstance]]  # GPU uuid -> GPU instance id -> it
 
-    def __init__(
-        self,
-        state_file: Path,
-        gpus: Sequence[Gpu],
-        record: RunCommand,
-        command_s: float = 0.0,
-        capabilities: SimulatedCapabilities | None = None,
-    ) -> None:
-        self._state_file = state_file
-        self._capabilities = capabilities  # the capability files of the instances, kept current
-        self._record = record
-        self._command_s = command_s  # how long a command takes to return after its change
+
+def simulated_mig_uuid(gpu_uuid: str, gpu_instance: int, compute_instance: int) -> str:
+    """The MIG device uuid of a simulated GPU's compute instance (stable: derived from its ids)."""
+    return f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{gpu_uuid}/{gpu_instance}/{compute_instance}')}"
+
+
+class SimulatedMigState:
+    """The simulated GPUs' MIG instances: their state file, the "hardware" that outlives a driver
+    crash and that every process changing them shares (the driver, an administrator's
+    ``nvidia-smi`` in a test). Each change is read, made and written under an exclusive lock on
+    the file (``flock``), each read under a shared one, so no change is lost or half read. A file
+    not yet written holds the instances an administrator made (``madeByAdmin``)."""
+
+    def __init__(self, state_file: Path, gpus: Sequence[Gpu]) -> None:
+        self.path = state_file
         self._gpus = {gpu.uuid: gpu for gpu in gpus}
-        self._state: dict[str, dict[int, _SimulatedInstance]] | None = None  # read at first use
 
-    def _load(self) -> dict[str, dict[int, _SimulatedInstance]]:
-        """The instances, read from the file once (this object is the file's only writer while
-        the driver runs), then kept in memory."""
-        if self._state is None:
-            self._state = self._read()
-        return self._state
-
-    def _read(self) -> dict[str, dict[int, _SimulatedInstance]]:
+    def read(self) -> SimulatedInstances:
         try:
-            raw = json.loads(self._state_file.read_text())
+            fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
+            return self._made_by_admin()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            return self._parse(fd)
+        finally:
+            os.close(fd)  # and with it the lock
+
+    @contextlib.contextmanager
+    def changing(self) -> Iterator[SimulatedInstances]:
+        """The instances to change in place; written back when the block ends without an error."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            state = self._parse(fd)
+            yield state
+            raw = {gpu: {str(gi): vars(i) for gi, i in instances.items()} for gpu, instances in state.items()}
+            data = json.dumps(raw, sort_keys=True).encode()
+            # Over the old bytes, then cut to length: never emptied first (on ext4 a file
+            # truncated to nothing is flushed to disk at close, a millisecond or more a command).
+            # Unsynced: it stands for the GPU's state, which a driver crash leaves as it is.
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+
+    def _parse(self, fd: int) -> SimulatedInstances:
+        raw = os.pread(fd, os.fstat(fd).st_size, 0)
+        if not raw:
             return self._made_by_admin()
         return {
             gpu: {int(gi): _SimulatedInstance(**instance) for gi, instance in instances.items()}
-            for gpu, instances in raw.items()
+            for gpu, instances in json.loads(raw).items()
         }
 
-    def _made_by_admin(self) -> dict[str, dict[int, _SimulatedInstance]]:
+    def _made_by_admin(self) -> SimulatedInstances:
         """The GPUs as they start: with the instances an administrator made (their placement
         known) on the GPUs whose partitions are made on demand."""
-        state: dict[str, dict[int, _SimulatedInstance]] = {}
+        state: SimulatedInstances = {}
         for gpu in self._gpus.values():
             if gpu.mig_layout is None:
                 continue
@@ -210,24 +235,58 @@ class SimulatedSmi:
                     )
         return state
 
-    def _save(self) -> None:
-        state = self._load()
-        raw = {gpu: {str(gi): vars(i) for gi, i in instances.items()} for gpu, instances in state.items()}
-        # Written in place, unsynced: it stands for the GPU's state, which a crash of the driver
-        # (what the simulation serves) leaves as it is.
-        self._state_file.write_text(json.dumps(raw, sort_keys=True))
+    def mig_devices(self, state: SimulatedInstances, gpu: Gpu) -> tuple[MigDevice, ...]:
+        """The MIG devices of ``gpu`` in ``state`` as NVML lists them: one per compute instance,
+        with its placement."""
+        return tuple(
+            MigDevice(
+                gi=gi,
+                ci=ci,
+                profile=instance.profile,
+                uuid=simulated_mig_uuid(gpu.uuid, gi, ci),
+                memory_bytes=_placement_memory(gpu, instance),
+                placement_start=instance.start,
+            )
+            for gi, instance in sorted(state.get(gpu.uuid, {}).items())
+            for ci in sorted(instance.compute_instances)
+        )
+
+
+def _placement_memory(gpu: Gpu, instance: _SimulatedInstance) -> int:
+    placement = gpu.mig_layout.placement(instance.profile, instance.start) if gpu.mig_layout else None
+    return placement.memory_bytes if placement is not None else 0
+
+
+class SimulatedSmi:
+    """``nvidia-smi mig`` for simulated GPUs: each command is first handed to ``record`` (the
+    driver's recording runner: logged, failures injected), then answered from the state file
+    (``SimulatedMigState``), read again at each command since another process may change it."""
+
+    def __init__(
+        self,
+        state_file: Path,
+        gpus: Sequence[Gpu],
+        record: RunCommand,
+        command_s: float = 0.0,
+        capabilities: SimulatedCapabilities | None = None,
+    ) -> None:
+        self._state = SimulatedMigState(state_file, gpus)
+        self._capabilities = capabilities  # the capability files of the instances, kept current
+        self._record = record
+        self._command_s = command_s  # how long a command takes to return after its change
+        self._gpus = {gpu.uuid: gpu for gpu in gpus}
 
     def instances(self) -> dict[str, dict[int, tuple[str, int, list[int]]]]:
         """GPU uuid -> GPU instance id -> (profile, start, compute instance ids), as the state
         file says now (a driver in another process may have changed it): for tests."""
         return {
             gpu: {gi: (i.profile, i.start, list(i.compute_instances)) for gi, i in instances.items()}
-            for gpu, instances in self._read().items()
+            for gpu, instances in self._state.read().items()
             if instances
         }
 
     async def instance_uuid(self, gpu_uuid: str, gpu_instance: int, compute_instance: int) -> str:
-        return f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{gpu_uuid}/{gpu_instance}/{compute_instance}')}"
+        return simulated_mig_uuid(gpu_uuid, gpu_instance, compute_instance)
 
     async def run(self, command: Command) -> str:
         await self._record(command)
@@ -238,20 +297,18 @@ class SimulatedSmi:
         gpu = self._gpus.get(gpu_uuid)
         if gpu is None or gpu.mig_layout is None:
             raise SharingCommandError(f"{command.describe()}: GPU {gpu_uuid} is not in MIG mode")
-        instances = self._load().setdefault(gpu_uuid, {})
+        if args == ["-lgi"]:
+            return self._list(gpu, self._state.read().get(gpu_uuid, {}))
         try:
-            output = self._answer(gpu, instances, args)
-        except ValueError as err:
+            with self._state.changing() as state:
+                output = self._answer(gpu, state.setdefault(gpu_uuid, {}), args)
+        except ValueError as err:  # refused: nothing changed, nothing written
             raise SharingCommandError(f"{command.describe()} exited 1: {err}") from None
-        if args != ["-lgi"]:
-            self._save()
-            if self._command_s:
-                await asyncio.sleep(self._command_s)
+        if self._command_s:
+            await asyncio.sleep(self._command_s)
         return output
 
     def _answer(self, gpu: Gpu, instances: dict[int, _SimulatedInstance], args: list[str]) -> str:
-        if args == ["-lgi"]:
-            return self._list(gpu, instances)
         if args[0] == "-cgi":
             profile_id, start = (int(part) for part in args[1].split(":"))
             output, gi = self._create_gpu_instance(gpu, instances, profile_id, start)

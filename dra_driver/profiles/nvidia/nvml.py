@@ -2,7 +2,10 @@
 
 Every NVML call goes through this module. Health comes from an NVML event set listening for
 critical XID errors; where events are not supported (some vGPU and container setups) a poll
-re-reads each GPU and marks the ones NVML can no longer answer for.
+re-reads each GPU and marks the ones NVML can no longer answer for. NVML has no event for a MIG
+instance made or destroyed, so the same thread lists the MIG devices of the GPUs in MIG mode
+every ``PARTITION_POLL_S`` and reports a change like a health change (a new inventory): an
+administrator's instance is published, or withdrawn, within seconds.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import importlib
 import logging
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -20,7 +24,7 @@ from typing import Any
 from dra_driver.devices.model import Gpu, MigDevice
 from dra_driver.devices.profile import BackendUnavailable
 from dra_driver.devices.share import SharingCommandError
-from dra_driver.profiles.common import SYSFS_PCI_DEVICES, pcie_root_of
+from dra_driver.profiles.common import PARTITION_POLL_S, SYSFS_PCI_DEVICES, pcie_root_of
 from dra_driver.profiles.nvidia.attributes import nvidia_attributes
 from dra_driver.profiles.nvidia.migtables import mig_layout
 
@@ -85,8 +89,29 @@ def sysfs_bus_id(pci_bus_id: str) -> str:
     return pci_bus_id.lower()[-12:]
 
 
+class _PartitionPoll:
+    """Lists the MIG devices (``list_now``) at most every ``PARTITION_POLL_S``; says when they
+    differ from the last listing."""
+
+    def __init__(self, list_now: Callable[[], object]) -> None:
+        self._list_now = list_now
+        self._listed = list_now()
+        self._due = time.monotonic() + PARTITION_POLL_S
+
+    def changed(self) -> bool:
+        if time.monotonic() < self._due:
+            return False
+        self._due = time.monotonic() + PARTITION_POLL_S
+        listed = self._list_now()
+        if listed == self._listed:
+            return False
+        self._listed = listed
+        return True
+
+
 class NvmlDiscovery:
-    """Reads the node's GPUs from NVML; health from XID events or polling."""
+    """Reads the node's GPUs from NVML; health from XID events or polling, MIG instances made or
+    destroyed by polling."""
 
     def __init__(self) -> None:
         self._nvml = _import_pynvml()
@@ -227,6 +252,19 @@ class NvmlDiscovery:
                     return mig.uuid
         raise SharingCommandError(f"GPU {gpu_uuid} has no MIG device {gpu_instance}/{compute_instance}")
 
+    def _partitions(self, nvml: ModuleType) -> list[tuple[int, tuple[MigDevice, ...]]]:
+        """The MIG devices of each GPU in MIG mode, by index (a GPU that does not answer is left
+        out: its health is the health watch's business)."""
+        listed: list[tuple[int, tuple[MigDevice, ...]]] = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                if self._mig_enabled(nvml, handle):
+                    listed.append((index, self._mig_devices(nvml, handle)))
+            except nvml.NVMLError:
+                continue
+        return listed
+
     def _mark_unhealthy(self, gpu_uuid: str, reason: str) -> bool:
         with self._lock:
             if gpu_uuid in self._unhealthy:
@@ -255,18 +293,22 @@ class NvmlDiscovery:
             stop.set()
 
     def _watch_events(self, notify: Callable[[], None], stop: threading.Event) -> None:
-        """Blocking loop on its own thread: XID events when supported, else polling."""
+        """Blocking loop on its own thread: XID events when supported, else polling; the MIG
+        devices listed every ``PARTITION_POLL_S`` either way."""
         with self._session() as nvml:
+            partitions = _PartitionPoll(lambda: self._partitions(nvml))
             try:
                 event_set = self._register_xid_events(nvml)
             except nvml.NVMLError as exc:
                 log.warning("NVML events unavailable (%s); polling health every %ss", exc, POLL_INTERVAL_S)
                 event_set = None
             if event_set is None:
-                self._poll(nvml, notify, stop)
+                self._poll(nvml, notify, stop, partitions)
                 return
             try:
                 while not stop.is_set():
+                    if partitions.changed():
+                        notify()
                     try:
                         event = nvml.nvmlEventSetWait_v2(event_set, EVENT_WAIT_MS)
                     except nvml.NVMLError_Timeout:
@@ -289,12 +331,20 @@ class NvmlDiscovery:
             nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
         return event_set
 
-    def _poll(self, nvml: ModuleType, notify: Callable[[], None], stop: threading.Event) -> None:
+    def _poll(
+        self, nvml: ModuleType, notify: Callable[[], None], stop: threading.Event, partitions: _PartitionPoll
+    ) -> None:
         known = {
             index: _text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index)))
             for index in range(nvml.nvmlDeviceGetCount())
         }
-        while not stop.wait(POLL_INTERVAL_S):
+        health_due = time.monotonic() + POLL_INTERVAL_S
+        while not stop.wait(min(PARTITION_POLL_S, POLL_INTERVAL_S)):
+            if partitions.changed():
+                notify()
+            if time.monotonic() < health_due:
+                continue
+            health_due = time.monotonic() + POLL_INTERVAL_S
             for index, gpu_uuid in known.items():
                 try:
                     handle = nvml.nvmlDeviceGetHandleByIndex(index)

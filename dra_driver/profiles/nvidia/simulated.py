@@ -9,6 +9,7 @@ XID error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import replace
@@ -18,8 +19,9 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dra_driver.devices.model import Gpu, MigDevice, MigPlacement
-from dra_driver.profiles.common import MemorySize, load_settings_file
+from dra_driver.profiles.common import PARTITION_POLL_S, MemorySize, load_settings_file
 from dra_driver.profiles.nvidia.attributes import nvidia_attributes
+from dra_driver.profiles.nvidia.mig import SimulatedInstances, SimulatedMigState, simulated_mig_uuid
 from dra_driver.profiles.nvidia.migtables import mig_layout
 
 PROFILE_DIR = Path(__file__).resolve().parent / "nodes"
@@ -132,7 +134,8 @@ def build_inventory(spec: ProfileSpec, seed: str) -> list[Gpu]:
                     gi=position + 1,
                     ci=0,
                     profile=placement.profile,
-                    uuid=_stable_uuid("MIG", gpu_uuid, position),
+                    # as the simulated nvidia-smi names the instance's device (the same ids)
+                    uuid=simulated_mig_uuid(gpu_uuid, position + 1, 0),
                     memory_bytes=placement.memory_bytes,
                     placement_start=placement.start,
                 )
@@ -172,21 +175,45 @@ def load_profile(path: Path) -> ProfileSpec:
 
 
 class SimulatedDiscovery:
-    """GPUs from a profile, held in memory; health changes come from ``set_health``."""
+    """GPUs from a profile, held in memory; health changes come from ``set_health``.
 
-    def __init__(self, gpus: list[Gpu], mig_command_s: float = 0.0) -> None:
+    Given the simulated GPUs' MIG state file (``mig_state``: the driver's, which its simulated
+    ``nvidia-smi`` changes), the GPUs whose partitions are made on demand list the instances it
+    holds, as NVML lists every instance there is, and every ``watch_health`` iterator also yields
+    when they change (the file is read every ``PARTITION_POLL_S``): an instance an administrator
+    made or destroyed after the start is published. Without it they list the profile's
+    ``madeByAdmin`` instances."""
+
+    def __init__(self, gpus: list[Gpu], mig_command_s: float = 0.0, mig_state: Path | None = None) -> None:
         self._gpus = {gpu.minor: gpu for gpu in gpus}
         self.mig_command_s = mig_command_s
+        self._mig_state = SimulatedMigState(mig_state, gpus) if mig_state is not None else None
         self._version = 0
         self._changed = asyncio.Event()
 
     @classmethod
-    def from_file(cls, profile: Path, node_name: str = "") -> SimulatedDiscovery:
+    def from_file(
+        cls, profile: Path, node_name: str = "", mig_state: Path | None = None
+    ) -> SimulatedDiscovery:
         spec = load_profile(profile)
-        return cls(build_inventory(spec, seed=node_name or str(profile)), spec.mig_command_seconds)
+        return cls(build_inventory(spec, seed=node_name or str(profile)), spec.mig_command_seconds, mig_state)
 
     def inventory(self) -> list[Gpu]:
-        return [self._gpus[minor] for minor in sorted(self._gpus)]
+        return self._with_instances(self._instances())
+
+    def _instances(self) -> SimulatedInstances | None:
+        return self._mig_state.read() if self._mig_state is not None else None
+
+    def _with_instances(self, instances: SimulatedInstances | None) -> list[Gpu]:
+        gpus = [self._gpus[minor] for minor in sorted(self._gpus)]
+        if instances is None or self._mig_state is None:
+            return gpus
+        return [
+            replace(gpu, mig_devices=self._mig_state.mig_devices(instances, gpu))
+            if gpu.mig_layout is not None
+            else gpu
+            for gpu in gpus
+        ]
 
     def set_health(self, minor: int, healthy: bool, message: str = "") -> None:
         """Mark one GPU healthy or not and wake every ``watch_health`` iterator."""
@@ -201,12 +228,19 @@ class SimulatedDiscovery:
     def watch_health(self) -> AsyncGenerator[list[Gpu], None]:
         # The starting point is taken now, not at the first iteration, so a change between this
         # call and the consumer's first ``anext`` is still delivered.
-        return self._changes_after(self._version)
+        return self._changes_after(self._version, self._instances())
 
-    async def _changes_after(self, seen: int) -> AsyncGenerator[list[Gpu], None]:
+    async def _changes_after(
+        self, seen: int, listed: SimulatedInstances | None
+    ) -> AsyncGenerator[list[Gpu], None]:
+        poll_s = PARTITION_POLL_S if self._mig_state is not None else None
         while True:
             # A change made while the consumer was busy is caught by the version, not the event.
             if self._version == seen:
-                await self._changed.wait()
-            seen = self._version
-            yield self.inventory()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), poll_s)
+            instances = self._instances()
+            if self._version == seen and instances == listed:
+                continue
+            seen, listed = self._version, instances
+            yield self._with_instances(instances)

@@ -189,6 +189,7 @@ class FakeNvml(types.ModuleType):
         self.lost: set[int] = set()
         self.xids: list[tuple[int, int]] = []  # (gpu index, xid) events still to deliver
         self.freed = False
+        self.second_mig = False  # GPU 1 shows a second MIG device (GPU instance 3) in slot 1
 
     def nvmlEventSetCreate(self) -> str:
         return "events"
@@ -260,11 +261,13 @@ class FakeNvml(types.ModuleType):
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: tuple[str, int], slot: int) -> tuple[str, int]:
         if slot == 1:
-            raise self.NVMLError("Not Found")
+            if not self.second_mig:
+                raise self.NVMLError("Not Found")
+            return ("mig", 8)
         return ("mig", 7)
 
     def nvmlDeviceGetGpuInstanceId(self, handle: tuple[str, int]) -> int:
-        return 2
+        return 3 if handle == ("mig", 8) else 2
 
     def nvmlDeviceGetComputeInstanceId(self, handle: tuple[str, int]) -> int:
         return 0

@@ -6,8 +6,8 @@ The slices tell the driver's own MIG instances from an administrator's by the cl
 checkpoint records. A checkpoint moved aside (what the driver asks when both slots are damaged)
 records none until recovery adopts the claims from their CDI specs; published before that, the
 instance a running pod holds is an "admin's instance", free to allocate to a second pod. The
-apiserver is a local aiohttp stand-in holding slice writes on request; the GPUs list every
-instance there is, as NVML does (the simulated discovery lists only an administrator's).
+apiserver is a local aiohttp stand-in holding slice writes on request; the simulated GPUs list
+every instance there is, as NVML does.
 """
 
 from __future__ import annotations
@@ -16,21 +16,16 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 from aiohttp import web
 
 from dra_driver import __main__ as driver_main
 from dra_driver.config import DriverConfig
-from dra_driver.devices.model import Gpu, MigDevice
-from dra_driver.devices.profile import DeviceProfile
-from dra_driver.profiles.nvidia.profile import SIMULATED_MIG_STATE, NvidiaProfile
-from dra_driver.profiles.nvidia.simulated import SimulatedDiscovery
 from tessera.dev.localcluster import wait_until
 from tests.unit.dra_driver.fakes import DRIVER, NODE
 from tests.unit.dra_driver.test_mig import (
@@ -40,36 +35,9 @@ from tests.unit.dra_driver.test_mig import (
     instances,
     mig_claims,
     mig_preparer,
-    two_h100s,
 )
 
-GIB = 1 << 30
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-
-
-class ListingDiscovery:
-    """The simulated GPUs with every MIG instance on them listed, as NVML lists them: the ones
-    the driver made too (read from the simulated GPUs' state file at each inventory)."""
-
-    def __init__(self, gpus: list[Gpu], state_file: Path) -> None:
-        self._simulated = SimulatedDiscovery(gpus)
-        self._state_file = state_file
-
-    def inventory(self) -> list[Gpu]:
-        made = json.loads(self._state_file.read_text()) if self._state_file.exists() else {}
-        return [
-            replace(
-                gpu,
-                mig_devices=tuple(
-                    MigDevice(int(gi), 0, i["profile"], f"MIG-{gpu.minor}-{gi}", 10 * GIB, i["start"])
-                    for gi, i in sorted(made.get(gpu.uuid, {}).items())
-                ),
-            )
-            for gpu in self._simulated.inventory()
-        ]
-
-    def watch_health(self) -> AsyncGenerator[list[Gpu], None]:
-        return self._simulated.watch_health()
 
 
 @dataclass
@@ -166,7 +134,7 @@ async def healthz(port: int) -> int:
 
 
 async def test_the_first_publish_waits_for_recovery_and_ready_waits_for_the_publish(
-    root: Path, monkeypatch: pytest.MonkeyPatch
+    root: Path,
 ) -> None:
     # The 1g claim's instance (GPU instance 1 at memory slice 0) is made and recorded; then the
     # checkpoint's slots are moved aside, as the driver asks when both are damaged.
@@ -175,17 +143,14 @@ async def test_the_first_publish_waits_for_recovery_and_ready_waits_for_the_publ
     for slot in (root / "state").glob("checkpoint.*.json"):
         slot.rename(slot.with_name(slot.name + ".aside"))
 
-    def listing_profile(name: str, settings: Path | None, node_name: str) -> DeviceProfile:
-        return NvidiaProfile(
-            "simulated", ListingDiscovery(two_h100s(), root / "state" / SIMULATED_MIG_STATE), simulated=True
-        )
-
-    monkeypatch.setattr(driver_main, "build_profile", listing_profile)
     port = free_port()
     config = DriverConfig(
         node_name=NODE,
         driver_name=DRIVER,
         backend="simulated",
+        # the GPUs of two_h100s(); discovery lists every instance the simulated GPUs' state file
+        # in the checkpoint directory holds, as NVML lists every instance there is
+        profile=Path("h100x2-mig"),
         kubeconfig=root / "kubeconfig",
         plugin_dir=root / "plugins",
         registry_dir=root / "registry",

@@ -8,7 +8,7 @@ state file that outlives a "crash" (the hardware), so an instance a crash left b
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -219,6 +219,7 @@ def mig_preparer(
     checkpoint: Checkpoint | None = None,
     gpus: list[Gpu] | None = None,
     partitioner: NvidiaMig | None = None,
+    instances_changed: Callable[[str], None] | None = None,
 ) -> Preparer:
     profile = NvidiaProfile("simulated", SimulatedDiscovery(gpus or two_h100s()), simulated=True)
     devices = node_devices(profile.discovery.inventory(), profile)
@@ -232,6 +233,7 @@ def mig_preparer(
         sharing=SharingManager(runner, profile.sharing(tmp_path / "mps")),
         cdi_dir=tmp_path / "cdi",
         partitioner=partitioner or profile.partitioner(runner.run, tmp_path / "state"),
+        instances_changed=instances_changed,
     )
 
 
