@@ -210,12 +210,14 @@ def table(rows: Sequence[WeekRow], settings: Sequence[str]) -> str:
     ]
     gaps = {name: [abs(r.nightly_pct[name] - 50.0) for r in rows] for name in settings}
     blank = [""] * 4
-    body.append(["worst |% - 50|", *blank, *(f"{max(gaps[name]):.1f}" for name in settings)])
+    most = [str(max(r.evictions or 0 for r in rows))] * evictions
+    body.append(["worst |% - 50|", *blank, *(f"{max(gaps[name]):.1f}" for name in settings), *most])
     body.append(
         [
             f"within {TARGET_POINTS:g} points",
             *blank,
             *(f"{sum(g <= TARGET_POINTS for g in gaps[name])}/{len(rows)}" for name in settings),
+            *([""] * evictions),
         ]
     )
     return "nightly team's % of the week's GPU-hours (equal weights: 50)\n" + format_table(headers, body)
@@ -224,10 +226,17 @@ def table(rows: Sequence[WeekRow], settings: Sequence[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.history_weeks", description=__doc__)
     parser.add_argument("--seeds", default="0-19", help="FIRST-LAST or a comma list (default 0-19)")
-    parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_HELP} (seed 0, off and the k rule)")
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"{SMOKE_HELP} (seed 0, off and the k rule without min runtime)"
+    )
     args = parser.parse_args(argv)
-    seeds, settings = ([0], ["off", "k rule"]) if args.smoke else (_seeds(args.seeds), list(SETTINGS))
-    print(table([run_week(seed, settings) for seed in seeds], settings))
+    smoke = ["off", COUNTS_EVICTIONS]
+    seeds, settings = ([0], smoke) if args.smoke else (_seeds(args.seeds), list(SETTINGS))
+    rows = []
+    for seed in seeds:  # a week takes a minute or two with every setting: say where it is
+        rows.append(run_week(seed, settings))
+        print(f"seed {seed}: {dict(rows[-1].nightly_pct)}", file=sys.stderr, flush=True)
+    print(table(rows, settings))
     return 0
 
 
