@@ -33,9 +33,9 @@ race KAI Scheduler too when ``hack/build-kai.sh`` built it (``bench.kai``; ``--n
 out); without that build they say so and run without it.
 
 ``--smoke`` runs every benchmark module at tiny sizes, one round each (the in-process ones not in
-the list above, ``bench.codec``, ``bench.queuecycle``, ``bench.topology``, ``bench.topologywaits``
-and ``bench.history``, too): what ``make test`` runs to catch a benchmark that no longer works, not
-a measurement.
+the list above, ``bench.codec``, ``bench.queuecycle``, ``bench.topology``, ``bench.topologywaits``,
+``bench.history`` and ``bench.history_weeks``, too): what ``make test`` runs to catch a benchmark
+that no longer works, not a measurement.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from . import (
     e2e,
     fairshare,
     history,
+    history_weeks,
     packing,
     planning,
     prepare,
@@ -87,6 +88,7 @@ BENCHMARKS = (
     "topology",
     "topologywaits",
     "history",
+    "history_weeks",
     "scale",
 )
 ON_A_CLUSTER = ("e2e", "reaction", "reclaim", "packing", "scale")
@@ -264,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("topology", topology.main),
         ("topologywaits", topologywaits.main),
         ("history", history.main),
+        ("history_weeks", history_weeks.main),
     ):
         if args.only == name or (args.only is None and args.smoke):
             failed |= module_main(smoke) != 0

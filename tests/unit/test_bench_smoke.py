@@ -68,6 +68,13 @@ CASES = [
     ("topologywaits", rf"\n0\s+6(\s+\S+){{2}}\s+{RATIO}(\s+\d+\.\d+){{2}}\nworst\s+seed 0\s+{RATIO}"),
     # 1000 queues, fair share over time off, then on (with the cost of an update).
     ("history", rf"50\s+1000\s+off\s+10\s+\S+\s+-\s+1\.00x\n50\s+1000\s+on\s+10\s+\S+\s+\S+\s+{RATIO}"),
+    # Seed 0's drawn week, history off and under the k rule without a min runtime: the nightly
+    # team's %, the evictions; then the worst seed's distance from 50, the seeds within 2.5 points.
+    (
+        "history_weeks",
+        r"\n0\s+\S+\s+\d+x\d+\s+\d+\s+\d+\s+\d+\.\d\s+\d+\.\d\s+\d+\n"
+        r"worst \|% - 50\|\s+\d+\.\d\s+\d+\.\d\s+\d+\nwithin 2\.5 points\s+\d/1\s+\d/1",
+    ),
 ]
 
 
