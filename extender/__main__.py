@@ -125,6 +125,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"then capacity that frees goes to it first (default {Rules.whole_owed_wait_s:g})",
     )
     parser.add_argument(
+        "--max-victim-evictions",
+        type=int,
+        default=Rules.max_victim_evictions,
+        help="a pod (its replica: a replacement inherits the count) evicted this many times is no "
+        "victim again (default 0: no budget)",
+    )
+    parser.add_argument(
         "--eviction-concurrency",
         type=int,
         default=16,
@@ -360,6 +367,7 @@ async def run(args: argparse.Namespace) -> None:
                 recent_victim_s=args.recent_victim_s,
                 partly_owed_wait_s=args.partly_owed_wait_s,
                 whole_owed_wait_s=args.whole_owed_wait_s,
+                max_victim_evictions=args.max_victim_evictions,
                 evictions=evictions,
             )
             if args.reclaim_interval > 0

@@ -194,6 +194,17 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    11.6% to 9.4% with that time unchanged, but 25 s only to 11.3%. Most work is lost serving 2-
    and 4-GPU pods, which a single GPU freeing by itself does not fit, so the default stays 0.
 
+14. A victim budget (`spent_victims`; off by default). With `max_victim_evictions` K above 0, a
+   pod evicted K times already is no victim again: no pod loses its work more than K times
+   however often plans look at its node. An evicted pod comes back as another pod (its
+   controller's replacement), so the count belongs to the replica, not the pod object: the
+   replacement of an evicted pod inherits its count (the simulator's pod keeps its identity;
+   live, the reclaim loop's `ReplicaCounts`). Example: K = 3; a0 evicted 3 times, a1 twice, both
+   on the only node with a borrower's GPUs: a1 goes, a0 stays (before: a0, the newest, went a
+   fourth time). Measured (docs/queues.md, "No churn"): at K = 3 no pod is evicted more than 3
+   times, the work lost hardly moves and the worst queue's time below its share grows on most
+   runs - the spared pod's work is paid for by another victim or by the owed queue's wait.
+
 Pods with a `terminating` flag are evicted in the fork first: their GPUs are already coming free,
 so nothing is evicted for a pod that will fit once they are gone. Pods GPUs are held for (the
 snapshot's `holds`) are then placed on exactly those GPUs: they count as their queues' and take
@@ -287,6 +298,9 @@ class Rules:
     # `history_moves`): their shares drift by themselves, so rule 9's wait never opens for them
     # and only a whole pod's deficit reclaims.
     history_moves: frozenset[str] = frozenset()
+    # A pod (its replica: a replacement inherits the count) evicted this many times is no victim
+    # again (rule 14); 0: no budget.
+    max_victim_evictions: int = 0
 
     def partly_owed_wait_for(self, queue: str) -> float:
         """Rule 9's wait as it applies to a pod of `queue`: never while history moves its share."""
@@ -435,6 +449,18 @@ def protected_restarts(
         if evicted is not None and pod.started >= evicted and now - pod.started < rules.recent_victim_s:
             protected.append(pod.key)
     return protected
+
+
+def spent_victims(
+    running: Iterable[RunningPod], evictions_of: Callable[[RunningPod], int], rules: Rules
+) -> list[str]:
+    """Rule 14: the running pods whose replica has been evicted `rules.max_victim_evictions`
+    times already (`evictions_of`: the evictions of the pod or of the pods it replaces) - no
+    victims again (the caller spares them: `ClusterSnapshot.spare`). None with the budget off (0)."""
+    limit = rules.max_victim_evictions
+    if limit <= 0:
+        return []
+    return [pod.key for pod in running if evictions_of(pod) >= limit]
 
 
 def owed_a_whole_pod(fairness: FairnessSnapshot, queue: str, request: Resources) -> bool:

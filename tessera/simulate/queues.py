@@ -103,7 +103,7 @@ from extender.policy.history import (
     HistorySettings,
 )
 from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, WorkloadMix, choose_gpus, fits
-from extender.policy.reclaim import PendingPod, Plan, Rules, plan, protected_restarts
+from extender.policy.reclaim import PendingPod, Plan, Rules, plan, protected_restarts, spent_victims
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, take
 from extender.policy.topology import Level, Topology, TopologyAsk, ask_refusal, plan_in_domain
 from extender.policy.workloads import Workload
@@ -597,6 +597,7 @@ class _Replay:
         whole_owed_wait_s: float | None = None,
         mix: WorkloadMix | None = None,
         tie_break: TieBreak = "random",
+        max_victim_evictions: int = Rules.max_victim_evictions,
     ):
         self.pods = _pods(workload)
         self.nodes = list(workload.nodes)
@@ -619,6 +620,7 @@ class _Replay:
             preempt_min_runtime_s={q.name: q.preempt_min_runtime_s for q in self.specs},
             partly_owed_wait_s=Rules.partly_owed_wait_s if partly_owed_wait_s is None else partly_owed_wait_s,
             whole_owed_wait_s=Rules.whole_owed_wait_s if whole_owed_wait_s is None else whole_owed_wait_s,
+            max_victim_evictions=max_victim_evictions,
         )
         self.ledger = QueueLedger()
         # Gang workload -> its minimum (docs/workloads.md), and the workload as admission reads it.
@@ -654,6 +656,9 @@ class _Replay:
         # pod -> the queues whose pods were evicted to serve it (its run on those GPUs)
         self.served_from: dict[int, set[str]] = {}
         self.evicted_at: dict[int, float] = {}  # pod -> when it was last evicted (rule 8's window)
+        # pod -> how often it was evicted (rule 14's budget): a recreated pod keeps its index, so
+        # its replacement inherits the count, as the live loop's `ReplicaCounts` keeps it.
+        self.evictions_of: Counter[int] = Counter()
         self.level = _Level({}, {}, set(), 0.0)
         self.last_time = 0.0
         self.integrals: dict[str, dict[str, float]] = {
@@ -1124,6 +1129,9 @@ class _Replay:
                 snapshot.running.values(), lambda pod: self.evicted_at.get(int(pod.key)), now, self.rules
             )
         )
+        snapshot.spare(
+            spent_victims(snapshot.running.values(), lambda pod: self.evictions_of[int(pod.key)], self.rules)
+        )
         return snapshot
 
     def _pending(self, fairness: FairnessSnapshot) -> list[PendingPod]:
@@ -1263,6 +1271,7 @@ class _Replay:
             victim.state = "terminating"
             victim.runs += 1  # its finish event is void
             self.evicted_at[victim.index] = now
+            self.evictions_of[victim.index] += 1
             if self.delay:
                 self._push(now + self.delay, _Event.TERMINATED, victim)
             else:
@@ -1458,6 +1467,7 @@ def run_queue_workload(
     history: bool | None = None,
     mix: WorkloadMix | None = None,
     tie_break: TieBreak = "random",
+    max_victim_evictions: int = Rules.max_victim_evictions,
 ) -> QueueRunResult:
     """Replay `workload`; the interval and delay default to the workload's own, the wait of a pod
     of a queue owed less than itself before it reclaims (rule 9) to the extender's. Without
@@ -1466,13 +1476,16 @@ def run_queue_workload(
     enabled by default) or off (no queue's settings either: today's shares); None: as the
     workload says. `mix`: the pods placement scores against (default: the workload's own);
     `tie_break`: how placement picks among equally ranked nodes (``packing.Placer``: by default at
-    random per seed; "first": the first in the workload's node order, as the timeline replay)."""
+    random per seed; "first": the first in the workload's node order, as the timeline replay).
+    `max_victim_evictions`: rule 14's budget (a pod evicted this often is no victim again; 0: off)."""
     interval = workload.reclaim_interval_s if reclaim_interval_s is None else reclaim_interval_s
     delay = workload.termination_delay_s if termination_delay_s is None else termination_delay_s
     if interval < 0 or delay < 0:
         raise ValueError("the reclaim interval and the termination delay cannot be negative")
     if min(partly_owed_wait_s or 0.0, whole_owed_wait_s or 0.0) < 0:
         raise ValueError("the waits before a queue reclaims cannot be negative")
+    if max_victim_evictions < 0:
+        raise ValueError("the evictions a pod may take cannot be negative")
     if not topology_asks:
         jobs = tuple(
             job.model_copy(update={"topology_required": "", "topology_preferred": ""})
@@ -1488,5 +1501,14 @@ def run_queue_workload(
         )
     seed = workload.seed if seed is None else seed
     return _Replay(
-        workload, policy_name, seed, interval, delay, partly_owed_wait_s, whole_owed_wait_s, mix, tie_break
+        workload,
+        policy_name,
+        seed,
+        interval,
+        delay,
+        partly_owed_wait_s,
+        whole_owed_wait_s,
+        mix,
+        tie_break,
+        max_victim_evictions,
     ).run()

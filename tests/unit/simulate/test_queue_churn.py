@@ -144,3 +144,36 @@ def test_a_queue_owed_a_whole_pod_waits_for_freed_capacity(
     b = next(q for q in result.queues if q.name == "b")
     assert b.longest_below_fair_share_s == b_starts_at - 10  # owed its pod from t=10 until served
     assert result.idle_gpu_s_while_fitting_pod_waits == 0.0
+
+
+@pytest.mark.parametrize(
+    ("limit", "victims"),
+    [
+        # No budget (the default): a-long/1, the newest of a's pods each time (it restarts when
+        # b's pod ends), is evicted by each of b's 6 pods.
+        (0, ["a-long/1"] * 6),
+        # Rule 14 at 3: a-long/1 goes 3 times, then a-long/0 3 times; b's last pods wait.
+        (3, ["a-long/1"] * 3 + ["a-long/0"] * 3),
+        # At 2: each twice, then nothing: b's 5th and 6th pods wait for a GPU to free.
+        (2, ["a-long/1"] * 2 + ["a-long/0"] * 2),
+    ],
+)
+def test_a_pod_evicted_its_budget_is_spared(limit: int, victims: list[str]) -> None:
+    # 1 node x 2 GPUs; a and b quota 1 each. a's 2 long pods borrow both GPUs; b's pods of 100 s
+    # come every 200 s from t=100: b at 0 of 1 is owed a whole pod, a at 2 of 1 gives its newest
+    # (a-long/1 first; after each of b's pods ends it restarts, the newest again, 100 s before the
+    # next b pod: past rule 8's 60 s).
+    workload = parse_workload(
+        {
+            "name": "budget",
+            "nodes": [{"name": "n", "gpus": 2}],
+            "queues": [queue("a", 1), queue("b", 1)],
+            "jobs": [
+                job("a-long", "a", 2, interval=1, duration=5000),
+                job("b", "b", 6, arrival=100, interval=200, duration=100),
+            ],
+        }
+    )
+    result = run_queue_workload(workload, max_victim_evictions=limit)
+    assert [e.victim for e in result.evictions] == victims  # job/index: a-long's are pods 0 and 1
+    assert result.most_evictions_of_one_pod == (6 if limit == 0 else limit)
