@@ -188,6 +188,10 @@ class ReclaimOptions:
     whole_owed_wait_s: float = Rules.whole_owed_wait_s
     # A pod (its replica) evicted this many times is no victim again (rule 14); 0: no budget.
     max_victim_evictions: int = Rules.max_victim_evictions
+    # Reclaim victims started at most this long before the served pod began to wait, the lead
+    # growing by `victim_lead_per_wait` per second waited (rule 15); inf: any.
+    victim_lead_s: float = Rules.victim_lead_s
+    victim_lead_per_wait: float = Rules.victim_lead_per_wait
     evictions: EvictionLimits = field(default_factory=EvictionLimits)  # calls in flight, timeout
 
 
@@ -253,6 +257,8 @@ class ReclaimLoop:
             whole_owed_wait_s=self.options.whole_owed_wait_s,
             history_moves=self.history_moves(),
             max_victim_evictions=self.options.max_victim_evictions,
+            victim_lead_s=self.options.victim_lead_s,
+            victim_lead_per_wait=self.options.victim_lead_per_wait,
         )
 
     async def run_once(self) -> list[Plan]:

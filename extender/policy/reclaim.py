@@ -301,6 +301,12 @@ class Rules:
     # A pod (its replica: a replacement inherits the count) evicted this many times is no victim
     # again (rule 14); 0: no budget.
     max_victim_evictions: int = 0
+    # A reclaim victim started at most this long before the pod it is evicted for began to wait
+    # (rule 15): the work it loses is at most this plus that wait. inf: any victim.
+    victim_lead_s: float = math.inf
+    # ... and the lead grows by this much per second the pod has waited (rule 15): a victim that
+    # had run r when the pod began to wait is taken once it has waited (r - lead) / this.
+    victim_lead_per_wait: float = 0.0
 
     def partly_owed_wait_for(self, queue: str) -> float:
         """Rule 9's wait as it applies to a pod of `queue`: never while history moves its share."""
@@ -519,8 +525,19 @@ def _eligible(pod: RunningPod, goal: Goal, waiting: PendingPod, now: float, rule
     else:
         if pod.queue == waiting.queue:
             return False
+        if goal == "reclaim" and not lead_within(pod, waiting, now, rules):
+            return False
         min_runtime = rules.reclaim_min_runtime_s.get(pod.queue, 0.0)
     return now - pod.started >= min_runtime
+
+
+def lead_within(victim: RunningPod, waiting: PendingPod, now: float, rules: Rules) -> bool:
+    """Rule 15: whether `victim` started at most `rules.victim_lead_s` (grown by
+    `rules.victim_lead_per_wait` per second waited) before `waiting` began to wait - its runtime
+    is then at most that lead plus the wait."""
+    since = waiting.created if waiting.waiting_since is None else waiting.waiting_since
+    lead = rules.victim_lead_s + rules.victim_lead_per_wait * max(0.0, now - since)
+    return victim.started >= since - lead
 
 
 def _node_plan(

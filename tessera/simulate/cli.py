@@ -10,7 +10,8 @@
                               [--queues N]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
                             [--partly-owed-wait-s S] [--whole-owed-wait-s S] [--max-victim-evictions K]
-                            [--no-topology-asks] [--history on|off]
+                            [--victim-lead-s S] [--victim-lead-per-wait X] [--no-topology-asks]
+                            [--history on|off]
 
 All print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
 """
@@ -494,12 +495,14 @@ def _run_queues(args: argparse.Namespace) -> int:
                 args.partly_owed_wait_s or 0.0,
                 args.whole_owed_wait_s or 0.0,
                 args.max_victim_evictions,
+                args.victim_lead_s,
+                args.victim_lead_per_wait,
             )
             < 0
         ):
             raise ValueError(
-                "--reclaim-interval, --termination-delay, --partly-owed-wait-s, --whole-owed-wait-s and "
-                "--max-victim-evictions cannot be negative"
+                "--reclaim-interval, --termination-delay, --partly-owed-wait-s, --whole-owed-wait-s, "
+                "--max-victim-evictions, --victim-lead-s and --victim-lead-per-wait cannot be negative"
             )
     except (WorkloadError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -513,6 +516,8 @@ def _run_queues(args: argparse.Namespace) -> int:
         partly_owed_wait_s=args.partly_owed_wait_s,
         whole_owed_wait_s=args.whole_owed_wait_s,
         max_victim_evictions=args.max_victim_evictions,
+        victim_lead_s=args.victim_lead_s,
+        victim_lead_per_wait=args.victim_lead_per_wait,
         topology_asks=not args.no_topology_asks,
         history=None if args.history is None else args.history == "on",
     )
@@ -677,6 +682,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=Rules.max_victim_evictions,
         help="a pod evicted this many times is no victim again (rule 14; default 0: no budget)",
+    )
+    queues.add_argument(
+        "--victim-lead-s",
+        type=float,
+        default=Rules.victim_lead_s,
+        help="reclaim evicts only pods that started at most this long before the pod served began to "
+        "wait (rule 15; default inf: any pod)",
+    )
+    queues.add_argument(
+        "--victim-lead-per-wait",
+        type=float,
+        default=Rules.victim_lead_per_wait,
+        help="seconds the victim lead grows per second the pod served has waited (default 0)",
     )
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")

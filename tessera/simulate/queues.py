@@ -598,6 +598,8 @@ class _Replay:
         mix: WorkloadMix | None = None,
         tie_break: TieBreak = "random",
         max_victim_evictions: int = Rules.max_victim_evictions,
+        victim_lead_s: float = Rules.victim_lead_s,
+        victim_lead_per_wait: float = Rules.victim_lead_per_wait,
     ):
         self.pods = _pods(workload)
         self.nodes = list(workload.nodes)
@@ -621,6 +623,8 @@ class _Replay:
             partly_owed_wait_s=Rules.partly_owed_wait_s if partly_owed_wait_s is None else partly_owed_wait_s,
             whole_owed_wait_s=Rules.whole_owed_wait_s if whole_owed_wait_s is None else whole_owed_wait_s,
             max_victim_evictions=max_victim_evictions,
+            victim_lead_s=victim_lead_s,
+            victim_lead_per_wait=victim_lead_per_wait,
         )
         self.ledger = QueueLedger()
         # Gang workload -> its minimum (docs/workloads.md), and the workload as admission reads it.
@@ -1228,6 +1232,16 @@ class _Replay:
             for wait in (self.rules.partly_owed_wait_for(pod.queue), self.rules.whole_owed_wait_s)
             if pod.waiting_since + wait > since
         ]
+        growth = self.rules.victim_lead_per_wait
+        if growth > 0 and self.rules.victim_lead_s < math.inf:
+            # Rule 15's lead grows with the wait: when each victim comes within it of each waiting pod.
+            for waiting in self.waiting.values():
+                began = waiting.waiting_since
+                for pod in self.running.values():
+                    if pod.state == "running" and pod.preemptible and pod.queue != waiting.queue:
+                        end = began + (began - self.rules.victim_lead_s - pod.started) / growth
+                        if end > since:
+                            ends.append(end)
         for pod in self.running.values():
             if pod.state == "running" and pod.preemptible:
                 runtimes = [
@@ -1468,6 +1482,8 @@ def run_queue_workload(
     mix: WorkloadMix | None = None,
     tie_break: TieBreak = "random",
     max_victim_evictions: int = Rules.max_victim_evictions,
+    victim_lead_s: float = Rules.victim_lead_s,
+    victim_lead_per_wait: float = Rules.victim_lead_per_wait,
 ) -> QueueRunResult:
     """Replay `workload`; the interval and delay default to the workload's own, the wait of a pod
     of a queue owed less than itself before it reclaims (rule 9) to the extender's. Without
@@ -1477,15 +1493,17 @@ def run_queue_workload(
     workload says. `mix`: the pods placement scores against (default: the workload's own);
     `tie_break`: how placement picks among equally ranked nodes (``packing.Placer``: by default at
     random per seed; "first": the first in the workload's node order, as the timeline replay).
-    `max_victim_evictions`: rule 14's budget (a pod evicted this often is no victim again; 0: off)."""
+    `max_victim_evictions`: rule 14's budget (a pod evicted this often is no victim again; 0: off);
+    `victim_lead_s`, `victim_lead_per_wait`: rule 15 (victims started at most this long before the
+    served pod's wait, growing per second waited; inf: any)."""
     interval = workload.reclaim_interval_s if reclaim_interval_s is None else reclaim_interval_s
     delay = workload.termination_delay_s if termination_delay_s is None else termination_delay_s
     if interval < 0 or delay < 0:
         raise ValueError("the reclaim interval and the termination delay cannot be negative")
     if min(partly_owed_wait_s or 0.0, whole_owed_wait_s or 0.0) < 0:
         raise ValueError("the waits before a queue reclaims cannot be negative")
-    if max_victim_evictions < 0:
-        raise ValueError("the evictions a pod may take cannot be negative")
+    if min(max_victim_evictions, victim_lead_s, victim_lead_per_wait) < 0:
+        raise ValueError("the victim budget and the victim lead cannot be negative")
     if not topology_asks:
         jobs = tuple(
             job.model_copy(update={"topology_required": "", "topology_preferred": ""})
@@ -1511,4 +1529,6 @@ def run_queue_workload(
         mix,
         tie_break,
         max_victim_evictions,
+        victim_lead_s,
+        victim_lead_per_wait,
     ).run()

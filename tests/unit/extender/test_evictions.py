@@ -481,3 +481,15 @@ async def test_a_replacement_of_a_pod_evicted_its_budget_is_spared(
     loop._spare_spent(snapshot, time.time(), loop.rules())
     assert {key for key, pod in snapshot.running.items() if not pod.preemptible} == {"ns/a-2"}
     assert loop.spent_victims.replica_of == {"ns/a-2": "ns/a-1"}
+
+
+async def test_the_victim_lead_reaches_the_planners_rules(
+    apiserver: tuple[FakeEvictionApi, ApiClient],
+) -> None:
+    _, api = apiserver
+    state = ClusterPicture()
+    args = parse_args(["--victim-lead-s=60", "--victim-lead-per-wait=0.5"])
+    options = ReclaimOptions(victim_lead_s=args.victim_lead_s, victim_lead_per_wait=args.victim_lead_per_wait)
+    rules = ReclaimLoop(api, state, ExtenderMetrics(state), options).rules()
+    assert (rules.victim_lead_s, rules.victim_lead_per_wait) == (60.0, 0.5)
+    assert math.isinf(parse_args([]).victim_lead_s)  # the default: any victim (rule 15 off)

@@ -4,13 +4,14 @@ follow an evicted pod to its replacement (`ReplicaEvictions`)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import pytest
 
 from extender.controllers.reclaim import REMEMBER_EVICTIONS_S, ReplicaEvictions
 from extender.policy.reclaim import Rules, plan, spent_victims
-from tests.unit.extender.test_reclaim import FAIRER, NOW, build
+from tests.unit.extender.test_reclaim import FAIRER, NOW, Wait, build
 
 
 @dataclass(frozen=True)
@@ -118,3 +119,43 @@ def test_a_replacement_not_seen_within_the_memory_inherits_nothing() -> None:
     replicas.follow({}, EVICTED_AT + REMEMBER_EVICTIONS_S)  # forgotten
     replicas.follow({"ns/j-1": pod("j-1", AFTER, "j")}, EVICTED_AT + REMEMBER_EVICTIONS_S + 1)
     assert replicas.counts == {}
+
+
+@dataclass(frozen=True)
+class Lead:
+    name: str
+    lead_s: float  # rules.victim_lead_s
+    waited_s: float  # how long c0 has waited
+    evicted: set[str]
+    per_wait: float = 0.0  # rules.victim_lead_per_wait
+
+
+# Rule 15, on FAIRER[0] again: a1 started 99 s before NOW, a0 100 s, b1 199 s, b0 200 s; c0 began
+# to wait `waited_s` before NOW. A victim must have started at most `lead_s` before that.
+LEADS = [
+    # No lead set (inf, the default): a1 goes, as in FAIRER[0].
+    Lead("no lead: the newest goes", math.inf, 0, {"a1"}),
+    # 60 s, c0 waiting since NOW: a1 started 99 s before it began to wait (99 > 60), the others
+    # earlier still: nothing goes, c0 waits for a GPU to free.
+    Lead("every candidate started too long before the wait", 60, 0, set()),
+    # 60 s, c0 waiting since NOW - 40: a1 started 59 s before that (59 <= 60): a1 goes; it loses
+    # its 99 s, at most the lead plus the wait (60 + 40).
+    Lead("a victim started within the lead of the wait", 60, 40, {"a1"}),
+    # 0 s: only pods that started while c0 waited. Waiting 50 s: every one started before that.
+    Lead("no lead, waited 50 s: nothing started during the wait", 0, 50, set()),
+    # Waiting 150 s: a1 (99 s ago) and a0 (100 s ago) started during the wait; the newest goes.
+    Lead("no lead, waited 150 s: a pod started during the wait goes", 0, 150, {"a1"}),
+    # Growing by 1 s per second waited: 40 s waited, lead 40, a1 started 59 s before the wait:
+    # nothing yet. 50 s waited, lead 50: a1 (49 s before) and a0 (50 s) are within it; a1 goes,
+    # having run 99 s, at most the lead plus the wait (50 + 50).
+    Lead("a growing lead, waited 40 s: nothing yet", 0, 40, set(), per_wait=1),
+    Lead("a growing lead, waited 50 s: within it", 0, 50, {"a1"}, per_wait=1),
+]
+
+
+@pytest.mark.parametrize("case", LEADS, ids=lambda c: c.name)
+def test_a_victim_started_long_before_the_wait_is_not_taken(case: Lead) -> None:
+    scenario = replace(FAIRER[0], pending=[*FAIRER[0].pending[:-1], Wait("c0", "c", age_s=case.waited_s)])
+    snapshot, pending = build(scenario)
+    plans = plan(snapshot, pending, NOW, Rules(victim_lead_s=case.lead_s, victim_lead_per_wait=case.per_wait))
+    assert {e.pod.key for p in plans for e in p.evictions} == case.evicted
