@@ -205,6 +205,20 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    times, the work lost hardly moves and the worst queue's time below its share grows on most
    runs - the spared pod's work is paid for by another victim or by the owed queue's wait.
 
+15. A victim lead (`lead_within`; off by default). With `victim_lead_s` L finite, reclaim takes
+   only victims that started at most L before the pod it serves began to wait (its
+   `waiting_since`), the lead growing by `victim_lead_per_wait` g per second waited: a victim
+   then loses at most L + (1 + g) times the wait. Pods that started while the pod waited -
+   capacity that freed where the owed pod did not fit and a borrower took - are always victims;
+   an old pod is taken, with g > 0, only once the pod has waited (r - L) / g for a victim that
+   had run r when the wait began (rent or buy: the wait pays for the work thrown away); with
+   g = 0, never - the pod waits for capacity to free, which deference hands to it first. Not
+   for preemption within a queue. Example (tests/unit/extender/test_victim_budget.py): c0
+   waits since NOW - 40; a1 started at NOW - 99, 59 s before the wait: a victim with L = 60,
+   none with L = 0 until c0 has waited 99 s. Measured (docs/queues.md, "No churn"): L = 60 s
+   cuts the work lost on `churn` from 11% to 4-6% and the evictions undone, but the queues'
+   time below their shares grows 1.8-2.6 times: off by default.
+
 Pods with a `terminating` flag are evicted in the fork first: their GPUs are already coming free,
 so nothing is evicted for a pod that will fit once they are gone. Pods GPUs are held for (the
 snapshot's `holds`) are then placed on exactly those GPUs: they count as their queues' and take
