@@ -61,6 +61,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -1232,16 +1233,19 @@ class _Replay:
             for wait in (self.rules.partly_owed_wait_for(pod.queue), self.rules.whole_owed_wait_s)
             if pod.waiting_since + wait > since
         ]
-        growth = self.rules.victim_lead_per_wait
-        if growth > 0 and self.rules.victim_lead_s < math.inf:
-            # Rule 15's lead grows with the wait: when each victim comes within it of each waiting pod.
+        growth, lead = self.rules.victim_lead_per_wait, self.rules.victim_lead_s
+        if growth > 0 and lead < math.inf:
+            # Rule 15's lead grows with the wait: a pod started at s comes within it of a pod waiting
+            # since w at w + (w - lead - s) / growth. Per waiting pod only the first such moment
+            # after `since` counts: that of the latest start before w - lead - growth (since - w).
+            starts = sorted(
+                p.started for p in self.running.values() if p.state == "running" and p.preemptible
+            )
             for waiting in self.waiting.values():
                 began = waiting.waiting_since
-                for pod in self.running.values():
-                    if pod.state == "running" and pod.preemptible and pod.queue != waiting.queue:
-                        end = began + (began - self.rules.victim_lead_s - pod.started) / growth
-                        if end > since:
-                            ends.append(end)
+                before = bisect_left(starts, began - lead - growth * (since - began))
+                if before:
+                    ends.append(began + (began - lead - starts[before - 1]) / growth)
         for pod in self.running.values():
             if pod.state == "running" and pod.preemptible:
                 runtimes = [
