@@ -125,6 +125,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"then capacity that frees goes to it first (default {Rules.whole_owed_wait_s:g})",
     )
     parser.add_argument(
+        "--max-victim-evictions",
+        type=int,
+        default=Rules.max_victim_evictions,
+        help="a pod (its replica: a replacement inherits the count) evicted this many times is no "
+        "victim again (default 0: no budget)",
+    )
+    parser.add_argument(
+        "--victim-lead-s",
+        type=float,
+        default=Rules.victim_lead_s,
+        help="reclaim evicts only pods that started at most this long before the pod served began to "
+        "wait (default inf: any pod)",
+    )
+    parser.add_argument(
+        "--victim-lead-per-wait",
+        type=float,
+        default=Rules.victim_lead_per_wait,
+        help="seconds the victim lead grows per second the pod served has waited (default 0)",
+    )
+    parser.add_argument(
         "--eviction-concurrency",
         type=int,
         default=16,
@@ -360,6 +380,9 @@ async def run(args: argparse.Namespace) -> None:
                 recent_victim_s=args.recent_victim_s,
                 partly_owed_wait_s=args.partly_owed_wait_s,
                 whole_owed_wait_s=args.whole_owed_wait_s,
+                max_victim_evictions=args.max_victim_evictions,
+                victim_lead_s=args.victim_lead_s,
+                victim_lead_per_wait=args.victim_lead_per_wait,
                 evictions=evictions,
             )
             if args.reclaim_interval > 0

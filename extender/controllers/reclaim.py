@@ -40,7 +40,7 @@ from typing import Protocol
 
 from kubernetes_asyncio.client import ApiClient
 
-from contract.kube import controller_of
+from contract.kube import controller_of, mapping, meta
 from extender.controllers.evictions import (
     EvictionLimits,
     EvictionOutcome,
@@ -52,6 +52,7 @@ from extender.controllers.evictions import (
 from extender.controllers.periodic import PeriodicPass
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
+from extender.picture.demands import pod_created
 from extender.policy.drf import gpu_amounts
 from extender.policy.fairness import EPSILON
 from extender.policy.reclaim import (
@@ -63,8 +64,10 @@ from extender.policy.reclaim import (
     lost_holds,
     plan,
     protected_restarts,
+    spent_victims,
 )
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
+from extender.policy.workloads import JOB_INDEX_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,74 @@ def owner_uid(pod: Mapping[str, object]) -> str:
     return str(controller_of(pod).get("uid", ""))
 
 
+def completion_index(pod: Mapping[str, object]) -> str:
+    """An Indexed Job's completion index of the pod ('' for a pod without one): its replacement
+    after an eviction carries the same index."""
+    return str(mapping(meta(pod).get("annotations")).get(JOB_INDEX_ANNOTATION, ""))
+
+
+@dataclass
+class _Unclaimed:
+    """An evicted pod whose replacement has not been seen yet."""
+
+    key: str
+    index: str  # its completion index ('' for none): a replacement must carry the same
+    evicted: float  # epoch s: its replacement is created after
+    count: int  # its evictions, with those of the pods it replaced
+
+
+@dataclass
+class ReplicaEvictions:
+    """Rule 14's counts live: how often each replica was evicted. An evicted pod is deleted and its
+    controller creates another (a ReplicaSet's or Job's pods under new names, a StatefulSet's under
+    the same), so the count of an evicted pod waits, under its controller, for the first pod of
+    that controller created after the eviction - of the same completion index for an Indexed Job -
+    which inherits it (`replica_of` names the pod it replaces). A pod without a controller does not
+    come back, and its count goes with it."""
+
+    counts: dict[str, int] = field(default_factory=dict)  # pod key -> evictions of its replica
+    replica_of: dict[str, str] = field(default_factory=dict)  # replacement -> the evicted pod
+    _unclaimed: dict[str, list[_Unclaimed]] = field(default_factory=dict)  # by owner uid
+
+    def evicted(self, key: str, pod: Mapping[str, object], at: float) -> None:
+        """`pod` (`key`) was evicted at `at` (epoch s)."""
+        count = self.counts.pop(key, 0) + 1
+        self.replica_of.pop(key, None)
+        owner = owner_uid(pod)
+        if owner:
+            self._unclaimed.setdefault(owner, []).append(_Unclaimed(key, completion_index(pod), at, count))
+
+    def follow(self, pods: Mapping[str, Mapping[str, object]], now: float) -> None:
+        """Hand the counts waiting under a controller to its pods created after the eviction, in
+        creation order; forget the counts of pods gone, and those no replacement claimed within
+        `REMEMBER_EVICTIONS_S`."""
+        self.counts = {key: n for key, n in self.counts.items() if key in pods}
+        self.replica_of = {key: was for key, was in self.replica_of.items() if key in self.counts}
+        self._unclaimed = {
+            owner: kept
+            for owner, waiting in self._unclaimed.items()
+            for kept in ([u for u in waiting if now - u.evicted < REMEMBER_EVICTIONS_S],)
+            if kept
+        }
+        if not self._unclaimed:
+            return
+        newcomers = sorted(
+            (pod_created(obj), key, owner, obj)
+            for key, obj in pods.items()
+            if key not in self.counts
+            for owner in (owner_uid(obj),)
+            if owner in self._unclaimed
+        )
+        for created, key, owner, obj in newcomers:
+            waiting, index = self._unclaimed[owner], completion_index(obj)
+            found = next((u for u in waiting if u.index == index and u.evicted <= created), None)
+            if found is None:
+                continue
+            waiting.remove(found)
+            self.counts[key], self.replica_of[key] = found.count, found.key
+        self._unclaimed = {owner: waiting for owner, waiting in self._unclaimed.items() if waiting}
+
+
 @dataclass(frozen=True)
 class ReclaimOptions:
     interval_s: float = 1.0
@@ -115,6 +186,12 @@ class ReclaimOptions:
     partly_owed_wait_s: float = math.inf
     # A pod of a queue owed a whole pod reclaims only after waiting this long (rule 13).
     whole_owed_wait_s: float = Rules.whole_owed_wait_s
+    # A pod (its replica) evicted this many times is no victim again (rule 14); 0: no budget.
+    max_victim_evictions: int = Rules.max_victim_evictions
+    # Reclaim victims started at most this long before the served pod began to wait, the lead
+    # growing by `victim_lead_per_wait` per second waited (rule 15); inf: any.
+    victim_lead_s: float = Rules.victim_lead_s
+    victim_lead_per_wait: float = Rules.victim_lead_per_wait
     evictions: EvictionLimits = field(default_factory=EvictionLimits)  # calls in flight, timeout
 
 
@@ -156,6 +233,8 @@ class ReclaimLoop:
         # The controllers (owner uid) of pods evicted in the last hour -> when (epoch s, as pods'
         # start times): their pods started since are spared for a while (`protected_restarts`).
         self._evicted_owners: dict[str, float] = {}
+        # How often each replica was evicted (rule 14: a pod evicted too often is no victim).
+        self.spent_victims = ReplicaEvictions()
         self.fits = FitIndex()  # where waiting pods fit, looked at again only where nodes changed
         self._loop = PeriodicPass(
             "reclaim", self.options.interval_s, lambda: self.is_leader() and picture.ready(), self.run_once
@@ -177,6 +256,9 @@ class ReclaimLoop:
             partly_owed_wait_s=self.options.partly_owed_wait_s,
             whole_owed_wait_s=self.options.whole_owed_wait_s,
             history_moves=self.history_moves(),
+            max_victim_evictions=self.options.max_victim_evictions,
+            victim_lead_s=self.options.victim_lead_s,
+            victim_lead_per_wait=self.options.victim_lead_per_wait,
         )
 
     async def run_once(self) -> list[Plan]:
@@ -194,6 +276,7 @@ class ReclaimLoop:
         rules = self.rules()
         now = time.time()
         self._spare_restarts(snapshot, now, rules)
+        self._spare_spent(snapshot, now, rules)
         waiting = self.picture.waiting_pods()
         work = Budget(rules.max_trials)
         plans = plan(snapshot, waiting, now, rules, work, self.fits)
@@ -251,6 +334,17 @@ class ReclaimLoop:
 
         snapshot.spare(protected_restarts(snapshot.running.values(), evicted_at, now, rules))
 
+    def _spare_spent(self, snapshot: ClusterSnapshot, now: float, rules: Rules) -> None:
+        """Pods whose replica was evicted `max_victim_evictions` times already are no victims
+        again: rule 14 (nothing to do with the budget off)."""
+        if rules.max_victim_evictions <= 0:
+            return
+        counts = self.spent_victims
+        counts.follow(self.picture.kind("Pod"), now)
+        snapshot.spare(
+            spent_victims(snapshot.running.values(), lambda pod: counts.counts.get(pod.key, 0), rules)
+        )
+
     def _holds_for(self, queue: str) -> bool:
         pods = self.picture.kind("Pod")
         for on_node in self.picture.holds().values():
@@ -283,6 +377,9 @@ class ReclaimLoop:
         for key, owner in owners.items():
             if owner and outcomes.get(key) == "evicted":
                 self._evicted_owners[owner] = evicted
+        for key in victims:
+            if key in pods and outcomes.get(key) == "evicted":
+                self.spent_victims.evicted(key, pods[key], evicted)
         until = time.monotonic() + self.options.hold_s
         self._going.update({key: until for key in victims if outcomes.get(key) in ("evicted", "timed_out")})
         return [chosen for chosen in plans if await self._settle(chosen, outcomes, uids, planned_at)]

@@ -9,7 +9,8 @@
                               [--cluster-share 0.02] [--move-budget 5] [--min-runtime 300] [--smoke]
                               [--queues N]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
-                            [--partly-owed-wait-s S] [--whole-owed-wait-s S] [--no-topology-asks]
+                            [--partly-owed-wait-s S] [--whole-owed-wait-s S] [--max-victim-evictions K]
+                            [--victim-lead-s S] [--victim-lead-per-wait X] [--no-topology-asks]
                             [--history on|off]
 
 All print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from contract.names import GPU_MILLI
+from extender.policy.reclaim import Rules
 
 from .bound import placed_prefix_capping
 from .deployed import DEVICE_CHOICES, SHIPPED_PROFILE, STOCK_PROFILE, DeviceChoice, SchedulerProfile
@@ -492,12 +494,15 @@ def _run_queues(args: argparse.Namespace) -> int:
                 args.termination_delay or 0.0,
                 args.partly_owed_wait_s or 0.0,
                 args.whole_owed_wait_s or 0.0,
+                args.max_victim_evictions,
+                args.victim_lead_s,
+                args.victim_lead_per_wait,
             )
             < 0
         ):
             raise ValueError(
-                "--reclaim-interval, --termination-delay, --partly-owed-wait-s and --whole-owed-wait-s "
-                "cannot be negative"
+                "--reclaim-interval, --termination-delay, --partly-owed-wait-s, --whole-owed-wait-s, "
+                "--max-victim-evictions, --victim-lead-s and --victim-lead-per-wait cannot be negative"
             )
     except (WorkloadError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -510,6 +515,9 @@ def _run_queues(args: argparse.Namespace) -> int:
         termination_delay_s=args.termination_delay,
         partly_owed_wait_s=args.partly_owed_wait_s,
         whole_owed_wait_s=args.whole_owed_wait_s,
+        max_victim_evictions=args.max_victim_evictions,
+        victim_lead_s=args.victim_lead_s,
+        victim_lead_per_wait=args.victim_lead_per_wait,
         topology_asks=not args.no_topology_asks,
         history=None if args.history is None else args.history == "on",
     )
@@ -668,6 +676,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds a pod of a queue owed at least the pod waits before it reclaims (default: the "
         "extender's)",
+    )
+    queues.add_argument(
+        "--max-victim-evictions",
+        type=int,
+        default=Rules.max_victim_evictions,
+        help="a pod evicted this many times is no victim again (rule 14; default 0: no budget)",
+    )
+    queues.add_argument(
+        "--victim-lead-s",
+        type=float,
+        default=Rules.victim_lead_s,
+        help="reclaim evicts only pods that started at most this long before the pod served began to "
+        "wait (rule 15; default inf: any pod)",
+    )
+    queues.add_argument(
+        "--victim-lead-per-wait",
+        type=float,
+        default=Rules.victim_lead_per_wait,
+        help="seconds the victim lead grows per second the pod served has waited (default 0)",
     )
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")

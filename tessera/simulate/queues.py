@@ -61,6 +61,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -103,7 +104,7 @@ from extender.policy.history import (
     HistorySettings,
 )
 from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, WorkloadMix, choose_gpus, fits
-from extender.policy.reclaim import PendingPod, Plan, Rules, plan, protected_restarts
+from extender.policy.reclaim import PendingPod, Plan, Rules, plan, protected_restarts, spent_victims
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, take
 from extender.policy.topology import Level, Topology, TopologyAsk, ask_refusal, plan_in_domain
 from extender.policy.workloads import Workload
@@ -598,6 +599,9 @@ class _Replay:
         mix: WorkloadMix | None = None,
         tie_break: TieBreak = "random",
         gangs_in_order: bool = False,
+        max_victim_evictions: int = Rules.max_victim_evictions,
+        victim_lead_s: float = Rules.victim_lead_s,
+        victim_lead_per_wait: float = Rules.victim_lead_per_wait,
     ):
         self.pods = _pods(workload)
         # A counterfactual the extender does not do: no gang starts while an older one waits.
@@ -622,6 +626,9 @@ class _Replay:
             preempt_min_runtime_s={q.name: q.preempt_min_runtime_s for q in self.specs},
             partly_owed_wait_s=Rules.partly_owed_wait_s if partly_owed_wait_s is None else partly_owed_wait_s,
             whole_owed_wait_s=Rules.whole_owed_wait_s if whole_owed_wait_s is None else whole_owed_wait_s,
+            max_victim_evictions=max_victim_evictions,
+            victim_lead_s=victim_lead_s,
+            victim_lead_per_wait=victim_lead_per_wait,
         )
         self.ledger = QueueLedger()
         # Gang workload -> its minimum (docs/workloads.md), and the workload as admission reads it.
@@ -657,6 +664,9 @@ class _Replay:
         # pod -> the queues whose pods were evicted to serve it (its run on those GPUs)
         self.served_from: dict[int, set[str]] = {}
         self.evicted_at: dict[int, float] = {}  # pod -> when it was last evicted (rule 8's window)
+        # pod -> how often it was evicted (rule 14's budget): a recreated pod keeps its index, so
+        # its replacement inherits the count, as the live loop's `ReplicaCounts` keeps it.
+        self.evictions_of: Counter[int] = Counter()
         self.level = _Level({}, {}, set(), 0.0)
         self.last_time = 0.0
         self.integrals: dict[str, dict[str, float]] = {
@@ -1130,6 +1140,9 @@ class _Replay:
                 snapshot.running.values(), lambda pod: self.evicted_at.get(int(pod.key)), now, self.rules
             )
         )
+        snapshot.spare(
+            spent_victims(snapshot.running.values(), lambda pod: self.evictions_of[int(pod.key)], self.rules)
+        )
         return snapshot
 
     def _pending(self, fairness: FairnessSnapshot) -> list[PendingPod]:
@@ -1226,6 +1239,19 @@ class _Replay:
             for wait in (self.rules.partly_owed_wait_for(pod.queue), self.rules.whole_owed_wait_s)
             if pod.waiting_since + wait > since
         ]
+        growth, lead = self.rules.victim_lead_per_wait, self.rules.victim_lead_s
+        if growth > 0 and lead < math.inf:
+            # Rule 15's lead grows with the wait: a pod started at s comes within it of a pod waiting
+            # since w at w + (w - lead - s) / growth. Per waiting pod only the first such moment
+            # after `since` counts: that of the latest start before w - lead - growth (since - w).
+            starts = sorted(
+                p.started for p in self.running.values() if p.state == "running" and p.preemptible
+            )
+            for waiting in self.waiting.values():
+                began = waiting.waiting_since
+                before = bisect_left(starts, began - lead - growth * (since - began))
+                if before:
+                    ends.append(began + (began - lead - starts[before - 1]) / growth)
         for pod in self.running.values():
             if pod.state == "running" and pod.preemptible:
                 runtimes = [
@@ -1269,6 +1295,7 @@ class _Replay:
             victim.state = "terminating"
             victim.runs += 1  # its finish event is void
             self.evicted_at[victim.index] = now
+            self.evictions_of[victim.index] += 1
             if self.delay:
                 self._push(now + self.delay, _Event.TERMINATED, victim)
             else:
@@ -1465,6 +1492,9 @@ def run_queue_workload(
     mix: WorkloadMix | None = None,
     tie_break: TieBreak = "random",
     gangs_in_order: bool = False,
+    max_victim_evictions: int = Rules.max_victim_evictions,
+    victim_lead_s: float = Rules.victim_lead_s,
+    victim_lead_per_wait: float = Rules.victim_lead_per_wait,
 ) -> QueueRunResult:
     """Replay `workload`; the interval and delay default to the workload's own, the wait of a pod
     of a queue owed less than itself before it reclaims (rule 9) to the extender's. Without
@@ -1475,13 +1505,18 @@ def run_queue_workload(
     `tie_break`: how placement picks among equally ranked nodes (``packing.Placer``: by default at
     random per seed; "first": the first in the workload's node order, as the timeline replay).
     `gangs_in_order`: a counterfactual, not the extender's behaviour - gangs start in the order
-    they came, none while an older one waits (lone pods still go where they fit)."""
+    they came, none while an older one waits (lone pods still go where they fit).
+    `max_victim_evictions`: rule 14's budget (a pod evicted this often is no victim again; 0: off);
+    `victim_lead_s`, `victim_lead_per_wait`: rule 15 (victims started at most this long before the
+    served pod's wait, growing per second waited; inf: any)."""
     interval = workload.reclaim_interval_s if reclaim_interval_s is None else reclaim_interval_s
     delay = workload.termination_delay_s if termination_delay_s is None else termination_delay_s
     if interval < 0 or delay < 0:
         raise ValueError("the reclaim interval and the termination delay cannot be negative")
     if min(partly_owed_wait_s or 0.0, whole_owed_wait_s or 0.0) < 0:
         raise ValueError("the waits before a queue reclaims cannot be negative")
+    if min(max_victim_evictions, victim_lead_s, victim_lead_per_wait) < 0:
+        raise ValueError("the victim budget and the victim lead cannot be negative")
     if not topology_asks:
         jobs = tuple(
             job.model_copy(update={"topology_required": "", "topology_preferred": ""})
@@ -1507,4 +1542,7 @@ def run_queue_workload(
         mix,
         tie_break,
         gangs_in_order,
+        max_victim_evictions,
+        victim_lead_s,
+        victim_lead_per_wait,
     ).run()

@@ -358,9 +358,12 @@ async def test_a_mover_not_evicted_drops_its_move_plan(
     assert f"moving ns/a-1 for ns/b-0 {why}; the plan is dropped" in fake.messages[("b-0", "MoveBlocked")]
 
 
-def owned(name: str, owner: str) -> dict[str, object]:
-    """A pod of queue `a` whose controller is the ReplicaSet `owner`."""
+def owned(name: str, owner: str, created: str = "") -> dict[str, object]:
+    """A pod of queue `a` whose controller is the ReplicaSet `owner` (created at `created`, an
+    RFC 3339 time, when given)."""
     pod = objects.pod("ns", name, queue="a")
+    if created:
+        pod["metadata"]["creationTimestamp"] = created
     pod["metadata"]["ownerReferences"] = [
         {
             "apiVersion": "apps/v1",
@@ -432,3 +435,59 @@ async def test_the_whole_owed_wait_reaches_the_planners_rules(
     options = ReclaimOptions(whole_owed_wait_s=parse_args(argv).whole_owed_wait_s)
     loop = ReclaimLoop(api, picture, ExtenderMetrics(picture), options)
     assert loop.rules().whole_owed_wait_s == wait_s
+
+
+@pytest.mark.parametrize(
+    ("argv", "limit"),
+    [
+        ([], 0),  # the default: no budget (rule 14 off, today's victims)
+        (["--max-victim-evictions=3"], 3),
+    ],
+)
+async def test_the_victim_budget_reaches_the_planners_rules(
+    apiserver: tuple[FakeEvictionApi, ApiClient], argv: list[str], limit: int
+) -> None:
+    _, api = apiserver
+    state = ClusterPicture()
+    options = ReclaimOptions(max_victim_evictions=parse_args(argv).max_victim_evictions)
+    loop = ReclaimLoop(api, state, ExtenderMetrics(state), options)
+    assert loop.rules().max_victim_evictions == limit
+
+
+async def test_a_replacement_of_a_pod_evicted_its_budget_is_spared(
+    apiserver: tuple[FakeEvictionApi, ApiClient],
+) -> None:
+    # Budget 2. a-0 (ReplicaSet rs-a) is evicted for b-0, and its replacement a-1 for b-1: two
+    # evictions of one replica. a-2, a-1's replacement, inherits 2 and is no victim (rule 14);
+    # a-9 of another ReplicaSet is. With rule 8's window 0, only the budget spares.
+    _, api = apiserver
+    state = ClusterPicture()
+    options = ReclaimOptions(evictions=EvictionLimits(16, LONG_S), recent_victim_s=0, max_victim_evictions=2)
+    loop = ReclaimLoop(api, state, ExtenderMetrics(state), options)
+
+    later = "2999-01-01T00:00:00Z"  # created after the evictions: a replacement
+    for victim, served in [("a-0", "b-0"), ("a-1", "b-1")]:
+        state.replace("Pod", [owned(victim, "rs-a", later), objects.pod("ns", served, queue="b")])
+        loop.spent_victims.follow(state.kind("Pod"), time.time())
+        assert await loop.carry_out([reclaim_plan(f"ns/{served}", [f"ns/{victim}"])])
+    state.replace("Pod", [owned("a-2", "rs-a", later), owned("a-9", "rs-other")])
+    running = {
+        key: RunningPod(key, "a", "n1", ((gpu, 1000),), {"gpu": 1.0}, started=time.time())
+        for gpu, key in enumerate(["ns/a-2", "ns/a-9"])
+    }
+    snapshot = ClusterSnapshot({}, running, FairnessSnapshot.build([], {}, {}), WorkloadMix(()))
+    loop._spare_spent(snapshot, time.time(), loop.rules())
+    assert {key for key, pod in snapshot.running.items() if not pod.preemptible} == {"ns/a-2"}
+    assert loop.spent_victims.replica_of == {"ns/a-2": "ns/a-1"}
+
+
+async def test_the_victim_lead_reaches_the_planners_rules(
+    apiserver: tuple[FakeEvictionApi, ApiClient],
+) -> None:
+    _, api = apiserver
+    state = ClusterPicture()
+    args = parse_args(["--victim-lead-s=60", "--victim-lead-per-wait=0.5"])
+    options = ReclaimOptions(victim_lead_s=args.victim_lead_s, victim_lead_per_wait=args.victim_lead_per_wait)
+    rules = ReclaimLoop(api, state, ExtenderMetrics(state), options).rules()
+    assert (rules.victim_lead_s, rules.victim_lead_per_wait) == (60.0, 0.5)
+    assert math.isinf(parse_args([]).victim_lead_s)  # the default: any victim (rule 15 off)

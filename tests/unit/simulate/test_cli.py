@@ -76,7 +76,9 @@ def test_queue_mode_reports_bad_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "bad.yaml" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", ["--partly-owed-wait-s", "--whole-owed-wait-s"])
+@pytest.mark.parametrize(
+    "flag", ["--partly-owed-wait-s", "--whole-owed-wait-s", "--max-victim-evictions", "--victim-lead-s"]
+)
 def test_queue_mode_refuses_a_negative_wait(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["queues", str(EXAMPLE), flag, "-1"]) == 2
     assert "cannot be negative" in capsys.readouterr().err

@@ -144,3 +144,67 @@ def test_a_queue_owed_a_whole_pod_waits_for_freed_capacity(
     b = next(q for q in result.queues if q.name == "b")
     assert b.longest_below_fair_share_s == b_starts_at - 10  # owed its pod from t=10 until served
     assert result.idle_gpu_s_while_fitting_pod_waits == 0.0
+
+
+@pytest.mark.parametrize(
+    ("limit", "victims"),
+    [
+        # No budget (the default): a-long/1, the newest of a's pods each time (it restarts when
+        # b's pod ends), is evicted by each of b's 6 pods.
+        (0, ["a-long/1"] * 6),
+        # Rule 14 at 3: a-long/1 goes 3 times, then a-long/0 3 times; b's last pods wait.
+        (3, ["a-long/1"] * 3 + ["a-long/0"] * 3),
+        # At 2: each twice, then nothing: b's 5th and 6th pods wait for a GPU to free.
+        (2, ["a-long/1"] * 2 + ["a-long/0"] * 2),
+    ],
+)
+def test_a_pod_evicted_its_budget_is_spared(limit: int, victims: list[str]) -> None:
+    # 1 node x 2 GPUs; a and b quota 1 each. a's 2 long pods borrow both GPUs; b's pods of 100 s
+    # come every 200 s from t=100: b at 0 of 1 is owed a whole pod, a at 2 of 1 gives its newest
+    # (a-long/1 first; after each of b's pods ends it restarts, the newest again, 100 s before the
+    # next b pod: past rule 8's 60 s).
+    workload = parse_workload(
+        {
+            "name": "budget",
+            "nodes": [{"name": "n", "gpus": 2}],
+            "queues": [queue("a", 1), queue("b", 1)],
+            "jobs": [
+                job("a-long", "a", 2, interval=1, duration=5000),
+                job("b", "b", 6, arrival=100, interval=200, duration=100),
+            ],
+        }
+    )
+    result = run_queue_workload(workload, max_victim_evictions=limit)
+    assert [e.victim for e in result.evictions] == victims  # job/index: a-long's are pods 0 and 1
+    assert result.most_evictions_of_one_pod == (6 if limit == 0 else limit)
+
+
+@pytest.mark.parametrize(
+    ("lead_s", "per_wait", "evicted_at"),
+    [
+        # Rule 15 off (the default): b's pod reclaims at once, at t=100; a-long/1 loses 99 s.
+        (math.inf, 0.0, [100.0]),
+        # Lead 0, growing 1 s per second waited: a-long/1 started 99 s before b's pod began to wait
+        # (t=1 against t=100), so it is a victim once b's pod has waited 99 s: t=199, having run
+        # 198 s - the wait paid for it. The simulator's skipped cycles wake up for it.
+        (0.0, 1.0, [199.0]),
+        # Lead 0, not growing: only pods started while b's pod waits; none does, nothing goes.
+        (0.0, 0.0, []),
+    ],
+)
+def test_a_victim_started_long_before_the_wait_is_taken_once_the_wait_pays_for_it(
+    lead_s: float, per_wait: float, evicted_at: list[float]
+) -> None:
+    # 1 node x 2 GPUs; a and b quota 1 each; a's 2 long pods borrow both GPUs from t=0 and t=1;
+    # b's pod comes at t=100 (owed a whole pod: shares 1 / 1).
+    workload = parse_workload(
+        {
+            "name": "lead",
+            "nodes": [{"name": "n", "gpus": 2}],
+            "queues": [queue("a", 1), queue("b", 1)],
+            "jobs": [job("a-long", "a", 2, interval=1, duration=5000), job("b", "b", 1, arrival=100)],
+        }
+    )
+    result = run_queue_workload(workload, victim_lead_s=lead_s, victim_lead_per_wait=per_wait)
+    assert [e.time for e in result.evictions] == evicted_at
+    assert all(e.victim == "a-long/1" for e in result.evictions)
