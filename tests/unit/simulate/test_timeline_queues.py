@@ -168,10 +168,10 @@ def test_a_move_lets_the_waiting_pod_of_an_owed_queue_start_and_the_mover_restar
     # From t=13 q1 is owed: its fair share is 2 GPUs (its quota, all it asks), it holds 0; q0
     # holds 0.6 + 0.6 = 1.2 GPUs, within its quota of 2, so reclaim has nobody to take from.
     plain = replay_timeline_queues(TWO_NODES, pods, "tessera", queues=2)
-    q0, q1 = by_queue(plain)["q0"], by_queue(plain)["q1"]
+    q1 = by_queue(plain)["q1"]
     assert plain.run.evictions == [] and plain.run.moves is None
     # Without moves x waits until f1 leaves at 1 + 100 = 101: 88 s, x 2 GPUs = 176 GPU-s.
-    assert (q1.p95_wait_s, q1.wait_gpu_hours * 3600) == (88.0, pytest.approx(176.0))
+    assert q1.p95_wait_s == 88.0 and q1.wait_gpu_hours * 3600 == pytest.approx(176.0)
     # Budget 100 moves per 100 pods started: y1, f1, y2 and f2 started by t=21, floor(100 x 4 /
     # 100) = 4 moves allowed. At t=21 f1 comes of age; the reclaim cycle finds nothing, the
     # consolidation cycle after it moves f1 next to f2 and x starts on the node emptied.
@@ -181,7 +181,7 @@ def test_a_move_lets_the_waiting_pod_of_an_owed_queue_start_and_the_mover_restar
     assert moved.run.evictions == [] and moved.moves == 1
     q0, q1 = by_queue(moved)["q0"], by_queue(moved)["q1"]
     # x waits 21 - 13 = 8 s: 8 x 2 = 16 GPU-s of waiting (176 without the move).
-    assert (q1.p95_wait_s, q1.wait_gpu_hours * 3600) == (8.0, pytest.approx(16.0))
+    assert q1.p95_wait_s == 8.0 and q1.wait_gpu_hours * 3600 == pytest.approx(16.0)
     # f1 restarts: 0.6 GPU x (21 - 1) s = 12 GPU-s lost, and it runs its 100 s again: it leaves
     # at 121, the run's end (f2 at 111, x at 31). Its wait is 0 (it restarts at once).
     assert stats.lost_gpu_s == pytest.approx(12.0)
