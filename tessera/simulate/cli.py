@@ -61,7 +61,7 @@ from .timeline import (
     replay_timeline,
     sample_nodes,
 )
-from .timeline_queues import QUEUE_POLICIES, TimelineQueuesResult, replay_timeline_queues
+from .timeline_queues import TimelineQueuesResult, replay_timeline_queues
 from .timeline_report import (
     MULTI_GPU_P95_LIMIT_S,
     comparison_lines,
@@ -321,8 +321,10 @@ def _timeline_queues_task(
     load: float,
     max_pods: int | None,
     queues: int,
+    budget: float,
+    min_runtime_s: float,
 ) -> TimelineQueuesResult:
-    """One timeline replay with queues and reclaim; runs in a worker process."""
+    """One timeline replay with queues and reclaim (and moves); runs in a worker process."""
     return replay_timeline_queues(
         sample_nodes(load_nodes(nodes_csv), share),
         load_pods(pods_csv),
@@ -331,6 +333,8 @@ def _timeline_queues_task(
         seed=seed,
         load=load,
         max_pods=max_pods,
+        move_budget=budget,
+        rules=replace(DEFAULT_RULES, min_runtime_s=min_runtime_s),
     )
 
 
@@ -456,23 +460,18 @@ def _run_timeline_queues(
     max_pods: int | None,
 ) -> Path:
     """The queue replays of `--queues`: the tables per queue and of the worst queues, the CSV."""
-    chosen = [policy for policy in policies if policy in QUEUE_POLICIES]
     print(
         f"\nqueues: {args.queues}, pods by crc32(name) mod {args.queues}, equal GPU quotas summing to "
-        "the cluster; admission and reclaim as the extender's (docs/simulator.md)"
-        + (
-            f"; no queue replay for {', '.join(sorted(set(policies) - set(chosen)))}"
-            if len(chosen) < len(policies)
-            else ""
-        )
+        "the cluster; admission and reclaim (and for tessera+moves consolidation) as the extender's "
+        "(docs/simulator.md)"
     )
-    tasks = [(policy, seed, load) for load in loads for policy in chosen for seed in seeds]
+    tasks = [(policy, seed, load) for load in loads for policy in policies for seed in seeds]
     results = _in_pool(
         args,
         _timeline_queues_task,
         (nodes_csv, pods_csv, max_pods),
         tasks,
-        (args.queues,),
+        (args.queues, args.move_budget, args.min_runtime),
         lambda r: f"{r.policy} {r.load:g}x seed {r.seed}, {r.queues} queues: {r.seconds:.1f} s",
     )
     print("per queue, over the whole run (waits in minutes):")
@@ -650,7 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
     timeline.add_argument(
         "--queues",
         type=int,
-        help="also replay with N equal queues, admission and reclaim (policies but tessera+moves)",
+        help="also replay with N equal queues, admission and reclaim (and moves for tessera+moves)",
     )
     queues = sub.add_parser("queues", help="queue-fairness workload in the native YAML format")
     queues.add_argument("workload", type=Path, help="workload YAML (see docs/simulator.md)")

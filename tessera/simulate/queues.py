@@ -119,6 +119,7 @@ from extender.queues import (
 from .cluster import Cluster
 from .packing import Placer, TieBreak, workload_mix
 from .policies import make_policy
+from .queue_moves import QueueConsolidator, QueueMoves, QueueMoveStats
 from .spells import LONG_SPELL_S, SpellCause, spell_cause
 from .trace import SimNode, SimPod
 
@@ -475,6 +476,7 @@ class QueueRunResult:
     gangs: list[GangRecord] = field(default_factory=list)  # gangs' first starts, when levels exist
     long_spells: list[SpellRecord] = field(default_factory=list)  # leaf queues below share > 60 s
     history: bool = False  # fair share over time was on for some queue
+    moves: QueueMoveStats | None = None  # with consolidation (`queue_moves`)
 
     @property
     def gpus_evicted(self) -> float:
@@ -602,6 +604,7 @@ class _Replay:
         max_victim_evictions: int = Rules.max_victim_evictions,
         victim_lead_s: float = Rules.victim_lead_s,
         victim_lead_per_wait: float = Rules.victim_lead_per_wait,
+        moves: QueueMoves | None = None,
     ):
         self.pods = _pods(workload)
         # A counterfactual the extender does not do: no gang starts while an older one waits.
@@ -692,6 +695,7 @@ class _Replay:
         self.adjustment: WeightAdjustment | None = None
         for pod in self.pods:
             self._push(pod.created, _Event.ARRIVAL, pod)
+        self.moves = QueueConsolidator(self, moves) if moves is not None else None
 
     # ---- the event loop ----------------------------------------------------------------------
 
@@ -722,6 +726,7 @@ class _Replay:
         if self.until < math.inf:
             self._advance(self.until)
         self.result.makespan_s = self.last_time
+        self.result.moves = self.moves.stats if self.moves is not None else None
         self._summarise()
         return self.result
 
@@ -985,6 +990,8 @@ class _Replay:
 
     def _start(self, pod: _Pod, now: float, placement: tuple[int, tuple[int, ...]]) -> None:
         pod.node, pod.gpus = placement
+        if self.moves is not None and not pod.ever_started:
+            self.moves.started += 1  # the move budget counts first starts
         pod.state, pod.started, pod.ever_started = "running", now, True
         pod.waited_s += now - pod.waiting_since
         pod.runs += 1
@@ -1110,22 +1117,29 @@ class _Replay:
         snapshot = self._snapshot(fairness, now)
         pending = self._pending(fairness)
         plans = plan(snapshot, pending, now, self.rules)
-        if not plans:
-            self.fruitless = (self.version, now)
-            return False
         for chosen in plans:
             self._carry_out(chosen, now)
-        self.version += 1
-        if not self.delay:
+        if plans:
+            self.version += 1
+            if not self.delay:
+                self._schedule(now)
+        # The extender's consolidation loop runs after reclaim's, for the pods it did not serve.
+        moved = self.moves is not None and self.moves.cycle(self._fairness() if plans else fairness, now)
+        if moved:
+            self.version += 1
             self._schedule(now)
+        if not plans and not moved:
+            self.fruitless = (self.version, now)
+            return False
         return True
 
-    def _snapshot(self, fairness: FairnessSnapshot, now: float) -> ClusterSnapshot:
+    def _snapshot(self, fairness: FairnessSnapshot, now: float, movable: bool = False) -> ClusterSnapshot:
         """The reclaim loop's view of the simulated cluster now: the picture's snapshot, with the
-        holds and kept rests placed and the pods restarted after an eviction spared (rule 8)."""
+        holds and kept rests placed and the pods restarted after an eviction spared (rule 8);
+        `movable`: every running pod may be moved (the consolidation loop's view, `queue_moves`)."""
         snapshot = ClusterSnapshot(
             {node.name: self.cluster.node_gpus(i) for i, node in enumerate(self.nodes)},
-            {pod.key: self._running_pod(pod) for pod in self.running.values() if pod.demand.count},
+            {pod.key: self._running_pod(pod, movable) for pod in self.running.values() if pod.demand.count},
             fairness,
             self.cluster.mix,
             minimums=self.minimums,
@@ -1197,7 +1211,7 @@ class _Replay:
         node = self.nodes[rest.node].name
         return HeldGpus(key, rest.queue, node, ((rest.gpu, rest.milli),), for_queue=True)
 
-    def _running_pod(self, pod: _Pod) -> RunningPod:
+    def _running_pod(self, pod: _Pod, movable: bool = False) -> RunningPod:
         return RunningPod(
             key=pod.key,
             queue=pod.queue,
@@ -1210,6 +1224,7 @@ class _Replay:
             terminating=pod.state == "terminating",
             cpu_milli=pod.demand.cpu_milli,
             memory_mib=pod.demand.memory_mib,
+            movable=movable,
             workload=pod.gang,
         )
 
@@ -1260,6 +1275,8 @@ class _Replay:
                 ]
                 if pod.index in self.evicted_at:
                     runtimes.append(self.rules.recent_victim_s)
+                if self.moves is not None:  # it may be moved from then on
+                    runtimes.append(self.moves.settings.rules.min_runtime_s)
                 ends.extend(end for end in (pod.started + runtime for runtime in runtimes) if end > since)
         return ends
 
@@ -1495,6 +1512,7 @@ def run_queue_workload(
     max_victim_evictions: int = Rules.max_victim_evictions,
     victim_lead_s: float = Rules.victim_lead_s,
     victim_lead_per_wait: float = Rules.victim_lead_per_wait,
+    moves: QueueMoves | None = None,
 ) -> QueueRunResult:
     """Replay `workload`; the interval and delay default to the workload's own, the wait of a pod
     of a queue owed less than itself before it reclaims (rule 9) to the extender's. Without
@@ -1508,7 +1526,8 @@ def run_queue_workload(
     they came, none while an older one waits (lone pods still go where they fit).
     `max_victim_evictions`: rule 14's budget (a pod evicted this often is no victim again; 0: off);
     `victim_lead_s`, `victim_lead_per_wait`: rule 15 (victims started at most this long before the
-    served pod's wait, growing per second waited; inf: any)."""
+    served pod's wait, growing per second waited; inf: any).
+    `moves`: the extender's consolidation loop after each reclaim cycle (`queue_moves`; no gangs)."""
     interval = workload.reclaim_interval_s if reclaim_interval_s is None else reclaim_interval_s
     delay = workload.termination_delay_s if termination_delay_s is None else termination_delay_s
     if interval < 0 or delay < 0:
@@ -1545,4 +1564,5 @@ def run_queue_workload(
         max_victim_evictions,
         victim_lead_s,
         victim_lead_per_wait,
+        moves,
     ).run()

@@ -19,8 +19,10 @@ extender's admission (``extender.policy.admission``) in kube-scheduler's passes 
 (``extender.policy.reclaim.plan``) every second. An evicted pod terminates at once and waits again
 at the head of its queue (its original creation time); its runtime starts over, and the work it had
 done is lost: its GPUs x how long it had run. Placement is the named policy through the queue
-simulator's ``Placer`` (ties at random per seed). Moves are not part of it: ``tessera+moves`` has no
-queue replay.
+simulator's ``Placer``, scored against the trace's whole mix with ties to the first node in the
+seed's order, as the plain timeline places. ``tessera+moves`` is Tessera's placement with the
+extender's consolidation loop after each reclaim cycle (``queue_moves``), with the plain
+timeline's rules and move budget; a moved pod restarts too, its lost run counted apart.
 
 **Reported per queue** (``queues.QueueSummary``), over the whole run (first arrival to the last
 pod's end): GPU-hours used and the GPU-hours of its fair share (its share integrated over time; a
@@ -39,16 +41,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contract.names import GPU_MILLI
+from extender.policy.consolidation import ConsolidationRules
 from extender.policy.placement import fits
 from extender.queues import parse_queue
 
 from .cluster import Cluster
 from .packing import workload_mix
+from .queue_moves import QueueMoves
 from .queues import MIB, JobModel, QueueRunResult, QueueWorkload, run_queue_workload
-from .timeline import MOVES, TIMELINE_POLICIES, TimedPod, node_order, timed_pods
+from .timeline import (
+    DEFAULT_MOVE_BUDGET,
+    DEFAULT_RULES,
+    MOVES,
+    TIMELINE_POLICIES,
+    TimedPod,
+    node_order,
+    timed_pods,
+)
 from .trace import SimNode, SimPod
-
-QUEUE_POLICIES = tuple(policy for policy in TIMELINE_POLICIES if policy != MOVES)
 
 
 def queue_of(name: str, queues: int) -> str:
@@ -95,13 +105,23 @@ class TimelineQueuesResult:
     gpus: int
     pods: int  # replayed
     never_fit: int  # fit no node of the empty cluster
-    run: QueueRunResult  # per queue in ``run.queues``
+    run: QueueRunResult  # per queue in ``run.queues``; the moves in ``run.moves``
     seconds: float = 0.0  # wall clock of the replay
 
     @property
     def work_gpu_s(self) -> float:
         """GPU-seconds held over the run (lost work included)."""
         return self.run.gpu_s_used
+
+    @property
+    def moves(self) -> int:
+        return self.run.moves.moves if self.run.moves is not None else 0
+
+    @property
+    def move_lost_pct(self) -> float:
+        """Work lost to moves (the movers' runs cut short), % of the GPU-seconds held."""
+        lost = self.run.moves.lost_gpu_s if self.run.moves is not None else 0.0
+        return 100.0 * lost / self.work_gpu_s if self.work_gpu_s else 0.0
 
 
 def replay_timeline_queues(
@@ -113,11 +133,14 @@ def replay_timeline_queues(
     seed: int = 0,
     load: float = 1.0,
     max_pods: int | None = None,
+    move_budget: float = DEFAULT_MOVE_BUDGET,
+    rules: ConsolidationRules = DEFAULT_RULES,
 ) -> TimelineQueuesResult:
     """One queue replay of the trace's `pods` on `nodes` (already sampled); `max_pods`: only the
-    first that many pods by arrival, as ``timeline.replay_timeline``."""
-    if policy not in QUEUE_POLICIES:
-        raise ValueError(f"no queue replay for policy {policy!r}; choose from {', '.join(QUEUE_POLICIES)}")
+    first that many pods by arrival, as ``timeline.replay_timeline``; `move_budget` and `rules`:
+    the consolidation of ``tessera+moves``, as there."""
+    if policy not in TIMELINE_POLICIES:
+        raise ValueError(f"unknown timeline policy {policy!r}; choose from {', '.join(TIMELINE_POLICIES)}")
     started = time.perf_counter()
     timed = timed_pods(pods, load)[0][:max_pods]
     ordered = node_order(nodes, seed)
@@ -128,7 +151,15 @@ def replay_timeline_queues(
     kept = [pod for pod in timed if fitting[pod.demand]]
     # Placement as in the plain timeline: scored against the trace's whole mix, ties to the first
     # node in the seed's order; so one queue replays exactly what the plain timeline does.
-    run = run_queue_workload(queue_workload(ordered, kept, queues), policy, seed, mix=mix, tie_break="first")
+    moves = QueueMoves(move_budget, rules) if policy == MOVES else None
+    run = run_queue_workload(
+        queue_workload(ordered, kept, queues),
+        "tessera" if policy == MOVES else policy,
+        seed,
+        mix=mix,
+        tie_break="first",
+        moves=moves,
+    )
     return TimelineQueuesResult(
         policy,
         load,

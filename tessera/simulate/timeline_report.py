@@ -330,7 +330,8 @@ def worst_queue(result: TimelineQueuesResult, figure: str) -> tuple[str, float]:
 
 def worst_queues_table(results: Sequence[TimelineQueuesResult]) -> str:
     """One row per queue replay: each figure's worst queue, and the replay's GPU-hours of waiting,
-    evictions and lost work (% of the GPU-seconds held), all queues together."""
+    evictions and the work they lost, moves and the work they lost (% of the GPU-seconds held),
+    all queues together."""
     headers = [
         "load",
         "policy",
@@ -340,6 +341,8 @@ def worst_queues_table(results: Sequence[TimelineQueuesResult]) -> str:
         "wait GPU-h",
         "evictions",
         "lost % of GPU work",
+        "moves",
+        "moves lost % of GPU work",
         "secs",
     ]
     rows = []
@@ -358,6 +361,8 @@ def worst_queues_table(results: Sequence[TimelineQueuesResult]) -> str:
                 f"{sum(q.wait_gpu_hours for q in r.run.queues):.0f}",
                 str(len(r.run.evictions)),
                 f"{r.run.lost_pct:.3f}",
+                str(r.moves),
+                f"{r.move_lost_pct:.3f}",
                 f"{r.seconds:.1f}",
             ]
         )

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tessera.simulate.cli import main
+from tessera.simulate.timeline import MOVES
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "tessera" / "simulate" / "examples" / "two-teams.yaml"
 
@@ -271,11 +272,17 @@ def test_timeline_queues_adds_the_queue_tables_and_leaves_the_others_as_they_wer
     printed = capsys.readouterr().out
     # The tables of the run without queues come first, unchanged (but the paths written).
     assert printed.startswith(without.rsplit("wrote ", 1)[0])
-    assert "no queue replay for tessera+moves" in printed and "the worst queue of each figure" in printed
+    assert "the worst queue of each figure" in printed and "moves lost % of GPU work" in printed
     with (tmp_path / "timeline-queues.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    # fgd only, two queues; the five pods that ran (one never did) split between them.
-    assert [(r["policy"], r["queue"]) for r in rows] == [("fgd", "q0"), ("fgd", "q1")]
-    assert sum(int(r["pods"]) for r in rows) == 5
+    # Both policies (tessera+moves with consolidation after reclaim), two queues each; the five
+    # pods that ran (one never did) split between them.
+    assert [(r["policy"], r["queue"]) for r in rows] == [
+        ("fgd", "q0"),
+        ("fgd", "q1"),
+        ("tessera+moves", "q0"),
+        ("tessera+moves", "q1"),
+    ]
+    assert [sum(int(r["pods"]) for r in rows if r["policy"] == policy) for policy in ("fgd", MOVES)] == [5, 5]
     assert main([*argv, "--queues", "0"]) == 2
     assert "--queues must be at least 1" in capsys.readouterr().err

@@ -13,6 +13,7 @@ import zlib
 
 import pytest
 
+from extender.policy.consolidation import ConsolidationRules
 from extender.policy.placement import GpuDemand, placement_demand
 from tessera.simulate.queues import QueueSummary
 from tessera.simulate.timeline import MOVES, node_order, replay_timeline
@@ -128,9 +129,77 @@ def test_the_load_divides_the_gaps_and_pods_fitting_no_node_are_left_out() -> No
     assert math.isclose(result.run.makespan_s, 50 + 300 + 1000)
 
 
-def test_moves_have_no_queue_replay() -> None:
-    with pytest.raises(ValueError, match="no queue replay for policy 'tessera\\+moves'"):
-        replay_timeline_queues(NODES, BORROW_THEN_OWNER, MOVES, queues=2)
+def scattered_fractions_then_owed_pod() -> list[SimPod]:
+    """Two T4 nodes of 2 GPUs end with a 0.6 fraction on each while a 2-GPU pod of an owed queue
+    waits. By crc32 mod 2, "y1", "y2", "f1" and "f2" are in q0, "x" in q1 (asserted in the test).
+
+    t=0  y1 (2 GPUs, 10 s) takes one node whole (call it A).
+    t=1  f1 (600 milli, 100 s): A is full, so node B, GPU 0.
+    t=2  y2 (1 GPU, 10 s): B's GPU 1, the only idle one.
+    t=10 y1 leaves: A is empty.
+    t=11 f2 (600 milli, 100 s): B has 400 milli at most, so A.
+    t=12 y2 leaves: A holds f2, B holds f1, one idle GPU on each.
+    t=13 x (2 GPUs, 10 s, q1) fits no node and waits.
+    """
+
+    def fraction(name: str, gpus: int, milli: int, created: int, runs: int) -> SimPod:
+        demand = placement_demand(GpuDemand(gpus, milli, frozenset()), 1000, 1024)
+        return SimPod(
+            name, demand, creation_time=created, scheduled_time=created, deletion_time=created + runs
+        )
+
+    return [
+        fraction("y1", 2, 1000, 0, 10),
+        fraction("f1", 1, 600, 1, 100),
+        fraction("y2", 1, 1000, 2, 10),
+        fraction("f2", 1, 600, 11, 100),
+        fraction("x", 2, 1000, 13, 10),
+    ]
+
+
+TWO_NODES = [SimNode(name, "T4", 2, 32000, 65536) for name in ("a", "b")]
+# A mover has run 20 s: f1 (started at 1) may move from t=21, f2 (started at 11) from t=31.
+MOVE_RULES = ConsolidationRules(min_runtime_s=20.0, max_moves_per_pod=2, max_moves_per_cycle=4)
+
+
+def test_a_move_lets_the_waiting_pod_of_an_owed_queue_start_and_the_mover_restarts() -> None:
+    pods = scattered_fractions_then_owed_pod()
+    assert [queue_of(p.name, 2) for p in pods] == ["q0", "q0", "q0", "q0", "q1"]
+    # From t=13 q1 is owed: its fair share is 2 GPUs (its quota, all it asks), it holds 0; q0
+    # holds 0.6 + 0.6 = 1.2 GPUs, within its quota of 2, so reclaim has nobody to take from.
+    plain = replay_timeline_queues(TWO_NODES, pods, "tessera", queues=2)
+    q1 = by_queue(plain)["q1"]
+    assert plain.run.evictions == [] and plain.run.moves is None
+    # Without moves x waits until f1 leaves at 1 + 100 = 101: 88 s, x 2 GPUs = 176 GPU-s.
+    assert q1.p95_wait_s == 88.0 and q1.wait_gpu_hours * 3600 == pytest.approx(176.0)
+    # Budget 100 moves per 100 pods started: y1, f1, y2 and f2 started by t=21, floor(100 x 4 /
+    # 100) = 4 moves allowed. At t=21 f1 comes of age; the reclaim cycle finds nothing, the
+    # consolidation cycle after it moves f1 next to f2 and x starts on the node emptied.
+    moved = replay_timeline_queues(TWO_NODES, pods, MOVES, queues=2, move_budget=100.0, rules=MOVE_RULES)
+    stats = moved.run.moves
+    assert stats is not None and (stats.moves, stats.pods_served) == (1, 1)
+    assert moved.run.evictions == [] and moved.moves == 1
+    q0, q1 = by_queue(moved)["q0"], by_queue(moved)["q1"]
+    # x waits 21 - 13 = 8 s: 8 x 2 = 16 GPU-s of waiting (176 without the move).
+    assert q1.p95_wait_s == 8.0 and q1.wait_gpu_hours * 3600 == pytest.approx(16.0)
+    # f1 restarts: 0.6 GPU x (21 - 1) s = 12 GPU-s lost, and it runs its 100 s again: it leaves
+    # at 121, the run's end (f2 at 111, x at 31). Its wait is 0 (it restarts at once).
+    assert stats.lost_gpu_s == pytest.approx(12.0)
+    assert moved.run.makespan_s == 121.0 and q0.max_wait_s == 0.0
+    # q0 held 2 x 10 (y1) + 0.6 x 20 (f1's lost run) + 1 x 10 (y2) + 0.6 x 100 (f1 again) + 0.6 x
+    # 100 (f2) = 162 GPU-s; q1 2 x 10 = 20. Lost to moves: 12 of the 182 held = 6.59%.
+    assert q0.gpu_hours * 3600 == pytest.approx(162.0) and q1.gpu_hours * 3600 == pytest.approx(20.0)
+    assert moved.move_lost_pct == pytest.approx(100 * 12 / 182)
+    row = worst_queues_table([moved]).splitlines()[2].split()
+    assert row[-3:-1] == ["1", f"{100 * 12 / 182:.3f}"]  # moves, their lost work %
+
+
+def test_moves_in_the_queue_replay_stay_within_the_budget() -> None:
+    # Budget 5 per 100 pods started: floor(5 x 4 / 100) = 0 moves by t=21 (and floor(5 x 5 /
+    # 100) = 0 after x starts): the replay is the one without moves.
+    pods = scattered_fractions_then_owed_pod()
+    starved = replay_timeline_queues(TWO_NODES, pods, MOVES, queues=2, move_budget=5.0, rules=MOVE_RULES)
+    assert starved.moves == 0 and by_queue(starved)["q1"].p95_wait_s == 88.0
 
 
 def test_one_queue_replays_exactly_what_the_plain_timeline_does() -> None:
