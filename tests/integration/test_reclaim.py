@@ -18,7 +18,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from contract.names import QUEUE_LABEL
-from extender.kubeapi import JsonObject, request
+from extender.kubeapi import JsonObject, KubeError, request
 from extender.service import ExtenderService
 from tessera.dev.localcluster import LocalCluster, wait_until
 from tests import extender_objects as objects
@@ -283,7 +283,19 @@ async def test_an_urgent_pod_preempts_one_of_its_own_queues_batch_pods(
             pod = env.pod(team, "urgent")
             pod["spec"]["priorityClassName"] = urgent_class
             submitted = time.monotonic()
-            await request(k8s, "POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
+
+            async def created() -> bool:
+                # The apiserver's priority admission reads PriorityClasses from its informer,
+                # which may not have seen the class just created (403 "no PriorityClass").
+                try:
+                    await request(k8s, "POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
+                except KubeError as error:
+                    if error.status == 403 and "no PriorityClass" in error.message:
+                        return False
+                    raise
+                return True
+
+            await wait_until(created, timeout=30, interval=0.2, what="the urgent pod created")
 
             async def urgent_runs() -> dict[str, JsonObject] | None:
                 pods = await running(env)
