@@ -182,7 +182,7 @@ class TimelineResult:
     recorded_waits: dict[str, list[float]] = field(default_factory=dict)
     wait_gpu_hours: float = 0.0
     # Per size class: a percentile of one class can move while its GPU-hours stay (docs/simulator.md,
-    # "Why fractions' p95 rises with moves").
+    # "Why the fractions' p95 rises with moves").
     wait_gpu_hours_by_size: dict[str, float] = field(default_factory=dict)
     work_gpu_s: float = 0.0  # GPU-seconds of the replayed pods' run times
     moves: int = 0
