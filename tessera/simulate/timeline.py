@@ -181,6 +181,9 @@ class TimelineResult:
     waits: dict[str, list[float]] = field(default_factory=dict)  # size class -> waits (s)
     recorded_waits: dict[str, list[float]] = field(default_factory=dict)
     wait_gpu_hours: float = 0.0
+    # Per size class: a percentile of one class can move while its GPU-hours stay (docs/simulator.md,
+    # "Why the fractions' p95 rises with moves").
+    wait_gpu_hours_by_size: dict[str, float] = field(default_factory=dict)
     work_gpu_s: float = 0.0  # GPU-seconds of the replayed pods' run times
     moves: int = 0
     lost_gpu_s: float = 0.0  # work lost to moves (each mover restarts)
@@ -345,8 +348,12 @@ class Timeline:
         if waited_s is None:
             return
         self._started += 1
-        self.result.waits.setdefault(size_class(pod.demand), []).append(waited_s)
-        self.result.wait_gpu_hours += waited_s * pod.demand.total_milli / GPU_MILLI / 3600
+        size = size_class(pod.demand)
+        self.result.waits.setdefault(size, []).append(waited_s)
+        gpu_hours = waited_s * pod.demand.total_milli / GPU_MILLI / 3600
+        self.result.wait_gpu_hours += gpu_hours
+        by_size = self.result.wait_gpu_hours_by_size
+        by_size[size] = by_size.get(size, 0.0) + gpu_hours
 
     def _place(self, pod: TimedPod) -> bool:
         placement = self.placer.place(pod.demand)

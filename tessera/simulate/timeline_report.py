@@ -169,6 +169,7 @@ def write_timeline_csv(results: Sequence[TimelineResult], out_dir: Path) -> list
                 "waiting_s",
                 "stranded_gpu_s",
                 "wait_gpu_hours",
+                *(f"wait_gpu_hours_{size}" for size in SIZE_CLASSES),
                 "multi_gpu_p95_s",
                 *wait_columns,
                 *recorded_columns,
@@ -197,6 +198,7 @@ def write_timeline_csv(results: Sequence[TimelineResult], out_dir: Path) -> list
                     f"{r.waiting_s:.0f}",
                     f"{r.stranded_gpu_s:.0f}",
                     f"{r.wait_gpu_hours:.3f}",
+                    *(f"{r.wait_gpu_hours_by_size.get(size, 0.0):.3f}" for size in SIZE_CLASSES),
                     f"{multi_gpu_p95(r):.0f}",
                     *(f"{r.wait(size, p):.0f}" for size in SIZE_CLASSES for p in PERCENTILES),
                     *(

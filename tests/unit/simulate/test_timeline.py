@@ -79,6 +79,24 @@ def test_a_departure_opens_a_hole_and_the_waiting_pods_start_in_arrival_order() 
     assert result.work_gpu_s == pytest.approx(2 * 100 + 50 + 50 + 0.5 * 10)
 
 
+def test_wait_gpu_hours_are_split_by_pod_size() -> None:
+    # One node of 2 GPUs, held by "big" 0..100. Waiting: "f1" (half a GPU) from 10, "f2" (half a
+    # GPU) from 20, "one" (1 GPU) from 30. At 100 "big" leaves and all three start, in arrival
+    # order: Tessera's binpack puts f2 next to f1 on one GPU, so "one" takes the other whole.
+    pods = [
+        pod("big", 2, 1000, created=0, runs=100),
+        pod("f1", 1, 500, created=10, runs=50),
+        pod("f2", 1, 500, created=20, runs=50),
+        pod("one", 1, 1000, created=30, runs=50),
+    ]
+    result = replay_timeline([node("n0")], pods, "tessera")
+    assert result.waits == {"2-4": [0.0], "fraction": [90.0, 80.0], "1": [70.0]}
+    # Fractions: (90 + 80) s x 0.5 GPU = 85 GPU-s; 1 GPU: 70 s x 1 GPU = 70 GPU-s; "big" 0.
+    assert result.wait_gpu_hours_by_size == pytest.approx({"2-4": 0.0, "fraction": 85 / 3600, "1": 70 / 3600})
+    # They add up to the total: 85 + 70 = 155 GPU-s.
+    assert result.wait_gpu_hours == pytest.approx(155 / 3600)
+
+
 def test_a_smaller_later_pod_starts_in_a_hole_the_earlier_bigger_one_cannot_use() -> None:
     # t=0 "a" and t=1 "b" (1 GPU each) fill the node; t=2 "pair" (2 GPUs) and t=3 "single"
     # (1 GPU) wait. t=50 "a" leaves: one GPU free, "pair" (first in line) does not fit it, "single"
