@@ -785,7 +785,8 @@ class _Replay:
         for key, rest in self.rests.items():
             self._reserve_shares(key, rest.node, ((rest.gpu, rest.milli),))
         # Within a pass usage only grows and free capacity only shrinks: a refusal, or a demand
-        # that fitted nowhere, stays so for the rest of it (admissions are kept until a start).
+        # that fitted nowhere (but on a rest of the pod's own queue), stays so for the rest of it
+        # (admissions are kept until a start).
         refused: dict[_Signature, str] = {}  # -> the reason
         admitted: set[_Signature] = set()
         unfit: set[GpuDemand] = set()
