@@ -63,7 +63,7 @@ import math
 import random
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from functools import cached_property
@@ -785,7 +785,8 @@ class _Replay:
         for key, rest in self.rests.items():
             self._reserve_shares(key, rest.node, ((rest.gpu, rest.milli),))
         # Within a pass usage only grows and free capacity only shrinks: a refusal, or a demand
-        # that fitted nowhere, stays so for the rest of it (admissions are kept until a start).
+        # that fitted nowhere (but on a rest of the pod's own queue), stays so for the rest of it
+        # (admissions are kept until a start).
         refused: dict[_Signature, str] = {}  # -> the reason
         admitted: set[_Signature] = set()
         unfit: set[GpuDemand] = set()
@@ -813,7 +814,9 @@ class _Replay:
                 self.refused.setdefault(refused[pod.signature], set()).add(pod.index)
                 self._release(pod.index)
                 continue
-            if not held and pod.demand in unfit:
+            # A rest kept for the pod's queue is room no other pod of that demand had, so a pod
+            # a rest may take is tried though an alike pod of another queue fitted nowhere.
+            if not held and pod.demand in unfit and not any(self._rests_for(pod)):
                 self.refused.setdefault("no_node_fits", set()).add(pod.index)
                 continue
             if pod.signature not in admitted:
@@ -1021,11 +1024,7 @@ class _Replay:
     def _take_rest(self, pod: _Pod) -> tuple[int, tuple[int, ...]] | None:
         """Where a fraction starts on a rest kept for its queue (rule 11), once free; None: no
         rest of its queue takes it. The plan that freed the rest counts what it takes as needed."""
-        if pod.demand.count != 1:
-            return None
-        for key, rest in sorted(self.rests.items()):
-            if rest.queue != pod.queue or pod.demand.milli > rest.milli:
-                continue
+        for key, rest in self._rests_for(pod):
             self._unreserve(key)
             if take(self.cluster.node_gpus(rest.node), pod.demand, (rest.gpu,)) is None:
                 self._reserve_shares(key, rest.node, ((rest.gpu, rest.milli),))
@@ -1039,6 +1038,14 @@ class _Replay:
                 del self.rests[key]
             return rest.node, (rest.gpu,)
         return None
+
+    def _rests_for(self, pod: _Pod) -> Iterator[tuple[str, _Rest]]:
+        """The rests kept for `pod`'s queue that its fraction is no bigger than (rule 11)."""
+        if pod.demand.count != 1:
+            return
+        for key, rest in sorted(self.rests.items()):
+            if rest.queue == pod.queue and pod.demand.milli <= rest.milli:
+                yield key, rest
 
     def _reserve(self, index: int) -> None:
         """Take what is held for pod `index` out of the cluster while others are placed: the share

@@ -372,6 +372,34 @@ def test_lone_quarters_keep_the_rest_of_their_gpu_for_their_queue(delay: float) 
     assert result.gpus_needed == pytest.approx(result.gpus_evicted)
 
 
+def test_a_rest_kept_for_a_queue_takes_its_next_fraction_behind_another_queues_alike_pod() -> None:
+    # One node of 3 GPUs, quotas 1 / 1 / 1. At 0 b runs one GPU, c two (c borrows). a asks for a
+    # half at 10 and 50 and a pair at 11 (demand 3: share 1). At 11 c (2 of 1) gives a GPU, the
+    # one eviction: a's first half takes 0.5 of it and the other 0.5 is kept for a (rule 11).
+    # At 30 b's half comes (b at 1 of 1: owed nothing, no reclaim): it fits nowhere - the only
+    # free share is a's rest. At 50 a's second half (a at 0.5 of 1: owed it) takes the rest at
+    # once. Before, b's half, alike in every resource and older, fitted nowhere first, and the
+    # scheduler's pass skipped every later pod of that demand - a's too, which the rest fits:
+    # a's half waited until the rest expired at 101, with 0.5 GPU idle while b's half waited:
+    # 0.5 x (101 - 30) = 35.5 GPU-s. Now 0.5 x (50 - 30) = 10: the rest kept for a's next half
+    # while b's waited (rule 11's price), and no longer.
+    result = run(
+        [{"name": "n", "gpus": 3}],
+        [queue("a", 1), queue("b", 1), queue("c", 1)],
+        [
+            job("b-own", "b", 1),
+            job("c-borrow", "c", 2),
+            job("a-half", "a", 2, arrival=10.0, interval=40.0, gpuMilli=500),
+            job("a-pair", "a", 1, arrival=11.0, gpus=2),
+            job("b-half", "b", 1, arrival=30.0, gpuMilli=500),
+        ],
+        until=200.0,
+    )
+    assert len(result.evictions) == 1
+    assert first_time(result, "a", 1.0) == 50.0
+    assert result.idle_gpu_s_while_fitting_pod_waits == pytest.approx(10.0)
+
+
 @pytest.mark.parametrize("delay", [0.0, 8.0])
 def test_a_held_pod_that_admission_refuses_gives_its_gpus_back(delay: float) -> None:
     # mixed.yaml: reclaim serves a non-preemptible serve-big pod (2 GPUs of org's quota 16);
