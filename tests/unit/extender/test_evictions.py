@@ -402,56 +402,30 @@ async def test_pods_of_an_owner_evicted_from_are_spared_for_a_while_after_their_
 
 
 @pytest.mark.parametrize(
-    ("argv", "wait_s"),
+    ("argv", "name", "value"),
     [
-        ([], math.inf),  # the default: a queue owed less than its pod never reclaims (rule 9)
-        (["--partly-owed-wait-s=120"], 120.0),
-        (["--partly-owed-wait-s=0"], 0.0),  # reclaims at once, as before rule 9
+        ([], "partly_owed_wait_s", math.inf),  # the default: owed less than its pod, never (rule 9)
+        (["--partly-owed-wait-s=120"], "partly_owed_wait_s", 120.0),
+        (["--partly-owed-wait-s=0"], "partly_owed_wait_s", 0.0),  # at once, as before rule 9
+        ([], "whole_owed_wait_s", Rules.whole_owed_wait_s),  # the planner's own default (rule 13)
+        (["--whole-owed-wait-s=20"], "whole_owed_wait_s", 20.0),
+        (["--whole-owed-wait-s=0"], "whole_owed_wait_s", 0.0),  # at once, as before rule 13
+        ([], "max_victim_evictions", 0),  # the default: no budget (rule 14 off, today's victims)
+        (["--max-victim-evictions=3"], "max_victim_evictions", 3),
+        ([], "victim_lead_s", math.inf),  # the default: any victim (rule 15 off)
+        (["--victim-lead-s=60"], "victim_lead_s", 60.0),
+        (["--victim-lead-per-wait=0.5"], "victim_lead_per_wait", 0.5),
     ],
 )
-async def test_the_partly_owed_wait_reaches_the_planners_rules(
-    apiserver: tuple[FakeEvictionApi, ApiClient], argv: list[str], wait_s: float
+async def test_a_reclaim_flag_reaches_the_planners_rules(
+    apiserver: tuple[FakeEvictionApi, ApiClient], argv: list[str], name: str, value: float
 ) -> None:
+    # The flag's parsed value, passed as the option of the same name, is the rule of that name.
     _, api = apiserver
     picture = ClusterPicture()
-    options = ReclaimOptions(partly_owed_wait_s=parse_args(argv).partly_owed_wait_s)
+    options = ReclaimOptions(**{name: getattr(parse_args(argv), name)})
     loop = ReclaimLoop(api, picture, ExtenderMetrics(picture), options)
-    assert loop.rules().partly_owed_wait_s == wait_s
-
-
-@pytest.mark.parametrize(
-    ("argv", "wait_s"),
-    [
-        ([], Rules.whole_owed_wait_s),  # the default, the planner's own (rule 13)
-        (["--whole-owed-wait-s=20"], 20.0),
-        (["--whole-owed-wait-s=0"], 0.0),  # reclaims at once, as before rule 13
-    ],
-)
-async def test_the_whole_owed_wait_reaches_the_planners_rules(
-    apiserver: tuple[FakeEvictionApi, ApiClient], argv: list[str], wait_s: float
-) -> None:
-    _, api = apiserver
-    picture = ClusterPicture()
-    options = ReclaimOptions(whole_owed_wait_s=parse_args(argv).whole_owed_wait_s)
-    loop = ReclaimLoop(api, picture, ExtenderMetrics(picture), options)
-    assert loop.rules().whole_owed_wait_s == wait_s
-
-
-@pytest.mark.parametrize(
-    ("argv", "limit"),
-    [
-        ([], 0),  # the default: no budget (rule 14 off, today's victims)
-        (["--max-victim-evictions=3"], 3),
-    ],
-)
-async def test_the_victim_budget_reaches_the_planners_rules(
-    apiserver: tuple[FakeEvictionApi, ApiClient], argv: list[str], limit: int
-) -> None:
-    _, api = apiserver
-    state = ClusterPicture()
-    options = ReclaimOptions(max_victim_evictions=parse_args(argv).max_victim_evictions)
-    loop = ReclaimLoop(api, state, ExtenderMetrics(state), options)
-    assert loop.rules().max_victim_evictions == limit
+    assert getattr(loop.rules(), name) == value
 
 
 async def test_a_replacement_of_a_pod_evicted_its_budget_is_spared(
@@ -461,16 +435,16 @@ async def test_a_replacement_of_a_pod_evicted_its_budget_is_spared(
     # evictions of one replica. a-2, a-1's replacement, inherits 2 and is no victim (rule 14);
     # a-9 of another ReplicaSet is. With rule 8's window 0, only the budget spares.
     _, api = apiserver
-    state = ClusterPicture()
+    picture = ClusterPicture()
     options = ReclaimOptions(evictions=EvictionLimits(16, LONG_S), recent_victim_s=0, max_victim_evictions=2)
-    loop = ReclaimLoop(api, state, ExtenderMetrics(state), options)
+    loop = ReclaimLoop(api, picture, ExtenderMetrics(picture), options)
 
     later = "2999-01-01T00:00:00Z"  # created after the evictions: a replacement
     for victim, served in [("a-0", "b-0"), ("a-1", "b-1")]:
-        state.replace("Pod", [owned(victim, "rs-a", later), objects.pod("ns", served, queue="b")])
-        loop.spent_victims.follow(state.kind("Pod"), time.time())
+        picture.replace("Pod", [owned(victim, "rs-a", later), objects.pod("ns", served, queue="b")])
+        loop.spent_victims.follow(picture.kind("Pod"), time.time())
         assert await loop.carry_out([reclaim_plan(f"ns/{served}", [f"ns/{victim}"])])
-    state.replace("Pod", [owned("a-2", "rs-a", later), owned("a-9", "rs-other")])
+    picture.replace("Pod", [owned("a-2", "rs-a", later), owned("a-9", "rs-other")])
     running = {
         key: RunningPod(key, "a", "n1", ((gpu, 1000),), {"gpu": 1.0}, started=time.time())
         for gpu, key in enumerate(["ns/a-2", "ns/a-9"])
@@ -479,15 +453,3 @@ async def test_a_replacement_of_a_pod_evicted_its_budget_is_spared(
     loop._spare_spent(snapshot, time.time(), loop.rules())
     assert {key for key, pod in snapshot.running.items() if not pod.preemptible} == {"ns/a-2"}
     assert loop.spent_victims.replica_of == {"ns/a-2": "ns/a-1"}
-
-
-async def test_the_victim_lead_reaches_the_planners_rules(
-    apiserver: tuple[FakeEvictionApi, ApiClient],
-) -> None:
-    _, api = apiserver
-    state = ClusterPicture()
-    args = parse_args(["--victim-lead-s=60", "--victim-lead-per-wait=0.5"])
-    options = ReclaimOptions(victim_lead_s=args.victim_lead_s, victim_lead_per_wait=args.victim_lead_per_wait)
-    rules = ReclaimLoop(api, state, ExtenderMetrics(state), options).rules()
-    assert (rules.victim_lead_s, rules.victim_lead_per_wait) == (60.0, 0.5)
-    assert math.isinf(parse_args([]).victim_lead_s)  # the default: any victim (rule 15 off)
