@@ -417,6 +417,14 @@ class Kai:
         for queue in kai_queues(queues):
             await _create(api, KAI_QUEUES_PATH, queue)
 
+    async def replace_queues(self, api: ApiClient, old: Sequence[str], queues: Sequence[QueueSpec]) -> None:
+        """The mirrored queues `old` deleted and `queues` mirrored instead (under the same parent,
+        whose quota stays the sum of its children's)."""
+        for name in old:
+            await request(api, "DELETE", f"{KAI_QUEUES_PATH}/{name}")
+        for queue in kai_queues(queues):
+            await _create(api, KAI_QUEUES_PATH, queue)
+
     def start(self, variant: KaiVariant) -> None:
         """KAI's five processes, each waited for until it answers (``health_url``)."""
         config = (

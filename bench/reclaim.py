@@ -36,13 +36,17 @@ supports); the table says which layout the run used. ``--jobs`` submits every po
 of a one-pod Job instead, so an evicted pod comes back as a pending pod of its queue (as a user's
 training jobs do); the figures count the deleted pods either way.
 
-Then a churn phase with the extender only (``--churn-seconds``, ``--churn-queues``): every queue
-alternates between busy spells (keeping a backlog of pending pods whose runtimes are random) and
-idle spells, so queues keep borrowing and reclaiming from each other. Counted: evictions;
-evictions undone - the pod a reclaim served later evicted in its turn for the queue the GPUs were
-taken from (ping-pong; target 0); and reverse reclaims - a queue X that lost a pod to Y later
-reclaiming from Y at all, which is also right whenever the queues' demands changed in between (in
-this churn they change all the time), so it is reported, not targeted.
+Then a churn phase (``--churn-seconds``, ``--churn-queues``), with Tessera and then, when it was
+built, with KAI's default actions, the same seed for both: every queue alternates between busy
+spells (keeping a backlog of pending pods whose runtimes are random) and idle spells, so queues
+keep borrowing and reclaiming from each other. Counted: evictions; evictions undone - the pod a
+reclaim served later evicted in its turn for the queue the GPUs were taken from (ping-pong; target
+0); and reverse reclaims - a queue X that lost a pod to Y later reclaiming from Y at all, which is
+also right whenever the queues' demands changed in between (in this churn they change all the
+time), so it is reported, not targeted. Each eviction and the pod it served are read from the
+scheduler's own events: Tessera's `Reclaimed` event on the victim names the pod served; KAI's
+`Evict` event on the victim's PodGroup (`pg-<pod>-<uid>` for a bare pod) names the preemptor's
+PodGroup in its `evictor-pod-group-name` annotation.
 
 Anchors: KAI Scheduler averages 13.9 s per reclaimed GPU at 500 nodes, and once evicted 376 GPUs
 to serve a 48-GPU request (ratio 7.8). Targets: under 2 s per GPU, ratio <= 1.1.
@@ -111,6 +115,7 @@ QUEUE_A, QUEUE_B = "bench-reclaim-a", "bench-reclaim-b"
 KAI_PER_GPU_S = 13.9
 KAI_WORST = (376, 48)
 RECLAIMED_FOR = re.compile(r"reclaimed for queue '([^']+)' \(pod [^/]+/([^)]+)\)")
+PLANNED_RATIO = re.compile(r"\(([\d.]+) GPUs for ([\d.]+) needed\)")
 CLASSIC_GPU = "nvidia.com/gpu"
 # On the classic-GPU nodes only; the classic pods select it (see (a) above).
 CLASSIC_NODE_LABEL = ("bench.tessera.dev/gpus", "device-plugin")
@@ -197,6 +202,7 @@ def reverse_reclaims(evictions: Sequence[Eviction]) -> int:
 
 @dataclass(frozen=True)
 class ChurnResult:
+    setup: str  # which scheduler ran it
     seconds: float
     queues: int
     submitted: int
@@ -204,7 +210,7 @@ class ChurnResult:
     evictions: int
     undone: int
     reverse: int
-    max_ratio: float  # the largest GPUs evicted / GPUs needed of one plan (from its event)
+    max_ratio: float | None  # the largest GPUs evicted / GPUs needed of one plan (None: not told)
     undone_pairs: tuple[tuple[Eviction, Eviction], ...] = ()
     lost_gpu_s: float = 0.0  # GPU-seconds the evicted pods had run (single-GPU pods): work lost
     done_gpu_s: float = 0.0  # GPU-seconds of the pods that ran their whole runtime
@@ -256,8 +262,10 @@ def reclaim_table(result: ReclaimResult) -> str:
     return f"{format_table(headers, rows)}\n{slices}\n{probe}\n{anchor}"
 
 
-def churn_table(result: ChurnResult) -> str:
+def churn_table(results: Sequence[ChurnResult]) -> str:
+    """One row per contender of the same churn, then each evictions-undone pair."""
     headers = [
+        "setup",
         "queues",
         "seconds",
         "pods submitted",
@@ -268,23 +276,28 @@ def churn_table(result: ChurnResult) -> str:
         "max plan ratio",
         "work lost GPU-s",
     ]
-    row = [
-        str(result.queues),
-        f"{result.seconds:.0f}",
-        str(result.submitted),
-        str(result.completed),
-        str(result.evictions),
-        str(result.undone),
-        str(result.reverse),
-        f"{result.max_ratio:.2f}",
-        f"{result.lost_gpu_s:.0f} ({result.lost_pct:.1f}%)",
+    rows = [
+        [
+            result.setup,
+            str(result.queues),
+            f"{result.seconds:.0f}",
+            str(result.submitted),
+            str(result.completed),
+            str(result.evictions),
+            str(result.undone),
+            str(result.reverse),
+            "-" if result.max_ratio is None else f"{result.max_ratio:.2f}",
+            f"{result.lost_gpu_s:.0f} ({result.lost_pct:.1f}%)",
+        ]
+        for result in results
     ]
     pairs = [
-        f"  undone: {first.victim} at {first.at:.0f} ({first.message})\n"
+        f"  {result.setup} undone: {first.victim} at {first.at:.0f} ({first.message})\n"
         f"     by: {later.victim} at {later.at:.0f} ({later.message})"
+        for result in results
         for first, later in result.undone_pairs
     ]
-    return "\n".join([format_table(headers, [row]), *pairs])
+    return "\n".join([format_table(headers, rows), *pairs])
 
 
 # -- the cluster -------------------------------------------------------------------------------
@@ -577,15 +590,100 @@ class Spells:
         return self.busy
 
 
-async def _reclaim_events(bench: BenchCluster, namespace: str, queue_of: dict[str, str]) -> list[JsonObject]:
+async def _events(bench: BenchCluster, namespace: str, reason: str) -> list[JsonObject]:
     listing = await request(
         bench.api,
         "GET",
         f"/api/v1/namespaces/{namespace}/events",
-        query={"fieldSelector": "reason=Reclaimed"},
+        query={"fieldSelector": f"reason={reason}"},
         timeout=60.0,
     )
-    return [e for e in listing.get("items") or [] if e["involvedObject"]["name"] in queue_of]
+    return list(listing.get("items") or [])
+
+
+def _stamp(event: JsonObject) -> float:
+    return _epoch(event.get("firstTimestamp") or event.get("eventTime") or "")
+
+
+async def tessera_evictions(bench: BenchCluster, namespace: str, queue_of: dict[str, str]) -> list[Eviction]:
+    """The extender's evictions, from its `Reclaimed` events on the victims (they name the pod
+    served and its queue)."""
+    evictions = []
+    for event in await _events(bench, namespace, "Reclaimed"):
+        victim = event["involvedObject"]["name"]
+        served = RECLAIMED_FOR.search(event["message"])
+        if victim in queue_of and served is not None:
+            evictions.append(
+                Eviction(
+                    _stamp(event),
+                    victim,
+                    queue_of[victim],
+                    served.group(2),
+                    served.group(1),
+                    event["message"],
+                )
+            )
+    return evictions
+
+
+# KAI names a bare pod's PodGroup `pg-<pod>-<pod uid>`.
+KAI_POD_GROUP = re.compile(r"^pg-(.+)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def kai_pod_of(pod_group: str) -> str | None:
+    """The bare pod a KAI PodGroup stands for, by its name (None: not such a name)."""
+    match = KAI_POD_GROUP.match(pod_group)
+    return match.group(1) if match else None
+
+
+async def kai_evictions(bench: BenchCluster, namespace: str, queue_of: dict[str, str]) -> list[Eviction]:
+    """KAI's evictions, from its `Evict` events on the victims' PodGroups: the annotation
+    `evictor-pod-group-name` names the preemptor's PodGroup (its action, reclaim, preempt or
+    consolidation, in `evictor-action-type`)."""
+    evictions = []
+    for event in await _events(bench, namespace, "Evict"):
+        annotations = (event.get("metadata") or {}).get("annotations") or {}
+        victim = kai_pod_of(event["involvedObject"]["name"])
+        served = kai_pod_of(annotations.get("evictor-pod-group-name", ""))
+        if victim in queue_of and served in queue_of:
+            assert victim is not None and served is not None
+            action = annotations.get("evictor-action-type", "?")
+            message = f"{action}: {event.get('message', '')}"
+            evictions.append(
+                Eviction(_stamp(event), victim, queue_of[victim], served, queue_of[served], message)
+            )
+    return evictions
+
+
+async def tessera_plan_ratio(bench: BenchCluster, namespace: str) -> float | None:
+    """The largest GPUs evicted / GPUs needed of one plan, from the `ReclaimPlanned` events."""
+    ratios = [
+        float(match.group(1)) / float(match.group(2))
+        for event in await _events(bench, namespace, "ReclaimPlanned")
+        if (match := PLANNED_RATIO.search(event["message"]))
+    ]
+    return max(ratios, default=0.0)
+
+
+async def untold_plan_ratio(bench: BenchCluster, namespace: str) -> float | None:
+    """KAI's events give a victim's gang size, not what its plan needed."""
+    return None
+
+
+@dataclass(frozen=True)
+class ChurnContender:
+    """Who runs a churn: the pods' scheduler, and how its evictions and plans are read back."""
+
+    setup: str
+    scheduler: str
+    evictions: Callable[[BenchCluster, str, dict[str, str]], Awaitable[list[Eviction]]]
+    plan_ratio: Callable[[BenchCluster, str], Awaitable[float | None]]
+
+
+TESSERA_CHURN = ChurnContender(
+    "kube-scheduler + Tessera", TESSERA_SCHEDULER, tessera_evictions, tessera_plan_ratio
+)
+KAI_CHURN = ChurnContender(DEFAULT_ACTIONS.label, KAI_SCHEDULER, kai_evictions, untold_plan_ratio)
 
 
 async def _churn(
@@ -596,9 +694,10 @@ async def _churn(
     backlog: int,
     seed: int,
     complete: Callable[[str, Sequence[str]], Awaitable[None]] | None = None,
+    contender: ChurnContender = TESSERA_CHURN,
 ) -> ChurnResult:
-    """The churn; a pod that ran its runtime is completed by `complete(namespace, names)`
-    (default: deleted, as a finished bare pod's owner would)."""
+    """The churn, its pods for `contender`'s scheduler; a pod that ran its runtime is completed by
+    `complete(namespace, names)` (default: deleted, as a finished bare pod's owner would)."""
     complete = complete or bench.delete_pods
     rng = random.Random(seed)
     spells = {queue: Spells(random.Random(rng.random())) for queue in queues}
@@ -623,7 +722,7 @@ async def _churn(
                     queue_of[name] = queue
                     runtime[name] = rng.uniform(10, 40)
                 if fresh:
-                    await _submit(bench, namespace, TESSERA_SCHEDULER, fresh, queue, None)
+                    await _submit(bench, namespace, contender.scheduler, fresh, queue, None)
             done = [
                 n
                 for n, at in first_bound.items()
@@ -632,34 +731,12 @@ async def _churn(
             finished.update(done)
             await complete(namespace, done)
             await asyncio.sleep(0.5)
-    events = await _reclaim_events(bench, namespace, queue_of)
-    evictions = []
-    max_ratio = 0.0
-    for event in events:
-        served = RECLAIMED_FOR.search(event["message"])
-        if served is None:
-            continue
-        stamp = event.get("firstTimestamp") or event.get("eventTime") or ""
-        victim = event["involvedObject"]["name"]
-        evictions.append(
-            Eviction(
-                _epoch(stamp), victim, queue_of[victim], served.group(2), served.group(1), event["message"]
-            )
-        )
-    planned = await request(
-        bench.api,
-        "GET",
-        f"/api/v1/namespaces/{namespace}/events",
-        query={"fieldSelector": "reason=ReclaimPlanned"},
-        timeout=60.0,
-    )
-    for event in planned.get("items") or []:
-        match = re.search(r"\(([\d.]+) GPUs for ([\d.]+) needed\)", event["message"])
-        if match:
-            max_ratio = max(max_ratio, float(match.group(1)) / float(match.group(2)))
+    evictions = await contender.evictions(bench, namespace, queue_of)
+    max_ratio = await contender.plan_ratio(bench, namespace)
     end = time.monotonic()
     victims = {eviction.victim for eviction in evictions}
     return ChurnResult(
+        contender.setup,
         seconds,
         len(queues),
         len(queue_of),
@@ -672,6 +749,44 @@ async def _churn(
         lost_gpu_s=sum(gone_at.get(v, end) - first_bound[v] for v in victims if v in first_bound),
         done_gpu_s=sum(runtime[name] for name in finished),
     )
+
+
+async def churn_contest(
+    bench: BenchCluster,
+    replaced: Sequence[str],
+    queues: int,
+    seconds: float,
+    backlog: int,
+    kai: bool,
+    complete: Callable[[str, Sequence[str]], Awaitable[None]] | None = None,
+) -> list[ChurnResult]:
+    """The same churn (seed 1) with Tessera, then with KAI's default actions when `kai`, each in a
+    namespace of its own, on `queues` queues that share the GPUs equally. They take the place of
+    the rounds' queues `replaced` (in KAI's mirror too), so the quotas sum to the cluster in both,
+    as the rounds' did: KAI does not reclaim for a queue within its quota while quotas add up to
+    more than the cluster."""
+    gpus = len(bench.nodes) * GPUS_PER_NODE
+    names = [f"bench-churn-{chr(ord('a') + i)}" for i in range(queues)]
+    for name in replaced:
+        await request(bench.api, "DELETE", f"{QUEUES_PATH}/{name}")
+    specs = await _create_queues(bench, names, gpus // queues)
+    if kai and bench.kai is not None:
+        await bench.kai.replace_queues(bench.api, replaced, specs)
+    results = []
+    for contender in (TESSERA_CHURN, *((KAI_CHURN,) if kai else ())):
+        namespace = await bench.new_namespace("churn")
+        run = _churn(bench, namespace, names, seconds, backlog, 1, complete, contender)
+        if contender is KAI_CHURN:
+            async with kai_running(bench, DEFAULT_ACTIONS):
+                results.append(await run)
+        else:
+            await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
+            try:
+                results.append(await run)
+            finally:
+                await asyncio.to_thread(bench.stop_extender)
+        await bench.clear(namespace)
+    return results
 
 
 def _epoch(stamp: str) -> float:
@@ -691,7 +806,7 @@ async def run_reclaim_async(
     slices: SharingModeSetting = "auto",
     jobs: bool = False,
     probe_s: float = DRA_PROBE_S,
-) -> tuple[ReclaimResult, ChurnResult | None]:
+) -> tuple[ReclaimResult, list[ChurnResult]]:
     """The benchmark on a fresh cluster; `timeout`: the longest wait of a round (A filling the
     GPUs, B its share, the victims going); `probe_s`: the DRA probe's wait."""
     gpus = nodes * GPUS_PER_NODE
@@ -706,18 +821,13 @@ async def run_reclaim_async(
         probe = await _dra_preemption_probe(bench, probe_s)
         log.info("plain priority preemption with DRA claims: %s", probe)
         plain, tessera, kai_runs = await _rounds(bench, rounds, timeout, variants, jobs)
-        churn = None
-        if churn_seconds > 0:
-            names = [f"bench-churn-{chr(ord('a') + i)}" for i in range(churn_queues)]
-            await _create_queues(bench, names, gpus // churn_queues)
-            await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
-            namespace = await bench.new_namespace("churn")
-            try:
-                churn = await _churn(
-                    bench, namespace, names, churn_seconds, backlog=gpus // churn_queues, seed=1
-                )
-            finally:
-                await asyncio.to_thread(bench.stop_extender)
+        churn = (
+            await churn_contest(
+                bench, (QUEUE_A, QUEUE_B), churn_queues, churn_seconds, gpus // churn_queues, bool(variants)
+            )
+            if churn_seconds > 0
+            else []
+        )
     result = ReclaimResult(
         tuple(plain),
         tuple(tessera),
@@ -794,12 +904,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, (run, _) in result.kai.items():
         figures[f"kai_s ({label})"] = round(run.seconds, 2)
         figures[f"kai_evicted_ratio ({label})"] = round(run.ratio, 3)
-    if churn is not None:
-        print(f"\nchurn, Tessera only: {churn.queues} queues with equal quotas, {churn.seconds:.0f} s")
+    if churn:
+        first = churn[0]
+        print(f"\nchurn: {first.queues} queues with equal quotas, {first.seconds:.0f} s, the same seed each")
         print(churn_table(churn))
+        tessera_churn, *kai_churn = churn
         figures.update(
-            churn_evictions=churn.evictions, churn_undone=churn.undone, churn_reverse=churn.reverse
+            churn_evictions=tessera_churn.evictions,
+            churn_undone=tessera_churn.undone,
+            churn_reverse=tessera_churn.reverse,
         )
+        for kai_run in kai_churn:
+            figures[f"kai_churn_evictions ({DEFAULT_ACTIONS.label})"] = kai_run.evictions
+            figures[f"kai_churn_undone ({DEFAULT_ACTIONS.label})"] = kai_run.undone
     print(json.dumps(figures))
     return 0
 

@@ -31,11 +31,11 @@ one sample waits ``PLAIN_RECLAIM_WAIT_S`` and is reported not reached), kube-sch
 ``--rounds N`` alternates them (``bench.e2e.compare``); each figure is the median over the rounds,
 with its ratio against plain's median in the same run.
 
-(c) **churn**, Tessera only, after the rounds (``--churn-s``; 600 s at full size): three queues
-with equal quotas alternate busy and idle spells (``bench.reclaim``'s churn), each pod running
-10-40 s; counted are evictions, evictions undone (a reclaimed GPU taken back for the queue it came
-from; target 0) and the work lost (GPU-seconds the evicted pods had run, against the GPU time
-used).
+(c) **churn**, after the rounds, with Tessera and then with KAI's default actions when it was
+built (``--churn-s``; 600 s at full size): three queues with equal quotas alternate busy and idle
+spells (``bench.reclaim``'s churn, the same seed for both), each pod running 10-40 s; counted are
+evictions, evictions undone (a reclaimed GPU taken back for the queue it came from; target 0) and
+the work lost (GPU-seconds the evicted pods had run, against the GPU time used).
 
 Anchors: KAI Scheduler's nightly 500-node suite fills the cluster at about 10 single-GPU jobs/s
 (4000 in 6 min 38 s) and averages 13.9 s to reclaim one GPU for a starved queue.
@@ -82,9 +82,9 @@ from .reclaim import (
     QUEUE_A,
     QUEUE_B,
     ChurnResult,
-    _churn,
     _create_queues,
     _submit,
+    churn_contest,
     churn_table,
 )
 
@@ -189,7 +189,7 @@ class ScaleResult:
     nodes: int
     samples: int
     contenders: tuple[Figures, ...]  # plain first
-    churn: ChurnResult | None = None
+    churn: tuple[ChurnResult, ...] = ()  # Tessera's, then KAI's
     loads: tuple[str, ...] = field(default=())  # /proc/loadavg at the start and the end
 
     @property
@@ -264,12 +264,10 @@ def figures_json(result: ScaleResult) -> dict[str, float | int]:
         out[f"reclaim_avg_s ({key})"] = round(figures.reclaim_mean_s, 2) if figures.reached else -1
         out[f"reclaim_p95_s ({key})"] = round(figures.reclaim_p95_s, 2) if figures.reached else -1
         out[f"control_plane_cpu_s ({key})"] = round(figures.cpu("control_plane_s"), 1)
-    if result.churn is not None:
-        out.update(
-            churn_evictions=result.churn.evictions,
-            churn_undone=result.churn.undone,
-            churn_lost_pct=round(result.churn.lost_pct, 2),
-        )
+    for churn in result.churn:
+        out[f"churn_evictions ({churn.setup})"] = churn.evictions
+        out[f"churn_undone ({churn.setup})"] = churn.undone
+        out[f"churn_lost_pct ({churn.setup})"] = round(churn.lost_pct, 2)
     return out
 
 
@@ -463,26 +461,21 @@ async def run_scale(
             return _scale_round(bench, namespace, scheduler, samples, wait, fill_timeout)
 
         contest = await compare(bench, scenario, rounds, variants)
-        churn = None
-        if churn_s > 0:
-            names = [f"bench-churn-{chr(ord('a') + i)}" for i in range(CHURN_QUEUES)]
-            await _create_queues(bench, names, gpus // CHURN_QUEUES)
-            await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
-            namespace = await bench.new_namespace("churn")
-            try:
-                backlog = min(gpus // CHURN_QUEUES, CHURN_BACKLOG)
-                churn = await _churn(
-                    bench, namespace, names, churn_s, backlog, seed=1, complete=kubelet.succeed
-                )
-            finally:
-                await asyncio.to_thread(bench.stop_extender)
+        backlog = min(gpus // CHURN_QUEUES, CHURN_BACKLOG)
+        churn = (
+            await churn_contest(
+                bench, (QUEUE_A, QUEUE_B), CHURN_QUEUES, churn_s, backlog, bool(variants), kubelet.succeed
+            )
+            if churn_s > 0
+            else []
+        )
     loads.append(_loadavg())
     contenders = [
         Figures("plain kube-scheduler", contest.plain),
         Figures("kube-scheduler + Tessera", contest.tessera),
         *(Figures(label, runs) for label, runs in contest.kai.items() if runs),
     ]
-    return ScaleResult(nodes, samples, tuple(contenders), churn, tuple(loads))
+    return ScaleResult(nodes, samples, tuple(contenders), tuple(churn), tuple(loads))
 
 
 def _loadavg() -> str:
@@ -522,11 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.rounds} round(s); load {' -> '.join(result.loads)}"
     )
     print(scale_table(result))
-    if result.churn is not None:
-        print(
-            f"\nchurn, Tessera only: {result.churn.queues} queues with equal quotas, "
-            f"{result.churn.seconds:.0f} s"
-        )
+    if result.churn:
+        first = result.churn[0]
+        print(f"\nchurn: {first.queues} queues with equal quotas, {first.seconds:.0f} s, the same seed each")
         print(churn_table(result.churn))
     print(json.dumps(figures_json(result)))
     return 0

@@ -173,6 +173,9 @@ class ReplicaEvictions:
 @dataclass(frozen=True)
 class ReclaimOptions:
     interval_s: float = 1.0
+    # A pod kube-scheduler gave up on wakes the loop at once, but passes start at least this far
+    # apart (a burst of unschedulable pods costs one pass per gap, not one per pod).
+    min_gap_s: float = 0.1
     # How long freed GPUs are kept for the served pod: the victims' graceful termination plus a
     # scheduling cycle. A bind releases the hold earlier.
     hold_s: float = 90.0
@@ -237,13 +240,20 @@ class ReclaimLoop:
         self.spent_victims = ReplicaEvictions()
         self.fits = FitIndex()  # where waiting pods fit, looked at again only where nodes changed
         self._loop = PeriodicPass(
-            "reclaim", self.options.interval_s, lambda: self.is_leader() and picture.ready(), self.run_once
+            "reclaim",
+            self.options.interval_s,
+            lambda: self.is_leader() and picture.ready(),
+            self.run_once,
+            min_gap_s=self.options.min_gap_s,
         )
 
     def start(self) -> None:
+        self.picture.unplaced_listeners.append(self._loop.wake)
         self._loop.start()
 
     async def stop(self) -> None:
+        if self._loop.wake in self.picture.unplaced_listeners:
+            self.picture.unplaced_listeners.remove(self._loop.wake)
         await self._loop.stop()
 
     def rules(self) -> Rules:

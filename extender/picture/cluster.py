@@ -156,6 +156,9 @@ class ClusterPicture:
         # Pending pods kube-scheduler tried and could not place (`scheduler_gave_up`): the
         # planners plan only while one of them waits (`unplaced_waiting`).
         self._unplaced: set[str] = set()
+        # Called when kube-scheduler gives up on a pod it had not given up on before (the reclaim
+        # loop plans at once instead of at its next interval).
+        self.unplaced_listeners: list[Callable[[], None]] = []
         self._unplaced_changes = 0  # counts changes to `_unplaced` (what `owed_pods` is kept by)
         # `owed_pods`' answer, and the view, inventory version and unplaced changes it was read at.
         self._owed_kept: tuple[QueueView, int, int, tuple[OwedPod, ...]] | None = None
@@ -230,6 +233,9 @@ class ClusterPicture:
         else:
             self._unplaced.discard(key)
         self._unplaced_changes += len(self._unplaced) != before
+        if len(self._unplaced) > before:
+            for listener in self.unplaced_listeners:
+                listener()
 
     # ---- questions ---------------------------------------------------------------------------
 

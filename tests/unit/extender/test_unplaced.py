@@ -6,13 +6,14 @@ the scheduler has not tried yet may well fit where it is.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from extender.controllers.reclaim import ReclaimLoop
+from extender.controllers.reclaim import ReclaimLoop, ReclaimOptions
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, scheduler_gave_up
 from extender.policy.reclaim import PendingPod
@@ -102,12 +103,14 @@ class FollowUp:
     def __init__(self, own_work: bool) -> None:
         self.own_work = own_work
         self.given: list[list[str]] = []
+        self.planned = asyncio.Event()  # set by each cycle that planned
 
     def has_own_work(self) -> bool:
         return self.own_work
 
     async def run_once(self, snapshot: object, waiting: Sequence[PendingPod], served: object) -> None:
         self.given.append([pod.key for pod in waiting])
+        self.planned.set()
 
 
 def counter(metrics: ExtenderMetrics, name: str) -> float:
@@ -139,3 +142,48 @@ async def test_a_reclaim_cycle_plans_only_when_something_can_come_of_it(
     assert counter(metrics, "tessera_reclaim_cycle_duration_seconds_count") == (1 if plans else 0)
     # A cycle that plans hands every waiting pod on, tried or not (the plan itself is unchanged).
     assert follow_up.given == ([["ns/p"]] if plans else [])
+
+
+def test_the_reclaim_loop_is_woken_when_the_scheduler_gives_up_on_a_pod() -> None:
+    """Only a pod newly given up on wakes the loop: a second refusal of the same pod, a bind, and
+    a pod never tried do not (the loop then plans at its interval, as before)."""
+    picture = picture_of([gpu_pod("p"), gpu_pod("other")])
+    wakes: list[int] = []
+    picture.unplaced_listeners.append(lambda: wakes.append(len(wakes)))
+
+    def update(name: str, version: str, *conditions: Mapping[str, Any], node: str | None = None) -> None:
+        pod = gpu_pod(name, *conditions, node=node)
+        pod["metadata"]["resourceVersion"] = version
+        picture.apply("Pod", "MODIFIED", pod)
+
+    update("p", "2", scheduled("False", "Unschedulable"))
+    assert len(wakes) == 1  # given up on: wake
+    update("p", "3", scheduled("False", "Unschedulable"))
+    assert len(wakes) == 1  # refused again (a new message): already unplaced, no wake
+    update("other", "2", scheduled("False", "SchedulingGated"))
+    assert len(wakes) == 1  # gated, never tried
+    update("p", "4", scheduled("True", ""), node="a")
+    assert len(wakes) == 1  # bound: leaves the set
+    update("other", "3", scheduled("False", "Unschedulable"))
+    assert len(wakes) == 2
+
+
+async def test_a_pod_given_up_on_runs_a_reclaim_cycle_at_once() -> None:
+    """An hour's interval: the cycle that plans comes from the wake alone."""
+    picture = picture_of([gpu_pod("p")])
+    metrics = ExtenderMetrics(picture)
+    api = ApiClient()
+    loop = ReclaimLoop(api, picture, metrics, ReclaimOptions(interval_s=3600.0))
+    follow_up = FollowUp(False)
+    loop.follow_ups.append(follow_up)
+    loop.start()
+    try:
+        refused = gpu_pod("p", scheduled("False", "Unschedulable"))
+        refused["metadata"]["resourceVersion"] = "2"
+        picture.apply("Pod", "MODIFIED", refused)
+        await asyncio.wait_for(follow_up.planned.wait(), 30)
+        assert follow_up.given == [["ns/p"]]
+    finally:
+        await loop.stop()
+        await api.close()
+    assert picture.unplaced_listeners == []  # stopped: no longer woken

@@ -9,6 +9,7 @@ from bench.reclaim import (
     Eviction,
     ReclaimRun,
     classic_gpu_pod,
+    kai_pod_of,
     reverse_reclaims,
     undone,
 )
@@ -29,6 +30,17 @@ def test_a_later_reclaim_between_the_same_queues_is_a_reverse_reclaim_only() -> 
     unrelated = Eviction(40.0, "c-1", "c", "a-9", "a")
     assert undone([first, other, unrelated]) == 0
     assert reverse_reclaims([first, other, unrelated]) == 1
+
+
+def test_a_kai_pod_group_names_its_bare_pod() -> None:
+    """KAI's podgrouper names a bare pod's PodGroup `pg-<pod>-<pod uid>`: the churn's victims and
+    the pods served are read back from those names in KAI's Evict events."""
+    uid = "0f8e2a51-6c3d-4b7a-9e12-3a4b5c6d7e8f"
+    assert kai_pod_of(f"pg-a-00012-{uid}") == "a-00012"
+    assert kai_pod_of(f"pg-b-00003-{uid}") == "b-00003"
+    assert kai_pod_of("pg-a-00012") is None  # no uid: not a bare pod's group
+    assert kai_pod_of(f"a-00012-{uid}") is None  # no prefix
+    assert kai_pod_of("") is None  # an Evict event without the evictor annotation
 
 
 def test_figures_of_a_round() -> None:

@@ -105,7 +105,11 @@ def test_a_reclaim_plain_reached_gets_its_ratio() -> None:
 
 def test_the_churns_work_lost_is_a_share_of_the_gpu_time_used() -> None:
     # Evicted pods had run 30 GPU-s, finished ones 270: 30 / (30 + 270) = 10.0%.
-    churn = ChurnResult(60.0, 3, 100, 40, 5, 0, 1, 1.0, lost_gpu_s=30.0, done_gpu_s=270.0)
+    churn = ChurnResult("Tessera", 60.0, 3, 100, 40, 5, 0, 1, 1.0, lost_gpu_s=30.0, done_gpu_s=270.0)
     assert churn.lost_pct == 10.0
-    assert churn_table(churn).splitlines()[2].split()[-2:] == ["30", "(10.0%)"]
-    assert ChurnResult(1.0, 3, 0, 0, 0, 0, 0, 0.0).lost_pct == 0.0  # nothing ran: no share
+    # KAI's events do not tell what a plan needed: its ratio reads "-".
+    kai = ChurnResult("KAI", 60.0, 3, 100, 40, 6, 1, 2, None, lost_gpu_s=60.0, done_gpu_s=240.0)
+    tessera_row, kai_row = churn_table([churn, kai]).splitlines()[2:4]
+    assert tessera_row.split()[-3:] == ["1.00", "30", "(10.0%)"]
+    assert kai_row.split()[-3:] == ["-", "60", "(20.0%)"]
+    assert ChurnResult("Tessera", 1.0, 3, 0, 0, 0, 0, 0, 0.0).lost_pct == 0.0  # nothing ran: no share
