@@ -8,8 +8,11 @@ builds the extender's own `ClusterPicture` from it - the same parsing, accountin
 shares - and asks the same policy code the live extender asks:
 
 * admission: every pending pod, in its queue's order (priority, then creation), gets the filter's
-  decision with every node a candidate (`extender.verbs.queue_admission`, the rule of
-  `extender.policy.admission.admit`): admitted, or refused with its reason code and numbers;
+  decision with every node a candidate (`extender.verbs.waiting_decision`, as the extender's
+  status writer judges pods kube-scheduler found no node for: the queue's tenancy, the rule of
+  `extender.policy.admission.admit`, a gang judged whole): refused with its reason code and
+  numbers, or admitted - and, when kube-scheduler found no node for it, why it waits with the
+  code and numbers the extender writes on it (reclaim comes for it, or it waits for free GPUs);
 * reclaim: the reclaim loop's next cycle (`extender.policy.reclaim.plan` on the picture's
   snapshot and waiting list, with the queues' rules): each plan's served pod, goal and victims;
 * consolidation: the same cycle's follow-up (`extender.policy.consolidation.plan_moves`, with
@@ -47,8 +50,9 @@ from extender.kubeapi import JsonObject, request
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
 from extender.picture.demands import pod_created
 from extender.policy.consolidation import ConsolidationRules, MovePlan, plan_moves
+from extender.policy.fairness import AdmissionDecision
 from extender.policy.reclaim import Budget, Plan, Rules, plan
-from extender.verbs import queue_admission
+from extender.verbs import unschedulable, waiting_decision, why_unplaced
 from extender.webhook_process import api_client
 
 SNAPSHOT_VERSION = 1
@@ -119,11 +123,16 @@ class Decision:
     admitted: bool
     code: str
     reason: str
+    no_node: bool = False  # admitted, and kube-scheduler found no node for it
 
 
 def admissions(picture: ClusterPicture) -> list[Decision]:
-    """The filter's decision for every pending pod of a queue, in queue order."""
+    """For every pending pod of a queue, in queue order, the admission decision with every node a
+    candidate (`extender.verbs.waiting_decision`: its queue's tenancy, the admission rule, a gang
+    judged whole); for one admitted that kube-scheduler found no node for, why it waits as the
+    extender writes it on the pod (`why_unplaced`: reclaim comes for it, or free GPUs must)."""
     nodes = list(picture.kind("Node"))
+    gangs: dict[str, AdmissionDecision] = {}
     found: list[tuple[tuple[str, int, float, str], Decision]] = []
     for key, pod in picture.kind("Pod").items():
         if not picture.is_pending(key, pod):
@@ -131,9 +140,11 @@ def admissions(picture: ClusterPicture) -> list[Decision]:
         demand = picture.demand(pod)
         if demand.problem or not (demand.labelled or demand.wants_gpu):
             continue
-        decision = queue_admission(picture, nodes, picture.pod_context(key, pod, demand), [0])[0][0]
+        decision, context = waiting_decision(picture, nodes, key, pod, demand, gangs)
+        unplaced = decision.admit and unschedulable(pod)
+        code, reason = why_unplaced(context) if unplaced else (decision.kind, decision.reason)
         order = (demand.queue, -demand.priority, pod_created(pod), key)
-        found.append((order, Decision(key, demand.queue, decision.admit, decision.kind, decision.reason)))
+        found.append((order, Decision(key, demand.queue, decision.admit, code, reason, unplaced)))
     return [decision for _, decision in sorted(found, key=lambda item: item[0])]
 
 
@@ -165,7 +176,13 @@ def consolidation_moves(
 def report(decisions: Sequence[Decision], plans: Sequence[Plan], moves: Sequence[MovePlan]) -> list[str]:
     lines = ["admission (the filter's decision, every node a candidate):"]
     for decision in decisions:
-        verdict = "admitted" if decision.admitted else f"refused ({decision.code})"
+        verdict = (
+            f"refused ({decision.code})"
+            if not decision.admitted
+            else f"admitted, no node fits ({decision.code})"
+            if decision.no_node
+            else "admitted"
+        )
         lines.append(f"  {decision.pod} [{decision.queue}]: {verdict}: {decision.reason}")
     if not decisions:
         lines.append("  no pending pod of a queue")

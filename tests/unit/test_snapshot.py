@@ -178,3 +178,17 @@ def test_the_replay_moves_a_pod_so_a_waiting_one_fits(
     moves = consolidation_moves(picture, plans, ConsolidationRules(min_runtime_s=min_runtime_s), NOW)
     lines = report([decision], plans, moves)
     assert lines[lines.index("consolidation (the same cycle's moves, after reclaim's):") + 1 :] == expected
+
+
+def test_an_admitted_pod_no_node_was_found_for_says_why_it_waits_as_the_extender_writes() -> None:
+    """kube-scheduler tried b-0 and found no node (PodScheduled False, Unschedulable): the replay
+    says what the extender's status writer says of it - team-b's fair share is 2, it holds 0 and
+    asks 2: 0 + 2 <= 2, within it, so reclaim comes for it (here consolidation does)."""
+    taken = fragmented()
+    (waiting,) = [p for p in taken["Pod"] if p["metadata"]["name"] == "b-0"]
+    waiting["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    (decision,) = admissions(picture_of(taken, PictureConfig()))
+    assert report([decision], [], [])[1] == (
+        "  ns/b-0 [team-b]: admitted, no node fits (waiting_for_reclaim): "
+        "queue 'team-b' fair share 2 GPUs: 0 allocated + 2 asked, within it"
+    )
