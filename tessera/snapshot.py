@@ -106,6 +106,12 @@ def edited(
                 copied["spec"]["nodeName"] = name
                 copied["spec"]["pool"] = {**copied["spec"]["pool"], "name": name}
                 result["ResourceSlice"].append(copied)
+        # kube-scheduler tries the pods it found no node for again when a node comes: what it
+        # found before says nothing of the new nodes.
+        for pod in result.get("Pod", []):
+            if unschedulable(pod):
+                status = pod["status"]
+                status["conditions"] = [c for c in status["conditions"] if c.get("type") != "PodScheduled"]
     return result
 
 

@@ -192,3 +192,12 @@ def test_an_admitted_pod_no_node_was_found_for_says_why_it_waits_as_the_extender
         "  ns/b-0 [team-b]: admitted, no node fits (waiting_for_reclaim): "
         "queue 'team-b' fair share 2 GPUs: 0 allocated + 2 asked, within it"
     )
+    # What if a node came: kube-scheduler would try b-0 again, and it fits the new node's 2
+    # free GPUs; what the scheduler found before the node came is not what the replay says.
+    (decision,) = admissions(
+        picture_of(edited(taken, WhatIf({}, {}, {}, new_nodes=1), CLASS), PictureConfig())
+    )
+    assert (
+        report([decision], [], [])[1]
+        == "  ns/b-0 [team-b]: admitted: queue 'team-b' is within its limits and fair share"
+    )
