@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from kubernetes_asyncio.client import ApiClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from extender.kubeapi import request
 from tessera.dev.localcluster import LocalCluster, create_fake_node, delete_nodes, free_port, wait_until
@@ -73,6 +74,15 @@ async def test_the_dashboards_extender_metrics_are_served_with_their_numbers(
             f'tessera_queue_allocated{{queue="{queue}",resource="gpu"}} 1.0',
         ):
             assert sample in text, sample
+        # Per-GPU occupancy: the pod's GPU whole, the other idle.
+        occupancy = [
+            sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "tessera_gpu_allocated_fraction"
+            for sample in family.samples
+            if sample.labels["node"] == node
+        ]
+        assert sorted(occupancy) == [0.0, 1.0]
 
 
 async def test_the_dashboards_driver_metrics_are_served_by_a_driver_process(
