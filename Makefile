@@ -41,12 +41,14 @@ up: $(STAMP) k8s-binaries
 up-quiet: $(STAMP) k8s-binaries
 	@$(PY) -m tessera up
 
+# Quiet when clean: ruff -q prints only what it finds; import-linter's banner and list of kept
+# contracts go to a log, shown when a contract is broken.
 lint: $(STAMP)
 	@echo "[make] ruff (check and format)"
-	@$(VENV)/bin/ruff check .
-	@$(VENV)/bin/ruff format --check .
-	@echo "[make] import contracts"
-	@$(VENV)/bin/lint-imports
+	@$(VENV)/bin/ruff check -q .
+	@$(VENV)/bin/ruff format --check -q .
+	@echo "[make] import contracts (log: $(LOGS)/import-contracts.log)"
+	@bash hack/logged.sh $(LOGS)/import-contracts.log '' $(VENV)/bin/lint-imports
 	@echo "[make] mypy"
 	@$(VENV)/bin/mypy contract extender dra_driver tessera bench tests
 

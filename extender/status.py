@@ -41,9 +41,9 @@ from extender.kubeapi import MERGE_PATCH, KubeError, request
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import ClusterPicture
 from extender.policy.fairness import AdmissionDecision
-from extender.policy.waiting import QUEUE_NOT_ALLOWED, as_written, owner_summary, wait_message, wait_reason
+from extender.policy.waiting import as_written, owner_summary, wait_message, wait_reason
 from extender.queues import queue_statuses, with_reclaim, with_workloads
-from extender.verbs import deferred_everywhere, queue_admission, why_unplaced
+from extender.verbs import deferred_everywhere, queue_admission, unschedulable, waiting_decision, why_unplaced
 
 log = logging.getLogger(__name__)
 
@@ -171,14 +171,6 @@ class WaitingPods:
 def _too_soon(known: WaitingPod, code: str, now: float) -> bool:
     """The same reason with other numbers, said less than `MIN_REWRITE_S` ago."""
     return known.code == code and now - known.said_at < MIN_REWRITE_S
-
-
-def _unschedulable(pod: Mapping[str, Any]) -> bool:
-    """kube-scheduler tried the pod and found no node (PodScheduled False, Unschedulable)."""
-    return any(
-        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
 
 
 class ReclaimTotals(Protocol):
@@ -449,7 +441,7 @@ class StatusWriter:
         nodes: list[str] | None = None  # every node a candidate, as in the requeue check
         gangs: dict[str, AdmissionDecision] = {}  # gang workload -> its decision, judged once
         for key, pod in self.picture.kind("Pod").items():
-            if key in self.waiting.waiting or not _unschedulable(pod):
+            if key in self.waiting.waiting or not unschedulable(pod):
                 continue
             if is_gated(pod) or not self.picture.is_pending(key, pod):
                 continue
@@ -458,18 +450,8 @@ class StatusWriter:
                 continue
             namespace, _, name = key.partition("/")
             uid = str((pod.get("metadata") or {}).get("uid", ""))
-            refusal = self.picture.tenancy_refusal(demand.queue, demand.namespace)
-            context = self.picture.pod_context(key, pod, demand)
-            gang = context.gang
-            if refusal:
-                decision = AdmissionDecision(False, refusal, QUEUE_NOT_ALLOWED)
-            elif not gang.admitted and gang.workload.key in gangs:
-                decision = gangs[gang.workload.key]
-            else:
-                nodes = list(self.picture.kind("Node")) if nodes is None else nodes
-                decision = queue_admission(self.picture, nodes, context, [0])[0][0]
-                if not gang.admitted:
-                    gangs[gang.workload.key] = decision
+            nodes = list(self.picture.kind("Node")) if nodes is None else nodes
+            decision, context = waiting_decision(self.picture, nodes, key, pod, demand, gangs)
             if decision.admit:
                 code, reason = why_unplaced(context)
                 self.waiting.no_node_fits(namespace, name, uid, demand.queue, reason, code)

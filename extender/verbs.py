@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 from contract.names import GPU_MILLI
 from extender.memo import ShapeMemo
 from extender.picture.cluster import ClusterPicture, PodContext
+from extender.picture.demands import PodDemand
 from extender.picture.gangs import GangReservation, PartSlots, split_by_reservation
 from extender.picture.inventory import CandidateKinds
 from extender.policy.admission import (
@@ -79,7 +80,7 @@ from extender.policy.topology import (
     plan_in_domain,
     plan_parts,
 )
-from extender.policy.waiting import unplaced
+from extender.policy.waiting import QUEUE_NOT_ALLOWED, unplaced
 from extender.policy.workloads import part_of, plan_gang
 from extender.wire import (
     ExtenderArgs,
@@ -327,6 +328,39 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
         passed=remembered_nodes,
         waits=waits,
     )
+
+
+def unschedulable(pod: Mapping[str, Any]) -> bool:
+    """kube-scheduler tried the pod and found no node (PodScheduled False, Unschedulable)."""
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def waiting_decision(
+    picture: ClusterPicture,
+    nodes: list[str],
+    key: str,
+    pod: Mapping[str, Any],
+    demand: PodDemand,
+    gangs: dict[str, AdmissionDecision],
+) -> tuple[AdmissionDecision, PodContext]:
+    """The admission decision for a pending pod, every node of `nodes` a candidate: refused when
+    its queue may not take pods of its namespace, else the admission rule's. A gang not admitted
+    yet is judged whole once, for all its members (`gangs`: its workload's decision). With the
+    pod's context, for `why_unplaced` when it is admitted."""
+    refusal = picture.tenancy_refusal(demand.queue, demand.namespace)
+    context = picture.pod_context(key, pod, demand)
+    gang = context.gang
+    if refusal:
+        return AdmissionDecision(False, refusal, QUEUE_NOT_ALLOWED), context
+    if not gang.admitted and gang.workload.key in gangs:
+        return gangs[gang.workload.key], context
+    decision = queue_admission(picture, nodes, context, [0])[0][0]
+    if not gang.admitted:
+        gangs[gang.workload.key] = decision
+    return decision, context
 
 
 def why_unplaced(context: PodContext) -> tuple[str, str]:

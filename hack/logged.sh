@@ -3,8 +3,8 @@
 #   hack/logged.sh LOG SHOW COMMAND [ARGS...]
 # Everything COMMAND writes (stdout and stderr: Go's `go: downloading` lines, pip's and
 # setuptools' banners) goes to LOG, which holds the last run only; only lines matching the extended regex SHOW ('' for none)
-# are echoed. When COMMAND fails, the last 40 lines of LOG and its path are printed, and its exit
-# status is returned.
+# are echoed. When COMMAND fails, that is said, with the last 40 lines of LOG and its path when
+# some of LOG was not shown; its exit status is returned.
 set -uo pipefail
 
 log=$1 show=$2
@@ -19,7 +19,16 @@ else
   status=$?
 fi
 if ((status != 0)); then
-  printf '[make] failed (exit %d): %s\n[make] the last lines of %s:\n' "$status" "$*" "$log" >&2
-  tail -n 40 "$log" >&2
+  printf '[make] failed (exit %d): %s\n' "$status" "$*" >&2
+  # The log's tail, unless every line of it was shown already (a [make] message saying why).
+  if [[ -n $show ]]; then
+    hidden=$(tail -n +2 "$log" | grep -cvE "$show" || true)
+  else
+    hidden=$(($(wc -l <"$log") - 1))
+  fi
+  if ((hidden > 0)); then
+    printf '[make] the last lines of %s:\n' "$log" >&2
+    tail -n 40 "$log" >&2
+  fi
 fi
 exit "$status"

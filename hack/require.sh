@@ -44,9 +44,13 @@ case "${1:-}" in
       || fail "Go >= $want is needed to build the control-plane binaries once (https://go.dev/dl/), and 'go' is not on PATH"
     have=$(go env GOVERSION 2>/dev/null) || fail "'go env GOVERSION' fails; Go >= $want is needed (https://go.dev/dl/)"
     have=${have#go}
-    have=${have%%[!0-9.]*}  # go1.26rc1 -> 1.26
-    at_least "$have" "$want" \
-      || fail "Go >= $want is needed to build the control-plane binaries; 'go' is $have (https://go.dev/dl/)"
+    release=${have%%[!0-9.]*}  # go1.26rc1 -> 1.26
+    # A pre-release comes before its release (go1.26rc1 < 1.26.0), so it must be newer than WANT.
+    if [[ $release == "$have" ]]; then
+      at_least "$release" "$want"
+    else
+      ! at_least "$want" "$release"
+    fi || fail "Go >= $want is needed to build the control-plane binaries; 'go' is $have (https://go.dev/dl/)"
     ;;
   *)
     fail "usage: hack/require.sh python [INTERPRETER] | go"

@@ -1,4 +1,5 @@
-"""A snapshot of what the extender watches, and its replay: what admission and reclaim do next.
+"""A snapshot of what the extender watches, and its replay: what admission, reclaim and
+consolidation do next.
 
 `tessera snapshot` lists, from the API, every kind the extender's picture watches
 (`extender.picture.cluster.WATCHED_PATHS`: nodes, pods, ResourceSlices and claims, DeviceClasses,
@@ -7,15 +8,23 @@ builds the extender's own `ClusterPicture` from it - the same parsing, accountin
 shares - and asks the same policy code the live extender asks:
 
 * admission: every pending pod, in its queue's order (priority, then creation), gets the filter's
-  decision with every node a candidate (`extender.verbs.queue_admission`, the rule of
-  `extender.policy.admission.admit`): admitted, or refused with its reason code and numbers;
+  decision with every node a candidate (`extender.verbs.waiting_decision`, as the extender's
+  status writer judges pods kube-scheduler found no node for: the queue's tenancy, the rule of
+  `extender.policy.admission.admit`, a gang judged whole): refused with its reason code and
+  numbers, or admitted - and, when kube-scheduler found no node for it, why it waits with the
+  code and numbers the extender writes on it (reclaim comes for it, or it waits for free GPUs);
 * reclaim: the reclaim loop's next cycle (`extender.policy.reclaim.plan` on the picture's
-  snapshot and waiting list, with the queues' rules): each plan's served pod, goal and victims.
+  snapshot and waiting list, with the queues' rules): each plan's served pod, goal and victims;
+* consolidation: the same cycle's follow-up (`extender.policy.consolidation.plan_moves`, with
+  reclaim's plans applied first, as the executor gets them): the running pods it would move so a
+  waiting pod reclaim does not serve fits, with the extender's default rules except the minimum
+  run time before a move (`--move-min-runtime`, the extender's flag of that name).
 
 "What if" edits change the objects before the picture reads them: `--quota QUEUE=N` and
 `--limit QUEUE=N` set a queue's GPU quota or limit, `--add-queue NAME=QUOTA` adds a root queue,
-`--add-nodes N` clones the first GPU node (its Node and ResourceSlices) N times. Consolidation's
-moves are not replayed (its executor's follow-up needs the cycle's carried-out plans).
+`--add-nodes N` clones the first GPU node (its Node and ResourceSlices) N times. What the
+extender keeps only in memory is not in a snapshot: slots it holds for pods it reclaimed or
+moved for, nodes it is draining, moves a disruption budget blocked lately.
 """
 
 from __future__ import annotations
@@ -40,8 +49,10 @@ from contract.names import DRIVER_NAME
 from extender.kubeapi import JsonObject, request
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
 from extender.picture.demands import pod_created
+from extender.policy.consolidation import ConsolidationRules, MovePlan, plan_moves
+from extender.policy.fairness import AdmissionDecision
 from extender.policy.reclaim import Budget, Plan, Rules, plan
-from extender.verbs import queue_admission
+from extender.verbs import unschedulable, waiting_decision, why_unplaced
 from extender.webhook_process import api_client
 
 SNAPSHOT_VERSION = 1
@@ -95,6 +106,12 @@ def edited(
                 copied["spec"]["nodeName"] = name
                 copied["spec"]["pool"] = {**copied["spec"]["pool"], "name": name}
                 result["ResourceSlice"].append(copied)
+        # kube-scheduler tries the pods it found no node for again when a node comes: what it
+        # found before says nothing of the new nodes.
+        for pod in result.get("Pod", []):
+            if unschedulable(pod):
+                status = pod["status"]
+                status["conditions"] = [c for c in status["conditions"] if c.get("type") != "PodScheduled"]
     return result
 
 
@@ -112,11 +129,16 @@ class Decision:
     admitted: bool
     code: str
     reason: str
+    no_node: bool = False  # admitted, and kube-scheduler found no node for it
 
 
 def admissions(picture: ClusterPicture) -> list[Decision]:
-    """The filter's decision for every pending pod of a queue, in queue order."""
+    """For every pending pod of a queue, in queue order, the admission decision with every node a
+    candidate (`extender.verbs.waiting_decision`: its queue's tenancy, the admission rule, a gang
+    judged whole); for one admitted that kube-scheduler found no node for, why it waits as the
+    extender writes it on the pod (`why_unplaced`: reclaim comes for it, or free GPUs must)."""
     nodes = list(picture.kind("Node"))
+    gangs: dict[str, AdmissionDecision] = {}
     found: list[tuple[tuple[str, int, float, str], Decision]] = []
     for key, pod in picture.kind("Pod").items():
         if not picture.is_pending(key, pod):
@@ -124,9 +146,11 @@ def admissions(picture: ClusterPicture) -> list[Decision]:
         demand = picture.demand(pod)
         if demand.problem or not (demand.labelled or demand.wants_gpu):
             continue
-        decision = queue_admission(picture, nodes, picture.pod_context(key, pod, demand), [0])[0][0]
+        decision, context = waiting_decision(picture, nodes, key, pod, demand, gangs)
+        unplaced = decision.admit and unschedulable(pod)
+        code, reason = why_unplaced(context) if unplaced else (decision.kind, decision.reason)
         order = (demand.queue, -demand.priority, pod_created(pod), key)
-        found.append((order, Decision(key, demand.queue, decision.admit, decision.kind, decision.reason)))
+        found.append((order, Decision(key, demand.queue, decision.admit, code, reason, unplaced)))
     return [decision for _, decision in sorted(found, key=lambda item: item[0])]
 
 
@@ -146,10 +170,25 @@ def reclaim_plans(picture: ClusterPicture, now: float | None = None) -> list[Pla
     )
 
 
-def report(decisions: Sequence[Decision], plans: Sequence[Plan]) -> list[str]:
+def consolidation_moves(
+    picture: ClusterPicture, served: Sequence[Plan], rules: ConsolidationRules, now: float | None = None
+) -> list[MovePlan]:
+    """The consolidation executor's plans in the same cycle, after reclaim's (`served`)."""
+    return plan_moves(
+        picture.snapshot(), picture.waiting_pods(), time.time() if now is None else now, rules, served
+    )
+
+
+def report(decisions: Sequence[Decision], plans: Sequence[Plan], moves: Sequence[MovePlan]) -> list[str]:
     lines = ["admission (the filter's decision, every node a candidate):"]
     for decision in decisions:
-        verdict = "admitted" if decision.admitted else f"refused ({decision.code})"
+        verdict = (
+            f"refused ({decision.code})"
+            if not decision.admitted
+            else f"admitted, no node fits ({decision.code})"
+            if decision.no_node
+            else "admitted"
+        )
         lines.append(f"  {decision.pod} [{decision.queue}]: {verdict}: {decision.reason}")
     if not decisions:
         lines.append("  no pending pod of a queue")
@@ -160,6 +199,13 @@ def report(decisions: Sequence[Decision], plans: Sequence[Plan]) -> list[str]:
             f"  {chosen.goal} for {chosen.pod.key} [{chosen.pod.queue}] on {chosen.node}: evict {victims}"
         )
     if not plans:
+        lines.append("  none")
+    lines.append("consolidation (the same cycle's moves, after reclaim's):")
+    for move_plan in moves:
+        served = f" for {move_plan.pod.key} [{move_plan.pod.queue}]" if move_plan.pod else ""
+        moved = ", ".join(f"{m.pod.key} [{m.pod.queue}] to {m.to_node}" for m in move_plan.moves)
+        lines.append(f"  {move_plan.goal}{served} on {move_plan.node}: move {moved}")
+    if not moves:
         lines.append("  none")
     return lines
 
@@ -207,8 +253,8 @@ def snapshot_main(argv: Sequence[str]) -> int:
 def simulate_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="tessera simulate snapshot",
-        description="Replay a snapshot: what the extender's admission and reclaim would do next, "
-        "with what-if edits.",
+        description="Replay a snapshot: what the extender's admission, reclaim and consolidation "
+        "would do next, with what-if edits.",
     )
     parser.add_argument("file", type=Path, help="a file of `tessera snapshot`")
     parser.add_argument("--driver", default=DRIVER_NAME, help=f"the GPU driver (default {DRIVER_NAME})")
@@ -219,6 +265,13 @@ def simulate_main(argv: Sequence[str]) -> int:
     parser.add_argument("--limit", action="append", default=[], metavar="QUEUE=GPUS", help="set a GPU limit")
     parser.add_argument("--add-queue", action="append", default=[], metavar="NAME=GPUS", help="a new queue")
     parser.add_argument("--add-nodes", type=int, default=0, help="clones of the first GPU node")
+    parser.add_argument(
+        "--move-min-runtime",
+        type=float,
+        default=ConsolidationRules().min_runtime_s,
+        help="consolidation: seconds a pod has run before it may be moved (the extender's flag; "
+        "default %(default)s; `tessera up` runs 15)",
+    )
     parser.add_argument("--json", action="store_true", help="print the decisions and plans as JSON")
     args = parser.parse_args(argv)
     try:
@@ -236,7 +289,9 @@ def simulate_main(argv: Sequence[str]) -> int:
         gpu_drivers=frozenset({args.driver}), scheduler_names=frozenset(args.scheduler_name)
     )
     picture = picture_of(edited(objects, what_if, args.driver), config)
-    decisions, plans = admissions(picture), reclaim_plans(picture)
+    now = time.time()
+    decisions, plans = admissions(picture), reclaim_plans(picture, now)
+    moves = consolidation_moves(picture, plans, ConsolidationRules(min_runtime_s=args.move_min_runtime), now)
     if args.json:
         print(
             json.dumps(
@@ -251,9 +306,18 @@ def simulate_main(argv: Sequence[str]) -> int:
                         }
                         for chosen in plans
                     ],
+                    "consolidation": [
+                        {
+                            "goal": move_plan.goal,
+                            "pod": move_plan.pod.key if move_plan.pod else None,
+                            "node": move_plan.node,
+                            "move": [{"pod": m.pod.key, "to": m.to_node} for m in move_plan.moves],
+                        }
+                        for move_plan in moves
+                    ],
                 }
             )
         )
     else:
-        print("\n".join(report(decisions, plans)))
+        print("\n".join(report(decisions, plans, moves)))
     return 0

@@ -1,5 +1,5 @@
-"""`tessera simulate snapshot` on a snapshot of plain objects: the extender's admission and
-reclaim decide on it, and what-if edits change what they decide (worked examples)."""
+"""`tessera simulate snapshot` on a snapshot of plain objects: the extender's admission, reclaim
+and consolidation decide on it, and what-if edits change what they decide (worked examples)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,16 @@ from typing import Any
 import pytest
 
 from extender.picture.cluster import PictureConfig
-from tessera.snapshot import WhatIf, admissions, edited, picture_of, reclaim_plans, report
+from extender.policy.consolidation import ConsolidationRules
+from tessera.snapshot import (
+    WhatIf,
+    admissions,
+    consolidation_moves,
+    edited,
+    picture_of,
+    reclaim_plans,
+    report,
+)
 from tests import extender_objects as objects
 
 CLASS = "gpu.tessera.dev"
@@ -17,15 +26,27 @@ STARTED = 1796115600.0  # 2026-12-01T09:00:00Z, when team-a's pods started
 NOW = STARTED + 3600
 
 
-def running(name: str, device: str) -> list[dict[str, Any]]:
-    pod = objects.pod("ns", name, queue="team-a", template="one", node_name="a")
+def running(name: str, device: str, node: str = "a", owner: str = "") -> list[dict[str, Any]]:
+    """A pod of team-a running since STARTED on `node`'s `device`; with `owner`, its ReplicaSet's
+    (which recreates it when evicted: consolidation may move it)."""
+    pod = objects.pod("ns", name, queue="team-a", template="one", node_name=node)
     pod["metadata"]["creationTimestamp"] = "2026-12-01T09:00:00Z"
+    if owner:
+        pod["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "name": owner,
+                "uid": f"uid-{owner}",
+                "controller": True,
+            }
+        ]
     pod["status"] = {
         "phase": "Running",
         "startTime": "2026-12-01T09:00:00Z",
         "resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": f"{name}-gpus"}],
     }
-    claim = objects.claim("ns", f"{name}-gpus", objects.claim_spec(CLASS), allocated=[("a", device, None)])
+    claim = objects.claim("ns", f"{name}-gpus", objects.claim_spec(CLASS), allocated=[(node, device, None)])
     claim["status"]["reservedFor"] = [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}]
     return [pod, claim]
 
@@ -94,9 +115,89 @@ def test_edits_leave_the_snapshot_alone_and_add_what_they_name() -> None:
 
 def test_the_report_says_each_decision_and_plan() -> None:
     picture = picture_of(snapshot(), PictureConfig())
-    assert report(admissions(picture), reclaim_plans(picture, now=NOW)) == [
+    plans = reclaim_plans(picture, now=NOW)
+    # Reclaim serves the one waiting pod: nothing is left for consolidation.
+    assert report(
+        admissions(picture), plans, consolidation_moves(picture, plans, ConsolidationRules(), NOW)
+    ) == [
         "admission (the filter's decision, every node a candidate):",
         "  ns/b-0 [team-b]: admitted: queue 'team-b' is within its limits and fair share",
         "reclaim (the next cycle's plans):",
         "  reclaim for ns/b-0 [team-b] on a: evict ns/a-0 [team-a]",
+        "consolidation (the same cycle's moves, after reclaim's):",
+        "  none",
     ]
+
+
+def fragmented() -> dict[str, list[dict[str, Any]]]:
+    """Nodes a and b, 2 GPUs each; team-a (quota 2) runs one pod of 1 GPU on each, both of its
+    ReplicaSet; team-b (quota 2) waits with one pod of 2 GPUs. 2 GPUs are free, 1 per node: the
+    pod fits nowhere. Fair shares 2 and 2 (each queue's quota, 4 GPUs in all): team-a holds 2, not
+    beyond its share, so reclaim takes nothing - only a move makes a node whole."""
+    waiting = objects.pod("ns", "b-0", queue="team-b", template="two")
+    waiting["metadata"]["creationTimestamp"] = "2026-12-01T10:00:00Z"
+    found: dict[str, list[dict[str, Any]]] = {}
+    for obj in (
+        objects.node("a"),
+        objects.node("b"),
+        objects.gpu_slice("a", 2),
+        objects.gpu_slice("b", 2),
+        objects.device_class(CLASS),
+        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        objects.claim_template("ns", "two", objects.claim_spec(CLASS, count=2)),
+        objects.queue("team-a", resources={"gpu": {"quota": 2}}),
+        objects.queue("team-b", resources={"gpu": {"quota": 2}}),
+        *running("a-0", "gpu-0", node="a", owner="a-rs"),
+        *running("a-1", "gpu-0", node="b", owner="a-rs"),
+        waiting,
+    ):
+        found.setdefault(obj["kind"], []).append(obj)
+    return found
+
+
+MOVE_CASES = [
+    # (what if, seconds a pod must have run before a move) -> the report's consolidation lines
+    # As it is: team-a's pods have run 3600 s >= 300, one moves onto the other's node, whose
+    # free GPU takes it: the emptied node has the 2 GPUs b-0 asks.
+    (WhatIf({}, {}, {}), 300.0, ["  consolidate for ns/b-0 [team-b] on a: move ns/a-0 [team-a] to b"]),
+    # Only pods that have run 7200 s may move: 3600 < 7200, none may, nothing is planned.
+    (WhatIf({}, {}, {}), 7200.0, ["  none"]),
+    # One more node like a: its 2 free GPUs take b-0 as it is, no move needed.
+    (WhatIf({}, {}, {}, new_nodes=1), 300.0, ["  none"]),
+]
+
+
+@pytest.mark.parametrize(("what_if", "min_runtime_s", "expected"), MOVE_CASES)
+def test_the_replay_moves_a_pod_so_a_waiting_one_fits(
+    what_if: WhatIf, min_runtime_s: float, expected: list[str]
+) -> None:
+    picture = picture_of(edited(fragmented(), what_if, CLASS), PictureConfig())
+    (decision,) = admissions(picture)
+    plans = reclaim_plans(picture, now=NOW)
+    assert (decision.admitted, plans) == (True, [])
+    moves = consolidation_moves(picture, plans, ConsolidationRules(min_runtime_s=min_runtime_s), NOW)
+    lines = report([decision], plans, moves)
+    assert lines[lines.index("consolidation (the same cycle's moves, after reclaim's):") + 1 :] == expected
+
+
+def test_an_admitted_pod_no_node_was_found_for_says_why_it_waits_as_the_extender_writes() -> None:
+    """kube-scheduler tried b-0 and found no node (PodScheduled False, Unschedulable): the replay
+    says what the extender's status writer says of it - team-b's fair share is 2, it holds 0 and
+    asks 2: 0 + 2 <= 2, within it, so reclaim comes for it (here consolidation does)."""
+    taken = fragmented()
+    (waiting,) = [p for p in taken["Pod"] if p["metadata"]["name"] == "b-0"]
+    waiting["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    (decision,) = admissions(picture_of(taken, PictureConfig()))
+    assert report([decision], [], [])[1] == (
+        "  ns/b-0 [team-b]: admitted, no node fits (waiting_for_reclaim): "
+        "queue 'team-b' fair share 2 GPUs: 0 allocated + 2 asked, within it"
+    )
+    # What if a node came: kube-scheduler would try b-0 again, and it fits the new node's 2
+    # free GPUs; what the scheduler found before the node came is not what the replay says.
+    (decision,) = admissions(
+        picture_of(edited(taken, WhatIf({}, {}, {}, new_nodes=1), CLASS), PictureConfig())
+    )
+    assert (
+        report([decision], [], [])[1]
+        == "  ns/b-0 [team-b]: admitted: queue 'team-b' is within its limits and fair share"
+    )
