@@ -65,6 +65,7 @@ import re
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,6 +171,13 @@ class Eviction:
     served: str
     for_queue: str
     message: str = ""  # the event's, with the victim queue's fair share and holdings then
+    action: str = "reclaim"  # KAI's evictor action: reclaim, preempt or consolidation
+
+
+def by_action(evictions: Sequence[Eviction]) -> str:
+    """How many evictions each action made, most first: "reclaim 60, consolidation 281"."""
+    counts = Counter(eviction.action for eviction in evictions)
+    return ", ".join(f"{action} {count}" for action, count in counts.most_common())
 
 
 def undone_pairs(evictions: Sequence[Eviction]) -> list[tuple[Eviction, Eviction]]:
@@ -212,6 +220,7 @@ class ChurnResult:
     reverse: int
     max_ratio: float | None  # the largest GPUs evicted / GPUs needed of one plan (None: not told)
     undone_pairs: tuple[tuple[Eviction, Eviction], ...] = ()
+    actions: str = ""  # evictions by action (`by_action`)
     lost_gpu_s: float = 0.0  # GPU-seconds the evicted pods had run (single-GPU pods): work lost
     done_gpu_s: float = 0.0  # GPU-seconds of the pods that ran their whole runtime
 
@@ -283,7 +292,7 @@ def churn_table(results: Sequence[ChurnResult]) -> str:
             f"{result.seconds:.0f}",
             str(result.submitted),
             str(result.completed),
-            str(result.evictions),
+            f"{result.evictions} ({result.actions})" if result.actions else str(result.evictions),
             str(result.undone),
             str(result.reverse),
             "-" if result.max_ratio is None else f"{result.max_ratio:.2f}",
@@ -650,7 +659,7 @@ async def kai_evictions(bench: BenchCluster, namespace: str, queue_of: dict[str,
             action = annotations.get("evictor-action-type", "?")
             message = f"{action}: {event.get('message', '')}"
             evictions.append(
-                Eviction(_stamp(event), victim, queue_of[victim], served, queue_of[served], message)
+                Eviction(_stamp(event), victim, queue_of[victim], served, queue_of[served], message, action)
             )
     return evictions
 
@@ -746,6 +755,7 @@ async def _churn(
         reverse_reclaims(evictions),
         max_ratio,
         tuple(undone_pairs(evictions)),
+        actions=by_action(evictions),
         lost_gpu_s=sum(gone_at.get(v, end) - first_bound[v] for v in victims if v in first_bound),
         done_gpu_s=sum(runtime[name] for name in finished),
     )

@@ -8,6 +8,7 @@ from bench.reclaim import (
     CLASSIC_NODE_LABEL,
     Eviction,
     ReclaimRun,
+    by_action,
     classic_gpu_pod,
     kai_pod_of,
     reverse_reclaims,
@@ -41,6 +42,16 @@ def test_a_kai_pod_group_names_its_bare_pod() -> None:
     assert kai_pod_of("pg-a-00012") is None  # no uid: not a bare pod's group
     assert kai_pod_of(f"a-00012-{uid}") is None  # no prefix
     assert kai_pod_of("") is None  # an Evict event without the evictor annotation
+
+
+def test_evictions_are_counted_by_the_action_that_made_them() -> None:
+    # KAI's Evict events say which action evicted: three by consolidation, one by reclaim.
+    evictions = [
+        Eviction(1.0, f"a-{i}", "a", "b-1", "b", action=action)
+        for i, action in enumerate(["consolidation", "reclaim", "consolidation", "consolidation"])
+    ]
+    assert by_action(evictions) == "consolidation 3, reclaim 1"
+    assert by_action([]) == ""  # none: the table shows the bare count
 
 
 def test_figures_of_a_round() -> None:
