@@ -20,7 +20,7 @@ from extender.policy.waiting import (
     wait_message,
     wait_reason,
 )
-from extender.verbs import GANG_NO_DOMAIN, GANG_NO_FIT
+from extender.policy.admission import GANG_NO_DOMAIN, GANG_NO_FIT
 
 LIMIT = "queue 'team-a': gpu allocated 14 + request 1 would exceed its limit (14)"
 
