@@ -608,7 +608,7 @@ class _Replay:
         mix: WorkloadMix | None = None,
         tie_break: TieBreak = "random",
         gangs_in_order: bool = False,
-        backfill_after_s: float | None = None,
+        hold_back_after_s: float | None = None,
         max_victim_evictions: int = Rules.max_victim_evictions,
         victim_lead_s: float = Rules.victim_lead_s,
         victim_lead_per_wait: float = Rules.victim_lead_per_wait,
@@ -619,7 +619,7 @@ class _Replay:
         self.gangs_in_order = gangs_in_order
         # The oldest waiting gang's nodes are held back from later gangs once it has waited this
         # long (`extender.policy.backfill`; None: never).
-        self.backfill_after_s = backfill_after_s
+        self.hold_back_after_s = hold_back_after_s
         self.nodes = list(workload.nodes)
         self.node_index = {node.name: i for i, node in enumerate(self.nodes)}
         mix = mix or workload_mix([SimPod(p.job, p.demand) for p in self.pods])
@@ -818,8 +818,8 @@ class _Replay:
                     waiting = self._waiting_gang(pod.gang)
                     head = (
                         None
-                        if self.backfill_after_s is None
-                        else gang_ahead(behind, pod.gang, waiting.order, now, self.backfill_after_s)
+                        if self.hold_back_after_s is None
+                        else gang_ahead(behind, pod.gang, waiting.order, now, self.hold_back_after_s)
                     )
                     held_nodes = self._held_back(head) if head is not None else []
                     for node in held_nodes:
@@ -1566,7 +1566,7 @@ def run_queue_workload(
     mix: WorkloadMix | None = None,
     tie_break: TieBreak = "random",
     gangs_in_order: bool = False,
-    backfill_after_s: float | None = None,
+    hold_back_after_s: float | None = None,
     max_victim_evictions: int = Rules.max_victim_evictions,
     victim_lead_s: float = Rules.victim_lead_s,
     victim_lead_per_wait: float = Rules.victim_lead_per_wait,
@@ -1582,6 +1582,9 @@ def run_queue_workload(
     random per seed; "first": the first in the workload's node order, as the timeline replay).
     `gangs_in_order`: a counterfactual, not the extender's behaviour - gangs start in the order
     they came, none while an older one waits (lone pods still go where they fit).
+    `hold_back_after_s`: the extender's `--gang-hold-back-after` (`extender.policy.backfill`): once
+    the first gang that did not fit has waited this long, later gangs are planned off the nodes
+    held back for it (None: off, the extender's default).
     `max_victim_evictions`: rule 14's budget (a pod evicted this often is no victim again; 0: off);
     `victim_lead_s`, `victim_lead_per_wait`: rule 15 (victims started at most this long before the
     served pod's wait, growing per second waited; inf: any).
@@ -1619,7 +1622,7 @@ def run_queue_workload(
         mix,
         tie_break,
         gangs_in_order,
-        backfill_after_s,
+        hold_back_after_s,
         max_victim_evictions,
         victim_lead_s,
         victim_lead_per_wait,
