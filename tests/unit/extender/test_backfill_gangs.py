@@ -50,7 +50,7 @@ def lone(node: str) -> list[dict[str, Any]]:
     """A pod alone running on `node`'s first GPU."""
     pod = objects.pod("ns", f"lone-{node}", queue="team", template="one", node_name=node)
     pod["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": f"lone-{node}-gpus"}]
-    allocated = [(node, "gpu-0", None)]
+    allocated: list[tuple[str, str, str | None]] = [(node, "gpu-0", None)]
     claim = objects.claim("ns", f"lone-{node}-gpus", objects.claim_spec(CLASS), allocated=allocated)
     return [pod, claim]
 
