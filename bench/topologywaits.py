@@ -13,13 +13,19 @@ the one without (the issue's target: at most 1.10x) and the mean racks each gang
 started across, both ways; the last row is the worst seed. The seeds are not tuned on: every
 seed of `--seeds` is a fresh draw.
 
+`--hold-back-after S` replays both ways with the backfill rule on (`extender.policy.backfill`, the
+extender's `--gang-hold-back-after`): once the first waiting gang has waited S seconds, later
+gangs are planned off the nodes held back for it. The mean wait columns say what a rule costs
+the gangs that do not make the p95.
+
 `--gangs-in-order` replays both ways with a counterfactual the extender does not do: gangs start
 in the order they came, none while an older one waits (`run_queue_workload(gangs_in_order=True)`).
 It tells what the domain choice costs apart from which gangs start ahead of older ones: without
 it a gang that fits starts while an older, larger one waits, and the p95 of 40 gangs (the third
 longest wait) turns on those overtakes.
 
-    python -m bench.topologywaits [--seeds 0-9] [--gangs 40] [--load 1.0] [--gangs-in-order]
+    python -m bench.topologywaits [--seeds 0-9] [--gangs 40] [--load 1.0] [--hold-back-after S]
+                                  [--gangs-in-order]
 """
 
 from __future__ import annotations
@@ -92,6 +98,8 @@ class SeedRow:
     gangs: int
     p95_with_s: float
     p95_without_s: float
+    mean_with_s: float
+    mean_without_s: float
     racks_with: float
     racks_without: float
 
@@ -109,15 +117,39 @@ def _p95(result: QueueRunResult) -> float:
     return waits[min(len(waits) - 1, round(0.95 * (len(waits) - 1)))]
 
 
+def _mean_wait(result: QueueRunResult) -> float:
+    return sum(gang.wait_s for gang in result.gangs) / len(result.gangs)
+
+
 def _mean_racks(result: QueueRunResult) -> float:
     return sum(gang.spanned["rack"] for gang in result.gangs) / len(result.gangs)
 
 
-def run_seed(seed: int, gangs: int, load: float, in_order: bool = False) -> SeedRow:
+def run_seed(
+    seed: int, gangs: int, load: float, in_order: bool = False, hold_back_after_s: float | None = None
+) -> SeedRow:
     workload = parse_workload(mixed_workload(seed, gangs, load), f"seed {seed}")
-    asked = run_queue_workload(workload, "tessera", seed, gangs_in_order=in_order)
-    plain = run_queue_workload(workload, "tessera", seed, topology_asks=False, gangs_in_order=in_order)
-    return SeedRow(seed, len(asked.gangs), _p95(asked), _p95(plain), _mean_racks(asked), _mean_racks(plain))
+    asked, plain = (
+        run_queue_workload(
+            workload,
+            "tessera",
+            seed,
+            topology_asks=topology,
+            gangs_in_order=in_order,
+            hold_back_after_s=hold_back_after_s,
+        )
+        for topology in (True, False)
+    )
+    return SeedRow(
+        seed,
+        len(asked.gangs),
+        _p95(asked),
+        _p95(plain),
+        _mean_wait(asked),
+        _mean_wait(plain),
+        _mean_racks(asked),
+        _mean_racks(plain),
+    )
 
 
 def table(rows: Sequence[SeedRow]) -> str:
@@ -127,6 +159,8 @@ def table(rows: Sequence[SeedRow]) -> str:
         "wait p95 s",
         "without s",
         "p95 / without",
+        "mean wait s",
+        "without s",
         "racks spanned",
         "without",
     ]
@@ -137,13 +171,26 @@ def table(rows: Sequence[SeedRow]) -> str:
             f"{r.p95_with_s:.0f}",
             f"{r.p95_without_s:.0f}",
             f"{r.ratio:.2f}x",
+            f"{r.mean_with_s:.0f}",
+            f"{r.mean_without_s:.0f}",
             f"{r.racks_with:.2f}",
             f"{r.racks_without:.2f}",
         ]
         for r in rows
     ]
     worst = max(rows, key=lambda r: r.ratio)
-    body.append(["worst", f"seed {worst.seed}", "", "", f"{worst.ratio:.2f}x", "", ""])
+    body.append(["worst", f"seed {worst.seed}", "", "", f"{worst.ratio:.2f}x", "", "", "", ""])
+    count = len(rows)
+    means = [
+        sum(r.p95_with_s for r in rows) / count,
+        sum(r.p95_without_s for r in rows) / count,
+        sum(r.mean_with_s for r in rows) / count,
+        sum(r.mean_without_s for r in rows) / count,
+        sum(r.racks_with for r in rows) / count,
+        sum(r.racks_without for r in rows) / count,
+    ]
+    body.append(["mean", "", *(f"{m:.0f}" for m in means[:2]), "", *(f"{m:.0f}" for m in means[2:4])])
+    body[-1].extend(f"{m:.2f}" for m in means[4:])
     return format_table(headers, body)
 
 
@@ -158,6 +205,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gangs", type=int, default=40, help="gangs per workload (default 40)")
     parser.add_argument("--load", type=float, default=1.0, help="offered load of the gangs (default 1.0)")
     parser.add_argument(
+        "--hold-back-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="both ways, hold the first waiting gang's nodes back from later gangs once it has waited S s",
+    )
+    parser.add_argument(
         "--gangs-in-order",
         action="store_true",
         help="both ways, start gangs in the order they came (a counterfactual, see above)",
@@ -165,7 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_HELP} (seed 0, 6 gangs)")
     args = parser.parse_args(argv)
     seeds, gangs = ([0], 6) if args.smoke else (_seeds(args.seeds), args.gangs)
-    print(table([run_seed(seed, gangs, args.load, args.gangs_in_order) for seed in seeds]))
+    print(
+        table([run_seed(seed, gangs, args.load, args.gangs_in_order, args.hold_back_after) for seed in seeds])
+    )
     return 0
 
 

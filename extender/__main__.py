@@ -24,6 +24,7 @@ from extender.controllers.evictions import EvictionLimits
 from extender.controllers.history import HISTORY_SAMPLE_S, HistoryOptions
 from extender.controllers.reclaim import ReclaimOptions
 from extender.picture.cluster import ClusterPicture, PictureConfig
+from extender.policy.backfill import DEFAULT_HOLD_BACK_AFTER_S
 from extender.policy.history import DEFAULT_K, DEFAULT_UPDATE_PERIOD_S, DEFAULT_WINDOW_S, HistoryParams
 from extender.policy.reclaim import Rules
 from extender.policy.topology import DEFAULT_TOPOLOGY, Topology, parse_topology
@@ -208,6 +209,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "zone=topology.kubernetes.io/zone,clique=nvidia.com/gpu.clique,host=kubernetes.io/hostname)",
     )
     parser.add_argument(
+        "--gang-hold-back-after",
+        type=float,
+        default=DEFAULT_HOLD_BACK_AFTER_S,
+        metavar="SECONDS",
+        help="once the first waiting gang has waited this long, later gangs are planned off the nodes "
+        "it needs (docs/workloads.md, 'Gangs that come later'; default: off)",
+    )
+    parser.add_argument(
         "--lease-duration",
         type=float,
         default=15.0,
@@ -356,6 +365,7 @@ async def run(args: argparse.Namespace) -> None:
             scheduler_names=frozenset(args.scheduler_name or []),
             non_preemptible_priority=args.non_preemptible_priority,
             topology=args.topology_levels,
+            hold_back_after_s=args.gang_hold_back_after,
         )
     )
     evictions = EvictionLimits(concurrency=args.eviction_concurrency, timeout_s=args.eviction_timeout)

@@ -33,6 +33,7 @@ rather than thinned: the scheduler does not re-check that fewer victims still ma
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -43,11 +44,13 @@ from typing import Any, NamedTuple
 from contract.names import GPU_MILLI
 from extender.memo import ShapeMemo
 from extender.picture.cluster import ClusterPicture, PodContext
-from extender.picture.demands import PodDemand
+from extender.picture.demands import PodDemand, pod_created
 from extender.picture.gangs import GangReservation, PartSlots, split_by_reservation
 from extender.picture.inventory import CandidateKinds
 from extender.policy.admission import (
     GANG,
+    GANG_NO_DOMAIN,
+    GANG_NO_FIT,
     GANG_READING,
     Ask,
     GangState,
@@ -55,6 +58,7 @@ from extender.policy.admission import (
     gang_text,
     unplaced_part_text,
 )
+from extender.policy.backfill import backfill_supplies, gang_ahead, held_back
 from extender.policy.deference import OwedPod, deference_reason, defers_to
 from extender.policy.fairness import AdmissionDecision
 from extender.policy.placement import (
@@ -94,11 +98,8 @@ from extender.wire import (
 )
 
 NOT_READY = "tessera extender is still syncing its cluster picture; retry"
-# A gang whose missing members do not all fit yet (GPUs reclaim freed for it are still coming), or
-# whose minimum is still being read from its owner: refusals that keep what reclaim holds for it.
-GANG_NO_FIT = "gang_no_fit"
-# A gang with a required topology level that no domain of it holds whole (yet).
-GANG_NO_DOMAIN = "gang_no_domain"
+# Refusals that keep what reclaim holds for a gang: its missing members do not all fit yet (GPUs
+# reclaim freed for it are still coming), no domain holds them, or its minimum is being read.
 KEEPS_HOLDS = frozenset({GANG_NO_FIT, GANG_NO_DOMAIN, GANG_READING})
 
 
@@ -478,13 +479,14 @@ def admit_gang(
     planned = _GangPlan([""] * missing)
     by_parts = _part_asks(picture, gang, context)
     if by_parts is not None or gpus is not None:
-        supplies = picture.supplies(context.key, names, gang.workload.key)
+        candidates = picture.supplies(context.key, names, gang.workload.key)
+        supplies, head = _around_head(picture, context, candidates)
         if by_parts is not None:  # its parts ask levels of their own, or differ in shape
             planned = _plan_by_parts(picture, gang, supplies, *by_parts)
         elif gpus is not None:
             planned = _plan_whole(picture, gang, context.pod, supplies, gpus)
         if planned.refusal is not None:
-            return planned.refusal, None
+            return _behind(planned.refusal, head), None
     level, domain = planned.level, planned.domain
     reservation = GangReservation(
         workload=gang.workload,
@@ -505,6 +507,34 @@ def admit_gang(
         where = " with " + ", ".join(f"part {p} in {lv} {d}" for p, (lv, d) in planned.part_domains.items())
     text = gang_text(gang, f"admitted whole{where}: {missing} pods held for; {queued.reason}")
     return AdmissionDecision(True, text, GANG), reservation
+
+
+def _around_head(
+    picture: ClusterPicture, context: PodContext, supplies: list[NodeGpus]
+) -> tuple[list[NodeGpus], str]:
+    """The supplies the gang is planned on: without the nodes held back for the first gang
+    before it that waits (`extender.policy.backfill`), and why ("": none held back)."""
+    after_s = picture.config.hold_back_after_s
+    waiting = picture.waiting_gangs() if after_s is not None else ()
+    if not waiting or after_s is None:
+        return supplies, ""
+    demand, workload = context.demand, context.gang.workload.key
+    order = (-demand.priority, pod_created(context.pod), workload)
+    now = time.time()
+    head = gang_ahead(waiting, workload, order, now, after_s)
+    if head is None:
+        return supplies, ""
+    kept = held_back(head, supplies)
+    if not kept:
+        return supplies, ""
+    waited = now - head.since
+    why = f"{len(kept)} nodes held back for workload {head.workload}, ahead of it, waiting {waited:.0f} s"
+    return backfill_supplies(supplies, kept), why
+
+
+def _behind(refusal: AdmissionDecision, held: str) -> AdmissionDecision:
+    """A gang's refusal, saying the nodes held back for an older gang when there were some."""
+    return replace(refusal, reason=f"{refusal.reason} ({held})") if held else refusal
 
 
 class _GangPlan(NamedTuple):

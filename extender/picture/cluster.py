@@ -34,6 +34,7 @@ from extender.picture.store import ObjectStore, Stored
 from extender.picture.topology import TopologyDomains
 from extender.picture.workloads import OwnerRef, WorkloadMap
 from extender.policy.admission import Ask, GangState, Waiting, admit, waiting_list
+from extender.policy.backfill import DEFAULT_HOLD_BACK_AFTER_S, WaitingGang
 from extender.policy.deference import OwedPod, is_owed, owed_pods
 from extender.policy.fairness import WeightAdjustment
 from extender.policy.placement import DomainMap, GpuDemand, NodeGpus, WorkloadMix
@@ -74,6 +75,9 @@ class PictureConfig:
     domains: DomainMap = field(default_factory=dict, hash=False)
     # The topology levels gangs may ask for (`extender.policy.topology`; `--topology-levels`).
     topology: Topology = DEFAULT_TOPOLOGY
+    # A gang after the first waiting gang is planned off the nodes held back for it once that
+    # one has waited this long (`extender.policy.backfill`; None: never).
+    hold_back_after_s: float | None = DEFAULT_HOLD_BACK_AFTER_S
 
 
 def hold_owner(gang: GangState) -> str:
@@ -162,6 +166,8 @@ class ClusterPicture:
         self._unplaced_changes = 0  # counts changes to `_unplaced` (what `owed_pods` is kept by)
         # `owed_pods`' answer, and the view, inventory version and unplaced changes it was read at.
         self._owed_kept: tuple[QueueView, int, int, tuple[OwedPod, ...]] | None = None
+        # `waiting_gangs`' answer, and the view, inventory, unplaced and topology versions it was read at.
+        self._gangs_kept: tuple[QueueView, int, int, int, tuple[WaitingGang, ...]] | None = None
         self._store.subscribe("Pod", self._pod_tried)
 
     # ---- updates -----------------------------------------------------------------------------
@@ -629,6 +635,50 @@ class ClusterPicture:
         owed = owed_pods(view, (pod for _, pod in candidates))
         self._owed_kept = (view, version, self._unplaced_changes, owed)
         return owed
+
+    def waiting_gangs(self) -> tuple[WaitingGang, ...]:
+        """The gangs later gangs are planned around (`extender.policy.backfill`): not admitted
+        yet, pods kube-scheduler tried and could not place, their queue admitting them whole
+        (`admit`), in the scheduler's order, each with its oldest waiting member's creation. A gang
+        with parts is left out: its members differ in shape, and no one shape says what it needs.
+        Kept as `owed_pods` is, and with the topology's version (the domains it reads)."""
+        if not self._unplaced:
+            return ()
+        view, version = self.fairness(), self._inventory.version
+        at = (self._unplaced_changes, self.topology_version)
+        kept = self._gangs_kept
+        if kept is not None and kept[0] is view and kept[1] == version and kept[2:4] == at:
+            return kept[4]
+        ledger = self._accounting.ledger
+        found: dict[str, WaitingGang] = {}
+        for key in self._unplaced & ledger.waiting:
+            contribution = ledger.contributions[key]
+            placement = contribution.gpu_demand
+            pod = self._store.get("Pod", key)
+            if placement is None or pod is None or meta(pod).get("deletionTimestamp"):
+                continue
+            gang = self._gangs.state(pod)  # (`view` above brought the reservations in line)
+            if gang.admitted or gang.parts:
+                continue
+            demand = self._demands.of(pod)
+            order = (-demand.priority, pod_created(pod), gang.workload.key)
+            if gang.workload.key in found and found[gang.workload.key].order <= order:
+                continue
+            if not admit(view, Ask(demand.queue, contribution.amounts, demand.preemptible, gang)).admit:
+                continue
+            ask = self.topology_ask(pod, gang.workload)
+            level = ask.required or ask.preferred
+            found[gang.workload.key] = WaitingGang(
+                gang.workload.key,
+                order,
+                placement,
+                gang.missing,
+                self.level_domains(level) if level else {},
+                one_domain=bool(ask.required),
+            )
+        gangs = tuple(sorted(found.values(), key=lambda gang: gang.order))
+        self._gangs_kept = (view, version, *at, gangs)
+        return gangs
 
     def unplaced_waiting(self) -> bool:
         """Whether a pending GPU pod waits that kube-scheduler has tried and could not place.

@@ -56,6 +56,10 @@ GANG_READING = "gang_reading"
 GANG_INCOMPLETE = "gang_incomplete"
 GANG = "gang"  # a gang's member admitted with the unit that was judged whole
 GANG_ELASTIC = "gang_elastic"  # a member above its part's minimum, its gang not admitted yet
+# A gang admitted by its queue whose missing members do not all fit (yet), and one with a required
+# topology level that no domain of it holds whole (yet): the placement's refusals, the filter's.
+GANG_NO_FIT = "gang_no_fit"
+GANG_NO_DOMAIN = "gang_no_domain"
 
 
 def gpu_amounts(model: str, amount: float) -> dict[str, float]:

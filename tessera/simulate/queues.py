@@ -78,6 +78,8 @@ from contract.names import GPU_MILLI, TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_RE
 from contract.quantity import parse_quantity
 from extender.picture.ledger import Contribution, QueueLedger
 from extender.policy.admission import (
+    GANG_NO_DOMAIN,
+    GANG_NO_FIT,
     Ask,
     GangState,
     Waiting,
@@ -86,6 +88,7 @@ from extender.policy.admission import (
     fairness_vector,
     waiting_list,
 )
+from extender.policy.backfill import WaitingGang, gang_ahead, held_back
 from extender.policy.deference import OwedPod, defers_to, owed_pods
 from extender.policy.drf import drf_refusal, host_starved
 from extender.policy.fairness import (
@@ -544,6 +547,10 @@ def _percentile(values: Sequence[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(pct / 100 * len(ordered)) - 1)]
 
 
+# The phantom key of the nodes held back for the head gang while a later gang is planned.
+_KEPT_FOR_HEAD = "kept-for-head"
+
+
 class _Event(IntEnum):
     """Kinds of timed events; at equal times they are handled in this order."""
 
@@ -601,6 +608,7 @@ class _Replay:
         mix: WorkloadMix | None = None,
         tie_break: TieBreak = "random",
         gangs_in_order: bool = False,
+        hold_back_after_s: float | None = None,
         max_victim_evictions: int = Rules.max_victim_evictions,
         victim_lead_s: float = Rules.victim_lead_s,
         victim_lead_per_wait: float = Rules.victim_lead_per_wait,
@@ -609,6 +617,9 @@ class _Replay:
         self.pods = _pods(workload)
         # A counterfactual the extender does not do: no gang starts while an older one waits.
         self.gangs_in_order = gangs_in_order
+        # The oldest waiting gang's nodes are held back from later gangs once it has waited this
+        # long (`extender.policy.backfill`; None: never).
+        self.hold_back_after_s = hold_back_after_s
         self.nodes = list(workload.nodes)
         self.node_index = {node.name: i for i, node in enumerate(self.nodes)}
         mix = mix or workload_mix([SimPod(p.job, p.demand) for p in self.pods])
@@ -797,17 +808,32 @@ class _Replay:
         deferred = retry = False
         tried: set[str] = set()  # gangs judged in this pass
         gang_waits = False  # (with `gangs_in_order`: an older gang did not start, the later wait)
+        behind: list[WaitingGang] = []  # gangs that did not fit in this pass, in order
         for pod in sorted(self.waiting.values(), key=lambda p: p.order):
             if pod.index not in self.waiting:
                 continue  # started with its gang
             if pod.gang and self._missing(pod.gang):
                 if pod.gang not in tried and not gang_waits:
                     tried.add(pod.gang)
-                    if self._start_gang(pod.gang, admission, now):
+                    waiting = self._waiting_gang(pod.gang)
+                    head = (
+                        None
+                        if self.hold_back_after_s is None
+                        else gang_ahead(behind, pod.gang, waiting.order, now, self.hold_back_after_s)
+                    )
+                    held_nodes = self._held_back(head) if head is not None else []
+                    for node in held_nodes:
+                        self._reserve_shares(f"{_KEPT_FOR_HEAD}/{node}", node, self._all_shares(node))
+                    refusal = self._start_gang(pod.gang, admission, now)
+                    for node in held_nodes:
+                        self._unreserve(f"{_KEPT_FOR_HEAD}/{node}")
+                    if not refusal:
                         admission = self._fairness(shares={})
                         admitted.clear()
                     else:
                         gang_waits = self.gangs_in_order
+                        if refusal in (GANG_NO_FIT, GANG_NO_DOMAIN):
+                            behind.append(waiting)
                 continue
             held = pod.index in self.holds
             if pod.signature in refused:
@@ -894,15 +920,39 @@ class _Replay:
         waiting = sum(1 for p in self.waiting.values() if p.gang == gang)
         return GangState(self.workloads[gang], self.minimums[gang], running + waiting, running)
 
-    def _start_gang(self, gang: str, admission: FairnessSnapshot, now: float) -> bool:
-        """Start the members a gang misses, all of them or none (the extender's `admit_gang`)."""
+    def _waiting_gang(self, gang: str) -> WaitingGang:
+        """The gang as the backfill rule reads it (`extender.policy.backfill`)."""
+        members = [p for p in self.waiting.values() if p.gang == gang]
+        ask = self.asks.get(gang, TopologyAsk())
+        level = ask.required or ask.preferred
+        return WaitingGang(
+            gang,
+            (0, min(p.created for p in members), gang),
+            members[0].demand,
+            self._missing(gang),
+            self.level_domains.get(level, NO_DOMAINS) if level else NO_DOMAINS,
+            one_domain=bool(ask.required),
+        )
+
+    def _held_back(self, head: WaitingGang) -> list[int]:
+        """The nodes held back for `head` from the gangs after it (`held_back`), by index."""
+        supplies = [self.cluster.node_gpus(i) for i in range(len(self.nodes))]
+        return sorted(self.node_index[name] for name in held_back(head, supplies))
+
+    def _all_shares(self, node: int) -> tuple[tuple[int, int], ...]:
+        """Every GPU of the node whole, as `_reserve_shares` takes them."""
+        return tuple((gpu, GPU_MILLI) for gpu in range(len(self.cluster.free[node])))
+
+    def _start_gang(self, gang: str, admission: FairnessSnapshot, now: float) -> str:
+        """Start the members a gang misses, all of them or none (the extender's `admit_gang`):
+        "" when they started, else why not (the refusal's kind)."""
         state = self._gang(gang)
         members = sorted((p for p in self.waiting.values() if p.gang == gang), key=lambda p: p.order)
         head = members[0]
         decision = admit(admission, Ask(head.queue, head.request, head.preemptible, state))
         if not decision.admit:
             self.refused.setdefault(decision.kind, set()).update(p.index for p in members)
-            return False
+            return decision.kind
         chosen = members[: state.missing]
         held = [member.index for member in chosen if member.index in self.holds]
         for index in held:
@@ -911,20 +961,20 @@ class _Replay:
         if placements is None:  # no domain of its required level holds it
             for index in held:
                 self._reserve(index)
-            self.refused.setdefault("gang_no_domain", set()).update(p.index for p in members)
-            return False
+            self.refused.setdefault(GANG_NO_DOMAIN, set()).update(p.index for p in members)
+            return GANG_NO_DOMAIN
         if len(placements) < len(chosen):  # all or nothing: give back what was placed
             for member, (node, gpus) in zip(chosen, placements, strict=False):
                 self.cluster.release(node, member.demand, gpus)
             for index in held:
                 self._reserve(index)
-            self.refused.setdefault("gang_no_fit", set()).update(p.index for p in members)
-            return False
+            self.refused.setdefault(GANG_NO_FIT, set()).update(p.index for p in members)
+            return GANG_NO_FIT
         for member, placement in zip(chosen, placements, strict=True):
             self.holds.pop(member.index, None)
             self._start(member, now, placement)
         self._record_gang(gang, now)
-        return True
+        return ""
 
     def _place_gang(self, gang: str, chosen: Sequence[_Pod]) -> list[tuple[int, tuple[int, ...]]] | None:
         """Places for the chosen members, each taken from the cluster: with a topology ask, the
@@ -1516,6 +1566,7 @@ def run_queue_workload(
     mix: WorkloadMix | None = None,
     tie_break: TieBreak = "random",
     gangs_in_order: bool = False,
+    hold_back_after_s: float | None = None,
     max_victim_evictions: int = Rules.max_victim_evictions,
     victim_lead_s: float = Rules.victim_lead_s,
     victim_lead_per_wait: float = Rules.victim_lead_per_wait,
@@ -1531,6 +1582,9 @@ def run_queue_workload(
     random per seed; "first": the first in the workload's node order, as the timeline replay).
     `gangs_in_order`: a counterfactual, not the extender's behaviour - gangs start in the order
     they came, none while an older one waits (lone pods still go where they fit).
+    `hold_back_after_s`: the extender's `--gang-hold-back-after` (`extender.policy.backfill`): once
+    the first gang that did not fit has waited this long, later gangs are planned off the nodes
+    held back for it (None: off, the extender's default).
     `max_victim_evictions`: rule 14's budget (a pod evicted this often is no victim again; 0: off);
     `victim_lead_s`, `victim_lead_per_wait`: rule 15 (victims started at most this long before the
     served pod's wait, growing per second waited; inf: any).
@@ -1568,6 +1622,7 @@ def run_queue_workload(
         mix,
         tie_break,
         gangs_in_order,
+        hold_back_after_s,
         max_victim_evictions,
         victim_lead_s,
         victim_lead_per_wait,

@@ -64,8 +64,12 @@ CASES = [
             for case in ("repeated", "supply moved", "domains moved")
         ),
     ),
-    # Seed 0's gangs with a preferred rack and without: the p95 ratio, then the worst seed's.
-    ("topologywaits", rf"\n0\s+6(\s+\S+){{2}}\s+{RATIO}(\s+\d+\.\d+){{2}}\nworst\s+seed 0\s+{RATIO}"),
+    # Seed 0's gangs with a preferred rack and without: the p95 ratio, the mean waits and racks
+    # spanned, then the worst seed's ratio.
+    (
+        "topologywaits",
+        rf"\n0\s+6(\s+\S+){{2}}\s+{RATIO}(\s+\d+){{2}}(\s+\d+\.\d+){{2}}\nworst\s+seed 0\s+{RATIO}",
+    ),
     # 1000 queues, fair share over time off, then on (with the cost of an update).
     ("history", rf"50\s+1000\s+off\s+10\s+\S+\s+-\s+1\.00x\n50\s+1000\s+on\s+10\s+\S+\s+\S+\s+{RATIO}"),
     # Seed 0's drawn week, history off and under the k rule without a min runtime: the nightly

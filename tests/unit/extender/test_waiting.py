@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from extender.policy.admission import GANG_ELASTIC, GANG_INCOMPLETE, GANG_READING
+from extender.policy.admission import GANG_ELASTIC, GANG_INCOMPLETE, GANG_NO_DOMAIN, GANG_NO_FIT, GANG_READING
 from extender.policy.waiting import (
     QUEUE_NOT_ALLOWED,
     UNLISTED,
@@ -20,7 +20,6 @@ from extender.policy.waiting import (
     wait_message,
     wait_reason,
 )
-from extender.verbs import GANG_NO_DOMAIN, GANG_NO_FIT
 
 LIMIT = "queue 'team-a': gpu allocated 14 + request 1 would exceed its limit (14)"
 

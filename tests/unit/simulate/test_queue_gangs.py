@@ -124,3 +124,37 @@ def test_gangs_in_order_keeps_a_later_gang_from_starting_ahead_of_an_older_one(
     assert state_at(result, 2)["t"].allocated_gpu == at_two
     assert state_at(result, 50)["t"].allocated_gpu == 6
     assert state_at(result, 120)["t"].allocated_gpu == at_120
+
+
+@pytest.mark.parametrize(
+    ("hold_back_after_s", "at_20", "at_150"),
+    [(None, 8, 4), (0.0, 6, 8), (60.0, 8, 4)],
+)
+def test_a_later_gang_is_kept_off_the_nodes_held_back_for_the_first(
+    hold_back_after_s: float | None, at_20: int, at_150: int
+) -> None:
+    # Nodes x, y of 4 GPUs. At t=0 gang first (2 pods of 2 GPUs, until 100) fills one node and a
+    # pod alone of 2 GPUs (until 1000) half the other: 2 free. Gang big (3 pods of 2) comes at
+    # t=10 and waits; gang small (2 pods of 1, for 500 s) comes at t=20.
+    # Without the rule small takes the 2 free (8 taken at t=20); first ends at 100, big finds
+    # 4 free of its 6 and waits for small's end at 520 (4 taken at t=150: the pod alone, small).
+    # With the rule (bound 0): the nodes held back for big are both (the freer holds 2 of its
+    # pods once empty, the other 2 more: 4 >= 3), so small waits (6 taken at t=20); at 100 big
+    # fits the 6 free and starts (8 at t=150), small after it at 300. With a bound of 60 s big
+    # has waited 10 s at t=20: no head yet, small goes as without the rule.
+    workload = parse_workload(
+        {
+            "name": "case",
+            "nodes": [{"name": "n", "count": 2, "gpus": 4}],
+            "queues": [queue("t")],
+            "jobs": [
+                job("first", "t", 2, 100, minMembers=2, interval=0, gpus=2),
+                job("alone", "t", 1, 1000, gpus=2),
+                job("big", "t", 3, 200, arrival=10, minMembers=3, interval=0, gpus=2),
+                job("small", "t", 2, 500, arrival=20, minMembers=2, interval=0),
+            ],
+        }
+    )
+    result = run_queue_workload(workload, hold_back_after_s=hold_back_after_s)
+    assert state_at(result, 20)["t"].allocated_gpu == at_20
+    assert state_at(result, 150)["t"].allocated_gpu == at_150
