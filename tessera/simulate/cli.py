@@ -517,6 +517,7 @@ def _run_queues(args: argparse.Namespace) -> int:
         max_victim_evictions=args.max_victim_evictions,
         victim_lead_s=args.victim_lead_s,
         victim_lead_per_wait=args.victim_lead_per_wait,
+        collect_for_owed=args.collect_for_owed == "on",
         topology_asks=not args.no_topology_asks,
         history=None if args.history is None else args.history == "on",
     )
@@ -694,6 +695,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=Rules.victim_lead_per_wait,
         help="seconds the victim lead grows per second the pod served has waited (default 0)",
+    )
+    queues.add_argument(
+        "--collect-for-owed",
+        choices=("on", "off"),
+        default="off",
+        help="pods that defer to an owed pod of several GPUs fitting nowhere defer on the one node "
+        "chosen to collect for it too (default off)",
     )
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")
