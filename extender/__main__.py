@@ -125,6 +125,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"then capacity that frees goes to it first (default {Rules.whole_owed_wait_s:g})",
     )
     parser.add_argument(
+        "--collect-for-owed",
+        choices=("on", "off"),
+        default="on" if PictureConfig.collect_for_owed else "off",
+        help="for a waiting pod of several GPUs of a queue below its fair share that fits no node, "
+        "borrowers' pods leave the one node chosen to collect for it (default %(default)s)",
+    )
+    parser.add_argument(
         "--max-victim-evictions",
         type=int,
         default=Rules.max_victim_evictions,
@@ -356,6 +363,7 @@ async def run(args: argparse.Namespace) -> None:
             scheduler_names=frozenset(args.scheduler_name or []),
             non_preemptible_priority=args.non_preemptible_priority,
             topology=args.topology_levels,
+            collect_for_owed=args.collect_for_owed == "on",
         )
     )
     evictions = EvictionLimits(concurrency=args.eviction_concurrency, timeout_s=args.eviction_timeout)

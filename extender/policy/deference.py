@@ -76,6 +76,10 @@ from extender.policy.fairness import EPSILON, FairnessSnapshot, Resources, forma
 from extender.policy.placement import GpuDemand, NodeGpus, fits
 from extender.policy.reclaim import reclaim_refusal
 
+# Whether deference collects a node for an owed pod of several GPUs by default (`collecting_nodes`;
+# the extender's `--collect-for-owed`, the simulator's).
+COLLECT_FOR_OWED = False
+
 # The resources other than GPUs that reclaim's DRF rule frees for a host-starved pod.
 HOST_RESOURCES = ("cpu", "memory")
 
@@ -202,4 +206,12 @@ def deference_reason(fairness: FairnessSnapshot, queue: str, request: Resources,
         f"free GPUs here go first to a waiting pod of queue '{owed.queue}', below its fair share "
         f"(gpu {standing(owed.queue)}); queue '{queue}' (gpu {standing(queue)}) would borrow them "
         "and reclaim would take them back"
+    )
+
+
+def collecting_reason(fairness: FairnessSnapshot, queue: str, request: Resources, owed: OwedPod) -> str:
+    """The refusal's text on the node collected for `owed` (`collecting_nodes`)."""
+    return (
+        f"node collects GPUs for a waiting {owed.demand.count}-GPU pod that fits no node yet: "
+        + deference_reason(fairness, queue, request, owed)
     )

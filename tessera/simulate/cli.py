@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from contract.names import GPU_MILLI
+from extender.policy.deference import COLLECT_FOR_OWED
 from extender.policy.reclaim import Rules
 
 from .bound import placed_prefix_capping
@@ -699,9 +700,9 @@ def build_parser() -> argparse.ArgumentParser:
     queues.add_argument(
         "--collect-for-owed",
         choices=("on", "off"),
-        default="off",
+        default="on" if COLLECT_FOR_OWED else "off",
         help="pods that defer to an owed pod of several GPUs fitting nowhere defer on the one node "
-        "chosen to collect for it too (default off)",
+        "chosen to collect for it too (default %(default)s)",
     )
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")

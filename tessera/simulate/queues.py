@@ -86,7 +86,7 @@ from extender.policy.admission import (
     fairness_vector,
     waiting_list,
 )
-from extender.policy.deference import OwedPod, collecting_nodes, defers_to, owed_pods
+from extender.policy.deference import COLLECT_FOR_OWED, OwedPod, collecting_nodes, defers_to, owed_pods
 from extender.policy.drf import drf_refusal, host_starved
 from extender.policy.fairness import (
     EPSILON,
@@ -605,7 +605,7 @@ class _Replay:
         victim_lead_s: float = Rules.victim_lead_s,
         victim_lead_per_wait: float = Rules.victim_lead_per_wait,
         moves: QueueMoves | None = None,
-        collect_for_owed: bool = False,
+        collect_for_owed: bool = COLLECT_FOR_OWED,
     ):
         self.pods = _pods(workload)
         # Deference collects a node for an owed pod of several GPUs that fits nowhere
@@ -1525,7 +1525,7 @@ def run_queue_workload(
     victim_lead_s: float = Rules.victim_lead_s,
     victim_lead_per_wait: float = Rules.victim_lead_per_wait,
     moves: QueueMoves | None = None,
-    collect_for_owed: bool = False,
+    collect_for_owed: bool = COLLECT_FOR_OWED,
 ) -> QueueRunResult:
     """Replay `workload`; the interval and delay default to the workload's own, the wait of a pod
     of a queue owed less than itself before it reclaims (rule 9) to the extender's. Without
