@@ -355,7 +355,7 @@ def _owed_first(owed: tuple[OwedPod, ...], context: PodContext) -> tuple[OwedPod
 
 def deferred_everywhere(picture: ClusterPicture, names: list[str], context: PodContext) -> str:
     """Why the filter would leave every node of `names` the admitted pod fits to owed pods
-    (`_owed_first`, `_deference`): the first node's reason; '' when it may go to one of them, or
+    (`_owed_first`, `_collected`, `_deference`): the first node's reason; '' when it may go to one of them, or
     fits none (then it is not deference that holds it back). The requeue check asks it, so that a
     pod is nudged when the filter would pass it, not while it defers."""
     demand = context.demand

@@ -43,23 +43,23 @@ cores>, shares 4 / 4 GPUs, 48 / 16 cores): a at 3 pods, one of a's ended, a's wa
 bring a to 4 of 4 GPUs, 64 of 48 cores (dominant share 1.33), from which rule 10 takes it back
 for b (0): it defers, though the GPU rule alone would let it start (a at its GPU share).
 
-**Collecting a node for an owed pod of several GPUs** (`collecting_nodes`, on with
-`collect=True`). An owed 2- or 4-GPU pod seldom fits anywhere: GPUs free one at a time, spread
-over the nodes, and the rule above hands each to a borrower, since the owed pod does not fit
-there; reclaim later evicts several pods for it. So for each owed pod of more than one GPU that
-fits no node now, ONE node is chosen to collect for it: of the nodes that could hold it once
-empty (its GPU models, at least its GPU count), the one with the most whole GPUs free - the
-fewest it still misses, each at least one eviction - then the most free CPU, then memory, then
-the first in the given order. A pod that defers to the owed pod where it fits defers on that
-node's free GPUs too, so departures accumulate there; once the owed pod fits, the rule above
-keeps them for it, and reclaim's choice of the node needing the fewest evicted GPUs finds the
-node collected, missing only k - f of its k GPUs. Bounded: at most one node per owed pod (per
-queue and demand, as `owed_pods` keeps), chosen afresh from what is free each time, so none
-when no such pod waits; pods that would not be taken back for it (not preemptible, of a queue
-owed too, of its own queue) still go there. Worked example (tests/unit/extender/
-test_deference.py, `COLLECTING`): nodes n0 (2 of 8 GPUs free), n1 (3 free), n2 (3 free, more
-CPU free), a 4-GPU owed pod: n2 collects (3 free, it misses one; n1 ties on GPUs, n2 has more
-CPU).
+**Collecting a node for an owed pod of several GPUs** (`collecting_nodes`; where the caller
+asks: the filter's `--collect-for-owed`, the simulator's; `COLLECT_FOR_OWED` by default). An owed
+2- or 4-GPU pod seldom fits anywhere: GPUs free one at a time, spread over the nodes, and the
+rule above hands each to a borrower, since the owed pod does not fit there; reclaim later evicts
+several pods for it. So for each owed pod of more than one GPU that fits no node now, ONE node is
+chosen to collect for it: of the nodes that could hold it once empty (its GPU models, at least
+its GPU count), the one with the most whole GPUs free - the fewest it still misses, each at
+least one eviction - then the most free CPU, then memory, then the first in the given order. A
+pod that defers to the owed pod where it fits defers on that node too, so departures accumulate
+there; once the owed pod fits, the rule above keeps them for it, and reclaim's choice of the
+node needing the fewest evicted GPUs finds the node collected, missing only k - f of its k GPUs.
+Bounded: at most one node per owed pod (per queue and demand, as `owed_pods` keeps), chosen
+afresh from what is free each time, so none when no such pod waits; pods that would not be taken
+back for it (not preemptible, of a queue owed too, of its own queue) still go there. Worked
+example (tests/unit/extender/test_deference.py, the node choice's table): n0 with 2 of 8 GPUs
+free and n1 with 3, a 4-GPU owed pod: n1 collects (it misses 1, n0 2); n1 and n2 with 3 free
+each, n2 with more CPU free: n2.
 
 `owed_pods` is computed once per picture (the filter keeps it per version of the picture; with
 no owed pod waiting the rule costs nothing); `defers_to` is asked once per pod filtered, and its
