@@ -356,16 +356,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def run(args: argparse.Namespace) -> None:
-    picture = ClusterPicture(
-        PictureConfig(
-            gpu_drivers=frozenset(args.gpu_driver or [DRIVER_NAME]),
-            scheduler_names=frozenset(args.scheduler_name or []),
-            non_preemptible_priority=args.non_preemptible_priority,
-            topology=args.topology_levels,
-            collect_for_owed=args.collect_for_owed == "on",
-        )
+def picture_config(args: argparse.Namespace) -> PictureConfig:
+    """What the picture is told by the flags."""
+    return PictureConfig(
+        gpu_drivers=frozenset(args.gpu_driver or [DRIVER_NAME]),
+        scheduler_names=frozenset(args.scheduler_name or []),
+        non_preemptible_priority=args.non_preemptible_priority,
+        topology=args.topology_levels,
+        collect_for_owed=args.collect_for_owed == "on",
     )
+
+
+async def run(args: argparse.Namespace) -> None:
+    picture = ClusterPicture(picture_config(args))
     evictions = EvictionLimits(concurrency=args.eviction_concurrency, timeout_s=args.eviction_timeout)
     options = ServiceOptions(
         host=args.listen_address,

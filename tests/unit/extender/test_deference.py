@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
+from extender.__main__ import parse_args, picture_config
 from extender.metrics import ExtenderMetrics
 from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
 from extender.policy.deference import (
+    COLLECT_FOR_OWED,
     OwedPod,
     collecting_node,
     collecting_nodes,
@@ -188,6 +190,14 @@ async def test_the_requeue_check_does_not_nudge_a_pod_whose_only_node_is_collect
         assert [entry.name for entry in writer.eligible_now()] == nudged
     passed = decide_filter(picture, ExtenderArgs(Pod=A3, NodeNames=["n1"])).result.NodeNames
     assert bool(passed) == bool(nudged)
+
+
+@pytest.mark.parametrize(
+    ("argv", "collects"),
+    [([], COLLECT_FOR_OWED), (["--collect-for-owed=on"], True), (["--collect-for-owed=off"], False)],
+)
+def test_the_collect_flag_reaches_the_picture(argv: list[str], collects: bool) -> None:
+    assert picture_config(parse_args(argv)).collect_for_owed is collects
 
 
 def test_the_owed_pod_itself_passes() -> None:
