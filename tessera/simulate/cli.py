@@ -10,8 +10,8 @@
                               [--queues N]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
                             [--partly-owed-wait-s S] [--whole-owed-wait-s S] [--max-victim-evictions K]
-                            [--victim-lead-s S] [--victim-lead-per-wait X] [--no-topology-asks]
-                            [--history on|off]
+                            [--victim-lead-s S] [--victim-lead-per-wait X] [--collect-for-owed on|off]
+                            [--no-topology-asks] [--history on|off]
 
 All print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
 """
