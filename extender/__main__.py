@@ -126,6 +126,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"then capacity that frees goes to it first (default {Rules.whole_owed_wait_s:g})",
     )
     parser.add_argument(
+        "--collect-for-owed",
+        choices=("on", "off"),
+        default="on" if PictureConfig.collect_for_owed else "off",
+        help="for a waiting pod of several GPUs of a queue below its fair share that fits no node, "
+        "borrowers' pods leave the one node chosen to collect for it (default %(default)s)",
+    )
+    parser.add_argument(
         "--max-victim-evictions",
         type=int,
         default=Rules.max_victim_evictions,
@@ -358,16 +365,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def run(args: argparse.Namespace) -> None:
-    picture = ClusterPicture(
-        PictureConfig(
-            gpu_drivers=frozenset(args.gpu_driver or [DRIVER_NAME]),
-            scheduler_names=frozenset(args.scheduler_name or []),
-            non_preemptible_priority=args.non_preemptible_priority,
-            topology=args.topology_levels,
-            hold_back_after_s=args.gang_hold_back_after,
-        )
+def picture_config(args: argparse.Namespace) -> PictureConfig:
+    """What the picture is told by the flags."""
+    return PictureConfig(
+        gpu_drivers=frozenset(args.gpu_driver or [DRIVER_NAME]),
+        scheduler_names=frozenset(args.scheduler_name or []),
+        non_preemptible_priority=args.non_preemptible_priority,
+        topology=args.topology_levels,
+        hold_back_after_s=args.gang_hold_back_after,
+        collect_for_owed=args.collect_for_owed == "on",
     )
+
+
+async def run(args: argparse.Namespace) -> None:
+    picture = ClusterPicture(picture_config(args))
     evictions = EvictionLimits(concurrency=args.eviction_concurrency, timeout_s=args.eviction_timeout)
     options = ServiceOptions(
         host=args.listen_address,

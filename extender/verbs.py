@@ -59,7 +59,7 @@ from extender.policy.admission import (
     unplaced_part_text,
 )
 from extender.policy.backfill import backfill_supplies, gang_ahead, held_back
-from extender.policy.deference import OwedPod, deference_reason, defers_to
+from extender.policy.deference import OwedPod, collecting_reason, deference_reason, defers_to
 from extender.policy.fairness import AdmissionDecision
 from extender.policy.placement import (
     NO_DOMAINS,
@@ -310,12 +310,16 @@ def decide_filter(picture: ClusterPicture, args: ExtenderArgs) -> FilterDecision
     else:  # every kind fits (the common case)
         kept, failed = nodes, {}
     passed = kept.names
+    collected = _collected(context, owed, passed)
+    if collected:
+        passed = [name for name in passed if name not in collected]
+        failed = failed | collected
     if kept.held:
         passed, failed = _to_hold(context, passed, failed)
     if reservation is not None:  # (admitted just now: its domain known now)
         passed, failed = _to_domain(picture, reservation, passed, failed, gang.part)
     failed |= outside
-    remembered_nodes = None if kept.held else PassedNodes(key, owner, version, kept)
+    remembered_nodes = None if kept.held or collected else PassedNodes(key, owner, version, kept)
     waits, message = ("", decision.reason) if passed else why_unplaced(context)
     return FilterDecision(
         filter_result(args, passed, failed),
@@ -386,17 +390,24 @@ def _owed_first(owed: tuple[OwedPod, ...], context: PodContext) -> tuple[OwedPod
 
 def deferred_everywhere(picture: ClusterPicture, names: list[str], context: PodContext) -> str:
     """Why the filter would leave every node of `names` the admitted pod fits to owed pods
-    (`_owed_first`, `_deference`): the first node's reason; '' when it may go to one of them, or
+    (`_owed_first`, `_collected`, `_deference`): the first node's reason; '' when it may go to one of them, or
     fits none (then it is not deference that holds it back). The requeue check asks it, so that a
     pod is nudged when the filter would pass it, not while it defers."""
     demand = context.demand
     owed = _owed_first(picture.owed_pods(), context) if demand.wants_gpu else ()
     if not owed:
         return ""
-    nodes = picture.candidates(context.key, names, context.owner, demand.queue)
     reference = context.reference_memory
     gpu_memory = picture.gpu_memory if demand.fractional else {}  # {}: the size does not matter
     deferred = ""
+    collected = _collected(context, owed, names)
+    for name, why in collected.items():  # (a node collected for an owed pod: left to it if it fits)
+        supply = picture.supplies(context.key, [name], context.owner, demand.queue)[0]
+        if not _misfit(supply, demand.placement_at(gpu_memory.get(name) or reference)):
+            deferred = deferred or why
+    nodes = picture.candidates(
+        context.key, [name for name in names if name not in collected], context.owner, demand.queue
+    )
     for kind, supply in nodes.supply_of.items():
         if _misfit(supply, demand.placement_at(gpu_memory.get(nodes.one_of_kind[kind]) or reference)):
             continue
@@ -405,6 +416,21 @@ def deferred_everywhere(picture: ClusterPicture, names: list[str], context: PodC
             return ""
         deferred = deferred or why
     return deferred
+
+
+def _collected(context: PodContext, owed: tuple[OwedPod, ...], names: list[str]) -> dict[str, str]:
+    """The nodes of `names` collected for an owed pod this pod defers to (`collecting_nodes`:
+    one per owed pod of several GPUs that fits no node), with why it leaves them."""
+    collected: dict[str, str] = {}
+    for waiting in owed:
+        if waiting.collecting:
+            collected.setdefault(
+                waiting.collecting,
+                collecting_reason(context.view, context.demand.queue, context.request, waiting),
+            )
+    if not collected:
+        return {}
+    return {name: collected[name] for name in names if name in collected}
 
 
 def _deference(context: PodContext, owed: tuple[OwedPod, ...], supply: NodeGpus) -> str:

@@ -35,7 +35,7 @@ from extender.picture.topology import TopologyDomains
 from extender.picture.workloads import OwnerRef, WorkloadMap
 from extender.policy.admission import Ask, GangState, Waiting, admit, waiting_list
 from extender.policy.backfill import DEFAULT_HOLD_BACK_AFTER_S, WaitingGang
-from extender.policy.deference import OwedPod, is_owed, owed_pods
+from extender.policy.deference import COLLECT_FOR_OWED, OwedPod, collecting_nodes, is_owed, owed_pods
 from extender.policy.fairness import WeightAdjustment
 from extender.policy.placement import DomainMap, GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
@@ -78,6 +78,9 @@ class PictureConfig:
     # A gang after the first waiting gang is planned off the nodes held back for it once that
     # one has waited this long (`extender.policy.backfill`; None: never).
     hold_back_after_s: float | None = DEFAULT_HOLD_BACK_AFTER_S
+    # Deference collects one node for each owed pod of several GPUs that fits nowhere
+    # (`extender.policy.deference.collecting_nodes`; `--collect-for-owed`).
+    collect_for_owed: bool = COLLECT_FOR_OWED
 
 
 def hold_owner(gang: GangState) -> str:
@@ -461,6 +464,13 @@ class ClusterPicture:
             "running pods": self._running,
         }
 
+    def gpu_node_names(self) -> list[str]:
+        """The nodes the planners and deference look at: every Node, then those only their
+        ResourceSlices name (no Node object seen yet)."""
+        names = dict.fromkeys(self._store.kind("Node"))
+        names.update(dict.fromkeys(self._inventory.node_devices))
+        return list(names)
+
     def snapshot(self) -> ClusterSnapshot:
         """What the planners read: GPU nodes, the pods holding GPUs there, the queues' fairness.
 
@@ -469,10 +479,7 @@ class ClusterPicture:
         not a pass over every pod.
         """
         view = self.fairness()  # recounts what moved, which marks those pods stale
-        nodes = {name: self.node_gpus(name) for name in self._store.kind("Node")}
-        nodes.update(
-            (name, self.node_gpus(name)) for name in self._inventory.node_devices if name not in nodes
-        )
+        nodes = {name: self.node_gpus(name) for name in self.gpu_node_names()}
         feed = self._running.feed(nodes)
         return ClusterSnapshot(
             nodes,
@@ -633,6 +640,8 @@ class ClusterPicture:
             candidates.append((order, OwedPod(key, demand.queue, contribution.amounts, placement)))
         candidates.sort(key=lambda candidate: candidate[0])
         owed = owed_pods(view, (pod for _, pod in candidates))
+        if self.config.collect_for_owed and any(pod.demand.count > 1 for pod in owed):
+            owed = collecting_nodes(owed, self.supplies("", self.gpu_node_names()))
         self._owed_kept = (view, version, self._unplaced_changes, owed)
         return owed
 

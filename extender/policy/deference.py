@@ -43,6 +43,24 @@ cores>, shares 4 / 4 GPUs, 48 / 16 cores): a at 3 pods, one of a's ended, a's wa
 bring a to 4 of 4 GPUs, 64 of 48 cores (dominant share 1.33), from which rule 10 takes it back
 for b (0): it defers, though the GPU rule alone would let it start (a at its GPU share).
 
+**Collecting a node for an owed pod of several GPUs** (`collecting_nodes`; where the caller
+asks: the filter's `--collect-for-owed`, the simulator's; `COLLECT_FOR_OWED` by default). An owed
+2- or 4-GPU pod seldom fits anywhere: GPUs free one at a time, spread over the nodes, and the
+rule above hands each to a borrower, since the owed pod does not fit there; reclaim later evicts
+several pods for it. So for each owed pod of more than one GPU that fits no node now, ONE node is
+chosen to collect for it: of the nodes that could hold it once empty (its GPU models, at least
+its GPU count), the one with the most whole GPUs free - the fewest it still misses, each at
+least one eviction - then the most free CPU, then memory, then the first in the given order. A
+pod that defers to the owed pod where it fits defers on that node too, so departures accumulate
+there; once the owed pod fits, the rule above keeps them for it, and reclaim's choice of the
+node needing the fewest evicted GPUs finds the node collected, missing only k - f of its k GPUs.
+Bounded: at most one node per owed pod (per queue and demand, as `owed_pods` keeps), chosen
+afresh from what is free each time, so none when no such pod waits; pods that would not be taken
+back for it (not preemptible, of a queue owed too, of its own queue) still go there. Worked
+example (tests/unit/extender/test_deference.py, the node choice's table): n0 with 2 of 8 GPUs
+free and n1 with 3, a 4-GPU owed pod: n1 collects (it misses 1, n0 2); n1 and n2 with 3 free
+each, n2 with more CPU free: n2.
+
 `owed_pods` is computed once per picture (the filter keeps it per version of the picture; with
 no owed pod waiting the rule costs nothing); `defers_to` is asked once per pod filtered, and its
 answer's demands fitted per kind of node.
@@ -51,12 +69,16 @@ answer's demands fitted per kind of node.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from extender.policy.drf import dominant_share, dominant_text, drf_refusal, gpu_amounts, standings
 from extender.policy.fairness import EPSILON, FairnessSnapshot, Resources, format_amount
-from extender.policy.placement import GpuDemand
+from extender.policy.placement import GpuDemand, NodeGpus, fits
 from extender.policy.reclaim import reclaim_refusal
+
+# Whether deference collects a node for an owed pod of several GPUs by default (`collecting_nodes`;
+# the extender's `--collect-for-owed`, the simulator's).
+COLLECT_FOR_OWED = False
 
 # The resources other than GPUs that reclaim's DRF rule frees for a host-starved pod.
 HOST_RESOURCES = ("cpu", "memory")
@@ -70,6 +92,7 @@ class OwedPod:
     queue: str
     request: Resources  # its fairness vector (what reclaim compares)
     demand: GpuDemand  # what it needs of a node
+    collecting: str = ""  # the node collected for it (`collecting_nodes`; '' none)
 
 
 def owed_pods(fairness: FairnessSnapshot, waiting: Iterable[OwedPod]) -> tuple[OwedPod, ...]:
@@ -87,6 +110,34 @@ def owed_pods(fairness: FairnessSnapshot, waiting: Iterable[OwedPod]) -> tuple[O
         for queue in {pod.queue for pod in kept.values()}
     }
     return tuple(sorted(kept.values(), key=lambda pod: owed_first[pod.queue]))
+
+
+def collecting_nodes(owed: Sequence[OwedPod], nodes: Sequence[NodeGpus]) -> tuple[OwedPod, ...]:
+    """`owed` with, for each pod of more than one GPU that fits none of `nodes` (their free
+    capacity as a borrower's pod sees it), the node chosen to collect for it (`collecting_node`;
+    the module docstring). The others unchanged, so with no such pod nothing is collected."""
+    return tuple(
+        replace(pod, collecting=collecting_node(pod.demand, nodes))
+        if pod.demand.count > 1 and not any(fits(node, pod.demand) for node in nodes)
+        else pod
+        for pod in owed
+    )
+
+
+def collecting_node(demand: GpuDemand, nodes: Sequence[NodeGpus]) -> str:
+    """The node to collect for `demand` (of several whole GPUs): of those with its GPU models and
+    at least its GPU count, the one with the most GPUs wholly free (it misses the fewest: each
+    missing GPU costs reclaim at least one eviction), then the most free CPU, then memory, then
+    the first of `nodes`; '' when no node could hold it."""
+    best, best_rank = "", (-1, 0, 0)
+    for node in nodes:
+        if len(node.free_milli) < demand.count or (demand.models and node.model not in demand.models):
+            continue
+        free = sum(1 for milli in node.free_milli if milli >= demand.milli)
+        rank = (free, node.cpu_free_milli, node.memory_free_mib)
+        if rank > best_rank:
+            best, best_rank = node.name, rank
+    return best
 
 
 def is_owed(fairness: FairnessSnapshot, queue: str, request: Resources) -> bool:
@@ -155,4 +206,12 @@ def deference_reason(fairness: FairnessSnapshot, queue: str, request: Resources,
         f"free GPUs here go first to a waiting pod of queue '{owed.queue}', below its fair share "
         f"(gpu {standing(owed.queue)}); queue '{queue}' (gpu {standing(queue)}) would borrow them "
         "and reclaim would take them back"
+    )
+
+
+def collecting_reason(fairness: FairnessSnapshot, queue: str, request: Resources, owed: OwedPod) -> str:
+    """The refusal's text on the node collected for `owed` (`collecting_nodes`)."""
+    return (
+        f"node collects GPUs for a waiting {owed.demand.count}-GPU pod that fits no node yet: "
+        + deference_reason(fairness, queue, request, owed)
     )

@@ -10,8 +10,8 @@
                               [--queues N]
     tessera simulate queues WORKLOAD.yaml [--policy tessera] [--reclaim-interval S] [--termination-delay S]
                             [--partly-owed-wait-s S] [--whole-owed-wait-s S] [--max-victim-evictions K]
-                            [--victim-lead-s S] [--victim-lead-per-wait X] [--no-topology-asks]
-                            [--history on|off]
+                            [--victim-lead-s S] [--victim-lead-per-wait X] [--collect-for-owed on|off]
+                            [--no-topology-asks] [--history on|off]
 
 All print a table, write CSV files and PNG plots under ``--out`` and are deterministic for a seed.
 """
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from contract.names import GPU_MILLI
+from extender.policy.deference import COLLECT_FOR_OWED
 from extender.policy.reclaim import Rules
 
 from .bound import placed_prefix_capping
@@ -517,6 +518,7 @@ def _run_queues(args: argparse.Namespace) -> int:
         max_victim_evictions=args.max_victim_evictions,
         victim_lead_s=args.victim_lead_s,
         victim_lead_per_wait=args.victim_lead_per_wait,
+        collect_for_owed=args.collect_for_owed == "on",
         topology_asks=not args.no_topology_asks,
         history=None if args.history is None else args.history == "on",
     )
@@ -694,6 +696,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=Rules.victim_lead_per_wait,
         help="seconds the victim lead grows per second the pod served has waited (default 0)",
+    )
+    queues.add_argument(
+        "--collect-for-owed",
+        choices=("on", "off"),
+        default="on" if COLLECT_FOR_OWED else "off",
+        help="pods that defer to an owed pod of several GPUs fitting nowhere defer on the one node "
+        "chosen to collect for it too (default %(default)s)",
     )
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")

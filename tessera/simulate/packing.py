@@ -173,10 +173,14 @@ class Placer:
         return cost is not None
 
     def place(
-        self, demand: GpuDemand, avoid: Callable[[int], bool] | None = None
+        self,
+        demand: GpuDemand,
+        avoid: Callable[[int], bool] | None = None,
+        avoid_nodes: frozenset[int] = frozenset(),
     ) -> tuple[int, tuple[int, ...]] | None:
         """Put ``demand`` where the policy ranks best; (node index, GPUs), or None if it fits nowhere.
-        ``avoid``: node states (ids in ``Cluster.states``) it may not go to."""
+        ``avoid``: node states (ids in ``Cluster.states``) it may not go to; ``avoid_nodes``: nodes
+        (indexes) it may not go to."""
         costs = self._costs.setdefault(demand, {})
         states = self.cluster.states
         best: Cost | None = None
@@ -184,11 +188,15 @@ class Placer:
         for state_id, members in self.cluster.groups():  # the hot loop of a replay: kept lean
             if avoid is not None and avoid(state_id):
                 continue
+            if avoid_nodes and not members.keys() - avoid_nodes:
+                continue
             cost = costs.get(state_id, _UNKNOWN)
             if cost is _UNKNOWN:
                 cost = costs[state_id] = self.policy.cost(states[state_id], demand)
             if cost is None:
                 continue
+            if avoid_nodes and members.keys() & avoid_nodes:
+                members = {index: None for index in members if index not in avoid_nodes}
             if best is None or cost < best:
                 best, tied = cost, [members]
             elif cost == best:

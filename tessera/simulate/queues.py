@@ -89,7 +89,7 @@ from extender.policy.admission import (
     waiting_list,
 )
 from extender.policy.backfill import WaitingGang, gang_ahead, held_back
-from extender.policy.deference import OwedPod, defers_to, owed_pods
+from extender.policy.deference import COLLECT_FOR_OWED, OwedPod, collecting_nodes, defers_to, owed_pods
 from extender.policy.drf import drf_refusal, host_starved
 from extender.policy.fairness import (
     EPSILON,
@@ -613,8 +613,12 @@ class _Replay:
         victim_lead_s: float = Rules.victim_lead_s,
         victim_lead_per_wait: float = Rules.victim_lead_per_wait,
         moves: QueueMoves | None = None,
+        collect_for_owed: bool = COLLECT_FOR_OWED,
     ):
         self.pods = _pods(workload)
+        # Deference collects a node for an owed pod of several GPUs that fits nowhere
+        # (`extender.policy.deference.collecting_nodes`), as the filter does with the option.
+        self.collect_for_owed = collect_for_owed
         # A counterfactual the extender does not do: no gang starts while an older one waits.
         self.gangs_in_order = gangs_in_order
         # The oldest waiting gang's nodes are held back from later gangs once it has waited this
@@ -855,16 +859,14 @@ class _Replay:
                 admitted.add(pod.signature)
             if held:
                 self._unreserve(pod.index)
-            avoid = (
-                None
-                if held
-                else self._owed_fit(defers_to(admission, pod.queue, pod.request, pod.preemptible, owed))
-            )
-            placement = (None if held else self._take_rest(pod)) or self._place(pod, avoid)
+            deferring = () if held else defers_to(admission, pod.queue, pod.request, pod.preemptible, owed)
+            avoid = self._owed_fit(deferring)
+            collected = frozenset(self.node_index[o.collecting] for o in deferring if o.collecting)
+            placement = (None if held else self._take_rest(pod)) or self._place(pod, avoid, collected)
             if placement is None:
                 if held:
                     self._reserve(pod.index)
-                elif avoid is not None and self._fits_somewhere(pod.demand):
+                elif (avoid is not None or collected) and self._fits_somewhere(pod.demand):
                     self.refused.setdefault("defers_to_owed", set()).add(pod.index)
                     deferred = True
                     continue
@@ -888,7 +890,7 @@ class _Replay:
         """The waiting pods capacity goes to first (`owed_pods`), of those the live filter looks
         at: admitted, nothing held for them, not of a gang still to be admitted whole."""
         incomplete = {p.gang for p in self.waiting.values() if p.gang and self._missing(p.gang)}
-        return owed_pods(
+        owed = owed_pods(
             fairness,
             (
                 OwedPod(pod.key, pod.queue, pod.request, pod.demand)
@@ -896,6 +898,9 @@ class _Replay:
                 if pod.index not in self.holds and pod.gang not in incomplete
             ),
         )
+        if not self.collect_for_owed:
+            return owed
+        return collecting_nodes(owed, [self.cluster.node_gpus(i) for i in range(len(self.nodes))])
 
     def _owed_fit(self, deferring: Sequence[OwedPod]) -> Callable[[int], bool] | None:
         """Node states (`Cluster.states` ids) where one of the owed pods `deferring` fits."""
@@ -1058,18 +1063,18 @@ class _Replay:
         self.version += 1
 
     def _place(
-        self, pod: _Pod, avoid: Callable[[int], bool] | None = None
+        self, pod: _Pod, avoid: Callable[[int], bool] | None = None, collected: frozenset[int] = frozenset()
     ) -> tuple[int, tuple[int, ...]] | None:
         """Where `pod` starts: on exactly the GPUs held for it once they are free, else (none held,
         or its victims still terminating) where the placement policy puts it, on no node state
-        `avoid` names; None: nowhere."""
+        `avoid` names nor node `collected` names; None: nowhere."""
         hold = self.holds.get(pod.index)
         if hold is not None:
             gpus = tuple(gpu for gpu, _ in hold.gpus)
             if take(self.cluster.node_gpus(hold.node), pod.demand, gpus) is not None:
                 self.cluster.place(hold.node, pod.demand, gpus)
                 return hold.node, gpus
-        return self.placer.place(pod.demand, avoid)
+        return self.placer.place(pod.demand, avoid, collected)
 
     def _take_rest(self, pod: _Pod) -> tuple[int, tuple[int, ...]] | None:
         """Where a fraction starts on a rest kept for its queue (rule 11), once free; None: no
@@ -1571,6 +1576,7 @@ def run_queue_workload(
     victim_lead_s: float = Rules.victim_lead_s,
     victim_lead_per_wait: float = Rules.victim_lead_per_wait,
     moves: QueueMoves | None = None,
+    collect_for_owed: bool = COLLECT_FOR_OWED,
 ) -> QueueRunResult:
     """Replay `workload`; the interval and delay default to the workload's own, the wait of a pod
     of a queue owed less than itself before it reclaims (rule 9) to the extender's. Without
@@ -1588,6 +1594,8 @@ def run_queue_workload(
     `max_victim_evictions`: rule 14's budget (a pod evicted this often is no victim again; 0: off);
     `victim_lead_s`, `victim_lead_per_wait`: rule 15 (victims started at most this long before the
     served pod's wait, growing per second waited; inf: any).
+    `collect_for_owed`: deference collects one node for each owed pod of several GPUs that fits
+    nowhere (`extender.policy.deference.collecting_nodes`).
     `moves`: the extender's consolidation loop after each reclaim cycle (`queue_moves`; no gangs)."""
     interval = workload.reclaim_interval_s if reclaim_interval_s is None else reclaim_interval_s
     delay = workload.termination_delay_s if termination_delay_s is None else termination_delay_s
@@ -1627,4 +1635,5 @@ def run_queue_workload(
         victim_lead_s,
         victim_lead_per_wait,
         moves,
+        collect_for_owed,
     ).run()

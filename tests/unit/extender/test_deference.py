@@ -14,11 +14,20 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
+from extender.__main__ import parse_args, picture_config
 from extender.metrics import ExtenderMetrics
-from extender.picture.cluster import WATCHED_PATHS, ClusterPicture
-from extender.policy.deference import OwedPod, deference_reason, defers_to, owed_pods
+from extender.picture.cluster import WATCHED_PATHS, ClusterPicture, PictureConfig
+from extender.policy.deference import (
+    COLLECT_FOR_OWED,
+    OwedPod,
+    collecting_node,
+    collecting_nodes,
+    deference_reason,
+    defers_to,
+    owed_pods,
+)
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
-from extender.policy.placement import GpuDemand
+from extender.policy.placement import GpuDemand, NodeGpus
 from extender.status import StatusWriter, WaitingPods
 from extender.verbs import decide_filter
 from extender.wire import ExtenderArgs
@@ -29,11 +38,11 @@ CLASS = "gpu.tessera.dev"
 UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
 
 
-def running(name: str, queue: str, device: str) -> list[dict[str, Any]]:
-    """A pod bound to n1 whose claim holds `device`."""
-    pod = objects.pod("ns", name, queue=queue, claim_name=f"{name}-gpus", node_name="n1")
+def running(name: str, queue: str, device: str, node: str = "n1") -> list[dict[str, Any]]:
+    """A pod bound to `node` whose claim holds `device`."""
+    pod = objects.pod("ns", name, queue=queue, claim_name=f"{name}-gpus", node_name=node)
     pod["status"] = {"phase": "Running"}
-    claim = objects.claim("ns", f"{name}-gpus", objects.claim_spec(CLASS), allocated=[("n1", device, None)])
+    claim = objects.claim("ns", f"{name}-gpus", objects.claim_spec(CLASS), allocated=[(node, device, None)])
     return [pod, claim]
 
 
@@ -43,19 +52,20 @@ def waiting(name: str, queue: str, template: str = "one", tried: bool = True) ->
     return pod
 
 
-def picture_of(*extra: dict[str, Any]) -> ClusterPicture:
+def picture_of(*extra: dict[str, Any], config: PictureConfig | None = None) -> ClusterPicture:
     objs = [
         objects.node("n1"),
         objects.gpu_slice("n1", 4),
         objects.device_class(CLASS),
         objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
         objects.claim_template("ns", "two", objects.claim_spec(CLASS, count=2)),
+        objects.claim_template("ns", "four", objects.claim_spec(CLASS, count=4)),
         objects.queue("a", resources={"gpu": {"quota": 2}}),
         objects.queue("b", resources={"gpu": {"quota": 2}}),
         *[obj for i in range(3) for obj in running(f"a{i}", "a", f"gpu-{i}")],
         *extra,
     ]
-    picture = ClusterPicture()
+    picture = ClusterPicture(config)
     for kind in WATCHED_PATHS:
         picture.replace(kind, [o for o in objs if o["kind"] == kind])
     return picture
@@ -115,6 +125,79 @@ async def test_the_requeue_check_nudges_a_refused_pod_only_where_the_filter_woul
         assert [entry.name for entry in writer.eligible_now()] == nudged
     passed = decide_filter(picture, ExtenderArgs(Pod=A3, NodeNames=["n1"])).result.NodeNames
     assert bool(passed) == bool(nudged)
+
+
+COLLECTING = PictureConfig(collect_for_owed=True)
+# The two-node picture: n1 as above (a0-a2 on GPUs 0-2, GPU 3 free) and n2 with 4 GPUs, a's a4
+# and a5 on GPUs 0 and 1 (2 free). b waits with a 4-GPU pod: demand a 6 (5 held, a3 waiting), b
+# 4; fair shares a 4, b 4 (capacity 8, quotas 2 / 2). b0 fits no node (1 and 2 GPUs free): n2,
+# with the most free, is collected for it (it misses 2 GPUs there, 3 on n1).
+TWO_NODES = (
+    objects.node("n2"),
+    objects.gpu_slice("n2", 4),
+    *[obj for i in (4, 5) for obj in running(f"a{i}", "a", f"gpu-{i - 4}", node="n2")],
+)
+B0_FOUR = waiting("b0", "b", template="four")
+COLLECTS = (
+    "node collects GPUs for a waiting 4-GPU pod that fits no node yet: free GPUs here go first to "
+    "a waiting pod of queue 'b', below its fair share (gpu 0 of 4); queue 'a' (gpu 5 of 4) would "
+    "borrow them and reclaim would take them back"
+)
+
+
+@pytest.mark.parametrize(
+    ("config", "b_pod", "failed"),
+    [
+        # Collecting off (the default): a3 may go to either node (b0 fits neither).
+        (None, B0_FOUR, {}),
+        # On: a3 leaves n2, collected for b0 (a at 5 would go to 6 of 4; reclaim takes it back
+        # for b at 0 of 4), and goes to n1, whose one free GPU b0 could not use anyway.
+        (COLLECTING, B0_FOUR, {"n2": COLLECTS}),
+        # b0 not tried by the scheduler yet: nothing is collected for it.
+        (COLLECTING, waiting("b0", "b", template="four", tried=False), {}),
+        # b0 asks 2 GPUs: shares a 6, b 2; a3 would bring a to 6 of 6, which reclaim leaves
+        # alone: a3 defers nowhere (and b0 fits n2: nothing would be collected for it).
+        (COLLECTING, waiting("b0", "b", template="two"), {}),
+    ],
+)
+def test_the_filter_leaves_the_node_collected_for_an_owed_pod_of_several_gpus(
+    config: PictureConfig | None, b_pod: dict[str, Any], failed: dict[str, str]
+) -> None:
+    picture = picture_of(A3, b_pod, *TWO_NODES, config=config)
+    decision = decide_filter(picture, ExtenderArgs(Pod=A3, NodeNames=["n1", "n2"]))
+    assert decision.admitted
+    assert decision.result.FailedNodes == failed
+    assert decision.result.NodeNames == [name for name in ("n1", "n2") if name not in failed]
+
+
+@pytest.mark.parametrize(
+    ("config", "nudged"),
+    [
+        # Off: the filter passes a3 on n1 (b0 fits nowhere): nudged.
+        (None, ["a3"]),
+        # On, one node: n1 is collected for b0 (1 free, it misses 3), a3's only node: not nudged.
+        (COLLECTING, []),
+    ],
+)
+async def test_the_requeue_check_does_not_nudge_a_pod_whose_only_node_is_collected(
+    config: PictureConfig | None, nudged: list[str]
+) -> None:
+    picture = picture_of(A3, B0_FOUR, config=config)
+    waiting_pods = WaitingPods()
+    waiting_pods.refused("ns", "a3", "uid-ns-a3", "a", "queue 'a' was at its limit")
+    async with ApiClient() as api:
+        writer = StatusWriter(api, picture, waiting_pods, ExtenderMetrics(picture))
+        assert [entry.name for entry in writer.eligible_now()] == nudged
+    passed = decide_filter(picture, ExtenderArgs(Pod=A3, NodeNames=["n1"])).result.NodeNames
+    assert bool(passed) == bool(nudged)
+
+
+@pytest.mark.parametrize(
+    ("argv", "collects"),
+    [([], COLLECT_FOR_OWED), (["--collect-for-owed=on"], True), (["--collect-for-owed=off"], False)],
+)
+def test_the_collect_flag_reaches_the_picture(argv: list[str], collects: bool) -> None:
+    assert picture_config(parse_args(argv)).collect_for_owed is collects
 
 
 def test_the_owed_pod_itself_passes() -> None:
@@ -235,3 +318,54 @@ def test_the_most_owed_queue_is_the_one_drf_counts_most_owed() -> None:
     # A queue of higher priority comes first whatever its dominant share (as the ordering has it).
     urgent = FairnessSnapshot.build([QueueSpec("b", priority=1), q("c")], usage, HOST_CAPACITY)
     assert [pod.key for pod in owed_pods(urgent, [b0, c0])] == ["b0", "c0"]
+
+
+def gpus(name: str, free: int, of: int = 8, cpu: int = 0, model: str = "H100") -> NodeGpus:
+    """A node of `of` GPUs, `free` of them wholly free (the rest busy), with `cpu` milli free."""
+    return NodeGpus(name, model, (1000,) * free + (0,) * (of - free), cpu_free_milli=cpu)
+
+
+@pytest.mark.parametrize(
+    ("demand", "nodes", "collected"),
+    [
+        # The most GPUs free wins: n1 misses 4 - 3 = 1 GPU, n0 4 - 2 = 2.
+        (GpuDemand(4), [gpus("n0", 2), gpus("n1", 3)], "n1"),
+        # A tie on GPUs: the more free CPU (n2, 16 cores against 8).
+        (GpuDemand(4), [gpus("n1", 3, cpu=8000), gpus("n2", 3, cpu=16000)], "n2"),
+        # A tie on both: the first in the given order.
+        (GpuDemand(4), [gpus("n1", 3), gpus("n2", 3)], "n1"),
+        # A node too small for the pod (4 GPUs in all, 3 free) is never collected for 8.
+        (GpuDemand(8), [gpus("small", 3, of=4), gpus("big", 1)], "big"),
+        # Another model than the pod asks: not a candidate, though it has more free.
+        (GpuDemand(2, models=frozenset({"H100"})), [gpus("a100", 1, model="A100"), gpus("h", 0)], "h"),
+        # A half-free GPU is not a free GPU for whole GPUs: n0 counts 1, n1 2.
+        (GpuDemand(4), [NodeGpus("n0", "H100", (500, 500, 1000, 0)), gpus("n1", 2, of=4)], "n1"),
+        # No node could ever hold it: none.
+        (GpuDemand(8), [gpus("n0", 4, of=4)], ""),
+    ],
+)
+def test_the_node_collected_for_an_owed_pod_misses_the_fewest_gpus(
+    demand: GpuDemand, nodes: list[NodeGpus], collected: str
+) -> None:
+    assert collecting_node(demand, nodes) == collected
+
+
+B_FOUR = OwedPod("b0", "b", {"gpu": 4.0}, GpuDemand(4))
+C_ONE = OwedPod("c0", "c", ONE, GpuDemand(1))
+
+
+@pytest.mark.parametrize(
+    ("owed", "nodes", "collecting"),
+    [
+        # A 4-GPU pod that fits nowhere (3 and 2 free) gets n0; a 1-GPU pod never (it fits).
+        ((B_FOUR, C_ONE), [gpus("n0", 3), gpus("n1", 2)], ["n0", ""]),
+        # The 4-GPU pod fits n1 now: plain deference keeps n1 for it, nothing is collected.
+        ((B_FOUR,), [gpus("n0", 3), gpus("n1", 4)], [""]),
+        # A 1-GPU pod that fits nowhere (all full): the first GPU to free anywhere fits it.
+        ((C_ONE,), [gpus("n0", 0), gpus("n1", 0)], [""]),
+    ],
+)
+def test_only_an_owed_pod_of_several_gpus_that_fits_nowhere_gets_a_node_collected(
+    owed: tuple[OwedPod, ...], nodes: list[NodeGpus], collecting: list[str]
+) -> None:
+    assert [pod.collecting for pod in collecting_nodes(owed, nodes)] == collecting

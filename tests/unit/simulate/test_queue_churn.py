@@ -208,3 +208,58 @@ def test_a_victim_started_long_before_the_wait_is_taken_once_the_wait_pays_for_i
     result = run_queue_workload(workload, victim_lead_s=lead_s, victim_lead_per_wait=per_wait)
     assert [e.time for e in result.evictions] == evicted_at
     assert all(e.victim == "a-long/1" for e in result.evictions)
+
+
+@pytest.mark.parametrize(
+    ("collect", "wait_s", "victims", "lost_gpu_s", "idle_gpu_s"),
+    [
+        # No wait: b's pod reclaims at t=10, before anything frees: a's 4 newest by key go, 10 s
+        # into their runs (40 GPU-s lost), collecting or not.
+        (False, 0.0, ["a-20/0", "a-30/1", "a-40/2", "a-long/3"], 40.0, 0.0),
+        (True, 0.0, ["a-20/0", "a-30/1", "a-40/2", "a-long/3"], 40.0, 0.0),
+        # A 40 s wait, no collecting (before): a-20, a-30, a-40 end at t=20, 30, 40 and each time
+        # a's waiting pod takes the one GPU (b's 4-GPU pod fits none of these holes). At t=50
+        # reclaim evicts 4 for b: the three backfills (run 30, 20, 10 s) and a-long/3 (50 s):
+        # 110 GPU-s lost, three of them pods that started while b waited.
+        (False, 40.0, ["a-more/10", "a-more/9", "a-more/8", "a-long/3"], 110.0, 0.0),
+        # Collecting: n is collected for b's pod, a's waiting pods defer there, the three GPUs
+        # freed by t=40 stay free; at t=50 reclaim evicts only the missing 4 - 3 = 1 (a-long/3,
+        # 50 s: 50 GPU-s lost). The price: GPUs idle t=20-50, 30-50, 40-50: 60 GPU-s.
+        (True, 40.0, ["a-long/3"], 50.0, 60.0),
+        # A 20 s wait: at t=30 two have freed (a-20, a-30): reclaim takes the missing 2, a-40/2 and
+        # a-long/3 (30 s each); before, 4 (the backfills of t=20 and t=30 among them).
+        (False, 20.0, ["a-more/9", "a-more/8", "a-40/2", "a-long/3"], 70.0, 0.0),
+        (True, 20.0, ["a-40/2", "a-long/3"], 60.0, 10.0),
+    ],
+)
+def test_a_node_collects_for_an_owed_pod_of_several_gpus(
+    collect: bool, wait_s: float, victims: list[str], lost_gpu_s: float, idle_gpu_s: float
+) -> None:
+    # 1 node x 8 GPUs; a and b, quota 4 each. From t=0 a runs 8 one-GPU pods: a-20, a-30, a-40
+    # end at t=20, 30, 40, the 5 of a-long run on; 8 more of a's wait from t=1. b's 4-GPU pod
+    # comes at t=10: shares 4 / 4, b at 0 of 4 is owed the whole pod (rule 13: it reclaims once
+    # it has waited `wait_s`).
+    result = run_queue_workload(
+        parse_workload(
+            {
+                "name": "collect",
+                "nodes": [{"name": "n", "gpus": 8}],
+                "queues": [queue("a", 4), queue("b", 4)],
+                "jobs": [
+                    job("a-20", "a", 1, duration=20),
+                    job("a-30", "a", 1, duration=30),
+                    job("a-40", "a", 1, duration=40),
+                    job("a-long", "a", 5),
+                    job("a-more", "a", 8, arrival=1, duration=300),
+                    job("b", "b", 1, gpus=4, arrival=10),
+                ],
+            }
+        ),
+        whole_owed_wait_s=wait_s,
+        collect_for_owed=collect,
+    )
+    assert sorted(e.victim for e in result.evictions) == sorted(victims)
+    assert {e.time for e in result.evictions} == {10 + wait_s}
+    assert first_time(result, "b", 4) == 10 + wait_s  # served as soon as reclaim may, either way
+    assert {q.name: q.lost_gpu_s for q in result.queues}["a"] == lost_gpu_s
+    assert result.idle_gpu_s_while_fitting_pod_waits == idle_gpu_s
