@@ -59,6 +59,7 @@ NON_DEFAULT_VALUES = (
     "extender.bind=true",
     "gpuPodPolicy.enabled=true",
     "grafanaDashboard.enabled=true",
+    "extender.gangHoldBackAfter=120",
 )
 
 
