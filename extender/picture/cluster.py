@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -612,6 +612,17 @@ class ClusterPicture:
             return ()
         return self._owed(self.fairness(), self._inventory.version)
 
+    def _unplaced_gpu_pods(self) -> Iterator[tuple[str, Stored, Contribution, GpuDemand]]:
+        """The waiting GPU pods kube-scheduler gave up on, not being deleted: key, pod, its
+        contribution and its GPU demand."""
+        ledger = self._accounting.ledger
+        for key in self._unplaced & ledger.waiting:
+            contribution = ledger.contributions[key]
+            placement = contribution.gpu_demand
+            pod = self._store.get("Pod", key)
+            if placement is not None and pod is not None and not meta(pod).get("deletionTimestamp"):
+                yield key, pod, contribution, placement
+
     def _owed(self, view: QueueView, version: int) -> tuple[OwedPod, ...]:
         """`owed_pods` under `view` and the inventory at `version` (the filter's, read already)."""
         if not self._unplaced:
@@ -619,14 +630,8 @@ class ClusterPicture:
         kept = self._owed_kept
         if kept is not None and kept[0] is view and kept[1] == version and kept[2] == self._unplaced_changes:
             return kept[3]
-        ledger = self._accounting.ledger
         candidates: list[tuple[tuple[int, float, str], OwedPod]] = []
-        for key in self._unplaced & ledger.waiting:
-            contribution = ledger.contributions[key]
-            placement = contribution.gpu_demand
-            pod = self._store.get("Pod", key)
-            if placement is None or pod is None or meta(pod).get("deletionTimestamp"):
-                continue
+        for key, pod, contribution, placement in self._unplaced_gpu_pods():
             demand = self._demands.of(pod)
             if not is_owed(view, demand.queue, contribution.amounts) or self._inventory.held_for(key):
                 continue
@@ -658,14 +663,8 @@ class ClusterPicture:
         kept = self._gangs_kept
         if kept is not None and kept[0] is view and kept[1] == version and kept[2:4] == at:
             return kept[4]
-        ledger = self._accounting.ledger
         found: dict[str, WaitingGang] = {}
-        for key in self._unplaced & ledger.waiting:
-            contribution = ledger.contributions[key]
-            placement = contribution.gpu_demand
-            pod = self._store.get("Pod", key)
-            if placement is None or pod is None or meta(pod).get("deletionTimestamp"):
-                continue
+        for _key, pod, contribution, placement in self._unplaced_gpu_pods():
             gang = self._gangs.state(pod)  # (`view` above brought the reservations in line)
             if gang.admitted or gang.parts:
                 continue

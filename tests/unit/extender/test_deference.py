@@ -78,6 +78,18 @@ DEFERS = (
 )
 
 
+async def nudged_and_passed(picture: ClusterPicture) -> tuple[list[str], bool]:
+    """a3, refused before (say, at a limit since raised): the pods the requeue check would nudge,
+    and whether the filter passes a3 on n1."""
+    waiting_pods = WaitingPods()
+    waiting_pods.refused("ns", "a3", "uid-ns-a3", "a", "queue 'a' was at its limit")
+    async with ApiClient() as api:
+        writer = StatusWriter(api, picture, waiting_pods, ExtenderMetrics(picture))
+        nudged = [entry.name for entry in writer.eligible_now()]
+    passed = decide_filter(picture, ExtenderArgs(Pod=A3, NodeNames=["n1"])).result.NodeNames
+    return nudged, bool(passed)
+
+
 @pytest.mark.parametrize(
     ("b_pod", "verdict"),
     [
@@ -118,13 +130,7 @@ async def test_the_requeue_check_nudges_a_refused_pod_only_where_the_filter_woul
     # a3 was refused before (say, at a limit since raised); its queue admits it now. Nudged while
     # the filter defers it, it would be tried, deferred and left waiting: status and filter agree.
     picture = picture_of(A3, *([b_pod] if b_pod else []))
-    waiting_pods = WaitingPods()
-    waiting_pods.refused("ns", "a3", "uid-ns-a3", "a", "queue 'a' was at its limit")
-    async with ApiClient() as api:
-        writer = StatusWriter(api, picture, waiting_pods, ExtenderMetrics(picture))
-        assert [entry.name for entry in writer.eligible_now()] == nudged
-    passed = decide_filter(picture, ExtenderArgs(Pod=A3, NodeNames=["n1"])).result.NodeNames
-    assert bool(passed) == bool(nudged)
+    assert await nudged_and_passed(picture) == (nudged, bool(nudged))
 
 
 COLLECTING = PictureConfig(collect_for_owed=True)
@@ -183,13 +189,7 @@ async def test_the_requeue_check_does_not_nudge_a_pod_whose_only_node_is_collect
     config: PictureConfig | None, nudged: list[str]
 ) -> None:
     picture = picture_of(A3, B0_FOUR, config=config)
-    waiting_pods = WaitingPods()
-    waiting_pods.refused("ns", "a3", "uid-ns-a3", "a", "queue 'a' was at its limit")
-    async with ApiClient() as api:
-        writer = StatusWriter(api, picture, waiting_pods, ExtenderMetrics(picture))
-        assert [entry.name for entry in writer.eligible_now()] == nudged
-    passed = decide_filter(picture, ExtenderArgs(Pod=A3, NodeNames=["n1"])).result.NodeNames
-    assert bool(passed) == bool(nudged)
+    assert await nudged_and_passed(picture) == (nudged, bool(nudged))
 
 
 @pytest.mark.parametrize(
