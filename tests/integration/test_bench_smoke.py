@@ -42,7 +42,7 @@ CASES = [
         rf"priority preemption \(classic GPUs\)\s+8\s+4(\s+\S+){{3}}\s+4 / 4 = 1\.00.*1\.00x\n"
         rf"kube-scheduler \+ Tessera reclaim \(DRA claims\)\s+8\s+4(\s+\S+){{3}}"
         rf"\s+\d+ / 4 = \d\.\d\d.*{RATIO}"
-        r"[\s\S]*churn, Tessera only: 3 queues",
+        r"[\s\S]*churn: 3 queues",
     ),
     # 6 trace nodes: the cluster beside the simulator, in points.
     ("packing", r"end to end - simulated as deployed: [+-]\d+\.\d\d points"),
@@ -53,7 +53,7 @@ CASES = [
         rf"plain kube-scheduler\s+5\s+40(\s+\S+){{3}}\s+1\.00x\s+not in 5\s+-\s+-\s+-(\s+\S+){{3}}\s+1\.00x\n"
         rf"kube-scheduler \+ Tessera\s+5\s+40(\s+\S+){{3}}\s+{RATIO}\s+\d+\.\d\s+\d+\.\d\s+-\s+1\.00"
         rf"(\s+\S+){{3}}\s+{RATIO}\n"
-        r"[\s\S]*churn, Tessera only: 3 queues[\s\S]*\d+ \(\d+\.\d%\)",
+        r"[\s\S]*churn: 3 queues[\s\S]*\d+ \(\d+\.\d%\)",
     ),
 ]
 
