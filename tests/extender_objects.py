@@ -226,3 +226,15 @@ def two_nodes_of_two_gpus(class_name: str) -> list[JsonObject]:
         device_class(class_name),
         claim_template("ns", "one", claim_spec(class_name)),
     ]
+
+
+def replica_set_owner(name: str) -> JsonObject:
+    """The ownerReferences entry of a pod whose controller is the ReplicaSet `name` (uid
+    `uid-<name>`)."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "name": name,
+        "uid": f"uid-{name}",
+        "controller": True,
+    }

@@ -32,15 +32,7 @@ def running(name: str, device: str, node: str = "a", owner: str = "") -> list[di
     pod = objects.pod("ns", name, queue="team-a", template="one", node_name=node)
     pod["metadata"]["creationTimestamp"] = "2026-12-01T09:00:00Z"
     if owner:
-        pod["metadata"]["ownerReferences"] = [
-            {
-                "apiVersion": "apps/v1",
-                "kind": "ReplicaSet",
-                "name": owner,
-                "uid": f"uid-{owner}",
-                "controller": True,
-            }
-        ]
+        pod["metadata"]["ownerReferences"] = [objects.replica_set_owner(owner)]
     pod["status"] = {
         "phase": "Running",
         "startTime": "2026-12-01T09:00:00Z",
@@ -138,12 +130,7 @@ def fragmented() -> dict[str, list[dict[str, Any]]]:
     waiting["metadata"]["creationTimestamp"] = "2026-12-01T10:00:00Z"
     found: dict[str, list[dict[str, Any]]] = {}
     for obj in (
-        objects.node("a"),
-        objects.node("b"),
-        objects.gpu_slice("a", 2),
-        objects.gpu_slice("b", 2),
-        objects.device_class(CLASS),
-        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        *objects.two_nodes_of_two_gpus(CLASS),
         objects.claim_template("ns", "two", objects.claim_spec(CLASS, count=2)),
         objects.queue("team-a", resources={"gpu": {"quota": 2}}),
         objects.queue("team-b", resources={"gpu": {"quota": 2}}),

@@ -364,15 +364,7 @@ def owned(name: str, owner: str, created: str = "") -> dict[str, object]:
     pod = objects.pod("ns", name, queue="a")
     if created:
         pod["metadata"]["creationTimestamp"] = created
-    pod["metadata"]["ownerReferences"] = [
-        {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "name": owner,
-            "uid": f"uid-{owner}",
-            "controller": True,
-        }
-    ]
+    pod["metadata"]["ownerReferences"] = [objects.replica_set_owner(owner)]
     return pod
 
 

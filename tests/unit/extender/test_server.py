@@ -60,12 +60,7 @@ def cluster(*extra: dict[str, Any]) -> list[dict[str, Any]]:
     held = objects.pod("ns", "held", queue="team-a", template="one", node_name="a")
     held["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "held-gpus"}]
     return [
-        objects.node("a"),
-        objects.node("b"),
-        objects.gpu_slice("a", 2),
-        objects.gpu_slice("b", 2),
-        objects.device_class(CLASS),
-        objects.claim_template("ns", "one", objects.claim_spec(CLASS)),
+        *objects.two_nodes_of_two_gpus(CLASS),
         objects.claim_template("ns", "two", objects.claim_spec(CLASS, count=2)),
         objects.claim("ns", "held-gpus", objects.claim_spec(CLASS), allocated=[("a", "gpu-0", None)]),
         held,
