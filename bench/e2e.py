@@ -791,6 +791,15 @@ def profile_path(argument: str | None) -> Path | None:
     return Path(chosen).resolve() if chosen else None
 
 
+def add_floor_flag(parser: argparse.ArgumentParser) -> None:
+    """``--no-floor``, for the benchmarks that race the do-nothing extender (``compare(floor=True)``)."""
+    parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="leave out the do-nothing extender (the scheduler configured as Tessera's, no work behind it)",
+    )
+
+
 def bench_parser(
     prog: str, description: str | None, full: str, nodes: str, pods: str, smoke: str
 ) -> argparse.ArgumentParser:
@@ -829,11 +838,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help=f"also race KAI with the kube-schedulers' client QPS/burst ({CLIENT_QPS}/{CLIENT_BURST})",
     )
-    parser.add_argument(
-        "--no-floor",
-        action="store_true",
-        help="leave out the do-nothing extender (the scheduler configured as Tessera's, no work behind it)",
-    )
+    add_floor_flag(parser)
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if args.smoke:

@@ -26,8 +26,11 @@ nodes:
 Contenders: the plain kube-scheduler (no extender; A's pods in a PriorityClass of value 10, B's
 of 1000, so its priority preemption may act: it cannot free a GPU held through a DRA claim, so its
 one sample waits ``PLAIN_RECLAIM_WAIT_S`` and is reported not reached), kube-scheduler + Tessera
-(the shipped configuration, the extender in its own process during its rounds) and, when
-``hack/build-kai.sh`` built it, KAI Scheduler with its operator's configuration (``bench.kai``).
+(the shipped configuration, the extender in its own process during its rounds), the floor
+(``bench.e2e``'s do-nothing extender behind the scheduler configured as Tessera's: what calling
+any extender costs the fill; it reclaims as plain does, by priority; ``--no-floor`` leaves it
+out) and, when ``hack/build-kai.sh`` built it, KAI Scheduler with its operator's configuration
+(``bench.kai``).
 ``--rounds N`` alternates them (``bench.e2e.compare``); each figure is the median over the rounds,
 with its ratio against plain's median in the same run.
 
@@ -61,11 +64,14 @@ from tessera.simulate.report import format_table
 
 from .e2e import (
     CREATE_CONCURRENCY,
+    FLOOR_LABEL,
+    FLOOR_SCHEDULER,
     GPUS_PER_NODE,
     PLAIN_SCHEDULER,
     TESSERA_SCHEDULER,
     BenchCluster,
     CpuUse,
+    add_floor_flag,
     bench_cluster,
     bench_parser,
     bounded,
@@ -188,7 +194,7 @@ class Figures:
 class ScaleResult:
     nodes: int
     samples: int
-    contenders: tuple[Figures, ...]  # plain first
+    contenders: tuple[Figures, ...]  # plain first, then Tessera
     churn: tuple[ChurnResult, ...] = ()  # Tessera's, then KAI's
     loads: tuple[str, ...] = field(default=())  # /proc/loadavg at the start and the end
 
@@ -198,6 +204,14 @@ class ScaleResult:
 
     def figure(self, label: str) -> Figures | None:
         return next((f for f in self.contenders if f.label == label), None)
+
+    @property
+    def vs_floor(self) -> float | None:
+        """Tessera's fill rate over the do-nothing extender's (None without floor rounds)."""
+        floor = self.figure(FLOOR_LABEL)
+        if floor is None or not floor.jobs_per_s:
+            return None
+        return self.contenders[1].jobs_per_s / floor.jobs_per_s
 
 
 def _ratio(value: float, base: float) -> str:
@@ -252,7 +266,13 @@ def scale_table(result: ScaleResult) -> str:
         f"{KAI_PER_GPU_S} s average to reclaim one GPU; reclaim: {result.samples} samples per round, "
         f"p95 nearest rank; CPU: during the fill"
     )
-    return f"{format_table(headers, rows)}\n{anchor}"
+    vs_floor = result.vs_floor
+    floor_line = (
+        f"Tessera / floor, fill: {vs_floor:.2f}x ({FLOOR_LABEL}, the scheduler configured as Tessera's)"
+        if vs_floor is not None
+        else "Tessera / floor: not measured (--no-floor)"
+    )
+    return f"{format_table(headers, rows)}\n{floor_line}\n{anchor}"
 
 
 def figures_json(result: ScaleResult) -> dict[str, float | int]:
@@ -264,6 +284,8 @@ def figures_json(result: ScaleResult) -> dict[str, float | int]:
         out[f"reclaim_avg_s ({key})"] = round(figures.reclaim_mean_s, 2) if figures.reached else -1
         out[f"reclaim_p95_s ({key})"] = round(figures.reclaim_p95_s, 2) if figures.reached else -1
         out[f"control_plane_cpu_s ({key})"] = round(figures.cpu("control_plane_s"), 1)
+    if result.vs_floor is not None:
+        out["tessera_vs_floor"] = round(result.vs_floor, 3)
     for churn in result.churn:
         out[f"churn_evictions ({churn.setup})"] = churn.evictions
         out[f"churn_undone ({churn.setup})"] = churn.undone
@@ -392,8 +414,8 @@ async def _scale_round(
     fill_timeout: float,
 ) -> ScaleRun:
     """Fill, then ``samples`` reclaims of one GPU (each waiting at most ``wait_s``); the Jobs go
-    at the end (``compare`` clears the pods)."""
-    plain = scheduler == PLAIN_SCHEDULER
+    at the end (``compare`` clears the pods). Plain and the floor reclaim by priority only."""
+    plain = scheduler in (PLAIN_SCHEDULER, FLOOR_SCHEDULER)
     gpus = len(bench.nodes) * GPUS_PER_NODE
     names = [f"a-{index:05d}" for index in range(gpus)]
     async with watching(bench.api, namespace) as tracker:
@@ -440,12 +462,14 @@ async def run_scale(
     samples: int,
     churn_s: float,
     kai: bool = True,
+    floor: bool = True,
     plain_wait_s: float = PLAIN_RECLAIM_WAIT_S,
     fill_timeout: float | None = None,
 ) -> ScaleResult:
     """The suite on a fresh local control plane. A reclaim sample waits at most ``plain_wait_s``
-    for plain, ``KAI_RECLAIM_WAIT_S`` for KAI and ``fill_timeout`` (default: 2 jobs/s, far slower
-    than any contender here, at least 5 minutes) for Tessera, whose miss would be a failure."""
+    for plain and the floor (``floor``: raced), ``KAI_RECLAIM_WAIT_S`` for KAI and ``fill_timeout``
+    (default: 2 jobs/s, far slower than any contender here, at least 5 minutes) for Tessera, whose
+    miss would be a failure."""
     gpus = nodes * GPUS_PER_NODE
     fill_timeout = fill_timeout or max(300.0, gpus / 2)
     loads = [_loadavg()]
@@ -454,13 +478,17 @@ async def run_scale(
             await request(bench.api, "POST", PRIORITY_PATH, body={"metadata": {"name": name}, "value": value})
         queues = await _create_queues(bench, (QUEUE_A, QUEUE_B), gpus // 2)
         variants = [DEFAULT_ACTIONS] if kai and await bench.enable_kai(queues) else []
-        waits = {PLAIN_SCHEDULER: plain_wait_s, TESSERA_SCHEDULER: fill_timeout}
+        waits = {
+            PLAIN_SCHEDULER: plain_wait_s,
+            FLOOR_SCHEDULER: plain_wait_s,
+            TESSERA_SCHEDULER: fill_timeout,
+        }
 
         def scenario(namespace: str, scheduler: str) -> Awaitable[ScaleRun]:
             wait = waits.get(scheduler, KAI_RECLAIM_WAIT_S)
             return _scale_round(bench, namespace, scheduler, samples, wait, fill_timeout)
 
-        contest = await compare(bench, scenario, rounds, variants)
+        contest = await compare(bench, scenario, rounds, variants, floor)
         backlog = min(gpus // CHURN_QUEUES, CHURN_BACKLOG)
         churn = (
             await churn_contest(
@@ -473,6 +501,7 @@ async def run_scale(
     contenders = [
         Figures("plain kube-scheduler", contest.plain),
         Figures("kube-scheduler + Tessera", contest.tessera),
+        *((Figures(FLOOR_LABEL, contest.floor),) if contest.floor else ()),
         *(Figures(label, runs) for label, runs in contest.kai.items() if runs),
     ]
     return ScaleResult(nodes, samples, tuple(contenders), tuple(churn), tuple(loads))
@@ -501,6 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         help=f"length of the churn (default {DEFAULT_CHURN_S:.0f}; --full {FULL_CHURN_S:.0f}; 0: none)",
     )
+    add_floor_flag(parser)
     args = parser.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     timeouts: dict[str, float] = {}
@@ -509,7 +539,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeouts = {"plain_wait_s": SMOKE_WAIT_S, "fill_timeout": SMOKE_TIMEOUT_S}
     nodes = args.nodes or (FULL_NODES if args.full else DEFAULT_NODES)
     churn_s = args.churn_s if args.churn_s is not None else (FULL_CHURN_S if args.full else DEFAULT_CHURN_S)
-    result = asyncio.run(run_scale(nodes, args.rounds, args.samples, churn_s, not args.no_kai, **timeouts))
+    result = asyncio.run(
+        run_scale(nodes, args.rounds, args.samples, churn_s, not args.no_kai, not args.no_floor, **timeouts)
+    )
     print(
         f"\n[13] scale: {nodes} nodes x {GPUS_PER_NODE} GPUs (slices written, one light kubelet), "
         f"{args.rounds} round(s); load {' -> '.join(result.loads)}"

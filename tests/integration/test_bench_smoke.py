@@ -46,13 +46,17 @@ CASES = [
     ),
     # 6 trace nodes: the cluster beside the simulator, in points.
     ("packing", r"end to end - simulated as deployed: [+-]\d+\.\d\d points"),
-    # 5 nodes (40 GPUs) filled with 40 jobs by each; plain cannot free a DRA-claimed GPU in its
-    # 5 s, Tessera reclaims one GPU per sample (evicting one); then churn, with the work lost.
+    # 5 nodes (40 GPUs) filled with 40 jobs by each; plain and the do-nothing extender cannot
+    # free a DRA-claimed GPU in their 5 s, Tessera reclaims one GPU per sample (evicting one);
+    # Tessera's fill against the floor's; then churn, with the work lost.
     (
         "scale",
         rf"plain kube-scheduler\s+5\s+40(\s+\S+){{3}}\s+1\.00x\s+not in 5\s+-\s+-\s+-(\s+\S+){{3}}\s+1\.00x\n"
         rf"kube-scheduler \+ Tessera\s+5\s+40(\s+\S+){{3}}\s+{RATIO}\s+\d+\.\d\s+\d+\.\d\s+-\s+1\.00"
         rf"(\s+\S+){{3}}\s+{RATIO}\n"
+        rf"kube-scheduler \+ do-nothing extender\s+5\s+40(\s+\S+){{3}}\s+{RATIO}\s+not in 5\s+-\s+-\s+-"
+        rf"(\s+\S+){{3}}\s+{RATIO}\n"
+        rf"Tessera / floor, fill: {RATIO}"
         r"[\s\S]*churn: 3 queues[\s\S]*\d+ \(\d+\.\d%\)",
     ),
 ]

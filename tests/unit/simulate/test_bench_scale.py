@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.e2e import CpuUse
+from bench.e2e import FLOOR_LABEL, CpuUse
 from bench.reclaim import ChurnResult, churn_table
 from bench.scale import Figures, ScaleResult, ScaleRun, figures_json, percentile, scale_table
 
@@ -81,7 +81,8 @@ def test_the_table_gives_each_contender_its_ratio_against_plain() -> None:
         *("kube-scheduler", "+", "Tessera", "500", "4000", "400.0", "(400.0)", "10.0", "1.25x"),
         *("3.0", "4.0", "-", "1.00", "250.0", "30.0", "150.0", "1.50x"),
     ]
-    assert "13.9 s average to reclaim one GPU" in rows[4]
+    assert rows[4] == "Tessera / floor: not measured (--no-floor)"
+    assert "13.9 s average to reclaim one GPU" in rows[5]
     assert figures_json(result) == {
         "nodes": 500,
         "jobs_per_s (plain kube-scheduler)": 8.0,
@@ -93,6 +94,28 @@ def test_the_table_gives_each_contender_its_ratio_against_plain() -> None:
         "reclaim_p95_s (kube-scheduler + Tessera)": 4.0,
         "control_plane_cpu_s (kube-scheduler + Tessera)": 150.0,
     }
+
+
+def test_the_floor_is_a_contender_and_tessera_is_measured_against_it() -> None:
+    # The do-nothing extender fills 4000 GPUs in 380 s (10.5 jobs/s); Tessera in 400 s (10 jobs/s):
+    # 10 / 10.53 = 0.95x the floor. The floor reclaims by priority only, like plain: not reached.
+    plain = ScaleRun("plain", 4000, 500.0, reclaim_s=(30.0,), reached=False)
+    tessera = ScaleRun("tessera", 4000, 400.0, reclaim_s=(2.0,), evicted=1)
+    floor = ScaleRun("floor", 4000, 380.0, reclaim_s=(30.0,), reached=False)
+    result = ScaleResult(
+        500,
+        1,
+        (
+            Figures("plain kube-scheduler", (plain,)),
+            Figures("kube-scheduler + Tessera", (tessera,)),
+            Figures(FLOOR_LABEL, (floor,)),
+        ),
+    )
+    assert result.vs_floor == pytest.approx(0.95)
+    rows = scale_table(result).splitlines()
+    assert rows[4].split()[:9] == [*FLOOR_LABEL.split(), "500", "4000", "380.0", "(380.0)", "10.5"]
+    assert rows[5].startswith("Tessera / floor, fill: 0.95x (kube-scheduler + do-nothing extender")
+    assert figures_json(result)["tessera_vs_floor"] == 0.95
 
 
 def test_a_reclaim_plain_reached_gets_its_ratio() -> None:
