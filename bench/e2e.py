@@ -433,13 +433,7 @@ class BenchCluster:
         """The manifests, and `nodes` fake GPU nodes; their slices too unless node agents publish them."""
         for manifest in INSTALL_FIRST:
             await asyncio.to_thread(self.cluster.apply, REPO_ROOT / manifest)
-        await asyncio.to_thread(
-            self.cluster.kubectl,
-            "wait",
-            "--for=condition=established",
-            "--timeout=30s",
-            "crd/queues.scheduling.tessera.dev",
-        )
+        await asyncio.to_thread(self.cluster.wait_established, "crd/queues.scheduling.tessera.dev")
         self.nodes = [f"gpu-{index:04d}" for index in range(nodes)]
 
         async def add_node(node: str) -> None:

@@ -404,11 +404,7 @@ class Kai:
         for crd in crds:
             await _create(api, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
         await asyncio.to_thread(
-            self.cluster.kubectl,
-            "wait",
-            "--for=condition=established",
-            "--timeout=60s",
-            *(f"crd/{crd['metadata']['name']}" for crd in crds),
+            self.cluster.wait_established, *(f"crd/{crd['metadata']['name']}" for crd in crds)
         )
         for priority_class in self.install_.manifests("priorityclasses"):
             await _create(api, "/apis/scheduling.k8s.io/v1/priorityclasses", priority_class)

@@ -489,6 +489,22 @@ class LocalCluster:
             raise ClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
         return result
 
+    def wait_established(self, *crds: str, timeout_s: float = 60.0) -> None:
+        """Waits until each CustomResourceDefinition named (``crd/<name>``) is Established. kubectl
+        wait fails at once on a CRD whose status has no conditions yet (a CRD created a moment
+        ago: ".status.conditions accessor error"), so it is asked again until ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = max(1, math.ceil(deadline - time.monotonic()))
+            result = self.kubectl(
+                "wait", "--for=condition=Established", f"--timeout={left}s", *crds, check=False
+            )
+            if result.returncode == 0:
+                return
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"CRDs not established in {timeout_s:g}s: {result.stderr.strip()}")
+            time.sleep(0.5)
+
     def apply(self, manifest: Mapping[str, Any] | str | Path) -> str:
         """kubectl apply of a file path or an object; returns kubectl's output."""
         if isinstance(manifest, Path):
