@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import math
 import os
 import signal
 import socket
@@ -26,9 +25,9 @@ from extender.controllers.reclaim import ReclaimOptions
 from extender.picture.cluster import ClusterPicture, PictureConfig
 from extender.policy.backfill import DEFAULT_HOLD_BACK_AFTER_S
 from extender.policy.history import DEFAULT_K, DEFAULT_UPDATE_PERIOD_S, DEFAULT_WINDOW_S, HistoryParams
-from extender.policy.reclaim import Rules
 from extender.policy.topology import DEFAULT_TOPOLOGY, Topology, parse_topology
 from extender.queues import parse_duration
+from extender.rule_flags import add_rule_flags
 from extender.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CANDIDATE_NODES, operations_app
 from extender.service import ExtenderService, ServiceOptions
 from extender.serving import SERVER_SETTINGS, server_ssl_context
@@ -111,47 +110,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=60.0,
         help="seconds after its restart that a pod restarted after an eviction is no victim (default 60)",
     )
-    parser.add_argument(
-        "--partly-owed-wait-s",
-        type=float,
-        default=math.inf,
-        help="seconds a pod of a queue owed less than the pod itself waits before it reclaims; until "
-        "then capacity that frees goes to it first (default inf: it never reclaims)",
-    )
-    parser.add_argument(
-        "--whole-owed-wait-s",
-        type=float,
-        default=Rules.whole_owed_wait_s,
-        help="seconds a pod of a queue owed at least the pod itself waits before it reclaims; until "
-        f"then capacity that frees goes to it first (default {Rules.whole_owed_wait_s:g})",
-    )
-    parser.add_argument(
-        "--collect-for-owed",
-        choices=("on", "off"),
-        default="on" if PictureConfig.collect_for_owed else "off",
-        help="for a waiting pod of several GPUs of a queue below its fair share that fits no node, "
-        "borrowers' pods leave the one node chosen to collect for it (default %(default)s)",
-    )
-    parser.add_argument(
-        "--max-victim-evictions",
-        type=int,
-        default=Rules.max_victim_evictions,
-        help="a pod (its replica: a replacement inherits the count) evicted this many times is no "
-        "victim again (default 0: no budget)",
-    )
-    parser.add_argument(
-        "--victim-lead-s",
-        type=float,
-        default=Rules.victim_lead_s,
-        help="reclaim evicts only pods that started at most this long before the pod served began to "
-        "wait (default inf: any pod)",
-    )
-    parser.add_argument(
-        "--victim-lead-per-wait",
-        type=float,
-        default=Rules.victim_lead_per_wait,
-        help="seconds the victim lead grows per second the pod served has waited (default 0)",
-    )
+    add_rule_flags(parser)
     parser.add_argument(
         "--eviction-concurrency",
         type=int,

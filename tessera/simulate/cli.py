@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from contract.names import GPU_MILLI
-from extender.policy.deference import COLLECT_FOR_OWED
-from extender.policy.reclaim import Rules
+from extender.rule_flags import add_rule_flags
 
 from .bound import placed_prefix_capping
 from .deployed import DEVICE_CHOICES, SHIPPED_PROFILE, STOCK_PROFILE, DeviceChoice, SchedulerProfile
@@ -492,8 +491,8 @@ def _run_queues(args: argparse.Namespace) -> int:
             min(
                 args.reclaim_interval or 0.0,
                 args.termination_delay or 0.0,
-                args.partly_owed_wait_s or 0.0,
-                args.whole_owed_wait_s or 0.0,
+                args.partly_owed_wait_s,
+                args.whole_owed_wait_s,
                 args.max_victim_evictions,
                 args.victim_lead_s,
                 args.victim_lead_per_wait,
@@ -666,44 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds an evicted pod takes to go (default: the workload's, else 0)",
     )
-    queues.add_argument(
-        "--partly-owed-wait-s",
-        type=float,
-        help="seconds a pod of a queue owed less than the pod waits before it reclaims (default: the "
-        "extender's, inf: never)",
-    )
-    queues.add_argument(
-        "--whole-owed-wait-s",
-        type=float,
-        help="seconds a pod of a queue owed at least the pod waits before it reclaims (default: the "
-        "extender's)",
-    )
-    queues.add_argument(
-        "--max-victim-evictions",
-        type=int,
-        default=Rules.max_victim_evictions,
-        help="a pod evicted this many times is no victim again (rule 14; default 0: no budget)",
-    )
-    queues.add_argument(
-        "--victim-lead-s",
-        type=float,
-        default=Rules.victim_lead_s,
-        help="reclaim evicts only pods that started at most this long before the pod served began to "
-        "wait (rule 15; default inf: any pod)",
-    )
-    queues.add_argument(
-        "--victim-lead-per-wait",
-        type=float,
-        default=Rules.victim_lead_per_wait,
-        help="seconds the victim lead grows per second the pod served has waited (default 0)",
-    )
-    queues.add_argument(
-        "--collect-for-owed",
-        choices=("on", "off"),
-        default="on" if COLLECT_FOR_OWED else "off",
-        help="pods that defer to an owed pod of several GPUs fitting nowhere defer on the one node "
-        "chosen to collect for it too (default %(default)s)",
-    )
+    add_rule_flags(queues)
     trace.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     trace.add_argument("--seeds", help="comma-separated seeds: one replay each, table of mean/min/max")
     queues.add_argument("--seed", type=int, default=None, help="random seed (default: the workload's)")
