@@ -347,13 +347,7 @@ async def gpu_cluster(
         topology=topology,
     )
     await asyncio.to_thread(cluster.kubectl, "apply", "-f", str(QUEUE_CRD))
-    await asyncio.to_thread(
-        cluster.kubectl,
-        "wait",
-        "--for=condition=established",
-        "--timeout=30s",
-        "crd/queues.scheduling.tessera.dev",
-    )
+    await asyncio.to_thread(cluster.wait_established, "crd/queues.scheduling.tessera.dev")
     try:
         async with contextlib.AsyncExitStack() as stack:
             await request(

@@ -152,13 +152,7 @@ async def consolidation_cluster(
     agent.start()
     try:
         await asyncio.to_thread(cluster.kubectl, "apply", "-f", str(QUEUE_CRD))
-        await asyncio.to_thread(
-            cluster.kubectl,
-            "wait",
-            "--for=condition=established",
-            "--timeout=30s",
-            "crd/queues.scheduling.tessera.dev",
-        )
+        await asyncio.to_thread(cluster.wait_established, "crd/queues.scheduling.tessera.dev")
         await request(
             api, "POST", QUEUES_PATH, body=objects.queue(queue, resources={"gpu": {"quota": NODES}})
         )

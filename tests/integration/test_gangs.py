@@ -326,13 +326,7 @@ async def test_a_pytorchjobs_minimum_comes_from_its_spec(
     # 1 master + 3 workers; with 2 of its pods created, the gang is still incomplete (minimum 4
     # from the spec, which the extender reads, not the 2 pods present): none binds.
     await asyncio.to_thread(local_cluster.apply, PYTORCHJOB_CRD)
-    await asyncio.to_thread(
-        local_cluster.kubectl,
-        "wait",
-        "--for=condition=established",
-        "--timeout=30s",
-        "crd/pytorchjobs.kubeflow.org",
-    )
+    await asyncio.to_thread(local_cluster.wait_established, "crd/pytorchjobs.kubeflow.org")
     async with gpu_cluster(local_cluster, k8s, namespace, nodes=1, gpus_per_node=4, agent=True) as env:
         team = await env.create_queue("t")
         job = await request(

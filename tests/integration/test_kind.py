@@ -54,8 +54,7 @@ def test_the_chart_as_kind_up_installs_it_is_accepted(local_cluster: LocalCluste
     local_cluster.kubectl(
         "apply", "--server-side", "--force-conflicts", "-f", "-", input_text=yaml.safe_dump_all(crds)
     )
-    for crd in crds:
-        local_cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}")
+    local_cluster.wait_established(*(f"crd/{crd['metadata']['name']}" for crd in crds))
     applied = local_cluster.kubectl(
         "apply", "--dry-run=server", "--server-side", "-f", "-", input_text=yaml.safe_dump_all(rest)
     )

@@ -28,7 +28,7 @@ def queue_crd(local_cluster: LocalCluster) -> Iterator[LocalCluster]:
     """The CRD installed and established; removed afterwards only if this module installed it."""
     preexisting = local_cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
     local_cluster.apply(CRD_PATH)
-    local_cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    local_cluster.wait_established(f"crd/{CRD_NAME}")
     yield local_cluster
     if not preexisting:
         # Wait for the deletion so a later test that installs the CRD does not race it.
