@@ -6,7 +6,10 @@ Pure functions over plain data. Two strategies:
   fragmentation for the workload mix (the FGD idea of Weng et al., ATC'23): the idle GPU milli
   that the task types seen cannot use. For fractional and GPU-less pods, which are what strand
   CPU, memory and per-GPU remainders, half the growth of the packing loss is added: the idle GPU
-  milli that repeated tasks of a type could not fill (``node_packing_loss``). Ties - common, e.g.
+  milli that repeated tasks of a type could not fill (``node_packing_loss``). For whole-GPU pods,
+  which strand whole GPUs instead, the growth of the set loss is added: the whole idle GPUs that
+  do not make up a full set for a multi-GPU type (``node_set_loss``; taking one GPU of an idle
+  8-GPU node leaves 7 that no 8-GPU pod can use and one 4-GPU set). Ties - common, e.g.
   between identical idle nodes - are broken towards best fit: whole-GPU pods go where the fewest
   whole free GPUs remain (keeping large blocks of whole GPUs together elsewhere), fractional pods
   go onto the GPU with the least free share left, and finally onto the node with the least idle
@@ -43,6 +46,8 @@ MAX_NODE_SCORE = 10
 _COST_DIGITS = 6
 # Weight of packing-loss growth beside fragmentation growth, for fractional and GPU-less pods.
 _PACKING_LOSS_WEIGHT = 0.5
+# Weight of set-loss growth beside fragmentation growth, for whole-GPU pods.
+_SET_LOSS_WEIGHT = 1.0
 # Bound on memoised placement costs per mix (a few MB); cleared wholesale when reached.
 _COST_CACHE_LIMIT = 50_000
 # Bound on memoised node measures per mix (~20 MB); cleared wholesale when reached.
@@ -312,8 +317,35 @@ def _node_packing_loss(node: NodeGpus, mix: WorkloadMix) -> float:
     return expected / total_weight
 
 
+def _node_set_loss(node: NodeGpus, mix: WorkloadMix) -> float:
+    """Expected whole idle GPUs (in milli) on ``node`` that do not make up a full set for a
+    multi-GPU type drawn from ``mix``.
+
+    For a type of ``count`` >= 2 whole GPUs: the fully free GPUs left over once they are grouped
+    in sets of ``count`` (free mod count). Single-GPU, fractional and GPU-less types lose nothing
+    here, nor do types of another GPU model (fragmentation already counts all of the node's idle
+    milli for them). This is ``node_packing_loss`` narrowed to whole GPUs and multi-GPU types,
+    without the host: a whole-GPU pod's choice between an idle node and one already broken is a
+    question of the sets it leaves, and CPU or memory are rarely what a whole GPU strands
+    (counting only the types the host can still serve waited more on the timeline replay).
+    """
+    classes, total_weight = mix._classes
+    if total_weight == 0:
+        return 0.0
+    whole = sum(1 for free in node.free_milli if free == GPU_MILLI)
+    if whole == 0:
+        return 0.0
+    expected = 0.0
+    for cls in classes:
+        if cls.count < 2 or (cls.models and node.model not in cls.models):
+            continue
+        expected += cls.weight * (whole % cls.count) * GPU_MILLI
+    return expected / total_weight
+
+
 node_fragmentation = _memoised("fragmentation", _node_fragmentation)
 node_packing_loss = _memoised("packing loss", _node_packing_loss)
+node_set_loss = _memoised("set loss", _node_set_loss)
 
 
 def _after(node: NodeGpus, demand: GpuDemand, gpus: Sequence[int]) -> NodeGpus:
@@ -355,11 +387,16 @@ def _consolidation_loss(node: NodeGpus, demand: GpuDemand, mix: WorkloadMix) -> 
 
     Fragmentation for every pod. Fractional and GPU-less pods are also the ones that strand CPU,
     memory and per-GPU remainders, so for them the packing loss counts too (at half weight:
-    chosen among 0, 0.5 and 1 on the shared traces; whole-GPU pods did worse with it).
+    chosen among 0, 0.5 and 1 on the shared traces). Whole-GPU pods strand whole GPUs out of
+    multi-GPU sets, so for them the set loss counts (at weight 1: chosen among 0, 0.5, 1 and 2 on
+    the timeline replay of docs/simulator.md; the whole packing loss, or its host-bound part
+    alone, did worse there).
     """
     loss = node_fragmentation(node, mix)
     if demand.count == 0 or demand.milli < GPU_MILLI:
         loss += _PACKING_LOSS_WEIGHT * node_packing_loss(node, mix)
+    else:
+        loss += _SET_LOSS_WEIGHT * node_set_loss(node, mix)
     return loss
 
 
@@ -563,6 +600,7 @@ __all__ = [
     "mix_from_demands",
     "node_fragmentation",
     "node_packing_loss",
+    "node_set_loss",
     "node_supply",
     "placement_cost",
     "placement_demand",

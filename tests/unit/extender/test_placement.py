@@ -15,6 +15,7 @@ from extender.policy.placement import (
     mix_from_demands,
     node_fragmentation,
     node_packing_loss,
+    node_set_loss,
     node_supply,
     placement_cost,
     placement_demand,
@@ -140,6 +141,53 @@ def test_packing_loss_counts_remainders_and_host_limits() -> None:
         assert node_packing_loss(candidate, WorkloadMix(demands=((demand, 1.0),))) == pytest.approx(lost)
     mix = WorkloadMix(demands=((small, 1.0), (hungry, 3.0)))
     assert node_packing_loss(candidate, mix) == pytest.approx((200.0 + 3 * 1100.0) / 4)
+
+
+def test_set_loss_counts_whole_gpus_left_out_of_multi_gpu_sets() -> None:
+    # 7 whole free GPUs and one at 500 (the half-free one is never part of a set).
+    # 8-GPU type: 7 mod 8 = 7 -> 7000. 4-GPU type: 7 mod 4 = 3 -> 3000. 2-GPU type: 1 -> 1000.
+    # 1-GPU and half types: 0. Equal weights over the five: (7000 + 3000 + 1000) / 5 = 2200.
+    candidate = node("n", *(1000,) * 7, 500)
+    mix = WorkloadMix(
+        demands=((GpuDemand(count=8), 1.0), (GpuDemand(count=4), 1.0), (PAIR, 1.0), (WHOLE, 1.0), (HALF, 1.0))
+    )
+    assert node_set_loss(candidate, mix) == pytest.approx(2200.0)
+    # An 8-GPU type of another model loses nothing here (fragmentation counts it): 0 + 3000 over 2.
+    other_model = WorkloadMix(
+        demands=((GpuDemand(count=8, models=frozenset({"H100"})), 1.0), (GpuDemand(count=4), 1.0))
+    )
+    assert node_set_loss(candidate, other_model) == pytest.approx(1500.0)
+    assert node_set_loss(node("idle", *(1000,) * 8), mix) == 0.0  # one 8-set, two 4-sets, four pairs
+
+
+def test_whole_gpu_pod_goes_to_the_broken_node_not_the_idle_one() -> None:
+    # Mix: 1 GPU + 4 cores (weight 4), 2 GPUs + 8 cores (1), 8 GPUs + 32 cores (0.5); total 5.5.
+    # The pod: 1 GPU + 12 cores. "idle": 8 free GPUs, 96 cores. "used": 2 free GPUs, 12 cores.
+    #
+    # Fragmentation growth alone prefers the idle node:
+    #   idle: after, 7 GPUs - the 8-GPU type no longer fits: 7000 x 0.5 / 5.5 = 636.4.
+    #   used: before, only the 8-GPU type misses: 2000 x 0.5 / 5.5 = 181.8; after, 1 GPU and 0
+    #         cores - nothing fits: 1000 -> growth 818.2.
+    # Set loss growth (whole GPUs left out of sets):
+    #   idle: 8 -> 7 whole: 8-type 7000 x 0.5 + 2-type 1000 x 1 = 4500 / 5.5 = 818.2 (from 0).
+    #   used: 2 -> 1 whole: 8-type 2000 x 0.5 = 1000 -> 181.8; then 500 + 1000 = 1500 -> 272.7;
+    #         growth 90.9.
+    # Together: idle 636.4 + 818.2 = 1454.5, used 818.2 + 90.9 = 909.1 -> the used node.
+    mix = WorkloadMix(
+        demands=(
+            (GpuDemand(count=1, cpu_milli=4000), 4.0),
+            (GpuDemand(count=2, cpu_milli=8000), 1.0),
+            (GpuDemand(count=8, cpu_milli=32000), 0.5),
+        )
+    )
+    pod = GpuDemand(count=1, cpu_milli=12000)
+    idle = NodeGpus("idle", "T4", (1000,) * 8, cpu_free_milli=96000, host_tracked=True)
+    used = NodeGpus("used", "T4", (1000, 1000) + (0,) * 6, cpu_free_milli=12000, host_tracked=True)
+    idle_cost, used_cost = placement_cost(idle, pod, mix), placement_cost(used, pod, mix)
+    assert idle_cost is not None and used_cost is not None
+    assert idle_cost[0] == pytest.approx(1454.545, abs=1e-3)
+    assert used_cost[0] == pytest.approx(909.091, abs=1e-3)
+    assert score_nodes([idle, used], pod, mix) == {"idle": 0, "used": 10}
 
 
 def test_fits_checks_model_gpus_and_host() -> None:
