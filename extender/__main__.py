@@ -27,7 +27,7 @@ from extender.policy.backfill import DEFAULT_HOLD_BACK_AFTER_S
 from extender.policy.history import DEFAULT_K, DEFAULT_UPDATE_PERIOD_S, DEFAULT_WINDOW_S, HistoryParams
 from extender.policy.topology import DEFAULT_TOPOLOGY, Topology, parse_topology
 from extender.queues import parse_duration
-from extender.rule_flags import add_rule_flags
+from extender.rule_flags import add_rule_flags, rule_flags
 from extender.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CANDIDATE_NODES, operations_app
 from extender.service import ExtenderService, ServiceOptions
 from extender.serving import SERVER_SETTINGS, server_ssl_context
@@ -304,6 +304,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--metrics-port must differ from --port")
     if args.eviction_concurrency < 1 or not args.eviction_timeout > 0:
         parser.error("--eviction-concurrency must be at least 1 and --eviction-timeout above 0")
+    try:
+        rule_flags(args)
+    except ValueError as error:
+        parser.error(str(error))
     args.webhook_cert_file = args.webhook_cert_file or args.tls_cert_file
     args.webhook_key_file = args.webhook_key_file or args.tls_key_file
     if args.webhook_port and not (args.webhook_cert_file and args.webhook_key_file):
@@ -332,7 +336,7 @@ def picture_config(args: argparse.Namespace) -> PictureConfig:
         non_preemptible_priority=args.non_preemptible_priority,
         topology=args.topology_levels,
         hold_back_after_s=args.gang_hold_back_after,
-        collect_for_owed=args.collect_for_owed == "on",
+        collect_for_owed=rule_flags(args).collect_for_owed,
     )
 
 
@@ -358,11 +362,7 @@ async def run(args: argparse.Namespace) -> None:
                 hold_s=args.reclaim_hold,
                 max_evictions_per_cycle=args.max_evictions_per_cycle,
                 recent_victim_s=args.recent_victim_s,
-                partly_owed_wait_s=args.partly_owed_wait_s,
-                whole_owed_wait_s=args.whole_owed_wait_s,
-                max_victim_evictions=args.max_victim_evictions,
-                victim_lead_s=args.victim_lead_s,
-                victim_lead_per_wait=args.victim_lead_per_wait,
+                rule_flags=rule_flags(args),
                 evictions=evictions,
             )
             if args.reclaim_interval > 0

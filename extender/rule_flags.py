@@ -2,16 +2,73 @@
 queues`) share: the reclaim planner's waits and victim rules (rules 9, 13, 14 and 15 of
 `extender.policy.reclaim`) and deference's collecting (`extender.policy.deference`).
 
-Declared once, so that both take the same names, defaults and help; each reads the values back by
-the flags' destinations (`args.partly_owed_wait_s`, ..., `args.collect_for_owed` "on" or "off").
+Declared once, so that both take the same names, defaults and help, and read back once into one
+value, `RuleFlags` (`rule_flags(args)`), which refuses a negative number and carries the values to
+the reclaim loop, the picture and the simulator's replay (`RuleFlags.applied_to` sets them on the
+planner's `Rules`).
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, replace
 
 from extender.policy.deference import COLLECT_FOR_OWED
 from extender.policy.reclaim import Rules
+
+# The numeric flags, each with the field of `RuleFlags` it sets: none may be negative.
+NUMERIC_RULE_FLAGS = {
+    "--partly-owed-wait-s": "partly_owed_wait_s",
+    "--whole-owed-wait-s": "whole_owed_wait_s",
+    "--max-victim-evictions": "max_victim_evictions",
+    "--victim-lead-s": "victim_lead_s",
+    "--victim-lead-per-wait": "victim_lead_per_wait",
+}
+
+
+@dataclass(frozen=True)
+class RuleFlags:
+    """The values of the shared rule flags (their defaults: the planner's and deference's own)."""
+
+    partly_owed_wait_s: float = Rules.partly_owed_wait_s  # rule 9
+    whole_owed_wait_s: float = Rules.whole_owed_wait_s  # rule 13
+    max_victim_evictions: int = Rules.max_victim_evictions  # rule 14
+    victim_lead_s: float = Rules.victim_lead_s  # rule 15
+    victim_lead_per_wait: float = Rules.victim_lead_per_wait
+    collect_for_owed: bool = COLLECT_FOR_OWED
+
+    def __post_init__(self) -> None:
+        values = {flag: getattr(self, name) for flag, name in NUMERIC_RULE_FLAGS.items()}
+        negative = [f"{flag} {value:g}" for flag, value in values.items() if value < 0]
+        if negative:
+            raise ValueError(f"cannot be negative: {', '.join(negative)}")
+
+    def applied_to(self, rules: Rules) -> Rules:
+        """`rules` with these waits and victim rules."""
+        return replace(
+            rules,
+            partly_owed_wait_s=self.partly_owed_wait_s,
+            whole_owed_wait_s=self.whole_owed_wait_s,
+            max_victim_evictions=self.max_victim_evictions,
+            victim_lead_s=self.victim_lead_s,
+            victim_lead_per_wait=self.victim_lead_per_wait,
+        )
+
+
+# The flags left at their defaults (a shared, frozen value: a safe default argument).
+DEFAULT_RULE_FLAGS = RuleFlags()
+
+
+def rule_flags(args: argparse.Namespace) -> RuleFlags:
+    """The flags `add_rule_flags` declared, as parsed into `args` (ValueError: a negative one)."""
+    return RuleFlags(
+        partly_owed_wait_s=args.partly_owed_wait_s,
+        whole_owed_wait_s=args.whole_owed_wait_s,
+        max_victim_evictions=args.max_victim_evictions,
+        victim_lead_s=args.victim_lead_s,
+        victim_lead_per_wait=args.victim_lead_per_wait,
+        collect_for_owed=args.collect_for_owed == "on",
+    )
 
 
 def add_rule_flags(parser: argparse.ArgumentParser) -> None:

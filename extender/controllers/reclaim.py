@@ -31,7 +31,6 @@ every waiting pod.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -68,6 +67,7 @@ from extender.policy.reclaim import (
 )
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 from extender.policy.workloads import JOB_INDEX_ANNOTATION
+from extender.rule_flags import RuleFlags
 
 log = logging.getLogger(__name__)
 
@@ -185,16 +185,8 @@ class ReclaimOptions:
     # A pod restarted after an eviction is no victim for this long after its restart (rule 8 of
     # extender.policy.reclaim).
     recent_victim_s: float = 60.0
-    # A pod of a queue owed less than the pod itself reclaims only after waiting this long (rule 9).
-    partly_owed_wait_s: float = math.inf
-    # A pod of a queue owed a whole pod reclaims only after waiting this long (rule 13).
-    whole_owed_wait_s: float = Rules.whole_owed_wait_s
-    # A pod (its replica) evicted this many times is no victim again (rule 14); 0: no budget.
-    max_victim_evictions: int = Rules.max_victim_evictions
-    # Reclaim victims started at most this long before the served pod began to wait, the lead
-    # growing by `victim_lead_per_wait` per second waited (rule 15); inf: any.
-    victim_lead_s: float = Rules.victim_lead_s
-    victim_lead_per_wait: float = Rules.victim_lead_per_wait
+    # The waits before a queue reclaims and the victim rules (rules 9, 13, 14 and 15), as flagged.
+    rule_flags: RuleFlags = field(default_factory=RuleFlags)
     evictions: EvictionLimits = field(default_factory=EvictionLimits)  # calls in flight, timeout
 
 
@@ -258,17 +250,14 @@ class ReclaimLoop:
 
     def rules(self) -> Rules:
         specs = self.picture.fairness().specs
-        return Rules(
-            reclaim_min_runtime_s={s.name: s.reclaim_min_runtime_s for s in specs},
-            preempt_min_runtime_s={s.name: s.preempt_min_runtime_s for s in specs},
-            max_evictions=self.options.max_evictions_per_cycle,
-            recent_victim_s=self.options.recent_victim_s,
-            partly_owed_wait_s=self.options.partly_owed_wait_s,
-            whole_owed_wait_s=self.options.whole_owed_wait_s,
-            history_moves=self.history_moves(),
-            max_victim_evictions=self.options.max_victim_evictions,
-            victim_lead_s=self.options.victim_lead_s,
-            victim_lead_per_wait=self.options.victim_lead_per_wait,
+        return self.options.rule_flags.applied_to(
+            Rules(
+                reclaim_min_runtime_s={s.name: s.reclaim_min_runtime_s for s in specs},
+                preempt_min_runtime_s={s.name: s.preempt_min_runtime_s for s in specs},
+                max_evictions=self.options.max_evictions_per_cycle,
+                recent_victim_s=self.options.recent_victim_s,
+                history_moves=self.history_moves(),
+            )
         )
 
     async def run_once(self) -> list[Plan]:

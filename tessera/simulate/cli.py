@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from contract.names import GPU_MILLI
-from extender.rule_flags import add_rule_flags
+from extender.rule_flags import add_rule_flags, rule_flags
 
 from .bound import placed_prefix_capping
 from .deployed import DEVICE_CHOICES, SHIPPED_PROFILE, STOCK_PROFILE, DeviceChoice, SchedulerProfile
@@ -487,22 +487,9 @@ def _run_queues(args: argparse.Namespace) -> int:
         policy_names([args.policy])
         if args.policy == DEPLOYED:
             raise ValueError(f"{DEPLOYED} models the packing replay only; use tessera for queue workloads")
-        if (
-            min(
-                args.reclaim_interval or 0.0,
-                args.termination_delay or 0.0,
-                args.partly_owed_wait_s,
-                args.whole_owed_wait_s,
-                args.max_victim_evictions,
-                args.victim_lead_s,
-                args.victim_lead_per_wait,
-            )
-            < 0
-        ):
-            raise ValueError(
-                "--reclaim-interval, --termination-delay, --partly-owed-wait-s, --whole-owed-wait-s, "
-                "--max-victim-evictions, --victim-lead-s and --victim-lead-per-wait cannot be negative"
-            )
+        if min(args.reclaim_interval or 0.0, args.termination_delay or 0.0) < 0:
+            raise ValueError("--reclaim-interval and --termination-delay cannot be negative")
+        flags = rule_flags(args)
     except (WorkloadError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -512,12 +499,7 @@ def _run_queues(args: argparse.Namespace) -> int:
         args.seed,
         reclaim_interval_s=args.reclaim_interval,
         termination_delay_s=args.termination_delay,
-        partly_owed_wait_s=args.partly_owed_wait_s,
-        whole_owed_wait_s=args.whole_owed_wait_s,
-        max_victim_evictions=args.max_victim_evictions,
-        victim_lead_s=args.victim_lead_s,
-        victim_lead_per_wait=args.victim_lead_per_wait,
-        collect_for_owed=args.collect_for_owed == "on",
+        flags=flags,
         topology_asks=not args.no_topology_asks,
         history=None if args.history is None else args.history == "on",
     )

@@ -89,7 +89,7 @@ from extender.policy.admission import (
     waiting_list,
 )
 from extender.policy.backfill import WaitingGang, gang_ahead, held_back
-from extender.policy.deference import COLLECT_FOR_OWED, OwedPod, collecting_nodes, defers_to, owed_pods
+from extender.policy.deference import OwedPod, collecting_nodes, defers_to, owed_pods
 from extender.policy.drf import drf_refusal, host_starved
 from extender.policy.fairness import (
     EPSILON,
@@ -118,6 +118,7 @@ from extender.queues import (
     parse_queue,
     validate_hierarchy,
 )
+from extender.rule_flags import DEFAULT_RULE_FLAGS, RuleFlags
 
 from .cluster import Cluster
 from .packing import Placer, TieBreak, workload_mix
@@ -603,22 +604,17 @@ class _Replay:
         seed: int,
         interval: float,
         delay: float,
-        partly_owed_wait_s: float | None = None,
-        whole_owed_wait_s: float | None = None,
+        flags: RuleFlags = DEFAULT_RULE_FLAGS,
         mix: WorkloadMix | None = None,
         tie_break: TieBreak = "random",
         gangs_in_order: bool = False,
         hold_back_after_s: float | None = None,
-        max_victim_evictions: int = Rules.max_victim_evictions,
-        victim_lead_s: float = Rules.victim_lead_s,
-        victim_lead_per_wait: float = Rules.victim_lead_per_wait,
         moves: QueueMoves | None = None,
-        collect_for_owed: bool = COLLECT_FOR_OWED,
     ):
         self.pods = _pods(workload)
         # Deference collects a node for an owed pod of several GPUs that fits nowhere
         # (`extender.policy.deference.collecting_nodes`), as the filter does with the option.
-        self.collect_for_owed = collect_for_owed
+        self.collect_for_owed = flags.collect_for_owed
         # A counterfactual the extender does not do: no gang starts while an older one waits.
         self.gangs_in_order = gangs_in_order
         # The oldest waiting gang's nodes are held back from later gangs once it has waited this
@@ -639,14 +635,11 @@ class _Replay:
         self.specs = list(workload.queues)
         self.names = [q.name for q in self.specs]
         self.interval, self.delay = interval, delay
-        self.rules = Rules(
-            reclaim_min_runtime_s={q.name: q.reclaim_min_runtime_s for q in self.specs},
-            preempt_min_runtime_s={q.name: q.preempt_min_runtime_s for q in self.specs},
-            partly_owed_wait_s=Rules.partly_owed_wait_s if partly_owed_wait_s is None else partly_owed_wait_s,
-            whole_owed_wait_s=Rules.whole_owed_wait_s if whole_owed_wait_s is None else whole_owed_wait_s,
-            max_victim_evictions=max_victim_evictions,
-            victim_lead_s=victim_lead_s,
-            victim_lead_per_wait=victim_lead_per_wait,
+        self.rules = flags.applied_to(
+            Rules(
+                reclaim_min_runtime_s={q.name: q.reclaim_min_runtime_s for q in self.specs},
+                preempt_min_runtime_s={q.name: q.preempt_min_runtime_s for q in self.specs},
+            )
         )
         self.ledger = QueueLedger()
         # Gang workload -> its minimum (docs/workloads.md), and the workload as admission reads it.
@@ -1564,22 +1557,19 @@ def run_queue_workload(
     *,
     reclaim_interval_s: float | None = None,
     termination_delay_s: float | None = None,
-    partly_owed_wait_s: float | None = None,
-    whole_owed_wait_s: float | None = None,
+    flags: RuleFlags = DEFAULT_RULE_FLAGS,
     topology_asks: bool = True,
     history: bool | None = None,
     mix: WorkloadMix | None = None,
     tie_break: TieBreak = "random",
     gangs_in_order: bool = False,
     hold_back_after_s: float | None = None,
-    max_victim_evictions: int = Rules.max_victim_evictions,
-    victim_lead_s: float = Rules.victim_lead_s,
-    victim_lead_per_wait: float = Rules.victim_lead_per_wait,
     moves: QueueMoves | None = None,
-    collect_for_owed: bool = COLLECT_FOR_OWED,
 ) -> QueueRunResult:
-    """Replay `workload`; the interval and delay default to the workload's own, the wait of a pod
-    of a queue owed less than itself before it reclaims (rule 9) to the extender's. Without
+    """Replay `workload`; the interval and delay default to the workload's own. `flags`: the
+    extender's rule flags (`extender.rule_flags`: the waits before a queue reclaims, rules 9 and
+    13; the victim budget and lead, rules 14 and 15; deference collecting a node for an owed pod
+    of several GPUs that fits nowhere), by default the extender's defaults. Without
     `topology_asks`, gangs are placed as if they asked no level (the domains they span are still
     reported: the comparison). `history`: fair share over time on (the workload's parameters,
     enabled by default) or off (no queue's settings either: today's shares); None: as the
@@ -1591,20 +1581,11 @@ def run_queue_workload(
     `hold_back_after_s`: the extender's `--gang-hold-back-after` (`extender.policy.backfill`): once
     the first gang that did not fit has waited this long, later gangs are planned off the nodes
     held back for it (None: off, the extender's default).
-    `max_victim_evictions`: rule 14's budget (a pod evicted this often is no victim again; 0: off);
-    `victim_lead_s`, `victim_lead_per_wait`: rule 15 (victims started at most this long before the
-    served pod's wait, growing per second waited; inf: any).
-    `collect_for_owed`: deference collects one node for each owed pod of several GPUs that fits
-    nowhere (`extender.policy.deference.collecting_nodes`).
     `moves`: the extender's consolidation loop after each reclaim cycle (`queue_moves`; no gangs)."""
     interval = workload.reclaim_interval_s if reclaim_interval_s is None else reclaim_interval_s
     delay = workload.termination_delay_s if termination_delay_s is None else termination_delay_s
     if interval < 0 or delay < 0:
         raise ValueError("the reclaim interval and the termination delay cannot be negative")
-    if min(partly_owed_wait_s or 0.0, whole_owed_wait_s or 0.0) < 0:
-        raise ValueError("the waits before a queue reclaims cannot be negative")
-    if min(max_victim_evictions, victim_lead_s, victim_lead_per_wait) < 0:
-        raise ValueError("the victim budget and the victim lead cannot be negative")
     if not topology_asks:
         jobs = tuple(
             job.model_copy(update={"topology_required": "", "topology_preferred": ""})
@@ -1625,15 +1606,10 @@ def run_queue_workload(
         seed,
         interval,
         delay,
-        partly_owed_wait_s,
-        whole_owed_wait_s,
+        flags,
         mix,
         tie_break,
         gangs_in_order,
         hold_back_after_s,
-        max_victim_evictions,
-        victim_lead_s,
-        victim_lead_per_wait,
         moves,
-        collect_for_owed,
     ).run()

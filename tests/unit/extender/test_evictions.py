@@ -34,6 +34,7 @@ from extender.policy.fairness import FairnessSnapshot
 from extender.policy.placement import GpuDemand, WorkloadMix
 from extender.policy.reclaim import Eviction, PendingPod, Plan, Rules
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod
+from extender.rule_flags import RuleFlags, rule_flags
 from tests import extender_objects as objects
 
 HANG = 0  # an answer the fake never gives: the call waits until the client gives up
@@ -412,10 +413,10 @@ async def test_pods_of_an_owner_evicted_from_are_spared_for_a_while_after_their_
 async def test_a_reclaim_flag_reaches_the_planners_rules(
     apiserver: tuple[FakeEvictionApi, ApiClient], argv: list[str], name: str, value: float
 ) -> None:
-    # The flag's parsed value, passed as the option of the same name, is the rule of that name.
+    # The flag's parsed value, read back as the extender does, is the rule of that name.
     _, api = apiserver
     picture = ClusterPicture()
-    options = ReclaimOptions(**{name: getattr(parse_args(argv), name)})
+    options = ReclaimOptions(rule_flags=rule_flags(parse_args(argv)))
     loop = ReclaimLoop(api, picture, ExtenderMetrics(picture), options)
     assert getattr(loop.rules(), name) == value
 
@@ -428,7 +429,9 @@ async def test_a_replacement_of_a_pod_evicted_its_budget_is_spared(
     # a-9 of another ReplicaSet is. With rule 8's window 0, only the budget spares.
     _, api = apiserver
     picture = ClusterPicture()
-    options = ReclaimOptions(evictions=EvictionLimits(16, LONG_S), recent_victim_s=0, max_victim_evictions=2)
+    options = ReclaimOptions(
+        evictions=EvictionLimits(16, LONG_S), recent_victim_s=0, rule_flags=RuleFlags(max_victim_evictions=2)
+    )
     loop = ReclaimLoop(api, picture, ExtenderMetrics(picture), options)
 
     later = "2999-01-01T00:00:00Z"  # created after the evictions: a replacement

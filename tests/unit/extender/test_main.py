@@ -9,6 +9,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio.client import ApiClient
 
 from extender.__main__ import parse_args
+from extender.rule_flags import NUMERIC_RULE_FLAGS
 from extender.server import operations_app
 from extender.service import ExtenderService, ServiceOptions
 
@@ -44,6 +45,16 @@ def test_eviction_flags(bad: list[str]) -> None:
     assert (args.eviction_concurrency, args.eviction_timeout) == (4, 2.5)
     with pytest.raises(SystemExit):  # no call could ever go out, or none could wait for its answer
         parse_args(bad)
+
+
+@pytest.mark.parametrize("flag", NUMERIC_RULE_FLAGS)
+def test_a_negative_rule_flag_is_refused_by_name(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # A negative wait or budget would make the reclaim loop act at once or never; the process
+    # refuses to start instead, naming the flag (the queue simulator shares the check).
+    assert parse_args([f"{flag}=0"]) is not None  # 0 is a wait (or a budget) of none
+    with pytest.raises(SystemExit):
+        parse_args([f"{flag}=-1"])
+    assert f"cannot be negative: {flag} -1" in capsys.readouterr().err
 
 
 def test_webhook_flags() -> None:

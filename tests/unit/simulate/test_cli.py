@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from extender.rule_flags import NUMERIC_RULE_FLAGS
 from tessera.simulate.cli import main
 from tessera.simulate.timeline import MOVES
 
@@ -77,12 +78,11 @@ def test_queue_mode_reports_bad_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "bad.yaml" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    "flag", ["--partly-owed-wait-s", "--whole-owed-wait-s", "--max-victim-evictions", "--victim-lead-s"]
-)
+@pytest.mark.parametrize("flag", [*NUMERIC_RULE_FLAGS, "--termination-delay"])
 def test_queue_mode_refuses_a_negative_wait(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["queues", str(EXAMPLE), flag, "-1"]) == 2
-    assert "cannot be negative" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot be negative" in err and flag in err
 
 
 def test_several_seeds_give_mean_min_max(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

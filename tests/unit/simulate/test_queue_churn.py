@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from extender.rule_flags import RuleFlags
 from tessera.simulate.queues import parse_workload, run_queue_workload
 from tests.unit.simulate.test_queue_reclaim import first_time, job, queue, run, state_at
 
@@ -99,7 +100,7 @@ def test_a_queue_owed_less_than_its_pod_waits_for_freed_capacity(
                 ],
             }
         ),
-        partly_owed_wait_s=wait_s,
+        flags=RuleFlags(partly_owed_wait_s=wait_s),
     )
     assert [(e.time, e.victim.split("/")[0], e.served_queue) for e in result.evictions] == victims
     assert first_time(result, "b", 2) == b_second_at
@@ -137,7 +138,7 @@ def test_a_queue_owed_a_whole_pod_waits_for_freed_capacity(
                 ],
             }
         ),
-        whole_owed_wait_s=wait_s,
+        flags=RuleFlags(whole_owed_wait_s=wait_s),
     )
     assert [(e.time, e.victim.split("/")[0], e.served_queue) for e in result.evictions] == victims
     assert first_time(result, "b", 1) == b_starts_at
@@ -174,7 +175,7 @@ def test_a_pod_evicted_its_budget_is_spared(limit: int, victims: list[str]) -> N
             ],
         }
     )
-    result = run_queue_workload(workload, max_victim_evictions=limit)
+    result = run_queue_workload(workload, flags=RuleFlags(max_victim_evictions=limit))
     assert [e.victim for e in result.evictions] == victims  # job/index: a-long's are pods 0 and 1
     assert result.most_evictions_of_one_pod == (6 if limit == 0 else limit)
 
@@ -205,7 +206,9 @@ def test_a_victim_started_long_before_the_wait_is_taken_once_the_wait_pays_for_i
             "jobs": [job("a-long", "a", 2, interval=1, duration=5000), job("b", "b", 1, arrival=100)],
         }
     )
-    result = run_queue_workload(workload, victim_lead_s=lead_s, victim_lead_per_wait=per_wait)
+    result = run_queue_workload(
+        workload, flags=RuleFlags(victim_lead_s=lead_s, victim_lead_per_wait=per_wait)
+    )
     assert [e.time for e in result.evictions] == evicted_at
     assert all(e.victim == "a-long/1" for e in result.evictions)
 
@@ -255,8 +258,7 @@ def test_a_node_collects_for_an_owed_pod_of_several_gpus(
                 ],
             }
         ),
-        whole_owed_wait_s=wait_s,
-        collect_for_owed=collect,
+        flags=RuleFlags(whole_owed_wait_s=wait_s, collect_for_owed=collect),
     )
     assert sorted(e.victim for e in result.evictions) == sorted(victims)
     assert {e.time for e in result.evictions} == {10 + wait_s}

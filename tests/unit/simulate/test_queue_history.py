@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from extender.rule_flags import RuleFlags
 from tessera.simulate.cli import main
 from tessera.simulate.queues import QueueRunResult, load_workload, parse_workload, run_queue_workload
 
@@ -78,7 +79,7 @@ def test_history_alone_causes_no_eviction_storm_without_a_min_runtime() -> None:
     data = yaml.safe_load((EXAMPLES / "history-week.yaml").read_text())
     for queue in data["queues"]:
         queue["spec"].pop("reclaimMinRuntime")
-    result = run_queue_workload(parse_workload(data), partly_owed_wait_s=0)
+    result = run_queue_workload(parse_workload(data), flags=RuleFlags(partly_owed_wait_s=0))
     total = sum(q.gpu_hours for q in result.queues)
     assert result.evictions == []
     for queue in result.queues:
