@@ -73,6 +73,11 @@ class NodeGpus:
     host_tracked: bool = False
 
     @cached_property
+    def whole_free(self) -> int:
+        """GPUs with nothing allocated on them."""
+        return sum(1 for free in self.free_milli if free == GPU_MILLI)
+
+    @cached_property
     def shape(self) -> str:
         """All that placement reads of the node but its name, GPU order aside: nodes of one shape
         rank alike, so costs are memoised by it. Kept on the object, as callers reuse nodes.
@@ -332,7 +337,7 @@ def _node_set_loss(node: NodeGpus, mix: WorkloadMix) -> float:
     classes, total_weight = mix._classes
     if total_weight == 0:
         return 0.0
-    whole = sum(1 for free in node.free_milli if free == GPU_MILLI)
+    whole = node.whole_free
     if whole == 0:
         return 0.0
     expected = 0.0
@@ -412,7 +417,7 @@ def _binpack_cost(
     if demand.count == 0:
         tie = float(sum(node.free_milli))
     elif demand.milli == GPU_MILLI:
-        tie = float(sum(1 for free in after.free_milli if free == GPU_MILLI))
+        tie = float(after.whole_free)
     else:
         tie = float(after.free_milli[gpus[0]])
     return (growth, tie, float(sum(after.free_milli)))
