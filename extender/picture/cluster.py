@@ -495,6 +495,11 @@ class ClusterPicture:
             holds=self._held_gpus(),
             domains=self._inventory.domains,
             part_minimums=feed.part_minimums,
+            unaccounted={
+                node: shares
+                for node in self._inventory.holds
+                if (shares := self._inventory.unaccounted_shares(node))
+            },
         )
 
     def _held_gpus(self) -> list[HeldGpus]:

@@ -42,7 +42,7 @@ from contract.names import (
 )
 from contract.quantity import parse_quantity
 from extender.claims import allocated_devices, fraction_milli
-from extender.picture.demands import PodDemands, is_terminal
+from extender.picture.demands import PodDemands, claim_names, is_terminal
 from extender.picture.store import ObjectStore, Stored
 from extender.policy.admission import add_amounts, gpu_amounts
 from extender.policy.placement import (
@@ -446,6 +446,28 @@ class GpuInventory:
         return dict(self._capacity)
 
     # ---- derivations -------------------------------------------------------------------------
+
+    def unaccounted_shares(self, node: str) -> tuple[tuple[int, int], ...]:
+        """(GPU index, thousandths) of the node's GPUs held by claims of no pod counted on the
+        node: claims the scheduler allocated before their pod's bind reached the picture, and
+        claims whose pod finished or is gone and that are not deallocated yet. No pod of the node
+        holds those shares; a hold naming them is not taken (`extender.policy.reclaim.lost_holds`)."""
+        accounted = {
+            f"{meta(pod).get('namespace', '')}/{claim}"
+            for pod in self.pods_on_node(node)
+            for claim in claim_names(pod)
+        }
+        shares = []
+        for key in self.node_devices.get(node, []):
+            device = self.devices[key]
+            milli = sum(
+                GPU_MILLI if consumed is None else fraction_milli(consumed, device.memory_bytes)
+                for claim, consumed in self.device_holders.get(key, {}).items()
+                if claim not in accounted
+            )
+            if milli:
+                shares.append((device.index, min(GPU_MILLI, milli)))
+        return tuple(shares)
 
     def _device_used_milli(self, key: DeviceKey, device: GpuDevice) -> int:
         held = sum(

@@ -171,7 +171,9 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
 12. A hold another pod took is let go, and its pod planned again at once. A pod bound by another
    scheduler (it sees no holds), or any pod the hold is not for, may land on GPUs a plan freed
    and holds. Each cycle, the holds whose node has no room left for their pod - terminating
-   pods and pods just evicted gone - are lost (`lost_holds`): the reclaim loop lets them go
+   pods and pods just evicted gone, shares held by claims of no pod on the node free (a held
+   pod's claim allocated before its bind is seen, a victim's left a moment after it is gone) -
+   are lost (`lost_holds`): the reclaim loop lets them go
    before it lists the waiting pods, so the pod is listed and planned again in the same cycle,
    on GPUs free or freed. A gang keeps the holds that stand, and only its members left without
    GPUs are listed (`extender.policy.admission.waiting_list`) and planned, all or none, inside
@@ -999,13 +1001,25 @@ def lost_holds(snapshot: ClusterSnapshot, going: Collection[str] = ()) -> list[H
     terminating (and `going`: pods evicted whose deletion the snapshot may not show yet) gone -
     a pod the hold is not for took the GPUs (one of another scheduler, which sees no holds). The
     caller lets them go, so the pod (a gang: its members left without GPUs) is planned again
-    this cycle instead of waiting for the hold to expire."""
-    return _with_holds(snapshot, going)[1]
+    this cycle instead of waiting for the hold to expire.
+
+    Only a pod on the node takes a hold: shares held by claims of no pod there (the snapshot's
+    `unaccounted`) count as free. Such a claim is a held pod's own, allocated by the scheduler
+    before its bind is seen (a gang member given its neighbour's held GPU, which the neighbour's
+    hold then takes elsewhere on the node), or a victim's, left allocated a moment after its pod
+    is gone. Before, either made a hold look taken: it was let go, a borrower's replacement took
+    the GPUs, and the gang's members were planned again - two more evictions."""
+    return _with_holds(snapshot, going, free_unaccounted=True)[1]
 
 
-def _with_holds(snapshot: ClusterSnapshot, going: Collection[str]) -> tuple[ClusterSnapshot, list[HeldGpus]]:
-    """The planning fork (with `going` gone too), and the holds it could not place."""
+def _with_holds(
+    snapshot: ClusterSnapshot, going: Collection[str], free_unaccounted: bool = False
+) -> tuple[ClusterSnapshot, list[HeldGpus]]:
+    """The planning fork (with `going` gone too, and the unaccounted shares free when asked),
+    and the holds it could not place."""
     fork = snapshot.fork()
+    if free_unaccounted:
+        fork.free_unaccounted()
     for key in sorted({*fork.terminating(), *(key for key in going if key in fork.running)}):
         fork.evict(key)
     lost = []

@@ -279,6 +279,7 @@ class ClusterSnapshot:
         holds: Iterable[HeldGpus] = (),
         domains: DomainMap = NO_DOMAINS,
         part_minimums: Mapping[str, Mapping[str, int]] | None = None,
+        unaccounted: Mapping[str, tuple[tuple[int, int], ...]] | None = None,
     ) -> None:
         self._node_changes: dict[str, NodeGpus | None] = {}
         self._pod_changes: dict[str, RunningPod | None] = {}
@@ -312,6 +313,10 @@ class ClusterSnapshot:
         self.holds: Mapping[str, HeldGpus] = {hold.key: hold for hold in holds}
         # Node -> its topology domain, for gang plans (shared, read-only; `DomainMap`).
         self.domains = domains
+        # Node -> (GPU index, thousandths) held by claims of no pod on the node: allocated before
+        # their pod's bind is seen, or left by a pod gone (shared, read-only; where the caller
+        # knows them: the picture tells them for nodes with holds).
+        self.unaccounted: Mapping[str, tuple[tuple[int, int], ...]] = unaccounted or {}
 
     def members(self, workload: str) -> list[RunningPod]:
         """The running members of a gang workload in this snapshot, terminating ones aside."""
@@ -374,6 +379,7 @@ class ClusterSnapshot:
         child._movers = self._movers
         child.holds = self.holds
         child.domains = self.domains
+        child.unaccounted = self.unaccounted
         return child
 
     @property
@@ -490,6 +496,18 @@ class ClusterSnapshot:
             self._node_changes[pod.node] = _with_free(node, free, pod.cpu_milli, pod.memory_mib)
         self._move(pod.queue, pod.resources, -1.0, pod.preemptible)
         return pod
+
+    def free_unaccounted(self) -> None:
+        """Count the shares no pod of their node holds (`unaccounted`) as free."""
+        for name, shares in self.unaccounted.items():
+            node = self.nodes.get(name)
+            if node is None:
+                continue
+            free = list(node.free_milli)
+            for index, milli in shares:
+                if index < len(free):
+                    free[index] = min(GPU_MILLI, free[index] + milli)
+            self._node_changes[name] = _with_free(node, free)
 
     def fits_without(self, node: str, demand: GpuDemand, gone: Iterable[RunningPod]) -> bool:
         """Would `demand` fit on `node` with these of its pods off it? (cheap: no fork)"""
