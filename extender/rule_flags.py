@@ -1,5 +1,5 @@
 """The rule flags the extender (`tessera-extender`) and the queue simulator (`tessera simulate
-queues`) share: the reclaim planner's waits and victim rules (rules 9, 13, 14 and 15 of
+queues`) share: the reclaim planner's waits and victim rules (rules 9, 13, 14, 15 and 16 of
 `extender.policy.reclaim`) and deference's collecting (`extender.policy.deference`).
 
 Declared once, so that both take the same names, defaults and help, and read back once into one
@@ -23,6 +23,7 @@ NUMERIC_RULE_FLAGS = {
     "--max-victim-evictions": "max_victim_evictions",
     "--victim-lead-s": "victim_lead_s",
     "--victim-lead-per-wait": "victim_lead_per_wait",
+    "--ratio-after-s": "ratio_after_s",
 }
 
 
@@ -35,6 +36,7 @@ class RuleFlags:
     max_victim_evictions: int = Rules.max_victim_evictions  # rule 14
     victim_lead_s: float = Rules.victim_lead_s  # rule 15
     victim_lead_per_wait: float = Rules.victim_lead_per_wait
+    ratio_after_s: float = Rules.ratio_after_s  # rule 16
     collect_for_owed: bool = COLLECT_FOR_OWED
 
     def __post_init__(self) -> None:
@@ -52,6 +54,7 @@ class RuleFlags:
             max_victim_evictions=self.max_victim_evictions,
             victim_lead_s=self.victim_lead_s,
             victim_lead_per_wait=self.victim_lead_per_wait,
+            ratio_after_s=self.ratio_after_s,
         )
 
 
@@ -67,13 +70,14 @@ def rule_flags(args: argparse.Namespace) -> RuleFlags:
         max_victim_evictions=args.max_victim_evictions,
         victim_lead_s=args.victim_lead_s,
         victim_lead_per_wait=args.victim_lead_per_wait,
+        ratio_after_s=args.ratio_after_s,
         collect_for_owed=args.collect_for_owed == "on",
     )
 
 
 def add_rule_flags(parser: argparse.ArgumentParser) -> None:
     """Add --partly-owed-wait-s, --whole-owed-wait-s, --max-victim-evictions, --victim-lead-s,
-    --victim-lead-per-wait (the planner's `Rules`, defaults its own) and --collect-for-owed
+    --victim-lead-per-wait, --ratio-after-s (the planner's `Rules`, defaults its own) and --collect-for-owed
     (on|off, default `COLLECT_FOR_OWED`) to `parser`."""
     parser.add_argument(
         "--partly-owed-wait-s",
@@ -115,4 +119,11 @@ def add_rule_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=Rules.victim_lead_per_wait,
         help="seconds the victim lead grows per second the pod served has waited (default 0)",
+    )
+    parser.add_argument(
+        "--ratio-after-s",
+        type=float,
+        default=Rules.ratio_after_s,
+        help="seconds a whole-GPU pod of a queue owed a whole pod waits with no plan within the ratio of "
+        "GPUs evicted to needed before it may take the smallest plan beyond it (rule 16; default inf: never)",
     )

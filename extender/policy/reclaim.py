@@ -222,6 +222,19 @@ Rules (each a test in tests/unit/extender/test_reclaim.py):
    and 15, measured"): L = 60 s cuts the work lost on six churn runs from 10.8-15.3% to
    3.1-6.1%, but the queues' total time below their shares grows 1.5-2.8 times: off by default.
 
+16. Patience beyond the ratio (off by default). With `ratio_after_s` P finite, a whole-GPU pod
+   of a queue that may reclaim now (owed a whole pod; rule 9's wait over) that has waited P
+   with no plan within rule 4's ratio for any goal takes the smallest plan beyond it: the
+   fewest GPUs evicted, then the least work lost - rule 1 is still checked for every victim
+   (a fraction keeps rule 4's bound). What the
+   served pod does not take is free for the most owed queue (`extender.policy.deference`). Why:
+   on a loaded cluster the borrowers' pods on a node are often all bigger than the owed pod (a
+   2-GPU borrower for a 1-GPU pod), and rule 4 then leaves the owed queue waiting for capacity to
+   free by itself, minutes at load ~1.0. Example (tests/unit/extender/test_reclaim.py,
+   BEYOND_RATIO): 4 GPUs borrowed by a's two 2-GPU pods, b owed 2 waits with two 1-GPU pods;
+   with P = 30 nothing goes until b0 has waited 30 s, then a1 (the newer) goes for b0 and b1
+   takes the other GPU it frees; a 1-GPU victim elsewhere would go first.
+
 Pods with a `terminating` flag are evicted in the fork first: their GPUs are already coming free,
 so nothing is evicted for a pod that will fit once they are gone. Pods GPUs are held for (the
 snapshot's `holds`) are then placed on exactly those GPUs: they count as their queues' and take
@@ -324,6 +337,9 @@ class Rules:
     # ... and the lead grows by this much per second the pod has waited (rule 15): a victim that
     # had run r when the pod began to wait is taken once it has waited (r - lead) / this.
     victim_lead_per_wait: float = 0.0
+    # A pod of a queue owed a whole pod that has waited this long with no plan within
+    # `max_ratio` may take the smallest plan beyond it (rule 16). inf: never.
+    ratio_after_s: float = math.inf
 
     def partly_owed_wait_for(self, queue: str) -> float:
         """Rule 9's wait as it applies to a pod of `queue`: never while history moves its share."""
@@ -937,6 +953,10 @@ def _plan_for(
         return None
     needed = waiting.demand.total_milli / GPU_MILLI
     best: tuple[tuple[float, float, int, int], str, list[Eviction]] | None = None
+    # Rule 16: the best plan rule 4 refused for its ratio, taken when nothing within it exists.
+    beyond_ratio: tuple[tuple[float, float, int, int], str, list[Eviction]] | None = None
+    # (Whole-GPU pods only: a fraction keeps rule 4's bound, its own single-GPU exception aside.)
+    patience_over = waiting.demand.milli >= GPU_MILLI and waited_s(waiting, now) >= rules.ratio_after_s
     # Rule 10 (DRF) only for a pod neither a GPU reclaim nor preemption serves; a queue owed less
     # than its pod waits for freed GPUs (rule 9) but may still reclaim CPU or memory by DRF.
     goals: list[Goal] = [goal, "preempt", "drf"] if goal == "reclaim" else [goal]
@@ -955,6 +975,14 @@ def _plan_for(
             if not evictions or len(evictions) > evictions_left:
                 continue
             evicted = sum(e.pod.gpus_held for e in evictions)
+            # Fewest GPUs, then the least work lost (GPU-seconds the victims ran), fewest pods,
+            # lowest priorities.
+            rank = (
+                evicted,
+                sum(e.pod.gpus_held * (now - e.pod.started) for e in evictions),
+                len(evictions),
+                sum(e.pod.priority for e in evictions),
+            )
             # A DRF plan frees CPU or memory: its victims' GPUs are no measure of what it needs
             # (rule 3 already gave back every victim the pod does not need).
             if (
@@ -966,19 +994,15 @@ def _plan_for(
                     len(evictions) == 1 and evicted <= math.ceil(needed - EPSILON)
                 )
             ):
+                if current == "reclaim" and patience_over and (not beyond_ratio or rank < beyond_ratio[0]):
+                    beyond_ratio = (rank, node, evictions)
                 continue
-            # Fewest GPUs, then the least work lost (GPU-seconds the victims ran), fewest pods,
-            # lowest priorities.
-            rank = (
-                evicted,
-                sum(e.pod.gpus_held * (now - e.pod.started) for e in evictions),
-                len(evictions),
-                sum(e.pod.priority for e in evictions),
-            )
             if best is None or rank < best[0]:
                 best = (rank, node, evictions)
         if best is not None:
             return Plan(current, waiting, best[1], tuple(best[2]), needed, best[0][0])
+    if beyond_ratio is not None:  # no plan within the ratio for any goal
+        return Plan("reclaim", waiting, beyond_ratio[1], tuple(beyond_ratio[2]), needed, beyond_ratio[0][0])
     return None
 
 

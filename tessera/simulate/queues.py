@@ -1299,14 +1299,18 @@ class _Replay:
 
     def _runtimes_ending_after(self, since: float) -> list[float]:
         """When running preemptible pods pass their queues' min runtimes (and, restarted after an
-        eviction, their protection: rule 8), and waiting pods the waits of rules 9 and 13, for
+        eviction, their protection: rule 8), and waiting pods the waits of rules 9, 13 and 16, for
         those after `since`."""
         # A pod reclaims once it has waited: owed less than itself (rule 9), owed it (rule 13).
         ends = [
             pod.waiting_since + wait
             for pod in self.waiting.values()
             if pod.demand.count
-            for wait in (self.rules.partly_owed_wait_for(pod.queue), self.rules.whole_owed_wait_s)
+            for wait in (
+                self.rules.partly_owed_wait_for(pod.queue),
+                self.rules.whole_owed_wait_s,
+                self.rules.ratio_after_s,  # rule 16: a plan beyond the ratio
+            )
             if pod.waiting_since + wait > since
         ]
         growth, lead = self.rules.victim_lead_per_wait, self.rules.victim_lead_s

@@ -895,6 +895,66 @@ def test_a_queue_owed_a_whole_pod_waits_before_it_reclaims(case: Scenario) -> No
     test_reclaim_scenario(case)
 
 
+# Rule 16: a pod of a queue owed a whole pod that has waited `ratio_after_s` (here 30 s) with no
+# plan within rule 4's ratio takes the smallest plan beyond it. 4 GPUs; a (quota 2) borrows them
+# with two 2-GPU pods, b (quota 2) waits with two 1-GPU pods: shares 2 / 2, b owed 2. Rule 1
+# allows a1 (a ends at 2 - 2 = 0 surplus, above b's -2), but 2 GPUs evicted for 1 needed is
+# refused by rule 4 (ratio 2, a victim bigger than the pod): b waits for a GPU to free.
+_BIG_ONLY = Scenario(
+    "owed a whole pod, only bigger victims, no patience: no eviction",
+    nodes={"n1": 4},
+    queues=[q("a", quota=2), q("b", quota=2)],
+    running=[Run("a0", "a", "n1", gpus=2, age_s=200), Run("a1", "a", "n1", gpus=2, age_s=100)],
+    pending=[Wait("b0", "b", age_s=30), Wait("b1", "b", age_s=29)],
+    evicted=set(),
+    served={},
+)
+BEYOND_RATIO = [
+    _BIG_ONLY,
+    # Waited 29 s < 30 s: still waiting for a GPU to free.
+    replace(
+        _BIG_ONLY,
+        name="owed a whole pod, waited 29 s of 30: no eviction yet",
+        pending=[Wait("b0", "b", age_s=29), Wait("b1", "b", age_s=28)],
+        evicted=set(),
+        served={},
+        rules=Rules(ratio_after_s=30),
+    ),
+    # 30 s: the newest of a's 2-GPU pods goes for b0 (2 GPUs for 1); b1, below the 30 s, takes the
+    # other GPU freed, with no plan of its own.
+    replace(
+        _BIG_ONLY,
+        name="owed a whole pod, waited 30 s of 30: the smallest bigger victim goes",
+        evicted={"a1"},
+        served={"b0": "n1"},
+        rules=Rules(ratio_after_s=30),
+    ),
+    # A plan within the ratio comes first, patience or not: a's 1-GPU pod on n2 goes, not a 2-GPU one.
+    replace(
+        _BIG_ONLY,
+        name="past the patience, a victim of the pod's size still comes first",
+        nodes={"n1": 4, "n2": 1},
+        running=[*_BIG_ONLY.running, Run("a2", "a", "n2", age_s=300)],
+        evicted={"a2"},
+        served={"b0": "n2"},
+        rules=Rules(ratio_after_s=30),
+    ),
+    # Not for fractions: b waits with four halves (2 GPUs, owed 2), past the patience; a 2-GPU
+    # victim for half a GPU is beyond rule 4's exception (one victim of at most 1 GPU): nothing.
+    replace(
+        _BIG_ONLY,
+        name="past the patience, a fraction still takes no bigger victim",
+        pending=[Wait(f"b{i}", "b", milli=500, age_s=30) for i in range(4)],
+        rules=Rules(ratio_after_s=30),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", BEYOND_RATIO, ids=lambda c: c.name)
+def test_a_queue_owed_a_whole_pod_takes_a_bigger_victim_after_its_patience(case: Scenario) -> None:
+    test_reclaim_scenario(case)
+
+
 BACKLOGS = [
     # 8 GPUs; a (quota 4) holds 8 and has `backlog` older pods waiting; b (quota 4) waits for 1:
     # shares b 1, a 7. b is the most owed queue: planned first whatever a's backlog. Before, the 64

@@ -148,6 +148,40 @@ def test_a_queue_owed_a_whole_pod_waits_for_freed_capacity(
 
 
 @pytest.mark.parametrize(
+    ("patience_s", "victims", "b_starts_at"),
+    [
+        # No patience (the default): every borrower is a 2-GPU pod, rule 4 refuses 2 GPUs for 1,
+        # and b waits until a-short ends at t=300.
+        (math.inf, [], 300),
+        # Rule 16 at 30 s: at t=40 the newer of a's long pods goes (2 GPUs for 1) and b starts.
+        (30.0, [(40.0, "a-long", "b")], 40),
+    ],
+)
+def test_a_queue_owed_a_whole_pod_takes_a_bigger_victim_after_its_patience(
+    patience_s: float, victims: list[tuple[float, str, str]], b_starts_at: float
+) -> None:
+    # 1 node x 4 GPUs; a and b quota 2 each. From t=0 a runs 2-GPU pods: a-short (ends at t=300)
+    # and a-long; b's two 1-GPU pods come at t=10: shares 2 / 2, b owed 2, a whole pod.
+    result = run_queue_workload(
+        parse_workload(
+            {
+                "name": "beyond-ratio",
+                "nodes": [{"name": "n", "gpus": 4}],
+                "queues": [queue("a", 2), queue("b", 2)],
+                "jobs": [
+                    job("a-short", "a", 1, gpus=2, duration=300),
+                    job("a-long", "a", 1, gpus=2, arrival=1),
+                    job("b", "b", 2, arrival=10),
+                ],
+            }
+        ),
+        flags=RuleFlags(ratio_after_s=patience_s),
+    )
+    assert [(e.time, e.victim.split("/")[0], e.served_queue) for e in result.evictions] == victims
+    assert first_time(result, "b", 2) == b_starts_at  # both of b's pods: the second takes the other GPU
+
+
+@pytest.mark.parametrize(
     ("limit", "victims"),
     [
         # No budget (the default): a-long/1, the newest of a's pods each time (it restarts when
