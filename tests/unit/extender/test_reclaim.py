@@ -909,43 +909,38 @@ _BIG_ONLY = Scenario(
     evicted=set(),
     served={},
 )
+_PATIENT = replace(_BIG_ONLY, rules=Rules(ratio_after_s=30))
 BEYOND_RATIO = [
     _BIG_ONLY,
     # Waited 29 s < 30 s: still waiting for a GPU to free.
     replace(
-        _BIG_ONLY,
+        _PATIENT,
         name="owed a whole pod, waited 29 s of 30: no eviction yet",
         pending=[Wait("b0", "b", age_s=29), Wait("b1", "b", age_s=28)],
-        evicted=set(),
-        served={},
-        rules=Rules(ratio_after_s=30),
     ),
     # 30 s: the newest of a's 2-GPU pods goes for b0 (2 GPUs for 1); b1, below the 30 s, takes the
     # other GPU freed, with no plan of its own.
     replace(
-        _BIG_ONLY,
+        _PATIENT,
         name="owed a whole pod, waited 30 s of 30: the smallest bigger victim goes",
         evicted={"a1"},
         served={"b0": "n1"},
-        rules=Rules(ratio_after_s=30),
     ),
     # A plan within the ratio comes first, patience or not: a's 1-GPU pod on n2 goes, not a 2-GPU one.
     replace(
-        _BIG_ONLY,
+        _PATIENT,
         name="past the patience, a victim of the pod's size still comes first",
         nodes={"n1": 4, "n2": 1},
         running=[*_BIG_ONLY.running, Run("a2", "a", "n2", age_s=300)],
         evicted={"a2"},
         served={"b0": "n2"},
-        rules=Rules(ratio_after_s=30),
     ),
     # Not for fractions: b waits with four halves (2 GPUs, owed 2), past the patience; a 2-GPU
     # victim for half a GPU is beyond rule 4's exception (one victim of at most 1 GPU): nothing.
     replace(
-        _BIG_ONLY,
+        _PATIENT,
         name="past the patience, a fraction still takes no bigger victim",
         pending=[Wait(f"b{i}", "b", milli=500, age_s=30) for i in range(4)],
-        rules=Rules(ratio_after_s=30),
     ),
 ]
 
