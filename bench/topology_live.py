@@ -17,10 +17,11 @@ released.
 of 2-32 GPUs (2, 4, 6, 8, 12, 16, 24, 32), one, two or four GPUs a member, all members its
 minimum, arriving with exponential gaps at ``--load`` times the GPUs the lone pods leave, each
 running 200-900 s, every time multiplied by ``--time-scale`` (default 0.1: 20-90 s). First, a
-quarter of the GPUs go to lone one-GPU pods of a second queue, each kept to a node drawn with the
-seed (``nodeSelector`` on the hostname), that run for the whole round: they fragment the racks
-alike for every contender. Queues: ``train`` (the gangs) with a quota of the GPUs the lone pods
-leave, ``batch`` (the lone pods) with theirs; nothing is borrowed, so nothing is reclaimed.
+quarter of the GPUs go to lone one-GPU pods of a second queue, each a one-pod Job kept to a node
+drawn with the seed (``nodeSelector`` on the hostname; an evicted one comes back pending there),
+that run for the whole round: they fragment the racks alike for every contender. Queues:
+``train`` (the gangs) with a quota of the GPUs the lone pods leave, ``batch`` (the lone pods)
+with theirs; nothing is borrowed, so nothing is reclaimed.
 
 **The contenders**, one after another on the same nodes, each in a fresh namespace:
 
@@ -36,17 +37,18 @@ leave, ``batch`` (the lone pods) with theirs; nothing is borrowed, so nothing is
   (``minMember`` N, ``queue``, ``priorityClassName: train`` as its podgrouper gives bare pods,
   ``topologyConstraint: {topology, preferredTopologyLevel: example.com/rack}``) made before its
   pods, which carry ``pod-group-name`` and ``kai.scheduler/skip-podgrouper: "true"``; the lone
-  pods are bare pods its podgrouper groups. Skipped with the reason when ``hack/build-kai.sh``
-  has not built it (``--no-kai``: left out).
+  pods' Jobs its podgrouper groups. Skipped with the reason when ``hack/build-kai.sh`` has not
+  built it (``--no-kai``: left out).
 
 **The figures**, per contender: gangs started (of those drawn) before ``--timeout`` after the
 first; racks spanned per gang (the distinct racks of the nodes its pods were bound to when its
 last member bound), mean and max, and the mean over the gangs every contender started; gang time
 to start (from the first create of the gang, its PodGroup for KAI, to its last member bound),
-mean and p95 (nearest rank); pods of the round deleted by the scheduler (evictions: the bench
-deletes none before the round ends). The ratio line is Tessera's mean racks per gang over KAI's
-(the issue's target: at most 1.00x), on every gang each started and on the gangs both started.
-``--rounds N`` alternates the contenders and pools their gangs.
+mean and p95 (nearest rank); pods of the round the scheduler deleted (evictions: the bench
+deletes none before the round ends), lone pods and gang members apart. The ratio line is
+Tessera's mean racks per gang over KAI's (the issue's target: at most 1.00x), on every gang each
+started and on the gangs both started. ``--rounds N`` alternates the contenders and pools their
+gangs.
 
     python -m bench.topology_live [--seed 0] [--gangs 30] [--load 1.0] [--time-scale 0.1]
                                   [--layout 2x4x2 | --full] [--rounds 1] [--no-kai] [--smoke]
@@ -99,7 +101,8 @@ from .kai import (
     kai_topology,
     pod_group_member,
 )
-from .reclaim import _create_queues
+from .reclaim import _clear as clear_jobs
+from .reclaim import _create_queues, as_job
 from .scale import LightKubelet, _loadavg, light_kubelet, percentile
 from .topologywaits import GANG_GPUS, draw_gangs
 
@@ -230,12 +233,13 @@ class Contender:
 @dataclass(frozen=True)
 class ContenderRun:
     """One contender's gangs (over every round it ran): those drawn, those started, and the pods
-    of its rounds the scheduler deleted."""
+    of its rounds the scheduler deleted: lone pods (their Jobs make them again) and gang members."""
 
     contender: Contender
     drawn: int
     started: tuple[GangStart, ...]
-    evicted: int = 0
+    evicted_lone: int = 0
+    evicted_members: int = 0
 
     @property
     def racks_mean(self) -> float:
@@ -265,7 +269,8 @@ def pooled(runs: Sequence[ContenderRun]) -> ContenderRun:
         runs[0].contender,
         sum(run.drawn for run in runs),
         tuple(g for run in runs for g in run.started),
-        sum(run.evicted for run in runs),
+        sum(run.evicted_lone for run in runs),
+        sum(run.evicted_members for run in runs),
     )
 
 
@@ -311,7 +316,8 @@ def live_table(runs: Sequence[ContenderRun]) -> str:
         f"mean on the {len(common)} all started",
         "start mean s",
         "start p95 s",
-        "evicted pods",
+        "evicted: lone pods",
+        "gang pods",
     ]
     rows = [
         [
@@ -322,7 +328,8 @@ def live_table(runs: Sequence[ContenderRun]) -> str:
             f"{run.racks_mean_of(common):.2f}",
             f"{run.wait_mean_s:.1f}",
             f"{run.wait_p95_s:.1f}",
-            str(run.evicted),
+            str(run.evicted_lone),
+            str(run.evicted_members),
         ]
         for run in runs
     ]
@@ -365,7 +372,8 @@ def figures_json(runs: Sequence[ContenderRun], layout: str, seed: int) -> dict[s
         out[f"racks_max ({key})"] = run.racks_max
         out[f"start_mean_s ({key})"] = round(run.wait_mean_s, 2)
         out[f"start_p95_s ({key})"] = round(run.wait_p95_s, 2)
-        out[f"evicted ({key})"] = run.evicted
+        out[f"evicted_lone ({key})"] = run.evicted_lone
+        out[f"evicted_gang_members ({key})"] = run.evicted_members
     ratio = tessera_vs_kai(runs)
     if ratio is not None:
         out["tessera_vs_kai_racks"] = round(ratio[0], 3)
@@ -408,12 +416,14 @@ def kai_contender(version: str, labels: Sequence[str], rack_label: str) -> Conte
 async def _create_lone(
     bench: BenchCluster, namespace: str, contender: Contender, lone: Sequence[LonePod]
 ) -> None:
-    path = f"/api/v1/namespaces/{namespace}/pods"
+    """Each lone pod as a one-pod Job (``bench.reclaim.as_job``) kept to its node: a pod the
+    scheduler evicts comes back pending there, as a real job's would."""
+    path = f"/apis/batch/v1/namespaces/{namespace}/jobs"
 
     async def one(pod: LonePod) -> None:
         body = gpu_pod(namespace, pod.name, contender.scheduler, BATCH)
         body["spec"]["nodeSelector"] = {HOSTNAME_LABEL: pod.node}
-        await request(bench.api, "POST", path, body=body)
+        await request(bench.api, "POST", path, body=as_job(body))
 
     await bounded(CREATE_CONCURRENCY, (functools.partial(one, pod) for pod in lone))
 
@@ -461,10 +471,10 @@ async def run_contender(
     started: list[GangStart] = []
     finishing: list[asyncio.Task[None]] = []
     async with watching(bench.api, namespace) as tracker:
-        lone_names = {pod.name for pod in workload.lone}
+        lone = len(workload.lone)
         await _create_lone(bench, namespace, contender, workload.lone)
         await tracker.wait_for(
-            lambda t: lone_names <= t.bound.keys(), LONE_TIMEOUT_S, f"{len(lone_names)} lone pods bound"
+            lambda t: t.per_queue().get(BATCH, 0) >= lone, LONE_TIMEOUT_S, f"{lone} lone pods bound"
         )
         first = time.monotonic()
         deadline = first + timeout_s
@@ -502,10 +512,14 @@ async def run_contender(
             for task in finishing:
                 task.cancel()
             await asyncio.gather(*finishing, return_exceptions=True)
-        evicted = len(tracker.deleted)
+        evicted = list(tracker.deleted.values())
     order = {gang.name: index for index, gang in enumerate(workload.gangs)}
     return ContenderRun(
-        contender, len(workload.gangs), tuple(sorted(started, key=lambda g: order[g.name])), evicted
+        contender,
+        len(workload.gangs),
+        tuple(sorted(started, key=lambda g: order[g.name])),
+        evicted.count(BATCH),
+        evicted.count(TRAIN),
     )
 
 
@@ -565,7 +579,7 @@ async def run_live(
                     bench, kubelet, namespace, contender, workload, rack_of, rack_label, timeout_s
                 )
             runs[contender.label].append(run)
-            await bench.clear(namespace)
+            await clear_jobs(bench, namespace)
     loads.append(_loadavg())
     return workload, [pooled(runs[c.label]) for c in contenders], (loads[0], loads[1])
 

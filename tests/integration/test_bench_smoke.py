@@ -64,7 +64,7 @@ CASES = [
     (
         "topology_live",
         r"kube-scheduler \+ Tessera, preferred rack\s+3 / 3\s+[12]\.\d\d\s+[12]\s+[12]\.\d\d"
-        r"(\s+\d+\.\d){2}\s+\d+\n"
+        r"(\s+\d+\.\d){2}\s+\d+\s+\d+\n"
         r"Tessera / KAI racks per gang: not measured \(KAI did not race\)",
     ),
 ]

@@ -99,7 +99,7 @@ def test_figures_of_a_run_and_the_ratio_on_all_and_on_the_gangs_both_started() -
     tessera = ContenderRun(
         TESSERA, 3, (GangStart("a", 8, 1.0, 1), GangStart("b", 16, 3.0, 2), GangStart("c", 4, 2.0, 1))
     )
-    kai = ContenderRun(KAI, 3, (GangStart("a", 8, 2.0, 2), GangStart("b", 16, 5.0, 4)), evicted=1)
+    kai = ContenderRun(KAI, 3, (GangStart("a", 8, 2.0, 2), GangStart("b", 16, 5.0, 4)), 1, 2)
     assert tessera.racks_mean == pytest.approx(4 / 3) and tessera.racks_max == 2
     assert (tessera.wait_mean_s, tessera.wait_p95_s) == (2.0, 3.0)
     assert started_by_all([tessera, kai]) == {"a", "b"}
@@ -109,6 +109,7 @@ def test_figures_of_a_run_and_the_ratio_on_all_and_on_the_gangs_both_started() -
     table = live_table([tessera, kai])
     assert "Tessera / KAI racks per gang: 0.44x (every gang each started), 0.50x" in table
     assert "target at most 1.00x: yes" in table and "2 / 3" in table
+    assert table.splitlines()[3].split()[-2:] == ["1", "2"]  # KAI's evictions: lone, gang pods
     worse = ContenderRun(KAI, 3, (GangStart("a", 8, 2.0, 1),))
     assert "target at most 1.00x: no" in live_table([tessera, worse])
 
@@ -122,10 +123,10 @@ def test_without_kai_the_ratio_says_it_was_not_measured() -> None:
 
 
 def test_rounds_pool_their_gangs_and_all_started_means_in_every_round() -> None:
-    first = ContenderRun(TESSERA, 2, (GangStart("a", 8, 1.0, 1), GangStart("b", 8, 1.0, 1)), evicted=1)
+    first = ContenderRun(TESSERA, 2, (GangStart("a", 8, 1.0, 1), GangStart("b", 8, 1.0, 1)), 1, 2)
     second = ContenderRun(TESSERA, 2, (GangStart("a", 8, 3.0, 2),))
     both = pooled([first, second])
-    assert (both.drawn, len(both.started), both.evicted) == (4, 3, 1)
+    assert (both.drawn, len(both.started), both.evicted_lone, both.evicted_members) == (4, 3, 1, 2)
     assert started_by_all([both]) == {"a"}
 
 
