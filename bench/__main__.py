@@ -23,7 +23,11 @@
    loop (``bench.webhookflood``);
 11. the scale suite, KAI Scheduler's nightly shape on 500 or 1000 simulated nodes: fill rate,
    time to reclaim one GPU, churn, control-plane CPU (``bench.scale``): not in the full run (its
-   own command, or ``--only scale``: a round takes tens of minutes at 500 nodes); in the smoke.
+   own command, or ``--only scale``: a round takes tens of minutes at 500 nodes); in the smoke;
+12. gangs preferring one rack, live, on 128 GPUs in 8 racks: racks spanned per gang and time to
+   start, Tessera beside KAI Scheduler with its Topology (``bench.topology_live``): not in the full
+   run either (``--only topology_live``: about 20 minutes a round of its three contenders); in
+   the smoke.
 
 Default sizes fit a 2-core machine in a few minutes; ``--full`` runs the sizes of the issue
 (hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; 500 nodes / 4000 pods end to end;
@@ -64,6 +68,7 @@ from . import (
     reclaim,
     scale,
     topology,
+    topology_live,
     topologywaits,
     webhookflood,
 )
@@ -90,8 +95,9 @@ BENCHMARKS = (
     "history",
     "history_weeks",
     "scale",
+    "topology_live",
 )
-ON_A_CLUSTER = ("e2e", "reaction", "reclaim", "packing", "scale")
+ON_A_CLUSTER = ("e2e", "reaction", "reclaim", "packing", "scale", "topology_live")
 # The smoke's in-process sizes: one small cluster picture, a fraction of a second per hot-path case.
 SMOKE_NODES = [50]
 SMOKE_PODS = 400
@@ -272,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed |= module_main(smoke) != 0
     if args.only == "scale" or (args.only is None and args.smoke and not args.no_cluster):
         failed |= scale.main(cluster_args) != 0
+    if args.only == "topology_live" or (args.only is None and args.smoke and not args.no_cluster):
+        failed |= topology_live.main(cluster_args) != 0
     return 1 if failed else 0
 
 

@@ -60,6 +60,7 @@ from tessera.cli import INSTALL_FIRST, SCHEDULER_PROFILE, extender_config
 from tessera.dev.localcluster import (
     REPO_ROOT,
     LocalCluster,
+    NodeLayout,
     SchedulerHandle,
     create_fake_node,
     free_port,
@@ -300,9 +301,16 @@ def api_request_counts(metrics_text: str) -> Counter[str]:
     return counts
 
 
-def gpu_pod(namespace: str, name: str, scheduler: str, queue: str | None = None) -> JsonObject:
-    """A pause pod holding one whole GPU through a claim made from TEMPLATE; for KAI the same pod
-    with KAI's scheduler name and queue label (a pod without a queue is in the default queue)."""
+def claim_template(gpus: int) -> str:
+    """The name of the namespace's ResourceClaimTemplate of ``gpus`` whole GPUs (TEMPLATE for one;
+    ``BenchCluster.new_namespace`` makes those its ``gpu_counts`` name)."""
+    return TEMPLATE if gpus == 1 else f"gpus-{gpus}"
+
+
+def gpu_pod(namespace: str, name: str, scheduler: str, queue: str | None = None, gpus: int = 1) -> JsonObject:
+    """A pause pod holding ``gpus`` whole GPUs through a claim made from ``claim_template(gpus)``;
+    for KAI the same pod with KAI's scheduler name and queue label (a pod without a queue is in the
+    default queue)."""
     labels = {QUEUE_LABEL: queue} if queue else {}
     container = {
         "name": "main",
@@ -317,7 +325,7 @@ def gpu_pod(namespace: str, name: str, scheduler: str, queue: str | None = None)
             "schedulerName": scheduler,
             "containers": [container],
             "terminationGracePeriodSeconds": 0,
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": claim_template(gpus)}],
         },
     }
     return kai_pod(pod, queue or DEFAULT_QUEUE) if scheduler == KAI_SCHEDULER else pod
@@ -373,6 +381,7 @@ class BoundPods:
     pods that were deleted since the watch began."""
 
     bound: dict[str, str] = field(default_factory=dict)  # pod name -> queue label ("" without)
+    nodes: dict[str, str] = field(default_factory=dict)  # pod name -> the node it was bound to
     deleted: dict[str, str] = field(default_factory=dict)  # likewise, once gone
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
@@ -401,6 +410,7 @@ class BoundPods:
                         self.deleted[name] = queue
                     else:
                         self.bound[name] = queue
+                        self.nodes[name] = pod["spec"]["nodeName"]
                     self.changed.notify_all()
 
     async def wait_for(self, condition: Callable[[BoundPods], bool], timeout: float, what: str) -> float:
@@ -428,16 +438,22 @@ class BenchCluster:
         self.floor: ServerProcess | None = None  # the do-nothing extender, during its rounds
         self.schedulers: dict[str, SchedulerHandle] = {}
         self.kai: Kai | None = None
+        self.extender_args: list[str] = []  # flags the extender gets beyond its address and scheduler
 
-    async def install(self, nodes: int, publish_slices: bool = True) -> None:
-        """The manifests, and `nodes` fake GPU nodes; their slices too unless node agents publish them."""
+    async def install(self, nodes: int | NodeLayout, publish_slices: bool = True) -> None:
+        """The manifests, and `nodes` fake GPU nodes (a count: gpu-0000 ...; a layout: its nodes
+        with its topology labels); their slices too unless node agents publish them."""
         for manifest in INSTALL_FIRST:
             await asyncio.to_thread(self.cluster.apply, REPO_ROOT / manifest)
         await asyncio.to_thread(self.cluster.wait_established, "crd/queues.scheduling.tessera.dev")
-        self.nodes = [f"gpu-{index:04d}" for index in range(nodes)]
+        if isinstance(nodes, NodeLayout):
+            labels = nodes.nodes
+        else:
+            labels = {f"gpu-{index:04d}": {} for index in range(nodes)}
+        self.nodes = list(labels)
 
         async def add_node(node: str) -> None:
-            await create_fake_node(self.api, node)
+            await create_fake_node(self.api, node, labels.get(node))
             for resource_slice in gpu_slices(node) if publish_slices else ():
                 await request(self.api, "POST", SLICES_PATH, body=resource_slice)
 
@@ -485,6 +501,7 @@ class BenchCluster:
                 "--listen-address=127.0.0.1",
                 f"--port={port}",
                 f"--scheduler-name={scheduler}",
+                *self.extender_args,
             ],
         )
         self.cluster.wait_healthy(extender, f"{self.extender_url}/readyz", tls=False)
@@ -528,29 +545,20 @@ class BenchCluster:
             component.stop(timeout=30)
             self.cluster.components.remove(component)
 
-    async def new_namespace(self, prefix: str) -> str:
+    async def new_namespace(self, prefix: str, gpu_counts: Iterable[int] = (1,)) -> str:
+        """A fresh namespace with a ResourceClaimTemplate of each count of whole GPUs
+        (``claim_template``)."""
         namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
         await request(self.api, "POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
-        spec = {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": DEVICE_CLASS,
-                            "allocationMode": "ExactCount",
-                            "count": 1,
-                        },
-                    }
-                ]
-            }
-        }
-        await request(
-            self.api,
-            "POST",
-            f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates",
-            body={"metadata": {"name": TEMPLATE}, "spec": {"spec": spec}},
-        )
+        for gpus in sorted(set(gpu_counts)):
+            exactly = {"deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount", "count": gpus}
+            spec = {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+            await request(
+                self.api,
+                "POST",
+                f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates",
+                body={"metadata": {"name": claim_template(gpus)}, "spec": {"spec": spec}},
+            )
         return namespace
 
     async def submit(
@@ -617,8 +625,11 @@ async def _admin_client(kubeconfig: Path, connections: int) -> ApiClient:
 
 
 @contextlib.asynccontextmanager
-async def bench_cluster(nodes: int, extender_profile: Path | None = None) -> AsyncIterator[BenchCluster]:
-    """A fresh local control plane with ``nodes`` GPU nodes; torn down on exit."""
+async def bench_cluster(
+    nodes: int | NodeLayout, extender_profile: Path | None = None
+) -> AsyncIterator[BenchCluster]:
+    """A fresh local control plane with ``nodes`` GPU nodes (a count or a labelled layout); torn
+    down on exit."""
     cluster = LocalCluster(controller_manager_qps=CLIENT_QPS, controller_manager_burst=CLIENT_BURST)
     await asyncio.to_thread(cluster.start)
     try:
@@ -649,6 +660,17 @@ async def kai_running(bench: BenchCluster, variant: KaiVariant) -> AsyncIterator
         yield
     finally:
         await asyncio.to_thread(bench.kai.stop)
+
+
+@contextlib.asynccontextmanager
+async def tessera_running(bench: BenchCluster, scheduler: str = TESSERA_SCHEDULER) -> AsyncIterator[None]:
+    """The Tessera extender (``BenchCluster.start_extender``) for the scheduler ``scheduler``, for
+    as long as the block: one round of Tessera's."""
+    await asyncio.to_thread(bench.start_extender, scheduler)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(bench.stop_extender)
 
 
 @contextlib.asynccontextmanager
@@ -694,21 +716,18 @@ async def compare(
     schedulers = [PLAIN_SCHEDULER, TESSERA_SCHEDULER, *([FLOOR_SCHEDULER] if floor else [])]
     contenders: list[KaiVariant | str] = [*schedulers, *kai]
     for contender in alternating(rounds, contenders):
-        if contender == TESSERA_SCHEDULER:
-            await asyncio.to_thread(bench.start_extender, TESSERA_SCHEDULER)
         namespace = await bench.new_namespace("kai" if isinstance(contender, KaiVariant) else contender)
-        try:
-            if isinstance(contender, KaiVariant):
-                async with kai_running(bench, contender):
-                    kai_runs[contender.label].append(await scenario(namespace, KAI_SCHEDULER))
-            elif contender == FLOOR_SCHEDULER:
-                async with floor_running(bench):
-                    runs[contender].append(await scenario(namespace, contender))
-            else:
+        if isinstance(contender, KaiVariant):
+            async with kai_running(bench, contender):
+                kai_runs[contender.label].append(await scenario(namespace, KAI_SCHEDULER))
+        elif contender == FLOOR_SCHEDULER:
+            async with floor_running(bench):
                 runs[contender].append(await scenario(namespace, contender))
-        finally:
-            if contender == TESSERA_SCHEDULER:
-                await asyncio.to_thread(bench.stop_extender)
+        elif contender == TESSERA_SCHEDULER:
+            async with tessera_running(bench):
+                runs[contender].append(await scenario(namespace, contender))
+        else:
+            runs[contender].append(await scenario(namespace, contender))
         await bench.clear(namespace)
     return Contest(
         tuple(runs[PLAIN_SCHEDULER]),

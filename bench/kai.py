@@ -10,7 +10,15 @@ they use is narrow:
   ``kai.start(variant)`` / ``kai.stop()`` around each of KAI's rounds, so KAI's processes run only
   during its own rounds (as the extender runs only during Tessera's);
 - ``kai_pod(pod, queue)``: the benchmark's pod for KAI (``schedulerName: kai-scheduler`` and
-  KAI's queue label; everything else unchanged).
+  KAI's queue label; everything else unchanged);
+- for gangs with a topology (``bench.topology_live``): ``kai_topology`` (a cluster-scoped
+  ``Topology``, ``kai.scheduler/v1alpha1``: its levels' node labels, outermost first),
+  ``kai_pod_group`` (a ``scheduling.run.ai/v2alpha2`` PodGroup with ``minMember``, ``queue``, the
+  priority class KAI's podgrouper gives bare pods and Jobs, ``train``, and a
+  ``topologyConstraint``) and ``pod_group_member`` (a pod joining it: annotations
+  ``pod-group-name`` and ``kai.scheduler/skip-podgrouper: "true"``, so the podgrouper leaves it
+  alone). tests/unit/simulate/test_bench_kai_operator.py checks these names and every field
+  against KAI's CRDs and constants in its source tree.
 
 How KAI runs. Its five processes (scheduler, binder, podgrouper, podgroupcontroller,
 queuecontroller) run as local processes with the cluster's admin kubeconfig (``KUBECONFIG``) and
@@ -83,6 +91,11 @@ NODE_POOL_LABEL = "kai.scheduler/node-pool"
 KAI_PARENT_QUEUE = "tessera-bench-parent"
 KAI_DEFAULT_PRIORITY = 100
 KAI_QUEUES_PATH = "/apis/scheduling.run.ai/v2/queues"
+KAI_TOPOLOGIES_PATH = "/apis/kai.scheduler/v1alpha1/topologies"
+KAI_PODGROUPS_PATH = "/apis/scheduling.run.ai/v2alpha2/namespaces/{namespace}/podgroups"
+POD_GROUP_ANNOTATION = "pod-group-name"  # constants.PodGroupAnnotationForPod
+SKIP_PODGROUPER_ANNOTATION = "kai.scheduler/skip-podgrouper"  # constants.SkipPodGrouperAnnotation
+PODGROUPER_PRIORITY_CLASS = "train"  # what the podgrouper gives bare pods and Jobs (TrainPriorityClass)
 NAMESPACES = ("kai-scheduler", "kai-resource-reservation", "kai-scale-adjust")
 RESERVATION = "kai-resource-reservation"
 # The operator's SchedulingShard defaults at the pin (pkg/apis/kai/v1/schedulingshard_types.go):
@@ -271,6 +284,55 @@ def kai_pod(pod: JsonObject, queue: str) -> JsonObject:
     return {**pod, "metadata": metadata, "spec": {**pod["spec"], "schedulerName": KAI_SCHEDULER}}
 
 
+def kai_topology(name: str, node_labels: Sequence[str]) -> JsonObject:
+    """KAI's cluster-scoped Topology: one level per node label, outermost first (the hostname
+    label, when given, last: KAI's CRD allows it only there)."""
+    return {
+        "apiVersion": "kai.scheduler/v1alpha1",
+        "kind": "Topology",
+        "metadata": {"name": name},
+        "spec": {"levels": [{"nodeLabel": label} for label in node_labels]},
+    }
+
+
+def kai_pod_group(
+    namespace: str,
+    name: str,
+    queue: str,
+    min_member: int,
+    topology: str | None = None,
+    preferred_level: str | None = None,
+) -> JsonObject:
+    """A PodGroup made by hand for a gang of bare pods: at least ``min_member`` of them start
+    together, in ``queue``, at the priority class the podgrouper would have given them; with
+    ``topology``, preferring one domain of ``preferred_level`` (a node label of that Topology)."""
+    spec: JsonObject = {
+        "minMember": min_member,
+        "queue": queue,
+        "priorityClassName": PODGROUPER_PRIORITY_CLASS,
+    }
+    if topology and preferred_level:
+        spec["topologyConstraint"] = {"topology": topology, "preferredTopologyLevel": preferred_level}
+    return {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": namespace, "labels": {KAI_QUEUE_LABEL: queue}},
+        "spec": spec,
+    }
+
+
+def pod_group_member(pod: JsonObject, group: str) -> JsonObject:
+    """``pod`` (already ``kai_pod``'s) as a member of the PodGroup ``group`` made by hand: the
+    podgrouper told to leave it alone, the group named."""
+    metadata = dict(pod["metadata"])
+    metadata["annotations"] = {
+        **(metadata.get("annotations") or {}),
+        POD_GROUP_ANNOTATION: group,
+        SKIP_PODGROUPER_ANNOTATION: "true",
+    }
+    return {**pod, "metadata": metadata}
+
+
 def component_args(
     name: str, config: Path, ports: Mapping[str, int], client: tuple[int, int] | None = None
 ) -> list[str]:
@@ -412,6 +474,10 @@ class Kai:
             await _create(api, "/api/v1/namespaces", {"metadata": {"name": namespace}})
         for queue in kai_queues(queues):
             await _create(api, KAI_QUEUES_PATH, queue)
+
+    async def install_topology(self, api: ApiClient, topology: JsonObject) -> None:
+        """A Topology object (``kai_topology``), after ``install`` put KAI's CRDs in."""
+        await _create(api, KAI_TOPOLOGIES_PATH, topology)
 
     async def replace_queues(self, api: ApiClient, old: Sequence[str], queues: Sequence[QueueSpec]) -> None:
         """The mirrored queues `old` deleted and `queues` mirrored instead (under the same parent,

@@ -48,35 +48,58 @@ CLUSTER_GPUS = 128  # 2 blocks x 4 racks x 4 nodes x 4 GPUs
 LONE_PODS = 32
 
 
+@dataclass(frozen=True)
+class DrawnGang:
+    """One gang of a drawn workload: its GPUs, split into members of ``per_member`` GPUs each, when
+    it arrives and how long it runs once started (seconds of the workload's clock)."""
+
+    gpus: int
+    per_member: int
+    arrival_s: float
+    duration_s: float
+
+    @property
+    def members(self) -> int:
+        return self.gpus // self.per_member
+
+
+def draw_gangs(
+    draw: random.Random, gangs: int, free_gpus: int, load: float, sizes: Sequence[int] = GANG_GPUS
+) -> list[DrawnGang]:
+    """``gangs`` gangs of ``sizes`` GPUs (one, two or four GPUs a member, at least two members),
+    200-900 s each, arriving from t=30 with exponential gaps such that their GPU-seconds per
+    second are ``load`` times ``free_gpus``."""
+    chosen = [draw.choice(sizes) for _ in range(gangs)]
+    durations = [draw.uniform(200, 900) for _ in range(gangs)]
+    mean_gap = sum(s * d for s, d in zip(chosen, durations, strict=True)) / gangs / free_gpus / load
+    arrival = 30.0
+    drawn: list[DrawnGang] = []
+    for gpus, duration in zip(chosen, durations, strict=True):
+        per_member = draw.choice([m for m in MEMBER_GPUS if gpus % m == 0 and gpus // m >= 2])
+        drawn.append(DrawnGang(gpus, per_member, arrival, duration))
+        arrival += draw.expovariate(1 / mean_gap)
+    return drawn
+
+
 def mixed_workload(seed: int, gangs: int, load: float = 1.0) -> dict[str, Any]:
     """The seed's workload, as a queue-simulator YAML would state it (see the module docstring);
     `load`: the gangs' offered GPU-seconds per second over the GPUs the lone pods leave."""
-    draw = random.Random(seed)
     jobs: list[dict[str, Any]] = [
         {"name": "lone", "queue": "batch", "count": LONE_PODS, "interval": 0.5, "duration": 3600, "gpus": 1}
     ]
-    sizes = [draw.choice(GANG_GPUS) for _ in range(gangs)]
-    durations = [draw.uniform(200, 900) for _ in range(gangs)]
-    mean_gap = (
-        sum(s * d for s, d in zip(sizes, durations, strict=True)) / gangs / (CLUSTER_GPUS - LONE_PODS) / load
-    )
-    arrival = 30.0
-    for index, (gpus, duration) in enumerate(zip(sizes, durations, strict=True)):
-        per_member = draw.choice([m for m in MEMBER_GPUS if gpus % m == 0 and gpus // m >= 2])
-        members = gpus // per_member
+    for index, gang in enumerate(draw_gangs(random.Random(seed), gangs, CLUSTER_GPUS - LONE_PODS, load)):
         jobs.append(
             {
-                "name": f"g{gpus}-{index}",
+                "name": f"g{gang.gpus}-{index}",
                 "queue": "train",
-                "count": members,
-                "minMembers": members,
-                "arrival": round(arrival, 1),
-                "duration": round(duration),
-                "gpus": per_member,
+                "count": gang.members,
+                "minMembers": gang.members,
+                "arrival": round(gang.arrival_s, 1),
+                "duration": round(gang.duration_s),
+                "gpus": gang.per_member,
                 "topologyPreferred": "rack",
             }
         )
-        arrival += draw.expovariate(1 / mean_gap)
     return {
         "name": f"topology-mixed-seed{seed}",
         "topology": [

@@ -59,6 +59,14 @@ CASES = [
         rf"Tessera / floor, fill: {RATIO}"
         r"[\s\S]*churn: 3 queues[\s\S]*\d+ \(\d+\.\d%\)",
     ),
+    # 2 nodes in 2 racks, 3 gangs of 2-6 GPUs preferring a rack: each started in one of them or
+    # both (racks per gang 1.00-2.00); no KAI, so no ratio, and the line says so.
+    (
+        "topology_live",
+        r"kube-scheduler \+ Tessera, preferred rack\s+3 / 3\s+[12]\.\d\d\s+[12]\s+[12]\.\d\d"
+        r"(\s+\d+\.\d){2}\s+\d+\s+\d+\n"
+        r"Tessera / KAI racks per gang: not measured \(KAI did not race\)",
+    ),
 ]
 
 
@@ -77,20 +85,34 @@ def test_each_cluster_benchmark_runs_its_smoke_and_prints_its_ratios(
     assert re.search(expected, out), out
 
 
-def test_kai_races_in_the_reclaim_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+# (--only NAME, what KAI's rows must hold) in the smokes KAI races in, when it was built.
+KAI_CASES = [
     # Its parts that need no build (pin, configuration) are tests/unit/test_bench_smoke.py's.
-    if find_kai() is None:
-        pytest.skip(skip_reason())
-    assert bench_main(["--smoke", "--only", "reclaim"]) == 0
-    out = capsys.readouterr().out
-    for variant in ("default actions", "no consolidation"):
-        assert re.search(rf"KAI Scheduler, {variant} \(DRA claims\)\s+8\s+4.*{RATIO}", out), out
-
-
-def test_kai_races_in_the_scale_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    (
+        "reclaim",
+        [
+            rf"KAI Scheduler, {variant} \(DRA claims\)\s+8\s+4.*{RATIO}"
+            for variant in ("default actions", "no consolidation")
+        ],
+    ),
     # 5 nodes: KAI fills the 40 GPUs with jobs and reclaims one GPU for B per sample, as Tessera does.
+    ("scale", [rf"KAI Scheduler, default actions\s+5\s+40(\s+\S+){{3}}\s+{RATIO}"]),
+    # KAI with its Topology and a PodGroup per gang starts the same 3 gangs; then the ratio line.
+    (
+        "topology_live",
+        [
+            r"KAI Scheduler \S+, preferred rack\s+3 / 3\s+[12]\.\d\d",
+            rf"Tessera / KAI racks per gang: {RATIO} \(every gang each started\)",
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "expected"), KAI_CASES, ids=[name for name, _ in KAI_CASES])
+def test_kai_races_in_its_smokes(name: str, expected: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     if find_kai() is None:
         pytest.skip(skip_reason())
-    assert bench_main(["--smoke", "--only", "scale"]) == 0
+    assert bench_main(["--smoke", "--only", name]) == 0
     out = capsys.readouterr().out
-    assert re.search(rf"KAI Scheduler, default actions\s+5\s+40(\s+\S+){{3}}\s+{RATIO}", out), out
+    for pattern in expected:
+        assert re.search(pattern, out), out

@@ -24,15 +24,22 @@ from bench.kai import (
     BINDER_PLUGINS,
     BINPACK_ONLY_PLUGINS,
     COMPONENTS,
+    KAI_PODGROUPS_PATH,
+    KAI_TOPOLOGIES_PATH,
     OPERATOR_CLIENT,
     PIN_FILE,
     PLACEMENT,
     PLUGIN_PRIORITIES,
+    POD_GROUP_ANNOTATION,
+    PODGROUPER_PRIORITY_CLASS,
     SCENARIO_SEARCH_BUDGETS,
+    SKIP_PODGROUPER_ANNOTATION,
     SPREAD_ONLY_PLUGINS,
     component_args,
     find_kai,
     kai_directory,
+    kai_pod_group,
+    kai_topology,
     read_pin,
     source_tree,
 )
@@ -158,3 +165,62 @@ def test_every_flag_given_is_one_the_built_component_knows(name: str, tmp_path: 
     given = component_args(name, Path("/c.yaml"), {"metrics": 1, "probe": 2})
     flags = {flag[2:].split("=", 1)[0] for flag in given if flag.startswith("--")}
     assert flags <= known, flags - known
+
+
+CRDS = "deployments/kai-scheduler/crds"
+
+
+def crd_schema(file: str, version: str) -> dict[str, object]:
+    """The openAPIV3Schema of ``version`` in one of the chart's CRDs."""
+    crd = yaml.safe_load(go_source(f"{CRDS}/{file}"))
+    served = {v["name"]: v for v in crd["spec"]["versions"]}
+    assert served[version]["served"], f"{file} does not serve {version}"
+    schema: dict[str, object] = served[version]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def unknown_fields(value: object, schema: dict[str, object], where: str = "") -> list[str]:
+    """Every key of ``value`` its schema does not declare (metadata is the apiserver's)."""
+    if isinstance(value, list):
+        items = schema.get("items")
+        return (
+            [bad for item in value for bad in unknown_fields(item, items, f"{where}[]")]
+            if isinstance(items, dict)
+            else []
+        )
+    if not isinstance(value, dict):
+        return []
+    properties = schema.get("properties")
+    if not isinstance(properties, dict):
+        return []  # a free-form object
+    missing = [f"{where}.{key}" for key in value if key not in properties]
+    return missing + [
+        bad
+        for key, item in value.items()
+        if key in properties and key != "metadata"
+        for bad in unknown_fields(item, properties[key], f"{where}.{key}")
+    ]
+
+
+def test_the_topology_and_pod_group_a_gang_gets_use_only_fields_of_kais_crds() -> None:
+    topology = kai_topology("racks", ["example.com/block", "example.com/rack", "kubernetes.io/hostname"])
+    group = kai_pod_group("ns", "g", "train", 4, "racks", "example.com/rack")
+    for obj, file in (
+        (topology, "kai.scheduler_topologies.yaml"),
+        (group, "scheduling.run.ai_podgroups.yaml"),
+    ):
+        group_name, version = obj["apiVersion"].split("/")
+        crd = yaml.safe_load(go_source(f"{CRDS}/{file}"))
+        assert (crd["spec"]["group"], crd["spec"]["names"]["kind"]) == (group_name, obj["kind"])
+        assert unknown_fields(obj, crd_schema(file, version)) == []
+    scope = yaml.safe_load(go_source(f"{CRDS}/kai.scheduler_topologies.yaml"))["spec"]["scope"]
+    assert scope == "Cluster" and KAI_TOPOLOGIES_PATH.endswith("/v1alpha1/topologies")
+    assert KAI_PODGROUPS_PATH.startswith("/apis/scheduling.run.ai/v2alpha2/")
+
+
+def test_a_members_annotations_and_the_priority_class_are_kais_constants() -> None:
+    constants = go_constants(go_source("pkg/common/constants/constants.go"))
+    assert constants["PodGroupAnnotationForPod"] == POD_GROUP_ANNOTATION
+    assert constants["SkipPodGrouperAnnotation"] == SKIP_PODGROUPER_ANNOTATION
+    grouper = go_constants(go_source("pkg/podgrouper/podgrouper/plugins/constants/constants.go"))
+    assert grouper["TrainPriorityClass"] == PODGROUPER_PRIORITY_CLASS
