@@ -421,12 +421,8 @@ class GpuInventory:
                 device = self.devices.get(key) or self.partitions.get(key)
                 if device is None:
                     continue
-                if key in self.partitions:
-                    milli = device.memory_bytes  # a partition's share, in thousandths
-                elif consumed is None:
-                    milli = GPU_MILLI
-                else:
-                    milli = fraction_milli(consumed, device.memory_bytes)
+                # A partition's share, in thousandths, is its memory_bytes.
+                milli = device.memory_bytes if key in self.partitions else _holder_milli(consumed, device)
                 held.append((key, device, milli / consumers))
         return held
 
@@ -461,7 +457,7 @@ class GpuInventory:
         for key in self.node_devices.get(node, []):
             device = self.devices[key]
             milli = sum(
-                GPU_MILLI if consumed is None else fraction_milli(consumed, device.memory_bytes)
+                _holder_milli(consumed, device)
                 for claim, consumed in self.device_holders.get(key, {}).items()
                 if claim not in accounted
             )
@@ -470,10 +466,7 @@ class GpuInventory:
         return tuple(shares)
 
     def _device_used_milli(self, key: DeviceKey, device: GpuDevice) -> int:
-        held = sum(
-            GPU_MILLI if consumed is None else fraction_milli(consumed, device.memory_bytes)
-            for consumed in self.device_holders.get(key, {}).values()
-        )
+        held = sum(_holder_milli(consumed, device) for consumed in self.device_holders.get(key, {}).values())
         counter_set = self.whole_gpu_sets.get(key)
         if counter_set is not None:  # its allocated MIG placements
             held += sum(
@@ -753,3 +746,8 @@ class GpuInventory:
         self.assumed_nodes[key] = node
         if pod is not None:
             self._pod_changed(key, None, pod)
+
+
+def _holder_milli(consumed: int | None, device: GpuDevice) -> int:
+    """Thousandths of a whole GPU one claim holds: all of it, or the memory it consumes."""
+    return GPU_MILLI if consumed is None else fraction_milli(consumed, device.memory_bytes)

@@ -490,10 +490,7 @@ class ClusterSnapshot:
         self._pod_changes[key] = None
         node = self.nodes.get(pod.node)
         if node is not None:  # (none: its node's GPUs went from the picture; nothing comes free)
-            free = list(node.free_milli)
-            for index, milli in pod.gpus:
-                free[index] = min(GPU_MILLI, free[index] + milli)
-            self._node_changes[pod.node] = _with_free(node, free, pod.cpu_milli, pod.memory_mib)
+            self._node_changes[pod.node] = _with_freed(node, pod.gpus, pod.cpu_milli, pod.memory_mib)
         self._move(pod.queue, pod.resources, -1.0, pod.preemptible)
         return pod
 
@@ -501,13 +498,8 @@ class ClusterSnapshot:
         """Count the shares no pod of their node holds (`unaccounted`) as free."""
         for name, shares in self.unaccounted.items():
             node = self.nodes.get(name)
-            if node is None:
-                continue
-            free = list(node.free_milli)
-            for index, milli in shares:
-                if index < len(free):
-                    free[index] = min(GPU_MILLI, free[index] + milli)
-            self._node_changes[name] = _with_free(node, free)
+            if node is not None:
+                self._node_changes[name] = _with_freed(node, shares)
 
     def fits_without(self, node: str, demand: GpuDemand, gone: Iterable[RunningPod]) -> bool:
         """Would `demand` fit on `node` with these of its pods off it? (cheap: no fork)"""
@@ -596,6 +588,18 @@ def take(node: NodeGpus, demand: GpuDemand, gpus: tuple[int, ...]) -> tuple[Node
     for index in gpus:
         free[index] -= demand.milli
     return _with_free(node, free, -demand.cpu_milli, -demand.memory_mib), gpus
+
+
+def _with_freed(
+    node: NodeGpus, shares: Iterable[tuple[int, int]], cpu_milli: int = 0, memory_mib: int = 0
+) -> NodeGpus:
+    """`node` with the (GPU index, thousandths) `shares` free again, each GPU at most whole, and
+    `cpu_milli` and `memory_mib` more free (`_with_free`)."""
+    free = list(node.free_milli)
+    for index, milli in shares:
+        if index < len(free):
+            free[index] = min(GPU_MILLI, free[index] + milli)
+    return _with_free(node, free, cpu_milli, memory_mib)
 
 
 def _with_free(node: NodeGpus, free: list[int], cpu_milli: int = 0, memory_mib: int = 0) -> NodeGpus:
