@@ -36,6 +36,7 @@ import functools
 import io
 import json
 import logging
+import math
 import os
 import pstats
 import sys
@@ -383,6 +384,7 @@ class BoundPods:
     bound: dict[str, str] = field(default_factory=dict)  # pod name -> queue label ("" without)
     nodes: dict[str, str] = field(default_factory=dict)  # pod name -> the node it was bound to
     deleted: dict[str, str] = field(default_factory=dict)  # likewise, once gone
+    bound_at: dict[str, float] = field(default_factory=dict)  # pod name -> when first seen bound (monotonic)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     def per_queue(self) -> dict[str, int]:
@@ -411,6 +413,7 @@ class BoundPods:
                     else:
                         self.bound[name] = queue
                         self.nodes[name] = pod["spec"]["nodeName"]
+                        self.bound_at.setdefault(name, time.monotonic())
                     self.changed.notify_all()
 
     async def wait_for(self, condition: Callable[[BoundPods], bool], timeout: float, what: str) -> float:
@@ -603,6 +606,15 @@ class BenchCluster:
 
         await wait_until(claims_gone, timeout=timeout, interval=0.5, what=f"the claims of {namespace} to go")
         await request(self.api, "DELETE", f"/api/v1/namespaces/{namespace}")
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """The nearest-rank percentile: the smallest value with at least ``pct`` % of the values at or
+    below it (p95 of 10 samples is the 10th smallest, of 20 the 19th)."""
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
 
 
 @contextlib.asynccontextmanager

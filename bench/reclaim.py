@@ -60,6 +60,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import random
 import re
 import sys
@@ -101,6 +102,7 @@ from .e2e import (
     bounded,
     gpu_pod,
     kai_running,
+    percentile,
     seconds_list,
     slice_layout,
     watching,
@@ -223,12 +225,43 @@ class ChurnResult:
     actions: str = ""  # evictions by action (`by_action`)
     lost_gpu_s: float = 0.0  # GPU-seconds the evicted pods had run (single-GPU pods): work lost
     done_gpu_s: float = 0.0  # GPU-seconds of the pods that ran their whole runtime
+    held_gpu_s: float = 0.0  # GPU-seconds of the pods still running at the end, up to then
+    waits_s: tuple[float, ...] = ()  # each churn queue's pod bound: from its create to its bind
+    base_evictions: int = 0  # of `evictions`, the base borrower's pods (ChurnBase; 0 without)
 
     @property
     def lost_pct(self) -> float:
-        """Work lost as a share of the GPU time the churn's pods used (lost + done)."""
-        used = self.lost_gpu_s + self.done_gpu_s
+        """Work lost as a share of the GPU time the churn's pods used (lost + done + held)."""
+        used = self.lost_gpu_s + self.done_gpu_s + self.held_gpu_s
         return 100 * self.lost_gpu_s / used if used else 0.0
+
+    @property
+    def lost_per_eviction_s(self) -> float:
+        """GPU-seconds an evicted pod had run, on average."""
+        return self.lost_gpu_s / self.evictions if self.evictions else 0.0
+
+    def wait_s(self, pct: float) -> float:
+        """The churn queues' pods' time from create to bind at the ``pct`` percentile (nearest
+        rank); 0 when none bound."""
+        return percentile(self.waits_s, pct) if self.waits_s else 0.0
+
+
+CHURN_BASE_QUEUE = "bench-churn-base"
+
+
+@dataclass(frozen=True)
+class ChurnBase:
+    """A borrower that holds every GPU when the churn's clock starts: at hundreds of nodes the
+    churn's short pods, created a few per second, never fill the cluster, and nothing would
+    contend (``bench.scale``). Its queue has no quota, so every pod a churn queue starts within
+    its quota reclaims one of the base's; its ``pods`` one-GPU pods run past the churn's end, and
+    it keeps ``backlog`` pending throughout, so a GPU that frees goes back to it unless a churn
+    queue's pod is owed it. The fill waits ``fill_timeout`` seconds at most."""
+
+    queue: str
+    pods: int
+    backlog: int
+    fill_timeout: float
 
 
 def reclaim_table(result: ReclaimResult) -> str:
@@ -271,6 +304,14 @@ def reclaim_table(result: ReclaimResult) -> str:
     return f"{format_table(headers, rows)}\n{slices}\n{probe}\n{anchor}"
 
 
+def _evictions_cell(result: ChurnResult) -> str:
+    """Evictions, by action when told, and how many were of the base's pods when it ran."""
+    notes = [result.actions] if result.actions else []
+    if result.base_evictions:
+        notes.append(f"{result.base_evictions} of the base")
+    return f"{result.evictions} ({'; '.join(notes)})" if notes else str(result.evictions)
+
+
 def churn_table(results: Sequence[ChurnResult]) -> str:
     """One row per contender of the same churn, then each evictions-undone pair."""
     headers = [
@@ -282,8 +323,10 @@ def churn_table(results: Sequence[ChurnResult]) -> str:
         "evictions",
         "undone (ping-pong)",
         "reverse reclaims",
+        "pod wait p50 / p95 s",
         "max plan ratio",
         "work lost GPU-s",
+        "per eviction s",
     ]
     rows = [
         [
@@ -292,11 +335,13 @@ def churn_table(results: Sequence[ChurnResult]) -> str:
             f"{result.seconds:.0f}",
             str(result.submitted),
             str(result.completed),
-            f"{result.evictions} ({result.actions})" if result.actions else str(result.evictions),
+            _evictions_cell(result),
             str(result.undone),
             str(result.reverse),
+            f"{result.wait_s(50):.1f} / {result.wait_s(95):.1f}" if result.waits_s else "-",
             "-" if result.max_ratio is None else f"{result.max_ratio:.2f}",
             f"{result.lost_gpu_s:.0f} ({result.lost_pct:.1f}%)",
+            f"{result.lost_per_eviction_s:.1f}",
         ]
         for result in results
     ]
@@ -704,18 +749,41 @@ async def _churn(
     seed: int,
     complete: Callable[[str, Sequence[str]], Awaitable[None]] | None = None,
     contender: ChurnContender = TESSERA_CHURN,
+    base: ChurnBase | None = None,
 ) -> ChurnResult:
     """The churn, its pods for `contender`'s scheduler; a pod that ran its runtime is completed by
-    `complete(namespace, names)` (default: deleted, as a finished bare pod's owner would)."""
+    `complete(namespace, names)` (default: deleted, as a finished bare pod's owner would). With
+    `base`, its borrower fills every GPU before the clock starts."""
     complete = complete or bench.delete_pods
     rng = random.Random(seed)
     spells = {queue: Spells(random.Random(rng.random())) for queue in queues}
     queue_of: dict[str, str] = {}
     runtime: dict[str, float] = {}
+    created: dict[str, float] = {}
     first_bound: dict[str, float] = {}
     gone_at: dict[str, float] = {}  # when a bound pod that did not finish was seen gone
     finished: set[str] = set()
+
+    async def top_up(queue: str, pending_at_most: int, runtime_of: Callable[[], float]) -> None:
+        pending = sum(1 for n, q in queue_of.items() if q == queue and n not in first_bound)
+        fresh = [f"{queue[-1]}-{len(queue_of) + i:05d}" for i in range(pending_at_most - pending)]
+        for name in fresh:
+            queue_of[name] = queue
+            runtime[name] = runtime_of()
+            created[name] = time.monotonic()
+        if fresh:
+            await _submit(bench, namespace, contender.scheduler, fresh, queue, None)
+
     async with watching(bench.api, namespace) as tracker:
+        if base is not None:
+            asked = time.monotonic()
+            await top_up(base.queue, base.pods, lambda: math.inf)
+            filled = await tracker.wait_for(
+                lambda t: t.per_queue().get(base.queue, 0) >= base.pods,
+                base.fill_timeout,
+                f"the base's {base.pods} pods bound",
+            )
+            log.info("%s: the base holds every GPU after %.1fs", contender.setup, filled - asked)
         deadline = time.monotonic() + seconds
         while (now := time.monotonic()) < deadline:
             for name in list(tracker.bound):
@@ -723,15 +791,10 @@ async def _churn(
             for name in tracker.deleted.keys() - finished - gone_at.keys():
                 gone_at[name] = now
             for queue, spell in spells.items():
-                if not spell.update(now):
-                    continue
-                pending = [n for n, q in queue_of.items() if q == queue and n not in first_bound]
-                fresh = [f"{queue[-1]}-{len(queue_of) + i:05d}" for i in range(backlog - len(pending))]
-                for name in fresh:
-                    queue_of[name] = queue
-                    runtime[name] = rng.uniform(10, 40)
-                if fresh:
-                    await _submit(bench, namespace, contender.scheduler, fresh, queue, None)
+                if spell.update(now):
+                    await top_up(queue, backlog, lambda: rng.uniform(10, 40))
+            if base is not None:
+                await top_up(base.queue, base.backlog, lambda: math.inf)
             done = [
                 n
                 for n, at in first_bound.items()
@@ -740,10 +803,14 @@ async def _churn(
             finished.update(done)
             await complete(namespace, done)
             await asyncio.sleep(0.5)
+        stop = time.monotonic()
+        held = [n for n in tracker.bound if n in first_bound and n not in finished]
+        bound_at = dict(tracker.bound_at)
     evictions = await contender.evictions(bench, namespace, queue_of)
     max_ratio = await contender.plan_ratio(bench, namespace)
     end = time.monotonic()
     victims = {eviction.victim for eviction in evictions}
+    in_churn = set(queues)
     return ChurnResult(
         contender.setup,
         seconds,
@@ -758,6 +825,13 @@ async def _churn(
         actions=by_action(evictions),
         lost_gpu_s=sum(gone_at.get(v, end) - first_bound[v] for v in victims if v in first_bound),
         done_gpu_s=sum(runtime[name] for name in finished),
+        held_gpu_s=sum(stop - first_bound[name] for name in held),
+        waits_s=tuple(
+            bound_at[name] - created[name]
+            for name, queue in queue_of.items()
+            if queue in in_churn and name in bound_at
+        ),
+        base_evictions=sum(eviction.victim_queue == base.queue for eviction in evictions) if base else 0,
     )
 
 
@@ -769,23 +843,30 @@ async def churn_contest(
     backlog: int,
     kai: bool,
     complete: Callable[[str, Sequence[str]], Awaitable[None]] | None = None,
+    base_fill_timeout: float | None = None,
 ) -> list[ChurnResult]:
     """The same churn (seed 1) with Tessera, then with KAI's default actions when `kai`, each in a
     namespace of its own, on `queues` queues that share the GPUs equally. They take the place of
     the rounds' queues `replaced` (in KAI's mirror too), so the quotas sum to the cluster in both,
     as the rounds' did: KAI does not reclaim for a queue within its quota while quotas add up to
-    more than the cluster."""
+    more than the cluster. With `base_fill_timeout`, each churn starts from a cluster that a
+    borrower with no quota fills (`ChurnBase`, the queue CHURN_BASE_QUEUE), waiting that long at
+    most."""
     gpus = len(bench.nodes) * GPUS_PER_NODE
     names = [f"bench-churn-{chr(ord('a') + i)}" for i in range(queues)]
     for name in replaced:
         await request(bench.api, "DELETE", f"{QUEUES_PATH}/{name}")
     specs = await _create_queues(bench, names, gpus // queues)
+    base = None
+    if base_fill_timeout is not None:
+        specs += await _create_queues(bench, [CHURN_BASE_QUEUE], 0)
+        base = ChurnBase(CHURN_BASE_QUEUE, gpus, backlog, base_fill_timeout)
     if kai and bench.kai is not None:
         await bench.kai.replace_queues(bench.api, replaced, specs)
     results = []
     for contender in (TESSERA_CHURN, *((KAI_CHURN,) if kai else ())):
         namespace = await bench.new_namespace("churn")
-        run = _churn(bench, namespace, names, seconds, backlog, 1, complete, contender)
+        run = _churn(bench, namespace, names, seconds, backlog, 1, complete, contender, base)
         if contender is KAI_CHURN:
             async with kai_running(bench, DEFAULT_ACTIONS):
                 results.append(await run)

@@ -32,13 +32,20 @@ any extender costs the fill; it reclaims as plain does, by priority; ``--no-floo
 out) and, when ``hack/build-kai.sh`` built it, KAI Scheduler with its operator's configuration
 (``bench.kai``).
 ``--rounds N`` alternates them (``bench.e2e.compare``); each figure is the median over the rounds,
-with its ratio against plain's median in the same run.
+with its ratio against plain's median in the same run (``--rounds 0``: none, the churn only).
 
 (c) **churn**, after the rounds, with Tessera and then with KAI's default actions when it was
 built (``--churn-s``; 600 s at full size): three queues with equal quotas alternate busy and idle
-spells (``bench.reclaim``'s churn, the same seed for both), each pod running 10-40 s; counted are
-evictions, evictions undone (a reclaimed GPU taken back for the queue it came from; target 0) and
-the work lost (GPU-seconds the evicted pods had run, against the GPU time used).
+spells (``bench.reclaim``'s churn, the same seed for both), each pod running 10-40 s. The churn's
+pods alone never contend at this size (created a few a second, they keep a few hundred of the
+thousands of GPUs busy), so each churn starts from a full cluster: a **base** borrower, a queue
+with no quota, first fills every GPU with one-GPU pods that outlast the churn and keeps a backlog
+pending throughout (``bench.reclaim.ChurnBase``). Every churn pod started within its queue's
+quota then reclaims a GPU, mostly from the base, and each GPU that frees goes back to the base
+unless a churn queue is owed it. Counted are evictions (of them the base's), evictions undone (a
+reclaimed GPU taken back for the queue it came from; target 0), the churn pods' wait from create
+to bind (p50, p95), and the work lost (GPU-seconds the evicted pods had run in the churn, against
+the GPU time used, the base's included, and per eviction).
 
 Anchors: KAI Scheduler's nightly 500-node suite fills the cluster at about 10 single-GPU jobs/s
 (4000 in 6 min 38 s) and averages 13.9 s to reclaim one GPU for a starved queue.
@@ -51,7 +58,6 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import statistics
 import sys
 import time
@@ -76,6 +82,7 @@ from .e2e import (
     bench_parser,
     bounded,
     compare,
+    percentile,
     seconds_list,
     watching,
 )
@@ -112,15 +119,6 @@ JOBS_PATH = "/apis/batch/v1/namespaces/{namespace}/jobs"
 
 
 # -- pure helpers ------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], pct: float) -> float:
-    """The nearest-rank percentile: the smallest value with at least ``pct`` % of the values at or
-    below it (p95 of 10 samples is the 10th smallest, of 20 the 19th)."""
-    if not values:
-        raise ValueError("no values")
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
 
 
 @dataclass(frozen=True)
@@ -492,15 +490,22 @@ async def run_scale(
         backlog = min(gpus // CHURN_QUEUES, CHURN_BACKLOG)
         churn = (
             await churn_contest(
-                bench, (QUEUE_A, QUEUE_B), CHURN_QUEUES, churn_s, backlog, bool(variants), kubelet.succeed
+                bench,
+                (QUEUE_A, QUEUE_B),
+                CHURN_QUEUES,
+                churn_s,
+                backlog,
+                bool(variants),
+                kubelet.succeed,
+                base_fill_timeout=fill_timeout,
             )
             if churn_s > 0
             else []
         )
     loads.append(_loadavg())
     contenders = [
-        Figures("plain kube-scheduler", contest.plain),
-        Figures("kube-scheduler + Tessera", contest.tessera),
+        *((Figures("plain kube-scheduler", contest.plain),) if contest.plain else ()),
+        *((Figures("kube-scheduler + Tessera", contest.tessera),) if contest.tessera else ()),
         *((Figures(FLOOR_LABEL, contest.floor),) if contest.floor else ()),
         *(Figures(label, runs) for label, runs in contest.kai.items() if runs),
     ]
@@ -546,10 +551,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\n[13] scale: {nodes} nodes x {GPUS_PER_NODE} GPUs (slices written, one light kubelet), "
         f"{args.rounds} round(s); load {' -> '.join(result.loads)}"
     )
-    print(scale_table(result))
+    print(scale_table(result) if result.contenders else "no rounds (--rounds 0): the churn only")
     if result.churn:
         first = result.churn[0]
-        print(f"\nchurn: {first.queues} queues with equal quotas, {first.seconds:.0f} s, the same seed each")
+        print(
+            f"\nchurn: {first.queues} queues with equal quotas, {first.seconds:.0f} s, the same seed each, "
+            f"from every GPU held by a borrower with no quota (the base)"
+        )
         print(churn_table(result.churn))
     print(json.dumps(figures_json(result)))
     return 0

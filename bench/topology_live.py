@@ -90,6 +90,7 @@ from .e2e import (
     bounded,
     gpu_pod,
     kai_running,
+    percentile,
     tessera_running,
     watching,
 )
@@ -103,7 +104,7 @@ from .kai import (
 )
 from .reclaim import _clear as clear_jobs
 from .reclaim import _create_queues, as_job
-from .scale import LightKubelet, _loadavg, light_kubelet, percentile
+from .scale import LightKubelet, _loadavg, light_kubelet
 from .topologywaits import GANG_GPUS, draw_gangs
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,8 @@ CASES = [
     ("packing", r"end to end - simulated as deployed: [+-]\d+\.\d\d points"),
     # 5 nodes (40 GPUs) filled with 40 jobs by each; plain and the do-nothing extender cannot
     # free a DRA-claimed GPU in their 5 s, Tessera reclaims one GPU per sample (evicting one);
-    # Tessera's fill against the floor's; then churn, with the work lost.
+    # Tessera's fill against the floor's; then churn from a cluster the base fills, with the
+    # work lost and the lost GPU-s per eviction.
     (
         "scale",
         rf"plain kube-scheduler\s+5\s+40(\s+\S+){{3}}\s+1\.00x\s+not in 5\s+-\s+-\s+-(\s+\S+){{3}}\s+1\.00x\n"
@@ -57,7 +58,7 @@ CASES = [
         rf"kube-scheduler \+ do-nothing extender\s+5\s+40(\s+\S+){{3}}\s+{RATIO}\s+not in 5\s+-\s+-\s+-"
         rf"(\s+\S+){{3}}\s+{RATIO}\n"
         rf"Tessera / floor, fill: {RATIO}"
-        r"[\s\S]*churn: 3 queues[\s\S]*\d+ \(\d+\.\d%\)",
+        r"[\s\S]*churn: 3 queues.*from every GPU held by a borrower[\s\S]*\d+ \(\d+\.\d%\)\s+\d+\.\d",
     ),
     # 2 nodes in 2 racks, 3 gangs of 2-6 GPUs preferring a rack: each started in one of them or
     # both (racks per gang 1.00-2.00); no KAI, so no ratio, and the line says so.

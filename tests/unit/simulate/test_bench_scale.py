@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.e2e import FLOOR_LABEL, CpuUse
+from bench.e2e import FLOOR_LABEL, CpuUse, percentile
 from bench.reclaim import ChurnResult, churn_table
-from bench.scale import Figures, ScaleResult, ScaleRun, figures_json, percentile, scale_table
+from bench.scale import Figures, ScaleResult, ScaleRun, figures_json, scale_table
 
 
 @pytest.mark.parametrize(
@@ -133,6 +133,36 @@ def test_the_churns_work_lost_is_a_share_of_the_gpu_time_used() -> None:
     # KAI's events do not tell what a plan needed: its ratio reads "-".
     kai = ChurnResult("KAI", 60.0, 3, 100, 40, 6, 1, 2, None, lost_gpu_s=60.0, done_gpu_s=240.0)
     tessera_row, kai_row = churn_table([churn, kai]).splitlines()[2:4]
-    assert tessera_row.split()[-3:] == ["1.00", "30", "(10.0%)"]
-    assert kai_row.split()[-3:] == ["-", "60", "(20.0%)"]
+    # max plan ratio, work lost, per eviction: 30 GPU-s over 5 evictions = 6.0 s each.
+    assert tessera_row.split()[-4:] == ["1.00", "30", "(10.0%)", "6.0"]
+    assert kai_row.split()[-4:] == ["-", "60", "(20.0%)", "10.0"]
     assert ChurnResult("Tessera", 1.0, 3, 0, 0, 0, 0, 0, 0.0).lost_pct == 0.0  # nothing ran: no share
+
+
+def test_a_churn_from_a_full_cluster_counts_the_base_s_time_and_the_churn_pods_waits() -> None:
+    # The base's pods still running at the end held 9700 GPU-s of the churn: used is
+    # 30 + 270 + 9700 = 10000, so the 30 GPU-s lost are 0.3%. Of 4 evictions 3 were the base's.
+    # The churn pods' waits 1, 2, 3, 10 s: p50 is the 2nd smallest (2.0), p95 the 4th (10.0).
+    churn = ChurnResult(
+        "Tessera",
+        60.0,
+        3,
+        100,
+        40,
+        4,
+        0,
+        0,
+        1.0,
+        actions="",
+        lost_gpu_s=30.0,
+        done_gpu_s=270.0,
+        held_gpu_s=9700.0,
+        waits_s=(3.0, 1.0, 10.0, 2.0),
+        base_evictions=3,
+    )
+    assert churn.lost_pct == 0.3
+    assert (churn.wait_s(50), churn.wait_s(95)) == (2.0, 10.0)
+    row = churn_table([churn]).splitlines()[2].split()
+    assert row[5:9] == ["4", "(3", "of", "the"]  # evictions, of them the base's
+    assert row[-6:-4] == ["/", "10.0"]  # wait p50 / p95
+    assert ChurnResult("KAI", 1.0, 3, 0, 0, 0, 0, 0, None).wait_s(95) == 0.0  # no pod bound: no wait
