@@ -44,7 +44,10 @@ with theirs; nothing is borrowed, so nothing is reclaimed.
 first; racks spanned per gang (the distinct racks of the nodes its pods were bound to when its
 last member bound), mean and max, and the mean over the gangs every contender started; gang time
 to start (from the first create of the gang, its PodGroup for KAI, to its last member bound),
-mean and p95 (nearest rank); pods of the round the scheduler deleted (evictions: the bench
+mean and p95 (nearest rank); gangs **spread although one rack held them** (over several racks
+while, when the gang started, one rack had room for all its members on the GPUs the lone pods
+and the gangs still running left: the spread a placement could have avoided then, as against
+the spread the history forced); pods of the round the scheduler deleted (evictions: the bench
 deletes none before the round ends), lone pods and gang members apart. The ratio line is
 Tessera's mean racks per gang over KAI's (the issue's target: at most 1.00x), on every gang each
 started and on the gangs both started. ``--rounds N`` alternates the contenders and pools their
@@ -213,14 +216,45 @@ def racks_spanned(nodes: Iterable[str], rack_of: Mapping[str, str]) -> int:
     return len({rack_of[node] for node in nodes})
 
 
+def free_gpus(
+    nodes: Iterable[str], lone: Iterable[LonePod], running: Iterable[tuple[LiveGang, Sequence[str]]]
+) -> dict[str, int]:
+    """Each node's GPUs left by the lone pods and the gangs `running` (each with its members'
+    nodes)."""
+    free = dict.fromkeys(nodes, GPUS_PER_NODE)
+    for pod in lone:
+        free[pod.node] -= 1
+    for gang, placed in running:
+        for node in placed:
+            free[node] -= gang.per_member
+    return free
+
+
+def largest_rack_room(free: Mapping[str, int], rack_of: Mapping[str, str], per_member: int) -> int:
+    """The most members of `per_member` GPUs one rack holds, on the nodes' `free` GPUs."""
+    room: dict[str, int] = {}
+    for node, gpus in free.items():
+        room[rack_of[node]] = room.get(rack_of[node], 0) + gpus // per_member
+    return max(room.values(), default=0)
+
+
 @dataclass(frozen=True)
 class GangStart:
-    """A gang that started: its GPUs, how long it waited, the racks its pods landed in."""
+    """A gang that started: its GPUs, how long it waited, the racks its pods landed in, and the
+    most of its members one rack held when it started (the GPUs the lone pods and the gangs still
+    running left it; -1: not known)."""
 
     name: str
     gpus: int
     waited_s: float
     racks: int
+    rack_room: int = -1
+    members: int = 0
+
+    @property
+    def spread_needlessly(self) -> bool:
+        """Over several racks although one held all its members when it started."""
+        return self.racks > 1 and self.rack_room >= self.members > 0
 
 
 @dataclass(frozen=True)
@@ -257,6 +291,11 @@ class ContenderRun:
     @property
     def wait_p95_s(self) -> float:
         return percentile([g.waited_s for g in self.started], 95) if self.started else 0.0
+
+    @property
+    def spread_needlessly(self) -> int:
+        """Gangs over several racks although one held them all when they started."""
+        return sum(g.spread_needlessly for g in self.started)
 
     def racks_mean_of(self, names: set[str]) -> float:
         """Mean racks spanned over the gangs named (each started in every round: pooled)."""
@@ -317,6 +356,7 @@ def live_table(runs: Sequence[ContenderRun]) -> str:
         f"mean on the {len(common)} all started",
         "start mean s",
         "start p95 s",
+        "spread, one rack held it",
         "evicted: lone pods",
         "gang pods",
     ]
@@ -329,6 +369,7 @@ def live_table(runs: Sequence[ContenderRun]) -> str:
             f"{run.racks_mean_of(common):.2f}",
             f"{run.wait_mean_s:.1f}",
             f"{run.wait_p95_s:.1f}",
+            str(run.spread_needlessly),
             str(run.evicted_lone),
             str(run.evicted_members),
         ]
@@ -471,6 +512,7 @@ async def run_contender(
     when every gang started or ``timeout_s`` after the first gang's arrival."""
     started: list[GangStart] = []
     finishing: list[asyncio.Task[None]] = []
+    running: dict[str, tuple[LiveGang, list[str]]] = {}  # gang -> its members' nodes, until it ends
     async with watching(bench.api, namespace) as tracker:
         lone = len(workload.lone)
         await _create_lone(bench, namespace, contender, workload.lone)
@@ -483,6 +525,7 @@ async def run_contender(
         async def finish(gang: LiveGang) -> None:
             await asyncio.sleep(gang.duration_s)
             await kubelet.succeed(namespace, gang.pod_names())
+            running.pop(gang.name, None)  # (its GPUs counted busy until its pods have ended)
 
         async def start(gang: LiveGang) -> None:
             await asyncio.sleep(max(0.0, first + gang.arrival_s - time.monotonic()))
@@ -496,8 +539,12 @@ async def run_contender(
             except TimeoutError:
                 log.info("%s: gang %s not started by the deadline", contender.label, gang.name)
                 return
-            racks = racks_spanned((tracker.nodes[name] for name in names), rack_of)
-            started.append(GangStart(gang.name, gang.gpus, bound - created, racks))
+            placed = [tracker.nodes[name] for name in sorted(names)]
+            racks = racks_spanned(placed, rack_of)
+            free = free_gpus(rack_of, workload.lone, running.values())
+            room = largest_rack_room(free, rack_of, gang.per_member)
+            running[gang.name] = (gang, placed)
+            started.append(GangStart(gang.name, gang.gpus, bound - created, racks, room, gang.members))
             log.info(
                 "%s: gang %s started after %.1fs in %d rack(s)",
                 contender.label,

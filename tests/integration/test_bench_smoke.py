@@ -61,11 +61,12 @@ CASES = [
         r"[\s\S]*churn: 3 queues.*from every GPU held by a borrower[\s\S]*\d+ \(\d+\.\d%\)\s+\d+\.\d",
     ),
     # 2 nodes in 2 racks, 3 gangs of 2-6 GPUs preferring a rack: each started in one of them or
-    # both (racks per gang 1.00-2.00); no KAI, so no ratio, and the line says so.
+    # both (racks per gang 1.00-2.00), with the count of those over both while one held them;
+    # no KAI, so no ratio, and the line says so.
     (
         "topology_live",
         r"kube-scheduler \+ Tessera, preferred rack\s+3 / 3\s+[12]\.\d\d\s+[12]\s+[12]\.\d\d"
-        r"(\s+\d+\.\d){2}\s+\d+\s+\d+\n"
+        r"(\s+\d+\.\d){2}\s+\d+\s+\d+\s+\d+\n"
         r"Tessera / KAI racks per gang: not measured \(KAI did not race\)",
     ),
 ]

@@ -21,6 +21,10 @@ from bench.topology_live import (
     Contender,
     ContenderRun,
     GangStart,
+    LiveGang,
+    LonePod,
+    free_gpus,
+    largest_rack_room,
     live_table,
     live_workload,
     pooled,
@@ -112,6 +116,29 @@ def test_figures_of_a_run_and_the_ratio_on_all_and_on_the_gangs_both_started() -
     assert table.splitlines()[3].split()[-2:] == ["1", "2"]  # KAI's evictions: lone, gang pods
     worse = ContenderRun(KAI, 3, (GangStart("a", 8, 2.0, 1),))
     assert "target at most 1.00x: no" in live_table([tessera, worse])
+
+
+def test_a_gang_spread_although_one_rack_held_it_is_counted() -> None:
+    # Racks r0 (n0, n1) and r1 (n2, n3), 8 GPUs a node. Lone pods: 3 on n0, 1 on n2; gang g (2
+    # members x 4 GPUs) runs on n1 and n3. Free: n0 5, n1 4, n2 7, n3 4.
+    rack_of = {"n0": "r0", "n1": "r0", "n2": "r1", "n3": "r1"}
+    lone = [LonePod("l0", "n0"), LonePod("l1", "n0"), LonePod("l2", "n0"), LonePod("l3", "n2")]
+    running = [(LiveGang("g", 2, 4, 0.0, 60.0), ["n1", "n3"])]
+    free = free_gpus(rack_of, lone, running)
+    assert free == {"n0": 5, "n1": 4, "n2": 7, "n3": 4}
+    # 4-GPU members: r0 holds 5 // 4 + 4 // 4 = 2, r1 7 // 4 + 4 // 4 = 2; 2-GPU members: r0
+    # 2 + 2 = 4, r1 3 + 2 = 5.
+    assert largest_rack_room(free, rack_of, 4) == 2 and largest_rack_room(free, rack_of, 2) == 5
+    # A gang of 2 x 4 over both racks where one held both members: spread needlessly; one of 3 x 4
+    # (no rack held 3) or one kept in one rack: not.
+    needless = GangStart("a", 8, 1.0, 2, rack_room=2, members=2)
+    forced = GangStart("b", 12, 1.0, 2, rack_room=2, members=3)
+    kept = GangStart("c", 8, 1.0, 1, rack_room=2, members=2)
+    unknown = GangStart("d", 8, 1.0, 2)  # (no room recorded)
+    assert [g.spread_needlessly for g in (needless, forced, kept, unknown)] == [True, False, False, False]
+    run = ContenderRun(KAI, 4, (needless, forced, kept, unknown))
+    assert run.spread_needlessly == 1
+    assert live_table([run]).splitlines()[2].split()[-3:] == ["1", "0", "0"]
 
 
 def test_without_kai_the_ratio_says_it_was_not_measured() -> None:
