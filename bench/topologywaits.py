@@ -125,19 +125,29 @@ class SeedRow:
     mean_without_s: float
     racks_with: float
     racks_without: float
+    waits_with_s: tuple[float, ...] = ()  # each gang's wait, for the pooled p95
+    waits_without_s: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float:
         """p95 with the preference over without (equal waits: 1; none without, some with: inf)."""
-        if self.p95_with_s == self.p95_without_s:
-            return 1.0
-        return self.p95_with_s / self.p95_without_s if self.p95_without_s else float("inf")
+        return _ratio(self.p95_with_s, self.p95_without_s)
+
+
+def _ratio(with_s: float, without_s: float) -> float:
+    if with_s == without_s:
+        return 1.0
+    return with_s / without_s if without_s else float("inf")
+
+
+def p95(waits: Sequence[float]) -> float:
+    """The wait p95, nearest rank (as the simulator's gang table)."""
+    ordered = sorted(waits)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
 def _p95(result: QueueRunResult) -> float:
-    """The gangs' wait p95, nearest rank (as the simulator's gang table)."""
-    waits = sorted(gang.wait_s for gang in result.gangs)
-    return waits[min(len(waits) - 1, round(0.95 * (len(waits) - 1)))]
+    return p95([gang.wait_s for gang in result.gangs])
 
 
 def _mean_wait(result: QueueRunResult) -> float:
@@ -172,6 +182,8 @@ def run_seed(
         _mean_wait(plain),
         _mean_racks(asked),
         _mean_racks(plain),
+        tuple(gang.wait_s for gang in asked.gangs),
+        tuple(gang.wait_s for gang in plain.gangs),
     )
 
 
@@ -214,6 +226,20 @@ def table(rows: Sequence[SeedRow]) -> str:
     ]
     body.append(["mean", "", *(f"{m:.0f}" for m in means[:2]), "", *(f"{m:.0f}" for m in means[2:4])])
     body[-1].extend(f"{m:.2f}" for m in means[4:])
+    pooled_with = [wait for r in rows for wait in r.waits_with_s]
+    pooled_without = [wait for r in rows for wait in r.waits_without_s]
+    if pooled_with and pooled_without:
+        with_s, without_s = p95(pooled_with), p95(pooled_without)
+        body.append(
+            [
+                "pooled",
+                str(len(pooled_with)),
+                f"{with_s:.0f}",
+                f"{without_s:.0f}",
+                f"{_ratio(with_s, without_s):.2f}x",
+            ]
+            + [""] * 4
+        )
     return format_table(headers, body)
 
 
