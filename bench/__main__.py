@@ -27,7 +27,10 @@
 12. gangs preferring one rack, live, on 128 GPUs in 8 racks: racks spanned per gang and time to
    start, Tessera beside KAI Scheduler with its Topology (``bench.topology_live``): not in the full
    run either (``--only topology_live``: about 20 minutes a round of its three contenders); in
-   the smoke.
+   the smoke;
+13. the fragmented cluster: every GPU half used by a half-GPU pod, then a whole-GPU pod arrives:
+   time until it is bound and moves made, Tessera's consolidation beside KAI Scheduler's
+   (``bench.fragmented``): not in the full run (``--only fragmented``); in the smoke.
 
 Default sizes fit a 2-core machine in a few minutes; ``--full`` runs the sizes of the issue
 (hot path: 500 and 5000 nodes x 8 GPUs with 50,000 pods; 500 nodes / 4000 pods end to end;
@@ -58,6 +61,7 @@ from . import (
     codec,
     e2e,
     fairshare,
+    fragmented,
     history,
     history_weeks,
     packing,
@@ -96,8 +100,9 @@ BENCHMARKS = (
     "history_weeks",
     "scale",
     "topology_live",
+    "fragmented",
 )
-ON_A_CLUSTER = ("e2e", "reaction", "reclaim", "packing", "scale", "topology_live")
+ON_A_CLUSTER = ("e2e", "reaction", "reclaim", "packing", "scale", "topology_live", "fragmented")
 # The smoke's in-process sizes: one small cluster picture, a fraction of a second per hot-path case.
 SMOKE_NODES = [50]
 SMOKE_PODS = 400
@@ -280,6 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         failed |= scale.main(cluster_args) != 0
     if args.only == "topology_live" or (args.only is None and args.smoke and not args.no_cluster):
         failed |= topology_live.main(cluster_args) != 0
+    if args.only == "fragmented" or (args.only is None and args.smoke and not args.no_cluster):
+        failed |= fragmented.main(cluster_args) != 0
     return 1 if failed else 0
 
 

@@ -98,6 +98,14 @@ SKIP_PODGROUPER_ANNOTATION = "kai.scheduler/skip-podgrouper"  # constants.SkipPo
 PODGROUPER_PRIORITY_CLASS = "train"  # what the podgrouper gives bare pods and Jobs (TrainPriorityClass)
 NAMESPACES = ("kai-scheduler", "kai-resource-reservation", "kai-scale-adjust")
 RESERVATION = "kai-resource-reservation"
+# GPU sharing (bench.fragmented): a pod asks a fraction of one GPU by annotation; KAI's admission
+# webhook names the pod's shared-GPU ConfigMaps in another, which the binder needs; the binder
+# labels each fraction pod with its GPU group and reserves the group's GPU with a pod of its own
+# in RESERVATION, whose image writes the GPU it was given into an annotation on itself.
+GPU_FRACTION_ANNOTATION = "gpu-fraction"  # constants.GpuFraction
+SHARED_GPU_CONFIGMAP_ANNOTATION = "runai/shared-gpu-configmap"  # constants.GpuSharingConfigMapAnnotation
+GPU_GROUP_LABEL = "runai-gpu-group"  # constants.GPUGroup
+RESERVED_GPU_ANNOTATION = "run.ai/reserve_for_gpu_index"  # resourcereservation gpuIndexAnnotationName
 # The operator's SchedulingShard defaults at the pin (pkg/apis/kai/v1/schedulingshard_types.go):
 # priority of each plugin and action, higher runs first.
 PLUGIN_PRIORITIES = {

@@ -446,11 +446,15 @@ def classic_gpu_pod(pod: JsonObject) -> JsonObject:
 
 
 def as_job(pod: JsonObject) -> JsonObject:
-    """A Job running `pod` once: the pod as its template (restartPolicy Never), its labels on the
-    Job too (KAI reads the queue from the top owner), retried whatever evictions it suffers."""
+    """A Job running `pod` once: the pod as its template (restartPolicy Never, its annotations
+    kept), its labels on the Job too (KAI reads the queue from the top owner), retried whatever
+    evictions it suffers."""
     metadata = pod["metadata"]
     labels = metadata.get("labels") or {}
-    template = {"metadata": {"labels": labels}, "spec": {**pod["spec"], "restartPolicy": "Never"}}
+    template_metadata: JsonObject = {"labels": labels}
+    if metadata.get("annotations"):
+        template_metadata["annotations"] = metadata["annotations"]
+    template = {"metadata": template_metadata, "spec": {**pod["spec"], "restartPolicy": "Never"}}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -477,9 +481,10 @@ async def _all_running(bench: BenchCluster, namespace: str, count: int) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def classic_nodes(bench: BenchCluster, count: int) -> AsyncIterator[None]:
+async def classic_nodes(bench: BenchCluster, count: int, kubelets: bool = True) -> AsyncIterator[list[str]]:
     """`count` nodes with 8 classic GPUs each, labelled CLASSIC_NODE_LABEL, run by the kubelet
-    stand-in, for as long as the block."""
+    stand-in (``kubelets``; False: a light kubelet watching the whole cluster runs their pods
+    already), for as long as the block; their names."""
     names = [f"classic-{index:04d}" for index in range(count)]
     stop = asyncio.Event()
     with tempfile.TemporaryDirectory(prefix="tbc-", dir="/tmp") as registry:
@@ -498,9 +503,10 @@ async def classic_nodes(bench: BenchCluster, count: int) -> AsyncIterator[None]:
                 run_kubelet_stand_in(KubeletStandIn(bench.api, name, Registrar(Path(registry))), stop)
             )
             for name in names
+            if kubelets
         ]
         try:
-            yield
+            yield names
         finally:
             stop.set()
             await asyncio.gather(*stand_ins, return_exceptions=True)

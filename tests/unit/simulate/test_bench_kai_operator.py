@@ -24,6 +24,8 @@ from bench.kai import (
     BINDER_PLUGINS,
     BINPACK_ONLY_PLUGINS,
     COMPONENTS,
+    GPU_FRACTION_ANNOTATION,
+    GPU_GROUP_LABEL,
     KAI_PODGROUPS_PATH,
     KAI_TOPOLOGIES_PATH,
     OPERATOR_CLIENT,
@@ -32,7 +34,10 @@ from bench.kai import (
     PLUGIN_PRIORITIES,
     POD_GROUP_ANNOTATION,
     PODGROUPER_PRIORITY_CLASS,
+    RESERVATION,
+    RESERVED_GPU_ANNOTATION,
     SCENARIO_SEARCH_BUDGETS,
+    SHARED_GPU_CONFIGMAP_ANNOTATION,
     SKIP_PODGROUPER_ANNOTATION,
     SPREAD_ONLY_PLUGINS,
     component_args,
@@ -224,3 +229,17 @@ def test_a_members_annotations_and_the_priority_class_are_kais_constants() -> No
     assert constants["SkipPodGrouperAnnotation"] == SKIP_PODGROUPER_ANNOTATION
     grouper = go_constants(go_source("pkg/podgrouper/podgrouper/plugins/constants/constants.go"))
     assert grouper["TrainPriorityClass"] == PODGROUPER_PRIORITY_CLASS
+
+
+def test_the_gpu_sharing_names_bench_fragmented_plays_its_part_with_are_kais() -> None:
+    # The fraction's annotation, the webhook's ConfigMap annotation and the binder's GPU group
+    # label are constants; the reservation pods' namespace is the binder's default, and the
+    # annotation the reservation image writes is the same string in the binder and the image.
+    constants = go_constants(go_source("pkg/common/constants/constants.go"))
+    assert constants["GpuFraction"] == GPU_FRACTION_ANNOTATION
+    assert constants["GpuSharingConfigMapAnnotation"] == SHARED_GPU_CONFIGMAP_ANNOTATION
+    assert constants["GPUGroup"] == GPU_GROUP_LABEL
+    assert constants["DefaultResourceReservationName"] == RESERVATION
+    binder = go_constants(go_source("pkg/binder/binding/resourcereservation/resource_reservation.go"))
+    image = go_constants(go_source("pkg/resourcereservation/patcher/pod_patcher.go"))
+    assert binder["gpuIndexAnnotationName"] == image["reservedGpuIndexAnnotation"] == RESERVED_GPU_ANNOTATION
