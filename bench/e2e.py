@@ -376,6 +376,21 @@ async def bounded(concurrency: int, calls: Iterable[Callable[[], Awaitable[objec
     await asyncio.gather(*(one(call) for call in calls))
 
 
+async def bound_pod_events(api: ApiClient, path: str) -> AsyncIterator[tuple[str, JsonObject]]:
+    """(event type, pod) for every change of a bound pod under `path` (a pods collection), for
+    ever: a watch the server ends is resumed where it stopped; bookmarks are left out."""
+    version = ""
+    while True:
+        query = {"fieldSelector": "spec.nodeName!=", "allowWatchBookmarks": "true"}
+        if version:
+            query["resourceVersion"] = version
+        async for event in watch_lines(api, path, query):
+            pod = event.get("object") or {}
+            version = (pod.get("metadata") or {}).get("resourceVersion", version)
+            if event.get("type") != "BOOKMARK" and pod.get("kind") == "Pod":
+                yield event["type"], pod
+
+
 @dataclass
 class BoundPods:
     """Bound pods of one namespace, from a watch of pods with spec.nodeName set; and the bound
@@ -394,27 +409,18 @@ class BoundPods:
         return counts
 
     async def follow(self, api: ApiClient, namespace: str) -> None:
-        version = ""
-        while True:  # a watch the server ends is resumed where it stopped
-            query = {"fieldSelector": "spec.nodeName!=", "allowWatchBookmarks": "true"}
-            if version:
-                query["resourceVersion"] = version
-            async for event in watch_lines(api, f"/api/v1/namespaces/{namespace}/pods", query):
-                pod = event.get("object") or {}
-                version = (pod.get("metadata") or {}).get("resourceVersion", version)
-                if event.get("type") == "BOOKMARK" or pod.get("kind") != "Pod":
-                    continue
-                name = pod["metadata"]["name"]
-                async with self.changed:
-                    queue = (pod["metadata"].get("labels") or {}).get(QUEUE_LABEL, "")
-                    if event["type"] == "DELETED":
-                        self.bound.pop(name, None)
-                        self.deleted[name] = queue
-                    else:
-                        self.bound[name] = queue
-                        self.nodes[name] = pod["spec"]["nodeName"]
-                        self.bound_at.setdefault(name, time.monotonic())
-                    self.changed.notify_all()
+        async for kind, pod in bound_pod_events(api, f"/api/v1/namespaces/{namespace}/pods"):
+            name = pod["metadata"]["name"]
+            async with self.changed:
+                queue = (pod["metadata"].get("labels") or {}).get(QUEUE_LABEL, "")
+                if kind == "DELETED":
+                    self.bound.pop(name, None)
+                    self.deleted[name] = queue
+                else:
+                    self.bound[name] = queue
+                    self.nodes[name] = pod["spec"]["nodeName"]
+                    self.bound_at.setdefault(name, time.monotonic())
+                self.changed.notify_all()
 
     async def wait_for(self, condition: Callable[[BoundPods], bool], timeout: float, what: str) -> float:
         """Waits until ``condition`` holds; returns the monotonic time it first did."""

@@ -97,7 +97,7 @@ from dataclasses import dataclass, field, replace
 
 from dra_driver.profiles.nvidia.simulated import SimulatedDiscovery
 from extender.claims import pod_classic_gpus
-from extender.kubeapi import JsonObject, KubeError, request, watch_lines
+from extender.kubeapi import JsonObject, KubeError, request
 from tessera.dev.localcluster import wait_until
 from tessera.simulate.kube import FRACTION_CLASS
 from tessera.simulate.report import format_table
@@ -113,6 +113,7 @@ from .e2e import (
     alternating,
     bench_cluster,
     bench_parser,
+    bound_pod_events,
     bounded,
     gpu_pod,
     kai_running,
@@ -439,16 +440,8 @@ class DevicePluginStandIn:
         self.names: dict[str, str] = {}  # pod uid -> namespace/name, for the refusals' log
 
     async def run(self) -> None:
-        version = ""
-        while True:  # a watch the server ends is resumed where it stopped
-            query = {"fieldSelector": "spec.nodeName!=", "allowWatchBookmarks": "true"}
-            if version:
-                query["resourceVersion"] = version
-            async for event in watch_lines(self.api, "/api/v1/pods", query):
-                pod = event.get("object") or {}
-                version = (pod.get("metadata") or {}).get("resourceVersion", version)
-                if event.get("type") != "BOOKMARK" and pod.get("kind") == "Pod":
-                    await self._handle(event["type"], pod)
+        async for kind, pod in bound_pod_events(self.api, "/api/v1/pods"):
+            await self._handle(kind, pod)
 
     async def _handle(self, kind: str, pod: JsonObject) -> None:
         metadata = pod["metadata"]

@@ -64,7 +64,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from extender.kubeapi import JsonObject, KubeError, request, watch_lines
+from extender.kubeapi import JsonObject, KubeError, request
 from tessera.dev.nodeagent import running_status
 from tessera.simulate.report import format_table
 
@@ -80,6 +80,7 @@ from .e2e import (
     add_floor_flag,
     bench_cluster,
     bench_parser,
+    bound_pod_events,
     bounded,
     compare,
     percentile,
@@ -312,24 +313,15 @@ class LightKubelet:
             group.create_task(self._follow())
 
     async def _follow(self) -> None:
-        version = ""
-        while True:  # a watch the server ends is resumed where it stopped
-            query = {"fieldSelector": "spec.nodeName!=", "allowWatchBookmarks": "true"}
-            if version:
-                query["resourceVersion"] = version
-            async for event in watch_lines(self.api, "/api/v1/pods", query):
-                pod = event.get("object") or {}
-                metadata = pod.get("metadata") or {}
-                version = metadata.get("resourceVersion", version)
-                if event.get("type") in ("BOOKMARK", "DELETED") or pod.get("kind") != "Pod":
-                    continue
-                phase = (pod.get("status") or {}).get("phase", "Pending")
-                action = (
-                    "finish" if metadata.get("deletionTimestamp") else "start" if phase == "Pending" else ""
-                )
-                if action and (metadata["uid"], action) not in self.seen:
-                    self.seen.add((metadata["uid"], action))
-                    self.work.put_nowait((action, pod))
+        async for kind, pod in bound_pod_events(self.api, "/api/v1/pods"):
+            if kind == "DELETED":
+                continue
+            metadata = pod["metadata"]
+            phase = (pod.get("status") or {}).get("phase", "Pending")
+            action = "finish" if metadata.get("deletionTimestamp") else "start" if phase == "Pending" else ""
+            if action and (metadata["uid"], action) not in self.seen:
+                self.seen.add((metadata["uid"], action))
+                self.work.put_nowait((action, pod))
 
     async def _worker(self) -> None:
         while True:
