@@ -24,8 +24,14 @@ It tells what the domain choice costs apart from which gangs start ahead of olde
 it a gang that fits starts while an older, larger one waits, and the p95 of 40 gangs (the third
 longest wait) turns on those overtakes.
 
+`--placebo` is an A/A test: the "with" replay is replaced by a second replay without the asks, on
+another placement draw (`run_queue_workload`'s seed, which breaks ties among equally ranked nodes:
+`PLACEBO_DRAW` added to the workload's seed). Nothing differs but which of equally good nodes each
+pod takes, so its per-seed ratios are what chance alone does to the p95 of 40 gangs: the yardstick
+for the per-seed ratios of the real comparison.
+
     python -m bench.topologywaits [--seeds 0-9] [--gangs 40] [--load 1.0] [--hold-back-after S]
-                                  [--gangs-in-order]
+                                  [--gangs-in-order] [--placebo]
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ GANG_GPUS = (2, 4, 6, 8, 12, 16, 24, 32)
 MEMBER_GPUS = (1, 2, 4)
 CLUSTER_GPUS = 128  # 2 blocks x 4 racks x 4 nodes x 4 GPUs
 LONE_PODS = 32
+PLACEBO_DRAW = 1_000_003  # added to a seed for the placebo's other placement draw
 
 
 @dataclass(frozen=True)
@@ -159,19 +166,27 @@ def _mean_racks(result: QueueRunResult) -> float:
 
 
 def run_seed(
-    seed: int, gangs: int, load: float, in_order: bool = False, hold_back_after_s: float | None = None
+    seed: int,
+    gangs: int,
+    load: float,
+    in_order: bool = False,
+    hold_back_after_s: float | None = None,
+    placebo: bool = False,
 ) -> SeedRow:
+    """The seed's workload replayed with the asks and without; `placebo`: the first replay is
+    without them too, on the placement draw ``seed + PLACEBO_DRAW`` (see the module docstring)."""
     workload = parse_workload(mixed_workload(seed, gangs, load), f"seed {seed}")
+    first = (False, seed + PLACEBO_DRAW) if placebo else (True, seed)
     asked, plain = (
         run_queue_workload(
             workload,
             "tessera",
-            seed,
+            draw,
             topology_asks=topology,
             gangs_in_order=in_order,
             hold_back_after_s=hold_back_after_s,
         )
-        for topology in (True, False)
+        for topology, draw in (first, (False, seed))
     )
     return SeedRow(
         seed,
@@ -265,12 +280,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="both ways, start gangs in the order they came (a counterfactual, see above)",
     )
+    parser.add_argument(
+        "--placebo",
+        action="store_true",
+        help="an A/A test: both replays without the asks, on two placement draws (see above)",
+    )
     parser.add_argument("--smoke", action="store_true", help=f"{SMOKE_HELP} (seed 0, 6 gangs)")
     args = parser.parse_args(argv)
     seeds, gangs = ([0], 6) if args.smoke else (_seeds(args.seeds), args.gangs)
-    print(
-        table([run_seed(seed, gangs, args.load, args.gangs_in_order, args.hold_back_after) for seed in seeds])
-    )
+    rows = [
+        run_seed(seed, gangs, args.load, args.gangs_in_order, args.hold_back_after, args.placebo)
+        for seed in seeds
+    ]
+    print(table(rows))
     return 0
 
 

@@ -3,7 +3,8 @@ gangs pooled, as a worked example."""
 
 from __future__ import annotations
 
-from bench.topologywaits import SeedRow, p95, table
+from bench.topologywaits import PLACEBO_DRAW, SeedRow, mixed_workload, p95, run_seed, table
+from tessera.simulate.queues import parse_workload, run_queue_workload
 
 
 def test_the_pooled_p95_is_over_every_seeds_gangs_together() -> None:
@@ -21,3 +22,16 @@ def test_the_pooled_p95_is_over_every_seeds_gangs_together() -> None:
     pooled = table([seed0, seed1]).splitlines()[-1].split()
     assert pooled == ["pooled", "40", "19", "18", "1.06x"]
     assert table([seed0, seed1]).splitlines()[-3].split()[:4] == ["worst", "seed", "1", "infx"]
+
+
+def test_the_placebo_replays_both_ways_without_the_asks_on_two_draws() -> None:
+    # The A/A test: its first replay is the workload without the asks on another placement draw,
+    # its second the real comparison's "without" replay, unchanged.
+    real, placebo = (run_seed(0, 6, 1.0, placebo=flag) for flag in (False, True))
+    workload = parse_workload(mixed_workload(0, 6, 1.0), "seed 0")
+    other_draw = run_queue_workload(workload, "tessera", PLACEBO_DRAW, topology_asks=False)
+    assert placebo.waits_with_s == tuple(gang.wait_s for gang in other_draw.gangs)
+    assert placebo.racks_with == sum(gang.spanned["rack"] for gang in other_draw.gangs) / 6
+    assert (placebo.waits_without_s, placebo.racks_without) == (real.waits_without_s, real.racks_without)
+    # The asks are what packs the gangs: without them, on either draw, they span more racks.
+    assert real.racks_with < min(placebo.racks_with, placebo.racks_without)
