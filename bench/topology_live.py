@@ -238,6 +238,14 @@ def largest_rack_room(free: Mapping[str, int], rack_of: Mapping[str, str], per_m
     return max(room.values(), default=0)
 
 
+def rack_free(free: Mapping[str, int], rack_of: Mapping[str, str]) -> dict[str, int]:
+    """The nodes' `free` GPUs summed per rack."""
+    per_rack: dict[str, int] = {}
+    for node, gpus in free.items():
+        per_rack[rack_of[node]] = per_rack.get(rack_of[node], 0) + gpus
+    return dict(sorted(per_rack.items()))
+
+
 @dataclass(frozen=True)
 class GangStart:
     """A gang that started: its GPUs, how long it waited, the racks its pods landed in, and the
@@ -389,7 +397,8 @@ def live_table(runs: Sequence[ContenderRun]) -> str:
 
 def gangs_table(workload: LiveWorkload, runs: Sequence[ContenderRun]) -> str:
     """Each gang: its shape and arrival, then racks spanned and seconds to start per contender
-    (the first round's; ``-``: not started)."""
+    (the first round's; ``-``: not started; ``*`` after the racks: spread although one rack held
+    all its members when it started)."""
     headers = ["gang", "GPUs", "members x GPUs", "arrives s"]
     for run in runs:
         short = run.contender.label.removeprefix("kube-scheduler + ")
@@ -399,7 +408,10 @@ def gangs_table(workload: LiveWorkload, runs: Sequence[ContenderRun]) -> str:
         row = [gang.name, str(gang.gpus), f"{gang.members} x {gang.per_member}", f"{gang.arrival_s:.1f}"]
         for run in runs:
             start = next((g for g in run.started if g.name == gang.name), None)
-            row += [str(start.racks), f"{start.waited_s:.1f}"] if start else ["-", "-"]
+            if start:
+                row += [f"{start.racks}{'*' if start.spread_needlessly else ''}", f"{start.waited_s:.1f}"]
+            else:
+                row += ["-", "-"]
         rows.append(row)
     return format_table(headers, rows)
 
@@ -544,7 +556,21 @@ async def run_contender(
             free = free_gpus(rack_of, workload.lone, running.values())
             room = largest_rack_room(free, rack_of, gang.per_member)
             running[gang.name] = (gang, placed)
-            started.append(GangStart(gang.name, gang.gpus, bound - created, racks, room, gang.members))
+            start_record = GangStart(gang.name, gang.gpus, bound - created, racks, room, gang.members)
+            started.append(start_record)
+            if start_record.spread_needlessly:
+                log.info(
+                    "%s: gang %s (%d x %d GPUs) spread over %d racks although one rack held %d of "
+                    "its members; free GPUs per rack then: %s; gangs running: %s",
+                    contender.label,
+                    gang.name,
+                    gang.members,
+                    gang.per_member,
+                    racks,
+                    room,
+                    rack_free(free, rack_of),
+                    sorted(running),
+                )
             log.info(
                 "%s: gang %s started after %.1fs in %d rack(s)",
                 contender.label,

@@ -22,13 +22,16 @@ from bench.topology_live import (
     ContenderRun,
     GangStart,
     LiveGang,
+    LiveWorkload,
     LonePod,
     free_gpus,
+    gangs_table,
     largest_rack_room,
     live_table,
     live_workload,
     pooled,
     rack_domains,
+    rack_free,
     racks_spanned,
     started_by_all,
     tessera_vs_kai,
@@ -129,6 +132,7 @@ def test_a_gang_spread_although_one_rack_held_it_is_counted() -> None:
     # 4-GPU members: r0 holds 5 // 4 + 4 // 4 = 2, r1 7 // 4 + 4 // 4 = 2; 2-GPU members: r0
     # 2 + 2 = 4, r1 3 + 2 = 5.
     assert largest_rack_room(free, rack_of, 4) == 2 and largest_rack_room(free, rack_of, 2) == 5
+    assert rack_free(free, rack_of) == {"r0": 9, "r1": 11}  # (the log line names these)
     # A gang of 2 x 4 over both racks where one held both members: spread needlessly; one of 3 x 4
     # (no rack held 3) or one kept in one rack: not.
     needless = GangStart("a", 8, 1.0, 2, rack_room=2, members=2)
@@ -139,6 +143,10 @@ def test_a_gang_spread_although_one_rack_held_it_is_counted() -> None:
     run = ContenderRun(KAI, 4, (needless, forced, kept, unknown))
     assert run.spread_needlessly == 1
     assert live_table([run]).splitlines()[2].split()[-3:] == ["1", "0", "0"]
+    # The per-gang table marks the needless spread with a star after its racks.
+    drawn = LiveWorkload(tuple(LiveGang(name, 2, 4, 0.0, 60.0) for name in "abcd"), tuple(lone))
+    racks = [line.split()[6] for line in gangs_table(drawn, [run]).splitlines()[2:]]
+    assert racks == ["2*", "2", "1", "2"]
 
 
 def test_without_kai_the_ratio_says_it_was_not_measured() -> None:
