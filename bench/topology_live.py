@@ -238,6 +238,9 @@ def largest_rack_room(free: Mapping[str, int], rack_of: Mapping[str, str], per_m
     return max(room.values(), default=0)
 
 
+RECENT_END_S = 10.0  # a gang that ended this recently may hold its GPUs until its claims go
+
+
 def rack_free(free: Mapping[str, int], rack_of: Mapping[str, str]) -> dict[str, int]:
     """The nodes' `free` GPUs summed per rack."""
     per_rack: dict[str, int] = {}
@@ -525,6 +528,7 @@ async def run_contender(
     started: list[GangStart] = []
     finishing: list[asyncio.Task[None]] = []
     running: dict[str, tuple[LiveGang, list[str]]] = {}  # gang -> its members' nodes, until it ends
+    ended_at: dict[str, float] = {}  # gang -> when its pods were marked Succeeded (for the log)
     async with watching(bench.api, namespace) as tracker:
         lone = len(workload.lone)
         await _create_lone(bench, namespace, contender, workload.lone)
@@ -538,6 +542,7 @@ async def run_contender(
             await asyncio.sleep(gang.duration_s)
             await kubelet.succeed(namespace, gang.pod_names())
             running.pop(gang.name, None)  # (its GPUs counted busy until its pods have ended)
+            ended_at[gang.name] = time.monotonic()
 
         async def start(gang: LiveGang) -> None:
             await asyncio.sleep(max(0.0, first + gang.arrival_s - time.monotonic()))
@@ -561,7 +566,8 @@ async def run_contender(
             if start_record.spread_needlessly:
                 log.info(
                     "%s: gang %s (%d x %d GPUs) spread over %d racks although one rack held %d of "
-                    "its members; free GPUs per rack then: %s; gangs running: %s",
+                    "its members; free GPUs per rack then: %s; gangs running: %s; ended in the last "
+                    "%g s (s ago): %s",
                     contender.label,
                     gang.name,
                     gang.members,
@@ -570,6 +576,12 @@ async def run_contender(
                     room,
                     rack_free(free, rack_of),
                     sorted(running),
+                    RECENT_END_S,
+                    {
+                        name: round(bound - ended, 1)
+                        for name, ended in ended_at.items()
+                        if 0 <= bound - ended <= RECENT_END_S
+                    },
                 )
             log.info(
                 "%s: gang %s started after %.1fs in %d rack(s)",
