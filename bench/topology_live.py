@@ -230,23 +230,21 @@ def free_gpus(
     return free
 
 
+def rack_free(free: Mapping[str, int], rack_of: Mapping[str, str], per_member: int = 1) -> dict[str, int]:
+    """Each rack's room for members of `per_member` GPUs on the nodes' `free` GPUs (1: its free
+    GPUs), by rack name."""
+    per_rack: dict[str, int] = {}
+    for node, gpus in free.items():
+        per_rack[rack_of[node]] = per_rack.get(rack_of[node], 0) + gpus // per_member
+    return dict(sorted(per_rack.items()))
+
+
 def largest_rack_room(free: Mapping[str, int], rack_of: Mapping[str, str], per_member: int) -> int:
     """The most members of `per_member` GPUs one rack holds, on the nodes' `free` GPUs."""
-    room: dict[str, int] = {}
-    for node, gpus in free.items():
-        room[rack_of[node]] = room.get(rack_of[node], 0) + gpus // per_member
-    return max(room.values(), default=0)
+    return max(rack_free(free, rack_of, per_member).values(), default=0)
 
 
 RECENT_END_S = 10.0  # a gang that ended this recently may hold its GPUs until its claims go
-
-
-def rack_free(free: Mapping[str, int], rack_of: Mapping[str, str]) -> dict[str, int]:
-    """The nodes' `free` GPUs summed per rack."""
-    per_rack: dict[str, int] = {}
-    for node, gpus in free.items():
-        per_rack[rack_of[node]] = per_rack.get(rack_of[node], 0) + gpus
-    return dict(sorted(per_rack.items()))
 
 
 @dataclass(frozen=True)
