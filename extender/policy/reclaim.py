@@ -513,6 +513,22 @@ def owed_a_whole_pod(fairness: FairnessSnapshot, queue: str, request: Resources)
     )
 
 
+def takes_past_quota(fairness: FairnessSnapshot, queue: str, request: Resources) -> bool:
+    """Whether a pod of `queue` asking `request`, once it runs, has its queue or an ancestor hold
+    more than its quota of a GPU resource the pod asks for (`gpu`, whose missing quota is 0, or
+    a model's where that level sets one): what serving it wins is share above the guarantee."""
+    tree = fairness.tree
+    amounts = gpu_amounts(request)
+    for name in tree.path_to_root(queue):
+        quota = tree.specs[name].quota
+        for resource, amount in amounts.items():
+            if (resource == "gpu" or resource in quota) and tree.subtree(
+                name, "allocated", resource
+            ) + amount > quota.get(resource, 0.0) + EPSILON:
+                return True
+    return False
+
+
 def waited_s(waiting: PendingPod, now: float) -> float:
     """How long `waiting` has waited: since `waiting_since`, else since its creation."""
     return now - (waiting.created if waiting.waiting_since is None else waiting.waiting_since)

@@ -107,7 +107,15 @@ from extender.policy.history import (
     HistorySettings,
 )
 from extender.policy.placement import NO_DOMAINS, DomainMap, GpuDemand, WorkloadMix, choose_gpus, fits
-from extender.policy.reclaim import PendingPod, Plan, Rules, plan, protected_restarts, spent_victims
+from extender.policy.reclaim import (
+    PendingPod,
+    Plan,
+    Rules,
+    plan,
+    protected_restarts,
+    spent_victims,
+    takes_past_quota,
+)
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, take
 from extender.policy.topology import Level, Topology, TopologyAsk, ask_refusal, plan_in_domain
 from extender.policy.workloads import Workload
@@ -403,6 +411,9 @@ class EvictionRecord:
     # The victim started while the pod it was evicted for already waited: the scheduler's order
     # gave the borrower GPUs that reclaim then took back.
     started_while_served_waited: bool = False
+    # The served pod takes its queue (or an ancestor) past its GPU quota: the eviction serves
+    # share above the guarantee (`extender.policy.reclaim.takes_past_quota`).
+    served_past_quota: bool = False
 
 
 @dataclass
@@ -498,6 +509,11 @@ class QueueRunResult:
     def lost_pct(self) -> float:
         """Work lost, % of the GPU time used."""
         return 100.0 * self.lost_gpu_s / self.gpu_s_used if self.gpu_s_used else 0.0
+
+    @property
+    def lost_past_quota_gpu_s(self) -> float:
+        """Of the work lost, what evictions for pods past their queues' quotas lost."""
+        return sum(e.gpus * e.ran_s for e in self.evictions if e.served_past_quota)
 
     @property
     def most_evictions_of_one_pod(self) -> int:
@@ -1172,8 +1188,10 @@ class _Replay:
         snapshot = self._snapshot(fairness, now)
         pending = self._pending(fairness)
         plans = plan(snapshot, pending, now, self.rules)
+        served_before: list[_Pod] = []  # the pods this cycle's plans served so far (not started)
         for chosen in plans:
-            self._carry_out(chosen, now)
+            self._carry_out(chosen, now, self._past_quota(chosen, served_before))
+            served_before.extend(self.pods[int(key)] for key in chosen.served)
         if plans:
             self.version += 1
             if not self.delay:
@@ -1339,7 +1357,19 @@ class _Replay:
                 ends.extend(end for end in (pod.started + runtime for runtime in runtimes) if end > since)
         return ends
 
-    def _carry_out(self, chosen: Plan, now: float) -> None:
+    def _past_quota(self, chosen: Plan, served_before: Sequence[_Pod]) -> bool:
+        """Whether the pod `chosen` serves takes its queue past its quota once it runs, the pods
+        the cycle's earlier plans served counted as running (they start after the cycle)."""
+        fairness = self._fairness({})
+        usage = dict(fairness.usage)
+        for pod in served_before:
+            allocated = dict(usage[pod.queue].allocated)
+            add_amounts(allocated, pod.request)
+            usage[pod.queue] = replace(usage[pod.queue], allocated=allocated)
+        served = self.pods[int(chosen.pod.key)]
+        return takes_past_quota(fairness.with_usage(usage), served.queue, served.request)
+
+    def _carry_out(self, chosen: Plan, now: float, past_quota: bool) -> None:
         served = self.pods[int(chosen.pod.key)]
         self.result.plans += 1
         self.plan_gpus.append([chosen.gpus_evicted, chosen.gpus_needed])
@@ -1366,6 +1396,7 @@ class _Replay:
                     gpus,
                     now - victim.started,
                     victim.started >= served.waiting_since,
+                    past_quota,
                 )
             )
             victim.state = "terminating"

@@ -402,7 +402,8 @@ def queue_table(result: QueueRunResult) -> str:
         f"{result.gpus_evicted:g} / {result.gpus_needed:g} (worst plan {result.max_plan_ratio:.2f}), "
         f"ping-pong {result.ping_pong}, victims started while the served pod waited "
         f"{result.late_evictions}, most evictions of one pod {result.most_evictions_of_one_pod}, "
-        f"work lost {result.lost_gpu_s:.0f} GPU-s ({result.lost_pct:.2f}% of the GPU time used)"
+        f"work lost {result.lost_gpu_s:.0f} GPU-s ({result.lost_pct:.2f}% of the GPU time used), "
+        f"{result.lost_past_quota_gpu_s:.0f} of them for pods past their queues' quotas"
         if result.reclaim_interval_s
         else "reclaim off"
     )

@@ -11,7 +11,16 @@ import pytest
 from contract.names import GPU_MILLI
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
 from extender.policy.placement import GpuDemand, NodeGpus, WorkloadMix
-from extender.policy.reclaim import Budget, PendingPod, Plan, Rules, plan, reclaim_refusal, serving_order
+from extender.policy.reclaim import (
+    Budget,
+    PendingPod,
+    Plan,
+    Rules,
+    plan,
+    reclaim_refusal,
+    serving_order,
+    takes_past_quota,
+)
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
 
 NOW = 10_000.0
@@ -1102,3 +1111,43 @@ def test_no_sequence_of_reclaims_comes_back_to_where_it_started(seed: int) -> No
         seen.add(state)
         moves += 1
     assert moves > 0
+
+
+@pytest.mark.parametrize(
+    ("queue", "held", "gpus", "past"),
+    [
+        # dept (quota 4) has leaves x (quota 2) and y (quota 2); y holds 1.
+        ("x", 1.0, 1.0, False),  # x at 2 of 2, dept at 3 of 4
+        ("x", 2.0, 1.0, True),  # x at 3 of 2: past its own quota
+        ("x", 1.0, 0.5, False),  # a half: x at 1.5 of 2
+        ("x", 1.5, 0.5, False),  # x exactly at its quota of 2 is not past it
+        ("y", 1.0, 1.0, False),  # y at 2 of 2, dept at 1 + 2 = 3 of 4
+        ("z", 0.0, 1.0, True),  # z: no GPU quota, so 0; any GPU is past it
+    ],
+)
+def test_a_pod_taking_its_queue_past_its_quota(queue: str, held: float, gpus: float, past: bool) -> None:
+    specs = [
+        QueueSpec("dept", quota={"gpu": 4}),
+        QueueSpec("x", parent="dept", quota={"gpu": 2}),
+        QueueSpec("y", parent="dept", quota={"gpu": 2}),
+        QueueSpec("z"),
+    ]
+    usage = {
+        "x": QueueUsage({"gpu": held if queue == "x" else 1.0}, {}),
+        "y": QueueUsage({"gpu": 1.0}, {}),
+        "z": QueueUsage({"gpu": held if queue == "z" else 0.0}, {}),
+    }
+    fairness = FairnessSnapshot(specs, usage, {"gpu": 8}, {})
+    assert takes_past_quota(fairness, queue, {"gpu": gpus, "gpu/H100": gpus}) is past
+
+
+def test_a_leaf_within_its_quota_in_a_department_past_its_own() -> None:
+    # dept quota 2 over leaves of quota 2 each (the department guarantees less than its
+    # leaves): x at 0 + 1 of 2 is within its quota, but dept goes to 2 + 1 = 3 of 2.
+    specs = [
+        QueueSpec("dept", quota={"gpu": 2}),
+        QueueSpec("x", parent="dept", quota={"gpu": 2}),
+        QueueSpec("y", parent="dept", quota={"gpu": 2}),
+    ]
+    usage = {"x": QueueUsage({}, {}), "y": QueueUsage({"gpu": 2.0}, {})}
+    assert takes_past_quota(FairnessSnapshot(specs, usage, {"gpu": 4}, {}), "x", {"gpu": 1.0})

@@ -299,3 +299,23 @@ def test_a_node_collects_for_an_owed_pod_of_several_gpus(
     assert first_time(result, "b", 4) == 10 + wait_s  # served as soon as reclaim may, either way
     assert {q.name: q.lost_gpu_s for q in result.queues}["a"] == lost_gpu_s
     assert result.idle_gpu_s_while_fitting_pod_waits == idle_gpu_s
+
+
+def test_work_lost_for_share_above_the_quota_is_told_apart() -> None:
+    # 1 node x 4 GPUs; a (quota 0) borrowed all 4 from t=0; at t=10 b (quota 1) asks 3 GPUs.
+    # Shares: b's quota 1, and the 3 GPUs above the quotas split by weight between the two
+    # queues that want them: a 1.5, b 1 + 1.5 = 2.5. b's first pod is within its quota (0 + 1
+    # <= 1); its second takes b to 2, past its quota of 1, still owed a whole pod (2.5 - 1 >= 1):
+    # both reclaim at t=10, each victim having run 10 s. b's third would find b owed 0.5, less
+    # than the pod: it waits (rule 9).
+    result = run(
+        nodes=[{"name": "n", "gpus": 4}],
+        queues=[queue("a", 0), queue("b", 1)],
+        jobs=[job("a", "a", 4), job("b", "b", 3, arrival=10)],
+    )
+    assert [(e.time, e.served_queue, e.served_past_quota) for e in result.evictions] == [
+        (10, "b", False),
+        (10, "b", True),
+    ]
+    assert result.lost_gpu_s == 20.0  # 2 victims x 1 GPU x 10 s
+    assert result.lost_past_quota_gpu_s == 10.0  # the second one's
