@@ -33,6 +33,7 @@ from extender.policy.fairness import (
     QueueUsage,
     broken_ancestries,
     format_amount,
+    has_quota,
 )
 from extender.policy.history import HistorySettings
 from extender.policy.tenancy import (
@@ -356,14 +357,6 @@ def _condition(
     }
 
 
-def _has_quota(spec: QueueSpec, resource: str) -> bool:
-    """Whether holding more than `resource`'s quota is borrowing: where the admin set a quota,
-    and for GPUs ("gpu") always - an unset GPU quota guarantees none (admission counts it as 0).
-    A GPU model's amount (gpu/<model>, counted beside "gpu" for every GPU held) or cpu without a
-    quota of its own is not borrowed: a queue within its GPU quota is not borrowing."""
-    return resource == "gpu" or resource in spec.quota
-
-
 def _judged_for_share(spec: QueueSpec, resource: str) -> bool:
     """Whether the Starved condition looks at `resource`: everything fair-shared, but a GPU model
     only where the queue declares it (quota, limit or weight); otherwise a queue at its GPU
@@ -392,7 +385,7 @@ def queue_status(
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     previous = {str(c.get("type")): c for c in previous_conditions}
     borrowed = sorted(
-        r for r, held in allocated.items() if _has_quota(spec, r) and held > spec.quota.get(r, 0.0) + 1e-9
+        r for r, held in allocated.items() if has_quota(spec, r) and held > spec.quota.get(r, 0.0) + 1e-9
     )
     starved = sorted(
         r

@@ -691,6 +691,14 @@ def _exceeds(
     )
 
 
+def has_quota(spec: QueueSpec, resource: str) -> bool:
+    """Whether holding more than `resource`'s quota is borrowing: where the admin set a quota,
+    and for GPUs ("gpu") always - an unset GPU quota guarantees none (admission counts it as 0).
+    A GPU model's amount (gpu/<model>, counted beside "gpu" for every GPU held) or cpu without a
+    quota of its own is not borrowed: a queue within its GPU quota is not borrowing."""
+    return resource == "gpu" or resource in spec.quota
+
+
 def _quota_guards(spec: QueueSpec, resource: str) -> bool:
     """Does the quota rule for non-preemptible pods apply to ``resource`` in this queue?
 

@@ -261,7 +261,7 @@ from typing import Literal
 
 from contract.names import GPU_MILLI
 from extender.policy.drf import diverging_paths, drf_refusal, drf_victim_text, gpu_amounts, host_starved
-from extender.policy.fairness import EPSILON, FairnessSnapshot, Resources, format_amount
+from extender.policy.fairness import EPSILON, FairnessSnapshot, Resources, format_amount, has_quota
 from extender.policy.placement import DomainMap, GpuDemand, NodeGpus, fits
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, changed_keys
 
@@ -515,18 +515,17 @@ def owed_a_whole_pod(fairness: FairnessSnapshot, queue: str, request: Resources)
 
 def takes_past_quota(fairness: FairnessSnapshot, queue: str, request: Resources) -> bool:
     """Whether a pod of `queue` asking `request`, once it runs, has its queue or an ancestor hold
-    more than its quota of a GPU resource the pod asks for (`gpu`, whose missing quota is 0, or
-    a model's where that level sets one): what serving it wins is share above the guarantee."""
+    more than its quota of a GPU resource the pod asks for, as the Queue's `Borrowing` condition
+    counts it (`has_quota`): what serving it wins is share above the guarantee."""
     tree = fairness.tree
     amounts = gpu_amounts(request)
-    for name in tree.path_to_root(queue):
-        quota = tree.specs[name].quota
-        for resource, amount in amounts.items():
-            if (resource == "gpu" or resource in quota) and tree.subtree(
-                name, "allocated", resource
-            ) + amount > quota.get(resource, 0.0) + EPSILON:
-                return True
-    return False
+    return any(
+        has_quota(spec, resource)
+        and tree.subtree(name, "allocated", resource) + amount > spec.quota.get(resource, 0.0) + EPSILON
+        for name in tree.path_to_root(queue)
+        for spec in (tree.specs[name],)
+        for resource, amount in amounts.items()
+    )
 
 
 def waited_s(waiting: PendingPod, now: float) -> float:
