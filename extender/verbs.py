@@ -49,6 +49,7 @@ from extender.picture.gangs import GangReservation, PartSlots, split_by_reservat
 from extender.picture.inventory import CandidateKinds
 from extender.policy.admission import (
     GANG,
+    GANG_DOMAIN_TOO_SMALL,
     GANG_NO_DOMAIN,
     GANG_NO_FIT,
     GANG_READING,
@@ -80,6 +81,8 @@ from extender.policy.topology import (
     TopologyAsk,
     domain_scores,
     fullest_first,
+    never_held_parts_text,
+    never_held_text,
     no_domain_text,
     plan_in_domain,
     plan_parts,
@@ -606,6 +609,14 @@ def _plan_whole(
         if len(plan.nodes) == missing:  # (the plan may be shared: the reservation gets a copy)
             return _GangPlan(list(plan.nodes), ask.required, plan.domain)
         if ask.required:
+            milli = gpus.count * missing * gpus.milli
+            never = (
+                never_held_text(ask.required, milli, picture.domain_gpus(ask.required))
+                if kept is None
+                else ""
+            )
+            if never:
+                return _refused(gang, never, GANG_DOMAIN_TOO_SMALL)
             why = no_domain_text(ask.required, plan, gpus, missing)
             return _refused(gang, f"{why}{_short(gang, plan.largest_fit)}", GANG_NO_DOMAIN)
     planned = plan_gang(supplies, gpus, missing, picture.config.domains)
@@ -692,8 +703,15 @@ def _plan_by_parts(
     stating = [part for part in parts if part.required is not None]
     outer = min(stating, key=lambda part: part.depth).level if stating else ""
     plan = plan_parts(supplies, parts, outer, picture.level_domains(outer) if outer else NO_DOMAINS)
+    if plan.short and plan.level_short:
+        never = never_held_parts_text(parts, outer, picture.domain_gpus)
+        return (
+            _refused(gang, never, GANG_DOMAIN_TOO_SMALL)
+            if never
+            else _refused(gang, plan.short, GANG_NO_DOMAIN)
+        )
     if plan.short:
-        return _refused(gang, plan.short, GANG_NO_DOMAIN if plan.level_short else GANG_NO_FIT)
+        return _refused(gang, plan.short, GANG_NO_FIT)
     part_nodes = {
         part.name: frozenset(plan.by_part[part.name])
         for part in parts

@@ -40,7 +40,7 @@ from extender.policy.fairness import WeightAdjustment
 from extender.policy.placement import DomainMap, GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.reclaim import PendingPod
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus
-from extender.policy.topology import DEFAULT_TOPOLOGY, Topology, TopologyAsk
+from extender.policy.topology import DEFAULT_TOPOLOGY, Topology, TopologyAsk, domain_sizes
 from extender.policy.workloads import Workload
 
 # The reason of kube-scheduler's PodScheduled=False condition after a cycle in which no node fit
@@ -171,6 +171,8 @@ class ClusterPicture:
         self._owed_kept: tuple[QueueView, int, int, tuple[OwedPod, ...]] | None = None
         # `waiting_gangs`' answer, and the view, inventory, unplaced and topology versions it was read at.
         self._gangs_kept: tuple[QueueView, int, int, int, tuple[WaitingGang, ...]] | None = None
+        # `domain_gpus`' last answer, and the level, topology and inventory versions it was read at.
+        self._sizes_kept: tuple[tuple[str, int, int], dict[str, int]] | None = None
         self._store.subscribe("Pod", self._pod_tried)
 
     # ---- updates -----------------------------------------------------------------------------
@@ -402,6 +404,15 @@ class ClusterPicture:
     def nodes_in(self, level: str, domain: str) -> set[str]:
         """The nodes of one domain at a topology level."""
         return self._topology.nodes_in(level, domain)
+
+    def domain_gpus(self, level: str) -> dict[str, int]:
+        """Each domain of a topology level: its GPUs in all, free or not (`domain_sizes`). Read
+        when a gang no domain holds waits: kept while neither the domains nor the GPUs moved."""
+        read_at = (level, self._topology.version, self._inventory.version)
+        if self._sizes_kept is None or self._sizes_kept[0] != read_at:
+            nodes = map(self._inventory.node_gpus, self.gpu_node_names())
+            self._sizes_kept = (read_at, domain_sizes(nodes, self._topology.domains(level)))
+        return self._sizes_kept[1]
 
     @property
     def topology_version(self) -> int:

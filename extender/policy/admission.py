@@ -60,6 +60,8 @@ GANG_ELASTIC = "gang_elastic"  # a member above its part's minimum, its gang not
 # topology level that no domain of it holds whole (yet): the placement's refusals, the filter's.
 GANG_NO_FIT = "gang_no_fit"
 GANG_NO_DOMAIN = "gang_no_domain"
+# ... and one that no domain of its required level could hold even with all its GPUs free.
+GANG_DOMAIN_TOO_SMALL = "gang_domain_too_small"
 
 
 def gpu_amounts(model: str, amount: float) -> dict[str, float]:

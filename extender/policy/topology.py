@@ -22,7 +22,8 @@ domains stay whole for larger gangs); inside it, with a preferred level, the sub
 room that holds them all, else sub-domains by most room first, so most members land together.
 No required level: the whole cluster is the one domain. When no domain holds them the plan says
 the largest room found, and the gang waits with it ("needs 16 GPUs in one rack; largest rack
-has 12 free").
+has 12 free"), unless no domain of the level has that many GPUs even all free: then waiting
+would never end, and it is told it cannot start as asked (`never_held_text`).
 
 **Parts** (subgroups) whose templates ask different levels, or whose members differ in shape (a
 CPU-only leader, 8-GPU workers), are planned part by part (`plan_parts`): the parts with a level
@@ -44,7 +45,7 @@ for a gang of 8. A gang of 6: only r1 holds it. A gang of 10: none; largest rack
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, eq
@@ -364,6 +365,39 @@ def no_domain_text(level: str, plan: DomainPlan, demand: GpuDemand, count: int) 
     )
 
 
+def domain_sizes(nodes: Iterable[NodeGpus], domains: DomainMap) -> dict[str, int]:
+    """Each domain's GPUs in all, free or not (`domains`: node -> its domain; nodes outside
+    every domain are left out)."""
+    sizes: dict[str, int] = defaultdict(int)
+    for node in nodes:
+        domain = domains.get(node.name)
+        if domain is not None:
+            sizes[domain] += len(node.free_milli)
+    return dict(sizes)
+
+
+def never_held_text(level: str, milli: int, sizes: Mapping[str, int]) -> str:
+    """Why no domain of `level` can ever hold `milli` thousandths of GPUs, freed or not
+    (`sizes`: `domain_sizes`); "" when one could, once enough of its GPUs are free.
+
+    A gang that waits for room would wait forever here: what lets it go is a wider level or
+    more GPUs in one domain, and reclaim could free nothing that helps. Racks of 8 and 12 GPUs:
+    16 GPUs "needs 16 GPUs in one rack; the largest rack has 12 GPUs in all, so it cannot start
+    as asked"; 12 GPUs: "" (r2 holds them once its GPUs are free)."""
+    needed = f"{milli // GPU_MILLI} GPUs" if milli % GPU_MILLI == 0 else f"{milli / GPU_MILLI:g} GPUs"
+    if not sizes:
+        return (
+            f"needs {needed} in one {level}; no node with GPUs is in a {level}, so it cannot start as asked"
+        )
+    largest = max(sizes.values())
+    if milli <= largest * GPU_MILLI:
+        return ""
+    return (
+        f"needs {needed} in one {level}; the largest {level} has {largest} GPUs in all, "
+        "so it cannot start as asked"
+    )
+
+
 def fullest_first(rooms: Mapping[str, int], members: Mapping[str, int], missing: int) -> dict[str, int]:
     """Each domain's rank for a workload's next member, 0 first (`rooms`: domain -> members of
     its shape the domain's candidates hold; `members`: domain -> its members there; `missing`:
@@ -437,6 +471,27 @@ class PartAsk:
 
 def _gpus(demand: GpuDemand, count: int) -> int:
     return demand.count * count * demand.milli // GPU_MILLI
+
+
+def never_held_parts_text(
+    parts: Sequence[PartAsk], outer: str, sizes_of: Callable[[str], Mapping[str, int]]
+) -> str:
+    """`never_held_text` of a gang planned part by part (`plan_parts`): the parts with a level
+    together in one domain of the widest of them (`outer`), each in one of its own level
+    (`sizes_of`: level -> `domain_sizes` of its domains); "" when every ask could be held."""
+    stating = [part for part in parts if part.required is not None and part.demand is not None]
+    whys = [never_held_text(outer, sum(map(_milli, stating)), sizes_of(outer))] if stating else []
+    whys += [
+        f"part {part.name}: {why}"
+        for part in stating
+        if (why := never_held_text(part.level, _milli(part), sizes_of(part.level)))
+    ]
+    return next(filter(None, whys), "")
+
+
+def _milli(part: PartAsk) -> int:
+    """The thousandths of GPUs a part's missing members take together."""
+    return 0 if part.demand is None else part.demand.count * part.count * part.demand.milli
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ already return, so a new code without a row here is a test failure, not a silent
   (`over_quota`), an unusable queue (`unknown_queue`, `invalid_queue`, `not_leaf`), a namespace
   that may not use its queue (`queue_not_allowed`), a gang waiting for its spec, its pods or the
   GPUs for all its missing pods at once (`gang_reading`, `gang_incomplete`, `gang_no_fit`), or
-  for them inside one domain of its required topology level (`gang_no_domain`), a pod above its
+  for them inside one domain of its required topology level (`gang_no_domain`; one that no
+  domain of it could hold with all its GPUs free: `gang_domain_too_small`), a pod above its
   part's minimum waiting for its gang to be admitted (`gang_elastic`);
 * a pod its queue admits but no candidate node fits (`unplaced`): with fair share 0 in GPUs
   (the quotas of the queues that ask for GPUs cover the cluster) it runs only on idle GPUs and
@@ -73,6 +74,11 @@ WAIT_REASONS: dict[str, WaitReason] = {
         "WaitingForGangDomain",
         "waits for one domain of its required topology level to have GPUs for all its missing pods "
         "(reclaim may free them inside one)",
+    ),
+    "gang_domain_too_small": WaitReason(
+        "GangLargerThanDomain",
+        "goes only once its pods ask a wider required topology level, "
+        "or one of its domains has that many GPUs",
     ),
     "fair_share_zero": WaitReason(
         "FairShareZero", "runs only on idle GPUs and is reclaimed first; no reclaim frees GPUs for it"

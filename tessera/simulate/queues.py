@@ -78,6 +78,7 @@ from contract.names import GPU_MILLI, TOPOLOGY_PREFERRED_ANNOTATION, TOPOLOGY_RE
 from contract.quantity import parse_quantity
 from extender.picture.ledger import Contribution, QueueLedger
 from extender.policy.admission import (
+    GANG_DOMAIN_TOO_SMALL,
     GANG_NO_DOMAIN,
     GANG_NO_FIT,
     Ask,
@@ -117,7 +118,15 @@ from extender.policy.reclaim import (
     takes_past_quota,
 )
 from extender.policy.snapshot import ClusterSnapshot, HeldGpus, RunningPod, take
-from extender.policy.topology import Level, Topology, TopologyAsk, ask_refusal, plan_in_domain
+from extender.policy.topology import (
+    Level,
+    Topology,
+    TopologyAsk,
+    ask_refusal,
+    domain_sizes,
+    never_held_text,
+    plan_in_domain,
+)
 from extender.policy.workloads import Workload
 from extender.queues import (
     FairShareHistoryModel,
@@ -972,11 +981,12 @@ class _Replay:
         for index in held:
             self._unreserve(index)
         placements = self._place_gang(gang, chosen)
-        if placements is None:  # no domain of its required level holds it
+        if placements is None:  # no domain of its required level holds it (now, or ever)
             for index in held:
                 self._reserve(index)
-            self.refused.setdefault(GANG_NO_DOMAIN, set()).update(p.index for p in members)
-            return GANG_NO_DOMAIN
+            kind = GANG_DOMAIN_TOO_SMALL if self._never_held(gang, chosen) else GANG_NO_DOMAIN
+            self.refused.setdefault(kind, set()).update(p.index for p in members)
+            return kind
         if len(placements) < len(chosen):  # all or nothing: give back what was placed
             for member, (node, gpus) in zip(chosen, placements, strict=False):
                 self.cluster.release(node, member.demand, gpus)
@@ -1022,6 +1032,17 @@ class _Replay:
             self.cluster.place(index, demand, gpus)
             placements.append((index, gpus))
         return placements
+
+    def _never_held(self, gang: str, chosen: Sequence[_Pod]) -> bool:
+        """No domain of the gang's required level could hold the chosen members with all its
+        GPUs free (the extender's `never_held_text`)."""
+        level = self.asks[gang].required
+        domains = self.level_domains.get(level)
+        if domains is None:  # (planned as one domain, the cluster: `_place_gang`)
+            return False
+        sizes = domain_sizes(map(self.cluster.node_gpus, range(len(self.nodes))), domains)
+        demand = chosen[0].demand
+        return bool(never_held_text(level, demand.count * len(chosen) * demand.milli, sizes))
 
     def _required_domains(self, gang: str) -> DomainMap | None:
         """The domains of the gang's required topology level (None: it requires none)."""

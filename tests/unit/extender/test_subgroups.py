@@ -41,7 +41,7 @@ from extender.policy.admission import (
 from extender.policy.fairness import FairnessSnapshot, QueueSpec, QueueUsage
 from extender.policy.placement import NO_DOMAINS, GpuDemand, NodeGpus, WorkloadMix
 from extender.policy.snapshot import ClusterSnapshot, RunningPod
-from extender.policy.topology import PartAsk, parse_topology, plan_parts
+from extender.policy.topology import PartAsk, domain_sizes, never_held_parts_text, parse_topology, plan_parts
 from extender.policy.workloads import (
     Parts,
     Workload,
@@ -569,6 +569,32 @@ def test_each_part_is_planned_in_a_domain_of_its_own_level(
     plan = plan_parts(supplies(free), parts, outer, outer_map)
     assert (plan.nodes, plan.domains) == (nodes, domains)
     assert plan.short.startswith(short) and bool(plan.short) == bool(short)
+
+
+def test_parts_larger_than_every_domain_of_their_levels_are_told_they_cannot_start() -> None:
+    # 4 GPUs a node, all busy (sizes count GPUs free or not): racks r1 (a, b) and r2 (c, d) of
+    # 8 in all, hosts of 4.
+    hosts = {node: f"{rack}/{node}" for node, rack in RACKS.items()}
+    every = [NodeGpus(name, "", (0,) * 4) for name in RACKS]
+
+    def sizes_of(level: str) -> dict[str, int]:
+        return domain_sizes(every, RACKS if level == "rack" else hosts)
+
+    # A leader (rack) and 4 workers (host): 5 GPUs in a rack, 4 in a host - both could be held.
+    fits = [part_ask("leader", 1, "rack"), part_ask("workers", 4, "host")]
+    assert never_held_parts_text(fits, "rack", sizes_of) == ""
+    # 5 workers in one host of 4: the rack (6 in all with the leader) could hold them, the host
+    # never.
+    wide = [part_ask("leader", 1, "rack"), part_ask("workers", 5, "host")]
+    assert never_held_parts_text(wide, "rack", sizes_of) == (
+        "part workers: needs 5 GPUs in one host; the largest host has 4 GPUs in all, "
+        "so it cannot start as asked"
+    )
+    # A leader and 8 workers in one rack: 9 GPUs together, more than a rack's 8.
+    together = [part_ask("leader", 1, "rack"), part_ask("workers", 8, "rack")]
+    assert never_held_parts_text(together, "rack", sizes_of).startswith(
+        "needs 9 GPUs in one rack; the largest"
+    )
 
 
 TOPOLOGY = parse_topology(f"rack={RACK},host=kubernetes.io/hostname")

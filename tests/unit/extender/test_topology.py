@@ -19,7 +19,9 @@ from extender.policy.topology import (
     Topology,
     ask_refusal,
     domain_scores,
+    domain_sizes,
     fullest_first,
+    never_held_text,
     no_domain_text,
     parse_topology,
     plan_in_domain,
@@ -94,6 +96,26 @@ def test_without_a_fitting_domain_the_plan_says_the_largest_room() -> None:
     assert plan_in_domain(SUPPLIES, GpuDemand(2), 4, level_map(RACK)).domain == "b1/r1"
     # Without a required level the cluster is one domain: 9 fit.
     assert len(plan_in_domain(SUPPLIES, ONE_GPU, 9, None).nodes) == 9
+
+
+def test_a_gang_larger_than_every_domain_in_all_is_told_it_cannot_start_as_asked() -> None:
+    # Racks in all, free or not (4 GPUs a node): b1/r1 8, b1/r2 4, b2/r1 8; a node outside every
+    # rack counts in none.
+    sizes = domain_sizes([*SUPPLIES, node("bare", 4)], level_map(RACK))
+    assert sizes == {"b1/r1": 8, "b1/r2": 4, "b2/r1": 8}
+    # 8 GPUs: b1/r1 holds them once its GPUs are free (it has 8 free; b2/r1 has 5 free of 8).
+    assert never_held_text("rack", 8 * 1000, sizes) == ""
+    # 9 GPUs: no rack has 9 in all. The plan says "largest rack has 8 free" as for a gang
+    # waiting for room; this says why waiting does not help.
+    assert never_held_text("rack", 9 * 1000, sizes) == (
+        "needs 9 GPUs in one rack; the largest rack has 8 GPUs in all, so it cannot start as asked"
+    )
+    # 17 halves: 8.5 GPUs of shares, more than 8.
+    assert never_held_text("rack", 17 * 500, sizes).startswith("needs 8.5 GPUs in one rack;")
+    # A level no node with GPUs carries.
+    assert never_held_text("zone", 1000, {}) == (
+        "needs 1 GPUs in one zone; no node with GPUs is in a zone, so it cannot start as asked"
+    )
 
 
 def test_nodes_without_the_required_label_host_no_gang_that_requires_it() -> None:

@@ -85,20 +85,47 @@ async def test_a_gang_requiring_a_rack_is_held_in_the_fitting_rack_of_least_room
     assert result["FailedNodes"]["a"] == "gang Job/ns/ja is placed in rack r2"
 
 
-async def test_a_gang_no_rack_holds_waits_naming_the_level_and_the_largest_room(extender: Extender) -> None:
-    # 5 members on 6 free GPUs: they fit the cluster, but r1 has 4 and r2 2. Without the ask the
-    # gang would be admitted over both racks.
+async def test_a_gang_no_rack_holds_yet_waits_naming_the_level_and_the_largest_room(
+    extender: Extender,
+) -> None:
+    # 3 members on 4 free GPUs: a filler job runs on a's 2 GPUs, so r1 has 2 free (b) and r2 2
+    # (c). They fit the cluster, and r1 has 4 GPUs in all, but no rack has 3 free now. Without
+    # the ask the gang would be admitted over both racks.
+    pods = gang("three", 3)
+    fillers = [obj for i in range(2) for obj in running_member("f", i, "team", "a", f"gpu-{i}")]
+    extender.sync(cluster(job("three", 3), job("f", 2), *pods, *fillers))
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    assert result["NodeNames"] == []
+    reason = result["FailedAndUnresolvableNodes"]["b"]
+    assert "needs 3 GPUs in one rack; largest rack has 2 free (room for 2 of its 3 missing pods)" in reason
+    assert reserved_gangs(extender.picture) == []
+    report = extender.waiting.reports["ns/three-0"]
+    assert report.code == "gang_no_domain" and wait_reason(report.code).condition == "WaitingForGangDomain"
+    # The fillers end: r1 has 4 free and holds the gang.
+    extender.sync(cluster(job("three", 3), *pods))
+    _, result = await extender.call("filter", args(pods[0], NODES))
+    reservation = extender.picture.gang_reservation("Job/ns/three")
+    assert reservation is not None and reservation.domain == "r1"
+
+
+async def test_a_gang_larger_than_every_rack_says_it_cannot_start_as_asked(extender: Extender) -> None:
+    # 5 members on 6 free GPUs: they fit the cluster, but r1 has 4 GPUs in all and r2 2, so no
+    # rack could hold them even with every GPU free: waiting for room would be waiting forever,
+    # and the reason says what would let it go instead.
     pods = gang("big", 5)
     extender.sync(cluster(job("big", 5), *pods))
     _, result = await extender.call("filter", args(pods[0], NODES))
     assert result["NodeNames"] == []
     reason = result["FailedAndUnresolvableNodes"]["a"]
-    assert "needs 5 GPUs in one rack; largest rack has 4 free (room for 4 of its 5 missing pods)" in reason
+    assert (
+        "needs 5 GPUs in one rack; the largest rack has 4 GPUs in all, so it cannot start as asked" in reason
+    )
     assert reserved_gangs(extender.picture) == []
     report = extender.waiting.reports["ns/big-0"]
-    assert report.code == "gang_no_domain" and wait_reason(report.code).condition == "WaitingForGangDomain"
+    assert report.code == "gang_domain_too_small"
+    assert wait_reason(report.code).condition == "GangLargerThanDomain"
 
-    # Node c is moved into rack r1 (its label changes): r1 has 6 free, the gang is admitted there.
+    # Node c is moved into rack r1 (its label changes): r1 has 6 GPUs, the gang is admitted there.
     # The move is a new topology version, so the domain choice the gang's last try made (none
     # holds it) is not kept; a label no level reads leaves the version as it was.
     version = extender.picture.topology_version

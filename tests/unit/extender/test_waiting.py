@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from extender.policy.admission import GANG_ELASTIC, GANG_INCOMPLETE, GANG_NO_DOMAIN, GANG_NO_FIT, GANG_READING
+from extender.policy.admission import (
+    GANG_DOMAIN_TOO_SMALL,
+    GANG_ELASTIC,
+    GANG_INCOMPLETE,
+    GANG_NO_DOMAIN,
+    GANG_NO_FIT,
+    GANG_READING,
+)
 from extender.policy.waiting import (
     QUEUE_NOT_ALLOWED,
     UNLISTED,
@@ -105,6 +112,16 @@ LIMIT = "queue 'team-a': gpu allocated 14 + request 1 would exceed its limit (14
             "pods at once (reclaim may free them)",
         ),
         (
+            GANG_DOMAIN_TOO_SMALL,
+            "workload Job/ns/j (minimum 16 pods, 0 placed, 16 present) starts whole or not at all: "
+            "needs 16 GPUs in one rack; the largest rack has 12 GPUs in all, so it cannot start as asked",
+            "GangLargerThanDomain",
+            "workload Job/ns/j (minimum 16 pods, 0 placed, 16 present) starts whole or not at all: "
+            "needs 16 GPUs in one rack; the largest rack has 12 GPUs in all, so it cannot start as asked; "
+            "goes only once its pods ask a wider required topology level, or one of its domains has "
+            "that many GPUs",
+        ),
+        (
             "fair_share_zero",
             "queue 'default' has fair share 0 GPUs (quotas of the queues that ask cover the cluster)",
             "FairShareZero",
@@ -137,7 +154,7 @@ def test_every_wait_reason_has_its_condition_and_message(
 def test_the_table_has_a_row_for_every_code_and_nothing_else() -> None:
     """A code added to the rule without a row would be said with no remedy: the table is complete."""
     rule = {"over_limit", "over_quota", "unknown_queue", "invalid_queue", "not_leaf"}
-    gangs = {GANG_READING, GANG_INCOMPLETE, GANG_ELASTIC, GANG_NO_FIT, GANG_NO_DOMAIN}
+    gangs = {GANG_READING, GANG_INCOMPLETE, GANG_ELASTIC, GANG_NO_FIT, GANG_NO_DOMAIN, GANG_DOMAIN_TOO_SMALL}
     placement = {"fair_share_zero", "waiting_for_reclaim", "waiting_for_gpus"}
     assert set(WAIT_REASONS) == rule | gangs | placement | {QUEUE_NOT_ALLOWED}
     assert len({row.condition for row in WAIT_REASONS.values()}) == len(WAIT_REASONS)  # each its own
